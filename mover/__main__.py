@@ -1,0 +1,3 @@
+from mover.cli import main
+
+main()

@@ -1,0 +1,360 @@
+"""The commands as plain functions, used by the CLI and the tests."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from mover import capture, control, cutover, introspect, names, runner, steps
+from mover.context import Context, Reporter, log_reporter
+from mover.db import Database, redact
+from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
+from mover.names import QualifiedName
+from mover.plan import Plan, load_plan, plan_from_canonical
+
+log = logging.getLogger("mover")
+
+
+def _database(dsn: str) -> Database:
+    db = Database(dsn)
+    try:
+        db.connection()
+    except psycopg.OperationalError as exc:
+        raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
+                     f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
+                     hint="check --dsn, DATABASE_URL or the PG* variables") from exc
+    return db
+
+
+def _require_schema(db: Database) -> None:
+    if not db.transaction(control.schema_ready):
+        raise BadInput("mover's control schema is not installed in this database", hint="run `mover init` first")
+
+
+# ---------------------------------------------------------------------------------------------
+# init
+
+
+def init(dsn: str) -> str:
+    _database(dsn).close()
+    return control.init_schema(dsn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans against the live database
+
+
+def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
+    """Check the plan against the catalog; return resolved names and the key. Changes nothing."""
+    source = introspect.resolve(cur, plan.source)
+    if source is None:
+        raise PlanError(f"[migration] source: table {plan.source} does not exist",
+                        hint="check the name; unquoted names fold to lower case, quote mixed-case names")
+    if source.schema == names.CONTROL_SCHEMA:
+        raise PlanError(f"[migration] source: {source} belongs to mover itself")
+    info = introspect.describe(cur, source)
+    if info.relkind != "r":
+        kinds = {"p": "a partitioned table", "v": "a view", "m": "a materialized view", "f": "a foreign table"}
+        raise PlanError(f"[migration] source: {source} is {kinds.get(info.relkind, 'not an ordinary table')}",
+                        hint="mover moves ordinary tables")
+
+    def sibling(name: QualifiedName | None, key: str, suffix: str) -> QualifiedName:
+        if name is None:
+            return QualifiedName(source.schema, names.derived(source.name, suffix))
+        if name.schema is None:
+            name = name.with_schema(source.schema)
+        if name.schema != source.schema:
+            raise PlanError(f"{key}: {name} must be in the source's schema {names.display_ident(source.schema)}",
+                            hint="the swap renames tables within one schema")
+        return name
+
+    target = sibling(plan.target, "[target] name", "_new")
+    old = sibling(plan.rollback.old_name, "[rollback] old_name", "_old")
+    if len({target, old, source}) < 3:
+        raise PlanError(f"source {source}, target {target} and old name {old} must all differ")
+    if registering:
+        for name, key in ((target, "[target] name"), (old, "[rollback] old_name")):
+            if introspect.exists(cur, name):
+                raise PlanError(f"{key}: {name} already exists", hint="choose another name or drop that table")
+        other = control.active_on_source(cur, source) if control.schema_ready(cur) else None
+        if other is not None and other.name != plan.name:
+            raise PlanError(f"table {source} is already being moved by migration {other.name!r}",
+                            hint=f"finish or `mover abort {other.name}` first")
+
+    for col, typ in sorted(plan.columns.items()):
+        try:
+            column = info.column(col)
+        except KeyError:
+            raise PlanError(f"[target] columns: {source} has no column {names.display_ident(col)}",
+                            hint=f"columns are: {', '.join(c.name for c in info.columns)}") from None
+        if column.generated:
+            raise PlanError(f"[target] columns: {names.display_ident(col)} is a generated column; change its "
+                            f"expression's type instead")
+        if not introspect.type_exists(cur, typ):
+            raise PlanError(f"[target] columns: {typ!r} (for column {names.display_ident(col)}) is not a type "
+                            f"this database knows")
+        _check_cast(cur, source, col, typ)
+    for ix in info.indexes:
+        if ix.is_exclusion:
+            raise PlanError(f"{source} has the exclusion constraint index {names.display_ident(ix.name)}, which "
+                            f"mover cannot recreate yet")
+    fks = introspect.inbound_foreign_keys(cur, info.oid)
+    if fks:
+        raise PlanError(f"{source} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
+                        f"is not supported yet", hint="drop them before the migration and recreate them after")
+    views = introspect.dependent_views(cur, info.oid)
+    if views:
+        raise PlanError(f"views depend on {source} ({', '.join(views)}); they would keep reading the old table "
+                        f"after the swap", hint="drop them before the migration and recreate them after")
+    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
+
+
+def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
+    from psycopg import sql
+    cur.execute("SAVEPOINT mover_cast_check")
+    try:
+        # EXPLAIN plans the cast without reading a row: a missing cast fails here, not mid-backfill.
+        cur.execute(sql.SQL("EXPLAIN SELECT CAST({c} AS {t}) FROM {s}").format(
+            c=sql.Identifier(col), t=sql.SQL(typ), s=source.ident))
+        cur.execute("RELEASE SAVEPOINT mover_cast_check")
+    except psycopg.errors.Error as exc:
+        cur.execute("ROLLBACK TO SAVEPOINT mover_cast_check")
+        raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: "
+                        f"{str(exc).splitlines()[0]}") from None
+
+
+def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
+    """A migration row as registration would write it, for describing a plan not yet registered."""
+    now = None
+    return control.Migration(
+        id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(), source=r["source"],
+        target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
+        paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
+        window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None, lease_pid=None,
+        lease_expires_at=None)
+
+
+def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
+    plan = load_plan(path)
+    db = _database(dsn)
+    try:
+        def check(cur):
+            existing = control.find(cur, plan.name) if control.schema_ready(cur) else None
+            if existing is not None and existing.state not in ("aborted",):
+                _same_shape(existing, plan)
+                return {"plan": str(path), "name": plan.name, "registered": True,
+                        "status": status_of(cur, existing), "steps": []}
+            r = resolve_plan(cur, plan, registering=True)
+            ctx = Context(db=db, migration=_provisional(plan, r), owner="plan-check")
+            out_steps = []
+            for step in steps.ALL:
+                out_steps.append({"name": step.name,
+                                  "sql": [s if isinstance(s, str) else s.as_string(cur) for s in step.describe(ctx, cur)]})
+            return {"plan": str(path), "name": plan.name, "registered": False,
+                    "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
+                    "key": r["key"], "steps": out_steps}
+        # Read only, and rolled back whatever happens: checking a plan changes nothing.
+        conn = db.connection()
+        with conn.transaction(force_rollback=True), conn.cursor() as cur:
+            cur.execute("SET TRANSACTION READ ONLY")
+            cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
+            return check(cur)
+    finally:
+        db.close()
+
+
+def _same_shape(existing: control.Migration, plan: Plan) -> None:
+    if existing.plan_hash != plan.shape_hash():
+        raise PlanError(
+            f"plan for {plan.name!r} differs from the one registered (only [backfill], [cutover] and [rollback] "
+            f"settings may change between runs)",
+            hint=f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name")
+
+
+def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
+    def register(cur):
+        existing = control.find(cur, plan.name)
+        if existing is not None and existing.state == "aborted":
+            # Keep the aborted attempt's history under another name; start afresh.
+            cur.execute("UPDATE mover.migrations SET name = name || '#' || id WHERE id = %s", (existing.id,))
+            existing = None
+        if existing is not None:
+            _same_shape(existing, plan)
+            if existing.plan != plan.canonical():
+                control.update_plan(cur, existing.id, plan.canonical(), actor)
+            return control.get_by_id(cur, existing.id)
+        r = resolve_plan(cur, plan, registering=True)
+        return control.register(cur, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(),
+                                 source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
+    try:
+        return db.transaction(register, label="register")
+    except psycopg.errors.UniqueViolation as exc:
+        raise PlanError(f"another migration of the same table or name was registered concurrently: {exc}") from exc
+
+
+def _locate(db: Database, name_or_plan: str, actor: str) -> control.Migration:
+    _require_schema(db)
+    if name_or_plan.endswith(".toml") or Path(name_or_plan).is_file():
+        return _register_or_load(db, load_plan(name_or_plan), actor)
+    return db.transaction(lambda cur: control.get(cur, name_or_plan))
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = False,
+        report: Reporter = log_reporter, stop: threading.Event | None = None) -> dict[str, Any]:
+    db = _database(dsn)
+    owner = control.new_owner_id()
+    try:
+        m = _locate(db, name_or_plan, owner)
+        if m.state == "aborted":
+            raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+        if m.state != "done":
+            with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
+                if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
+                    raise Waiting(f"the next step of {m.name!r} is the cutover",
+                                  hint=f"run `mover cutover {m.name}` to swap")
+                runner.advance(ctx, one_step=one_step, wait_window=wait)
+        return status(dsn, m.name, db=db)
+    finally:
+        db.close()
+
+
+def _operator_command(dsn: str, name: str, expect_steps: tuple[str, ...], what: str, action,
+                      report: Reporter = log_reporter, stop: threading.Event | None = None) -> dict[str, Any]:
+    db = _database(dsn)
+    owner = control.new_owner_id()
+    try:
+        _require_schema(db)
+        m = db.transaction(lambda cur: control.get(cur, name))
+        if m.state in ("done", "aborted") or m.step not in expect_steps:
+            raise BadInput(f"cannot {what} migration {m.name!r}: it is at step {m.step!r}, state {m.state!r}",
+                           hint=f"`mover status {m.name}` shows where it stands")
+        with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
+            action(ctx)
+        return status(dsn, name, db=db)
+    finally:
+        db.close()
+
+
+def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
+    def go(ctx: Context):
+        ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "cutover", ctx.owner))
+        cutover.swap_in(ctx)
+        try:  # a zero-length window retires at once; otherwise it waits
+            runner.advance(ctx)
+        except Waiting:
+            pass
+    return _operator_command(dsn, name, ("cutover",), "cut over", go, **kw)
+
+
+def rollback(dsn: str, name: str, **kw) -> dict[str, Any]:
+    return _operator_command(dsn, name, ("rollback_window",), "roll back", cutover.swap_back, **kw)
+
+
+def retire(dsn: str, name: str, *, force: bool = False, **kw) -> dict[str, Any]:
+    def go(ctx: Context):
+        m = ctx.migration
+        if m.step == "rollback_window":
+            capture.drain(ctx, reverse=True, backfill_done=True)
+
+            def close(cur):
+                cur.execute("SELECT window_ends_at <= now() FROM mover.migrations WHERE id = %s", (m.id,))
+                if not cur.fetchone()[0] and not force:
+                    raise Waiting(f"the rollback window of {m.name!r} is still open",
+                                  hint=f"wait, or `mover retire {m.name} --force`")
+                control.finish_step(cur, m, "rollback_window", "retire", ctx.owner,
+                                    message="rollback window closed" + (" early (--force)" if force else ""))
+            ctx.db.transaction(close)
+            ctx.refresh()
+        cutover.retire(ctx)
+    return _operator_command(dsn, name, ("rollback_window", "retire"), "retire", go, **kw)
+
+
+def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
+    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
+                             "abort", cutover.abort, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def status_of(cur, m: control.Migration) -> dict[str, Any]:
+    rows, chunks_done, chunks_total = control.chunk_totals(cur, m.id, "backfill")
+    pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
+    pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
+    step = "retire" if m.step == "finished" else m.step
+    return {
+        "name": m.name,
+        "step": step,
+        "state": m.state,
+        "steps": [{"name": s["name"], "status": s["status"],
+                   "started_at": _iso(s["started_at"]), "finished_at": _iso(s["finished_at"])}
+                  for s in control.steps(cur, m.id)],
+        "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
+        "key": m.key_columns,
+        "backfill": {"rows_copied": rows, "chunks_done": chunks_done, "chunks_total": chunks_total},
+        "capture": {"pending": pending_fwd + pending_rev, "lag_seconds": lag_fwd if lag_fwd is not None else lag_rev,
+                    "direction": "reverse" if m.cutover_at else "forward"},
+        "divergences": control.open_divergences(cur, m.id),
+        "cutover": None if m.cutover_at is None else {"at": _iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},
+        "rollback_window_ends_at": _iso(m.window_ends_at),
+        "lease": None if m.lease_owner is None else {"owner": m.lease_owner, "expires_at": _iso(m.lease_expires_at)},
+        "error": m.error,
+        "created_at": _iso(m.created_at),
+        "finished_at": _iso(m.finished_at),
+    }
+
+
+def _iso(value) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> Any:
+    own = db is None
+    db = db or _database(dsn)
+    try:
+        _require_schema(db)
+
+        def read(cur):
+            if name is not None:
+                return status_of(cur, control.get(cur, name))
+            return [status_of(cur, m) for m in control.list_all(cur)]
+        return db.transaction(read, label="status")
+    finally:
+        if own:
+            db.close()
+
+
+def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[dict[str, Any]]:
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def read(cur):
+            m = control.get(cur, name)
+            return [{**d, "found_at": _iso(d["found_at"]), "resolved_at": _iso(d["resolved_at"])}
+                    for d in control.list_divergences(cur, m.id, include_resolved)]
+        return db.transaction(read)
+    finally:
+        db.close()
+
+
+def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
+    db = _database(dsn)
+    try:
+        def read(cur):
+            m = control.get(cur, name)
+            return [{**e, "at": _iso(e["at"])} for e in control.events(cur, m.id, limit)]
+        return db.transaction(read)
+    finally:
+        db.close()

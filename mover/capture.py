@@ -1,0 +1,184 @@
+"""Capture engine: install and remove the change-log trigger, apply the log by state.
+
+Invariants:
+- The trigger only appends keys; it cannot fail on the application's data (invariant 3).
+- A logged key is replayed only once the backfill chunk covering it is done; otherwise a chunk
+  still copying from an older snapshot could insert a row the replay already deleted (race 1).
+- One applier at a time per migration and direction (a transaction-scoped advisory lock), so
+  two replays of one key from different snapshots cannot commit out of order (race 2).
+- A replay that fails on data (overflow, constraint) does not stop the others: the key becomes
+  a recorded divergence, and cutover refuses until it is resolved.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from mover import control, introspect, names
+from mover.context import Context
+from mover.sql import capture as q
+from mover.sql.mapping import Mapping, named_bound
+from mover.sql.copy import covered_by
+
+log = logging.getLogger("mover.capture")
+
+BATCH = 5000
+
+
+def log_name(ctx: Context, reverse: bool = False) -> names.QualifiedName:
+    return names.change_log(ctx.mid, reverse)
+
+
+def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
+            reverse: bool = False) -> None:
+    info = introspect.describe(cur, table)
+    key_types = tuple(info.column(k).type for k in key)
+    log_table = names.change_log(mid, reverse)
+    fn = names.capture_function(mid, reverse)
+    cur.execute(q.create_log(log_table, key, key_types))
+    cur.execute(q.create_trigger_function(fn, log_table, key))
+    for stmt in q.create_trigger(names.capture_trigger(mid, reverse), table, fn):
+        cur.execute(stmt)
+
+
+def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
+                key_types: tuple[str, ...], reverse: bool = False) -> list[sql.Composable]:
+    """The same statements as install(), for a dry run."""
+    log_table = names.change_log(mid, reverse)
+    fn = names.capture_function(mid, reverse)
+    return [q.create_log(log_table, key, key_types), q.create_trigger_function(fn, log_table, key),
+            *q.create_trigger(names.capture_trigger(mid, reverse), table, fn)]
+
+
+def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, reverse: bool = False) -> None:
+    if table is not None and introspect.exists(cur, table):
+        cur.execute(q.drop_trigger(names.capture_trigger(mid, reverse), table))
+    cur.execute(q.drop_function(names.capture_function(mid, reverse)))
+    cur.execute(q.drop_table(names.change_log(mid, reverse)))
+
+
+@dataclass
+class Applied:
+    claimed: int = 0
+    deleted: int = 0
+    upserted: int = 0
+    failed: int = 0
+
+
+def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> bool:
+    fn = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+    cur.execute(sql.SQL("SELECT {}(hashtext(%s), %s::int)").format(sql.Identifier(fn)),
+                ("mover.apply.reverse" if reverse else "mover.apply", mid))
+    got = cur.fetchone()[0]
+    return True if wait else bool(got)
+
+
+def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping, backfill_done: bool):
+    """Which log rows may be replayed now: all once the backfill is done, else the keys at or
+    below the last done chunk's upper bound; None when no chunk is done yet."""
+    if backfill_done:
+        return sql.SQL("true"), {}
+    last = control.last_chunk(cur, ctx.mid, "backfill")
+    if last is None:
+        return None
+    _, _, hi = last
+    if hi is None:
+        return sql.SQL("true"), {}
+    return covered_by("c", m, "wm"), named_bound("wm", hi)
+
+
+def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool, backfill_done: bool,
+                limit: int = BATCH, wait_for_lock: bool = False) -> Applied:
+    """Replay up to `limit` logged changes inside the caller's transaction."""
+    if not _lock_applier(cur, ctx.mid, reverse, wait_for_lock):
+        return Applied()
+    cond = covered_condition(cur, ctx, m, backfill_done)
+    if cond is None:
+        return Applied()
+    covered, params = cond
+    log_table = names.change_log(ctx.mid, reverse)
+    cur.execute("SAVEPOINT mover_replay")
+    try:
+        cur.execute(q.replay(m, log_table, covered=covered, skip_locked=not wait_for_lock),
+                    {**params, "limit": limit})
+        claimed, deleted, upserted = cur.fetchone()
+        cur.execute("RELEASE SAVEPOINT mover_replay")
+        return Applied(claimed, deleted, upserted)
+    except psycopg.errors.Error as exc:
+        if not (exc.sqlstate or "").startswith(("22", "23")):
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT mover_replay")
+        log.warning("replay batch failed on data (%s); replaying key by key", exc.sqlstate)
+    return _apply_key_by_key(cur, ctx, m, log_table, covered, params, limit)
+
+
+def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params, limit) -> Applied:
+    cur.execute(q.claim_keys(log_table, covered, m.key), {**params, "limit": limit})
+    keys = list(dict.fromkeys(tuple(r) for r in cur.fetchall()))
+    result = Applied(claimed=len(keys))
+    stmt = q.replay_keys(m)
+    failures: list[tuple[tuple, Exception]] = []
+    for attempt in range(2):  # a second pass lets keys blocked by another key's old value go through
+        retry = []
+        for key in keys:
+            cur.execute("SAVEPOINT mover_key")
+            try:
+                cur.execute(stmt, list(key))
+                deleted, upserted = cur.fetchone()
+                result.deleted += deleted
+                result.upserted += upserted
+                cur.execute("RELEASE SAVEPOINT mover_key")
+            except psycopg.errors.Error as exc:
+                if not (exc.sqlstate or "").startswith(("22", "23")):
+                    raise
+                cur.execute("ROLLBACK TO SAVEPOINT mover_key")
+                retry.append(key)
+                failures.append((key, exc))
+        keys = retry
+        if not keys:
+            break
+    failed = {k: e for k, e in failures if k in keys}
+    for key, exc in failed.items():
+        control.record_divergence(cur, ctx.mid, list(key), "apply_error",
+                                  {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate,
+                                   "direction": "reverse" if m.src == ctx.new else "forward"})
+        control.event(cur, ctx.mid, ctx.owner, None, "apply_error",
+                      f"replaying key {list(key)} into {m.dst} failed: {str(exc).splitlines()[0]}")
+    result.failed = len(failed)
+    return result
+
+
+def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, float | None]:
+    log_table = names.change_log(mid, reverse)
+    if not introspect.exists(cur, log_table):
+        return 0, None
+    cur.execute(q.pending_count(log_table))
+    count, lag = cur.fetchone()
+    return count, (float(lag) if lag is not None else None)
+
+
+def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int | None = None) -> Applied:
+    """Apply batches until the log holds nothing applicable (or max_rounds)."""
+    total = Applied()
+    rounds = 0
+    while max_rounds is None or rounds < max_rounds:
+        ctx.checkpoint()
+
+        def one(cur):
+            return apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=backfill_done)
+
+        got = ctx.db.transaction(one, statement_timeout="120s", label="apply")
+        total.claimed += got.claimed
+        total.deleted += got.deleted
+        total.upserted += got.upserted
+        total.failed += got.failed
+        rounds += 1
+        if got.claimed == 0:
+            break
+    if total.claimed:
+        ctx.report("capture", applied=total.claimed, deleted=total.deleted, upserted=total.upserted)
+    return total

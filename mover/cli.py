@@ -1,0 +1,284 @@
+"""The command line: flags -> api calls. The one place that maps errors to exit codes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+import psycopg
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from mover import api
+from mover.errors import MoverError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
+                  help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
+plan_app = typer.Typer(no_args_is_help=True, help="Work with plan files.")
+app.add_typer(plan_app, name="plan")
+
+err = Console(stderr=True)
+out = Console()
+
+DsnOption = typer.Option(None, "--dsn", help="libpq DSN or URL; default $DATABASE_URL, else the PG* variables.")
+JsonOption = typer.Option(False, "--json", help="Print JSON.")
+
+
+class State:
+    debug = False
+
+
+def _dsn(dsn: Optional[str]) -> str:
+    return dsn or os.environ.get("DATABASE_URL", "")
+
+
+def _print_json(value: Any) -> None:
+    out.print_json(json.dumps(value, default=str))
+
+
+class ProgressReporter:
+    """Turns engine reports into a live progress bar (backfill) and log lines (the rest)."""
+
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+        self.task = None
+        self.started = time.monotonic()
+        self.first_rows: int | None = None
+
+    def __call__(self, kind: str, **f: Any) -> None:
+        if kind == "backfill":
+            if self.progress is None:
+                self.progress = Progress(TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
+                                         TextColumn("{task.fields[rate]} rows/s, chunk {task.fields[chunk_ms]} ms"),
+                                         TimeRemainingColumn(), console=err, transient=False)
+                self.progress.start()
+                self.task = self.progress.add_task("backfill", total=max(f["estimate"], f["rows"]), rate="-",
+                                                   chunk_ms="-")
+                self.started, self.first_rows = time.monotonic(), f["rows"]
+            elapsed = max(time.monotonic() - self.started, 1e-6)
+            rate = int((f["rows"] - (self.first_rows or 0)) / elapsed)
+            self.progress.update(self.task, completed=f["rows"], total=max(f["estimate"], f["rows"]),
+                                 rate=f"{rate:,}", chunk_ms=f["chunk_ms"])
+            return
+        self.close()
+        if kind == "capture":
+            return  # frequent and small; status shows the backlog
+        err.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def _interruptible():
+    """First Ctrl-C: stop at the next safe point. A second one interrupts at once (the open
+    transaction is rolled back; the migration stays resumable)."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        err.print("[yellow]stopping at the next safe point (Ctrl-C again to stop now)[/yellow]")
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _show_status(st: dict[str, Any]) -> None:
+    table = Table(title=f"migration {st['name']}", show_header=False)
+    table.add_row("step / state", f"{st['step']} / {st['state']}")
+    table.add_row("tables", f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
+    b = st["backfill"]
+    table.add_row("backfill", f"{b['rows_copied']:,} rows in {b['chunks_done']} chunks")
+    table.add_row("capture", f"{st['capture']['pending']} pending ({st['capture']['direction']})")
+    table.add_row("divergences", str(st["divergences"]))
+    if st["cutover"]:
+        table.add_row("cutover", f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)")
+    if st["rollback_window_ends_at"]:
+        table.add_row("rollback window ends", st["rollback_window_ends_at"])
+    if st["error"]:
+        table.add_row("error", st["error"])
+    out.print(table)
+
+
+@app.callback()
+def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks and debug logs."),
+                 verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry.")):
+    State.debug = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+@app.command()
+def init(dsn: Optional[str] = DsnOption):
+    """Create or upgrade mover's control schema (idempotent)."""
+    rev = api.init(_dsn(dsn))
+    err.print(f"control schema at revision {rev}")
+
+
+@plan_app.command("check")
+def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: Optional[str] = DsnOption,
+               as_json: bool = JsonOption):
+    """Validate a plan against the live database; print each step and the SQL it will run."""
+    result = api.check_plan(_dsn(dsn), plan)
+    if as_json:
+        _print_json(result)
+        return
+    if result["registered"]:
+        out.print(f"plan {plan} is registered as migration {result['name']!r}:")
+        _show_status(result["status"])
+        return
+    out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
+    for step in result["steps"]:
+        out.print(f"\n[bold]{step['name']}[/bold]")
+        for stmt in step["sql"]:
+            out.print(stmt, highlight=False, markup=False)
+
+
+def _run(dsn, target, one_step, wait):
+    reporter = ProgressReporter()
+    try:
+        st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())
+    finally:
+        reporter.close()
+    _show_status(st)
+
+
+@app.command()
+def run(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
+        dsn: Optional[str] = DsnOption,
+        wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
+                                                          "then retire.")):
+    """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
+    _run(dsn, target, False, wait)
+
+
+@app.command()
+def step(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
+         dsn: Optional[str] = DsnOption):
+    """Run exactly the next step."""
+    _run(dsn, target, True, False)
+
+
+@app.command()
+def status(name: Optional[str] = typer.Argument(None), dsn: Optional[str] = DsnOption, as_json: bool = JsonOption):
+    """Where every migration (or one) stands."""
+    st = api.status(_dsn(dsn), name)
+    if as_json:
+        _print_json(st)
+    elif isinstance(st, list):
+        if not st:
+            out.print("no migrations")
+        for one in st:
+            _show_status(one)
+    else:
+        _show_status(st)
+
+
+@app.command()
+def cutover(name: str, dsn: Optional[str] = DsnOption):
+    """Swap the new table in; the rollback window starts."""
+    reporter = ProgressReporter()
+    st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
+    _show_status(st)
+
+
+@app.command()
+def rollback(name: str, dsn: Optional[str] = DsnOption):
+    """During the rollback window: swap the original table back, losing nothing."""
+    st = api.rollback(_dsn(dsn), name, stop=_interruptible())
+    _show_status(st)
+
+
+@app.command()
+def retire(name: str, dsn: Optional[str] = DsnOption,
+           force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends.")):
+    """After the rollback window: drop the old table and everything mover created."""
+    st = api.retire(_dsn(dsn), name, force=force, stop=_interruptible())
+    _show_status(st)
+
+
+@app.command()
+def abort(name: str, dsn: Optional[str] = DsnOption):
+    """Before cutover: remove everything mover created; the source stays as it was."""
+    st = api.abort(_dsn(dsn), name, stop=_interruptible())
+    _show_status(st)
+
+
+@app.command()
+def divergences(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
+                all_: bool = typer.Option(False, "--all", help="Include resolved ones.")):
+    """Rows that differ between the tables, as reconcile found them."""
+    rows = api.divergences(_dsn(dsn), name, include_resolved=all_)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("id", "key", "kind", "columns", "found", "resolved")
+    for d in rows:
+        table.add_row(str(d["id"]), ", ".join(d["key"]), d["kind"], json.dumps(d["columns"])[:120],
+                      d["found_at"], d["resolution"] or "")
+    out.print(table)
+
+
+@app.command()
+def events(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
+           limit: int = typer.Option(50, "--limit")):
+    """The migration's recent events (who, when, what, how long)."""
+    rows = api.events(_dsn(dsn), name, limit)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("at", "step", "kind", "message", "ms")
+    for e in rows:
+        table.add_row(e["at"], e["step"] or "", e["kind"], e["message"],
+                      "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
+    out.print(table)
+
+
+@app.command()
+def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample table."),
+         keep: bool = typer.Option(False, "--keep", help="Leave the server running at the end (prints its DSN).")):
+    """Start an embedded PostgreSQL, a live writer, and migrate a table through every step."""
+    from mover import demo as demo_mod
+    demo_mod.main(rows=rows, keep=keep, console=err)
+
+
+def main() -> None:
+    command = typer.main.get_command(app)
+    try:
+        command.main(standalone_mode=False, prog_name="mover")
+    except click.exceptions.Abort:
+        err.print("interrupted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except MoverError as exc:
+        style = {3: "yellow", 2: "red", 130: "yellow"}.get(exc.exit_code, "red")
+        err.print(f"[{style}]{exc.message}[/{style}]", highlight=False)
+        if exc.hint:
+            err.print(f"next: {exc.hint}", highlight=False)
+        if State.debug:
+            err.print_exception()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
+        sys.exit(130)
+    except psycopg.Error as exc:
+        err.print(f"[red]database error: {str(exc).strip()}[/red]", highlight=False)
+        if State.debug:
+            err.print_exception()
+        sys.exit(1)

@@ -1,0 +1,86 @@
+"""What one run of a migration works with: the database, the migration row, the lease owner,
+a stop flag, and a progress reporter. Small on purpose: engines take what they need from it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mover import control, introspect
+from mover.db import Database
+from mover.errors import Interrupted, LeaseLost
+from mover.names import QualifiedName
+from mover.plan import Plan, plan_from_canonical
+from mover.sql.mapping import Mapping
+
+log = logging.getLogger("mover")
+
+
+class Reporter(Protocol):
+    def __call__(self, kind: str, **fields: Any) -> None: ...
+
+
+def log_reporter(kind: str, **fields: Any) -> None:
+    log.info("%s %s", kind, " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+@dataclass
+class Context:
+    db: Database
+    migration: control.Migration
+    owner: str
+    report: Reporter = log_reporter
+    stop: threading.Event = field(default_factory=threading.Event)
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+    _mappings: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def plan(self) -> Plan:
+        return plan_from_canonical(self.migration.plan)
+
+    @property
+    def mid(self) -> int:
+        return self.migration.id
+
+    def refresh(self) -> control.Migration:
+        self.migration = self.db.transaction(lambda cur: control.get_by_id(cur, self.mid))
+        return self.migration
+
+    def checkpoint(self) -> None:
+        """Called between transactions: the only places a run stops on request."""
+        if self.lease_lost.is_set():
+            raise LeaseLost(f"lost the lease on migration {self.migration.name!r}",
+                            hint="another process took over; this one stopped without writing")
+        if self.stop.is_set():
+            raise Interrupted(f"stopped at a safe point; migration {self.migration.name!r} is resumable",
+                              hint=f"run `mover run {self.migration.name}` to continue")
+
+    # Which physical table is which. Before cutover the original carries the source's name and
+    # the new table the target's; after cutover the new table carries the source's name and the
+    # original the old name.
+    @property
+    def swapped(self) -> bool:
+        return self.migration.cutover_at is not None
+
+    @property
+    def original(self) -> QualifiedName:
+        return self.migration.old if self.swapped else self.migration.source
+
+    @property
+    def new(self) -> QualifiedName:
+        return self.migration.source if self.swapped else self.migration.target
+
+    def mapping(self, cur, reverse: bool = False) -> Mapping:
+        """Cached per direction and side of the swap: the tables' shapes do not change mid-run."""
+        cache_key = (self.swapped, reverse)
+        if cache_key not in self._mappings:
+            self._mappings[cache_key] = self._describe_mapping(cur, reverse)
+        return self._mappings[cache_key]
+
+    def _describe_mapping(self, cur, reverse: bool) -> Mapping:
+        original = introspect.describe(cur, self.original)
+        new = introspect.describe(cur, self.new)
+        key = tuple(self.migration.key_columns)
+        return Mapping.between(new, original, key) if reverse else Mapping.between(original, new, key)

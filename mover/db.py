@@ -1,0 +1,156 @@
+"""Connections and the one retry policy.
+
+Every transaction mover runs goes through `Database.transaction`: it opens a short
+transaction, sets `lock_timeout` and `statement_timeout` with SET LOCAL semantics
+(set_config(..., true), which, unlike SET, takes bind parameters), runs one function and
+commits. On 40001 / 40P01 / 55P03, or a lost connection, the *whole* function runs again in a
+new transaction (never a single statement with values read in the failed attempt), bounded,
+with exponential backoff and jitter, logging one line per retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+from psycopg import errors as pgerrors
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+log = logging.getLogger("mover.db")
+
+T = TypeVar("T")
+
+RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}
+
+
+def redact(dsn: str) -> str:
+    """A DSN fit for printing: the password replaced by ***."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable dsn>"
+    if "password" in info:
+        info["password"] = "***"
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def application_name(role: str = "mover") -> str:
+    return f"{role}:{socket.gethostname()}:{os.getpid()}"[:63]
+
+
+def connect(dsn: str, *, role: str = "mover") -> psycopg.Connection:
+    """An autocommit connection: transactions are explicit (`conn.transaction()`), so no
+    implicit transaction is ever left idle."""
+    return psycopg.connect(dsn, autocommit=True, application_name=application_name(role))
+
+
+def is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, psycopg.Error):
+        if exc.sqlstate in RETRYABLE_SQLSTATES:
+            return True
+        # A lost connection (server restart, network): reconnect and rerun the transaction.
+        if isinstance(exc, psycopg.OperationalError) and (
+            exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate in {"57P01", "57P02", "57P03"}
+        ):
+            return True
+    return False
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    sqlstate = getattr(exc, "sqlstate", None)
+    log.warning(
+        "retrying %s (attempt %d) after %s%s",
+        getattr(state.fn, "__name__", "transaction") if state.fn else state.kwargs.get("label", "transaction"),
+        state.attempt_number,
+        type(exc).__name__,
+        f" [{sqlstate}]" if sqlstate else "",
+    )
+
+
+class Database:
+    """One lazily (re)opened connection plus the transaction runner."""
+
+    def __init__(self, dsn: str, *, role: str = "mover", attempts: int = 8):
+        self.dsn = dsn
+        self.role = role
+        self.attempts = attempts
+        self._conn: psycopg.Connection | None = None
+
+    def connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = connect(self.dsn, role=self.role)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def transaction(
+        self,
+        fn: Callable[[psycopg.Cursor], T],
+        *,
+        lock_timeout: str = "2s",
+        statement_timeout: str = "60s",
+        synchronous_commit: bool = True,
+        attempts: int | None = None,
+        label: str | None = None,
+    ) -> T:
+        """Run fn(cursor) in one short transaction, retried whole on transient failures."""
+        retrying = Retrying(
+            retry=retry_if_exception(is_retryable),
+            stop=stop_after_attempt(attempts or self.attempts),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.2),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                conn = self.connection()
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        cur.execute(
+                            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+                            (lock_timeout, statement_timeout),
+                        )
+                        if not synchronous_commit:
+                            # Safe only where a crash loses the effect and its done mark together.
+                            cur.execute("SET LOCAL synchronous_commit = off")
+                        return fn(cur)
+                except psycopg.OperationalError:
+                    if conn.broken or conn.closed:
+                        self._conn = None
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def autocommit(self, statement, params=None, *, statement_timeout: str = "0", lock_timeout: str = "2s") -> None:
+        """A statement that cannot run in a transaction block (CREATE INDEX CONCURRENTLY)."""
+        conn = self.connection()
+        with conn.cursor() as cur:
+            cur.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                        (lock_timeout, statement_timeout))
+            try:
+                cur.execute(statement, params)
+            finally:
+                if not conn.broken:
+                    cur.execute("RESET lock_timeout; RESET statement_timeout")
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc, "sqlstate", None)
+
+
+__all__ = ["Database", "connect", "redact", "is_retryable", "pgerrors", "sqlstate"]

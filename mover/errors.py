@@ -1,0 +1,58 @@
+"""The error hierarchy. Each class carries its exit code; cli.py is the one place that maps them.
+
+Exit codes: 0 done, 1 failed, 2 bad input and nothing changed, 3 waiting for the operator.
+"""
+
+
+class MoverError(Exception):
+    """Something went wrong; the migration stays resumable."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+class Failed(MoverError):
+    """A step failed; fix the cause and run the migration again."""
+
+    exit_code = 1
+
+
+class BadInput(MoverError):
+    """The plan, the command line or the database state makes the request invalid; nothing was changed."""
+
+    exit_code = 2
+
+
+class PlanError(BadInput):
+    """The plan file is malformed or does not fit the live database."""
+
+
+class NotFound(BadInput):
+    """A named migration or database object does not exist."""
+
+
+class Waiting(MoverError):
+    """The migration waits for the operator: a gate, an open rollback window, divergences, a held lease."""
+
+    exit_code = 3
+
+
+class LeaseHeld(Waiting):
+    """Another live process is the orchestrator of this migration."""
+
+
+class LeaseLost(Failed):
+    """Our lease expired and another process took the migration over; we stop without writing."""
+
+
+class Interrupted(MoverError):
+    """Ctrl-C: stopped at a safe point; `mover run NAME` resumes."""
+
+    exit_code = 130

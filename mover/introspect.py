@@ -1,0 +1,253 @@
+"""Catalog reads: a table's columns, key, indexes and dependents, and the live checks of a plan.
+
+Nothing here writes. Every function takes a cursor so it can run inside the caller's
+transaction (and therefore its snapshot and timeouts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import psycopg
+
+from mover.errors import NotFound, PlanError
+from mover.names import QualifiedName
+from mover.plan import Plan
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # format_type(), e.g. "numeric(12,2)"
+    type_oid: int
+    not_null: bool
+    identity: str  # '' | 'a' (ALWAYS) | 'd' (BY DEFAULT)
+    generated: str  # '' | 's' (STORED)
+    has_equality: bool  # false for json, xml, point...: compared through their text form
+
+
+@dataclass(frozen=True)
+class Index:
+    oid: int
+    name: str
+    is_primary: bool
+    is_unique: bool
+    is_valid: bool
+    is_exclusion: bool
+    definition_tail: str  # pg_get_indexdef() from " USING ..." on: trusted text produced by the catalog
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    oid: int
+    name: QualifiedName
+    relkind: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    key_index: str
+    indexes: tuple[Index, ...] = field(default=())
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @property
+    def copy_columns(self) -> tuple[Column, ...]:
+        """Columns whose values are copied (stored generated columns compute themselves)."""
+        return tuple(c for c in self.columns if not c.generated)
+
+
+def resolve(cur: psycopg.Cursor, name: QualifiedName) -> QualifiedName | None:
+    """The schema-qualified name of an existing relation (unqualified names follow search_path)."""
+    cur.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.oid = to_regclass(%s)",
+        (_regclass_text(name),),
+    )
+    row = cur.fetchone()
+    return QualifiedName(row[0], row[1]) if row else None
+
+
+def _regclass_text(name: QualifiedName) -> str:
+    # to_regclass() parses its argument like SQL does, so hand it properly quoted parts.
+    return str(name)
+
+
+def exists(cur: psycopg.Cursor, name: QualifiedName) -> bool:
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_regclass_text(name),))
+    return cur.fetchone()[0]
+
+
+def schema_exists(cur: psycopg.Cursor, schema: str) -> bool:
+    cur.execute("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", (schema,))
+    return cur.fetchone()[0]
+
+
+def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
+    cur.execute(
+        "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        (name.schema, name.name),
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise NotFound(f"table {name} does not exist")
+    oid, relkind = row
+    cur.execute(
+        """
+        SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull,
+               a.attidentity, a.attgenerated,
+               (SELECT CASE WHEN t.typtype IN ('e', 'c', 'r', 'm') THEN true
+                       ELSE EXISTS (SELECT 1 FROM pg_opclass oc JOIN pg_am am ON am.oid = oc.opcmethod
+                                     WHERE am.amname = 'btree' AND oc.opcdefault
+                                       AND oc.opcintype IN (t.oid, e.oid))
+                       END
+                  FROM pg_type t0
+                  JOIN pg_type t ON t.oid = CASE WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
+                  LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+                 WHERE t0.oid = a.atttypid)
+        FROM pg_attribute a
+        WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY a.attnum
+        """,
+        (oid,),
+    )
+    columns = tuple(Column(*r) for r in cur.fetchall())
+    key, key_index = _key(cur, oid, name)
+    return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
+
+
+def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str, ...], str]:
+    """The primary key, else the narrowest unique index on plain NOT NULL columns, non-partial."""
+    cur.execute(
+        """
+        SELECT ic.relname, array_agg(a.attname ORDER BY k.ord)
+        FROM pg_index i
+        JOIN pg_class ic ON ic.oid = i.indexrelid
+        CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+        WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
+          AND i.indexprs IS NULL AND NOT i.indisexclusion
+          AND k.ord <= i.indnkeyatts
+        GROUP BY ic.relname, i.indisprimary, i.indnkeyatts
+        HAVING bool_and(a.attnotnull)
+        ORDER BY i.indisprimary DESC, i.indnkeyatts, ic.relname
+        LIMIT 1
+        """,
+        (oid,),
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise PlanError(
+            f"table {name} has no primary key or unique index on NOT NULL columns",
+            hint="add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again",
+        )
+    return tuple(row[1]), row[0]
+
+
+def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
+    # pg_get_indexdef() reads "CREATE [UNIQUE] INDEX name ON schema.table USING ...". Names may
+    # contain " USING ", so the tail is cut after the exact prefix the catalog would print.
+    cur.execute(
+        """
+        SELECT i.indexrelid, ic.relname, i.indisprimary, i.indisunique, i.indisvalid, i.indisexclusion,
+               pg_get_indexdef(i.indexrelid),
+               format('CREATE %%sINDEX %%I ON %%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
+                      ic.relname, n.nspname, c.relname)
+        FROM pg_index i
+        JOIN pg_class ic ON ic.oid = i.indexrelid
+        JOIN pg_class c ON c.oid = i.indrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE i.indrelid = %s
+        ORDER BY ic.relname
+        """,
+        (oid,),
+    )
+    out = []
+    for ioid, iname, primary, unique, valid, exclusion, definition, prefix in cur.fetchall():
+        if not definition.startswith(prefix) or not definition[len(prefix):].startswith("USING "):
+            raise PlanError(f"cannot read the definition of index {iname!r}: {definition!r}",
+                            hint="report this definition; mover does not handle this index form yet")
+        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):]))
+    return tuple(out)
+
+
+def inbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[str]:
+    cur.execute(
+        "SELECT conname || ' on ' || conrelid::regclass::text FROM pg_constraint"
+        " WHERE contype = 'f' AND confrelid = %s AND conrelid <> %s ORDER BY 1",
+        (oid, oid),
+    )
+    return [r[0] for r in cur.fetchall()]
+
+
+def dependent_views(cur: psycopg.Cursor, oid: int) -> list[str]:
+    cur.execute(
+        """
+        SELECT DISTINCT v.oid::regclass::text
+        FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class v ON v.oid = r.ev_class
+        WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = %s AND v.oid <> %s
+        ORDER BY 1
+        """,
+        (oid, oid),
+    )
+    return [r[0] for r in cur.fetchall()]
+
+
+def type_exists(cur: psycopg.Cursor, type_text: str) -> bool:
+    try:
+        cur.execute("SAVEPOINT mover_type_check")
+        cur.execute("SELECT to_regtype(%s) IS NOT NULL", (type_text,))
+        ok = cur.fetchone()[0]
+        cur.execute("RELEASE SAVEPOINT mover_type_check")
+        return ok
+    except psycopg.errors.Error:
+        cur.execute("ROLLBACK TO SAVEPOINT mover_type_check")
+        return False
+
+
+@dataclass(frozen=True)
+class OwnedSequence:
+    column: str
+    sequence: QualifiedName
+    identity: bool  # an identity column's own sequence, else a serial's OWNED BY sequence
+
+
+def owned_sequences(cur: psycopg.Cursor, oid: int) -> list[OwnedSequence]:
+    cur.execute(
+        """
+        SELECT a.attname, n.nspname, c.relname, d.deptype = 'i'
+        FROM pg_depend d
+        JOIN pg_class c ON c.oid = d.objid AND c.relkind = 'S'
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+        WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass
+          AND d.refobjid = %s AND d.deptype IN ('a', 'i')
+        ORDER BY a.attnum
+        """,
+        (oid,),
+    )
+    return [OwnedSequence(col, QualifiedName(s, n), ident) for col, s, n, ident in cur.fetchall()]
+
+
+def table_oid(cur: psycopg.Cursor, name: QualifiedName) -> int | None:
+    cur.execute("SELECT to_regclass(%s)::oid", (str(name),))
+    return cur.fetchone()[0]
+
+
+def trigger_exists(cur: psycopg.Cursor, table: QualifiedName, trigger: str) -> bool:
+    cur.execute("SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = %s)",
+                (str(table), trigger))
+    return cur.fetchone()[0]
+
+
+def index_state(cur: psycopg.Cursor, schema: str, name: str) -> bool | None:
+    """None when the index does not exist, else whether it is valid (a crashed CREATE INDEX
+    CONCURRENTLY leaves an invalid one behind)."""
+    cur.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (schema, name))
+    row = cur.fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,221 @@
+"""Plan files: TOML -> validated dataclasses, a canonical form and its hash.
+
+Validation here needs no database (shape, types, names); `introspect.check_plan_against`
+checks the plan against the live catalog. Every error names the key as `[section] key`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mover.errors import PlanError
+from mover.names import QualifiedName, parse_qualified
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|min|m|h|d)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}$")
+
+
+def parse_duration_ms(text: str) -> int:
+    """'200ms', '30s', '5min', '24h', '2d' (and '0') -> milliseconds."""
+    if text.strip() == "0":
+        return 0
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration; write e.g. \"200ms\", \"30s\", \"5min\", \"24h\"")
+    return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+
+
+@dataclass(frozen=True)
+class BackfillSettings:
+    chunk_rows: int = 10_000
+
+
+@dataclass(frozen=True)
+class CutoverSettings:
+    auto: bool = False
+    lock_timeout_ms: int = 200
+    attempts: int = 30
+
+
+@dataclass(frozen=True)
+class RollbackSettings:
+    window_ms: int = 24 * 3_600_000
+    old_name: QualifiedName | None = None
+    keep_old: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    source: QualifiedName
+    target: QualifiedName | None = None
+    columns: dict[str, str] = field(default_factory=dict)
+    backfill: BackfillSettings = BackfillSettings()
+    cutover: CutoverSettings = CutoverSettings()
+    rollback: RollbackSettings = RollbackSettings()
+    document: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def canonical(self) -> dict[str, Any]:
+        """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
+        return {
+            "migration": {"name": self.name, "source": _qn(self.source)},
+            "target": {"name": _qn(self.target), "columns": dict(sorted(self.columns.items()))},
+            "backfill": {"chunk_rows": self.backfill.chunk_rows},
+            "cutover": {
+                "auto": self.cutover.auto,
+                "lock_timeout_ms": self.cutover.lock_timeout_ms,
+                "attempts": self.cutover.attempts,
+            },
+            "rollback": {
+                "window_ms": self.rollback.window_ms,
+                "old_name": _qn(self.rollback.old_name),
+                "keep_old": self.rollback.keep_old,
+            },
+        }
+
+    def shape_hash(self) -> str:
+        """Hash of what defines the migration; tunables (chunk size, cutover and window settings)
+        may change between runs, anything else is a different migration."""
+        doc = self.canonical()
+        shape = {"migration": doc["migration"], "target": doc["target"]}
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+
+def _qn(name: QualifiedName | None) -> list[str | None] | None:
+    return None if name is None else [name.schema, name.name]
+
+
+def plan_from_canonical(doc: dict[str, Any]) -> Plan:
+    def qn(v):
+        return None if v is None else QualifiedName(v[0], v[1])
+
+    return Plan(
+        name=doc["migration"]["name"],
+        source=qn(doc["migration"]["source"]),
+        target=qn(doc["target"]["name"]),
+        columns=dict(doc["target"]["columns"]),
+        backfill=BackfillSettings(**doc["backfill"]),
+        cutover=CutoverSettings(**doc["cutover"]),
+        rollback=RollbackSettings(
+            window_ms=doc["rollback"]["window_ms"],
+            old_name=qn(doc["rollback"]["old_name"]),
+            keep_old=doc["rollback"]["keep_old"],
+        ),
+        document=doc,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and shape validation
+
+_SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
+    # section -> key -> (python type, required)
+    "migration": {"name": (str, True), "source": (str, True)},
+    "target": {"name": (str, False), "columns": (dict, False)},
+    "backfill": {"chunk_rows": (int, False)},
+    "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
+    "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
+}
+_REQUIRED_SECTIONS = {"migration", "rollback"}
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"cannot read plan file {str(path)!r}: {exc.strerror}", hint="check the path") from exc
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(f"plan {str(path)!r} is not valid TOML: {exc}", hint="fix the syntax") from exc
+    return parse_plan(doc, origin=str(path))
+
+
+def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
+    def fail(msg: str, hint: str | None = None) -> PlanError:
+        return PlanError(f"{origin}: {msg}", hint=hint)
+
+    for section, value in doc.items():
+        if section not in _SCHEMA:
+            raise fail(f"unknown section [{section}]", f"known sections: {', '.join('[' + s + ']' for s in _SCHEMA)}")
+        if not isinstance(value, dict):
+            raise fail(f"[{section}] must be a table, not a {type(value).__name__}")
+        for key, item in value.items():
+            if key not in _SCHEMA[section]:
+                raise fail(f"unknown key [{section}] {key}", f"known keys: {', '.join(_SCHEMA[section])}")
+            expected, _ = _SCHEMA[section][key]
+            # TOML booleans are not integers here, although Python says bool is an int.
+            if not isinstance(item, expected) or (expected is int and isinstance(item, bool)):
+                raise fail(f"[{section}] {key} must be {_type_word(expected)}, got {_type_word(type(item))} {item!r}")
+    for section in _SCHEMA:
+        for key, (_, required) in _SCHEMA[section].items():
+            if required and key not in doc.get(section, {}):
+                raise fail(f"missing required key [{section}] {key}")
+
+    m, t, b, c, r = (doc.get(s, {}) for s in ("migration", "target", "backfill", "cutover", "rollback"))
+
+    name = m["name"]
+    if not _NAME.match(name):
+        raise fail(f"[migration] name {name!r} must be 1-63 characters of letters, digits, '_', '.', '-'")
+
+    def qname(section: str, key: str, text: str) -> QualifiedName:
+        try:
+            return parse_qualified(text)
+        except ValueError as exc:
+            raise fail(f"[{section}] {key}: {exc}") from None
+
+    source = qname("migration", "source", m["source"])
+    target = qname("target", "name", t["name"]) if "name" in t else None
+    old = qname("rollback", "old_name", r["old_name"]) if "old_name" in r else None
+
+    columns: dict[str, str] = {}
+    for col, typ in t.get("columns", {}).items():
+        if not isinstance(typ, str) or not typ.strip():
+            raise fail(f"[target] columns: the type of column {col!r} must be a non-empty string such as \"bigint\"")
+        columns[col] = typ.strip()
+
+    chunk_rows = b.get("chunk_rows", BackfillSettings.chunk_rows)
+    if not 1 <= chunk_rows <= 10_000_000:
+        raise fail(f"[backfill] chunk_rows must be between 1 and 10000000, got {chunk_rows}")
+
+    def duration(section: str, key: str, default: int) -> int:
+        if key not in doc.get(section, {}):
+            return default
+        try:
+            return parse_duration_ms(doc[section][key])
+        except ValueError as exc:
+            raise fail(f"[{section}] {key}: {exc}") from None
+
+    lock_timeout_ms = duration("cutover", "lock_timeout", CutoverSettings.lock_timeout_ms)
+    if not 1 <= lock_timeout_ms <= 60_000:
+        raise fail(f"[cutover] lock_timeout must be between 1ms and 60s, got {c['lock_timeout']!r}",
+                   "the application waits up to this long for each attempt; keep it short")
+    attempts = c.get("attempts", CutoverSettings.attempts)
+    if not 1 <= attempts <= 1000:
+        raise fail(f"[cutover] attempts must be between 1 and 1000, got {attempts}")
+    window_ms = duration("rollback", "window", RollbackSettings.window_ms)
+
+    return Plan(
+        name=name,
+        source=source,
+        target=target,
+        columns=columns,
+        backfill=BackfillSettings(chunk_rows=chunk_rows),
+        cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
+        rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
+        document=doc,
+    )
+
+
+def _type_word(t) -> str:
+    words = {str: "a string", int: "an integer", bool: "a boolean (true or false)", dict: "a table { ... }",
+             float: "a number", list: "an array"}
+    return words.get(t, t.__name__ if isinstance(t, type) else str(t))

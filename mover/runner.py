@@ -1,0 +1,129 @@
+"""Drives a migration through its steps under the orchestrator's lease.
+
+The lease is a row in mover.migrations (owner, expiry, heartbeat), kept alive by a heartbeat
+thread on its own connection; every step transaction re-checks it (control.guard), so a
+process that lost it cannot commit anything. Failures are recorded on the migration row and
+re-raised; the next `mover run NAME` resumes from the recorded step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+
+from mover import control, steps
+from mover.context import Context, Reporter, log_reporter
+from mover.db import Database, connect
+from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
+
+log = logging.getLogger("mover.runner")
+
+WINDOW_POLL_SECONDS = 1.0
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, dsn: str, mid: int, owner: str, lost: threading.Event):
+        super().__init__(name=f"mover-heartbeat-{mid}", daemon=True)
+        self.dsn, self.mid, self.owner, self.lost = dsn, mid, owner, lost
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        conn: psycopg.Connection | None = None
+        while not self._halt.wait(control.LEASE_SECONDS / 6):
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = connect(self.dsn, role="mover-heartbeat")
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute("SET LOCAL lock_timeout = '5s'; SET LOCAL statement_timeout = '10s'")
+                    if not control.heartbeat(cur, self.mid, self.owner):
+                        log.error("lease on migration %s was taken over; stopping", self.mid)
+                        self.lost.set()
+                        return
+            except psycopg.Error as exc:
+                # The lease lasts several heartbeats: one lost connection is not yet a lost lease.
+                log.warning("heartbeat failed (%s); retrying", type(exc).__name__)
+        if conn is not None:
+            conn.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=15)
+
+
+@contextmanager
+def leased(db: Database, migration: control.Migration, owner: str, *, report: Reporter = log_reporter,
+           stop: threading.Event | None = None) -> Iterator[Context]:
+    """Hold the migration's lease for the duration; record how the work ended."""
+    db.transaction(lambda cur: control.acquire_lease(cur, migration, owner), label="acquire lease")
+    ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
+    ctx.refresh()
+    beat = Heartbeat(db.dsn, migration.id, owner, ctx.lease_lost)
+    beat.start()
+    try:
+        yield ctx
+    except (LeaseLost, LeaseHeld):
+        raise
+    except Waiting as exc:
+        _record(db, ctx, "waiting", str(exc))
+        raise
+    except (Interrupted, KeyboardInterrupt):
+        _record(db, ctx, "paused", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
+        raise
+    except MoverError as exc:
+        _record(db, ctx, "failed", str(exc), kind="failed", message=str(exc))
+        raise
+    except Exception as exc:
+        _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc))
+        raise
+    finally:
+        beat.stop()
+        if not ctx.lease_lost.is_set():
+            try:
+                db.transaction(lambda cur: control.release_lease(cur, migration.id, owner), label="release lease")
+            except psycopg.Error as exc:  # the lease expires by itself; say so and go on
+                log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
+
+
+def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
+            message: str | None = None) -> None:
+    def write(cur):
+        cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
+                    " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",
+                    (state, error, ctx.mid, ctx.owner))
+        cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = %s AND status = 'running'",
+                    (ctx.mid,))
+        if kind:
+            control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind, message or kind)
+    try:
+        db.transaction(write, label="record outcome")
+    except psycopg.Error as exc:
+        log.error("could not record the outcome %r of migration %s: %s", state, ctx.mid, exc)
+
+
+def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,
+            wait_window: bool = False) -> control.Migration:
+    """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
+    while True:
+        ctx.checkpoint()
+        m = ctx.refresh()
+        if m.state in ("done", "aborted") or m.step == "finished":
+            return m
+        step = steps.BY_NAME[m.step]
+        if step.gate and not (through_cutover or ctx.plan.cutover.auto):
+            ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner))
+            raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
+                          hint=f"run `mover cutover {m.name}` to swap it in")
+        ctx.db.transaction(lambda cur: control.start_step(cur, m, step.name, ctx.owner))
+        try:
+            step.run(ctx)
+        except Waiting:
+            if step.name == "rollback_window" and wait_window:
+                ctx.stop.wait(WINDOW_POLL_SECONDS)
+                continue
+            raise
+        if one_step or (through_cutover and step.name == "cutover"):
+            return ctx.refresh()

@@ -1,0 +1,36 @@
+"""SQL of the backfill: find a chunk's upper bound, copy the chunk in one set-based statement.
+
+No conflict clause: capture replays a key only after the chunk that covers it is done, so a
+key the copy inserts cannot already be in the target. A unique violation here is a bug to
+surface, not a row to skip.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from mover.sql.mapping import Mapping, ident_list, key_row, overriding, range_predicate, source_values
+
+
+def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list]:
+    """The key `%s` rows after `lo` (text form), or no row when fewer remain."""
+    where, params = range_predicate("s", m, lo, None)
+    q = sql.SQL("SELECT {keys} FROM {src} s WHERE {where} ORDER BY {order} OFFSET %s LIMIT 1").format(
+        keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("s", k)) for k in m.key),
+        src=m.src.ident, where=where,
+        order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
+    return q, params
+
+
+def copy_range(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list]:
+    where, params = range_predicate("s", m, lo, hi)
+    q = sql.SQL("INSERT INTO {dst} ({cols}){overriding} SELECT {values} FROM {src} s WHERE {where}").format(
+        dst=m.dst.ident, cols=ident_list(c.name for c in m.columns), overriding=overriding(m),
+        values=source_values("s", m), src=m.src.ident, where=where)
+    return q, params
+
+
+def covered_by(alias: str, m: Mapping, watermark_param: str = "wm") -> sql.Composed:
+    """Keys at or below the backfill's watermark (named parameters `wm_0`...)."""
+    from mover.sql.mapping import bound_row
+    return sql.SQL("{} <= {}").format(key_row(alias, m.key), bound_row(m.src_key_types, watermark_param))

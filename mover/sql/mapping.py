@@ -1,0 +1,105 @@
+"""How the rows of one table map onto another: key, columns, casts. Pure data, no I/O.
+
+The same Mapping drives the forward direction (original -> new table, before cutover) and the
+reverse one (new -> original, during the rollback window); it is derived from the two tables'
+catalog descriptions, so after create_target no plan is needed to rebuild it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from mover.introspect import TableInfo
+from mover.names import QualifiedName
+
+
+@dataclass(frozen=True)
+class MappedColumn:
+    name: str
+    cast_to: str | None  # the destination type when it differs from the source's (catalog text)
+    compare_as_text: bool  # the type has no equality operator (json, xml, point...)
+
+
+@dataclass(frozen=True)
+class Mapping:
+    src: QualifiedName
+    dst: QualifiedName
+    key: tuple[str, ...]
+    src_key_types: tuple[str, ...]
+    columns: tuple[MappedColumn, ...]
+    overriding: bool  # the destination has GENERATED ALWAYS identity columns
+
+    @classmethod
+    def between(cls, src: TableInfo, dst: TableInfo, key: tuple[str, ...]) -> "Mapping":
+        cols = []
+        for d in dst.copy_columns:
+            s = src.column(d.name)
+            cols.append(MappedColumn(d.name, None if s.type == d.type else d.type,
+                                     not (s.has_equality and d.has_equality)))
+        return cls(
+            src=src.name, dst=dst.name, key=key,
+            src_key_types=tuple(src.column(k).type for k in key),
+            columns=tuple(cols),
+            overriding=any(c.identity == "a" for c in dst.columns),
+        )
+
+    @property
+    def non_key(self) -> tuple[MappedColumn, ...]:
+        return tuple(c for c in self.columns if c.name not in self.key)
+
+
+def ident_list(names) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def key_row(alias: str, key: tuple[str, ...]) -> sql.Composed:
+    """`(alias.k1, alias.k2)`: a row value, so one-column and composite keys read the same."""
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(alias, k) for k in key))
+
+
+def key_equal(a: str, b: str, key: tuple[str, ...]) -> sql.Composed:
+    return sql.SQL(" AND ").join(
+        sql.SQL("{} = {}").format(sql.Identifier(a, k), sql.Identifier(b, k)) for k in key)
+
+
+def bound_row(key_types: tuple[str, ...], name: str | None = None) -> sql.Composed:
+    """A key bound as bind parameters cast back from their text form (positional, or named
+    `name_0`, `name_1`...). Type names come from format_type() in the catalog: PostgreSQL takes
+    no parameters in a type position."""
+    return sql.SQL("({})").format(sql.SQL(", ").join(
+        sql.SQL("CAST({} AS {})").format(sql.Placeholder(f"{name}_{i}") if name else sql.Placeholder(), sql.SQL(t))
+        for i, t in enumerate(key_types)))
+
+
+def named_bound(name: str, values: list[str]) -> dict[str, str]:
+    return {f"{name}_{i}": v for i, v in enumerate(values)}
+
+
+def range_predicate(alias: str, m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composable, list]:
+    """`lo < key <= hi` on `alias`; a None bound is open."""
+    parts: list[sql.Composable] = []
+    params: list = []
+    if lo is not None:
+        parts.append(sql.SQL("{} > {}").format(key_row(alias, m.key), bound_row(m.src_key_types)))
+        params += lo
+    if hi is not None:
+        parts.append(sql.SQL("{} <= {}").format(key_row(alias, m.key), bound_row(m.src_key_types)))
+        params += hi
+    if not parts:
+        return sql.SQL("true"), []
+    return sql.SQL(" AND ").join(parts), params
+
+
+def source_values(alias: str, m: Mapping) -> sql.Composed:
+    """The source columns as the destination expects them (cast where the type changed)."""
+    out = []
+    for c in m.columns:
+        col = sql.Identifier(alias, c.name)
+        out.append(sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.cast_to)) if c.cast_to else col)
+    return sql.SQL(", ").join(out)
+
+
+def overriding(m: Mapping) -> sql.SQL:
+    return sql.SQL(" OVERRIDING SYSTEM VALUE") if m.overriding else sql.SQL("")

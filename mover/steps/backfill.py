@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from psycopg import sql
+
+from mover import backfill, capture, control, introspect
+from mover.context import Context
+from mover.errors import Failed
+from mover.sql import copy as copy_sql
+from mover.sql import ddl
+from mover.steps.base import Step
+
+
+class Backfill(Step):
+    name = "backfill"
+
+    def describe(self, ctx: Context, cur):
+        m = ctx.migration
+        out: list = [f"-- each chunk of {ctx.plan.backfill.chunk_rows} keys in its own transaction"
+                     " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]
+        if introspect.exists(cur, m.target):
+            mapping = ctx.mapping(cur)
+            out += [copy_sql.next_bound(mapping, None)[0], copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
+        for name, ix in backfill.deferred_indexes(cur, ctx):
+            out.append(ddl.create_index(name, m.target, ix, concurrently=True))
+        out.append(sql.SQL("ANALYZE {}").format(m.target.ident))
+        return out
+
+    def run(self, ctx: Context) -> None:
+        m = ctx.migration
+        backfill.copy_all(ctx)
+        capture.drain(ctx, reverse=False, backfill_done=True)
+        backfill.build_indexes(ctx)
+        ctx.db.autocommit(sql.SQL("ANALYZE {}").format(m.target.ident), statement_timeout="0")
+
+        def finish(cur):
+            invalid = [ix.name for ix in introspect.describe(cur, m.target).indexes if not ix.is_valid]
+            if invalid:
+                raise Failed(f"indexes {invalid} on {m.target} are invalid", hint=f"run `mover run {m.name}` again")
+            rows, chunks, _ = control.chunk_totals(cur, m.id, "backfill")
+            control.finish_step(cur, m, self.name, "reconcile", ctx.owner,
+                                message=f"copied {rows} rows in {chunks} chunks",
+                                detail={"rows": rows, "chunks": chunks})
+
+        ctx.db.transaction(finish, label="backfill done")

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from psycopg import sql
+
+from mover.context import Context
+
+
+class Step:
+    name: str = ""
+    # A gate: `mover run` stops before it unless the operator (or the plan) says go.
+    gate: bool = False
+
+    def describe(self, ctx: Context, cur) -> list[sql.Composable | str]:
+        """The SQL this step will run, for `mover plan check`."""
+        return []
+
+    def run(self, ctx: Context) -> None:
+        raise NotImplementedError

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from mover import control, introspect, names
+from mover.context import Context
+from mover.errors import Failed
+from mover.plan import Plan
+from mover.sql import ddl
+from mover.steps.base import Step
+
+
+def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.QualifiedName):
+    info = introspect.describe(cur, source)
+    stmts = [ddl.create_target(target, source)]
+    stmts += [ddl.alter_column_type(target, col, typ) for col, typ in sorted(plan.columns.items())]
+    key_ix = next(ix for ix in info.indexes if ix.name == info.key_index)
+    key_name = names.derived(target.name, "_pkey" if key_ix.is_primary else "_key")
+    stmts.append(ddl.create_index(key_name, target, key_ix, concurrently=False))
+    if key_ix.is_primary:
+        stmts.append(ddl.add_primary_key_using(target, key_name, key_name))
+    return stmts
+
+
+class CreateTarget(Step):
+    name = "create_target"
+
+    def describe(self, ctx: Context, cur):
+        return target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target)
+
+    def run(self, ctx: Context) -> None:
+        m = ctx.migration
+
+        def create(cur):
+            control.guard(cur, m.id, self.name, ctx.owner)
+            if introspect.exists(cur, m.target):
+                raise Failed(f"table {m.target} exists, but mover has no record of creating it",
+                             hint=f"drop or rename it, then `mover run {m.name}`; or `mover abort {m.name}`")
+            for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
+                cur.execute(stmt)
+            control.finish_step(cur, m, self.name, "install_capture", ctx.owner, message=f"created {m.target}")
+
+        ctx.db.transaction(create, lock_timeout="2s", label="create_target")

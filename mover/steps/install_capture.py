@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from mover import capture, control, introspect
+from mover.context import Context
+from mover.steps.base import Step
+
+
+class InstallCapture(Step):
+    name = "install_capture"
+
+    def describe(self, ctx: Context, cur):
+        m = ctx.migration
+        info = introspect.describe(cur, m.source)
+        key = tuple(m.key_columns)
+        return capture.install_sql(cur, m.id, m.source, key, tuple(info.column(k).type for k in key))
+
+    def run(self, ctx: Context) -> None:
+        m = ctx.migration
+
+        def install(cur):
+            control.guard(cur, m.id, self.name, ctx.owner)
+            capture.install(cur, m.id, m.source, tuple(m.key_columns))
+            control.finish_step(cur, m, self.name, "backfill", ctx.owner, message=f"capturing changes to {m.source}")
+
+        # CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the live table: wait briefly and
+        # retry rather than queue the application's writes behind us.
+        cutover = ctx.plan.cutover
+        ctx.db.transaction(install, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
+                           label="install_capture")

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from mover import capture, control
+from mover.context import Context
+from mover.errors import Waiting
+from mover.steps.base import Step
+
+
+class RollbackWindow(Step):
+    name = "rollback_window"
+
+    def describe(self, ctx: Context, cur):
+        return [f"-- until the window ({ctx.plan.rollback.window_ms} ms) ends, apply the reverse change log to "
+                f"{ctx.migration.old}; `mover rollback {ctx.migration.name}` swaps back"]
+
+    def run(self, ctx: Context) -> None:
+        m = ctx.migration
+        capture.drain(ctx, reverse=True, backfill_done=True)
+
+        def close_if_over(cur):
+            cur.execute("SELECT window_ends_at <= now() FROM mover.migrations WHERE id = %s", (m.id,))
+            if not cur.fetchone()[0]:
+                return False
+            control.finish_step(cur, m, self.name, "retire", ctx.owner, message="rollback window closed")
+            return True
+
+        if not ctx.db.transaction(close_if_over):
+            raise Waiting(f"the rollback window of {m.name!r} is open until {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}",
+                          hint=f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")

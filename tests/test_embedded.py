@@ -1,0 +1,86 @@
+"""The throwaway PostgreSQL that the suite and `mover demo` run on."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from mover.embedded import EmbeddedPostgres
+
+
+
+def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **kwargs)
+
+
+# Names of the databases db_dsn made, for the test that checks they were dropped.
+_CLONES: list[str] = []
+
+
+def test_server_answers(pg_dsn: str) -> None:
+    with connect(pg_dsn) as conn:
+        version = conn.execute("SELECT version()").fetchone()[0]
+        assert version.startswith("PostgreSQL ")
+        # The fixtures and concurrent-worker tests rely on these settings.
+        assert int(conn.execute("SHOW max_connections").fetchone()[0]) >= 100
+        assert conn.execute("SHOW server_encoding").fetchone()[0] == "UTF8"
+
+
+def test_database_cloned_from_template(pg_dsn: str, template_db: str, db_dsn: str) -> None:
+    with connect(db_dsn) as conn:
+        dbname = conn.execute("SELECT current_database()").fetchone()[0]
+        assert dbname.startswith("t_")
+        conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, g::text FROM generate_series(1, 100) g")
+        assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 100
+    _CLONES.append(dbname)
+    # A change to the clone does not reach the template.
+    with connect(pg_dsn, dbname=template_db) as conn:
+        assert conn.info.dbname == template_db
+        assert conn.execute("SELECT to_regclass('public.t')").fetchone()[0] is None
+
+
+def test_cloned_database_was_dropped(pg_dsn: str) -> None:
+    # Runs after the previous test (pytest keeps the order of a file), whose clone the
+    # db_dsn fixture must have dropped in its teardown.
+    if not _CLONES:
+        pytest.skip("needs test_database_cloned_from_template to run first, in the same session")
+    with connect(pg_dsn) as conn:
+        for dbname in _CLONES:
+            assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone() is None
+
+
+def test_restart_immediate_keeps_committed_rows(tmp_path) -> None:
+    with EmbeddedPostgres(tmp_path, fast=True) as pg:
+        with connect(pg.dsn) as conn:
+            conn.execute("CREATE TABLE t (id int)")
+            conn.execute("INSERT INTO t VALUES (1)")
+        pg.restart()  # immediate shutdown: crash recovery on start
+        with connect(pg.dsn) as conn:
+            assert conn.execute("SELECT id FROM t").fetchall() == [(1,)]
+        tmpdir = pg.tmpdir
+        assert tmpdir is not None and tmpdir.parent == tmp_path
+    assert not tmpdir.exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(pg.dsn, connect_timeout=2)
+
+
+@pytest.mark.pgserver
+def test_pgserver_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOVER_EMBEDDED", "pgserver")
+    pg = EmbeddedPostgres(fast=True)
+    try:
+        dsn = pg.start()
+        assert pg.source == "pgserver"
+        assert dsn.startswith("postgresql://postgres@127.0.0.1:")
+        with connect(dsn) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pg.stop()
+    assert not pg.running
+
+
+def test_unknown_source_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOVER_EMBEDDED", "docker")
+    with pytest.raises(RuntimeError, match="MOVER_EMBEDDED"):
+        EmbeddedPostgres().start()

@@ -249,10 +249,10 @@ def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
     def go(ctx: Context):
         ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "cutover", ctx.owner))
         cutover.swap_in(ctx)
-        try:  # a zero-length window retires at once; otherwise it waits
+        try:  # a zero-length window retires at once; otherwise the window is open: that is success
             runner.advance(ctx)
         except Waiting:
-            pass
+            ctx.db.transaction(lambda cur: control.set_state(cur, ctx.mid, "waiting", owner=ctx.owner))
     return _operator_command(dsn, name, ("cutover",), "cut over", go, **kw)
 
 

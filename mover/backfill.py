@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mover import capture, control, introspect, names
+from mover import capture, control, faults, introspect, names
 from mover.context import Context
 from mover.sql import copy as q
 from mover.sql import ddl
@@ -53,6 +53,7 @@ def copy_all(ctx: Context) -> None:
             stmt, params = q.copy_range(m, lo, hi)
             cur.execute(stmt, params)
             copied = cur.rowcount
+            faults.point(f"chunk_copied:{chunk_no}")  # inside the transaction: a crash here loses the copy
             ms = (time.monotonic() - started) * 1000
             control.record_chunk(cur, ctx.mid, KIND, chunk_no, lo, hi, copied, ms, ctx.owner)
             return chunk_no, copied, ms
@@ -60,6 +61,7 @@ def copy_all(ctx: Context) -> None:
         done = ctx.db.transaction(one_chunk, synchronous_commit=False, statement_timeout="300s", label="chunk")
         if done is None:
             break
+        faults.point(f"chunk:{done[0]}")
         # Keep capture close behind the copy, so the log stays short.
         capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
         rows, chunks, _ = ctx.db.transaction(lambda cur: control.chunk_totals(cur, ctx.mid, KIND))
@@ -99,6 +101,7 @@ def build_indexes(ctx: Context) -> None:
         # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
         ctx.db.autocommit(ddl.create_index(name, ctx.new, ix, concurrently=True),
                           statement_timeout="0", lock_timeout="10min")
+        faults.point("index_built")
         ms = (time.monotonic() - started) * 1000
         ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
                                                      f"index {name} built", {"source_index": ix.name}, ms))

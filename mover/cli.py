@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import click
+import functools
 import psycopg
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -36,10 +37,40 @@ JsonOption = typer.Option(False, "--json", help="Print JSON.")
 
 class State:
     debug = False
+    dsn: str | None = None
+
+
+def _exits(fn):
+    """The one place errors become exit codes: 0 done, 1 failed, 2 bad input (nothing changed),
+    3 waiting for the operator, 130 interrupted. No traceback unless --debug."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MoverError as exc:
+            style = {3: "yellow", 130: "yellow"}.get(exc.exit_code, "red")
+            err.print(f"[{style}]{escape(exc.message)}[/{style}]", highlight=False)
+            if exc.hint:
+                err.print(f"next: {exc.hint}", highlight=False, markup=False)
+            if State.debug:
+                err.print_exception()
+            raise typer.Exit(exc.exit_code)
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
+            raise typer.Exit(130)
+        except psycopg.Error as exc:
+            err.print(f"database error: {str(exc).strip()}", highlight=False, markup=False)
+            if State.debug:
+                err.print_exception()
+            raise typer.Exit(1)
+
+    return wrapper
 
 
 def _dsn(dsn: Optional[str]) -> str:
-    return dsn or os.environ.get("DATABASE_URL", "")
+    # An empty DSN makes libpq read the PG* variables (PGHOST, PGUSER, PGPASSFILE...).
+    return dsn or State.dsn or os.environ.get("DATABASE_URL", "")
 
 
 def _print_json(value: Any) -> None:
@@ -70,9 +101,9 @@ class ProgressReporter:
             self.progress.update(self.task, completed=f["rows"], total=max(f["estimate"], f["rows"]),
                                  rate=f"{rate:,}", chunk_ms=f["chunk_ms"])
             return
-        self.close()
         if kind == "capture":
             return  # frequent and small; status shows the backlog
+        self.close()
         err.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
 
     def close(self) -> None:
@@ -116,13 +147,16 @@ def _show_status(st: dict[str, Any]) -> None:
 
 @app.callback()
 def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks and debug logs."),
-                 verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry.")):
+                 verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry."),
+                 dsn: Optional[str] = DsnOption):
     State.debug = debug
+    State.dsn = dsn
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
 
 
 @app.command()
+@_exits
 def init(dsn: Optional[str] = DsnOption):
     """Create or upgrade mover's control schema (idempotent)."""
     rev = api.init(_dsn(dsn))
@@ -130,6 +164,7 @@ def init(dsn: Optional[str] = DsnOption):
 
 
 @plan_app.command("check")
+@_exits
 def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: Optional[str] = DsnOption,
                as_json: bool = JsonOption):
     """Validate a plan against the live database; print each step and the SQL it will run."""
@@ -158,6 +193,7 @@ def _run(dsn, target, one_step, wait):
 
 
 @app.command()
+@_exits
 def run(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
         dsn: Optional[str] = DsnOption,
         wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
@@ -167,6 +203,7 @@ def run(target: str = typer.Argument(..., help="Migration name, or a plan file t
 
 
 @app.command()
+@_exits
 def step(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
          dsn: Optional[str] = DsnOption):
     """Run exactly the next step."""
@@ -174,6 +211,7 @@ def step(target: str = typer.Argument(..., help="Migration name, or a plan file 
 
 
 @app.command()
+@_exits
 def status(name: Optional[str] = typer.Argument(None), dsn: Optional[str] = DsnOption, as_json: bool = JsonOption):
     """Where every migration (or one) stands."""
     st = api.status(_dsn(dsn), name)
@@ -189,6 +227,7 @@ def status(name: Optional[str] = typer.Argument(None), dsn: Optional[str] = DsnO
 
 
 @app.command()
+@_exits
 def cutover(name: str, dsn: Optional[str] = DsnOption):
     """Swap the new table in; the rollback window starts."""
     reporter = ProgressReporter()
@@ -197,6 +236,7 @@ def cutover(name: str, dsn: Optional[str] = DsnOption):
 
 
 @app.command()
+@_exits
 def rollback(name: str, dsn: Optional[str] = DsnOption):
     """During the rollback window: swap the original table back, losing nothing."""
     st = api.rollback(_dsn(dsn), name, stop=_interruptible())
@@ -204,6 +244,7 @@ def rollback(name: str, dsn: Optional[str] = DsnOption):
 
 
 @app.command()
+@_exits
 def retire(name: str, dsn: Optional[str] = DsnOption,
            force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends.")):
     """After the rollback window: drop the old table and everything mover created."""
@@ -212,6 +253,7 @@ def retire(name: str, dsn: Optional[str] = DsnOption,
 
 
 @app.command()
+@_exits
 def abort(name: str, dsn: Optional[str] = DsnOption):
     """Before cutover: remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, stop=_interruptible())
@@ -219,6 +261,7 @@ def abort(name: str, dsn: Optional[str] = DsnOption):
 
 
 @app.command()
+@_exits
 def divergences(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
                 all_: bool = typer.Option(False, "--all", help="Include resolved ones.")):
     """Rows that differ between the tables, as reconcile found them."""
@@ -234,6 +277,7 @@ def divergences(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonO
 
 
 @app.command()
+@_exits
 def events(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
            limit: int = typer.Option(50, "--limit")):
     """The migration's recent events (who, when, what, how long)."""
@@ -249,6 +293,7 @@ def events(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption
 
 
 @app.command()
+@_exits
 def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample table."),
          keep: bool = typer.Option(False, "--keep", help="Leave the server running at the end (prints its DSN).")):
     """Start an embedded PostgreSQL, a live writer, and migrate a table through every step."""
@@ -257,28 +302,4 @@ def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample ta
 
 
 def main() -> None:
-    command = typer.main.get_command(app)
-    try:
-        command.main(standalone_mode=False, prog_name="mover")
-    except click.exceptions.Abort:
-        err.print("interrupted")
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(2)
-    except MoverError as exc:
-        style = {3: "yellow", 2: "red", 130: "yellow"}.get(exc.exit_code, "red")
-        err.print(f"[{style}]{exc.message}[/{style}]", highlight=False)
-        if exc.hint:
-            err.print(f"next: {exc.hint}", highlight=False)
-        if State.debug:
-            err.print_exception()
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
-        sys.exit(130)
-    except psycopg.Error as exc:
-        err.print(f"[red]database error: {str(exc).strip()}[/red]", highlight=False)
-        if State.debug:
-            err.print_exception()
-        sys.exit(1)
+    app()

@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, introspect, names
+from mover import capture, control, faults, introspect, names
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -92,6 +92,7 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
             cur.execute(ddl.rename_table(m.old, m.source.name))
             _hand_over_sequences(cur, m.target, m.source)
             capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), reverse=False)
+        faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
             window = ctx.plan.rollback.window_ms

@@ -77,12 +77,12 @@ def _split_identifiers(text: str) -> list[str]:
                 raise ValueError(f"{text!r}: empty quoted identifier")
         else:
             j = i
-            while j < n and (text[j].isalnum() or text[j] in "_$"):
+            while j < n and _ident_char(text[j]):
                 j += 1
             part = text[i:j]
-            if not part or part[0].isdigit() or part[0] == "$":
+            if not part or part[0] in "0123456789$":
                 raise ValueError(f"{text!r}: invalid unquoted identifier at position {i + 1}; quote it with double quotes")
-            part = part.lower()
+            part = _fold(part)
             i = j
         if len(part.encode()) > NAMEDATALEN:
             raise ValueError(f"{text!r}: identifier {display_ident(part)} is longer than {NAMEDATALEN} bytes")
@@ -94,6 +94,18 @@ def _split_identifiers(text: str) -> list[str]:
         if text[i] != ".":
             raise ValueError(f"{text!r}: unexpected {text[i]!r} at position {i + 1}")
         i += 1
+
+
+def _ident_char(ch: str) -> bool:
+    """What PostgreSQL's scanner takes into an unquoted identifier: ASCII letters, digits, '_'
+    and '$', and every non-ASCII character."""
+    return ch.isascii() and (ch.isalnum() or ch in "_$") or not ch.isascii()
+
+
+def _fold(part: str) -> str:
+    """PostgreSQL folds only ASCII A-Z of an unquoted identifier (in a multibyte encoding such as
+    UTF-8); str.lower() would also fold 'É' and turn 'İ' into two characters."""
+    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in part)
 
 
 def derived(base: str, suffix: str) -> str:

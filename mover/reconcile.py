@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mover import capture, control, names
+from mover import capture, control, faults, names
 from mover.context import Context
 from mover.sql import compare as q
 from mover.sql import copy as copy_sql
@@ -76,6 +76,7 @@ def run(ctx: Context) -> int:
             _, hi, still_pending = result
             unsettled += still_pending
             break
+        faults.point(f"reconcile_range:{chunk_no}")
         ctx.report("reconcile", chunk=chunk_no)
         if hi is None:
             break

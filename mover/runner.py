@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import control, steps
+from mover import control, faults, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, connect
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
@@ -125,5 +125,6 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
                 ctx.stop.wait(WINDOW_POLL_SECONDS)
                 continue
             raise
+        faults.point(f"after:{step.name}")
         if one_step or (through_cutover and step.name == "cutover"):
             return ctx.refresh()

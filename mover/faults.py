@@ -1,0 +1,23 @@
+"""Fault points for crash tests: `MOVER_FAULT=kill@POINT` makes the process SIGKILL itself when
+it reaches POINT; `MOVER_FAULT=hang@POINT` makes it print a line and block there (a live
+process holding its lease). Unset in normal use, where `point()` is one dictionary lookup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+_SPEC = os.environ.get("MOVER_FAULT", "")
+_ACTION, _, _WHERE = _SPEC.partition("@")
+
+
+def point(name: str) -> None:
+    if not _SPEC or name != _WHERE:
+        return
+    if _ACTION == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif _ACTION == "hang":
+        print(f"mover-fault: hanging at {name}", file=sys.stderr, flush=True)
+        while True:
+            signal.pause()

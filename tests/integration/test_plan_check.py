@@ -1,0 +1,488 @@
+"""Bad plans against a real database, through the CLI: exit 2, a message that names the key or
+the object (quoted the way SQL writes it), and not one change in the catalog or in mover's
+control tables. A good plan: `plan check` prints the seven steps and their SQL, changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.conftest import connect, dsn_with_dbname
+
+STEP_NAMES = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE_SCHEMA = """
+CREATE TABLE public.orders (
+    id        int PRIMARY KEY,
+    customer  text NOT NULL,
+    placed_at timestamptz NOT NULL DEFAULT now(),
+    total     numeric(12,2) CHECK (total >= 0),
+    total_x2  numeric GENERATED ALWAYS AS (total * 2) STORED
+);
+INSERT INTO public.orders (id, customer, placed_at, total)
+SELECT g, 'customer ' || g, '2024-01-01'::timestamptz + g * interval '1 hour', g * 1.5
+FROM generate_series(1, 50) g;
+CREATE SCHEMA "Sales";
+CREATE TABLE "Sales"."Order Items" ("Item ID" int PRIMARY KEY, "Qty" int NOT NULL);
+INSERT INTO "Sales"."Order Items" SELECT g, g FROM generate_series(1, 10) g;
+CREATE SCHEMA other;
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def mover(dsn: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
+    env.pop("DATABASE_URL", None)
+    return subprocess.run([sys.executable, "-m", "mover", "--dsn", dsn, *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+
+
+def flat(text: str) -> str:
+    """Output with its line wrapping undone (rich wraps long lines at the console width)."""
+    return " ".join(text.split())
+
+
+def toml_value(value) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value)  # a TOML basic string: JSON's escapes are valid TOML
+
+
+def plan_toml(name: str = "orders-move", source: str = "public.orders", target: str | None = None,
+              columns: dict[str, str] | None = None, old_name: str | None = None, window: str = "1h",
+              chunk_rows: int | None = None) -> str:
+    lines = ["[migration]", f"name = {toml_value(name)}", f"source = {toml_value(source)}", "", "[target]"]
+    if target is not None:
+        lines.append(f"name = {toml_value(target)}")
+    if columns is not None:
+        lines.append(f"columns = {toml_value(columns)}")
+    if chunk_rows is not None:
+        lines += ["", "[backfill]", f"chunk_rows = {chunk_rows}"]
+    lines += ["", "[rollback]", f"window = {toml_value(window)}"]
+    if old_name is not None:
+        lines.append(f"old_name = {toml_value(old_name)}")
+    return "\n".join(lines) + "\n"
+
+
+def execute(dsn: str, statements: str) -> None:
+    if statements.strip():
+        with connect(dsn) as conn:
+            conn.execute(statements)
+
+
+_USER = "n.nspname NOT IN ('pg_catalog', 'information_schema')"
+
+_CATALOG_QUERIES = {
+    "namespaces": f"SELECT n.nspname, n.nspowner::regrole::text, n.nspacl::text FROM pg_namespace n WHERE {_USER}",
+    "relations": f"""
+        SELECT n.nspname, c.relname, c.relkind, c.relfilenode, c.relpersistence, c.relhastriggers,
+               c.relacl::text, c.reloptions::text, c.relreplident, c.relrowsecurity
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {_USER}""",
+    "columns": f"""
+        SELECT c.oid::regclass::text, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               a.attisdropped, a.attidentity, a.attgenerated, pg_get_expr(d.adbin, d.adrelid)
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE {_USER} AND a.attnum > 0""",
+    "constraints": f"""
+        SELECT n.nspname, co.conname, co.conrelid::regclass::text, co.contype, co.convalidated,
+               pg_get_constraintdef(co.oid)
+        FROM pg_constraint co JOIN pg_namespace n ON n.oid = co.connamespace WHERE {_USER}""",
+    "indexes": f"""
+        SELECT i.indexrelid::regclass::text, i.indrelid::regclass::text, i.indisvalid, i.indisready,
+               pg_get_indexdef(i.indexrelid)
+        FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE {_USER}""",
+    "triggers": """
+        SELECT t.tgrelid::regclass::text, t.tgname, t.tgenabled, t.tgfoid::regprocedure::text, t.tgisinternal
+        FROM pg_trigger t""",
+    "functions": f"""
+        SELECT p.oid::regprocedure::text, md5(p.prosrc)
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE {_USER}""",
+    "types": f"""
+        SELECT n.nspname, t.typname, t.typtype
+        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE {_USER}""",
+    "rules": "SELECT r.ev_class::regclass::text, r.rulename, md5(r.ev_action::text) FROM pg_rewrite r"
+             " WHERE r.ev_class >= 16384",
+    "sequences": "SELECT schemaname, sequencename, last_value FROM pg_sequences",
+    "extensions": "SELECT extname, extversion FROM pg_extension",
+    "event_triggers": "SELECT evtname FROM pg_event_trigger",
+    "publications": "SELECT pubname FROM pg_publication",
+}
+_CONTROL_TABLES = ("migrations", "steps", "events", "chunks", "divergences", "alembic_version")
+
+
+def snapshot(dsn: str) -> dict[str, list]:
+    """The user-visible catalog, mover's control tables, and the content of every user table."""
+    snap: dict[str, list] = {}
+    with connect(dsn) as conn:
+        for key, query in _CATALOG_QUERIES.items():
+            snap[key] = sorted(conn.execute(query).fetchall(), key=repr)
+        for table in _CONTROL_TABLES:
+            if conn.execute("SELECT to_regclass(%s)", (f"mover.{table}",)).fetchone()[0] is not None:
+                rows = conn.execute(sql.SQL("SELECT to_jsonb(t)::text FROM mover.{} t").format(
+                    sql.Identifier(table))).fetchall()
+                snap[f"mover.{table}"] = sorted(r[0] for r in rows)
+        tables = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'mover')"
+            " AND n.nspname NOT LIKE 'pg\\_toast%'").fetchall()
+        for schema, name in tables:
+            snap[f"data {schema}.{name}"] = conn.execute(sql.SQL(
+                "SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {} t"
+            ).format(sql.Identifier(schema, name))).fetchall()
+    assert snap["relations"], "the snapshot must see something"
+    return snap
+
+
+def assert_bad(result: subprocess.CompletedProcess, fragments: list[str]) -> None:
+    message = flat(result.stderr)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in stderr: {message!r}"
+
+
+def write_plan(tmp_path: Path, text: str, name: str = "plan.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def db(db_dsn: str) -> str:
+    execute(db_dsn, BASE_SCHEMA)
+    return db_dsn
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad plans that need the live database
+
+
+@dataclass
+class Case:
+    id: str
+    plan: str
+    fragments: list[str]
+    setup: str = ""
+    also_run: bool = False  # check `mover run PLAN` too, not only `mover plan check PLAN`
+    extra: dict = field(default_factory=dict)
+
+
+CASES = [
+    # The source
+    Case("source-missing", plan_toml(source="public.nope"),
+         ["[migration] source", 'table "public"."nope" does not exist'], also_run=True),
+    Case("source-unquoted-folds", plan_toml(source='Sales."Order Items"'),
+         ["[migration] source", '"sales"."Order Items" does not exist']),
+    Case("source-no-key", plan_toml(source="nokey"),
+         ['"public"."nokey"', "no primary key or unique index on NOT NULL columns"],
+         setup="CREATE TABLE nokey (a int, b text); INSERT INTO nokey VALUES (1, 'x')", also_run=True),
+    Case("source-nullable-unique", plan_toml(source="nullable_unique"),
+         ['"public"."nullable_unique"', "no primary key"],
+         setup="CREATE TABLE nullable_unique (a int UNIQUE, b text NOT NULL)"),
+    Case("source-partial-unique", plan_toml(source="partial_unique"),
+         ['"public"."partial_unique"', "no primary key"],
+         setup="CREATE TABLE partial_unique (a int NOT NULL); CREATE UNIQUE INDEX ON partial_unique (a) WHERE a > 0"),
+    Case("source-no-key-mixed-case", plan_toml(source='"Sales"."Log Lines"'),
+         ['"Sales"."Log Lines"', "no primary key"],
+         setup='CREATE TABLE "Sales"."Log Lines" ("Line" text)'),
+    Case("source-view", plan_toml(source="orders_view"),
+         ["[migration] source", '"public"."orders_view" is a view'],
+         setup="CREATE VIEW orders_view AS SELECT id, total FROM orders", also_run=True),
+    Case("source-matview", plan_toml(source="orders_mv"),
+         ["[migration] source", '"public"."orders_mv" is a materialized view'],
+         setup="CREATE MATERIALIZED VIEW orders_mv AS SELECT id FROM orders; CREATE UNIQUE INDEX ON orders_mv (id)"),
+    Case("source-partitioned", plan_toml(source="parted"),
+         ["[migration] source", '"public"."parted" is a partitioned table'],
+         setup="CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id)"),
+    Case("source-control-table", plan_toml(source="mover.migrations"),
+         ["[migration] source", '"mover"."migrations" belongs to mover itself']),
+    Case("source-system-catalog", plan_toml(source="pg_catalog.pg_class"),
+         ["[migration] source", '"pg_catalog"."pg_class"', "system"]),
+    # Names that are taken
+    Case("target-taken", plan_toml(),
+         ["[target] name", '"public"."orders_new" already exists'],
+         setup="CREATE TABLE orders_new (x int)", also_run=True),
+    Case("target-taken-by-sequence", plan_toml(target="orders_v2"),
+         ["[target] name", '"public"."orders_v2" already exists'],
+         setup="CREATE SEQUENCE orders_v2"),
+    Case("target-taken-by-type", plan_toml(target="orders_v2"),
+         ["[target] name", '"public"."orders_v2"', "already exists"],
+         setup="CREATE TYPE orders_v2 AS (a int)", also_run=True),
+    Case("target-taken-mixed-case", plan_toml(source='"Sales"."Order Items"'),
+         ["[target] name", '"Sales"."Order Items_new" already exists'],
+         setup='CREATE TABLE "Sales"."Order Items_new" (x int)'),
+    Case("old-name-taken", plan_toml(),
+         ["[rollback] old_name", '"public"."orders_old" already exists'],
+         setup="CREATE TABLE orders_old (x int)", also_run=True),
+    Case("old-name-taken-quoted", plan_toml(old_name='"Orders ""Before"""'),
+         ["[rollback] old_name", '"public"."Orders ""Before""" already exists'],
+         setup='CREATE VIEW "Orders ""Before""" AS SELECT 1 AS one'),
+    Case("target-index-name-taken", plan_toml(),
+         ['"orders_new_pkey"', "already exists"],
+         setup="CREATE TABLE misc (a int); CREATE INDEX orders_new_pkey ON misc (a)", also_run=True),
+    Case("target-other-schema", plan_toml(target="other.orders_new"),
+         ["[target] name", '"other"."orders_new" must be in the source\'s schema "public"']),
+    Case("target-missing-schema", plan_toml(source='"Sales"."Order Items"', target='nowhere."Items"'),
+         ["[target] name", '"nowhere"."Items" must be in the source\'s schema "Sales"']),
+    Case("old-name-other-schema", plan_toml(old_name="Sales.orders_old"),
+         ["[rollback] old_name", '"sales"."orders_old" must be in the source\'s schema "public"']),
+    Case("target-is-source", plan_toml(target="public.orders"),
+         ['"public"."orders"', "must all differ"]),
+    Case("target-is-old-name", plan_toml(target="orders_x", old_name="orders_x"),
+         ['"public"."orders_x"', "must all differ"]),
+    # Columns and types
+    Case("column-missing", plan_toml(columns={"nope": "bigint"}),
+         ["[target] columns", '"public"."orders" has no column "nope"'], also_run=True),
+    Case("column-case-matters", plan_toml(columns={"ID": "bigint"}),
+         ["[target] columns", 'has no column "ID"']),
+    Case("column-missing-mixed-case", plan_toml(source='"Sales"."Order Items"', columns={"Item Id": "bigint"}),
+         ["[target] columns", '"Sales"."Order Items" has no column "Item Id"']),
+    Case("type-missing", plan_toml(columns={"id": "bigintt"}),
+         ["[target] columns", "'bigintt'", '"id"', "not a type"], also_run=True),
+    Case("type-is-sql", plan_toml(columns={"id": "bigint) FROM orders; DROP TABLE orders; --"}),
+         ["[target] columns", "not a type"], also_run=True),
+    Case("cast-timestamptz-to-point", plan_toml(columns={"placed_at": "point"}),
+         ["[target] columns", 'column "placed_at" cannot become \'point\''], also_run=True),
+    Case("cast-int-to-uuid", plan_toml(columns={"id": "uuid"}),
+         ["[target] columns", 'column "id" cannot become \'uuid\'']),
+    Case("cast-mixed-case-column", plan_toml(source='"Sales"."Order Items"', columns={"Qty": "inet"}),
+         ["[target] columns", 'column "Qty" cannot become \'inet\'']),
+    Case("cast-explicit-only", plan_toml(columns={"customer": "integer"}),
+         ["[target] columns", '"customer"', "cannot be cast automatically"], also_run=True),
+    Case("generated-column", plan_toml(columns={"total_x2": "numeric(20,2)"}),
+         ["[target] columns", '"total_x2" is a generated column']),
+    Case("column-used-by-generated-column", plan_toml(columns={"total": "numeric(20,2)"}),
+         ["[target] columns", '"total"', '"total_x2"'], also_run=True),
+    Case("identity-to-text", plan_toml(source="idents", columns={"id": "text"}),
+         ["[target] columns", '"id"', "identity column"],
+         setup="CREATE TABLE idents (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)"),
+    # Dependents mover cannot carry over yet
+    Case("inbound-foreign-key", plan_toml(),
+         ['"public"."orders" is referenced by foreign keys', "lines_order_id_fkey", "lines"],
+         setup="CREATE TABLE lines (id int PRIMARY KEY, order_id int REFERENCES orders)", also_run=True),
+    Case("inbound-foreign-key-mixed-case", plan_toml(),
+         ["referenced by foreign keys", "Order FK", '"Sales"."Lines"'],
+         setup='CREATE TABLE "Sales"."Lines" (id int PRIMARY KEY, o int CONSTRAINT "Order FK" REFERENCES orders)'),
+    Case("dependent-view", plan_toml(),
+         ['views depend on "public"."orders"', '"Sales"."Big Orders"'],
+         setup='CREATE VIEW "Sales"."Big Orders" AS SELECT * FROM orders WHERE total > 10', also_run=True),
+    Case("dependent-matview", plan_toml(),
+         ['views depend on "public"."orders"', "orders_summary"],
+         setup="CREATE MATERIALIZED VIEW orders_summary AS SELECT count(*) FROM orders"),
+    Case("exclusion-constraint", plan_toml(source="bookings"),
+         ['"public"."bookings"', "exclusion constraint", '"bookings_during_excl"'],
+         setup="CREATE TABLE bookings (id int PRIMARY KEY, during tsrange NOT NULL,"
+               " EXCLUDE USING gist (during WITH &&))", also_run=True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_plan_exits_2_and_changes_nothing(db, tmp_path, case):
+    execute(db, case.setup)
+    path = write_plan(tmp_path, case.plan)
+    before = snapshot(db)
+    assert_bad(mover(db, "plan", "check", str(path)), case.fragments)
+    assert snapshot(db) == before
+    if case.also_run:
+        assert_bad(mover(db, "run", str(path)), case.fragments)
+        assert snapshot(db) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad plan files through the CLI (the database is there, but never reached)
+
+FILE_CASES = [
+    ("malformed-toml", '[migration\nname = "m"\n', ["not valid TOML"]),
+    ("unquoted-string", "[migration]\nname = orders\n", ["not valid TOML"]),
+    ("unknown-key", plan_toml() + "\n[backfill]\nchunk_size = 10\n", ["unknown key [backfill] chunk_size"]),
+    ("unknown-section", plan_toml() + "\n[swap]\nauto = true\n", ["unknown section [swap]"]),
+    ("missing-name", '[migration]\nsource = "orders"\n[rollback]\nwindow = "1h"\n',
+     ["missing required key [migration] name"]),
+    ("missing-window", '[migration]\nname = "m"\nsource = "orders"\n', ["missing required key [rollback] window"]),
+    ("wrong-type", plan_toml().replace('window = "1h"', "window = 3600"), ["[rollback] window must be a string"]),
+    ("chunk-rows-string", plan_toml() + '\n[backfill]\nchunk_rows = "10"\n', ["[backfill] chunk_rows must be an integer"]),
+    ("auto-yes", plan_toml() + '\n[cutover]\nauto = "yes"\n', ["[cutover] auto must be a boolean"]),
+    ("bad-duration", plan_toml(window="1 week"), ["[rollback] window", "not a duration"]),
+    ("lock-timeout-range", plan_toml() + '\n[cutover]\nlock_timeout = "5min"\n',
+     ["[cutover] lock_timeout must be between 1ms and 60s"]),
+    ("bad-name", plan_toml(name="orders move"), ["[migration] name 'orders move'"]),
+    ("three-part-source", plan_toml(source="db.public.orders"), ["[migration] source", "3 dot-separated parts"]),
+]
+
+
+@pytest.mark.parametrize("text, fragments", [(t, f) for _, t, f in FILE_CASES], ids=[i for i, _, _ in FILE_CASES])
+def test_bad_plan_file_exits_2(db, tmp_path, text, fragments):
+    path = write_plan(tmp_path, text)
+    before = snapshot(db)
+    for command in (["plan", "check"], ["run"]):
+        result = mover(db, *command, str(path))
+        assert_bad(result, fragments)
+        assert str(path) in flat(result.stderr)
+    assert snapshot(db) == before
+
+
+def test_missing_plan_file_exits_2(db, tmp_path):
+    before = snapshot(db)
+    assert_bad(mover(db, "plan", "check", str(tmp_path / "nope.toml")), ["nope.toml"])
+    assert_bad(mover(db, "run", str(tmp_path / "nope.toml")), ["cannot read plan file", "nope.toml"])
+    assert snapshot(db) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad plans that depend on what is registered
+
+
+def _register(dsn: str, path: Path) -> None:
+    """`mover step PLAN`: registers the migration and runs create_target."""
+    result = mover(dsn, "step", str(path))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM mover.migrations").fetchone()[0] == 1
+        assert conn.execute("SELECT to_regclass('public.orders_new') IS NOT NULL").fetchone()[0]
+
+
+@pytest.mark.parametrize("second", [
+    plan_toml(name="orders-again", target="orders_v3", old_name="orders_v3_old"),
+    plan_toml(name="orders-again"),  # the same derived names as the first: the migration is the news
+    plan_toml(name="orders-again", source="ORDERS", columns={"id": "bigint"}),
+], ids=["other-names", "same-names", "other-shape"])
+def test_second_migration_of_the_same_source(db, tmp_path, second):
+    _register(db, write_plan(tmp_path, plan_toml(name="orders-first"), "first.toml"))
+    path = write_plan(tmp_path, second, "second.toml")
+    before = snapshot(db)
+    for command in (["plan", "check"], ["run"], ["step"]):
+        assert_bad(mover(db, *command, str(path)),
+                   ['"public"."orders" is already being moved by migration \'orders-first\'', "mover abort orders-first"])
+        assert snapshot(db) == before
+
+
+@pytest.mark.parametrize("changed", [
+    plan_toml(name="orders-first", columns={"id": "bigint"}),
+    plan_toml(name="orders-first", target="orders_v2"),
+    plan_toml(name="orders-first", source='"Sales"."Order Items"'),
+], ids=["columns", "target", "source"])
+def test_changed_shape_of_a_registered_plan(db, tmp_path, changed):
+    _register(db, write_plan(tmp_path, plan_toml(name="orders-first"), "first.toml"))
+    path = write_plan(tmp_path, changed, "changed.toml")
+    before = snapshot(db)
+    for command in (["plan", "check"], ["run"]):
+        assert_bad(mover(db, *command, str(path)),
+                   ["plan for 'orders-first' differs from the one registered", "mover abort orders-first"])
+        assert snapshot(db) == before
+
+
+def test_changed_tunables_of_a_registered_plan_are_fine(db, tmp_path):
+    _register(db, write_plan(tmp_path, plan_toml(name="orders-first"), "first.toml"))
+    path = write_plan(tmp_path, plan_toml(name="orders-first", window="2h", chunk_rows=5), "tuned.toml")
+    before = snapshot(db)
+    result = mover(db, "plan", "check", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["registered"] is True and doc["name"] == "orders-first"
+    assert doc["status"]["step"] == "install_capture"
+    assert snapshot(db) == before
+
+
+@pytest.fixture
+def bare_db(pg_dsn: str):
+    """A database without mover's control schema (not cloned from the template)."""
+    name = f"bare_{uuid.uuid4().hex[:12]}"
+    with connect(pg_dsn) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
+    dsn = dsn_with_dbname(pg_dsn, name)
+    try:
+        execute(dsn, BASE_SCHEMA)
+        yield dsn
+    finally:
+        with connect(pg_dsn) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_control_schema_not_installed(bare_db, tmp_path):
+    path = write_plan(tmp_path, plan_toml())
+    before = snapshot(bare_db)
+    assert not [r for r in before["namespaces"] if r[0] == "mover"]
+    for command in (["plan", "check"], ["run"], ["step"]):
+        assert_bad(mover(bare_db, *command, str(path)), ["control schema is not installed", "mover init"])
+        assert snapshot(bare_db) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# A good plan
+
+
+def test_good_plan_check_prints_the_steps_and_changes_nothing(db, tmp_path):
+    path = write_plan(tmp_path, plan_toml(source='"Sales"."Order Items"', columns={"Item ID": "bigint"}))
+    before = snapshot(db)
+    result = mover(db, "plan", "check", str(path))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    text = result.stdout
+    for step in STEP_NAMES:
+        assert step in text, step
+    assert 'CREATE TABLE "Sales"."Order Items_new"' in flat(text)
+    assert 'ALTER COLUMN "Item ID" TYPE bigint' in flat(text)
+    assert snapshot(db) == before
+
+    result = mover(db, "plan", "check", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["registered"] is False
+    assert doc["name"] == "orders-move"
+    assert doc["tables"] == {"source": '"Sales"."Order Items"', "target": '"Sales"."Order Items_new"',
+                             "old": '"Sales"."Order Items_old"'}
+    assert doc["key"] == ["Item ID"]
+    assert [s["name"] for s in doc["steps"]] == list(STEP_NAMES)
+    create = doc["steps"][0]["sql"]
+    assert any(s.startswith('CREATE TABLE "Sales"."Order Items_new"') for s in create), create
+    assert all(isinstance(s, str) for step in doc["steps"] for s in step["sql"])
+    assert sum(len(step["sql"]) for step in doc["steps"]) >= 7
+    assert snapshot(db) == before
+
+
+def test_good_plan_with_a_type_change_and_explicit_names(db, tmp_path):
+    path = write_plan(tmp_path, plan_toml(target="orders_v2", old_name='"Orders (old)"',
+                                          columns={"id": "bigint", "customer": "varchar(200)"}))
+    before = snapshot(db)
+    result = mover(db, "plan", "check", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["tables"] == {"source": '"public"."orders"', "target": '"public"."orders_v2"',
+                             "old": '"public"."Orders (old)"'}
+    assert doc["key"] == ["id"]
+    statements = " ".join(doc["steps"][0]["sql"])
+    assert 'ALTER COLUMN "id" TYPE bigint' in statements
+    assert 'ALTER COLUMN "customer" TYPE varchar(200)' in statements
+    assert snapshot(db) == before
+
+
+def test_snapshot_sees_changes(db, tmp_path):
+    """The catalog comparison itself can fail: registering a plan changes the snapshot."""
+    before = snapshot(db)
+    execute(db, "COMMENT ON TABLE orders IS 'x'")  # a comment is not in the snapshot ...
+    assert snapshot(db) == before
+    execute(db, "UPDATE orders SET total = total + 1 WHERE id = 1")  # ... data is
+    changed = snapshot(db)
+    assert changed != before
+    _register(db, write_plan(tmp_path, plan_toml(name="orders-first")))
+    after = snapshot(db)
+    assert after["relations"] != changed["relations"]
+    assert after["mover.migrations"] != changed["mover.migrations"]

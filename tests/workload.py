@@ -1,0 +1,191 @@
+"""Test helpers: a hostile concurrent writer, the CLI as a subprocess, independent comparisons."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mover(dsn: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would; returns the completed process (never raises on exit code)."""
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    full_env.pop("MOVER_FAULT", None) if not (env and "MOVER_FAULT" in env) else None
+    return subprocess.run([sys.executable, "-m", "mover", "--dsn", dsn, *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=ROOT)
+
+
+def spawn(dsn: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
+
+
+def write_plan(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+ORDERS_DDL = """
+CREATE TABLE "Orders" (
+    id serial PRIMARY KEY,
+    "Account" integer NOT NULL,
+    amount numeric(12,2),
+    status text,
+    payload jsonb,
+    note text,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX "Orders by account" ON "Orders" ("Account", created_at);
+"""
+
+
+def create_orders(dsn: str, rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(ORDERS_DDL)
+        conn.execute(
+            """INSERT INTO "Orders" ("Account", amount, status, payload, note)
+               SELECT g %% 1000, (g %% 100000) / 100.0, (ARRAY['new','paid','shipped'])[1 + g %% 3],
+                      jsonb_build_object('g', g), CASE WHEN g %% 7 = 0 THEN NULL ELSE md5(g::text) END
+               FROM generate_series(1, %s) g""",
+            (rows,),
+        )
+        conn.execute('ANALYZE "Orders"')
+
+
+ORDERS_COLUMNS = ('id', 'Account', 'amount', 'status', 'payload', 'note', 'created_at')
+
+
+@dataclass
+class Writer:
+    """A concurrent application: inserts, updates, deletes, key changes, and delete-then-reinsert
+    of one key in one transaction, against the table by name (it follows the swap). Any error
+    it sees is recorded: mover must never make the application fail."""
+
+    dsn: str
+    table: str = "Orders"
+    seed: int = 1
+    ops: int = 0
+    errors: list = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    paused: threading.Event = field(default_factory=threading.Event)
+    idle: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "Writer":
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        rnd = random.Random(self.seed)
+        # No server-side prepared statements: a statement prepared before the swap whose result
+        # type changes (int -> bigint) fails once with 0A000 "cached plan must not change result
+        # type" -- PostgreSQL's behaviour for any type change, documented in the README.
+        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+        t = sql.Identifier(self.table)
+        try:
+            while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.idle.set()
+                    self.stop.wait(0.01)
+                    continue
+                self.idle.clear()
+                (max_id,) = conn.execute(sql.SQL("SELECT coalesce(max(id), 1) FROM {}").format(t)).fetchone()
+                k = rnd.randint(1, max_id)
+                op = rnd.random()
+                try:
+                    if op < 0.3:
+                        conn.execute(sql.SQL("INSERT INTO {} (\"Account\", amount, status, payload, note) VALUES "
+                                             "(%s, %s, 'new', %s, 'w')").format(t),
+                                     (rnd.randint(0, 999), rnd.randint(0, 10**6) / 100, '{"w": 1}'))
+                    elif op < 0.6:
+                        conn.execute(sql.SQL("UPDATE {} SET amount = amount + 1, status = 'paid', note = NULL,"
+                                             " payload = payload || %s::jsonb WHERE id = %s").format(t),
+                                     ('{"u": 1}', k))
+                    elif op < 0.75:
+                        conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(t), (k,))
+                    elif op < 0.85:
+                        # The key changes: the old key disappears and a new one appears.
+                        conn.execute(sql.SQL("UPDATE {} SET id = nextval(pg_get_serial_sequence(%s, 'id'))"
+                                             " WHERE id = %s").format(t), (f'"{self.table}"', k))
+                    else:
+                        with conn.transaction():
+                            row = conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s RETURNING \"Account\"")
+                                               .format(t), (k,)).fetchone()
+                            if row:
+                                conn.execute(sql.SQL("INSERT INTO {} (id, \"Account\", amount, status, note)"
+                                                     " VALUES (%s, %s, 0, 'reinserted', 'r')").format(t),
+                                             (k, row[0]))
+                    self.ops += 1
+                except psycopg.Error as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    if conn.broken:
+                        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+        finally:
+            conn.close()
+
+    def pause(self) -> None:
+        """Stop writing (returns once the writer is idle between operations)."""
+        self.paused.set()
+        assert self.idle.wait(30), "writer did not pause"
+
+    def resume(self) -> None:
+        self.paused.clear()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def differences(dsn: str, a: str, b: str, columns=ORDERS_COLUMNS) -> tuple[int, int]:
+    """Rows in a but not b, and in b but not a: an independent EXCEPT query, both ways."""
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        q = "SELECT count(*) FROM (SELECT {c} FROM {x} EXCEPT ALL SELECT {c} FROM {y}) d"
+        ab = conn.execute(sql.SQL(q).format(c=cols, x=sql.Identifier(a), y=sql.Identifier(b))).fetchone()[0]
+        ba = conn.execute(sql.SQL(q).format(c=cols, x=sql.Identifier(b), y=sql.Identifier(a))).fetchone()[0]
+    return ab, ba
+
+
+def count(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
+
+
+def catalog_snapshot(dsn: str) -> dict:
+    """Everything in the user's schemas that a migration could touch."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        snap = {}
+        snap["relations"] = conn.execute(
+            "SELECT n.nspname, c.relname, c.relkind, c.reltuples >= 0 FROM pg_class c JOIN pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')"
+            " AND n.nspname NOT LIKE 'pg_temp%%' AND n.nspname <> 'mover' ORDER BY 1, 2").fetchall()
+        snap["mover_objects"] = conn.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.relnamespace = 'mover'::regnamespace"
+            " AND c.relname ~ '^m[0-9]' ORDER BY 1").fetchall()
+        snap["columns"] = conn.execute(
+            "SELECT attrelid::regclass::text, attname, format_type(atttypid, atttypmod), attnotnull"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " WHERE c.relnamespace = 'public'::regnamespace AND attnum > 0 AND NOT attisdropped ORDER BY 1, 2").fetchall()
+        snap["triggers"] = conn.execute("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal"
+                                        " ORDER BY 1, 2").fetchall()
+        snap["functions"] = conn.execute(
+            "SELECT n.nspname, p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1, 2").fetchall()
+        snap["indexes"] = conn.execute("SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index"
+                                       " WHERE indrelid::regclass::text NOT LIKE 'pg_%%' AND"
+                                       " indrelid::regclass::text NOT LIKE 'mover.%%' ORDER BY 1").fetchall()
+        snap["sequences"] = conn.execute(
+            "SELECT d.objid::regclass::text, d.refobjid::regclass::text, d.deptype FROM pg_depend d JOIN pg_class c"
+            " ON c.oid = d.objid AND c.relkind = 'S' WHERE d.refclassid = 'pg_class'::regclass ORDER BY 1").fetchall()
+        return snap

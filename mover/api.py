@@ -51,18 +51,30 @@ def init(dsn: str) -> str:
 
 
 def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
-    """Check the plan against the catalog; return resolved names and the key. Changes nothing."""
+    """Check the plan against the catalog; return resolved names and the key. Changes nothing
+    (when registering, the target's DDL is rehearsed inside a savepoint that is rolled back)."""
     source = introspect.resolve(cur, plan.source)
     if source is None:
         raise PlanError(f"[migration] source: table {plan.source} does not exist",
                         hint="check the name; unquoted names fold to lower case, quote mixed-case names")
     if source.schema == names.CONTROL_SCHEMA:
         raise PlanError(f"[migration] source: {source} belongs to mover itself")
-    info = introspect.describe(cur, source)
-    if info.relkind != "r":
-        kinds = {"p": "a partitioned table", "v": "a view", "m": "a materialized view", "f": "a foreign table"}
-        raise PlanError(f"[migration] source: {source} is {kinds.get(info.relkind, 'not an ordinary table')}",
+    if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
+        raise PlanError(f"[migration] source: {source} is a system table", hint="mover moves user tables")
+    # The kind first: describe() would report a view's missing key, or choke on a partitioned
+    # table's index definitions, before saying what is really wrong.
+    cur.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.name))
+    relkind = cur.fetchone()[0]
+    if relkind != "r":
+        kinds = {"p": "a partitioned table", "v": "a view", "m": "a materialized view", "f": "a foreign table",
+                 "S": "a sequence", "i": "an index", "I": "an index", "c": "a composite type"}
+        raise PlanError(f"[migration] source: {source} is {kinds.get(relkind, 'not an ordinary table')}",
                         hint="mover moves ordinary tables")
+    try:
+        info = introspect.describe(cur, source)
+    except PlanError as exc:  # no usable key, an index form mover cannot read
+        raise PlanError(f"[migration] source: {exc.message}", hint=exc.hint) from None
 
     def sibling(name: QualifiedName | None, key: str, suffix: str) -> QualifiedName:
         if name is None:
@@ -77,15 +89,23 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     target = sibling(plan.target, "[target] name", "_new")
     old = sibling(plan.rollback.old_name, "[rollback] old_name", "_old")
     if len({target, old, source}) < 3:
-        raise PlanError(f"source {source}, target {target} and old name {old} must all differ")
+        raise PlanError(f"source {source}, target {target} and old name {old} must all differ",
+                        hint="set [target] name and [rollback] old_name to two new names")
     if registering:
-        for name, key in ((target, "[target] name"), (old, "[rollback] old_name")):
-            if introspect.exists(cur, name):
-                raise PlanError(f"{key}: {name} already exists", hint="choose another name or drop that table")
+        # Another migration of the same source first: its target explains why a name is taken.
         other = control.active_on_source(cur, source) if control.schema_ready(cur) else None
         if other is not None and other.name != plan.name:
             raise PlanError(f"table {source} is already being moved by migration {other.name!r}",
                             hint=f"finish or `mover abort {other.name}` first")
+        for name, key in ((target, "[target] name"), (old, "[rollback] old_name")):
+            if introspect.exists(cur, name):
+                raise PlanError(f"{key}: {name} already exists", hint="choose another name or drop that table")
+            # A table brings a row type of its own name: an enum or a domain of that name blocks it too.
+            cur.execute("SELECT EXISTS (SELECT 1 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+                        " WHERE n.nspname = %s AND t.typname = %s)", (name.schema, name.name))
+            if cur.fetchone()[0]:
+                raise PlanError(f"{key}: {name} already exists as a type",
+                                hint="choose another name or drop that type")
 
     for col, typ in sorted(plan.columns.items()):
         try:
@@ -112,7 +132,45 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if views:
         raise PlanError(f"views depend on {source} ({', '.join(views)}); they would keep reading the old table "
                         f"after the swap", hint="drop them before the migration and recreate them after")
+    if registering:
+        # What the catalog alone cannot tell (a type change that needs USING, a column used by a
+        # generated column or a CHECK constraint, an identity column turned text, an index name
+        # that is taken): run create_target's DDL and roll it back. Without the type changes
+        # first, so that the message can name the key at fault.
+        hint = "change the plan (or the source table) so that this DDL succeeds; `mover plan check` prints it"
+        problem = _rehearse_create_target(cur, replace(plan, columns={}), source, target)
+        if problem:
+            raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=hint)
+        if plan.columns and _rehearse_create_target(cur, plan, source, target):
+            # Find the column at fault (this is the error path; one more rehearsal per column is cheap).
+            for col, typ in sorted(plan.columns.items()):
+                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target)
+                if problem:
+                    raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r} "
+                                    f"in the target {target}: {problem}", hint=hint)
+            raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
+                            f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
     return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
+
+
+def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName) -> str | None:
+    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any."""
+    from mover.db import is_retryable
+    from mover.steps.create_target import target_ddl
+
+    cur.execute("SAVEPOINT mover_rehearsal")
+    try:
+        for stmt in target_ddl(cur, plan, source, target):
+            cur.execute(stmt)
+    except psycopg.Error as exc:
+        if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
+            raise  # a lock timeout or a lost connection says nothing about the plan
+        cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
+        diag = exc.diag
+        detail = f" ({diag.message_detail.rstrip('.')})" if diag.message_detail else ""
+        return f"{diag.message_primary or str(exc).splitlines()[0]}{detail}"
+    cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
+    return None
 
 
 def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
@@ -145,7 +203,10 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
     db = _database(dsn)
     try:
         def check(cur):
-            existing = control.find(cur, plan.name) if control.schema_ready(cur) else None
+            if not control.schema_ready(cur):
+                raise BadInput("mover's control schema is not installed in this database",
+                               hint="run `mover init` first")
+            existing = control.find(cur, plan.name)
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
                 return {"plan": str(path), "name": plan.name, "registered": True,
@@ -159,10 +220,10 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "steps": out_steps}
-        # Read only, and rolled back whatever happens: checking a plan changes nothing.
+        # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
+        # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
         with conn.transaction(force_rollback=True), conn.cursor() as cur:
-            cur.execute("SET TRANSACTION READ ONLY")
             cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
             return check(cur)
     finally:

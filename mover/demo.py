@@ -235,10 +235,7 @@ class _Reporter:
 
     def __call__(self, kind: str, **fields: Any) -> None:
         if kind == "capture":
-            # ProgressReporter ignores these but closes its bar first; with a live writer a
-            # capture report follows every backfill chunk, so the bar (and its rows/s) would
-            # restart on each chunk. Nothing to show: drop them here.
-            return
+            return  # after every backfill chunk; nothing to show (status has the backlog)
         if kind == "reconcile":
             self.inner.close()
             if self.spinner is None:

@@ -1,12 +1,13 @@
 """Fault points for crash tests: `MOVER_FAULT=kill@POINT` makes the process SIGKILL itself when
-it reaches POINT; `MOVER_FAULT=hang@POINT` makes it print a line and block there (a live
-process holding its lease). Unset in normal use, where `point()` is one dictionary lookup."""
+it reaches POINT; `MOVER_FAULT=hang@POINT` makes it print a line and wait there for SIGUSR1 (a
+live process holding its lease). Unset in normal use, where `point()` is one comparison."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 
 _SPEC = os.environ.get("MOVER_FAULT", "")
 _ACTION, _, _WHERE = _SPEC.partition("@")
@@ -18,6 +19,8 @@ def point(name: str) -> None:
     if _ACTION == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif _ACTION == "hang":
+        go_on = threading.Event()
+        signal.signal(signal.SIGUSR1, lambda *_: go_on.set())
         print(f"mover-fault: hanging at {name}", file=sys.stderr, flush=True)
-        while True:
-            signal.pause()
+        while not go_on.wait(0.05):
+            pass

@@ -50,11 +50,14 @@ def parse_qualified(text: str) -> QualifiedName:
     raise ValueError(f"{text!r} has {len(parts)} dot-separated parts; expected table or schema.table")
 
 
+_SPACE = " \t\n\r\f\v"  # what the SQL scanner skips; a no-break space is part of a name
+
+
 def _split_identifiers(text: str) -> list[str]:
     parts: list[str] = []
     i, n = 0, len(text)
     while True:
-        while i < n and text[i].isspace():
+        while i < n and text[i] in _SPACE:
             i += 1
         if i >= n:
             raise ValueError(f"{text!r}: expected a name")
@@ -87,7 +90,7 @@ def _split_identifiers(text: str) -> list[str]:
         if len(part.encode()) > NAMEDATALEN:
             raise ValueError(f"{text!r}: identifier {display_ident(part)} is longer than {NAMEDATALEN} bytes")
         parts.append(part)
-        while i < n and text[i].isspace():
+        while i < n and text[i] in _SPACE:
             i += 1
         if i >= n:
             return parts

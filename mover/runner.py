@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import control, faults, steps
+from mover import capture, control, faults, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, connect
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
@@ -114,6 +114,8 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
             return m
         step = steps.BY_NAME[m.step]
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
+            # Waiting at the gate still keeps the new table in step with the live one.
+            capture.drain(ctx, reverse=False, backfill_done=True)
             ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner))
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")

@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,9 +130,20 @@ class Writer:
                 except psycopg.Error as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                     if conn.broken:
-                        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+                        conn = self._reconnect()
         finally:
             conn.close()
+
+    def _reconnect(self) -> psycopg.Connection:
+        """After a server restart (only the crash tests do that): wait for it to come back."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                self.stop.wait(0.1)
 
     def pause(self) -> None:
         """Stop writing (returns once the writer is idle between operations)."""

@@ -226,7 +226,7 @@ CASES = [
          setup="CREATE SEQUENCE orders_v2"),
     Case("target-taken-by-type", plan_toml(target="orders_v2"),
          ["[target] name", '"public"."orders_v2"', "already exists"],
-         setup="CREATE TYPE orders_v2 AS (a int)", also_run=True),
+         setup="CREATE TYPE orders_v2 AS ENUM ('a')", also_run=True),
     Case("target-taken-mixed-case", plan_toml(source='"Sales"."Order Items"'),
          ["[target] name", '"Sales"."Order Items_new" already exists'],
          setup='CREATE TABLE "Sales"."Order Items_new" (x int)'),

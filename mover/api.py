@@ -336,6 +336,7 @@ def retire(dsn: str, name: str, *, force: bool = False, **kw) -> dict[str, Any]:
                                     message="rollback window closed" + (" early (--force)" if force else ""))
             ctx.db.transaction(close)
             ctx.refresh()
+        ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "retire", ctx.owner))
         cutover.retire(ctx)
     return _operator_command(dsn, name, ("rollback_window", "retire"), "retire", go, **kw)
 

@@ -256,7 +256,7 @@ def finish_step(cur: psycopg.Cursor, m: Migration, step: str, next_step: str, ow
     """Mark `step` done and move to `next_step` — in the caller's transaction, which also holds
     the step's effect wherever PostgreSQL allows it."""
     cur.execute(
-        "UPDATE mover.migrations SET step = %s, state = %s, updated_at = now()"
+        "UPDATE mover.migrations SET step = %s, state = %s, error = NULL, updated_at = now()"
         " WHERE id = %s AND step = %s AND lease_owner = %s",
         (next_step, state, m.id, step, owner),
     )

@@ -1,0 +1,108 @@
+"""Awkward names and table shapes through a whole migration."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import zipfile
+
+import psycopg
+from psycopg import sql
+
+from tests.workload import ROOT, mover, spawn, write_plan
+
+
+def test_names_needing_quotes_composite_key_identity_and_odd_types(db_dsn, tmp_path):
+    schema, table = "Sales Dept", 'Order "Items"; DROP'
+    t = sql.Identifier(schema, table)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("""
+            CREATE TABLE {} (
+                "Tenant Id" integer NOT NULL,
+                line integer GENERATED ALWAYS AS IDENTITY,
+                "Qty" smallint NOT NULL,
+                doc json,
+                tags text[],
+                at timestamptz,
+                total numeric GENERATED ALWAYS AS ("Tenant Id" * 2) STORED,
+                PRIMARY KEY ("Tenant Id", line))""").format(t))
+        conn.execute(sql.SQL("""INSERT INTO {} ("Tenant Id", "Qty", doc, tags, at)
+            SELECT g % 7, g % 300, json_build_object('g', g), ARRAY['a', g::text], now() - g * interval '1 min'
+            FROM generate_series(1, 3000) g""").format(t))
+    plan = write_plan(tmp_path / "odd.toml", f"""
+[migration]
+name = "odd"
+source = '"Sales Dept"."Order ""Items""; DROP"'
+
+[target]
+name = '"Sales Dept"."Order Items new"'
+columns = {{ "Qty" = "integer", line = "bigint" }}
+
+[backfill]
+chunk_rows = 700
+
+[rollback]
+window = "0s"
+old_name = '"Sales Dept"."Order Items (old)"'
+""")
+    r = mover(db_dsn, "plan", "check", plan)
+    assert r.returncode == 0, r.stderr
+    assert '"Sales Dept"."Order Items new"' in r.stdout
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (1, 5)').format(t))
+        conn.execute(sql.SQL('UPDATE {} SET doc = \'{{"x": 1}}\' WHERE line = 7').format(t))
+    r = mover(db_dsn, "cutover", "odd")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(mover(db_dsn, "status", "odd", "--json").stdout)
+    assert st["state"] == "done"  # a zero-length window retires at once
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        types = dict(conn.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                                  " WHERE attrelid = %s::regclass AND attnum > 0", (str(t.as_string(conn)),)).fetchall())
+        assert types["Qty"] == "integer" and types["line"] == "bigint"
+        n, tot = conn.execute(sql.SQL('SELECT count(*), sum(total) FROM {}').format(t)).fetchone()
+        assert n == 3001
+        assert conn.execute(sql.SQL("SELECT doc::text FROM {} WHERE line = 7").format(t)).fetchone()[0] == '{"x": 1}'
+        # The identity continues after the copied values.
+        line = conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (2, 1) RETURNING line').format(t)).fetchone()[0]
+        assert line > 3001
+
+
+def test_ctrl_c_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
+    from tests.workload import create_orders
+    create_orders(db_dsn, 5_000)
+    plan = write_plan(tmp_path / "p.toml", """
+[migration]
+name = "ctrlc"
+source = 'public."Orders"'
+[backfill]
+chunk_rows = 500
+[rollback]
+window = "1h"
+""")
+    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:2"})
+    assert "hanging at chunk:2" in proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert proc.wait(timeout=60) == 130
+    assert "mover run ctrlc" in proc.stderr.read()
+    st = json.loads(mover(db_dsn, "status", "ctrlc", "--json").stdout)
+    assert (st["step"], st["state"], st["lease"]) == ("backfill", "paused", None)
+    assert st["backfill"]["chunks_done"] == 2
+    r = mover(db_dsn, "run", "ctrlc")
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+
+
+def test_wheel_carries_the_control_schema_revisions(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("mover-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mover/_alembic/env.py" in names
+    assert "mover/_alembic/versions/0001_control_schema.py" in names

@@ -11,7 +11,8 @@ from typing import Any
 
 import psycopg
 
-from mover import capture, control, cutover, introspect, names, runner, steps
+from mover import backfill as backfill_engine
+from mover import capture, chunks, control, cutover, introspect, names, runner, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
@@ -350,10 +351,37 @@ def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
 # Reading
 
 
+def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
+    st = chunks.state(cur, m.id, "backfill")
+    cur.execute(
+        """
+        SELECT count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %s)),
+               max(chunk_rows), array_remove(array_agg(DISTINCT waiting_for), NULL)
+        FROM mover.workers WHERE migration_id = %s
+        """, (control.LEASE_SECONDS, m.id))
+    workers, chunk_rows, waiting = cur.fetchone()
+    # Speed over the last 30 s of finished ranges: what the copy does now, not on average.
+    cur.execute("SELECT sum(rows) / nullif(extract(epoch FROM now() - min(finished_at)), 0) FROM mover.chunks"
+                " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
+                " AND finished_at > now() - interval '30 seconds'", (m.id,))
+    rate = cur.fetchone()[0]
+    estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
+        backfill_engine.estimate_rows(cur, m.source)
+    eta = None
+    if rate and estimate and not st["finished"]:
+        eta = max(estimate - st["rows"], 0) / float(rate)
+    return {"rows_copied": st["rows"], "chunks_done": st["done"], "chunks_total": st["total"],
+            "chunks_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
+            "chunk_rows": chunk_rows, "rows_per_second": None if rate is None else round(float(rate)),
+            "eta_seconds": None if eta is None else round(eta), "waiting_for": waiting or [],
+            "paused": m.paused}
+
+
 def status_of(cur, m: control.Migration) -> dict[str, Any]:
-    rows, chunks_done, chunks_total = control.chunk_totals(cur, m.id, "backfill")
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
+    cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
+    applied = int(cur.fetchone()[0])
     step = "retire" if m.step == "finished" else m.step
     return {
         "name": m.name,
@@ -364,8 +392,9 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
                   for s in control.steps(cur, m.id)],
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
         "key": m.key_columns,
-        "backfill": {"rows_copied": rows, "chunks_done": chunks_done, "chunks_total": chunks_total},
-        "capture": {"pending": pending_fwd + pending_rev, "lag_seconds": lag_fwd if lag_fwd is not None else lag_rev,
+        "backfill": _backfill_status(cur, m),
+        "capture": {"pending": pending_fwd + pending_rev, "applied": applied,
+                    "lag_seconds": lag_fwd if lag_fwd is not None else lag_rev,
                     "direction": "reverse" if m.cutover_at else "forward"},
         "divergences": control.open_divergences(cur, m.id),
         "cutover": None if m.cutover_at is None else {"at": _iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},
@@ -418,5 +447,104 @@ def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
             m = control.get(cur, name)
             return [{**e, "at": _iso(e["at"])} for e in control.events(cur, m.id, limit)]
         return db.transaction(read)
+    finally:
+        db.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Throttling and extra workers
+
+
+def set_paused(dsn: str, name: str, paused: bool) -> dict[str, Any]:
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def flip(cur):
+            m = control.get(cur, name, lock=True)
+            if m.state in ("done", "aborted"):
+                raise BadInput(f"migration {m.name!r} is {m.state}")
+            cur.execute("UPDATE mover.migrations SET paused = %s, updated_at = now() WHERE id = %s", (paused, m.id))
+            control.event(cur, m.id, control.new_owner_id(), None, "paused" if paused else "unpaused",
+                          "paused by the operator" if paused else "unpaused by the operator")
+        db.transaction(flip)
+        return status(dsn, name, db=db)
+    finally:
+        db.close()
+
+
+def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
+    """`section.key=value` for the settings a running migration may change (plan.SETTABLE);
+    values are parsed as TOML, validated like a plan file, recorded as an event."""
+    import tomllib
+
+    from mover.plan import SETTABLE, parse_plan, to_document
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def apply(cur):
+            m = control.get(cur, name, lock=True)
+            doc = to_document(plan_from_canonical(m.plan))
+            changes = {}
+            for item in assignments:
+                key, sep, raw = item.partition("=")
+                section, _, field = key.strip().partition(".")
+                if not sep or field not in SETTABLE.get(section, ()):
+                    allowed = ", ".join(f"{s}.{k}" for s, ks in SETTABLE.items() for k in sorted(ks))
+                    raise BadInput(f"cannot set {key.strip()!r}", hint=f"settable: {allowed}")
+                try:
+                    value = tomllib.loads(f"v = {raw.strip()}")["v"]
+                except tomllib.TOMLDecodeError:
+                    value = raw.strip()  # a bare word such as 200ms
+                doc[section][field] = value
+                changes[key.strip()] = value
+            new_plan = parse_plan(doc, origin="mover set")
+            control.update_plan(cur, m.id, new_plan.canonical(), control.new_owner_id())
+            control.event(cur, m.id, "operator", None, "settings_changed", f"set {changes}", changes)
+        db.transaction(apply)
+        return status(dsn, name, db=db)
+    finally:
+        db.close()
+
+
+def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_reporter,
+         stop: threading.Event | None = None) -> dict[str, Any]:
+    """`mover worker NAME`: help an orchestrator with the backfill from any host; returns when
+    there are no ranges left to copy."""
+    from mover.heartbeat import Heartbeat
+    db = _database(dsn)
+    stop = stop or threading.Event()
+    lost = threading.Event()
+    registry: set[str] = set()
+    try:
+        _require_schema(db)
+        m = db.transaction(lambda cur: control.get(cur, name))
+        while m.step in ("create_target", "install_capture") and m.state not in ("aborted", "failed"):
+            stop.wait(1.0)  # the orchestrator has not reached the backfill yet
+            if stop.is_set():
+                break
+            m = db.transaction(lambda cur: control.get(cur, name))
+        if m.step != "backfill" or m.state == "aborted":
+            return status(dsn, name, db=db)
+        beat = Heartbeat(dsn, lambda cur: (chunks.keep_leases(cur, m.id, sorted(registry)), True)[1], lost,
+                         name=f"worker-lease-{m.id}")
+        beat.start()
+        try:
+            workers = [backfill_engine.Worker(dsn, m, backfill_engine.worker_id(i), stop=stop, lost=lost,
+                                              registry=registry, report=report, n_workers=threads)
+                       for i in range(threads)]
+            pool = [threading.Thread(target=w.run, daemon=True) for w in workers]
+            for t in pool:
+                t.start()
+            for t in pool:
+                while t.is_alive():
+                    t.join(0.5)
+        finally:
+            beat.stop()
+        errors = [w.error for w in workers if w.error is not None]
+        if errors:
+            raise errors[0]
+        return status(dsn, name, db=db)
     finally:
         db.close()

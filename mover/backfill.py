@@ -1,74 +1,247 @@
-"""Backfill engine: copy the original table into the new one in bounded key ranges.
+"""Backfill engine: copy the original table into the new one, range by range, with N workers.
 
 Invariants:
-- Each chunk is one transaction: find the range's upper bound, copy the range with one
-  INSERT ... SELECT, and record the chunk done. A crash loses both or neither, which is also
-  why these transactions may commit with synchronous_commit = off.
-- The chunk's done mark is written under the orchestrator's lease (FOR SHARE on the
-  migration row): a process that lost its lease cannot commit a chunk (race 6).
-- Chunks advance a watermark through the key; capture replays only keys at or below it.
-- The last chunk is open-ended, so keys inserted above the original maximum are copied too.
-- Secondary indexes are built after the copy, with CREATE INDEX CONCURRENTLY; an invalid index
+- Each range is one transaction: lock the range's chunk row and check we own it, copy the
+  range with one INSERT ... SELECT (no conflict clause: see sql/copy.py), mark it done. A crash
+  loses both or neither, which is why these transactions may commit with
+  synchronous_commit = off (a later synchronous commit flushes the WAL before it anyway).
+- Ranges are claimed from mover/chunks.py (SKIP LOCKED, expiring leases, attempt ceiling).
+- Range sizes adapt so that one range takes about [backfill] target_chunk_ms, within
+  min_rows / max_rows; the process never holds more than one range's bounds per worker.
+- Workers also apply the change log between ranges (one applier at a time, capture.py), so
+  the log stays short while the copy runs.
+- Pause, the rows/s cap and replica lag make workers wait between ranges, never inside one.
+- Secondary indexes are built after the copy with CREATE INDEX CONCURRENTLY; an invalid index
   left by a crash is dropped and rebuilt on resume.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
 import time
+import uuid
+from dataclasses import dataclass
 
-from mover import capture, control, faults, introspect, names
-from mover.context import Context
+import psycopg
+
+from mover import capture, chunks, control, faults, introspect, names
+from mover.context import Context, Reporter
+from mover.db import Database
+from mover.errors import Failed, LeaseLost, MoverError
+from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
 
 log = logging.getLogger("mover.backfill")
 
 KIND = "backfill"
+REPLICA_CHECK_SECONDS = 5.0
+IDLE_WAIT_SECONDS = 0.2
 
 
-def is_copied(cur, mid: int) -> bool:
-    last = control.last_chunk(cur, mid, KIND)
-    return last is not None and last[2] is None
+def worker_id(n: int = 0) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}:{n}"
+
+
+def next_chunk_rows(current: int, rows: int, ms: float, s: BackfillSettings) -> int:
+    """Aim the next range at target_chunk_ms from the last one's speed; move halfway each time so
+    one slow range (a checkpoint, a lock) does not swing the size."""
+    if rows <= 0 or ms <= 0:
+        return current
+    aimed = rows * s.target_chunk_ms / ms
+    return int(min(max((current + aimed) / 2, s.min_rows), s.max_rows))
+
+
+@dataclass
+class Throttle:
+    """Reasons to wait before the next range: the pause flag, replica lag, the rows/s cap."""
+
+    settings: BackfillSettings
+    workers: int = 1
+    _lag_checked: float = 0.0
+    _lag: float | None = None
+    _lag_visible: bool = True
+
+    def reason(self, cur, m: control.Migration) -> str | None:
+        if m.paused:
+            return "paused (mover unpause)"
+        limit = self.settings.max_replica_lag_ms
+        if limit and self._lag_visible and time.monotonic() - self._lag_checked > REPLICA_CHECK_SECONDS:
+            self._lag_checked = time.monotonic()
+            try:
+                cur.execute("SELECT max(extract(epoch FROM replay_lag)) FROM pg_stat_replication")
+                self._lag = cur.fetchone()[0]
+            except psycopg.errors.InsufficientPrivilege:
+                self._lag_visible = False
+                log.warning("cannot read pg_stat_replication; replica lag is not checked")
+        if limit and self._lag is not None and self._lag * 1000 > limit:
+            return f"replica lag {self._lag:.1f}s above {limit / 1000:g}s"
+        return None
+
+    def pace(self, rows: int, elapsed: float) -> float:
+        """Seconds to wait after copying `rows` in `elapsed` seconds to respect the rows/s cap,
+        shared evenly among the workers."""
+        cap = self.settings.max_rows_per_second
+        if not cap:
+            return 0.0
+        return max(0.0, rows / (cap / max(self.workers, 1)) - elapsed)
+
+
+class Worker:
+    """One backfill worker: claims ranges, copies them, applies the change log in between.
+    Runs in the orchestrator's process (as a thread) or alone (`mover worker NAME`)."""
+
+    def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
+                 lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1):
+        self.db = Database(dsn, role="mover-worker")
+        self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
+        self.wid, self.registry, self.report, self.n_workers = wid, registry, report, n_workers
+        self.error: BaseException | None = None
+        self._pending_checked = 0.0
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # surfaced by the orchestrator after join
+            self.error = exc
+            self.ctx.stop.set()
+        finally:
+            self.db.close()
+
+    def _register(self, cur) -> None:
+        cur.execute("INSERT INTO mover.workers (migration_id, worker_id, host, pid) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT DO NOTHING", (self.ctx.mid, self.wid, socket.gethostname(), os.getpid()))
+
+    def _unregister(self, cur) -> None:
+        cur.execute("DELETE FROM mover.workers WHERE migration_id = %s AND worker_id = %s", (self.ctx.mid, self.wid))
+
+    def _wait(self, cur_reason: str | None, seconds: float) -> None:
+        self.db.transaction(lambda cur: cur.execute(
+            "UPDATE mover.workers SET waiting_for = %s WHERE migration_id = %s AND worker_id = %s",
+            (cur_reason, self.ctx.mid, self.wid)))
+        self.ctx.stop.wait(seconds)
+
+    def _run(self) -> None:
+        ctx, mid = self.ctx, self.ctx.mid
+        self.registry.add(self.wid)
+        self.db.transaction(self._register)
+        settings = ctx.plan.backfill
+        rows_hint = settings.chunk_rows
+        throttle = Throttle(settings, self.n_workers)
+        waiting: str | None = None
+        try:
+            while True:
+                ctx.checkpoint()
+                m = ctx.refresh()
+                if m.state == "aborted" or m.step != "backfill":
+                    return
+                settings = plan_from_canonical(m.plan).backfill  # `mover set` takes effect here
+                throttle.settings = settings
+                reason = self.db.transaction(lambda cur: throttle.reason(cur, m))
+                if reason:
+                    waiting = reason
+                    self._wait(reason, 1.0)
+                    continue
+                if waiting:
+                    waiting = None
+                    self._wait(None, 0)
+                mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
+                chunk = self.db.transaction(lambda cur: chunks.claim(
+                    cur, mid, KIND, self.wid, mapping, rows_hint, settings.max_attempts), label="claim")
+                if chunk is None:
+                    st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
+                    if st["open"] == 0:
+                        return  # nothing left to copy here; failed ranges are the orchestrator's to report
+                    # Others are still copying (or a dead worker's lease has yet to expire).
+                    capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
+                    self.ctx.stop.wait(IDLE_WAIT_SECONDS)
+                    continue
+                started = time.monotonic()
+                try:
+                    rows, ms = chunks.work(self.db, mid, chunk, self.wid,
+                                           lambda cur: self._copy(cur, mapping, chunk),
+                                           synchronous_commit=settings.synchronous_commit)
+                except LeaseLost as exc:
+                    log.warning("%s", exc)
+                    continue
+                except (psycopg.Error, MoverError) as exc:
+                    if isinstance(exc, psycopg.OperationalError) and self.db.connection().broken:
+                        raise
+                    outcome = self.db.transaction(lambda cur: chunks.mark_failed_attempt(
+                        cur, mid, chunk, self.wid, f"{type(exc).__name__}: {exc}", settings.max_attempts))
+                    log.error("backfill range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
+                    self.db.transaction(lambda cur: control.event(
+                        cur, mid, self.wid, KIND, "chunk_failed", f"range {chunk.chunk_no} failed ({outcome}): {exc}"))
+                    continue
+                faults.point(f"chunk:{chunk.chunk_no}")
+                rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)
+                self.db.transaction(lambda cur: cur.execute(
+                    "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
+                    " WHERE migration_id = %s AND worker_id = %s", (rows_hint, rows, mid, self.wid)))
+                capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
+                pending = None
+                if time.monotonic() - self._pending_checked > 2:
+                    self._pending_checked = time.monotonic()
+                    pending = self.db.transaction(lambda cur: capture.pending(cur, mid)[0])
+                self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1), chunk_rows=rows_hint,
+                            worker=self.wid, capture_pending=pending)
+                pause = throttle.pace(rows, time.monotonic() - started)
+                if pause:
+                    self._wait(f"rows/s cap {settings.max_rows_per_second}", pause)
+        finally:
+            self.registry.discard(self.wid)
+            try:
+                self.db.transaction(self._unregister)
+            except psycopg.Error:
+                pass  # a dead worker's row is harmless: status counts only fresh heartbeats
+
+    def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
+        stmt, params = q.copy_range(mapping, chunk.lo, chunk.hi)
+        cur.execute(stmt, params)
+        faults.point(f"chunk_copied:{chunk.chunk_no}")  # inside the transaction: a crash loses the copy
+        return cur.rowcount
 
 
 def copy_all(ctx: Context) -> None:
-    chunk_rows = ctx.plan.backfill.chunk_rows
-    estimate = ctx.db.transaction(lambda cur: _estimate_rows(cur, ctx.original))
-    while True:
-        ctx.checkpoint()
+    """Run [backfill] workers in this process until every range is copied."""
+    settings = ctx.plan.backfill
+    def prepare(cur):
+        chunks.ensure_frontier(cur, ctx.mid, KIND)
+        chunks.retry_failed(cur, ctx.mid, KIND)
+        return estimate_rows(cur, ctx.original), chunks.state(cur, ctx.mid, KIND)["rows"]
 
-        def one_chunk(cur):
-            control.guard(cur, ctx.mid, "backfill", ctx.owner)
-            last = control.last_chunk(cur, ctx.mid, KIND)
-            if last is not None and last[2] is None:
-                return None  # the open-ended last chunk is done: everything is copied
-            chunk_no, lo = (last[0] + 1, last[2]) if last else (1, None)
-            m = ctx.mapping(cur)
-            started = time.monotonic()
-            stmt, params = q.next_bound(m, lo)
-            cur.execute(stmt, [*params, chunk_rows - 1])
-            row = cur.fetchone()
-            hi = list(row) if row else None
-            stmt, params = q.copy_range(m, lo, hi)
-            cur.execute(stmt, params)
-            copied = cur.rowcount
-            faults.point(f"chunk_copied:{chunk_no}")  # inside the transaction: a crash here loses the copy
-            ms = (time.monotonic() - started) * 1000
-            control.record_chunk(cur, ctx.mid, KIND, chunk_no, lo, hi, copied, ms, ctx.owner)
-            return chunk_no, copied, ms
-
-        done = ctx.db.transaction(one_chunk, synchronous_commit=False, statement_timeout="300s", label="chunk")
-        if done is None:
-            break
-        faults.point(f"chunk:{done[0]}")
-        # Keep capture close behind the copy, so the log stays short.
-        capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
-        rows, chunks, _ = ctx.db.transaction(lambda cur: control.chunk_totals(cur, ctx.mid, KIND))
-        ctx.report("backfill", rows=rows, chunks=chunks, estimate=estimate, chunk_ms=round(done[2], 1))
+    estimate, copied = ctx.db.transaction(prepare)
+    ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
+    workers = [Worker(ctx.db.dsn, ctx.migration, worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
+                      registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
+               for i in range(settings.workers)]
+    threads = [threading.Thread(target=w.run, name=f"mover-worker-{i}", daemon=True)
+               for i, w in enumerate(workers[1:], 1)]
+    for t in threads:
+        t.start()
+    workers[0].run()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.5)
+    errors = [w.error for w in workers if w.error is not None]
+    if errors:
+        raise errors[0]
+    ctx.checkpoint()
+    st = ctx.db.transaction(lambda cur: chunks.state(cur, ctx.mid, KIND))
+    if st["failed"]:
+        failed = ctx.db.transaction(lambda cur: chunks.failed_chunks(cur, ctx.mid, KIND))
+        first_no, first_error = failed[0]
+        raise Failed(f"{len(failed)} backfill ranges failed; range {first_no}: {first_error}",
+                     hint=f"fix the cause, then `mover run {ctx.migration.name}` retries them")
+    if not st["finished"]:
+        raise Failed(f"backfill of {ctx.migration.name!r} stopped before every range was copied",
+                     hint=f"`mover run {ctx.migration.name}` continues")
 
 
-def _estimate_rows(cur, table) -> int:
+def estimate_rows(cur, table) -> int:
     cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(table),))
     row = cur.fetchone()
     return int(row[0]) if row else 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from mover import control, introspect, names
+from mover import chunks, control, introspect, names
 from mover.context import Context
 from mover.sql import capture as q
 from mover.sql.mapping import Mapping, named_bound
@@ -79,15 +79,14 @@ def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> b
 
 def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping, backfill_done: bool):
     """Which log rows may be replayed now: all once the backfill is done, else the keys at or
-    below the last done chunk's upper bound; None when no chunk is done yet."""
+    below the done prefix of the backfill's ranges; None when nothing is covered yet."""
     if backfill_done:
         return sql.SQL("true"), {}
-    last = control.last_chunk(cur, ctx.mid, "backfill")
-    if last is None:
-        return None
-    _, _, hi = last
-    if hi is None:
+    everything, hi = chunks.watermark(cur, ctx.mid, "backfill")
+    if everything:
         return sql.SQL("true"), {}
+    if hi is None:
+        return None
     return covered_by("c", m, "wm"), named_bound("wm", hi)
 
 
@@ -107,6 +106,7 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
                     {**params, "limit": limit})
         claimed, deleted, upserted = cur.fetchone()
         cur.execute("RELEASE SAVEPOINT mover_replay")
+        _count(cur, ctx.mid, reverse, claimed)
         return Applied(claimed, deleted, upserted)
     except psycopg.errors.Error as exc:
         if not (exc.sqlstate or "").startswith(("22", "23")):
@@ -149,7 +149,17 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
         control.event(cur, ctx.mid, ctx.owner, None, "apply_error",
                       f"replaying key {list(key)} into {m.dst} failed: {str(exc).splitlines()[0]}")
     result.failed = len(failed)
+    _count(cur, ctx.mid, m.src == ctx.new, result.claimed)
     return result
+
+
+def _count(cur: psycopg.Cursor, mid: int, reverse: bool, n: int) -> None:
+    # Appliers of one direction are serialized by the advisory lock: no contention on this row.
+    if n:
+        cur.execute("INSERT INTO mover.capture_stats (migration_id, direction, applied, last_applied_at)"
+                    " VALUES (%s, %s, %s, now()) ON CONFLICT (migration_id, direction)"
+                    " DO UPDATE SET applied = capture_stats.applied + EXCLUDED.applied, last_applied_at = now()",
+                    (mid, "reverse" if reverse else "forward", n))
 
 
 def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, float | None]:

@@ -78,33 +78,49 @@ def _print_json(value: Any) -> None:
 
 
 class ProgressReporter:
-    """Turns engine reports into a live progress bar (backfill) and log lines (the rest)."""
+    """Turns engine reports into a live backfill progress bar (rows, rows/s, range size, workers,
+    capture backlog, ETA) and log lines for the rest. Workers report from several threads."""
 
     def __init__(self) -> None:
         self.progress: Progress | None = None
         self.task = None
+        self.lock = threading.Lock()
+        self.rows = 0
+        self.estimate = 0
         self.started = time.monotonic()
-        self.first_rows: int | None = None
+        self.copied_here = 0
+        self.workers: set[str] = set()
 
     def __call__(self, kind: str, **f: Any) -> None:
-        if kind == "backfill":
-            if self.progress is None:
-                self.progress = Progress(TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
-                                         TextColumn("{task.fields[rate]} rows/s, chunk {task.fields[chunk_ms]} ms"),
-                                         TimeRemainingColumn(), console=err, transient=False)
+        with self.lock:
+            if kind == "backfill_start":
+                self.close()
+                self.rows, self.estimate, self.copied_here = f["rows"], f["estimate"], 0
+                self.started = time.monotonic()
+                self.progress = Progress(
+                    TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[rate]} rows/s | range {task.fields[chunk_rows]} rows | "
+                               "{task.fields[workers]} workers | capture backlog {task.fields[backlog]}"),
+                    TimeRemainingColumn(), console=err)
                 self.progress.start()
-                self.task = self.progress.add_task("backfill", total=max(f["estimate"], f["rows"]), rate="-",
-                                                   chunk_ms="-")
-                self.started, self.first_rows = time.monotonic(), f["rows"]
-            elapsed = max(time.monotonic() - self.started, 1e-6)
-            rate = int((f["rows"] - (self.first_rows or 0)) / elapsed)
-            self.progress.update(self.task, completed=f["rows"], total=max(f["estimate"], f["rows"]),
-                                 rate=f"{rate:,}", chunk_ms=f["chunk_ms"])
-            return
-        if kind == "capture":
-            return  # frequent and small; status shows the backlog
-        self.close()
-        err.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
+                self.task = self.progress.add_task("backfill", total=max(self.estimate, self.rows, 1),
+                                                   completed=self.rows, rate="-", chunk_rows="-",
+                                                   workers=f["workers"], backlog="-")
+                return
+            if kind == "backfill" and self.progress is not None:
+                self.rows += f["rows"]
+                self.copied_here += f["rows"]
+                self.workers.add(f["worker"])
+                rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
+                fields = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}", "workers": len(self.workers)}
+                if f.get("capture_pending") is not None:
+                    fields["backlog"] = f"{f['capture_pending']:,}"
+                self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
+                return
+            if kind in ("capture", "backfill"):
+                return  # frequent and small; `mover status` shows the backlog
+            self.close()
+            err.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
 
     def close(self) -> None:
         if self.progress is not None:
@@ -133,8 +149,18 @@ def _show_status(st: dict[str, Any]) -> None:
     table.add_row("step / state", f"{st['step']} / {st['state']}")
     table.add_row("tables", f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
     b = st["backfill"]
-    table.add_row("backfill", f"{b['rows_copied']:,} rows in {b['chunks_done']} chunks")
-    table.add_row("capture", f"{st['capture']['pending']} pending ({st['capture']['direction']})")
+    line = f"{b['rows_copied']:,} rows in {b['chunks_done']} ranges"
+    if b["chunks_failed"]:
+        line += f", {b['chunks_failed']} FAILED"
+    if b["workers"]:
+        line += f", {b['workers']} workers, {b['rows_per_second'] or 0:,} rows/s"
+        if b["eta_seconds"] is not None:
+            line += f", ETA {b['eta_seconds']}s"
+    if b["paused"] or b["waiting_for"]:
+        line += f" (waiting: {', '.join(b['waiting_for']) or 'paused'})"
+    table.add_row("backfill", line)
+    c = st["capture"]
+    table.add_row("capture", f"{c['pending']} pending, {c['applied']:,} applied ({c['direction']})")
     table.add_row("divergences", str(st["divergences"]))
     if st["cutover"]:
         table.add_row("cutover", f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)")
@@ -257,6 +283,42 @@ def retire(name: str, dsn: Optional[str] = DsnOption,
 def abort(name: str, dsn: Optional[str] = DsnOption):
     """Before cutover: remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, stop=_interruptible())
+    _show_status(st)
+
+
+@app.command()
+@_exits
+def pause(name: str, dsn: Optional[str] = DsnOption):
+    """Pause the backfill workers at their next range boundary."""
+    _show_status(api.set_paused(_dsn(dsn), name, True))
+
+
+@app.command()
+@_exits
+def unpause(name: str, dsn: Optional[str] = DsnOption):
+    """Let paused workers go on."""
+    _show_status(api.set_paused(_dsn(dsn), name, False))
+
+
+@app.command("set")
+@_exits
+def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
+                                                                       "backfill.max_rows_per_second=50000"),
+         dsn: Optional[str] = DsnOption):
+    """Change settings of a running migration (recorded as an event; workers pick them up)."""
+    _show_status(api.set_settings(_dsn(dsn), name, assignments))
+
+
+@app.command()
+@_exits
+def worker(name: str, dsn: Optional[str] = DsnOption,
+           threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
+    """Join a migration's backfill from this host; exits when no ranges are left."""
+    reporter = ProgressReporter()
+    try:
+        st = api.work(_dsn(dsn), name, threads=threads, report=reporter, stop=_interruptible())
+    finally:
+        reporter.close()
     _show_status(st)
 
 

@@ -34,6 +34,7 @@ class Context:
     report: Reporter = log_reporter
     stop: threading.Event = field(default_factory=threading.Event)
     lease_lost: threading.Event = field(default_factory=threading.Event)
+    workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
     _mappings: dict = field(default_factory=dict, repr=False)
 
     @property

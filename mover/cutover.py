@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, faults, introspect, names
+from mover import capture, chunks, control, faults, introspect, names
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -168,8 +168,8 @@ def abort(ctx: Context) -> None:
     def undo(cur):
         capture.remove(cur, ctx.mid, m.source, reverse=False)
         cur.execute(ddl.drop_table(m.target))
-        control.clear_chunks(cur, ctx.mid, "backfill")
-        control.clear_chunks(cur, ctx.mid, "reconcile")
+        chunks.reset(cur, ctx.mid, "backfill")
+        chunks.reset(cur, ctx.mid, "reconcile")
         cur.execute("UPDATE mover.migrations SET state = 'aborted', finished_at = now(), lease_owner = NULL,"
                     " lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL, updated_at = now()"
                     " WHERE id = %s", (ctx.mid,))

@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,15 @@ def parse_duration_ms(text: str) -> int:
 
 @dataclass(frozen=True)
 class BackfillSettings:
-    chunk_rows: int = 10_000
+    chunk_rows: int = 10_000  # the first chunk's size; later ones adapt toward target_chunk_ms
+    target_chunk_ms: int = 500
+    min_rows: int = 1_000
+    max_rows: int = 200_000
+    workers: int = 1
+    max_rows_per_second: int = 0  # 0: no cap
+    max_replica_lag_ms: int = 30_000  # 0: do not check
+    max_attempts: int = 5  # a chunk failing this often is marked failed
+    synchronous_commit: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ class Plan:
         return {
             "migration": {"name": self.name, "source": _qn(self.source)},
             "target": {"name": _qn(self.target), "columns": dict(sorted(self.columns.items()))},
-            "backfill": {"chunk_rows": self.backfill.chunk_rows},
+            "backfill": asdict(self.backfill),
             "cutover": {
                 "auto": self.cutover.auto,
                 "lock_timeout_ms": self.cutover.lock_timeout_ms,
@@ -88,6 +96,35 @@ class Plan:
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 
 
+def to_document(plan: Plan) -> dict[str, Any]:
+    """The plan as a TOML-shaped document (what a plan file would say), for `mover set`."""
+    b = plan.backfill
+    doc: dict[str, Any] = {
+        "migration": {"name": plan.name, "source": str(plan.source)},
+        "target": {"columns": dict(plan.columns)},
+        "backfill": {"chunk_rows": b.chunk_rows, "target_chunk_ms": b.target_chunk_ms, "min_rows": b.min_rows,
+                     "max_rows": b.max_rows, "workers": b.workers, "max_rows_per_second": b.max_rows_per_second,
+                     "max_replica_lag": f"{b.max_replica_lag_ms}ms", "max_attempts": b.max_attempts,
+                     "synchronous_commit": b.synchronous_commit},
+        "cutover": {"auto": plan.cutover.auto, "lock_timeout": f"{plan.cutover.lock_timeout_ms}ms",
+                    "attempts": plan.cutover.attempts},
+        "rollback": {"window": f"{plan.rollback.window_ms}ms", "keep_old": plan.rollback.keep_old},
+    }
+    if plan.target is not None:
+        doc["target"]["name"] = str(plan.target)
+    if plan.rollback.old_name is not None:
+        doc["rollback"]["old_name"] = str(plan.rollback.old_name)
+    return doc
+
+
+# Settings `mover set NAME section.key=value` may change while a migration runs.
+SETTABLE = {
+    "backfill": {"target_chunk_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
+                 "max_attempts", "workers", "chunk_rows"},
+    "cutover": {"auto", "lock_timeout", "attempts"},
+}
+
+
 def _qn(name: QualifiedName | None) -> list[str | None] | None:
     return None if name is None else [name.schema, name.name]
 
@@ -101,7 +138,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         source=qn(doc["migration"]["source"]),
         target=qn(doc["target"]["name"]),
         columns=dict(doc["target"]["columns"]),
-        backfill=BackfillSettings(**doc["backfill"]),
+        backfill=BackfillSettings(**{**asdict(BackfillSettings()), **doc["backfill"]}),
         cutover=CutoverSettings(**doc["cutover"]),
         rollback=RollbackSettings(
             window_ms=doc["rollback"]["window_ms"],
@@ -119,7 +156,10 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     # section -> key -> (python type, required)
     "migration": {"name": (str, True), "source": (str, True)},
     "target": {"name": (str, False), "columns": (dict, False)},
-    "backfill": {"chunk_rows": (int, False)},
+    "backfill": {"chunk_rows": (int, False), "target_chunk_ms": (int, False), "min_rows": (int, False),
+                 "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
+                 "max_replica_lag": (str, False), "max_attempts": (int, False),
+                 "synchronous_commit": (bool, False)},
     "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
 }
@@ -182,9 +222,17 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
             raise fail(f"[target] columns: the type of column {col!r} must be a non-empty string such as \"bigint\"")
         columns[col] = typ.strip()
 
-    chunk_rows = b.get("chunk_rows", BackfillSettings.chunk_rows)
-    if not 1 <= chunk_rows <= 10_000_000:
-        raise fail(f"[backfill] chunk_rows must be between 1 and 10000000, got {chunk_rows}")
+    def bounded(section: str, key: str, default: int, lo: int, hi: int) -> int:
+        value = doc.get(section, {}).get(key, default)
+        if not lo <= value <= hi:
+            raise fail(f"[{section}] {key} must be between {lo} and {hi}, got {value}")
+        return value
+
+    chunk_rows = bounded("backfill", "chunk_rows", BackfillSettings.chunk_rows, 1, 10_000_000)
+    min_rows = bounded("backfill", "min_rows", BackfillSettings.min_rows, 1, 10_000_000)
+    max_rows = bounded("backfill", "max_rows", max(BackfillSettings.max_rows, chunk_rows), 1, 10_000_000)
+    if min_rows > max_rows:
+        raise fail(f"[backfill] min_rows ({min_rows}) is above max_rows ({max_rows})")
 
     def duration(section: str, key: str, default: int) -> int:
         if key not in doc.get(section, {}):
@@ -202,13 +250,24 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     if not 1 <= attempts <= 1000:
         raise fail(f"[cutover] attempts must be between 1 and 1000, got {attempts}")
     window_ms = duration("rollback", "window", RollbackSettings.window_ms)
+    backfill = BackfillSettings(
+        chunk_rows=chunk_rows,
+        target_chunk_ms=bounded("backfill", "target_chunk_ms", BackfillSettings.target_chunk_ms, 10, 600_000),
+        min_rows=min_rows,
+        max_rows=max_rows,
+        workers=bounded("backfill", "workers", BackfillSettings.workers, 1, 64),
+        max_rows_per_second=bounded("backfill", "max_rows_per_second", 0, 0, 10**9),
+        max_replica_lag_ms=duration("backfill", "max_replica_lag", BackfillSettings.max_replica_lag_ms),
+        max_attempts=bounded("backfill", "max_attempts", BackfillSettings.max_attempts, 1, 100),
+        synchronous_commit=b.get("synchronous_commit", False),
+    )
 
     return Plan(
         name=name,
         source=source,
         target=target,
         columns=columns,
-        backfill=BackfillSettings(chunk_rows=chunk_rows),
+        backfill=backfill,
         cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
         document=doc,

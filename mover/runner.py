@@ -1,7 +1,7 @@
 """Drives a migration through its steps under the orchestrator's lease.
 
 The lease is a row in mover.migrations (owner, expiry, heartbeat), kept alive by a heartbeat
-thread on its own connection; every step transaction re-checks it (control.guard), so a
+thread on its own connection (mover/heartbeat.py); every step transaction re-checks it (control.guard), so a
 process that lost it cannot commit anything. Failures are recorded on the migration row and
 re-raised; the next `mover run NAME` resumes from the recorded step.
 """
@@ -15,43 +15,15 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, control, faults, steps
+from mover import capture, chunks, control, faults, steps
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, connect
+from mover.db import Database
+from mover.heartbeat import Heartbeat
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
 
 log = logging.getLogger("mover.runner")
 
 WINDOW_POLL_SECONDS = 1.0
-
-
-class Heartbeat(threading.Thread):
-    def __init__(self, dsn: str, mid: int, owner: str, lost: threading.Event):
-        super().__init__(name=f"mover-heartbeat-{mid}", daemon=True)
-        self.dsn, self.mid, self.owner, self.lost = dsn, mid, owner, lost
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        conn: psycopg.Connection | None = None
-        while not self._halt.wait(control.LEASE_SECONDS / 6):
-            try:
-                if conn is None or conn.closed or conn.broken:
-                    conn = connect(self.dsn, role="mover-heartbeat")
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.execute("SET LOCAL lock_timeout = '5s'; SET LOCAL statement_timeout = '10s'")
-                    if not control.heartbeat(cur, self.mid, self.owner):
-                        log.error("lease on migration %s was taken over; stopping", self.mid)
-                        self.lost.set()
-                        return
-            except psycopg.Error as exc:
-                # The lease lasts several heartbeats: one lost connection is not yet a lost lease.
-                log.warning("heartbeat failed (%s); retrying", type(exc).__name__)
-        if conn is not None:
-            conn.close()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=15)
 
 
 @contextmanager
@@ -61,7 +33,13 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     db.transaction(lambda cur: control.acquire_lease(cur, migration, owner), label="acquire lease")
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
-    beat = Heartbeat(db.dsn, migration.id, owner, ctx.lease_lost)
+
+    def beat(cur) -> bool:
+        if ctx.workers:
+            chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
+        return control.heartbeat(cur, migration.id, owner)
+
+    beat = Heartbeat(db.dsn, beat, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
     try:
         yield ctx

@@ -1,0 +1,212 @@
+"""A queue of key ranges that several workers share: backfill chunks, and reconcile ranges.
+
+Invariants:
+- Ranges are cut on demand, in key order, from a frontier row that a claimant locks for the
+  few milliseconds it takes to find the next bound; so the planner never holds the key list,
+  ranges adapt their size to what the claimant asks for, and keys inserted above the original
+  maximum fall into the last, open-ended range.
+- A claim is `FOR UPDATE SKIP LOCKED` on the chunk rows: workers never wait for each other.
+  A claimed range has an owner and a lease that the owner's process extends while it lives.
+- The work on a range and its done mark commit in one transaction that first locks the chunk
+  row and checks the owner (race 6): a worker whose lease expired and whose range was taken
+  over cannot commit; while it holds the row lock, nobody can take the range over.
+- A range that fails `max_attempts` times (errors, or leases that expired) is marked failed and
+  left for the operator; the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from mover.errors import LeaseLost
+from mover.sql import copy as copy_sql
+from mover.sql.mapping import Mapping
+
+LEASE_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class Chunk:
+    kind: str
+    chunk_no: int
+    lo: list[str] | None
+    hi: list[str] | None  # None: open-ended, the last range
+
+
+def ensure_frontier(cur: psycopg.Cursor, mid: int, kind: str) -> None:
+    cur.execute("INSERT INTO mover.frontiers (migration_id, kind) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                (mid, kind))
+
+
+def reset(cur: psycopg.Cursor, mid: int, kind: str) -> None:
+    cur.execute("DELETE FROM mover.chunks WHERE migration_id = %s AND kind = %s", (mid, kind))
+    cur.execute("DELETE FROM mover.frontiers WHERE migration_id = %s AND kind = %s", (mid, kind))
+
+
+def retry_failed(cur: psycopg.Cursor, mid: int, kind: str) -> int:
+    """A new run gives failed ranges a fresh set of attempts."""
+    cur.execute("UPDATE mover.chunks SET status = 'pending', attempts = 0, owner = NULL"
+                " WHERE migration_id = %s AND kind = %s AND status = 'failed'", (mid, kind))
+    return cur.rowcount
+
+
+def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, rows: int,
+          max_attempts: int) -> Chunk | None:
+    """Take over an abandoned range, or cut a new one of about `rows` keys; None when no range
+    is left to hand out (others may still be working)."""
+    while True:
+        cur.execute(
+            """
+            WITH c AS (
+                SELECT chunk_no FROM mover.chunks
+                WHERE migration_id = %(mid)s AND kind = %(kind)s
+                  AND (status = 'pending' OR (status = 'running' AND lease_expires_at < clock_timestamp()))
+                ORDER BY chunk_no LIMIT 1 FOR UPDATE SKIP LOCKED)
+            UPDATE mover.chunks k
+            SET status = CASE WHEN k.attempts >= %(max)s THEN 'failed' ELSE 'running' END,
+                error = CASE WHEN k.attempts >= %(max)s THEN coalesce(k.error, 'lease expired ' || k.attempts
+                             || ' times') ELSE k.error END,
+                owner = %(worker)s, attempts = k.attempts + 1,
+                lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+            FROM c WHERE k.migration_id = %(mid)s AND k.kind = %(kind)s AND k.chunk_no = c.chunk_no
+            RETURNING k.chunk_no, k.lo, k.hi, k.status
+            """,
+            {"mid": mid, "kind": kind, "max": max_attempts, "worker": worker, "lease": LEASE_SECONDS},
+        )
+        row = cur.fetchone()
+        if row is None:
+            break
+        if row[3] == "running":
+            return Chunk(kind, row[0], row[1], row[2])
+        # it just ran out of attempts: marked failed; look for another
+    cur.execute("SELECT next_lo, next_chunk_no, exhausted FROM mover.frontiers"
+                " WHERE migration_id = %s AND kind = %s FOR UPDATE", (mid, kind))
+    frontier = cur.fetchone()
+    if frontier is None or frontier[2]:
+        return None
+    lo, chunk_no, _ = frontier
+    stmt, params = copy_sql.next_bound(m, lo)
+    cur.execute(stmt, [*params, max(rows, 1) - 1])
+    found = cur.fetchone()
+    hi = list(found) if found else None
+    cur.execute(
+        "INSERT INTO mover.chunks (migration_id, kind, chunk_no, lo, hi, status, owner, attempts, lease_expires_at)"
+        " VALUES (%s, %s, %s, %s, %s, 'running', %s, 1, clock_timestamp() + make_interval(secs => %s))",
+        (mid, kind, chunk_no, lo, hi, worker, LEASE_SECONDS),
+    )
+    cur.execute("UPDATE mover.frontiers SET next_lo = %s, next_chunk_no = %s, exhausted = %s"
+                " WHERE migration_id = %s AND kind = %s", (hi, chunk_no + 1, hi is None, mid, kind))
+    return Chunk(kind, chunk_no, lo, hi)
+
+
+def hold(cur: psycopg.Cursor, mid: int, chunk: Chunk, worker: str) -> None:
+    """First statement of the work transaction: lock our chunk row, or fail if it changed hands."""
+    cur.execute("SELECT 1 FROM mover.chunks WHERE migration_id = %s AND kind = %s AND chunk_no = %s"
+                " AND owner = %s AND status = 'running' FOR UPDATE", (mid, chunk.kind, chunk.chunk_no, worker))
+    if cur.fetchone() is None:
+        raise LeaseLost(f"{chunk.kind} range {chunk.chunk_no} was taken over by another worker; not committing")
+
+
+def mark_done(cur: psycopg.Cursor, mid: int, chunk: Chunk, rows: int, ms: float) -> None:
+    cur.execute("UPDATE mover.chunks SET status = 'done', rows = %s, duration_ms = %s, finished_at = clock_timestamp(),"
+                " lease_expires_at = NULL, error = NULL WHERE migration_id = %s AND kind = %s AND chunk_no = %s",
+                (rows, ms, mid, chunk.kind, chunk.chunk_no))
+
+
+def mark_failed_attempt(cur: psycopg.Cursor, mid: int, chunk: Chunk, worker: str, error: str,
+                        max_attempts: int) -> str:
+    """After an error: back to pending for another try, or failed once out of attempts."""
+    cur.execute(
+        "UPDATE mover.chunks SET status = CASE WHEN attempts >= %s THEN 'failed' ELSE 'pending' END,"
+        " owner = NULL, lease_expires_at = NULL, error = %s"
+        " WHERE migration_id = %s AND kind = %s AND chunk_no = %s AND owner = %s RETURNING status",
+        (max_attempts, error[:2000], mid, chunk.kind, chunk.chunk_no, worker),
+    )
+    row = cur.fetchone()
+    return row[0] if row else "lost"
+
+
+def work(db, mid: int, chunk: Chunk, worker: str, fn: Callable[[psycopg.Cursor], int], *,
+         synchronous_commit: bool, statement_timeout: str = "300s") -> tuple[int, float]:
+    """Run fn(cur) -> rows for the chunk and mark it done, all in one transaction."""
+
+    def tx(cur):
+        hold(cur, mid, chunk, worker)
+        started = time.monotonic()
+        rows = fn(cur)
+        ms = (time.monotonic() - started) * 1000
+        mark_done(cur, mid, chunk, rows, ms)
+        return rows, ms
+
+    return db.transaction(tx, synchronous_commit=synchronous_commit, statement_timeout=statement_timeout,
+                          label=f"{chunk.kind} chunk")
+
+
+def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
+    cur.execute(
+        """
+        SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status IN ('pending', 'running')),
+               count(*) FILTER (WHERE status = 'failed'), count(*), coalesce(sum(rows) FILTER (WHERE status = 'done'), 0),
+               (SELECT exhausted FROM mover.frontiers f WHERE f.migration_id = %s AND f.kind = %s)
+        FROM mover.chunks WHERE migration_id = %s AND kind = %s
+        """,
+        (mid, kind, mid, kind),
+    )
+    done, open_, failed, total, rows, exhausted = cur.fetchone()
+    return {"done": done, "open": open_, "failed": failed, "total": total, "rows": int(rows),
+            "exhausted": bool(exhausted), "finished": bool(exhausted) and open_ == 0 and failed == 0}
+
+
+def failed_chunks(cur: psycopg.Cursor, mid: int, kind: str) -> list[tuple[int, str | None]]:
+    cur.execute("SELECT chunk_no, error FROM mover.chunks WHERE migration_id = %s AND kind = %s AND status = 'failed'"
+                " ORDER BY chunk_no", (mid, kind))
+    return cur.fetchall()
+
+
+def watermark(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[bool, list[str] | None]:
+    """(everything covered, upper bound of the done prefix). Ranges finish out of order with
+    several workers; only keys below every unfinished range count as copied."""
+    cur.execute(
+        """
+        SELECT f.exhausted,
+               (SELECT min(chunk_no) FROM mover.chunks c WHERE c.migration_id = f.migration_id AND c.kind = f.kind
+                  AND c.status <> 'done'),
+               f.next_chunk_no
+        FROM mover.frontiers f WHERE f.migration_id = %s AND f.kind = %s
+        """,
+        (mid, kind),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return False, None
+    exhausted, first_open, next_no = row
+    if first_open is None and exhausted:
+        return True, None
+    last_done = (first_open or next_no) - 1
+    if last_done < 1:
+        return False, None
+    cur.execute("SELECT hi FROM mover.chunks WHERE migration_id = %s AND kind = %s AND chunk_no = %s",
+                (mid, kind, last_done))
+    hi = cur.fetchone()[0]
+    return (hi is None), hi
+
+
+def keep_leases(cur: psycopg.Cursor, mid: int, workers: list[str]) -> None:
+    """Extend the leases of this process's ranges (skipping rows a work transaction holds:
+    those cannot be taken over anyway) and its workers' heartbeats."""
+    cur.execute(
+        """
+        UPDATE mover.chunks SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
+        WHERE (migration_id, kind, chunk_no) IN (
+            SELECT migration_id, kind, chunk_no FROM mover.chunks
+            WHERE migration_id = %s AND owner = ANY(%s) AND status = 'running' FOR UPDATE SKIP LOCKED)
+        """,
+        (LEASE_SECONDS, mid, workers),
+    )
+    cur.execute("UPDATE mover.workers SET heartbeat_at = clock_timestamp() WHERE migration_id = %s"
+                " AND worker_id = ANY(%s)", (mid, workers))

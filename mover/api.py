@@ -192,7 +192,8 @@ def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
     now = None
     return control.Migration(
-        id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(), source=r["source"],
+        id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
+        source=r["source"],
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
         window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None, lease_pid=None,
@@ -232,10 +233,10 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
 
 
 def _same_shape(existing: control.Migration, plan: Plan) -> None:
-    if existing.plan_hash != plan.shape_hash():
+    if existing.plan_hash != plan.shape_hash(existing.source.schema):
         raise PlanError(
-            f"plan for {plan.name!r} differs from the one registered (only [backfill], [cutover] and [rollback] "
-            f"settings may change between runs)",
+            f"plan for {plan.name!r} differs from the one registered (source, target, columns and "
+            f"[rollback] old_name define a migration; only the other settings may change between runs)",
             hint=f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name")
 
 
@@ -252,7 +253,8 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
                 control.update_plan(cur, existing.id, plan.canonical(), actor)
             return control.get_by_id(cur, existing.id)
         r = resolve_plan(cur, plan, registering=True)
-        return control.register(cur, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(),
+        return control.register(cur, name=plan.name, plan=plan.canonical(),
+                                 plan_hash=plan.shape_hash(r["source"].schema),
                                  source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
     try:
         return db.transaction(register, label="register")

@@ -211,6 +211,7 @@ def copy_all(ctx: Context) -> None:
     def prepare(cur):
         chunks.ensure_frontier(cur, ctx.mid, KIND)
         chunks.retry_failed(cur, ctx.mid, KIND)
+        chunks.release_dead_local_owners(cur, ctx.mid)
         return estimate_rows(cur, ctx.original), chunks.state(cur, ctx.mid, KIND)["rows"]
 
     estimate, copied = ctx.db.transaction(prepare)

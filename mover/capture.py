@@ -172,7 +172,9 @@ def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, 
 
 
 def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int | None = None) -> Applied:
-    """Apply batches until the log holds nothing applicable (or max_rounds)."""
+    """Apply batches until caught up: a batch that finds less than a full batch means the log
+    is within one batch of empty. (Under a busy writer "empty" may never come; the cutover
+    empties the log under its lock, where writers wait.)"""
     total = Applied()
     rounds = 0
     while max_rounds is None or rounds < max_rounds:
@@ -187,7 +189,7 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
         total.upserted += got.upserted
         total.failed += got.failed
         rounds += 1
-        if got.claimed == 0:
+        if got.claimed < BATCH:
             break
     if total.claimed:
         ctx.report("capture", applied=total.claimed, deleted=total.deleted, upserted=total.upserted)

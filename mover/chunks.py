@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 import psycopg
 
+from mover import control
 from mover.errors import LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
@@ -53,6 +55,22 @@ def retry_failed(cur: psycopg.Cursor, mid: int, kind: str) -> int:
     cur.execute("UPDATE mover.chunks SET status = 'pending', attempts = 0, owner = NULL"
                 " WHERE migration_id = %s AND kind = %s AND status = 'failed'", (mid, kind))
     return cur.rowcount
+
+
+def release_dead_local_owners(cur: psycopg.Cursor, mid: int) -> int:
+    """Ranges held by workers that died on this host need not wait for their leases to expire:
+    a worker id starts with host:pid."""
+    host = socket.gethostname()
+    cur.execute("SELECT DISTINCT owner FROM mover.chunks WHERE migration_id = %s AND status = 'running'", (mid,))
+    dead = []
+    for (owner,) in cur.fetchall():
+        parts = (owner or "").split(":")
+        if len(parts) >= 2 and parts[0] == host and parts[1].isdigit() and not control.process_alive(int(parts[1])):
+            dead.append(owner)
+    if dead:
+        cur.execute("UPDATE mover.chunks SET lease_expires_at = clock_timestamp() WHERE migration_id = %s"
+                    " AND status = 'running' AND owner = ANY(%s)", (mid, dead))
+    return len(dead)
 
 
 def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, rows: int,

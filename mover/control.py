@@ -261,7 +261,8 @@ def finish_step(cur: psycopg.Cursor, m: Migration, step: str, next_step: str, ow
         (next_step, state, m.id, step, owner),
     )
     if cur.rowcount != 1:
-        raise LeaseLost(f"migration {m.name!r} is no longer at step {step!r} under this process's lease")
+        raise LeaseLost(f"lost the lease: migration {m.name!r} is no longer at step {step!r} under this process's "
+                        f"lease", hint="another process took over; this one stopped")
     cur.execute("UPDATE mover.steps SET status = 'done', started_at = coalesce(started_at, now()),"
                 " finished_at = now() WHERE migration_id = %s AND name = %s", (m.id, step))
     event(cur, m.id, owner, step, "step_done", message or f"{step} done", detail, duration_ms)
@@ -287,7 +288,7 @@ def move_to(cur: psycopg.Cursor, mid: int, step: str, state: str, **columns: Any
 # The orchestrator's lease
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -304,7 +305,7 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
                 " FROM mover.migrations WHERE id = %s FOR UPDATE", (m.id,))
     holder, holder_host, holder_pid, live = cur.fetchone()
     if holder is not None and holder != owner and live:
-        if not (holder_host == host and holder_pid is not None and not _process_alive(holder_pid)):
+        if not (holder_host == host and holder_pid is not None and not process_alive(holder_pid)):
             raise LeaseHeld(
                 f"migration {m.name!r} is being run by {holder} (host {holder_host}, pid {holder_pid})",
                 hint=f"wait for it to finish, or stop that process; its lease expires {LEASE_SECONDS}s "

@@ -176,7 +176,7 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
 
 def inbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[str]:
     cur.execute(
-        "SELECT conname || ' on ' || conrelid::regclass::text FROM pg_constraint"
+        "SELECT format('%%I on %%s', conname, conrelid::regclass) FROM pg_constraint"
         " WHERE contype = 'f' AND confrelid = %s AND conrelid <> %s ORDER BY 1",
         (oid, oid),
     )
@@ -188,7 +188,8 @@ def dependent_views(cur: psycopg.Cursor, oid: int) -> list[str]:
         """
         SELECT DISTINCT v.oid::regclass::text
         FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class v ON v.oid = r.ev_class
-        WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = %s AND v.oid <> %s
+        WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
+          AND d.refobjid = %s AND v.oid <> %s
         ORDER BY 1
         """,
         (oid, oid),

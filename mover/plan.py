@@ -88,11 +88,16 @@ class Plan:
             },
         }
 
-    def shape_hash(self) -> str:
-        """Hash of what defines the migration; tunables (chunk size, cutover and window settings)
-        may change between runs, anything else is a different migration."""
-        doc = self.canonical()
-        shape = {"migration": doc["migration"], "target": doc["target"]}
+    def shape_hash(self, schema: str | None = None) -> str:
+        """Hash of what defines the migration: source, target, columns and the old table's name.
+        Tunables (backfill, cutover and window settings) may change between runs. Unqualified
+        names count as in `schema` (the source's), so `orders` and `public.orders` agree."""
+        def qualified(name: QualifiedName | None):
+            if name is None:
+                return None
+            return [name.schema or schema or self.source.schema, name.name]
+        shape = {"source": qualified(self.source), "target": qualified(self.target),
+                 "old": qualified(self.rollback.old_name), "columns": dict(sorted(self.columns.items()))}
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 
 

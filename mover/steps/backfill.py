@@ -28,6 +28,8 @@ class Backfill(Step):
     def run(self, ctx: Context) -> None:
         m = ctx.migration
         backfill.copy_all(ctx)
+        # Workers check range ownership, not the orchestrator's lease: check it before going on.
+        ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))
         capture.drain(ctx, reverse=False, backfill_done=True)
         backfill.build_indexes(ctx)
         ctx.db.autocommit(sql.SQL("ANALYZE {}").format(m.target.ident), statement_timeout="0")

@@ -24,6 +24,7 @@ columns = { id = "bigint" }
 
 [backfill]
 chunk_rows = 1000
+max_rows = 1000
 
 [rollback]
 window = "1h"

@@ -298,11 +298,19 @@ def test_shape_hash_ignores_tunables():
     base = _hash()
     assert _hash(backfill={"chunk_rows": 7}) == base
     assert _hash(cutover={"auto": True, "lock_timeout": "1s", "attempts": 3}) == base
-    assert _hash(rollback={"window": "0s", "keep_old": True, "old_name": "orders_before"}) == base
+    assert _hash(rollback={"window": "0s", "keep_old": True}) == base
+
+
+def test_shape_hash_includes_the_old_name_and_qualifies_names_with_the_source_schema():
+    assert _hash(rollback={"window": "1h", "old_name": "orders_before"}) != _hash()
+    plain = parse_plan(doc(migration={"name": "orders-bigint", "source": "orders"}))
+    qualified = parse_plan(doc(migration={"name": "orders-bigint", "source": "public.orders"}))
+    assert plain.shape_hash("public") == qualified.shape_hash("public")
+    assert plain.shape_hash("sales") != qualified.shape_hash("sales")
 
 
 @pytest.mark.parametrize("sections", [
-    {"migration": {"name": "orders-bigint", "source": "public.orders"}},
+    {"migration": {"name": "orders-bigint", "source": "sales.orders"}},
     {"migration": {"name": "orders-bigint", "source": "invoices"}},
     {"migration": {"name": "orders-bigint", "source": '"Orders"'}},
     {"target": {"name": "orders_v2"}},

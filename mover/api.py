@@ -129,6 +129,20 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if fks:
         raise PlanError(f"{source} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
                         f"is not supported yet", hint="drop them before the migration and recreate them after")
+    meta = introspect.metadata(cur, info.oid)
+    unsupported = []
+    if meta.inheritance:
+        unsupported.append(meta.inheritance)
+    if meta.row_security or meta.policies:
+        unsupported.append(f"has row-level security ({len(meta.policies)} policies)")
+    if meta.user_triggers:
+        unsupported.append(f"has triggers ({', '.join(names.display_ident(t) for t in meta.user_triggers)}) that "
+                           f"mover cannot move to the new table yet")
+    if meta.rules:
+        unsupported.append(f"has rules ({', '.join(names.display_ident(r) for r in meta.rules)})")
+    if unsupported:
+        raise PlanError(f"[migration] source: {source} {'; '.join(unsupported)}: not supported yet",
+                        hint="mover refuses rather than lose this at the swap; see the README's limitations")
     views = introspect.dependent_views(cur, info.oid)
     if views:
         raise PlanError(f"views depend on {source} ({', '.join(views)}); they would keep reading the old table "

@@ -33,30 +33,29 @@ def log_name(ctx: Context, reverse: bool = False) -> names.QualifiedName:
     return names.change_log(ctx.mid, reverse)
 
 
-def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
-            reverse: bool = False) -> None:
+def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
+                migration: str, reverse: bool = False) -> list[sql.Composable]:
+    """The statements that start capturing `table` into migration `mid`'s log."""
     info = introspect.describe(cur, table)
     key_types = tuple(info.column(k).type for k in key)
     log_table = names.change_log(mid, reverse)
     fn = names.capture_function(mid, reverse)
-    cur.execute(q.create_log(log_table, key, key_types))
-    cur.execute(q.create_trigger_function(fn, log_table, key))
-    for stmt in q.create_trigger(names.capture_trigger(mid, reverse), table, fn):
-        cur.execute(stmt)
-
-
-def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
-                key_types: tuple[str, ...], reverse: bool = False) -> list[sql.Composable]:
-    """The same statements as install(), for a dry run."""
-    log_table = names.change_log(mid, reverse)
-    fn = names.capture_function(mid, reverse)
-    return [q.create_log(log_table, key, key_types), q.create_trigger_function(fn, log_table, key),
+    return [q.create_log(log_table, key, key_types), *q.grant_log(log_table),
+            q.create_trigger_function(fn, log_table, key, migration),
             *q.create_trigger(names.capture_trigger(mid, reverse), table, fn)]
+
+
+def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...], migration: str,
+            reverse: bool = False) -> None:
+    for stmt in install_sql(cur, mid, table, key, migration, reverse):
+        cur.execute(stmt)
 
 
 def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, reverse: bool = False) -> None:
     if table is not None and introspect.exists(cur, table):
-        cur.execute(q.drop_trigger(names.capture_trigger(mid, reverse), table))
+        trigger = names.capture_trigger(mid, reverse)
+        cur.execute(q.drop_trigger(trigger, table))
+        cur.execute(q.drop_trigger(q.truncate_trigger(trigger), table))
     cur.execute(q.drop_function(names.capture_function(mid, reverse)))
     cur.execute(q.drop_table(names.change_log(mid, reverse)))
 

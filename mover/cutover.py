@@ -52,10 +52,17 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
     from_oid = introspect.table_oid(cur, from_table)
     to_oid = introspect.table_oid(cur, to_table)
     to_identity = {s.column: s.sequence for s in introspect.owned_sequences(cur, to_oid) if s.identity}
+    to_types = {c.name: c.type for c in introspect.describe(cur, to_table).columns}
     for seq in introspect.owned_sequences(cur, from_oid):
         if not seq.identity:
             cur.execute(sql.SQL("ALTER SEQUENCE {} OWNED BY {}").format(
                 seq.sequence.ident, sql.Identifier(to_table.schema, to_table.name, seq.column)))
+            # A serial widened to bigint needs a bigint sequence, or inserts stop at 2^31 - 1.
+            # (Never narrowed back on rollback: the original column rejects what it cannot hold.)
+            seq_type, _ = introspect.sequence_limits(cur, seq.sequence)
+            new_type = to_types.get(seq.column)
+            if introspect.INTEGER_MAX.get(new_type, 0) > introspect.INTEGER_MAX.get(seq_type, 0):
+                cur.execute(ddl.sequence_as(seq.sequence, new_type))
         elif seq.column in to_identity:
             cur.execute(sql.SQL("SELECT setval(%s::regclass, s.last_value, s.is_called) FROM {} s").format(
                 seq.sequence.ident), (str(to_identity[seq.column]),))
@@ -86,12 +93,12 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
             cur.execute(ddl.rename_table(m.source, m.old.name))
             cur.execute(ddl.rename_table(m.target, m.source.name))
             _hand_over_sequences(cur, m.old, m.source)
-            capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), reverse=True)
+            capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), m.name, reverse=True)
         else:
             cur.execute(ddl.rename_table(m.source, m.target.name))
             cur.execute(ddl.rename_table(m.old, m.source.name))
             _hand_over_sequences(cur, m.target, m.source)
-            capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), reverse=False)
+            capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), m.name, reverse=False)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:

@@ -228,9 +228,11 @@ class EmbeddedPostgres:
     only for tests, where speed matters and an OS crash does not.
     """
 
-    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, fast: bool = False) -> None:
+    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, fast: bool = False,
+                 settings: dict[str, str] | None = None) -> None:
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.fast = fast
+        self.extra_settings = dict(settings or {})  # e.g. the benchmark's shared_buffers
         self.dsn: str = ""
         self.port: int | None = None
         self.source: str | None = None  # "system" or "pgserver", once started
@@ -390,6 +392,7 @@ class EmbeddedPostgres:
         }
         if self.fast:
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        settings.update(self.extra_settings)
         args = [self._bins.exe("postgres"), "-D", str(self.datadir)]  # type: ignore[union-attr]
         for name, value in settings.items():
             args += ["-c", f"{name}={value}"]

@@ -252,3 +252,64 @@ def index_state(cur: psycopg.Cursor, schema: str, name: str) -> bool | None:
                 (schema, name))
     row = cur.fetchone()
     return None if row is None else row[0]
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """What the new table must carry over so the application sees the same table after the swap."""
+    owner: str
+    grants: tuple[tuple[str | None, str, bool], ...]  # (grantee or None for PUBLIC, privilege, grantable)
+    column_grants: tuple[tuple[str, str | None, str, bool], ...]  # (column, grantee, privilege, grantable)
+    reloptions: tuple[str, ...]
+    comment: str | None
+    row_security: bool
+    policies: tuple[str, ...]
+    user_triggers: tuple[str, ...]
+    rules: tuple[str, ...]
+    inheritance: str | None  # why the table takes part in inheritance or partitioning, if it does
+
+
+def metadata(cur: psycopg.Cursor, oid: int) -> Metadata:
+    cur.execute("SELECT pg_get_userbyid(c.relowner), coalesce(c.reloptions, '{}'), obj_description(c.oid, 'pg_class'),"
+                " c.relrowsecurity OR c.relforcerowsecurity, c.relispartition FROM pg_class c WHERE c.oid = %s", (oid,))
+    owner, reloptions, comment, rls, is_partition = cur.fetchone()
+    cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
+                " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
+                " WHERE c.oid = %s AND a.grantee <> c.relowner ORDER BY 1, 2", (oid,))
+    grants = tuple(cur.fetchall())
+    cur.execute("SELECT att.attname, CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END,"
+                " a.privilege_type, a.is_grantable FROM pg_attribute att, aclexplode(att.attacl) a"
+                " WHERE att.attrelid = %s AND att.attnum > 0 AND NOT att.attisdropped AND att.attacl IS NOT NULL"
+                " ORDER BY 1, 2, 3", (oid,))
+    column_grants = tuple(cur.fetchall())
+    cur.execute("SELECT polname FROM pg_policy WHERE polrelid = %s ORDER BY 1", (oid,))
+    policies = tuple(r[0] for r in cur.fetchall())
+    cur.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal"
+                " AND tgname !~ '^mover_m[0-9]+_' ORDER BY 1", (oid,))
+    triggers = tuple(r[0] for r in cur.fetchall())
+    cur.execute("SELECT rulename FROM pg_rewrite WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY 1", (oid,))
+    rules = tuple(r[0] for r in cur.fetchall())
+    inheritance = None
+    if is_partition:
+        inheritance = "is a partition of another table"
+    else:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = %s),"
+                    " EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = %s)", (oid, oid))
+        child, parent = cur.fetchone()
+        if child:
+            inheritance = "inherits from another table"
+        elif parent:
+            inheritance = "has inheritance children"
+    return Metadata(owner, grants, column_grants, tuple(reloptions), comment, bool(rls), policies, triggers, rules,
+                    inheritance)
+
+
+def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
+    """(data type, max value) of a sequence."""
+    cur.execute("SELECT format_type(s.seqtypid, NULL), s.seqmax FROM pg_sequence s"
+                " JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relname = %s", (seq.schema, seq.name))
+    return cur.fetchone()
+
+
+INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}

@@ -23,7 +23,7 @@ def create_log(log, key: tuple[str, ...], key_types: tuple[str, ...]) -> sql.Com
     ).format(log=log.ident, cols=cols)
 
 
-def create_trigger_function(function, log, key: tuple[str, ...]) -> sql.Composed:
+def create_trigger_function(function, log, key: tuple[str, ...], migration: str) -> sql.Composed:
     """The function body is a string literal (PostgreSQL takes no parameters there); the names
     inside it are composed with Identifier first, so they are quoted exactly once."""
     new_key = sql.SQL(", ").join(sql.SQL("NEW.{}").format(sql.Identifier(k)) for k in key)
@@ -31,6 +31,13 @@ def create_trigger_function(function, log, key: tuple[str, ...]) -> sql.Composed
     body = sql.SQL(
         """
 BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        -- The rows are gone before anyone could log their keys: refuse rather than diverge.
+        RAISE EXCEPTION USING ERRCODE = 'object_in_use',
+            MESSAGE = format('%s is being moved by mover migration %s; TRUNCATE would not reach the copy',
+                             TG_TABLE_NAME, {migration}),
+            HINT = format('delete the rows instead, or `mover abort %s` first', {migration});
+    END IF;
     IF TG_OP <> 'DELETE' THEN
         INSERT INTO {log} ({cols}) VALUES ({new_key});
     END IF;
@@ -40,22 +47,37 @@ BEGIN
     RETURN NULL;
 END
 """
-    ).format(log=log.ident, cols=ident_list(key), new_key=new_key, old_key=old_key)
-    # SECURITY DEFINER: the application's role needs no privilege on mover's schema; a fixed
-    # search_path keeps the definer's rights from being borrowed by a planted function.
-    return sql.SQL(
-        "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER"
-        " SET search_path = pg_catalog, pg_temp AS {body}"
-    ).format(fn=function.ident, body=sql.Literal(body.as_string()))
+    ).format(log=log.ident, cols=ident_list(key), new_key=new_key, old_key=old_key,
+             migration=sql.Literal(migration))
+    # Not SECURITY DEFINER: the function runs as the application's role, so a search_path that
+    # role controls can hijack nothing but its own rights (a definer function would need a
+    # SET search_path clause, which costs a GUC save and restore on every row). The role needs
+    # USAGE on the schema and INSERT on the log, granted to PUBLIC: a forged log row is
+    # harmless, since replay reads the key's real state.
+    return sql.SQL("CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS {body}").format(
+        fn=function.ident, body=sql.Literal(body.as_string()))
+
+
+def grant_log(log) -> list[sql.Composed]:
+    return [sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(sql.Identifier(log.schema)),
+            sql.SQL("GRANT INSERT ON {} TO PUBLIC").format(log.ident)]
+
+
+def truncate_trigger(trigger: str) -> str:
+    return trigger + "_truncate"
 
 
 def create_trigger(trigger: str, table, function) -> list[sql.Composed]:
-    # ENABLE ALWAYS: the trigger fires even in sessions with session_replication_role = replica
-    # (logical replication appliers, some bulk loaders), which would otherwise skip it.
+    # ENABLE ALWAYS: the triggers fire even in sessions with session_replication_role = replica
+    # (logical replication appliers, some bulk loaders), which would otherwise skip them.
+    t, tt = sql.Identifier(trigger), sql.Identifier(truncate_trigger(trigger))
     return [
         sql.SQL("CREATE TRIGGER {t} AFTER INSERT OR UPDATE OR DELETE ON {tbl} FOR EACH ROW EXECUTE FUNCTION {fn}()")
-        .format(t=sql.Identifier(trigger), tbl=table.ident, fn=function.ident),
-        sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=sql.Identifier(trigger), tbl=table.ident),
+        .format(t=t, tbl=table.ident, fn=function.ident),
+        sql.SQL("CREATE TRIGGER {t} BEFORE TRUNCATE ON {tbl} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()")
+        .format(t=tt, tbl=table.ident, fn=function.ident),
+        sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=t, tbl=table.ident),
+        sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=tt, tbl=table.ident),
     ]
 
 

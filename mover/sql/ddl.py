@@ -54,3 +54,43 @@ def lock_tables(tables: list[QualifiedName]) -> sql.Composed:
 
 def drop_table(table: QualifiedName) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {}").format(table.ident)
+
+
+# Privilege keywords aclexplode() reports; anything else would not be a catalog value.
+PRIVILEGES = {"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN"}
+
+
+def _grantee(role: str | None) -> sql.Composable:
+    return sql.SQL("PUBLIC") if role is None else sql.Identifier(role)
+
+
+def grant(table: QualifiedName, privilege: str, role: str | None, grantable: bool,
+          column: str | None = None) -> sql.Composed:
+    if privilege not in PRIVILEGES:
+        raise ValueError(f"unexpected privilege {privilege!r}")
+    return sql.SQL("GRANT {priv}{col} ON {t} TO {role}{opt}").format(
+        priv=sql.SQL(privilege), col=sql.SQL(" ({})").format(sql.Identifier(column)) if column else sql.SQL(""),
+        t=table.ident, role=_grantee(role), opt=sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL(""))
+
+
+def owner_to(table: QualifiedName, role: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} OWNER TO {}").format(table.ident, sql.Identifier(role))
+
+
+def set_reloptions(table: QualifiedName, options: tuple[str, ...]) -> sql.Composed:
+    # "fillfactor=70"-style text from pg_class.reloptions: the catalog's own rendering.
+    return sql.SQL("ALTER TABLE {} SET ({})").format(table.ident, sql.SQL(", ").join(sql.SQL(o) for o in options))
+
+
+def comment_on(table: QualifiedName, comment: str) -> sql.Composed:
+    return sql.SQL("COMMENT ON TABLE {} IS {}").format(table.ident, sql.Literal(comment))
+
+
+def identity_no_maxvalue(table: QualifiedName, column: str) -> sql.Composed:
+    """After widening an identity column: LIKE copied the old type's maximum explicitly."""
+    return sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET NO MAXVALUE").format(table.ident, sql.Identifier(column))
+
+
+def sequence_as(seq: QualifiedName, type_name: str) -> sql.Composed:
+    # type_name is one of smallint / integer / bigint (checked by the caller)
+    return sql.SQL("ALTER SEQUENCE {} AS {}").format(seq.ident, sql.SQL(type_name))

@@ -10,13 +10,28 @@ from mover.steps.base import Step
 
 def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.QualifiedName):
     info = introspect.describe(cur, source)
+    meta = introspect.metadata(cur, info.oid)
     stmts = [ddl.create_target(target, source)]
     stmts += [ddl.alter_column_type(target, col, typ) for col, typ in sorted(plan.columns.items())]
+    # A widened identity column keeps the old type's maximum (LIKE copies it as an explicit value).
+    for seq in introspect.owned_sequences(cur, info.oid):
+        if seq.identity and seq.column in plan.columns:
+            seq_type, seq_max = introspect.sequence_limits(cur, seq.sequence)
+            if seq_max == introspect.INTEGER_MAX.get(seq_type):
+                stmts.append(ddl.identity_no_maxvalue(target, seq.column))
     key_ix = next(ix for ix in info.indexes if ix.name == info.key_index)
     key_name = names.derived(target.name, "_pkey" if key_ix.is_primary else "_key")
     stmts.append(ddl.create_index(key_name, target, key_ix, concurrently=False))
     if key_ix.is_primary:
         stmts.append(ddl.add_primary_key_using(target, key_name, key_name))
+    # What the application sees besides rows: owner, privileges, storage options, comment.
+    stmts.append(ddl.owner_to(target, meta.owner))
+    stmts += [ddl.grant(target, priv, role, grantable) for role, priv, grantable in meta.grants]
+    stmts += [ddl.grant(target, priv, role, grantable, column=col) for col, role, priv, grantable in meta.column_grants]
+    if meta.reloptions:
+        stmts.append(ddl.set_reloptions(target, meta.reloptions))
+    if meta.comment is not None:
+        stmts.append(ddl.comment_on(target, meta.comment))
     return stmts
 
 

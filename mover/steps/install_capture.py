@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from mover import capture, control, introspect
+from mover import capture, control
 from mover.context import Context
 from mover.steps.base import Step
 
@@ -10,16 +10,14 @@ class InstallCapture(Step):
 
     def describe(self, ctx: Context, cur):
         m = ctx.migration
-        info = introspect.describe(cur, m.source)
-        key = tuple(m.key_columns)
-        return capture.install_sql(cur, m.id, m.source, key, tuple(info.column(k).type for k in key))
+        return capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name)
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
 
         def install(cur):
             control.guard(cur, m.id, self.name, ctx.owner)
-            capture.install(cur, m.id, m.source, tuple(m.key_columns))
+            capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name)
             control.finish_step(cur, m, self.name, "backfill", ctx.owner, message=f"capturing changes to {m.source}")
 
         # CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the live table: wait briefly and

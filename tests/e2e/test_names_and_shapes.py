@@ -69,6 +69,10 @@ old_name = '"Sales Dept"."Order Items (old)"'
         # The identity continues after the copied values.
         line = conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (2, 1) RETURNING line').format(t)).fetchone()[0]
         assert line > 3001
+        # Widened to bigint, the identity goes past the old integer maximum.
+        seq_max, = conn.execute("SELECT seqmax FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence(%s, 'line')::regclass",
+                                (t.as_string(conn),)).fetchone()
+        assert seq_max == 2**63 - 1
 
 
 def test_ctrl_c_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):

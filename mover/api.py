@@ -399,10 +399,14 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
     applied = int(cur.fetchone()[0])
     step = "retire" if m.step == "finished" else m.step
+    state, error = m.state, m.error
+    if state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
+        # The row says running, but no live process holds the lease: it died mid-step.
+        state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
     return {
         "name": m.name,
         "step": step,
-        "state": m.state,
+        "state": state,
         "steps": [{"name": s["name"], "status": s["status"],
                    "started_at": _iso(s["started_at"]), "finished_at": _iso(s["finished_at"])}
                   for s in control.steps(cur, m.id)],
@@ -416,10 +420,15 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
         "cutover": None if m.cutover_at is None else {"at": _iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},
         "rollback_window_ends_at": _iso(m.window_ends_at),
         "lease": None if m.lease_owner is None else {"owner": m.lease_owner, "expires_at": _iso(m.lease_expires_at)},
-        "error": m.error,
+        "error": error,
         "created_at": _iso(m.created_at),
         "finished_at": _iso(m.finished_at),
     }
+
+
+def _now(cur):
+    cur.execute("SELECT clock_timestamp()")
+    return cur.fetchone()[0]
 
 
 def _iso(value) -> str | None:

@@ -71,12 +71,15 @@ class Throttle:
         limit = self.settings.max_replica_lag_ms
         if limit and self._lag_visible and time.monotonic() - self._lag_checked > REPLICA_CHECK_SECONDS:
             self._lag_checked = time.monotonic()
-            try:
+            # Without pg_read_all_stats the lag columns read as NULL rather than failing: say so once.
+            cur.execute("SELECT pg_has_role('pg_read_all_stats', 'MEMBER') OR"
+                        " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)")
+            if not cur.fetchone()[0]:
+                self._lag_visible = False
+                log.warning("this role cannot read replica lag (grant pg_read_all_stats); lag is not checked")
+            else:
                 cur.execute("SELECT max(extract(epoch FROM replay_lag)) FROM pg_stat_replication")
                 self._lag = cur.fetchone()[0]
-            except psycopg.errors.InsufficientPrivilege:
-                self._lag_visible = False
-                log.warning("cannot read pg_stat_replication; replica lag is not checked")
         if limit and self._lag is not None and self._lag * 1000 > limit:
             return f"replica lag {self._lag:.1f}s above {limit / 1000:g}s"
         return None
@@ -155,7 +158,9 @@ class Worker:
                     st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
                     if st["open"] == 0:
                         return  # nothing left to copy here; failed ranges are the orchestrator's to report
-                    # Others are still copying (or a dead worker's lease has yet to expire).
+                    # Others are still copying, or a worker died: its ranges come back when its lease
+                    # expires, at once when it died on this host.
+                    self.db.transaction(lambda cur: chunks.release_dead_local_owners(cur, mid))
                     capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                     self.ctx.stop.wait(IDLE_WAIT_SECONDS)
                     continue
@@ -201,7 +206,9 @@ class Worker:
     def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
         stmt, params = q.copy_range(mapping, chunk.lo, chunk.hi)
         cur.execute(stmt, params)
-        faults.point(f"chunk_copied:{chunk.chunk_no}")  # inside the transaction: a crash loses the copy
+        # Inside the transaction: a crash here loses the copy and keeps the range claimed.
+        faults.point(f"chunk_copied:{chunk.chunk_no}")
+        faults.point("chunk_copied")  # whichever range this process copies first
         return cur.rowcount
 
 
@@ -267,6 +274,7 @@ def build_indexes(ctx: Context) -> None:
         state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
         if state is True:
             continue
+        faults.point("index_building")
         if state is False:
             log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
             ctx.db.autocommit(ddl.drop_index(schema, name), lock_timeout="10s")

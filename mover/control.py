@@ -332,8 +332,10 @@ def heartbeat(cur: psycopg.Cursor, mid: int, owner: str) -> bool:
 
 
 def release_lease(cur: psycopg.Cursor, mid: int, owner: str) -> None:
+    # Nobody runs it any more: a migration left 'running' (one step done, say) is ready to resume.
     cur.execute("UPDATE mover.migrations SET lease_owner = NULL, lease_host = NULL, lease_pid = NULL,"
-                " lease_expires_at = NULL WHERE id = %s AND lease_owner = %s", (mid, owner))
+                " lease_expires_at = NULL, state = CASE WHEN state = 'running' THEN 'pending' ELSE state END"
+                " WHERE id = %s AND lease_owner = %s", (mid, owner))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,7 +165,8 @@ def retire(ctx: Context) -> None:
         cur.execute("UPDATE mover.migrations SET finished_at = now(), lease_owner = NULL, lease_host = NULL,"
                     " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s", (ctx.mid,))
 
-    ctx.db.transaction(drop, lock_timeout="5s", label="retire")
+    cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
+    ctx.db.transaction(drop, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts, label="retire")
     ctx.refresh()
 
 
@@ -184,5 +185,6 @@ def abort(ctx: Context) -> None:
                     (ctx.mid,))
         control.event(cur, ctx.mid, ctx.owner, None, "aborted", "aborted; everything mover created was removed")
 
-    ctx.db.transaction(undo, lock_timeout="5s", label="abort")
+    cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
+    ctx.db.transaction(undo, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts, label="abort")
     ctx.refresh()

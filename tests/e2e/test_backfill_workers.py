@@ -1,0 +1,168 @@
+"""Backfill at scale: several workers, a worker killed mid-range, pause, a failing range, and a
+crash around the deferred index builds."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import psycopg
+
+from tests.workload import Writer, create_orders, differences, mover, spawn, write_plan
+
+PLAN = """
+[migration]
+name = "wide"
+source = 'public."Orders"'
+
+[target]
+columns = {{ id = "bigint" }}
+
+[backfill]
+chunk_rows = 500
+min_rows = 500
+max_rows = 500
+workers = {workers}
+max_rows_per_second = {rate}
+max_attempts = 2
+
+[rollback]
+window = "1h"
+"""
+
+
+def plan_file(tmp_path, workers=2, rate=0):
+    return write_plan(tmp_path / "wide.toml", PLAN.format(workers=workers, rate=rate))
+
+
+def status(dsn):
+    r = mover(dsn, "status", "wide", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_for(predicate, what, timeout=60.0):
+    """Poll the database for an event (a state another process reaches), bounded."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def query(dsn, q, params=()):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(q, params).fetchall()
+
+
+def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path):
+    create_orders(db_dsn, 20_000)
+    plan = plan_file(tmp_path, workers=2, rate=8000)
+    writer = Writer(db_dsn, seed=21).start()
+    # An extra worker on "another host" joins, copies one range's rows and dies before committing.
+    doomed = spawn(db_dsn, "worker", "wide", env={"MOVER_FAULT": "kill@chunk_copied"})
+    orchestrator = spawn(db_dsn, "run", plan)
+    try:
+        assert doomed.wait(timeout=120) == -signal.SIGKILL
+        assert orchestrator.wait(timeout=300) == 3, orchestrator.stderr.read()
+        redone = query(db_dsn, "SELECT chunk_no, attempts FROM mover.chunks WHERE kind = 'backfill' AND attempts > 1")
+        assert len(redone) == 1 and redone[0][1] == 2
+        owners = query(db_dsn, "SELECT count(DISTINCT owner) FROM mover.chunks WHERE kind = 'backfill'")[0][0]
+        assert owners >= 2  # both orchestrator workers did ranges
+        writer.pause()
+        assert mover(db_dsn, "run", "wide").returncode == 3
+        assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+    finally:
+        for p in (doomed, orchestrator):
+            if p.poll() is None:
+                p.kill()
+        writer.halt()
+    assert writer.errors == []
+
+
+def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_path):
+    create_orders(db_dsn, 20_000)
+    run = spawn(db_dsn, "run", plan_file(tmp_path, workers=1, rate=4000))
+    try:
+        wait_for(lambda: status(db_dsn)["backfill"]["chunks_done"] >= 2, "two ranges copied")
+        assert mover(db_dsn, "pause", "wide").returncode == 0
+        (paused_at,) = query(db_dsn, "SELECT clock_timestamp()")[0]
+        wait_for(lambda: "paused" in " ".join(status(db_dsn)["backfill"]["waiting_for"]), "the worker to pause")
+        # The worker re-reads the flag every second while paused: see it do so twice.
+        first = query(db_dsn, "SELECT xmin::text FROM mover.workers")[0][0]
+        second = wait_for(lambda: [x for (x,) in query(db_dsn, "SELECT xmin::text FROM mover.workers") if x != first],
+                          "a second pause check")[0]
+        wait_for(lambda: [x for (x,) in query(db_dsn, "SELECT xmin::text FROM mover.workers") if x != second],
+                 "a third pause check")
+        (unpaused_at,) = query(db_dsn, "SELECT clock_timestamp()")[0]
+        assert mover(db_dsn, "unpause", "wide").returncode == 0
+        assert run.wait(timeout=300) == 3, run.stderr.read()
+    finally:
+        if run.poll() is None:
+            run.kill()
+    late = query(db_dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill' AND finished_at > %s", (paused_at,))
+    during = query(db_dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill' AND finished_at > %s"
+                           " AND finished_at < %s", (paused_at, unpaused_at))
+    assert during[0][0] <= 1  # at most the range in flight when the pause came
+    assert late[0][0] > 1  # and the copy went on after unpause
+    events = [e["kind"] for e in json.loads(mover(db_dsn, "events", "wide", "--json").stdout)]
+    assert "paused" in events and "unpaused" in events
+
+
+def test_settings_change_while_running_is_recorded(db_dsn, tmp_path):
+    create_orders(db_dsn, 1_000)
+    assert mover(db_dsn, "step", plan_file(tmp_path)).returncode == 0
+    r = mover(db_dsn, "set", "wide", "backfill.max_rows_per_second=1234", "cutover.lock_timeout=50ms")
+    assert r.returncode == 0, r.stderr
+    plan = query(db_dsn, "SELECT plan FROM mover.migrations")[0][0]
+    assert plan["backfill"]["max_rows_per_second"] == 1234 and plan["cutover"]["lock_timeout_ms"] == 50
+    r = mover(db_dsn, "set", "wide", "target.columns={}")
+    assert r.returncode == 2 and "cannot set" in r.stderr
+    r = mover(db_dsn, "set", "wide", "backfill.workers=0")
+    assert r.returncode == 2 and "workers" in r.stderr
+
+
+def test_a_range_that_keeps_failing_is_marked_failed_without_stopping_the_others(db_dsn, tmp_path):
+    create_orders(db_dsn, 5_000)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('UPDATE "Orders" SET "Account" = 100000 WHERE id = 2600')  # too big for smallint
+    plan = write_plan(tmp_path / "narrow.toml", PLAN.format(workers=2, rate=0).replace(
+        'columns = { id = "bigint" }', 'columns = { "Account" = "smallint" }'))
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 1
+    assert "1 backfill ranges failed" in r.stderr and "out of range" in r.stderr
+    st = status(db_dsn)
+    assert st["backfill"]["chunks_failed"] == 1 and st["state"] == "failed"
+    assert st["backfill"]["chunks_done"] == st["backfill"]["chunks_total"] - 1  # the others were copied
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('UPDATE "Orders" SET "Account" = 7 WHERE id = 2600')
+    r = mover(db_dsn, "run", "wide")
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+
+
+def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_path):
+    create_orders(db_dsn, 3_000)
+    proc = spawn(db_dsn, "run", plan_file(tmp_path, workers=1), env={"MOVER_FAULT": "hang@index_building"})
+    try:
+        assert "hanging at index_building" in proc.stderr.readline()
+        # What a crash in the middle of CREATE INDEX CONCURRENTLY leaves: an invalid index by that name.
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            name = conn.execute("SELECT 'Orders by account_m' || id FROM mover.migrations").fetchone()[0]
+            try:
+                conn.execute(f'CREATE UNIQUE INDEX CONCURRENTLY "{name}" ON "Orders_new" ("Account")')
+            except psycopg.errors.UniqueViolation:
+                pass
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert query(db_dsn, "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass", (f'"{name}"',)) == [(False,)]
+    r = mover(db_dsn, "run", "wide")
+    assert r.returncode == 3, r.stderr
+    valid, definition = query(db_dsn, "SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index"
+                                      " WHERE indexrelid = %s::regclass", (f'"{name}"',))[0]
+    assert valid and "UNIQUE" not in definition and '("Account", created_at)' in definition

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -105,18 +106,35 @@ def progress_tps(stderr: str) -> list[float]:
     return [float(m) for m in re.findall(r"progress: [\d.]+ s, ([\d.]+) tps", stderr)]
 
 
+def sample_backlog(dsn: str, stop: threading.Event, samples: list[int]) -> None:
+    """Every 0.5 s, the number of captured changes not applied yet (all change logs)."""
+    with connect(dsn) as conn:
+        while not stop.wait(0.5):
+            logs = conn.execute("SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n"
+                                " ON n.oid = c.relnamespace WHERE n.nspname = 'mover'"
+                                " AND c.relname ~ '^m[0-9]+_changes$'").fetchall()
+            samples.append(sum(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.SQL(t))).fetchone()[0]
+                               for (t,) in logs))
+
+
 def writes_during_backfill(dsn: str, workdir: Path, rows: int) -> dict:
     baseline = start_pgbench(dsn, workdir, rows, 20)
     _, err = baseline.communicate()
     base_tps = median(progress_tps(err)[2:]) if progress_tps(err) else 0.0
     writers = start_pgbench(dsn, workdir, rows, 3600)
     time.sleep(3)  # let the writers reach their steady state before the migration starts
+    stop, backlog = threading.Event(), []
+    sampler = threading.Thread(target=sample_backlog, args=(dsn, stop, backlog), daemon=True)
+    sampler.start()
     result = mover_backfill(dsn, workdir, "bench_writes", workers=1)
+    stop.set()
+    sampler.join()
     writers.send_signal(signal.SIGINT)
     _, err = writers.communicate()
     tps = progress_tps(err)
     during = median(tps[3:3 + int(result["step_s"])]) if len(tps) > 3 else 0.0
-    return {**result, "writer_tps_idle": base_tps, "writer_tps_during": during}
+    return {**result, "writer_tps_idle": base_tps, "writer_tps_during": during,
+            "backlog_max": max(backlog, default=0), "backlog_last": backlog[-1] if backlog else 0}
 
 
 def capture_overhead(dsn: str, runs: int, seconds: int, scale: int) -> dict:
@@ -240,7 +258,8 @@ def report(r: dict) -> str:
         w = r["writes"]
         line("mover backfill, 1 worker, pgbench writing", w["step_s"],
              f"writers {w['writer_tps_during']:.0f} tps vs {w['writer_tps_idle']:.0f} idle "
-             f"({w['writer_tps_during'] / max(w['writer_tps_idle'], 1):.2f})")
+             f"({w['writer_tps_during'] / max(w['writer_tps_idle'], 1):.2f}); capture backlog at most "
+             f"{w['backlog_max']:,} changes")
     if r.get("pg_repack", {}).get("seconds"):
         line("pg_repack -t (peer; one transaction, not resumable)", r["pg_repack"]["seconds"])
     text = table(out, ("what", "seconds", "rows/s", "limit / this", "notes"))

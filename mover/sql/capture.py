@@ -93,16 +93,34 @@ def drop_table(table) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {t}").format(t=table.ident)
 
 
+def _sync_keys(m: Mapping) -> sql.Composed:
+    """CTEs that bring the destination rows of the keys in CTE `keys` to their source state:
+    delete those whose source row is gone, upsert the others."""
+    k = m.key
+    action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+        sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c.name)) for c in m.non_key))
+        if m.non_key else sql.SQL("DO NOTHING"))
+    return sql.SQL(
+        """gone AS (
+    DELETE FROM {dst} d USING keys l
+    WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l})
+    RETURNING 1
+), upserted AS (
+    INSERT INTO {dst} AS d ({cols}){overriding}
+    SELECT {values} FROM {src} s JOIN keys l ON {s_eq_l}
+    ON CONFLICT ({key_cols}) {action}
+    RETURNING 1
+)"""
+    ).format(dst=m.dst.ident, src=m.src.ident, d_eq_l=key_equal("d", "l", k), s_eq_l=key_equal("s", "l", k),
+             cols=ident_list(c.name for c in m.columns), overriding=overriding(m), values=source_values("s", m),
+             key_cols=ident_list(k), action=action)
+
+
 def replay(m: Mapping, log, *, covered: sql.Composable, skip_locked: bool) -> sql.Composed:
     """One statement: claim up to %(limit)s log rows whose keys the backfill has covered, delete
     the destination rows whose source row is gone, upsert the others. One snapshot serves the
     claim and the reads, so every claimed change is visible in the source rows read."""
-    k = m.key
-    upsert_action = (
-        sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c.name)) for c in m.non_key))
-        if m.non_key else sql.SQL("DO NOTHING")
-    )
+    lkey = sql.SQL(", ").join(sql.Identifier("l", c) for c in m.key)
     return sql.SQL(
         """
 WITH claimed AS (
@@ -110,59 +128,21 @@ WITH claimed AS (
         SELECT c.seq FROM {log} c WHERE {covered} ORDER BY c.seq LIMIT %(limit)s FOR UPDATE{skip})
     RETURNING {lkey}
 ), keys AS (
-    SELECT DISTINCT {lkey_bare} FROM claimed l
-), gone AS (
-    DELETE FROM {dst} d USING keys l
-    WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l})
-    RETURNING 1
-), upserted AS (
-    INSERT INTO {dst} AS d ({cols}){overriding}
-    SELECT {values} FROM {src} s JOIN keys l ON {s_eq_l}
-    ON CONFLICT ({key_cols}) {action}
-    RETURNING 1
-)
+    SELECT DISTINCT {lkey} FROM claimed l
+), {sync}
 SELECT (SELECT count(*) FROM claimed), (SELECT count(*) FROM gone), (SELECT count(*) FROM upserted)
 """
-    ).format(
-        log=log.ident,
-        covered=covered,
-        skip=sql.SQL(" SKIP LOCKED") if skip_locked else sql.SQL(""),
-        lkey=sql.SQL(", ").join(sql.Identifier("l", c) for c in k),
-        lkey_bare=sql.SQL(", ").join(sql.Identifier("l", c) for c in k),
-        dst=m.dst.ident, src=m.src.ident,
-        d_eq_l=key_equal("d", "l", k), s_eq_l=key_equal("s", "l", k),
-        cols=ident_list(c.name for c in m.columns), overriding=overriding(m),
-        values=source_values("s", m), key_cols=ident_list(k), action=upsert_action,
-    )
+    ).format(log=log.ident, covered=covered, skip=sql.SQL(" SKIP LOCKED") if skip_locked else sql.SQL(""),
+             lkey=lkey, sync=_sync_keys(m))
 
 
 def replay_keys(m: Mapping) -> sql.Composed:
     """Replay a single key given as parameters (the fallback when a batch fails on data)."""
-    k = m.key
     keyrow = sql.SQL(", ").join(sql.SQL("CAST({} AS {}) AS {}").format(sql.Placeholder(), sql.SQL(t), sql.Identifier(c))
-                                for c, t in zip(k, m.src_key_types))
-    upsert_action = (
-        sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c.name)) for c in m.non_key))
-        if m.non_key else sql.SQL("DO NOTHING")
-    )
-    return sql.SQL(
-        """
-WITH keys AS (SELECT {keyrow}), gone AS (
-    DELETE FROM {dst} d USING keys l
-    WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l})
-    RETURNING 1
-), upserted AS (
-    INSERT INTO {dst} AS d ({cols}){overriding}
-    SELECT {values} FROM {src} s JOIN keys l ON {s_eq_l}
-    ON CONFLICT ({key_cols}) {action}
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM upserted)
-"""
-    ).format(keyrow=keyrow, dst=m.dst.ident, src=m.src.ident, d_eq_l=key_equal("d", "l", k),
-             s_eq_l=key_equal("s", "l", k), cols=ident_list(c.name for c in m.columns),
-             overriding=overriding(m), values=source_values("s", m), key_cols=ident_list(k), action=upsert_action)
+                                for c, t in zip(m.key, m.src_key_types))
+    return sql.SQL("WITH keys AS (SELECT {keyrow}), {sync}\n"
+                   "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM upserted)").format(
+        keyrow=keyrow, sync=_sync_keys(m))
 
 
 def claim_keys(log, covered: sql.Composable, key: tuple[str, ...]) -> sql.Composed:

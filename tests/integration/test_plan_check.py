@@ -294,6 +294,21 @@ CASES = [
          ['"public"."bookings"', "exclusion constraint", '"bookings_during_excl"'],
          setup="CREATE TABLE bookings (id int PRIMARY KEY, during tsrange NOT NULL,"
                " EXCLUDE USING gist (during WITH &&))", also_run=True),
+    Case("user-trigger", plan_toml(source="audited"), ['"public"."audited"', "triggers", '"audit me"'],
+         setup="CREATE TABLE audited (id int PRIMARY KEY); CREATE FUNCTION audit_fn() RETURNS trigger"
+               " LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';"
+               ' CREATE TRIGGER "audit me" BEFORE INSERT ON audited FOR EACH ROW EXECUTE FUNCTION audit_fn()',
+         also_run=True),
+    Case("row-level-security", plan_toml(source="secret"), ['"public"."secret"', "row-level security"],
+         setup="CREATE TABLE secret (id int PRIMARY KEY, owner text); ALTER TABLE secret ENABLE ROW LEVEL SECURITY;"
+               " CREATE POLICY mine ON secret USING (owner = current_user)", also_run=True),
+    Case("a-partition", plan_toml(source="events_2026"), ['"public"."events_2026"', "partition"],
+         setup="CREATE TABLE events (id int, at date, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);"
+               " CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')"),
+    Case("inheritance-parent", plan_toml(source="animals"), ['"public"."animals"', "inheritance children"],
+         setup="CREATE TABLE animals (id int PRIMARY KEY); CREATE TABLE dogs () INHERITS (animals)"),
+    Case("a-rule", plan_toml(source="ruled"), ['"public"."ruled"', "rules", '"no_deletes"'],
+         setup="CREATE TABLE ruled (id int PRIMARY KEY); CREATE RULE no_deletes AS ON DELETE TO ruled DO INSTEAD NOTHING"),
 ]
 
 

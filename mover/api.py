@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 
 from mover import backfill as backfill_engine
+from mover import reconcile as reconcile_engine
 from mover import capture, chunks, control, cutover, introspect, names, runner, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, redact
@@ -358,6 +359,68 @@ def retire(dsn: str, name: str, *, force: bool = False, **kw) -> dict[str, Any]:
     return _operator_command(dsn, name, ("rollback_window", "retire"), "retire", go, **kw)
 
 
+def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any]:
+    """`mover reconcile NAME`: a reconcile pass now. At the reconcile step it is that step (the
+    migration moves to the cutover gate when the tables are equal); at the gate it is an extra
+    pass over the ranges changed since the last one (all of them with `full`)."""
+    from mover.steps import reconcile as reconcile_step
+    out: dict[str, Any] = {}
+
+    def go(ctx: Context):
+        at_step = ctx.migration.step == "reconcile"
+        if at_step:
+            ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "reconcile", ctx.owner))
+        result = reconcile_engine.run(ctx, full=full)
+        out["pass"] = result.as_dict()
+        if at_step:
+            try:
+                reconcile_step.conclude(ctx, result)
+            except Waiting:
+                pass  # recorded; the caller reports the divergences
+        else:
+            ctx.db.transaction(lambda cur: control.set_state(
+                cur, ctx.mid, "waiting", owner=ctx.owner,
+                error=f"{result.open} divergences" if result.open else None))
+    st = _operator_command(dsn, name, ("reconcile", "cutover"), "reconcile", go, **kw)
+    return {"pass": out.get("pass"), "status": st}
+
+
+def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw) -> dict[str, Any]:
+    """`mover repair NAME`: re-sync the open divergences' rows from the source and check them again."""
+    out: dict[str, Any] = {}
+
+    def go(ctx: Context):
+        out["repair"] = reconcile_engine.repair(ctx, divergence_id)
+        if ctx.migration.step == "cutover":
+            left = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid))
+            ctx.db.transaction(lambda cur: control.set_state(
+                cur, ctx.mid, "waiting", owner=ctx.owner, error=f"{left} divergences" if left else None))
+    st = _operator_command(dsn, name, ("reconcile", "cutover"), "repair", go, **kw)
+    return {"repair": out.get("repair"), "status": st}
+
+
+def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None) -> dict[str, Any]:
+    """`mover accept NAME --reason TEXT`: close open divergences (or one) as intended; they stay in
+    the history with the reason, and a later pass that finds the same difference leaves it be."""
+    if not reason or not reason.strip():
+        raise BadInput("accepting divergences needs a reason", hint="pass --reason TEXT")
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def go(cur):
+            m = control.get(cur, name, lock=True)
+            ids = reconcile_engine.accept(cur, m.id, reason.strip(), control.new_owner_id(), divergence_id)
+            if divergence_id is not None and not ids:
+                raise NotFound(f"migration {m.name!r} has no open divergence with id {divergence_id}",
+                               hint=f"`mover divergences {m.name}` lists the open ones")
+            return ids
+        ids = db.transaction(go)
+        return {"accepted": ids, "status": status(dsn, name, db=db)}
+    finally:
+        db.close()
+
+
 def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
     return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
                              "abort", cutover.abort, **kw)
@@ -417,6 +480,7 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
                     "lag_seconds": lag_fwd if lag_fwd is not None else lag_rev,
                     "direction": "reverse" if m.cutover_at else "forward"},
         "divergences": control.open_divergences(cur, m.id),
+        "reconcile": _reconcile_status(cur, m),
         "cutover": None if m.cutover_at is None else {"at": _iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},
         "rollback_window_ends_at": _iso(m.window_ends_at),
         "lease": None if m.lease_owner is None else {"owner": m.lease_owner, "expires_at": _iso(m.lease_expires_at)},
@@ -424,6 +488,19 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
         "created_at": _iso(m.created_at),
         "finished_at": _iso(m.finished_at),
     }
+
+
+def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
+    ranges = control.reconcile_ranges(cur, m.id)
+    counts = control.divergence_counts(cur, m.id)
+    return {"ranges_done": ranges["ranges_done"], "ranges_total": ranges["ranges_total"],
+            "ranges_failed": ranges["ranges_failed"], "rows_compared": ranges["source_rows"],
+            "verified_at": _iso(ranges["newest_verification"]),
+            "divergences": {"open": counts["open_by_kind"], "resolved": counts["resolved_by_how"]},
+            # The backfill has no conflict clause (mover/sql/copy.py): a key conflict fails the
+            # range instead of skipping a row, so nothing is ever skipped silently. Kept as a field
+            # so that scripts need not change if a conflict policy is ever added.
+            "skipped_on_conflict": 0}
 
 
 def _now(cur):
@@ -458,7 +535,8 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
 
         def read(cur):
             m = control.get(cur, name)
-            return [{**d, "found_at": _iso(d["found_at"]), "resolved_at": _iso(d["resolved_at"])}
+            return [{**d, "found_at": _iso(d["found_at"]), "resolved_at": _iso(d["resolved_at"]),
+                     "checked_at": _iso(d["checked_at"])}
                     for d in control.list_divergences(cur, m.id, include_resolved)]
         return db.transaction(read)
     finally:

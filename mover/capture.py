@@ -58,6 +58,11 @@ def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, rev
         cur.execute(q.drop_trigger(q.truncate_trigger(trigger), table))
     cur.execute(q.drop_function(names.capture_function(mid, reverse)))
     cur.execute(q.drop_table(names.change_log(mid, reverse)))
+    if not reverse:
+        # Reconcile's notes of applied keys (mover/reconcile.py) live and die with the forward log;
+        # the log's drop took their trigger with it.
+        cur.execute(q.drop_table(names.applied_notes(mid)))
+        cur.execute(q.drop_function(names.notes_function(mid)))
 
 
 @dataclass
@@ -193,3 +198,25 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
     if total.claimed:
         ctx.report("capture", applied=total.claimed, deleted=total.deleted, upserted=total.upserted)
     return total
+
+
+def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composable,
+                keys: list[list[str]]) -> dict[tuple, str]:
+    """Replay the given keys by state now (`mover repair`), in the caller's transaction, holding
+    the forward applier's lock so no batch replays the same keys from another snapshot (race 2).
+    `statement` is sql.capture.replay_keys() for the mapping whose key types the keys are in.
+    Returns the keys that failed on data (class 22 or 23), with the error."""
+    _lock_applier(cur, ctx.mid, False, wait=True)
+    failed: dict[tuple, str] = {}
+    for key in dict.fromkeys(tuple(k) for k in keys):
+        cur.execute("SAVEPOINT mover_key")
+        try:
+            cur.execute(statement, list(key))
+            cur.execute("RELEASE SAVEPOINT mover_key")
+        except psycopg.errors.Error as exc:
+            if not (exc.sqlstate or "").startswith(("22", "23")):
+                raise
+            cur.execute("ROLLBACK TO SAVEPOINT mover_key")
+            failed[key] = f"{str(exc).splitlines()[0]} [{exc.sqlstate}]"
+    return failed
+

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mover import api
-from mover.errors import MoverError
+from mover.errors import MoverError, Waiting
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
@@ -117,10 +117,40 @@ class ProgressReporter:
                     fields["backlog"] = f"{f['capture_pending']:,}"
                 self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
                 return
+            if kind.startswith("reconcile_") and self._reconcile(kind, f):
+                return
             if kind in ("capture", "backfill"):
                 return  # frequent and small; `mover status` shows the backlog
             self.close()
             err.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
+
+    def _reconcile(self, kind: str, f: dict[str, Any]) -> bool:
+        """Reconcile's bar: rows compared (of the source's estimate on a full pass), rows/s,
+        differences found so far. Returns False for what should print as a line."""
+        if kind == "reconcile_start":
+            self.close()
+            self.rows, self.estimate, self.copied_here = 0, f.get("estimate") or 0, 0
+            self.started = time.monotonic()
+            self.progress = Progress(
+                TextColumn(f"reconcile ({f['mode']})"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]} rows/s | {task.fields[ranges]} ranges | "
+                           "{task.fields[differences]} differences"),
+                TimeRemainingColumn(), console=err)
+            self.progress.start()
+            self.task = self.progress.add_task("reconcile", total=self.estimate or None, completed=0, rate="-",
+                                               ranges=0, differences=0)
+            self.ranges = self.differences = 0
+            return True
+        if kind == "reconcile_range" and self.progress is not None:
+            self.rows += f["rows"]
+            self.ranges += 1
+            self.differences += f["differences"]
+            rate = self.rows / max(time.monotonic() - self.started, 1e-6)
+            self.progress.update(self.task, completed=self.rows,
+                                 total=max(self.estimate, self.rows) if self.estimate else None,
+                                 rate=f"{rate:,.0f}", ranges=self.ranges, differences=self.differences)
+            return True
+        return kind == "reconcile_range"
 
     def close(self) -> None:
         if self.progress is not None:
@@ -161,7 +191,13 @@ def _show_status(st: dict[str, Any]) -> None:
     table.add_row("backfill", line)
     c = st["capture"]
     table.add_row("capture", f"{c['pending']} pending, {c['applied']:,} applied ({c['direction']})")
-    table.add_row("divergences", str(st["divergences"]))
+    r = st.get("reconcile")
+    if r and r["ranges_total"]:
+        table.add_row("reconcile", f"{r['ranges_done']}/{r['ranges_total']} ranges verified, {r['rows_compared']:,} "
+                                   f"rows" + (f", {r['ranges_failed']} FAILED" if r["ranges_failed"] else "")
+                      + (f", last at {r['verified_at']}" if r["verified_at"] else ""))
+    by_kind = ", ".join(f"{k} {v}" for k, v in (r or {}).get("divergences", {}).get("open", {}).items())
+    table.add_row("divergences", str(st["divergences"]) + (f" ({by_kind})" if by_kind else ""))
     if st["cutover"]:
         table.add_row("cutover", f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)")
     if st["rollback_window_ends_at"]:
@@ -331,11 +367,100 @@ def divergences(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonO
     if as_json:
         _print_json(rows)
         return
-    table = Table("id", "key", "kind", "columns", "found", "resolved")
+    table = Table("id", "key", "kind", "details (source -> target)", "found", "resolved")
     for d in rows:
-        table.add_row(str(d["id"]), ", ".join(d["key"]), d["kind"], json.dumps(d["columns"])[:120],
-                      d["found_at"], d["resolution"] or "")
+        table.add_row(str(d["id"]), ", ".join(d["key"]), d["kind"], _details(d["kind"], d["columns"]),
+                      d["found_at"], _resolution(d))
     out.print(table)
+    if not rows:
+        err.print("no open divergences" if not all_ else "no divergences")
+
+
+def _details(kind: str, columns: Any) -> str:
+    if kind == "different" and isinstance(columns, dict):
+        return "; ".join(f"{c}: {_value(v[0])} -> {_value(v[1])}" for c, v in columns.items())[:300]
+    if columns is None:
+        return ""
+    return json.dumps(columns)[:300]
+
+
+def _value(v: Any) -> str:
+    return "NULL" if v is None else repr(v)
+
+
+def _resolution(d: dict[str, Any]) -> str:
+    if d["resolved_at"] is None:
+        return "open"
+    how = d.get("resolved_how") or "superseded"
+    return f"{how}: {d['reason']}" if how == "accepted" and d.get("reason") else how
+
+
+def _still_open(st: dict[str, Any]) -> None:
+    """Exit 3 while divergences are open, naming the commands that deal with them."""
+    n, name = st["divergences"], st["name"]
+    if n:
+        raise Waiting(f"migration {name!r} has {n} open divergences; cutover is refused until none remain",
+                      hint=f"see them with `mover divergences {name}`; `mover repair {name}` re-syncs them from the "
+                           f"source; `mover accept {name} --reason TEXT` accepts intended ones")
+
+
+@app.command("reconcile")
+@_exits
+def reconcile_cmd(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
+                  full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
+                                                                   "since the last pass.")):
+    """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
+    reporter = ProgressReporter()
+    try:
+        result = api.reconcile(_dsn(dsn), name, full=full, report=reporter, stop=_interruptible())
+    finally:
+        reporter.close()
+    if as_json:
+        _print_json(result)
+    else:
+        p, st = result["pass"], result["status"]
+        table = Table(title=f"reconcile {st['name']}", show_header=False)
+        table.add_row("pass", f"{p['mode']}: {p['ranges']} ranges, {p['rows']:,} source rows in {p['seconds']:.1f}s"
+                              + (f" ({p['rows_per_second']:,} rows/s)" if p["rows_per_second"] else ""))
+        table.add_row("this pass", f"{p['found']} new divergences, {p['still_open']} found again, "
+                                   f"{p['resolved']} resolved (equal now)"
+                      + (f", {p['unsettled']} keys kept changing (left to the next pass)" if p["unsettled"] else ""))
+        by_kind = st["reconcile"]["divergences"]["open"]
+        table.add_row("open divergences", ", ".join(f"{k}: {v}" for k, v in by_kind.items()) or "none")
+        table.add_row("step / state", f"{st['step']} / {st['state']}")
+        out.print(table)
+    _still_open(result["status"])
+
+
+@app.command()
+@_exits
+def repair(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
+           divergence_id: Optional[int] = typer.Option(None, "--id", help="Repair this divergence only.")):
+    """Re-sync the divergent rows from the source's current state, check them again, resolve them."""
+    result = api.repair(_dsn(dsn), name, divergence_id=divergence_id, stop=_interruptible())
+    if as_json:
+        _print_json(result)
+    else:
+        r = result["repair"]
+        out.print(f"{r['repaired']} divergences repaired, {r['still_open']} still differ, {r['failed']} failed")
+        for line in r["errors"]:
+            err.print(f"  {line}", highlight=False, markup=False)
+    _still_open(result["status"])
+
+
+@app.command()
+@_exits
+def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with "
+                                                                          "the divergence)."),
+           divergence_id: Optional[int] = typer.Option(None, "--id", help="Accept this divergence only."),
+           dsn: Optional[str] = DsnOption, as_json: bool = JsonOption):
+    """Accept open divergences as intended: they stay in the history, and no longer block the cutover."""
+    result = api.accept(_dsn(dsn), name, reason, divergence_id=divergence_id)
+    if as_json:
+        _print_json(result)
+        return
+    ids = result["accepted"]
+    out.print(f"{len(ids)} divergences accepted" + (f" (ids {', '.join(map(str, ids))})" if ids else ""))
 
 
 @app.command()

@@ -386,7 +386,8 @@ def open_divergences(cur: psycopg.Cursor, mid: int) -> int:
 
 def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = False) -> list[dict[str, Any]]:
     with cur.connection.cursor(row_factory=dict_row) as dcur:
-        dcur.execute("SELECT id, key, kind, columns, found_at, resolved_at, resolution FROM mover.divergences"
+        dcur.execute("SELECT id, key, kind, columns, found_at, resolved_at, resolution, resolved_how, resolved_by,"
+                     " reason, checked_at FROM mover.divergences"
                      " WHERE migration_id = %s AND (%s OR resolved_at IS NULL) ORDER BY id", (mid, include_resolved))
         return dcur.fetchall()
 
@@ -394,3 +395,73 @@ def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = Fal
 def resolve_divergences(cur: psycopg.Cursor, mid: int, ids: list[int], resolution: str) -> None:
     cur.execute("UPDATE mover.divergences SET resolved_at = now(), resolution = %s"
                 " WHERE migration_id = %s AND id = ANY(%s) AND resolved_at IS NULL", (resolution, mid, ids))
+
+
+def resolve_divergences_as(cur: psycopg.Cursor, mid: int, ids: list[int], how: str, resolution: str,
+                           actor: str, reason: str | None = None) -> list[int]:
+    """Close open divergences, recording how (equal_on_recheck, repaired, accepted), by whom and why."""
+    if not ids:
+        return []
+    cur.execute("UPDATE mover.divergences SET resolved_at = now(), resolution = %s, resolved_how = %s,"
+                " resolved_by = %s, reason = %s, checked_at = now()"
+                " WHERE migration_id = %s AND id = ANY(%s) AND resolved_at IS NULL RETURNING id",
+                (resolution, how, actor, reason, mid, ids))
+    return [r[0] for r in cur.fetchall()]
+
+
+def update_divergence(cur: psycopg.Cursor, mid: int, did: int, kind: str, columns: Any) -> None:
+    """An open divergence found again, possibly with other values: keep its id and found_at."""
+    cur.execute("UPDATE mover.divergences SET kind = %s, columns = %s, checked_at = now()"
+                " WHERE migration_id = %s AND id = %s", (kind, json.dumps(columns, default=str), mid, did))
+
+
+def open_divergence_rows(cur: psycopg.Cursor, mid: int, did: int | None = None) -> list[dict[str, Any]]:
+    with cur.connection.cursor(row_factory=dict_row) as dcur:
+        dcur.execute("SELECT id, key, kind, columns FROM mover.divergences WHERE migration_id = %s"
+                     " AND resolved_at IS NULL AND (%s::bigint IS NULL OR id = %s) ORDER BY id", (mid, did, did))
+        return dcur.fetchall()
+
+
+def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
+    """Open divergences by kind, and how the closed ones were closed."""
+    cur.execute("SELECT kind, count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL"
+                " GROUP BY kind ORDER BY kind", (mid,))
+    open_by_kind = dict(cur.fetchall())
+    cur.execute("SELECT coalesce(resolved_how, 'superseded'), count(*) FROM mover.divergences"
+                " WHERE migration_id = %s AND resolved_at IS NOT NULL GROUP BY 1 ORDER BY 1", (mid,))
+    return {"open": sum(open_by_kind.values()), "open_by_kind": open_by_kind, "resolved_by_how": dict(cur.fetchall())}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reconcile ranges (mover/reconcile.py): what each verified range held on both sides
+
+
+def store_range_fingerprint(cur: psycopg.Cursor, mid: int, chunk_no: int, src_rows: int, src_fingerprint: int,
+                            dst_rows: int, dst_fingerprint: int, differences: int) -> None:
+    cur.execute("UPDATE mover.chunks SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
+                " differences = %s, verified_at = clock_timestamp()"
+                " WHERE migration_id = %s AND kind = 'reconcile' AND chunk_no = %s",
+                (src_rows, src_fingerprint, dst_rows, dst_fingerprint, differences, mid, chunk_no))
+
+
+def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
+    cur.execute(
+        """
+        SELECT count(*) FILTER (WHERE status = 'done'), count(*), count(*) FILTER (WHERE status = 'failed'),
+               coalesce(sum(src_rows) FILTER (WHERE status = 'done'), 0),
+               coalesce(sum(dst_rows) FILTER (WHERE status = 'done'), 0),
+               min(verified_at) FILTER (WHERE status = 'done'), max(verified_at) FILTER (WHERE status = 'done')
+        FROM mover.chunks WHERE migration_id = %s AND kind = 'reconcile'
+        """, (mid,))
+    done, total, failed, src_rows, dst_rows, oldest, newest = cur.fetchone()
+    return {"ranges_done": done, "ranges_total": total, "ranges_failed": failed, "source_rows": int(src_rows),
+            "target_rows": int(dst_rows), "oldest_verification": oldest, "newest_verification": newest}
+
+
+def range_fingerprints(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
+    with cur.connection.cursor(row_factory=dict_row) as dcur:
+        dcur.execute("SELECT chunk_no, lo, hi, status, src_rows, src_fingerprint, dst_rows, dst_fingerprint,"
+                     " differences, verified_at FROM mover.chunks WHERE migration_id = %s AND kind = 'reconcile'"
+                     " ORDER BY chunk_no", (mid,))
+        return dcur.fetchall()
+

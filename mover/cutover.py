@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names
+from mover import capture, chunks, control, faults, introspect, names, reconcile
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -44,6 +44,15 @@ def preflight(ctx: Context) -> None:
     ctx.db.transaction(check)
     # Drain outside the lock so the locked transaction has little left to apply.
     capture.drain(ctx, reverse=False, backfill_done=True)
+    if ctx.plan.reconcile.before_cutover:
+        # The last check, outside the lock: re-verify every range that received an applied change
+        # since reconcile verified it (mover/reconcile.py). What the lock's own drain applies after
+        # this is the same state replay whose results this pass has just checked.
+        result = reconcile.run(ctx)
+        if result.open:
+            raise Waiting(f"the last reconcile before the cutover of {ctx.migration.name!r} found {result.open}"
+                          f" unresolved divergences; cutover refused",
+                          hint=f"see them with `mover divergences {ctx.migration.name}`")
 
 
 def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> None:

@@ -136,3 +136,16 @@ def capture_function(mid: int, reverse: bool = False) -> QualifiedName:
 
 def capture_trigger(mid: int, reverse: bool = False) -> str:
     return f"mover_m{mid}_{'reverse_' if reverse else ''}capture"
+
+
+def applied_notes(mid: int) -> QualifiedName:
+    """Keys the forward applier replayed since reconcile verified their range (mover/sql/compare.py)."""
+    return QualifiedName(CONTROL_SCHEMA, f"m{mid}_applied")
+
+
+def notes_function(mid: int) -> QualifiedName:
+    return QualifiedName(CONTROL_SCHEMA, f"m{mid}_note_applied")
+
+
+def notes_trigger(mid: int) -> str:
+    return f"mover_m{mid}_note_applied"

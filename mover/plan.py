@@ -46,6 +46,15 @@ class BackfillSettings:
 
 
 @dataclass(frozen=True)
+class ReconcileSettings:
+    workers: int = 1  # threads comparing ranges in the orchestrating process
+    range_rows: int = 100_000  # keys per range (bench/reconcile.py: 50k-250k perform alike)
+    before_cutover: bool = True  # re-verify the ranges changed since the last pass, just before the lock
+    settle_rounds: int = 10  # re-checks of a key that differs while a change to it is pending
+    max_attempts: int = 5  # a range failing this often is marked failed
+
+
+@dataclass(frozen=True)
 class CutoverSettings:
     auto: bool = False
     lock_timeout_ms: int = 200
@@ -68,6 +77,7 @@ class Plan:
     backfill: BackfillSettings = BackfillSettings()
     cutover: CutoverSettings = CutoverSettings()
     rollback: RollbackSettings = RollbackSettings()
+    reconcile: ReconcileSettings = ReconcileSettings()
     document: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def canonical(self) -> dict[str, Any]:
@@ -86,6 +96,7 @@ class Plan:
                 "old_name": _qn(self.rollback.old_name),
                 "keep_old": self.rollback.keep_old,
             },
+            "reconcile": asdict(self.reconcile),
         }
 
     def shape_hash(self, schema: str | None = None) -> str:
@@ -114,6 +125,7 @@ def to_document(plan: Plan) -> dict[str, Any]:
         "cutover": {"auto": plan.cutover.auto, "lock_timeout": f"{plan.cutover.lock_timeout_ms}ms",
                     "attempts": plan.cutover.attempts},
         "rollback": {"window": f"{plan.rollback.window_ms}ms", "keep_old": plan.rollback.keep_old},
+        "reconcile": asdict(plan.reconcile),
     }
     if plan.target is not None:
         doc["target"]["name"] = str(plan.target)
@@ -127,6 +139,7 @@ SETTABLE = {
     "backfill": {"target_chunk_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
                  "max_attempts", "workers", "chunk_rows"},
     "cutover": {"auto", "lock_timeout", "attempts"},
+    "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts"},
 }
 
 
@@ -150,6 +163,8 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
             old_name=qn(doc["rollback"]["old_name"]),
             keep_old=doc["rollback"]["keep_old"],
         ),
+        # Migrations registered before [reconcile] existed have none stored: the defaults.
+        reconcile=ReconcileSettings(**{**asdict(ReconcileSettings()), **doc.get("reconcile", {})}),
         document=doc,
     )
 
@@ -167,6 +182,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                  "synchronous_commit": (bool, False)},
     "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
+    "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
+                  "settle_rounds": (int, False), "max_attempts": (int, False)},
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
 
@@ -275,6 +292,13 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         backfill=backfill,
         cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
+        reconcile=ReconcileSettings(
+            workers=bounded("reconcile", "workers", ReconcileSettings.workers, 1, 64),
+            range_rows=bounded("reconcile", "range_rows", ReconcileSettings.range_rows, 100, 10_000_000),
+            before_cutover=doc.get("reconcile", {}).get("before_cutover", ReconcileSettings.before_cutover),
+            settle_rounds=bounded("reconcile", "settle_rounds", ReconcileSettings.settle_rounds, 1, 1000),
+            max_attempts=bounded("reconcile", "max_attempts", ReconcileSettings.max_attempts, 1, 100),
+        ),
         document=doc,
     )
 

@@ -2,88 +2,466 @@
 
 Invariants:
 - Each range of both tables, and the change log, are read by one statement: one snapshot, so a
-  concurrent write cannot make equal tables look different (no false positives).
-- A key that differs while a change to it is still pending in the log is re-checked after the
-  applier has caught up; only a difference that persists is recorded as a divergence.
-- Ranges done are recorded (chunks of kind 'reconcile') with their divergences in the same
-  transaction, so a crashed reconcile resumes after the last range it finished.
+  concurrent write cannot make equal tables look different (no false positives). Rows are
+  compared by their typed values, exactly (mover/sql/compare.py says why not by hash).
+- A key that differs while a change to it is still pending in the log is re-checked, alone,
+  after the applier has caught up, a bounded number of rounds; only a difference that
+  persists is recorded as a divergence, in the transaction that marks the range done.
+- Ranges are claimed from mover/chunks.py (kind 'reconcile': SKIP LOCKED, leases, attempt
+  ceiling), by [reconcile] workers threads; a crashed reconcile resumes with the ranges it
+  had not finished, and a range's result commits with its done mark (race 6 included).
+- Each verified range keeps its row counts and fingerprints. A later pass re-verifies only
+  the ranges that changed since: those holding a key the applier replayed after the range was
+  verified (noted by a trigger on the change log, see compare.create_notes), or an open
+  divergence. The same incremental pass runs just before the cutover's lock.
+
+Why notes of applied keys, rather than recomputing the stored fingerprints to spot a changed
+range: recomputing a fingerprint reads the whole range, which is most of what comparing it
+costs; a note costs one upsert per applied key, and only while reconcile or the cutover is
+ahead. Why a trigger on the log rather than in the applier: every path that applies a change
+(batch replay, key-by-key fallback, the cutover's drain under its lock) deletes the log rows
+in the same transaction, so the note can neither be missed nor commit without the change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import threading
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
-from mover import capture, control, faults, names
-from mover.context import Context
+import psycopg
+
+from mover import backfill, capture, chunks, control, faults, introspect, names
+from mover.context import Context, Reporter
+from mover.db import Database
+from mover.errors import Failed, LeaseLost, MoverError
+from mover.plan import ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
-from mover.sql import copy as copy_sql
+from mover.sql.capture import replay_keys as replay_keys_sql
+from mover.sql.mapping import Mapping
 
 log = logging.getLogger("mover.reconcile")
 
 KIND = "reconcile"
-RANGE_ROWS = 50_000
-SETTLE_ROUNDS = 20
+IDLE_WAIT_SECONDS = 0.2
+RANGE_STATEMENT_TIMEOUT = "300s"
+REPAIR_BATCH = 200
+MIN_SERVER_VERSION = 140000  # hash_record_extended()
 
 
-def run(ctx: Context) -> int:
-    """Compare everything; return the number of open divergences."""
-    capture.drain(ctx, reverse=False, backfill_done=True)
+@dataclass
+class PassResult:
+    mode: str  # full | incremental | resume
+    ranges: int = 0  # ranges verified by this run
+    rows: int = 0  # source rows compared
+    seconds: float = 0.0
+    found: int = 0  # divergences recorded
+    still_open: int = 0  # divergences found again
+    resolved: int = 0  # divergences whose rows were equal when checked again
+    unsettled: int = 0  # keys still changing after every re-check round
+    open: int = 0  # open divergences after the pass, every kind
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def start_pass(cur):
-        last = control.last_chunk(cur, ctx.mid, KIND)
-        if last is None or last[2] is None:
-            # A new pass: earlier findings are superseded by what this one finds.
-            control.clear_chunks(cur, ctx.mid, KIND)
-            cur.execute("UPDATE mover.divergences SET resolved_at = now(), resolution = 'superseded by a new pass'"
-                        " WHERE migration_id = %s AND resolved_at IS NULL AND kind <> 'apply_error'", (ctx.mid,))
-            return 1, None
-        return last[0] + 1, last[2]
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
 
-    chunk_no, lo = ctx.db.transaction(start_pass)
-    log_table = names.change_log(ctx.mid)
-    unsettled = 0
-    while True:
-        ctx.checkpoint()
-        for round_no in range(SETTLE_ROUNDS):
-            final = round_no == SETTLE_ROUNDS - 1
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "lock"}
+        d["seconds"] = round(self.seconds, 3)
+        d["rows_per_second"] = round(self.rows / self.seconds) if self.seconds > 0 else None
+        return d
 
-            def one_range(cur):
-                control.guard(cur, ctx.mid, "reconcile", ctx.owner)
-                m = ctx.mapping(cur)
-                started = time.monotonic()
-                stmt, params = copy_sql.next_bound(m, lo)
-                cur.execute(stmt, [*params, RANGE_ROWS - 1])
-                row = cur.fetchone()
-                hi = list(row) if row else None
-                stmt, params = q.compare_range(m, log_table, lo, hi)
-                cur.execute(stmt, params)
-                diffs = cur.fetchall()
-                pending = [d for d in diffs if d[3]]
-                if pending and not final:
-                    return ("retry", len(pending))
-                for key, kind, columns, is_pending in diffs:
-                    if not is_pending:
-                        control.record_divergence(cur, ctx.mid, key, kind, columns)
-                control.record_chunk(cur, ctx.mid, KIND, chunk_no, lo, hi, len(diffs) - len(pending),
-                                     (time.monotonic() - started) * 1000, ctx.owner)
-                return ("done", hi, len(pending))
 
-            result = ctx.db.transaction(one_range, statement_timeout="300s", label="reconcile range")
-            if result[0] == "retry":
-                capture.drain(ctx, reverse=False, backfill_done=True)
+# ---------------------------------------------------------------------------------------------
+# How each column is compared
+
+
+def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
+    """Decide per column (by the target's type): typed, typed but hashed through its send form,
+    or by text when PostgreSQL cannot hash or compare the type. Probed on the server, so that
+    composites and arrays follow their fields and elements, and extensions' types are covered."""
+    cur.execute("SHOW server_version_num")
+    if int(cur.fetchone()[0]) < MIN_SERVER_VERSION:
+        raise Failed("reconcile needs PostgreSQL 14 or later (hash_record_extended)",
+                     hint="upgrade the server, or compare the tables with your own tooling")
+    dst = introspect.describe(cur, m.dst)
+    types = {c.name: c for c in dst.columns}
+    oids = sorted({types[c.name].type_oid for c in m.columns})
+    cur.execute(
+        """
+        WITH RECURSIVE b AS (
+            SELECT oid AS start, oid, typtype, typbasetype FROM pg_type WHERE oid = ANY(%s)
+            UNION ALL
+            SELECT b.start, t.oid, t.typtype, t.typbasetype FROM b JOIN pg_type t ON t.oid = b.typbasetype
+            WHERE b.typtype = 'd')
+        SELECT start, oid FROM b WHERE typtype <> 'd'
+        """, (oids,))
+    base = dict(cur.fetchall())
+    usable: dict[str, bool] = {}
+    for c in m.columns:
+        t = types[c.name].type
+        if t in usable:
+            continue
+        cur.execute("SAVEPOINT mover_probe")
+        try:
+            cur.execute(q.hash_probe(t))
+            # The equality operator, found by name as IS DISTINCT FROM will find it.
+            cur.execute(psycopg.sql.SQL("SELECT CAST(NULL AS {0}) IS DISTINCT FROM CAST(NULL AS {0})").format(
+                psycopg.sql.SQL(t)))
+            usable[t] = True
+        except psycopg.errors.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) or exc.sqlstate in ("40001", "40P01", "55P03"):
+                raise
+            usable[t] = False
+        finally:
+            if not cur.connection.broken:
+                cur.execute("ROLLBACK TO SAVEPOINT mover_probe")
+                cur.execute("RELEASE SAVEPOINT mover_probe")
+    cols = []
+    for c in m.columns:
+        col = types[c.name]
+        send = q.SEND_FUNCTIONS.get(base.get(col.type_oid, col.type_oid))
+        mode = "send" if send else "value" if usable[col.type] else "text"
+        cols.append(q.Compared(c.name, c.cast_to, mode, send, c.name in m.key))
+    return q.Spec(m, tuple(cols), tuple(types[k].type for k in m.key))
+
+
+# ---------------------------------------------------------------------------------------------
+# One range
+
+
+def _rows(cur) -> list[dict[str, Any]]:
+    names_ = [d.name for d in cur.description]
+    return [dict(zip(names_, r)) for r in cur.fetchall()]
+
+
+def _compare(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    stmt, params = q.compare_range(spec, names.change_log(mid), names.applied_notes(mid), chunk.lo, chunk.hi)
+    cur.execute(stmt, params)
+    rows = _rows(cur)
+    agg = {k: rows[0][k] for k in ("src_rows", "dst_rows", "src_sum", "mark")}
+    return agg, [r for r in rows if r["key"] is not None]
+
+
+def _recheck(cur, spec: q.Spec, mid: int, keys: list[list[str]]) -> list[dict[str, Any]]:
+    if not keys:
+        return []
+    cur.execute(q.recheck_keys(spec, names.change_log(mid)), (json.dumps(keys),))
+    return _rows(cur)
+
+
+def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: dict[str, Any],
+            first_diffs: list[dict[str, Any]], settled: list[dict[str, Any]],
+            unsettled: list[dict[str, Any]]) -> dict[str, int]:
+    """What a verified range leaves behind, in the transaction of its done mark: divergences
+    recorded, found again or resolved, the range's fingerprints, its notes forgotten."""
+    stmt, params = q.divergences_in_range(spec, chunk.lo, chunk.hi)
+    cur.execute(stmt, [mid, *params])
+    open_by_key: dict[tuple, tuple] = {}
+    accepted: dict[tuple, list[tuple]] = {}
+    for did, key, kind, columns, is_open, how in cur.fetchall():
+        if is_open:
+            open_by_key[tuple(key)] = (did, kind, columns)
+        else:
+            accepted.setdefault(tuple(key), []).append((kind, columns))
+    found = again = 0
+    seen: set[tuple] = set()
+    for d in settled:
+        key = tuple(d["key"])
+        seen.add(key)
+        if key in open_by_key:
+            did, kind, columns = open_by_key[key]
+            if (kind, columns) != (d["kind"], d["columns"]):
+                control.update_divergence(cur, mid, did, d["kind"], d["columns"])
+            again += 1
+        elif (d["kind"], d["columns"]) in accepted.get(key, []):
+            continue  # the operator accepted exactly this difference
+        else:
+            control.record_divergence(cur, mid, list(key), d["kind"], d["columns"])
+            found += 1
+    seen |= {tuple(d["key"]) for d in unsettled}  # unknown yet: left as they are
+    resolved = control.resolve_divergences_as(
+        cur, mid, [v[0] for k, v in open_by_key.items() if k not in seen], "equal_on_recheck",
+        f"rows equal when reconcile range {chunk.chunk_no} was verified again", actor)
+    stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), chunk.lo, chunk.hi)
+    cur.execute(stmt, [*params, agg["mark"]])
+    src_fp, dst_fp = q.fingerprint(agg["src_sum"], first_diffs)
+    control.store_range_fingerprint(cur, mid, chunk.chunk_no, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp,
+                                    len(settled))
+    return {"found": found, "still_open": again, "resolved": len(resolved), "unsettled": len(unsettled)}
+
+
+def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, worker: str,
+                 settings: ReconcileSettings) -> dict[str, int]:
+    """Compare one claimed range; commit its findings with its done mark."""
+    mid = ctx.mid
+    started = time.monotonic()
+
+    def first(cur):
+        chunks.hold(cur, mid, chunk, worker)
+        agg, diffs = _compare(cur, spec, mid, chunk)
+        if any(d["pending"] for d in diffs):
+            return agg, diffs, None  # nothing written: settle the pending keys first
+        outcome = _record(cur, spec, mid, chunk, worker, agg, diffs, diffs, [])
+        faults.point(f"reconcile_compared:{chunk.chunk_no}")  # inside the transaction: a crash loses the range
+        chunks.mark_done(cur, mid, chunk, agg["src_rows"], (time.monotonic() - started) * 1000)
+        return agg, diffs, outcome
+
+    agg, diffs, outcome = db.transaction(first, statement_timeout=RANGE_STATEMENT_TIMEOUT, label="reconcile range")
+    if outcome is None:
+        # Some keys differ while a change to them waits in the log: let the applier catch up, then
+        # look at those keys alone (not the range) until none is pending, a bounded number of rounds.
+        keys = [d["key"] for d in diffs]
+        for round_no in range(settings.settle_rounds):
+            ctx.checkpoint()
+            capture.drain(ctx, reverse=False, backfill_done=True)
+            now = db.transaction(lambda cur: _recheck(cur, spec, mid, keys), label="reconcile re-check")
+            keys = [d["key"] for d in now]
+            if not any(d["pending"] for d in now):
+                break
+            # Another worker may hold the applier: give it a moment (no transaction is open here).
+            ctx.stop.wait(min(0.02 * (round_no + 1), 0.5))
+
+        def final(cur):
+            chunks.hold(cur, mid, chunk, worker)
+            now = _recheck(cur, spec, mid, keys)
+            settled = [d for d in now if not d["pending"]]
+            unsettled = [d for d in now if d["pending"]]
+            result = _record(cur, spec, mid, chunk, worker, agg, diffs, settled, unsettled)
+            faults.point(f"reconcile_compared:{chunk.chunk_no}")
+            chunks.mark_done(cur, mid, chunk, agg["src_rows"], (time.monotonic() - started) * 1000)
+            return result
+
+        outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, label="reconcile range")
+    return {**outcome, "rows": agg["src_rows"], "ms": round((time.monotonic() - started) * 1000, 1)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers and passes
+
+
+class Worker:
+    """One reconcile worker thread: claims ranges and verifies them until none is left."""
+
+    def __init__(self, dsn: str, migration: control.Migration, wid: str, spec: q.Spec, result: PassResult, *,
+                 stop: threading.Event, lost: threading.Event, registry: set[str], report: Reporter):
+        self.db = Database(dsn, role="mover-reconcile")
+        self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
+        self.wid, self.spec, self.result, self.registry = wid, spec, result, registry
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # surfaced by the orchestrator after join
+            self.error = exc
+            self.ctx.stop.set()
+        finally:
+            self.registry.discard(self.wid)
+            self.db.close()
+
+    def _run(self) -> None:
+        ctx, mid = self.ctx, self.ctx.mid
+        self.registry.add(self.wid)
+        while True:
+            ctx.checkpoint()
+            settings = plan_from_canonical(ctx.refresh().plan).reconcile  # `mover set` takes effect here
+            chunk = self.db.transaction(lambda cur: chunks.claim(
+                cur, mid, KIND, self.wid, self.spec.mapping, settings.range_rows, settings.max_attempts),
+                label="claim")
+            if chunk is None:
+                if self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))["open"] == 0:
+                    return
+                # Others are still comparing, or a dead worker's lease has yet to expire.
+                ctx.stop.wait(IDLE_WAIT_SECONDS)
                 continue
-            _, hi, still_pending = result
-            unsettled += still_pending
-            break
-        faults.point(f"reconcile_range:{chunk_no}")
-        ctx.report("reconcile", chunk=chunk_no)
-        if hi is None:
-            break
-        chunk_no, lo = chunk_no + 1, hi
-    if unsettled:
-        # Keys written on every round: capture keeps them in sync and the cutover drains them
-        # under its lock; they were never seen equal-and-quiet, so say so.
-        ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "reconcile", "unsettled",
-                                                     f"{unsettled} keys kept changing during reconcile"))
-    return ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid))
+            try:
+                got = verify_range(self.db, ctx, self.spec, chunk, self.wid, settings)
+            except LeaseLost as exc:
+                log.warning("%s", exc)
+                continue
+            except (psycopg.Error, MoverError) as exc:
+                if isinstance(exc, psycopg.OperationalError) and self.db.connection().broken:
+                    raise
+                if isinstance(exc, MoverError) and exc.exit_code == 130:
+                    raise
+                outcome = self.db.transaction(lambda cur: chunks.mark_failed_attempt(
+                    cur, mid, chunk, self.wid, f"{type(exc).__name__}: {exc}", settings.max_attempts))
+                log.error("reconcile range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
+                self.db.transaction(lambda cur: control.event(
+                    cur, mid, self.wid, KIND, "range_failed", f"range {chunk.chunk_no} failed ({outcome}): {exc}"))
+                continue
+            faults.point(f"reconcile_range:{chunk.chunk_no}")
+            self.result.add(ranges=1, rows=got["rows"], found=got["found"], still_open=got["still_open"],
+                            resolved=got["resolved"], unsettled=got["unsettled"])
+            ctx.report("reconcile_range", chunk=chunk.chunk_no, rows=got["rows"], ms=got["ms"],
+                       differences=got["found"] + got["still_open"], worker=self.wid)
+            # Keep the log short between ranges, so few keys are pending when the next one is read.
+            capture.drain(ctx, reverse=False, backfill_done=True, max_rounds=1)
+
+
+def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
+    mid = ctx.mid
+    notes, log_table = names.applied_notes(mid), names.change_log(mid)
+
+    def start(cur) -> str:
+        if not introspect.exists(cur, notes):
+            # Nothing noted the changes applied since an earlier pass (if any): compare everything.
+            for stmt in q.create_notes(notes, names.notes_function(mid), names.notes_trigger(mid), log_table,
+                                       spec.mapping.key, spec.mapping.src_key_types):
+                cur.execute(stmt)
+            chunks.reset(cur, mid, KIND)
+            chunks.ensure_frontier(cur, mid, KIND)
+            return "full"
+        st = chunks.state(cur, mid, KIND)
+        exists = st["total"] > 0 or st["exhausted"]
+        if full or not exists or (st["finished"] and st["total"] == 0):
+            # Every range is verified after this point, and each covers the changes applied
+            # before it: the notes so far say nothing new. (DELETE, not TRUNCATE: appliers run.)
+            chunks.reset(cur, mid, KIND)
+            chunks.ensure_frontier(cur, mid, KIND)
+            cur.execute(psycopg.sql.SQL("DELETE FROM {}").format(notes.ident))
+            return "full"
+        if not st["finished"]:
+            chunks.retry_failed(cur, mid, KIND)
+            chunks.release_dead_local_owners(cur, mid)
+            return "resume"
+        cur.execute(q.reopen_changed(spec, notes), (mid, mid))
+        return "incremental"
+
+    if ctx.db.transaction(lambda cur: introspect.exists(cur, notes)):
+        return ctx.db.transaction(start, label="reconcile pass")
+    # Creating the notes trigger locks the change log against the application's inserts for a
+    # moment: the cutover's short lock_timeout, retried like the cutover's attempts.
+    return ctx.db.transaction(start, lock_timeout=f"{ctx.plan.cutover.lock_timeout_ms}ms",
+                              attempts=ctx.plan.cutover.attempts, label="reconcile pass")
+
+
+def run(ctx: Context, *, full: bool = False) -> PassResult:
+    """Run a reconcile pass: resume an unfinished one, else re-verify the ranges that changed
+    since the last one (all of them with `full`, or when none was made)."""
+    started = time.monotonic()
+    settings = ctx.plan.reconcile
+    capture.drain(ctx, reverse=False, backfill_done=True)
+    spec = ctx.db.transaction(lambda cur: spec_for(cur, ctx.mapping(cur)))
+    mode = _start_pass(ctx, spec, full)
+    result = PassResult(mode)
+
+    def todo(cur):
+        st = chunks.state(cur, ctx.mid, KIND)
+        estimate = backfill.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
+        return st, estimate
+    st, estimate = ctx.db.transaction(todo)
+    ctx.report("reconcile_start", mode=mode, ranges_open=st["open"], estimate=estimate, workers=settings.workers)
+    if st["open"] or not st["exhausted"]:
+        workers = [Worker(ctx.db.dsn, ctx.migration, backfill.worker_id(i), spec, result, stop=ctx.stop,
+                          lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report)
+                   for i in range(settings.workers)]
+        threads = [threading.Thread(target=w.run, name=f"mover-reconcile-{i}", daemon=True)
+                   for i, w in enumerate(workers[1:], 1)]
+        for t in threads:
+            t.start()
+        workers[0].run()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+        errors = [w.error for w in workers if w.error is not None]
+        if errors:
+            raise errors[0]
+    ctx.checkpoint()
+    st = ctx.db.transaction(lambda cur: chunks.state(cur, ctx.mid, KIND))
+    if st["failed"]:
+        failed = ctx.db.transaction(lambda cur: chunks.failed_chunks(cur, ctx.mid, KIND))
+        first_no, first_error = failed[0]
+        raise Failed(f"{len(failed)} reconcile ranges failed; range {first_no}: {first_error}",
+                     hint=f"fix the cause, then `mover reconcile {ctx.migration.name}` retries them")
+    if not st["finished"]:
+        raise Failed(f"reconcile of {ctx.migration.name!r} stopped before every range was compared",
+                     hint=f"`mover reconcile {ctx.migration.name}` continues")
+    result.seconds = time.monotonic() - started
+
+    def finish(cur):
+        result.open = control.open_divergences(cur, ctx.mid)
+        summary = (f"reconcile pass ({mode}): {result.ranges} ranges, {result.rows} rows in {result.seconds:.1f}s;"
+                   f" {result.found} new divergences, {result.resolved} resolved, {result.open} open")
+        if result.unsettled:
+            # Keys written on every round: capture keeps them in sync and the cutover drains them
+            # under its lock; their ranges are verified again by the next pass (they are noted).
+            summary += f"; {result.unsettled} keys kept changing and were left to the next pass"
+        control.event(cur, ctx.mid, ctx.owner, KIND, "pass_done", summary, result.as_dict(),
+                      result.seconds * 1000)
+    ctx.db.transaction(finish)
+    ctx.report("reconcile_done", **{k: v for k, v in result.as_dict().items() if k in (
+        "mode", "ranges", "rows", "seconds", "found", "resolved", "open", "unsettled")})
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Repair and accept
+
+
+def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
+    """Re-sync every open divergence's row (or one) from the source's current state, through the
+    applier's state replay and under its lock, then check those keys again in the same
+    transaction: the equal ones (or those with a newer change pending, which capture will apply)
+    are resolved as repaired; the others stay open."""
+    spec = ctx.db.transaction(lambda cur: spec_for(cur, ctx.mapping(cur)))
+    # The divergences' keys are text in the target's types: replay casts them to those, and
+    # compares them with the source's key across types (int = bigint), so an extra row whose
+    # key the source type could not even hold is still deleted.
+    m = dataclasses.replace(spec.mapping, src_key_types=spec.dst_key_types)
+    stmt = replay_keys_sql(m)
+    rows = ctx.db.transaction(lambda cur: control.open_divergence_rows(cur, ctx.mid, did))
+    out = {"repaired": 0, "still_open": 0, "failed": 0, "errors": []}
+    for i in range(0, len(rows), REPAIR_BATCH):
+        ctx.checkpoint()
+        batch = rows[i:i + REPAIR_BATCH]
+
+        def tx(cur):
+            errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch])
+            now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
+            done, kept, failed, messages = [], 0, 0, []
+            for r in batch:
+                key = tuple(r["key"])
+                d = now.get(key)
+                if key in errors:
+                    failed += 1
+                    messages.append(f"key {list(key)}: {errors[key]}")
+                elif d is None or d["pending"]:
+                    done.append(r["id"])
+                else:
+                    if r["kind"] != "apply_error":
+                        control.update_divergence(cur, ctx.mid, r["id"], d["kind"], d["columns"])
+                    kept += 1
+            control.resolve_divergences_as(cur, ctx.mid, done, "repaired",
+                                           f"re-synced from the source by `mover repair`", ctx.owner)
+            control.event(cur, ctx.mid, ctx.owner, None, "repair",
+                          f"repair: {len(done)} divergences repaired, {kept} still differ, {failed} failed",
+                          {"repaired": done, "errors": messages})
+            return len(done), kept, failed, messages
+
+        done, kept, failed, messages = ctx.db.transaction(tx, statement_timeout="300s", label="repair")
+        out["repaired"] += done
+        out["still_open"] += kept
+        out["failed"] += failed
+        out["errors"] += messages
+    return out
+
+
+def accept(cur, mid: int, reason: str, actor: str, did: int | None = None) -> list[int]:
+    rows = control.open_divergence_rows(cur, mid, did)
+    ids = control.resolve_divergences_as(cur, mid, [r["id"] for r in rows], "accepted",
+                                         f"accepted by the operator: {reason}", actor, reason)
+    if ids:
+        control.event(cur, mid, actor, None, "divergences_accepted",
+                      f"{len(ids)} divergences accepted: {reason}", {"ids": ids, "reason": reason})
+    return ids
+
+
+__all__ = ["run", "repair", "accept", "spec_for", "verify_range", "PassResult", "KIND"]

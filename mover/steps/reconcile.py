@@ -12,20 +12,31 @@ class Reconcile(Step):
 
     def describe(self, ctx: Context, cur):
         m = ctx.migration
-        out = [f"-- compare {m.source} with {m.target} in ranges of {reconcile.RANGE_ROWS} keys, each range"
-               " (and the change log) read by one statement"]
+        s = ctx.plan.reconcile
+        out = [f"-- compare {m.source} with {m.target} in ranges of about {s.range_rows} keys ({s.workers} workers),"
+               " each range of both tables and the change log read by one statement; a key that differs"
+               f" while a change to it is pending is re-checked after the applier caught up (up to"
+               f" {s.settle_rounds} rounds)"]
         if introspect.exists(cur, m.target):
-            out.append(compare.compare_range(ctx.mapping(cur), names.change_log(m.id), None, None)[0])
+            spec = reconcile.spec_for(cur, ctx.mapping(cur))
+            out.append(compare.compare_range(spec, names.change_log(m.id), names.applied_notes(m.id),
+                                             None, ["<hi>"])[0])
         return out
 
     def run(self, ctx: Context) -> None:
-        m = ctx.migration
-        open_count = reconcile.run(ctx)
-        if open_count:
-            ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner,
-                                                             error=f"{open_count} divergences"))
-            raise Waiting(f"reconcile found {open_count} rows that differ between {m.source} and {m.target}",
-                          hint=f"see them with `mover divergences {m.name}`; cutover is refused until none remain")
-        ctx.db.transaction(lambda cur: control.finish_step(
-            cur, m, self.name, "cutover", ctx.owner, state="waiting", message="tables are equal"))
+        conclude(ctx, reconcile.run(ctx))
 
+
+def conclude(ctx: Context, result: reconcile.PassResult) -> None:
+    """After a pass at the reconcile step: wait for the operator, or move on to the cutover gate."""
+    m = ctx.migration
+    if result.open:
+        ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner,
+                                                         error=f"{result.open} divergences"))
+        raise Waiting(f"reconcile found {result.open} rows that differ between {m.source} and {m.target}",
+                      hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs them"
+                           f" from the source, `mover accept {m.name} --reason TEXT` accepts them; cutover is"
+                           f" refused until none remain")
+    ctx.db.transaction(lambda cur: control.finish_step(
+        cur, m, "reconcile", "cutover", ctx.owner, state="waiting", message="tables are equal",
+        detail=result.as_dict()))

@@ -62,6 +62,7 @@ class PassResult:
     found: int = 0  # divergences recorded
     still_open: int = 0  # divergences found again
     resolved: int = 0  # divergences whose rows were equal when checked again
+    rechecked: int = 0  # keys that differed while a change to them was pending: re-checked alone
     unsettled: int = 0  # keys still changing after every re-check round
     open: int = 0  # open divergences after the pass, every kind
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -214,7 +215,9 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
         return agg, diffs, outcome
 
     agg, diffs, outcome = db.transaction(first, statement_timeout=RANGE_STATEMENT_TIMEOUT, label="reconcile range")
+    rechecked = 0
     if outcome is None:
+        rechecked = sum(1 for d in diffs if d["pending"])
         # Some keys differ while a change to them waits in the log: let the applier catch up, then
         # look at those keys alone (not the range) until none is pending, a bounded number of rounds.
         keys = [d["key"] for d in diffs]
@@ -239,7 +242,8 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
             return result
 
         outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, label="reconcile range")
-    return {**outcome, "rows": agg["src_rows"], "ms": round((time.monotonic() - started) * 1000, 1)}
+    return {**outcome, "rows": agg["src_rows"], "rechecked": rechecked,
+            "ms": round((time.monotonic() - started) * 1000, 1)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,7 +303,7 @@ class Worker:
                 continue
             faults.point(f"reconcile_range:{chunk.chunk_no}")
             self.result.add(ranges=1, rows=got["rows"], found=got["found"], still_open=got["still_open"],
-                            resolved=got["resolved"], unsettled=got["unsettled"])
+                            resolved=got["resolved"], unsettled=got["unsettled"], rechecked=got["rechecked"])
             ctx.report("reconcile_range", chunk=chunk.chunk_no, rows=got["rows"], ms=got["ms"],
                        differences=got["found"] + got["still_open"], worker=self.wid)
             # Keep the log short between ranges, so few keys are pending when the next one is read.

@@ -71,7 +71,7 @@ def generate(dsn: str, table: str, rows: int) -> None:
                 payload text)""").format(t))
         conn.execute(sql.SQL("""
             INSERT INTO {} (id, created_at, account_id, amount, status, payload)
-            SELECT g, timestamptz '2026-01-01' + g * interval '1 second', (g * 7919) %% 100000,
+            SELECT g, timestamptz '2026-01-01' + g * interval '1 second', (g::bigint * 7919) %% 100000,
                    (g %% 1000000) / 100.0, (ARRAY['new', 'paid', 'shipped', 'refunded'])[1 + g %% 4],
                    md5(g::text) || md5((g + 1)::text) || left(md5((g + 2)::text), 16)
             FROM generate_series(1, %s) g""").format(t), (rows,))

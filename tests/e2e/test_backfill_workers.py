@@ -62,6 +62,7 @@ def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path)
     create_orders(db_dsn, 20_000)
     plan = plan_file(tmp_path, workers=2, rate=8000)
     writer = Writer(db_dsn, seed=21).start()
+    assert mover(db_dsn, "step", plan).returncode == 0  # registered; create_target done
     # An extra worker on "another host" joins, copies one range's rows and dies before committing.
     doomed = spawn(db_dsn, "worker", "wide", env={"MOVER_FAULT": "kill@chunk_copied"})
     orchestrator = spawn(db_dsn, "run", plan)
@@ -85,7 +86,8 @@ def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path)
 
 def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
-    run = spawn(db_dsn, "run", plan_file(tmp_path, workers=1, rate=4000))
+    assert mover(db_dsn, "step", plan_file(tmp_path, workers=1, rate=4000)).returncode == 0
+    run = spawn(db_dsn, "run", "wide")
     try:
         wait_for(lambda: status(db_dsn)["backfill"]["chunks_done"] >= 2, "two ranges copied")
         assert mover(db_dsn, "pause", "wide").returncode == 0

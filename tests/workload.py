@@ -31,6 +31,13 @@ def spawn(dsn: str, *args: str, env: dict | None = None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
 
 
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    """Wait for a spawned mover while draining its pipes (a full pipe would block it forever);
+    returns (exit code, stderr)."""
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
 def write_plan(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
@@ -100,10 +107,10 @@ class Writer:
                     self.stop.wait(0.01)
                     continue
                 self.idle.clear()
-                (max_id,) = conn.execute(sql.SQL("SELECT coalesce(max(id), 1) FROM {}").format(t)).fetchone()
-                k = rnd.randint(1, max_id)
                 op = rnd.random()
                 try:
+                    (max_id,) = conn.execute(sql.SQL("SELECT coalesce(max(id), 1) FROM {}").format(t)).fetchone()
+                    k = rnd.randint(1, max_id)
                     if op < 0.3:
                         conn.execute(sql.SQL("INSERT INTO {} (\"Account\", amount, status, payload, note) VALUES "
                                              "(%s, %s, 'new', %s, 'w')").format(t),

@@ -8,7 +8,7 @@ import signal
 
 import psycopg
 
-from tests.workload import Writer, create_orders, differences, mover, spawn, write_plan
+from tests.workload import Writer, create_orders, differences, finish, mover, spawn, write_plan
 
 PLAN = """
 [migration]
@@ -67,8 +67,9 @@ def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path)
     doomed = spawn(db_dsn, "worker", "wide", env={"MOVER_FAULT": "kill@chunk_copied"})
     orchestrator = spawn(db_dsn, "run", plan)
     try:
-        assert doomed.wait(timeout=120) == -signal.SIGKILL
-        assert orchestrator.wait(timeout=300) == 3, orchestrator.stderr.read()
+        assert finish(doomed, 120)[0] == -signal.SIGKILL
+        code, err = finish(orchestrator, 300)
+        assert code == 3, err
         redone = query(db_dsn, "SELECT chunk_no, attempts FROM mover.chunks WHERE kind = 'backfill' AND attempts > 1")
         assert len(redone) == 1 and redone[0][1] == 2
         owners = query(db_dsn, "SELECT count(DISTINCT owner) FROM mover.chunks WHERE kind = 'backfill'")[0][0]
@@ -101,7 +102,8 @@ def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_pat
                  "a third pause check")
         (unpaused_at,) = query(db_dsn, "SELECT clock_timestamp()")[0]
         assert mover(db_dsn, "unpause", "wide").returncode == 0
-        assert run.wait(timeout=300) == 3, run.stderr.read()
+        code, err = finish(run, 300)
+        assert code == 3, err
     finally:
         if run.poll() is None:
             run.kill()
@@ -158,7 +160,7 @@ def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_pat
             except psycopg.errors.UniqueViolation:
                 pass
         proc.kill()
-        proc.wait()
+        finish(proc, 60)
     finally:
         if proc.poll() is None:
             proc.kill()

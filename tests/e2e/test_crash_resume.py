@@ -7,12 +7,13 @@ import json
 import os
 import random
 import signal
+import subprocess
 import time
 
 import psycopg
 import pytest
 
-from tests.workload import Writer, create_orders, differences, mover, spawn, write_plan
+from tests.workload import Writer, create_orders, differences, finish, mover, spawn, write_plan
 
 PLAN = """
 [migration]
@@ -105,13 +106,13 @@ def test_kill9_at_random_points_until_done(db_dsn, orders):
         for _ in range(12):
             proc = spawn(db_dsn, "run", orders)  # the plan file: registration is idempotent
             try:
-                proc.wait(timeout=rnd.uniform(0.2, 1.0))
-            except Exception:
+                code, err = finish(proc, rnd.uniform(0.2, 1.0))
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                finish(proc, 60)
                 kills += 1
                 continue
-            assert proc.returncode == 3, proc.stderr.read()
+            assert code == 3, err
             break
         else:
             pytest.fail("mover never reached the cutover gate")
@@ -133,7 +134,7 @@ def test_second_orchestrator_is_refused_and_dead_one_is_taken_over(db_dsn, order
         assert r.returncode == 3  # operator commands respect the lease too
     finally:
         first.kill()
-        first.wait()
+        finish(first, 60)
     r = mover(db_dsn, "run", "crashy")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
 
@@ -164,8 +165,8 @@ def test_stalled_orchestrator_cannot_commit_after_takeover(db_dsn, orders):
         assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
         os.kill(stalled.pid, signal.SIGCONT)
         os.kill(stalled.pid, signal.SIGUSR1)
-        assert stalled.wait(timeout=60) == 1
-        assert "lost the lease" in stalled.stderr.read()
+        code, err = finish(stalled, 120)
+        assert code == 1 and "lost the lease" in err, err
         st = status(db_dsn)
         assert (st["step"], st["state"]) == ("cutover", "waiting")
         settle_and_compare(db_dsn, writer)
@@ -195,7 +196,7 @@ def test_immediate_shutdown_of_postgres_mid_backfill(tmp_path):
         assert "hanging at chunk:3" in proc.stderr.readline()
         server.restart(immediate=True)
         os.kill(proc.pid, signal.SIGUSR1)
-        code = proc.wait(timeout=120)
+        code, _ = finish(proc, 120)
         if code != 3:  # a retry budget spent during the restart: the rerun resumes
             r = mover(dsn, "run", "crashy")
             assert r.returncode == 3, r.stderr

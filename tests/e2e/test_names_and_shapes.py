@@ -10,7 +10,7 @@ import zipfile
 import psycopg
 from psycopg import sql
 
-from tests.workload import ROOT, mover, spawn, write_plan
+from tests.workload import ROOT, finish, mover, spawn, write_plan
 
 
 def test_names_needing_quotes_composite_key_identity_and_odd_types(db_dsn, tmp_path):
@@ -91,8 +91,8 @@ window = "1h"
     assert "hanging at chunk:2" in proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     os.kill(proc.pid, signal.SIGUSR1)
-    assert proc.wait(timeout=60) == 130
-    assert "mover run ctrlc" in proc.stderr.read()
+    code, err = finish(proc, 60)
+    assert code == 130 and "mover run ctrlc" in err, err
     st = json.loads(mover(db_dsn, "status", "ctrlc", "--json").stdout)
     assert (st["step"], st["state"], st["lease"]) == ("backfill", "paused", None)
     assert st["backfill"]["chunks_done"] == 2

@@ -15,8 +15,12 @@ from mover.sql.mapping import Mapping, ident_list, key_row, overriding, range_pr
 def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list]:
     """The key `%s` rows after `lo` (text form), or no row when fewer remain."""
     where, params = range_predicate("s", m, lo, None)
-    q = sql.SQL("SELECT {keys} FROM {src} s WHERE {where} ORDER BY {order} OFFSET %s LIMIT 1").format(
+    # The text cast outside the OFFSET: inside, the index-only scan would cast every key it skips
+    # (measured: twice the time of the bare scan, 0.3 s per 10 M keys).
+    q = sql.SQL("SELECT {keys} FROM (SELECT {cols} FROM {src} s WHERE {where} ORDER BY {order} OFFSET %s LIMIT 1) s"
+                ).format(
         keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("s", k)) for k in m.key),
+        cols=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key),
         src=m.src.ident, where=where,
         order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
     return q, params

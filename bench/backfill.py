@@ -1,6 +1,6 @@
 """Backfill and capture benchmark (issue #3), measured side by side on one server in one run.
 
-    .venv/bin/python -m bench.backfill [--rows 10000000] [--runs 3] [--dsn DSN]
+    .venv/bin/python bench/backfill.py [--rows 10000000] [--runs 3] [--dsn DSN]
 
 1. the physical limit: INSERT INTO copy SELECT * FROM source (primary key only), then the two
    secondary index builds;
@@ -15,6 +15,12 @@
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/backfill.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
 import re
@@ -129,7 +135,7 @@ def writes_during_backfill(dsn: str, workdir: Path, rows: int) -> dict:
     result = mover_backfill(dsn, workdir, "bench_writes", workers=1)
     stop.set()
     sampler.join()
-    writers.send_signal(signal.SIGINT)
+    writers.terminate()  # SIGTERM: a background shell may have pgbench ignore SIGINT
     _, err = writers.communicate()
     tps = progress_tps(err)
     during = median(tps[3:3 + int(result["step_s"])]) if len(tps) > 3 else 0.0
@@ -253,7 +259,7 @@ def report(r: dict) -> str:
                        ("mover_1w_sync_on", "mover backfill, 1 worker, synchronous_commit on")):
         if key in r:
             m = r[key]
-            line(label, m["step_s"], f"{m['chunks']} ranges of ~{m['avg_chunk_rows']:,} rows, RSS {m['rss_kib'] / 1024:.0f} MiB")
+            line(label, m["step_s"], f"{m['chunks']:.0f} ranges of ~{m['avg_chunk_rows']:,.0f} rows, RSS {m['rss_kib'] / 1024:.0f} MiB")
     if "writes" in r:
         w = r["writes"]
         line("mover backfill, 1 worker, pgbench writing", w["step_s"],

@@ -123,7 +123,7 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
                         " cutover_lock_ms = NULL, window_ends_at = NULL, updated_at = now()"
                         " WHERE id = %s AND lease_owner = %s", (ctx.mid, ctx.owner))
             control.reopen_steps(cur, ctx.mid, ["reconcile", "cutover", "rollback_window"])
-            control.clear_chunks(cur, ctx.mid, "reconcile")
+            chunks.reset(cur, ctx.mid, "reconcile")
             control.event(cur, ctx.mid, ctx.owner, "rollback_window", "rolled_back",
                           f"swapped back; lock held {held_ms:.1f} ms", {"lock_ms": held_ms}, held_ms)
         return held_ms

@@ -41,7 +41,7 @@ BEGIN
     IF TG_OP <> 'DELETE' THEN
         INSERT INTO {log} ({cols}) VALUES ({new_key});
     END IF;
-    IF TG_OP = 'DELETE' OR ROW({old_key}) IS DISTINCT FROM ROW({new_key}) THEN
+    IF TG_OP = 'DELETE' OR (TG_OP = 'UPDATE' AND ROW({old_key}) IS DISTINCT FROM ROW({new_key})) THEN
         INSERT INTO {log} ({cols}) VALUES ({old_key});
     END IF;
     RETURN NULL;

@@ -25,7 +25,6 @@ if __package__ in (None, ""):  # run as `python bench/backfill.py`
 import argparse
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading

@@ -30,7 +30,7 @@ import psycopg
 from mover import capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
 from mover.db import Database
-from mover.errors import Failed, LeaseLost, MoverError
+from mover.errors import LeaseLost, MoverError
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
@@ -173,13 +173,10 @@ class Worker:
                     log.warning("%s", exc)
                     continue
                 except (psycopg.Error, MoverError) as exc:
-                    if isinstance(exc, psycopg.OperationalError) and self.db.connection().broken:
+                    if chunks.is_connection_failure(exc):
                         raise
-                    outcome = self.db.transaction(lambda cur: chunks.mark_failed_attempt(
-                        cur, mid, chunk, self.wid, f"{type(exc).__name__}: {exc}", settings.max_attempts))
+                    outcome = chunks.record_failure(self.db, mid, chunk, self.wid, exc, settings.max_attempts)
                     log.error("backfill range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
-                    self.db.transaction(lambda cur: control.event(
-                        cur, mid, self.wid, KIND, "chunk_failed", f"range {chunk.chunk_no} failed ({outcome}): {exc}"))
                     continue
                 faults.point(f"chunk:{chunk.chunk_no}")
                 rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)
@@ -226,27 +223,9 @@ def copy_all(ctx: Context) -> None:
     workers = [Worker(ctx.db.dsn, ctx.migration, worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
                for i in range(settings.workers)]
-    threads = [threading.Thread(target=w.run, name=f"mover-worker-{i}", daemon=True)
-               for i, w in enumerate(workers[1:], 1)]
-    for t in threads:
-        t.start()
-    workers[0].run()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.5)
-    errors = [w.error for w in workers if w.error is not None]
-    if errors:
-        raise errors[0]
+    chunks.run_workers(workers, "worker")
     ctx.checkpoint()
-    st = ctx.db.transaction(lambda cur: chunks.state(cur, ctx.mid, KIND))
-    if st["failed"]:
-        failed = ctx.db.transaction(lambda cur: chunks.failed_chunks(cur, ctx.mid, KIND))
-        first_no, first_error = failed[0]
-        raise Failed(f"{len(failed)} backfill ranges failed; range {first_no}: {first_error}",
-                     hint=f"fix the cause, then `mover run {ctx.migration.name}` retries them")
-    if not st["finished"]:
-        raise Failed(f"backfill of {ctx.migration.name!r} stopped before every range was copied",
-                     hint=f"`mover run {ctx.migration.name}` continues")
+    chunks.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
 
 
 def estimate_rows(cur, table) -> int:

@@ -228,3 +228,51 @@ def keep_leases(cur: psycopg.Cursor, mid: int, workers: list[str]) -> None:
     )
     cur.execute("UPDATE mover.workers SET heartbeat_at = clock_timestamp() WHERE migration_id = %s"
                 " AND worker_id = ANY(%s)", (mid, workers))
+
+
+def run_workers(workers: list, name: str) -> None:
+    """Run workers[0] in this thread and the others in threads of their own; each has .run()
+    and leaves any exception in .error; the first one is raised once all have stopped."""
+    import threading
+    threads = [threading.Thread(target=w.run, name=f"mover-{name}-{i}", daemon=True)
+               for i, w in enumerate(workers[1:], 1)]
+    for t in threads:
+        t.start()
+    workers[0].run()
+    for t in threads:
+        while t.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
+            t.join(0.5)
+    errors = [w.error for w in workers if w.error is not None]
+    if errors:
+        raise errors[0]
+
+
+def require_finished(db, mid: int, kind: str, migration: str, command: str) -> None:
+    """After the workers stopped: every range done, or say which failed and what resumes."""
+    from mover.errors import Failed
+    st = db.transaction(lambda cur: state(cur, mid, kind))
+    what = "backfill" if kind == "backfill" else "reconcile"
+    if st["failed"]:
+        failed = db.transaction(lambda cur: failed_chunks(cur, mid, kind))
+        first_no, first_error = failed[0]
+        raise Failed(f"{len(failed)} {what} ranges failed; range {first_no}: {first_error}",
+                     hint=f"fix the cause, then `{command} {migration}` retries them")
+    if not st["finished"]:
+        raise Failed(f"{what} of {migration!r} stopped before every range was done",
+                     hint=f"`{command} {migration}` continues")
+
+
+def record_failure(db, mid: int, chunk: Chunk, worker: str, exc: BaseException, max_attempts: int) -> str:
+    """A range's work failed on data or SQL: count the attempt (back to pending, or failed
+    once out of attempts) and record an event; the worker goes on with other ranges."""
+    message = f"{type(exc).__name__}: {exc}"
+    outcome = db.transaction(lambda cur: mark_failed_attempt(cur, mid, chunk, worker, message, max_attempts))
+    db.transaction(lambda cur: control.event(cur, mid, worker, chunk.kind, "range_failed",
+                                             f"{chunk.kind} range {chunk.chunk_no} failed ({outcome}): {message}"))
+    return outcome
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Retries of the transaction are spent and the server is still unreachable: stop the worker."""
+    from mover.db import is_retryable
+    return isinstance(exc, psycopg.OperationalError) and is_retryable(exc)

@@ -12,7 +12,6 @@ import psycopg
 
 from mover.errors import NotFound, PlanError
 from mover.names import QualifiedName
-from mover.plan import Plan
 
 
 @dataclass(frozen=True)

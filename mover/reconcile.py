@@ -291,15 +291,10 @@ class Worker:
                 log.warning("%s", exc)
                 continue
             except (psycopg.Error, MoverError) as exc:
-                if isinstance(exc, psycopg.OperationalError) and self.db.connection().broken:
+                if chunks.is_connection_failure(exc) or (isinstance(exc, MoverError) and exc.exit_code == 130):
                     raise
-                if isinstance(exc, MoverError) and exc.exit_code == 130:
-                    raise
-                outcome = self.db.transaction(lambda cur: chunks.mark_failed_attempt(
-                    cur, mid, chunk, self.wid, f"{type(exc).__name__}: {exc}", settings.max_attempts))
+                outcome = chunks.record_failure(self.db, mid, chunk, self.wid, exc, settings.max_attempts)
                 log.error("reconcile range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
-                self.db.transaction(lambda cur: control.event(
-                    cur, mid, self.wid, KIND, "range_failed", f"range {chunk.chunk_no} failed ({outcome}): {exc}"))
                 continue
             faults.point(f"reconcile_range:{chunk.chunk_no}")
             self.result.add(ranges=1, rows=got["rows"], found=got["found"], still_open=got["still_open"],
@@ -367,27 +362,9 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
         workers = [Worker(ctx.db.dsn, ctx.migration, backfill.worker_id(i), spec, result, stop=ctx.stop,
                           lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report)
                    for i in range(settings.workers)]
-        threads = [threading.Thread(target=w.run, name=f"mover-reconcile-{i}", daemon=True)
-                   for i, w in enumerate(workers[1:], 1)]
-        for t in threads:
-            t.start()
-        workers[0].run()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.5)
-        errors = [w.error for w in workers if w.error is not None]
-        if errors:
-            raise errors[0]
+        chunks.run_workers(workers, "reconcile")
     ctx.checkpoint()
-    st = ctx.db.transaction(lambda cur: chunks.state(cur, ctx.mid, KIND))
-    if st["failed"]:
-        failed = ctx.db.transaction(lambda cur: chunks.failed_chunks(cur, ctx.mid, KIND))
-        first_no, first_error = failed[0]
-        raise Failed(f"{len(failed)} reconcile ranges failed; range {first_no}: {first_error}",
-                     hint=f"fix the cause, then `mover reconcile {ctx.migration.name}` retries them")
-    if not st["finished"]:
-        raise Failed(f"reconcile of {ctx.migration.name!r} stopped before every range was compared",
-                     hint=f"`mover reconcile {ctx.migration.name}` continues")
+    chunks.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover reconcile")
     result.seconds = time.monotonic() - started
 
     def finish(cur):
@@ -444,7 +421,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
                         control.update_divergence(cur, ctx.mid, r["id"], d["kind"], d["columns"])
                     kept += 1
             control.resolve_divergences_as(cur, ctx.mid, done, "repaired",
-                                           f"re-synced from the source by `mover repair`", ctx.owner)
+                                           "re-synced from the source by `mover repair`", ctx.owner)
             control.event(cur, ctx.mid, ctx.owner, None, "repair",
                           f"repair: {len(done)} divergences repaired, {kept} still differ, {failed} failed",
                           {"repaired": done, "errors": messages})

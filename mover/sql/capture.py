@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from mover.sql.mapping import Mapping, ident_list, key_equal, key_row, overriding, source_values
+from mover.sql.mapping import Mapping, ident_list, key_equal, overriding, source_values
 
 
 def create_log(log, key: tuple[str, ...], key_types: tuple[str, ...]) -> sql.Composed:

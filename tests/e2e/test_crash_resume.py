@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 
 import psycopg
 import pytest

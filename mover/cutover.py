@@ -73,8 +73,13 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
             if introspect.INTEGER_MAX.get(new_type, 0) > introspect.INTEGER_MAX.get(seq_type, 0):
                 cur.execute(ddl.sequence_as(seq.sequence, new_type))
         elif seq.column in to_identity:
-            cur.execute(sql.SQL("SELECT setval(%s::regclass, s.last_value, s.is_called) FROM {} s").format(
-                seq.sequence.ident), (str(to_identity[seq.column]),))
+            # Capped at the receiving sequence's maximum: after a rollback from a widened column,
+            # values beyond the original's range cannot be issued there anyway (the rows that hold
+            # them are apply_error divergences), and the swap back must not fail on them.
+            target_seq = str(to_identity[seq.column])
+            cur.execute(sql.SQL("SELECT setval(%s::regclass, least(s.last_value, (SELECT seqmax FROM pg_sequence"
+                                " WHERE seqrelid = %s::regclass)), s.is_called) FROM {} s").format(seq.sequence.ident),
+                        (target_seq, target_seq))
 
 
 def _locked_swap(ctx: Context, *, forward: bool) -> float:

@@ -629,8 +629,11 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
             m = db.transaction(lambda cur: control.get(cur, name))
         if m.step != "backfill" or m.state == "aborted":
             return status(dsn, name, db=db)
-        beat = Heartbeat(dsn, lambda cur: (chunks.keep_leases(cur, m.id, sorted(registry)), True)[1], lost,
-                         name=f"worker-lease-{m.id}")
+        def keep(cur) -> bool:
+            chunks.keep_leases(cur, m.id, sorted(registry))
+            return True  # a worker's only lease is its ranges': losing one shows when it commits
+
+        beat = Heartbeat(dsn, keep, lost, name=f"worker-lease-{m.id}")
         beat.start()
         try:
             workers = [backfill_engine.Worker(dsn, m, backfill_engine.worker_id(i), stop=stop, lost=lost,

@@ -29,7 +29,6 @@ import psycopg
 
 from mover import capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
-from mover.db import Database
 from mover.errors import LeaseLost, MoverError
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
@@ -93,26 +92,15 @@ class Throttle:
         return max(0.0, rows / (cap / max(self.workers, 1)) - elapsed)
 
 
-class Worker:
+class Worker(chunks.RangeWorker):
     """One backfill worker: claims ranges, copies them, applies the change log in between.
     Runs in the orchestrator's process (as a thread) or alone (`mover worker NAME`)."""
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
                  lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1):
-        self.db = Database(dsn, role="mover-worker")
-        self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
-        self.wid, self.registry, self.report, self.n_workers = wid, registry, report, n_workers
-        self.error: BaseException | None = None
+        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report)
+        self.n_workers = n_workers
         self._pending_checked = 0.0
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # surfaced by the orchestrator after join
-            self.error = exc
-            self.ctx.stop.set()
-        finally:
-            self.db.close()
 
     def _register(self, cur) -> None:
         cur.execute("INSERT INTO mover.workers (migration_id, worker_id, host, pid) VALUES (%s, %s, %s, %s)"

@@ -230,9 +230,37 @@ def keep_leases(cur: psycopg.Cursor, mid: int, workers: list[str]) -> None:
                 " AND worker_id = ANY(%s)", (mid, workers))
 
 
-def run_workers(workers: list, name: str) -> None:
-    """Run workers[0] in this thread and the others in threads of their own; each has .run()
-    and leaves any exception in .error; the first one is raised once all have stopped."""
+class RangeWorker:
+    """One worker on a queue of ranges, in its own connection and Context (threads share no
+    connection). Subclasses write _run(); run() keeps whatever it raised for run_workers."""
+
+    role = "mover-worker"
+
+    def __init__(self, dsn: str, migration, wid: str, *, stop, lost, registry: set[str], report):
+        from mover.context import Context
+        from mover.db import Database
+        self.db = Database(dsn, role=self.role)
+        self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
+        self.wid, self.registry, self.report = wid, registry, report
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # surfaced by run_workers after every worker stopped
+            self.error = exc
+            self.ctx.stop.set()
+        finally:
+            self.registry.discard(self.wid)
+            self.db.close()
+
+
+def run_workers(workers: list[RangeWorker], name: str) -> None:
+    """Run workers[0] in this thread and the others in threads of their own; the first error
+    any of them kept is raised once all have stopped."""
     import threading
     threads = [threading.Thread(target=w.run, name=f"mover-{name}-{i}", daemon=True)
                for i, w in enumerate(workers[1:], 1)]

@@ -250,25 +250,15 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
 # Workers and passes
 
 
-class Worker:
+class Worker(chunks.RangeWorker):
     """One reconcile worker thread: claims ranges and verifies them until none is left."""
+
+    role = "mover-reconcile"
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, spec: q.Spec, result: PassResult, *,
                  stop: threading.Event, lost: threading.Event, registry: set[str], report: Reporter):
-        self.db = Database(dsn, role="mover-reconcile")
-        self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
-        self.wid, self.spec, self.result, self.registry = wid, spec, result, registry
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # surfaced by the orchestrator after join
-            self.error = exc
-            self.ctx.stop.set()
-        finally:
-            self.registry.discard(self.wid)
-            self.db.close()
+        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report)
+        self.spec, self.result = spec, result
 
     def _run(self) -> None:
         ctx, mid = self.ctx, self.ctx.mid

@@ -1,6 +1,7 @@
 """Fault points for crash tests: `MOVER_FAULT=kill@POINT` makes the process SIGKILL itself when
-it reaches POINT; `MOVER_FAULT=hang@POINT` makes it print a line and wait there for SIGUSR1 (a
-live process holding its lease). Unset in normal use, where `point()` is one comparison."""
+it reaches POINT; `MOVER_FAULT=hang@POINT` makes it print a line and wait there (a live process
+holding its lease) until SIGUSR1 arrives or the file named by MOVER_FAULT_RELEASE exists. Unset
+in normal use, where `point()` is one comparison."""
 
 from __future__ import annotations
 
@@ -22,5 +23,9 @@ def point(name: str) -> None:
         go_on = threading.Event()
         signal.signal(signal.SIGUSR1, lambda *_: go_on.set())
         print(f"mover-fault: hanging at {name}", file=sys.stderr, flush=True)
+        release = os.environ.get("MOVER_FAULT_RELEASE")
+        # The file as well as the signal: a test that stops and continues the process must not
+        # depend on when a pending signal reaches the Python handler.
         while not go_on.wait(0.05):
-            pass
+            if release and os.path.exists(release):
+                break

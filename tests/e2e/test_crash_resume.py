@@ -152,10 +152,11 @@ def test_lease_of_another_host_waits_for_expiry(db_dsn, orders):
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
 
 
-def test_stalled_orchestrator_cannot_commit_after_takeover(db_dsn, orders):
+def test_stalled_orchestrator_cannot_commit_after_takeover(db_dsn, orders, tmp_path):
     """Race 6: a process whose lease expired while it was stalled must not write afterwards."""
     writer = Writer(db_dsn, seed=9).start()
-    stalled = spawn(db_dsn, "run", orders, env={"MOVER_FAULT": "hang@chunk:2"})
+    release = tmp_path / "release"
+    stalled = spawn(db_dsn, "run", orders, env={"MOVER_FAULT": "hang@chunk:2", "MOVER_FAULT_RELEASE": str(release)})
     try:
         assert "hanging at chunk:2" in stalled.stderr.readline()
         os.kill(stalled.pid, signal.SIGSTOP)  # the whole process, heartbeat included
@@ -164,7 +165,7 @@ def test_stalled_orchestrator_cannot_commit_after_takeover(db_dsn, orders):
         r = mover(db_dsn, "run", "crashy")
         assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
         os.kill(stalled.pid, signal.SIGCONT)
-        os.kill(stalled.pid, signal.SIGUSR1)
+        release.touch()
         code, err = finish(stalled, 120)
         assert code == 1 and "lost the lease" in err, err
         st = status(db_dsn)

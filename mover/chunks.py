@@ -83,8 +83,12 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
             WITH c AS (
                 SELECT chunk_no FROM mover.chunks
                 WHERE migration_id = %(mid)s AND kind = %(kind)s
-                  AND (status = 'pending' OR (status = 'running' AND lease_expires_at < clock_timestamp()))
-                ORDER BY chunk_no LIMIT 1 FOR UPDATE SKIP LOCKED)
+                  -- A range this worker holds already comes first: a claim that committed but
+                  -- whose acknowledgement was lost (server restart) is retried, and must not
+                  -- leave that range owned, leased and forgotten by a live worker.
+                  AND (status = 'pending' OR (status = 'running'
+                       AND (lease_expires_at < clock_timestamp() OR owner = %(worker)s)))
+                ORDER BY owner IS DISTINCT FROM %(worker)s, chunk_no LIMIT 1 FOR UPDATE SKIP LOCKED)
             UPDATE mover.chunks k
             SET status = CASE WHEN k.attempts >= %(max)s THEN 'failed' ELSE 'running' END,
                 error = CASE WHEN k.attempts >= %(max)s THEN coalesce(k.error, 'lease expired ' || k.attempts

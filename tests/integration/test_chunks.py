@@ -124,3 +124,15 @@ def test_an_expired_lease_is_reclaimed_and_a_failing_range_stops_at_the_ceiling(
         assert chunks.claim(cur, mid, "backfill", "alive", mapping, 100, 2) is None
         assert chunks.failed_chunks(cur, mid, "backfill") == [(1, "boom")]
         assert chunks.retry_failed(cur, mid, "backfill") == 1
+
+
+def test_a_worker_that_lost_the_answer_to_its_claim_gets_its_own_range_back(db_dsn, tmp_path):
+    conn, mid, mapping = setup_table(db_dsn, "CREATE TABLE t (id int PRIMARY KEY)",
+                                     "INSERT INTO t SELECT generate_series(1, 500)", tmp_path)
+    with conn.cursor() as cur:
+        first = chunks.claim(cur, mid, "backfill", "w1", mapping, 100, 5)
+        # The claim committed but w1 never heard back (a server restart): it claims again.
+        again = chunks.claim(cur, mid, "backfill", "w1", mapping, 100, 5)
+        assert again == first
+        other = chunks.claim(cur, mid, "backfill", "w2", mapping, 100, 5)
+        assert other.chunk_no == first.chunk_no + 1  # still leased to w1: nobody else takes it

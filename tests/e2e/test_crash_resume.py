@@ -193,10 +193,11 @@ def test_immediate_shutdown_of_postgres_mid_backfill(tmp_path):
         create_orders(dsn, 6_000)
         plan = write_plan(tmp_path / "crashy.toml", PLAN)
         writer = Writer(dsn, seed=13).start()
-        proc = spawn(dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:3"})
+        release = tmp_path / "release"
+        proc = spawn(dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:3", "MOVER_FAULT_RELEASE": str(release)})
         assert "hanging at chunk:3" in proc.stderr.readline()
         server.restart(immediate=True)
-        os.kill(proc.pid, signal.SIGUSR1)
+        release.touch()
         code, _ = finish(proc, 120)
         if code != 3:  # a retry budget spent during the restart: the rerun resumes
             r = mover(dsn, "run", "crashy")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import zipfile
 
@@ -87,10 +86,11 @@ chunk_rows = 500
 [rollback]
 window = "1h"
 """)
-    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:2"})
+    release = tmp_path / "release"
+    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:2", "MOVER_FAULT_RELEASE": str(release)})
     assert "hanging at chunk:2" in proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
-    os.kill(proc.pid, signal.SIGUSR1)
+    release.touch()
     code, err = finish(proc, 60)
     assert code == 130 and "mover run ctrlc" in err, err
     st = json.loads(mover(db_dsn, "status", "ctrlc", "--json").stdout)

@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 
 from mover import backfill as backfill_engine
-from mover import reconcile as reconcile_engine
 from mover import capture, chunks, control, cutover, introspect, names, runner, steps
+from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
@@ -232,7 +232,8 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             out_steps = []
             for step in steps.ALL:
                 out_steps.append({"name": step.name,
-                                  "sql": [s if isinstance(s, str) else s.as_string(cur) for s in step.describe(ctx, cur)]})
+                                  "sql": [s if isinstance(s, str) else s.as_string(cur)
+                                          for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "steps": out_steps}

@@ -21,8 +21,8 @@ from psycopg import sql
 from mover import chunks, control, introspect, names
 from mover.context import Context
 from mover.sql import capture as q
-from mover.sql.mapping import Mapping, named_bound
 from mover.sql.copy import covered_by
+from mover.sql.mapping import Mapping, named_bound
 
 log = logging.getLogger("mover.capture")
 
@@ -126,7 +126,7 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
     result = Applied(claimed=len(keys))
     stmt = q.replay_keys(m)
     failures: list[tuple[tuple, Exception]] = []
-    for attempt in range(2):  # a second pass lets keys blocked by another key's old value go through
+    for _attempt in range(2):  # a second pass lets keys blocked by another key's old value go through
         retry = []
         for key in keys:
             cur.execute("SAVEPOINT mover_key")

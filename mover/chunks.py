@@ -173,7 +173,8 @@ def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
     cur.execute(
         """
         SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status IN ('pending', 'running')),
-               count(*) FILTER (WHERE status = 'failed'), count(*), coalesce(sum(rows) FILTER (WHERE status = 'done'), 0),
+               count(*) FILTER (WHERE status = 'failed'), count(*),
+               coalesce(sum(rows) FILTER (WHERE status = 'done'), 0),
                (SELECT exhausted FROM mover.frontiers f WHERE f.migration_id = %s AND f.kind = %s)
         FROM mover.chunks WHERE migration_id = %s AND kind = %s
         """,

@@ -54,7 +54,7 @@ class Migration:
     lease_expires_at: datetime | None
 
     @classmethod
-    def from_row(cls, r: dict[str, Any]) -> "Migration":
+    def from_row(cls, r: dict[str, Any]) -> Migration:
         return cls(
             id=r["id"], name=r["name"], plan=r["plan"], plan_hash=r["plan_hash"],
             source=QualifiedName(r["source_schema"], r["source_table"]),

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -29,6 +29,7 @@ from tenacity import (
 log = logging.getLogger("mover.db")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}
 
@@ -41,7 +42,13 @@ def redact(dsn: str) -> str:
         return "<unparsable dsn>"
     if "password" in info:
         info["password"] = "***"
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo("", **info)
+
+
+def bind(fn: Callable[Concatenate[psycopg.Cursor, P], T], *args: P.args, **kwargs: P.kwargs
+         ) -> Callable[[psycopg.Cursor], T]:
+    """fn(cur, ...) with its arguments taken now: a transaction body built in a loop keeps this iteration's values."""
+    return lambda cur: fn(cur, *args, **kwargs)
 
 
 def application_name(role: str = "mover") -> str:

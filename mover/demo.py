@@ -98,7 +98,7 @@ class Writer:
         self._halt = threading.Event()
         self._pause = threading.Event()
         self._idle = threading.Event()
-        self._kinds, self._weights = zip(*self.KINDS)
+        self._kinds, self._weights = zip(*self.KINDS, strict=True)
 
     # -- control, from the main thread --------------------------------------------------------
 
@@ -383,7 +383,8 @@ def main(rows: int = 300_000, keep: bool = False, console: Console | None = None
     ok = False
 
     def heading(n: int, text: str) -> None:
-        console.print(f"\n[bold cyan]{n}.[/bold cyan] [bold]{text}[/bold]  [dim]({time.monotonic() - t0:.1f}s)[/dim]", soft_wrap=True)
+        console.print(f"\n[bold cyan]{n}.[/bold cyan] [bold]{text}[/bold]  [dim]({time.monotonic() - t0:.1f}s)[/dim]",
+                      soft_wrap=True)
 
     try:
         # 1. the server ---------------------------------------------------------------------

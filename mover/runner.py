@@ -17,9 +17,9 @@ import psycopg
 
 from mover import capture, chunks, control, faults, steps
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database
-from mover.heartbeat import Heartbeat
+from mover.db import Database, bind
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
+from mover.heartbeat import Heartbeat
 
 log = logging.getLogger("mover.runner")
 
@@ -94,10 +94,10 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.
             capture.drain(ctx, reverse=False, backfill_done=True)
-            ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner))
+            ctx.db.transaction(bind(control.set_state, m.id, "waiting", owner=ctx.owner))
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
-        ctx.db.transaction(lambda cur: control.start_step(cur, m, step.name, ctx.owner))
+        ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))
         try:
             step.run(ctx)
         except Waiting:

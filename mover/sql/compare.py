@@ -287,7 +287,8 @@ def create_notes(notes, notes_fn, notes_trigger: str, log, key: tuple[str, ...],
     applies in the transaction that applies them, so the note commits exactly with the change,
     and no applier code has to know. One row per key (an upsert moves its seq forward); reconcile
     deletes a range's notes up to the seq its verification saw."""
-    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t)) for k, t in zip(key, key_types))
+    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t))
+                              for k, t in zip(key, key_types, strict=True))
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
     body = sql.SQL(
         """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if source is None:
         raise PlanError(f"[migration] source: table {plan.source} does not exist",
                         hint="check the name; unquoted names fold to lower case, quote mixed-case names")
+    assert source.schema is not None  # resolve() names the schema
     if source.schema == names.CONTROL_SCHEMA:
         raise PlanError(f"[migration] source: {source} belongs to mover itself")
     if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
@@ -78,6 +80,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
         raise PlanError(f"[migration] source: {exc.message}", hint=exc.hint) from None
 
     def sibling(name: QualifiedName | None, key: str, suffix: str) -> QualifiedName:
+        assert source.schema is not None
         if name is None:
             return QualifiedName(source.schema, names.derived(source.name, suffix))
         if name.schema is None:
@@ -204,7 +207,7 @@ def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
 
 def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
-    now = None
+    now = datetime.now(UTC)
     return control.Migration(
         id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
         source=r["source"],

@@ -236,6 +236,7 @@ def deferred_indexes(cur, ctx: Context):
 
 def build_indexes(ctx: Context) -> None:
     schema = ctx.new.schema
+    assert schema is not None  # the control tables hold schema-qualified names
     todo = ctx.db.transaction(lambda cur: deferred_indexes(cur, ctx))
     for name, ix in todo:
         ctx.checkpoint()

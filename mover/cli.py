@@ -17,7 +17,7 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from mover import api
@@ -83,7 +83,7 @@ class ProgressReporter:
 
     def __init__(self) -> None:
         self.progress: Progress | None = None
-        self.task = None
+        self.task = TaskID(0)  # the bar's own once a bar starts; unused while progress is None
         self.lock = threading.Lock()
         self.rows = 0
         self.estimate = 0
@@ -112,7 +112,8 @@ class ProgressReporter:
                 self.copied_here += f["rows"]
                 self.workers.add(f["worker"])
                 rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
-                fields = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}", "workers": len(self.workers)}
+                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}",
+                                          "workers": len(self.workers)}
                 if f.get("capture_pending") is not None:
                     fields["backlog"] = f"{f['capture_pending']:,}"
                 self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)

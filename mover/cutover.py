@@ -60,6 +60,7 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
     have one sequence per table, so the receiving one continues where the other stands."""
     from_oid = introspect.table_oid(cur, from_table)
     to_oid = introspect.table_oid(cur, to_table)
+    assert from_oid is not None and to_oid is not None and to_table.schema is not None  # both resolved, both exist
     to_identity = {s.column: s.sequence for s in introspect.owned_sequences(cur, to_oid) if s.identity}
     to_types = {c.name: c.type for c in introspect.describe(cur, to_table).columns}
     for seq in introspect.owned_sequences(cur, from_oid):
@@ -69,7 +70,7 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
             # A serial widened to bigint needs a bigint sequence, or inserts stop at 2^31 - 1.
             # (Never narrowed back on rollback: the original column rejects what it cannot hold.)
             seq_type, _ = introspect.sequence_limits(cur, seq.sequence)
-            new_type = to_types.get(seq.column)
+            new_type = to_types.get(seq.column, "")
             if introspect.INTEGER_MAX.get(new_type, 0) > introspect.INTEGER_MAX.get(seq_type, 0):
                 cur.execute(ddl.sequence_as(seq.sequence, new_type))
         elif seq.column in to_identity:

@@ -30,6 +30,7 @@ log = logging.getLogger("mover.db")
 
 T = TypeVar("T")
 P = ParamSpec("P")
+R = TypeVar("R")
 
 RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}
 
@@ -49,6 +50,14 @@ def bind(fn: Callable[Concatenate[psycopg.Cursor, P], T], *args: P.args, **kwarg
          ) -> Callable[[psycopg.Cursor], T]:
     """fn(cur, ...) with its arguments taken now: a transaction body built in a loop keeps this iteration's values."""
     return lambda cur: fn(cur, *args, **kwargs)
+
+
+def one(cur: psycopg.Cursor[R]) -> R:
+    """The row of a statement that always returns one (an aggregate, a catalog lookup by oid, RETURNING)."""
+    row = cur.fetchone()
+    if row is None:
+        raise AssertionError("the statement returned no row")
+    return row
 
 
 def application_name(role: str = "mover") -> str:

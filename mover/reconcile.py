@@ -37,7 +37,7 @@ import psycopg
 
 from mover import backfill, capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
-from mover.db import Database, bind
+from mover.db import Database, bind, one
 from mover.errors import Failed, LeaseLost, MoverError
 from mover.plan import ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
@@ -88,7 +88,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
     or by text when PostgreSQL cannot hash or compare the type. Probed on the server, so that
     composites and arrays follow their fields and elements, and extensions' types are covered."""
     cur.execute("SHOW server_version_num")
-    if int(cur.fetchone()[0]) < MIN_SERVER_VERSION:
+    if int(one(cur)[0]) < MIN_SERVER_VERSION:
         raise Failed("reconcile needs PostgreSQL 14 or later (hash_record_extended)",
                      hint="upgrade the server, or compare the tables with your own tooling")
     dst = introspect.describe(cur, m.dst)
@@ -103,7 +103,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
             WHERE b.typtype = 'd')
         SELECT start, oid FROM b WHERE typtype <> 'd'
         """, (oids,))
-    base = dict(cur.fetchall())
+    base: dict[int, int] = dict(cur.fetchall())
     usable: dict[str, bool] = {}
     for c in m.columns:
         t = types[c.name].type

@@ -34,12 +34,12 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
-    def beat(cur) -> bool:
+    def beat_once(cur) -> bool:
         if ctx.workers:
             chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)
 
-    beat = Heartbeat(db.dsn, beat, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
+    beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
     try:
         yield ctx

@@ -117,7 +117,7 @@ def init_schema(dsn: str) -> str:
         command.upgrade(cfg, "head")
     with engine.connect() as conn:
         from sqlalchemy import text
-        rev = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
+        rev: str = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
     engine.dispose()
     return rev
 

@@ -484,7 +484,7 @@ class EmbeddedPostgres:
         exe = self._bins.exe("pg_isready")
         if not os.access(exe, os.X_OK):
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                with socket.create_connection(("127.0.0.1", self.port or 0), timeout=1):  # 0: no port yet, refused
                     return True
             except OSError:
                 return False

@@ -139,6 +139,16 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
     return held
 
 
+def lock_not_granted(ctx: Context, table, what: str, retry: str) -> Waiting:
+    """Every lock on the live table waits at most lock_timeout per attempt; once the attempts
+    are spent the operator decides (exit 3), rather than a bare database error (exit 1)."""
+    c = ctx.plan.cutover
+    return Waiting(f"could not lock {table} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
+                   f" migration {ctx.migration.name!r}; nothing was changed",
+                   hint=f"retry `{retry}` when the table is quieter, or raise [cutover] lock_timeout / attempts"
+                        f" (`mover set {ctx.migration.name} cutover.attempts=...`)")
+
+
 def swap_in(ctx: Context) -> float:
     preflight(ctx)
     try:
@@ -180,7 +190,11 @@ def retire(ctx: Context) -> None:
                     " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s", (ctx.mid,))
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    ctx.db.transaction(drop, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts, label="retire")
+    try:
+        ctx.db.transaction(drop, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
+                           label="retire")
+    except psycopg.errors.LockNotAvailable as exc:
+        raise lock_not_granted(ctx, m.source, "retire", f"mover retire {m.name}") from exc
     ctx.refresh()
 
 
@@ -200,5 +214,9 @@ def abort(ctx: Context) -> None:
         control.event(cur, ctx.mid, ctx.owner, None, "aborted", "aborted; everything mover created was removed")
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    ctx.db.transaction(undo, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts, label="abort")
+    try:
+        ctx.db.transaction(undo, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
+                           label="abort")
+    except psycopg.errors.LockNotAvailable as exc:
+        raise lock_not_granted(ctx, m.source, "abort", f"mover abort {m.name}") from exc
     ctx.refresh()

@@ -1,0 +1,203 @@
+"""Promises the README makes, each exercised end to end through the CLI and judged by plain SQL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import psycopg
+import pytest
+
+from tests.workload import (
+    ORDERS_DDL,
+    Writer,
+    catalog_snapshot,
+    create_orders,
+    differences,
+    finish,
+    mover,
+    spawn,
+    write_plan,
+)
+
+PLAN = """
+[migration]
+name = "promise"
+source = 'public."Orders"'
+
+[target]
+columns = {{ id = "bigint" }}
+
+[backfill]
+chunk_rows = 1000
+{backfill}
+
+[reconcile]
+{reconcile}
+
+[rollback]
+window = "{window}"
+{rollback}
+"""
+
+
+def plan_file(tmp_path, *, window="1h", backfill="", reconcile="", rollback="") -> str:
+    return write_plan(tmp_path / "promise.toml", PLAN.format(window=window, backfill=backfill, reconcile=reconcile,
+                                                             rollback=rollback))
+
+
+def status(dsn):
+    r = mover(dsn, "status", "promise", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def sql(dsn, statement, params=None):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else None
+
+
+def column_type(dsn, table, column):
+    return sql(dsn, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
+                    " AND attname = %s", (f'"{table}"', column))[0][0]
+
+
+def wait_for(predicate, what: str, proc=None, timeout: float = 60):
+    """Poll for an event (a row, a state), failing early if the process under test died."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"mover exited ({proc.returncode}) before {what}: {err}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def ranges_done(dsn) -> int:
+    return sql(dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill' AND status = 'done'")[0][0]
+
+
+# --- capture -----------------------------------------------------------------------------------
+
+
+def test_writes_under_replica_role_are_captured_both_ways(db_dsn, tmp_path):
+    """Logical replication appliers and pg_restore run with session_replication_role = replica;
+    the capture triggers are ENABLE ALWAYS, so those writes reach the other table too."""
+    create_orders(db_dsn, 2_000)
+    plan = plan_file(tmp_path)
+    assert mover(db_dsn, "run", plan).returncode == 3
+
+    def replica_writes(table, note):
+        with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute(f'INSERT INTO "{table}" ("Account", note) VALUES (77, %s)', (note,))
+            conn.execute(f'UPDATE "{table}" SET note = %s WHERE id BETWEEN 10 AND 20', (note,))
+            conn.execute(f'DELETE FROM "{table}" WHERE id BETWEEN 30 AND 40')
+
+    replica_writes("Orders", "replica before cutover")
+    assert mover(db_dsn, "run", "promise").returncode == 3  # applies the log at the gate
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+    assert sql(db_dsn, """SELECT count(*) FROM "Orders_new" WHERE note = 'replica before cutover'""")[0][0] == 12
+
+    r = mover(db_dsn, "cutover", "promise")
+    assert r.returncode == 0, r.stderr
+    replica_writes("Orders", "replica in the window")
+    assert mover(db_dsn, "run", "promise").returncode == 3  # applies the reverse log
+    assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+    assert sql(db_dsn, """SELECT count(*) FROM "Orders_old" WHERE note = 'replica in the window'""")[0][0] == 12
+
+
+def test_truncate_of_the_new_table_is_refused_in_the_window(db_dsn, tmp_path):
+    create_orders(db_dsn, 2_000)
+    plan = plan_file(tmp_path)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    assert mover(db_dsn, "cutover", "promise").returncode == 0
+    before = sql(db_dsn, 'SELECT count(*) FROM "Orders"')[0][0]
+    with pytest.raises(psycopg.errors.ObjectInUse) as info:  # SQLSTATE 55006
+        sql(db_dsn, 'TRUNCATE "Orders"')
+    assert "promise" in str(info.value)
+    assert sql(db_dsn, 'SELECT count(*) FROM "Orders"')[0][0] == before > 0
+    assert mover(db_dsn, "run", "promise").returncode == 3
+    assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+
+
+# --- the window: run --wait, keep_old -----------------------------------------------------------
+
+
+def test_run_wait_syncs_through_the_window_then_retires_keeping_the_old_table(db_dsn, tmp_path):
+    create_orders(db_dsn, 3_000)
+    plan = plan_file(tmp_path, rollback="keep_old = true")
+    writer = Writer(db_dsn, seed=21).start()
+    try:
+        assert mover(db_dsn, "run", plan).returncode == 3
+        assert mover(db_dsn, "cutover", "promise").returncode == 0
+        applied_at_cutover = status(db_dsn)["capture"]["applied"]
+        proc = spawn(db_dsn, "run", "promise", "--wait")
+        # While the window is open, the waiting run keeps replaying the writer's changes into the
+        # old table (the log is applied only while a mover command runs).
+        wait_for(lambda: status(db_dsn)["capture"]["applied"] > applied_at_cutover + 50,
+                 "the reverse log applied during the window", proc)
+        assert proc.poll() is None and status(db_dsn)["step"] == "rollback_window"
+        writer.pause()
+        # Nothing is written now: the old table catches up while the window is still open.
+        wait_for(lambda: status(db_dsn)["capture"]["pending"] == 0, "the reverse log drained", proc)
+        assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+        assert proc.poll() is None
+        # The window ends (moved forward rather than waited for): the waiting run retires by itself.
+        sql(db_dsn, "UPDATE mover.migrations SET window_ends_at = now() WHERE name = 'promise'")
+        code, err = finish(proc, 60)
+        assert code == 0, err
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    st = status(db_dsn)
+    assert (st["step"], st["state"]) == ("retire", "done")
+    # keep_old: the original stays under the old name, its data intact, and nothing of mover's is
+    # left (no triggers, no logs, no functions).
+    assert column_type(db_dsn, "Orders_old", "id") == "integer"
+    assert column_type(db_dsn, "Orders", "id") == "bigint"
+    assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+    snap = catalog_snapshot(db_dsn)
+    assert snap["mover_objects"] == [] and snap["triggers"] == []
+    assert not any(schema == "mover" for schema, _ in snap["functions"])
+    # No longer synced: a write to the new table stays there.
+    sql(db_dsn, """INSERT INTO "Orders" ("Account", note) VALUES (1, 'after retire')""")
+    assert differences(db_dsn, "Orders", "Orders_old") == (1, 0)
+
+
+# --- abort ---------------------------------------------------------------------------------------
+
+
+def test_abort_refused_after_cutover_and_clean_after_rollback(db_dsn, tmp_path):
+    create_orders(db_dsn, 2_000)
+    plan = plan_file(tmp_path)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    assert mover(db_dsn, "cutover", "promise").returncode == 0
+    before = catalog_snapshot(db_dsn)
+    r = mover(db_dsn, "abort", "promise")
+    assert r.returncode == 2, r.stderr
+    assert "rollback_window" in r.stderr and "next:" in r.stderr, r.stderr
+    assert catalog_snapshot(db_dsn) == before  # nothing dropped: the new table is live
+    assert status(db_dsn)["step"] == "rollback_window"
+
+    sql(db_dsn, """INSERT INTO "Orders" ("Account", note) VALUES (4242, 'written in the window')""")
+    sql(db_dsn, """UPDATE "Orders" SET note = 'changed in the window' WHERE id = 10""")
+    sql(db_dsn, """DELETE FROM "Orders" WHERE id = 11""")
+    r = mover(db_dsn, "rollback", "promise")
+    assert r.returncode == 0, r.stderr
+    sql(db_dsn, 'CREATE TABLE expected AS SELECT * FROM "Orders"')
+    r = mover(db_dsn, "abort", "promise")
+    assert r.returncode == 0, r.stderr
+    assert status(db_dsn)["state"] == "aborted"
+    # The original is back, unchanged by the abort and holding the window's writes.
+    assert column_type(db_dsn, "Orders", "id") == "integer"
+    assert differences(db_dsn, "Orders", "expected") == (0, 0)
+    assert sql(db_dsn, """SELECT count(*) FROM "Orders" WHERE "Account" = 4242 OR note = 'changed in the window'
+                          OR id = 11""")[0][0] == 2
+    snap = catalog_snapshot(db_dsn)
+    assert snap["mover_objects"] == [] and snap["triggers"] == []
+    assert sorted(name for schema, name, kind, _ in snap["relations"] if kind == "r") == ["Orders", "expected"]
+    sql(db_dsn, 'TRUNCATE expected')  # and TRUNCATE is no longer refused on the source
+    sql(db_dsn, 'TRUNCATE "Orders"')

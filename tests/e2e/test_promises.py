@@ -201,3 +201,66 @@ def test_abort_refused_after_cutover_and_clean_after_rollback(db_dsn, tmp_path):
     assert sorted(name for schema, name, kind, _ in snap["relations"] if kind == "r") == ["Orders", "expected"]
     sql(db_dsn, 'TRUNCATE expected')  # and TRUNCATE is no longer refused on the source
     sql(db_dsn, 'TRUNCATE "Orders"')
+
+
+# --- signals ---------------------------------------------------------------------------------------
+
+
+def test_sigterm_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
+    create_orders(db_dsn, 4_000)
+    plan = plan_file(tmp_path, backfill="max_rows_per_second = 1000")
+    writer = Writer(db_dsn, seed=5).start()
+    try:
+        proc = spawn(db_dsn, "run", plan)
+        wait_for(lambda: ranges_done(db_dsn) >= 1, "a backfill range", proc)
+        proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc, 60)
+        assert code == 130, err
+        assert "stopping at the next safe point" in err
+        assert "stopped at a safe point" in err and "next: run `mover run promise` to continue" in err, err
+        st = status(db_dsn)
+        assert (st["step"], st["state"], st["lease"]) == ("backfill", "paused", None), st
+        assert 0 < st["backfill"]["rows_copied"] < 4_000
+        r = mover(db_dsn, "run", "promise")
+        assert r.returncode == 3, r.stderr
+        writer.pause()
+        assert mover(db_dsn, "run", "promise").returncode == 3
+        assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+    finally:
+        writer.halt()
+    assert writer.errors == []
+
+
+def test_second_sigterm_stops_at_once_rolling_back_the_open_transaction(db_dsn, tmp_path):
+    create_orders(db_dsn, 3_000)
+    plan = plan_file(tmp_path)
+    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk_copied"})
+    try:
+        # The first range is copied and its transaction is still open.
+        line = ""
+        while "mover-fault: hanging at chunk_copied" not in line:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, "mover exited before the fault point"
+        assert sql(db_dsn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                           " AND application_name LIKE 'mover-worker%%'")[0][0] == 1
+        proc.send_signal(signal.SIGTERM)  # the first waits for a safe point, which this run cannot reach
+        while "stopping at the next safe point" not in line:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, "mover exited on the first signal"
+        # Acknowledged, and the range's transaction is still open: nothing was cut short.
+        assert sql(db_dsn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                           " AND application_name LIKE 'mover-worker%%'")[0][0] == 1
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        code, err = finish(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, err
+    assert "interrupted; the open transaction was rolled back" in err, err
+    st = status(db_dsn)
+    assert (st["step"], st["state"], st["backfill"]["rows_copied"]) == ("backfill", "paused", 0), st
+    assert sql(db_dsn, 'SELECT count(*) FROM "Orders_new"')[0][0] == 0  # the range's copy rolled back
+    r = mover(db_dsn, "run", "promise")
+    assert r.returncode == 3, r.stderr
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)

@@ -264,3 +264,126 @@ def test_second_sigterm_stops_at_once_rolling_back_the_open_transaction(db_dsn, 
     r = mover(db_dsn, "run", "promise")
     assert r.returncode == 3, r.stderr
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+# --- a unique index that is not the primary key as the migration key -----------------------------
+
+
+def test_unique_non_primary_key_index_as_the_key_under_a_writer(db_dsn, tmp_path):
+    ddl = ORDERS_DDL.replace("id serial PRIMARY KEY", "id serial NOT NULL")
+    ddl += 'CREATE UNIQUE INDEX "Orders id" ON "Orders" (id);\n'
+    # A wider candidate too: the narrowest one is the key.
+    ddl += 'CREATE UNIQUE INDEX "Orders account id" ON "Orders" ("Account", id);\n'
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(ddl)
+        conn.execute("""INSERT INTO "Orders" ("Account", amount, status, note)
+                        SELECT g % 1000, g / 100.0, 'new', md5(g::text) FROM generate_series(1, 3000) g""")
+    plan = plan_file(tmp_path)
+    writer = Writer(db_dsn, seed=11).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        st = status(db_dsn)
+        assert st["key"] == ["id"] and st["divergences"] == 0
+        writer.pause()
+        assert mover(db_dsn, "run", "promise").returncode == 3
+        assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        writer.resume()
+        r = mover(db_dsn, "cutover", "promise")
+        assert r.returncode == 0, r.stderr
+        assert mover(db_dsn, "run", "promise").returncode == 3
+        writer.pause()
+        assert mover(db_dsn, "run", "promise").returncode == 3
+        assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+        writer.resume()
+        r = mover(db_dsn, "retire", "promise", "--force")
+        assert r.returncode == 0, r.stderr
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.ops > 50
+    assert column_type(db_dsn, "Orders", "id") == "bigint"
+    # Still no primary key; the key's unique index under its documented name, and the other one.
+    indexes = dict(sql(db_dsn, """SELECT indexrelid::regclass::text, indisunique::text || indisprimary::text
+                                  FROM pg_index WHERE indrelid = '"Orders"'::regclass"""))
+    assert indexes.pop('"Orders_new_key"') == "truefalse", indexes
+    assert sorted(indexes.values()) == ["falsefalse", "truefalse"], indexes
+
+
+# --- reconcile settings ---------------------------------------------------------------------------
+
+
+def migration_id(dsn) -> int:
+    return sql(dsn, "SELECT id FROM mover.migrations WHERE name = 'promise'")[0][0]
+
+
+def open_divergences(dsn) -> list[tuple[list[str], str]]:
+    return sql(dsn, "SELECT key, kind FROM mover.divergences WHERE resolved_at IS NULL ORDER BY key")
+
+
+def test_settle_rounds_exhausted_leaves_a_pending_key_to_the_next_pass(db_dsn, tmp_path):
+    create_orders(db_dsn, 3_000)
+    plan = plan_file(tmp_path, reconcile="settle_rounds = 2")
+    assert mover(db_dsn, "run", plan).returncode == 3
+    with psycopg.connect(db_dsn, autocommit=True) as holder:
+        # The applier is busy (its advisory lock is held): key 5's change stays in the log through
+        # every re-check round, while key 6 differs with nothing pending.
+        holder.execute("SELECT pg_advisory_lock(hashtext('mover.apply'), %s::int)", (migration_id(db_dsn),))
+        sql(db_dsn, """UPDATE "Orders" SET note = 'hot' WHERE id = 5""")
+        sql(db_dsn, """UPDATE "Orders_new" SET note = 'corrupt' WHERE id = 6""")
+        r = mover(db_dsn, "reconcile", "promise", "--full")
+        assert r.returncode == 3, r.stderr
+        assert open_divergences(db_dsn) == [(["6"], "different")]  # key 5 is no divergence yet
+        (detail,) = sql(db_dsn, "SELECT detail FROM mover.events WHERE kind = 'pass_done' ORDER BY id DESC LIMIT 1")[0]
+        assert detail["unsettled"] == 1, detail
+        assert sql(db_dsn, """SELECT note FROM "Orders_new" WHERE id = 5""")[0][0] != "hot"
+        holder.execute("SELECT pg_advisory_unlock_all()")
+    # The next pass applies key 5, re-verifies its range (noted when the key was replayed) and
+    # finds it equal; key 6 stays open until repaired.
+    r = mover(db_dsn, "reconcile", "promise")
+    assert r.returncode == 3, r.stderr
+    assert open_divergences(db_dsn) == [(["6"], "different")]
+    assert differences(db_dsn, "Orders", "Orders_new") == (1, 1)
+    assert mover(db_dsn, "repair", "promise").returncode == 0
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+@pytest.mark.parametrize("before_cutover", [True, False])
+def test_before_cutover_decides_whether_the_last_pass_runs(db_dsn, tmp_path, before_cutover):
+    create_orders(db_dsn, 3_000)
+    plan = plan_file(tmp_path, reconcile=f"before_cutover = {str(before_cutover).lower()}")
+    assert mover(db_dsn, "run", plan).returncode == 3
+    # A captured change in the range (so the quick pass re-verifies it) and, in the same range, a
+    # write to the new table behind mover's back.
+    sql(db_dsn, """UPDATE "Orders" SET note = 'captured' WHERE id = 7""")
+    sql(db_dsn, """UPDATE "Orders_new" SET note = 'behind mover' WHERE id = 8""")
+    r = mover(db_dsn, "cutover", "promise")
+    if before_cutover:
+        assert r.returncode == 3, r.stderr
+        assert "cutover refused" in r.stderr and "next: see them with `mover divergences promise`" in r.stderr
+        assert open_divergences(db_dsn) == [(["8"], "different")]
+        assert status(db_dsn)["step"] == "cutover" and column_type(db_dsn, "Orders", "id") == "integer"
+    else:
+        # The operator chose to skip the last check: the swap goes ahead, difference and all.
+        assert r.returncode == 0, r.stderr
+        assert status(db_dsn)["step"] == "rollback_window" and column_type(db_dsn, "Orders", "id") == "bigint"
+        assert open_divergences(db_dsn) == []
+        assert differences(db_dsn, "Orders", "Orders_old") == (1, 1)
+        assert sql(db_dsn, """SELECT note FROM "Orders" WHERE id = 7""")[0][0] == "captured"
+
+
+def test_reconcile_range_out_of_attempts_ends_failed_and_the_next_run_retries_it(db_dsn, tmp_path):
+    create_orders(db_dsn, 3_000)
+    plan = plan_file(tmp_path, reconcile="range_rows = 1000\nmax_attempts = 2")
+    r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "error@reconcile_compared:2"})
+    assert r.returncode == 1, r.stderr
+    assert "1 reconcile ranges failed; range 2" in r.stderr and "next:" in r.stderr, r.stderr
+    got = sql(db_dsn, "SELECT chunk_no, status, attempts FROM mover.chunks WHERE kind = 'reconcile' ORDER BY 1")
+    assert len(got) >= 3 and got[1] == (2, "failed", 2), got
+    assert all(row[1:] == ("done", 1) for row in got if row[0] != 2), got  # the others went on
+    st = status(db_dsn)
+    assert (st["step"], st["state"], st["reconcile"]["ranges_failed"]) == ("reconcile", "failed", 1), st
+    r = mover(db_dsn, "run", "promise")
+    assert r.returncode == 3, r.stderr
+    st = status(db_dsn)
+    assert (st["step"], st["reconcile"]["ranges_failed"], st["divergences"]) == ("cutover", 0, 0), st

@@ -178,7 +178,8 @@ def test_abort_refused_after_cutover_and_clean_after_rollback(db_dsn, tmp_path):
     before = catalog_snapshot(db_dsn)
     r = mover(db_dsn, "abort", "promise")
     assert r.returncode == 2, r.stderr
-    assert "rollback_window" in r.stderr and "next:" in r.stderr, r.stderr
+    assert "after its cutover" in r.stderr, r.stderr
+    assert "next: `mover rollback promise` swaps the original back, then `mover abort promise`" in r.stderr
     assert catalog_snapshot(db_dsn) == before  # nothing dropped: the new table is live
     assert status(db_dsn)["step"] == "rollback_window"
 

@@ -7,6 +7,7 @@ import json
 import time
 
 import psycopg
+import pytest
 
 from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
 
@@ -42,11 +43,15 @@ def busiest_second(done: list[tuple[int, int, float]]) -> int:
     return max(sum(r for _, r, t in done if start <= t < start + 1.0) for _, _, start in done)
 
 
-def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path):
-    # A first range of 5,000 keys with a cap of 2,000 rows/s: copied in one burst, that range alone
-    # would break the cap within its second, whatever the pause after it.
+@pytest.mark.parametrize("chunk_rows, workers", [(5_000, 1), (100, 1), (100, 2)])
+def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path, chunk_rows, workers):
+    # A cap of 2,000 rows/s. A first range of 5,000 keys, copied in one burst, would break the cap
+    # within its second whatever the pause after it; so would ranges that grew toward
+    # target_chunk_ms from a small start (fast copies ask for ever bigger ranges). Two workers
+    # share the cap.
     create_orders(db_dsn, 6_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=5_000, cap=2_000))
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=chunk_rows, cap=2_000)
+                      .replace("target_chunk_ms = 500", f"target_chunk_ms = 500\nworkers = {workers}"))
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     done = ranges(db_dsn)
@@ -67,13 +72,15 @@ def test_set_reaches_a_running_backfill(db_dsn, tmp_path):
         while len(ranges(db_dsn)) < 2:  # two capped ranges of 500 rows copied
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
             time.sleep(0.05)
-        r = mover(db_dsn, "set", "throttled", "backfill.max_rows_per_second=0", "backfill.min_rows=1500",
-                  "backfill.max_rows=1500")
-        assert r.returncode == 0, r.stderr
-        with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # Hold the frontier (no range is cut meanwhile) so that which ranges were cut before the
+        # change is known exactly.
+        with psycopg.connect(db_dsn) as conn:
             (frontier,) = conn.execute(
                 "SELECT f.next_chunk_no FROM mover.frontiers f JOIN mover.migrations m ON m.id = f.migration_id"
-                " WHERE m.name = 'throttled' AND f.kind = 'backfill'").fetchone()
+                " WHERE m.name = 'throttled' AND f.kind = 'backfill' FOR UPDATE OF f").fetchone()
+            r = mover(db_dsn, "set", "throttled", "backfill.max_rows_per_second=0", "backfill.min_rows=1500",
+                      "backfill.max_rows=1500")
+            assert r.returncode == 0, r.stderr
         code, err = finish(proc, 120)
         assert code == 3, err
     finally:

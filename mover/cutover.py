@@ -29,6 +29,10 @@ log = logging.getLogger("mover.cutover")
 LOCK_STATEMENT_TIMEOUT = "30s"
 
 
+class _ReplayFailedUnderLock(Failed):
+    """The drain under the swap's lock met a change it could not apply; the swap rolled back."""
+
+
 def preflight(ctx: Context) -> None:
     def check(cur):
         problems = []
@@ -98,8 +102,8 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)
             if got.failed:
-                raise Failed(f"{got.failed} changes could not be applied during cutover; nothing was swapped",
-                             hint=f"see `mover divergences {m.name}`")
+                raise _ReplayFailedUnderLock(f"{got.failed} changes could not be applied during the swap;"
+                                             f" nothing was swapped", hint=f"see `mover divergences {m.name}`")
             if got.claimed == 0:
                 break
         capture.remove(cur, ctx.mid, live, reverse=not forward)
@@ -149,10 +153,19 @@ def lock_not_granted(ctx: Context, table, what: str, retry: str) -> Waiting:
                         f" (`mover set {ctx.migration.name} cutover.attempts=...`)")
 
 
+def _record_replay_failures(ctx: Context, exc: _ReplayFailedUnderLock, *, reverse: bool) -> Waiting:
+    """The apply_error divergences of the failed drain rolled back with the swap: replay again
+    outside the lock, which records them for good, and leave the decision to the operator."""
+    capture.drain(ctx, reverse=reverse, backfill_done=True)
+    return Waiting(exc.message, hint=f"see them with `mover divergences {ctx.migration.name}`")
+
+
 def swap_in(ctx: Context) -> float:
     preflight(ctx)
     try:
         held = _locked_swap(ctx, forward=True)
+    except _ReplayFailedUnderLock as exc:
+        raise _record_replay_failures(ctx, exc, reverse=False) from exc
     except psycopg.errors.LockNotAvailable as exc:
         raise Waiting(f"could not lock {ctx.migration.source} within {ctx.plan.cutover.lock_timeout_ms} ms in "
                       f"{ctx.plan.cutover.attempts} attempts; nothing was swapped",
@@ -167,6 +180,8 @@ def swap_back(ctx: Context) -> float:
     capture.drain(ctx, reverse=True, backfill_done=True)
     try:
         held = _locked_swap(ctx, forward=False)
+    except _ReplayFailedUnderLock as exc:
+        raise _record_replay_failures(ctx, exc, reverse=True) from exc
     except psycopg.errors.LockNotAvailable as exc:
         raise Waiting(f"could not lock {ctx.migration.source} for the rollback; nothing was swapped",
                       hint=f"retry `mover rollback {ctx.migration.name}`") from exc

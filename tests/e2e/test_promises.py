@@ -388,3 +388,68 @@ def test_reconcile_range_out_of_attempts_ends_failed_and_the_next_run_retries_it
     assert r.returncode == 3, r.stderr
     st = status(db_dsn)
     assert (st["step"], st["reconcile"]["ranges_failed"], st["divergences"]) == ("cutover", 0, 0), st
+
+
+# --- replay failures ---------------------------------------------------------------------------------
+
+NARROW = """
+[migration]
+name = "promise"
+source = 'public."Orders"'
+
+[target]
+columns = { id = "bigint", amount = "numeric(6,2)" }
+
+[cutover]
+lock_timeout = "10s"
+attempts = 1
+
+[rollback]
+window = "1h"
+"""
+
+
+def test_forward_apply_error_is_a_divergence_not_an_application_error(db_dsn, tmp_path):
+    create_orders(db_dsn, 2_000)  # amounts up to 20.00 fit numeric(6,2)
+    plan = write_plan(tmp_path / "narrow.toml", NARROW)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    sql(db_dsn, """UPDATE "Orders" SET amount = 123456.78 WHERE id = 5""")  # the application is not refused
+    r = mover(db_dsn, "run", "promise")
+    assert r.returncode == 3, r.stderr
+    divs = json.loads(mover(db_dsn, "divergences", "promise", "--json").stdout)
+    assert [(d["key"], d["kind"], d["columns"]["sqlstate"]) for d in divs] == [(["5"], "apply_error", "22003")], divs
+    assert differences(db_dsn, "Orders", "Orders_new") == (1, 1)
+    r = mover(db_dsn, "cutover", "promise")
+    assert r.returncode == 3 and "unresolved divergences" in r.stderr, r.stderr
+    assert column_type(db_dsn, "Orders", "id") == "integer"
+    sql(db_dsn, """UPDATE "Orders" SET amount = 1234.56 WHERE id = 5""")
+    assert mover(db_dsn, "repair", "promise").returncode == 0
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+    assert mover(db_dsn, "cutover", "promise").returncode == 0
+
+
+def test_apply_failure_under_the_cutover_lock_swaps_nothing(db_dsn, tmp_path):
+    create_orders(db_dsn, 2_000)
+    plan = write_plan(tmp_path / "narrow.toml", NARROW)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    before = catalog_snapshot(db_dsn)
+    # The application's write commits after the cutover's last drain outside the lock and before
+    # the lock is granted: only the drain under the lock meets it.
+    app = psycopg.connect(db_dsn)
+    try:
+        app.execute("""UPDATE "Orders" SET amount = 123456.78 WHERE id = 5""")
+        proc = spawn(db_dsn, "cutover", "promise")
+        wait_for(lambda: sql(db_dsn, """SELECT count(*) FROM pg_locks WHERE relation = '"Orders"'::regclass
+                                        AND NOT granted AND mode = 'AccessExclusiveLock'""")[0][0] == 1,
+                 "the cutover to wait for the lock", proc)
+        app.commit()
+        code, err = finish(proc, 60)
+    finally:
+        app.close()
+    assert code == 3, err
+    assert "nothing was swapped" in err and "next: see them with `mover divergences promise`" in err, err
+    assert catalog_snapshot(db_dsn) == before
+    divs = json.loads(mover(db_dsn, "divergences", "promise", "--json").stdout)
+    assert [(d["key"], d["kind"]) for d in divs] == [(["5"], "apply_error")], divs
+    st = status(db_dsn)
+    assert (st["step"], st["divergences"]) == ("cutover", 1), st

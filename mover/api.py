@@ -425,6 +425,16 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
 
 
 def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        m = db.transaction(lambda cur: control.get(cur, name))
+    finally:
+        db.close()
+    if m.step == "rollback_window" and m.state not in ("done", "aborted"):
+        # The new table is live: dropping it would drop the application's table. Say the way out.
+        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
+                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
     return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
                              "abort", cutover.abort, **kw)
 

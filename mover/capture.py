@@ -171,8 +171,14 @@ def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, 
     log_table = names.change_log(mid, reverse)
     if not introspect.exists(cur, log_table):
         return 0, None
-    cur.execute(q.pending_count(log_table))
-    count, lag = one(cur)
+    try:
+        with cur.connection.transaction():  # a savepoint
+            cur.execute(q.pending_count(log_table))
+            count, lag = one(cur)
+    except psycopg.errors.UndefinedTable:
+        # Dropped since the check by a retire, abort or swap committing meanwhile (`mover status`
+        # runs beside them): a log that is gone holds nothing pending.
+        return 0, None
     return count, (float(lag) if lag is not None else None)
 
 

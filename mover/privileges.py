@@ -79,11 +79,11 @@ def capture_message(table: names.QualifiedName, missing: list[Missing]) -> str:
 
 
 def capture_hint(cur: psycopg.Cursor, missing: list[Missing], migration: str) -> str:
-    grants = list(dict.fromkeys(m.grant for m in missing))
-    schema_grants = [g for g in grants if g.startswith("GRANT USAGE ON SCHEMA")]
+    # PUBLIC's privileges reach every role: when PUBLIC lacks one, granting it there is the whole fix.
+    grants = list(dict.fromkeys(m.grant for m in missing if m.role == "PUBLIC")) or \
+        list(dict.fromkeys(m.grant for m in missing))
     who = "the owner of schema " + _ident(cur, names.CONTROL_SCHEMA) + " (or a superuser)"
-    return (f"as {who} run: {'; '.join(schema_grants or grants)}; then `mover run {migration}`"
-            if schema_grants else f"run: {'; '.join(grants)}; then `mover run {migration}`")
+    return f"as {who} run: {'; '.join(grants)}; then the same `mover ... {migration}` command again"
 
 
 def setup_missing(cur: psycopg.Cursor, source: names.QualifiedName, target: names.QualifiedName) -> list[Missing]:

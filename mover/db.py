@@ -50,14 +50,14 @@ def application_name(role: str = "mover") -> str:
     return f"{role}:{socket.gethostname()}:{os.getpid()}"[:63]
 
 
-def connect(dsn: str, *, role: str = "mover", autocommit: bool = True) -> psycopg.Connection:
+def connect(dsn: str, *, role: str = "mover") -> psycopg.Connection:
     """An autocommit connection: transactions are explicit (`conn.transaction()`), so no
     implicit transaction is ever left idle.
 
     prepare_threshold=None: psycopg would otherwise prepare a statement run 5 times on the
     server session; behind a transaction-mode pooler (PgBouncer) that session is shared by other
     clients, which then meet "prepared statement _pg3_0 already exists / does not exist"."""
-    return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name(role),
+    return psycopg.connect(dsn, autocommit=True, application_name=application_name(role),
                            prepare_threshold=None)
 
 
@@ -173,7 +173,7 @@ class Database:
                         f"is {current}, which would cancel a long statement that cannot run in a transaction "
                         f"(and so cannot SET LOCAL a longer one): {_first_words(statement, conn)}",
                         hint="run this step through a direct or session-mode connection (--dsn to the server "
-                             "itself), or `ALTER ROLE <mover's role> SET statement_timeout = 0`, then `mover run NAME`")
+                             "itself), or `ALTER ROLE <mover's role> SET statement_timeout = 0`; then `mover run NAME` again")
                 cur.execute(statement, params)
             return
         with conn.cursor() as cur:

@@ -225,3 +225,24 @@ def test_index_build_refused_behind_a_pooler_when_the_server_would_cancel_it(db_
     r = mover(db_dsn, "run", "pooled")
     assert r.returncode == 3, r.stderr
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+def test_a_later_success_clears_the_recorded_error(db_dsn, tmp_path):
+    """Direct connection: a rollback that cannot get its lock records why; the rollback that then
+    succeeds leaves no error in `status` (the events keep the history)."""
+    create_orders(db_dsn, 1_000)
+    plan = write_plan(tmp_path / "pooled.toml", PLAN)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    assert mover(db_dsn, "cutover", "pooled").returncode == 0
+    with psycopg.connect(db_dsn) as blocker:
+        blocker.execute('LOCK TABLE "Orders" IN ACCESS SHARE MODE')
+        r = mover(db_dsn, "rollback", "pooled")
+        assert r.returncode == 3 and "next:" in r.stderr, r.stderr
+    assert "could not lock" in status(db_dsn)["error"]
+    r = mover(db_dsn, "rollback", "pooled")
+    assert r.returncode == 0, r.stderr
+    st = status(db_dsn)
+    assert (st["step"], st["error"]) == ("reconcile", None)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        kinds = [k for (k,) in conn.execute("SELECT kind FROM mover.events ORDER BY id").fetchall()]
+    assert "rolled_back" in kinds

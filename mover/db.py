@@ -173,7 +173,8 @@ class Database:
                         f"is {current}, which would cancel a long statement that cannot run in a transaction "
                         f"(and so cannot SET LOCAL a longer one): {_first_words(statement, conn)}",
                         hint="run this step through a direct or session-mode connection (--dsn to the server "
-                             "itself), or `ALTER ROLE <mover's role> SET statement_timeout = 0`; then `mover run NAME` again")
+                             "itself), or `ALTER ROLE <mover's role> SET statement_timeout = 0`; "
+                             "then `mover run NAME` again")
                 cur.execute(statement, params)
             return
         with conn.cursor() as cur:

@@ -261,7 +261,8 @@ def build_indexes(ctx: Context) -> None:
         faults.point("index_building")
         if state is False:
             log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
-            ctx.db.autocommit(ddl.drop_index(schema, name), lock_timeout="10s")
+            ctx.db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, name)), lock_timeout="10s",
+                               label="drop invalid index")
         started = time.monotonic()
         ctx.report("index", name=name, state="building")
         # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from mover import chunks, control, introspect, names
+from mover import chunks, control, introspect, names, privileges
 from mover.context import Context
 from mover.db import one
 from mover.sql import capture as q
@@ -50,6 +50,9 @@ def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tupl
             reverse: bool = False) -> None:
     for stmt in install_sql(cur, mid, table, key, migration, reverse):
         cur.execute(stmt)
+    # In the same transaction: a writer that could not run the trigger refuses the install (or the
+    # swap that installs the reverse capture), instead of failing the application's writes.
+    privileges.require_capture_path(cur, table, names.change_log(mid, reverse), migration)
 
 
 def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, reverse: bool = False) -> None:

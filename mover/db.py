@@ -56,7 +56,7 @@ def bind(fn: Callable[Concatenate[psycopg.Cursor, P], T], *args: P.args, **kwarg
 
 def one(cur: psycopg.Cursor[R]) -> R:
     """The row of a statement that always returns one (an aggregate, a catalog lookup by oid, RETURNING)."""
-    row = one(cur)
+    row = cur.fetchone()
     if row is None:
         raise AssertionError("the statement returned no row")
     return row

@@ -82,6 +82,12 @@ def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> b
     return True if wait else bool(got)
 
 
+def lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool) -> None:
+    """Wait for the applier lock of one direction (transaction-scoped): no batch replays the same
+    keys meanwhile from another snapshot (race 2)."""
+    _lock_applier(cur, mid, reverse, wait=True)
+
+
 def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping, backfill_done: bool):
     """Which log rows may be replayed now: all once the backfill is done, else the keys at or
     below the done prefix of the backfill's ranges; None when nothing is covered yet."""

@@ -94,7 +94,18 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.
             capture.drain(ctx, reverse=False, backfill_done=True)
-            ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner))
+            # The gate tells the truth: a replay that failed since reconcile left open divergences.
+            counts = ctx.db.transaction(lambda cur: control.divergence_counts(cur, m.id))
+            error = None
+            if counts["open"]:
+                kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
+                error = f"{counts['open']} divergences ({kinds})"
+            ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner, error=error))
+            if error:
+                raise Waiting(f"migration {m.name!r} is at the cutover gate, but {m.target} differs from {m.source}: "
+                              f"{error} open; cutover refuses until they are resolved",
+                              hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
+                                   f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
         ctx.db.transaction(lambda cur: control.start_step(cur, m, step.name, ctx.owner))

@@ -10,7 +10,7 @@ import threading
 import psycopg
 from psycopg import sql
 
-from tests.workload import mover, write_plan
+from tests.workload import finish, mover, spawn, write_plan
 
 ACCT_COLUMNS = ("id", "email", "handle", "note")
 
@@ -91,3 +91,231 @@ def test_swap_and_cycle_at_the_gate_replay_and_cut_over(db_dsn, tmp_path):
     r = mover(db_dsn, "cutover", "acct")
     assert r.returncode == 0, r.stderr
     assert differences(db_dsn, "acct", "acct_old") == (0, 0)
+
+
+def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
+    create_acct(db_dsn)
+    plan = plan_file(tmp_path, throttle="min_rows = 100\nmax_rows = 500\n")  # ranges stay small: the hang finds rows to copy
+    release = tmp_path / "release"
+    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:2", "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        assert "hanging at chunk:2" in proc.stderr.readline()
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            copied = conn.execute("SELECT max(id) FROM acct_new").fetchone()[0]
+            assert 2 < copied < 2500
+            rotate(conn, [1, 2])  # both copied
+            rotate(conn, [copied, 2500])  # a copied row and one still to copy
+            rotate(conn, [2600, 2700])  # both still to copy
+            rotate(conn, [3, 4, 2800])  # a cycle across the copied bound
+    finally:
+        release.touch()
+    code, err = finish(proc, 120)
+    assert code == 3 and "ready for cutover" in err, err
+    assert status(db_dsn)["divergences"] == 0
+    assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+
+
+class SwapWriter:
+    """An application that swaps unique values all the time: pairs and 3-cycles of random rows,
+    on its own connection, against the table by name (it follows the swap). Stops by itself
+    after `seconds`, or when told; pause() returns once it is idle between transactions."""
+
+    def __init__(self, dsn: str, rows: int, seed: int = 1, seconds: float = 120):
+        self.dsn, self.rows, self.seed, self.seconds = dsn, rows, seed, seconds
+        self.ops = 0
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.paused = threading.Event()
+        self.idle = threading.Event()
+
+    def start(self) -> "SwapWriter":
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        rnd = random.Random(self.seed)
+        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
+            while not self.stop.wait(0):
+                if self.paused.is_set():
+                    self.idle.set()
+                    self.stop.wait(0.01)
+                    continue
+                self.idle.clear()
+                ids = rnd.sample(range(1, self.rows + 1), rnd.choice((2, 2, 3)))
+                try:
+                    rotate(conn, ids, rnd.choice(("email", "email", "handle")))
+                    self.ops += 1
+                except psycopg.Error as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.idle.set()
+
+    def pause(self) -> None:
+        self.paused.set()
+        assert self.idle.wait(30), "writer did not pause"
+
+    def resume(self) -> None:
+        self.paused.clear()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
+    create_acct(db_dsn)
+    plan = plan_file(tmp_path, chunk_rows=300, throttle="max_rows_per_second = 4000\n")
+    writer = SwapWriter(db_dsn, 3000).start()
+    # Stops by itself after its time is up, so a stuck step cannot leave it running.
+    timer = threading.Timer(240, writer.stop.set)
+    timer.start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+        writer.pause()
+        r = mover(db_dsn, "run", "acct")
+        assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+        assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+        writer.resume()
+        r = mover(db_dsn, "reconcile", "acct", "--full")
+        assert r.returncode == 0, r.stderr
+        r = mover(db_dsn, "cutover", "acct")
+        assert r.returncode == 0, r.stderr
+        r = mover(db_dsn, "run", "acct")  # the window: the old table follows the new one
+        assert r.returncode == 3, r.stderr
+        writer.pause()
+        r = mover(db_dsn, "run", "acct")
+        assert r.returncode == 3, r.stderr
+        assert differences(db_dsn, "acct", "acct_old") == (0, 0)
+        writer.resume()
+        r = mover(db_dsn, "rollback", "acct")
+        assert r.returncode == 0, r.stderr
+        writer.pause()
+        r = mover(db_dsn, "run", "acct")
+        assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+        assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+    finally:
+        writer.halt()
+        timer.cancel()
+    assert writer.errors == []
+    assert writer.ops > 50
+    st = status(db_dsn)
+    assert (st["step"], st["divergences"]) == ("cutover", 0), st
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        stuck = conn.execute("SELECT count(*) FROM mover.divergences WHERE kind = 'apply_error'").fetchone()[0]
+    assert stuck == 0
+
+
+def test_swap_in_the_window_then_rollback_loses_nothing(db_dsn, tmp_path):
+    create_acct(db_dsn)
+    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    r = mover(db_dsn, "cutover", "acct")
+    assert r.returncode == 0, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        rotate(conn, [1, 2])
+    r = mover(db_dsn, "run", "acct")  # the reverse replay meets the swap first
+    assert r.returncode == 3, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        rotate(conn, [3, 4, 5])  # and the rollback's own drain, under its lock
+        rotate(conn, [6, 7], "handle")
+    r = mover(db_dsn, "rollback", "acct")
+    assert r.returncode == 0, r.stderr
+    assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT email FROM acct WHERE id = 1").fetchone()[0] == "u2@x"
+        assert conn.execute("SELECT email FROM acct WHERE id = 3").fetchone()[0] == "u4@x"
+    assert status(db_dsn)["divergences"] == 0
+
+
+def events_of(dsn, kind):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT message, detail FROM mover.events WHERE kind = %s ORDER BY id", (kind,)).fetchall()
+
+
+def test_rows_the_old_table_rejects_block_rollback_and_abort_until_given_up(db_dsn, tmp_path):
+    create_acct(db_dsn)
+    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "cutover", "acct").returncode == 0
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # The new table's bigint key holds these; the old table's integer cannot.
+        conn.execute("INSERT INTO acct VALUES (3000000001, 'big1@x', 'B1', 'n'), (3000000002, 'big2@x', 'B2', 'n')")
+    r = mover(db_dsn, "run", "acct")
+    assert r.returncode == 3, r.stderr
+    r = mover(db_dsn, "rollback", "acct")
+    assert r.returncode == 3, r.stderr
+    assert "3000000001" in r.stderr and "3000000002" in r.stderr and "out of range" in r.stderr, r.stderr
+    assert "--give-up-rows" in r.stderr
+    st = status(db_dsn)
+    assert st["step"] == "rollback_window" and st["cutover"] is not None  # nothing swapped back
+    # The application fixes one row: it goes through, the other still blocks (abort swaps back first).
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM acct WHERE id = 3000000002")
+    r = mover(db_dsn, "abort", "acct")
+    assert r.returncode == 3, r.stderr
+    assert "3000000001" in r.stderr and "3000000002" not in r.stderr, r.stderr
+    assert status(db_dsn)["step"] == "rollback_window"
+    assert events_of(db_dsn, "rows_given_up") == []
+
+    r = mover(db_dsn, "rollback", "acct", "--give-up-rows")
+    assert r.returncode == 0, r.stderr
+    ((message, detail),) = events_of(db_dsn, "rows_given_up")
+    assert [row["key"] for row in detail["rows"]] == [["3000000001"]], detail
+    assert "3000000001" in message and "out of range" in message
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM acct WHERE email LIKE 'big%'").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM acct_new WHERE email = 'big1@x'").fetchone()[0] == 1
+    # Everything else the window wrote is in the original.
+    assert differences(db_dsn, "acct", "acct_new") == (0, 1)
+    assert status(db_dsn)["divergences"] == 0
+    r = mover(db_dsn, "abort", "acct")  # given up already: nothing else exists only in the new table
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_dsn, tmp_path):
+    create_acct(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE acct ADD COLUMN n integer NOT NULL DEFAULT 0")
+    plan = plan_file(tmp_path, extra=', n = "smallint"')
+    assert mover(db_dsn, "run", plan).returncode == 3
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE acct SET n = 40000 WHERE id = 5")  # smallint cannot hold it
+        rotate(conn, [1, 2])  # while a swap in the same batch still replays
+    r = mover(db_dsn, "run", "acct")
+    assert r.returncode == 3, r.stderr
+    assert "ready for cutover" not in r.stderr and "1 apply_error" in r.stderr, r.stderr
+    assert "mover divergences acct" in r.stderr
+    (d,) = json.loads(mover(db_dsn, "divergences", "acct", "--json").stdout)
+    assert (d["key"], d["kind"]) == (["5"], "apply_error")
+    r = mover(db_dsn, "cutover", "acct")
+    assert r.returncode == 3, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT email FROM acct_new WHERE id = 1").fetchone()[0] == "u2@x"
+        conn.execute("UPDATE acct SET n = 5 WHERE id = 5")
+    r = mover(db_dsn, "repair", "acct")
+    assert r.returncode == 0, r.stderr
+    assert status(db_dsn)["divergences"] == 0
+
+    # A change the target rejects, committed between the last check and the swap's lock: the
+    # swap's transaction rolls back whole, and the row becomes a divergence.
+    release = tmp_path / "release"
+    proc = spawn(db_dsn, "cutover", "acct", env={"MOVER_FAULT": "hang@swap:before_lock",
+                                                  "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        line = proc.stderr.readline()
+        while line and "hanging at swap:before_lock" not in line:
+            line = proc.stderr.readline()
+        assert line, "cutover ended before its lock"
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE acct SET n = 50000, note = 'late' WHERE id = 6")
+    finally:
+        release.touch()
+    code, err = finish(proc, 120)
+    assert code == 3 and "['6']" in err and "nothing was swapped" in err, err
+    st = status(db_dsn)
+    assert (st["step"], st["cutover"], st["divergences"]) == ("cutover", None, 1), st
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                            " WHERE attrelid = 'acct'::regclass AND attname = 'id'").fetchone()[0] == "integer"
+        assert conn.execute("SELECT to_regclass('acct_old')").fetchone()[0] is None
+        assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'acct'::regclass"
+                            " AND NOT tgisinternal").fetchone()[0] == 2  # the forward capture is still there

@@ -148,6 +148,7 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
 DATA_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
 CLOSURE_ROUNDS = 20  # a swap or a cycle closes in a round or two; a chain of n rows in n
 CLOSURE_MAX_KEYS = 50_000
+CLOSURE_ATTEMPTS = 3
 
 
 def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple, psycopg.Error]:
@@ -193,26 +194,44 @@ def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
     take, until nothing new comes in, then replace the whole set at once: delete the destination
     rows of all its keys, insert the source rows of all of them. In one savepoint: all or nothing.
     Raises the data error (class 22 or 23) if the set still cannot reach the source's state."""
-    cur.execute("SAVEPOINT mover_closure")
-    try:
-        closure = dict.fromkeys(keys)
-        indexes = _unique_indexes(cur, m)
-        if indexes:
-            probe = list(closure)
-            for _ in range(CLOSURE_ROUNDS):
-                cur.execute(q.conflicting_keys(m, indexes), q.key_params(probe, len(m.key)))
-                new = [k for k in dict.fromkeys(tuple(r) for r in cur.fetchall()) if k not in closure]
-                if not new or len(closure) + len(new) > CLOSURE_MAX_KEYS:
-                    break
-                closure.update(dict.fromkeys(new))
-                probe = new
-        params = q.key_params(list(closure), len(m.key))
-        cur.execute(q.delete_keys(m), params)
-        cur.execute(q.insert_keys(m), params)
-        cur.execute("RELEASE SAVEPOINT mover_closure")
-    except DATA_ERRORS:
-        cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
-        raise
+    indexes = _unique_indexes(cur, m)
+    for attempt in range(CLOSURE_ATTEMPTS):
+        cur.execute("SAVEPOINT mover_closure")
+        try:
+            _replace(cur, m, _closure(cur, m, indexes, keys))
+            cur.execute("RELEASE SAVEPOINT mover_closure")
+            return
+        except psycopg.errors.UniqueViolation:
+            cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
+            # Each statement reads the source afresh (read committed): the application may have
+            # moved a value into the set from a row outside it since the closure was computed.
+            # That change is logged and will be replayed; computing the closure again now sees it.
+            if attempt == CLOSURE_ATTEMPTS - 1:
+                raise
+        except DATA_ERRORS:
+            cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
+            raise
+
+
+def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], keys: list[tuple]) -> list[tuple]:
+    closure = dict.fromkeys(keys)
+    if not indexes:
+        return list(closure)
+    probe = list(closure)
+    for _ in range(CLOSURE_ROUNDS):
+        cur.execute(q.conflicting_keys(m, indexes), q.key_params(probe, len(m.key)))
+        new = [k for k in dict.fromkeys(tuple(r) for r in cur.fetchall()) if k not in closure]
+        if not new or len(closure) + len(new) > CLOSURE_MAX_KEYS:
+            break
+        closure.update(dict.fromkeys(new))
+        probe = new
+    return list(closure)
+
+
+def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
+    params = q.key_params(keys, len(m.key))
+    cur.execute(q.delete_keys(m), params)
+    cur.execute(q.insert_keys(m), params)
 
 
 def _unique_indexes(cur: psycopg.Cursor, m: Mapping) -> list[list[str]]:

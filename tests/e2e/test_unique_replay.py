@@ -148,6 +148,7 @@ class SwapWriter:
                     self.ops += 1
                 except psycopg.Error as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
+                self.stop.wait(0.002)  # busy, not a tight loop: the machine is shared
             self.idle.set()
 
     def pause(self) -> None:

@@ -165,9 +165,6 @@ class Worker(chunks.RangeWorker):
                         raise
                     outcome = chunks.record_failure(self.db, mid, chunk, self.wid, exc, settings.max_attempts)
                     log.error("backfill range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
-                    # A unique value the application moved from a copied row to this range's is still
-                    # held by the copied row until its change is replayed: replay before the retry.
-                    capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                     continue
                 faults.point(f"chunk:{chunk.chunk_no}")
                 rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)

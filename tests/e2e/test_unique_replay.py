@@ -88,9 +88,27 @@ def test_swap_and_cycle_at_the_gate_replay_and_cut_over(db_dsn, tmp_path):
     st = status(db_dsn)
     assert (st["step"], st["divergences"]) == ("cutover", 0), st
     assert differences(db_dsn, "acct", "acct_new") == (0, 0)
-    r = mover(db_dsn, "cutover", "acct")
-    assert r.returncode == 0, r.stderr
+    # And under the cutover's lock: swaps committed after the last drain outside it.
+    code, err = while_hanging(db_dsn, tmp_path, "cutover", "swap:before_lock",
+                              lambda conn: (rotate(conn, [1, 2]), rotate(conn, [20, 21, 22])))
+    assert code == 0, err
     assert differences(db_dsn, "acct", "acct_old") == (0, 0)
+
+
+def while_hanging(dsn, tmp_path, command, point, action) -> tuple[int, str]:
+    """Run `mover COMMAND acct`, stopped at fault point POINT while `action(conn)` runs."""
+    release = tmp_path / f"release-{point}"
+    proc = spawn(dsn, command, "acct", env={"MOVER_FAULT": f"hang@{point}", "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        line = proc.stderr.readline()
+        while line and f"hanging at {point}" not in line:
+            line = proc.stderr.readline()
+        assert line, f"mover {command} ended before {point}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            action(conn)
+    finally:
+        release.touch()
+    return finish(proc, 120)
 
 
 def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
@@ -219,10 +237,10 @@ def test_swap_in_the_window_then_rollback_loses_nothing(db_dsn, tmp_path):
     r = mover(db_dsn, "run", "acct")  # the reverse replay meets the swap first
     assert r.returncode == 3, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        rotate(conn, [3, 4, 5])  # and the rollback's own drain, under its lock
-        rotate(conn, [6, 7], "handle")
-    r = mover(db_dsn, "rollback", "acct")
-    assert r.returncode == 0, r.stderr
+        rotate(conn, [3, 4, 5])  # and the rollback's own drain
+    code, err = while_hanging(db_dsn, tmp_path, "rollback", "swap_back:before_lock",  # and the one under its lock
+                              lambda conn: rotate(conn, [6, 7], "handle"))
+    assert code == 0, err
     assert differences(db_dsn, "acct", "acct_new") == (0, 0)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT email FROM acct WHERE id = 1").fetchone()[0] == "u2@x"
@@ -302,19 +320,8 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
 
     # A change the target rejects, committed between the last check and the swap's lock: the
     # swap's transaction rolls back whole, and the row becomes a divergence.
-    release = tmp_path / "release"
-    proc = spawn(db_dsn, "cutover", "acct", env={"MOVER_FAULT": "hang@swap:before_lock",
-                                                  "MOVER_FAULT_RELEASE": str(release)})
-    try:
-        line = proc.stderr.readline()
-        while line and "hanging at swap:before_lock" not in line:
-            line = proc.stderr.readline()
-        assert line, "cutover ended before its lock"
-        with psycopg.connect(db_dsn, autocommit=True) as conn:
-            conn.execute("UPDATE acct SET n = 50000, note = 'late' WHERE id = 6")
-    finally:
-        release.touch()
-    code, err = finish(proc, 120)
+    code, err = while_hanging(db_dsn, tmp_path, "cutover", "swap:before_lock",
+                              lambda conn: conn.execute("UPDATE acct SET n = 50000, note = 'late' WHERE id = 6"))
     assert code == 3 and "['6']" in err and "nothing was swapped" in err, err
     st = status(db_dsn)
     assert (st["step"], st["cutover"], st["divergences"]) == ("cutover", None, 1), st

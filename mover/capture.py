@@ -6,6 +6,9 @@ Invariants:
   still copying from an older snapshot could insert a row the replay already deleted (race 1).
 - One applier at a time per migration and direction (a transaction-scoped advisory lock), so
   two replays of one key from different snapshots cannot commit out of order (race 2).
+- A batch the target's unique indexes reject though the source never held such a state (rows
+  that swapped a unique value, race 7) is replayed as the closure of the keys involved, in one
+  savepoint (replay_set).
 - A replay that fails on data (overflow, constraint) does not stop the others: the key becomes
   a recorded divergence, and cutover refuses until it is resolved.
 """

@@ -78,12 +78,13 @@ def rows_only_on(cur, ctx: Context, side: str) -> list[dict]:
 
 
 def describe_rows(rows: list[dict]) -> str:
-    def one(d: dict) -> str:
+    """Each key once (a key whose replay failed repeatedly has a divergence per failure), with why."""
+    why: dict[tuple, str] = {}
+    for d in rows:
         columns = d.get("columns")
-        why = columns.get("error") if isinstance(columns, dict) and columns.get("error") else d["kind"]
-        return f"key {list(d['key'])}: {why}"
-    shown = "; ".join(one(d) for d in rows[:SHOWN_ROWS])
-    return shown + (f"; and {len(rows) - SHOWN_ROWS} more" if len(rows) > SHOWN_ROWS else "")
+        why[tuple(d["key"])] = columns.get("error") if isinstance(columns, dict) and columns.get("error") else d["kind"]
+    shown = "; ".join(f"key {list(k)}: {w}" for k, w in list(why.items())[:SHOWN_ROWS])
+    return shown + (f"; and {len(why) - SHOWN_ROWS} more" if len(why) > SHOWN_ROWS else "")
 
 
 def retry_unapplied(cur, ctx: Context, *, reverse: bool) -> list[dict]:
@@ -114,8 +115,9 @@ def give_up(cur, ctx: Context, rows: list[dict], command: str) -> None:
 def refuse_losing(ctx: Context, rows: list[dict], command: str, side: str) -> Waiting:
     m = ctx.migration
     where = {"new": f"the new table ({ctx.new})", "original": f"the original table ({ctx.original})"}[side]
-    return Waiting(f"{command} of {m.name!r} refused: {len(rows)} rows exist only in {where}, which {command} "
-                   f"would leave behind: {describe_rows(rows)}",
+    n = len({tuple(d["key"]) for d in rows})
+    return Waiting(f"{command} of {m.name!r} refused: {n} rows exist only in {where}, which {command} would "
+                   f"leave behind: {describe_rows(rows)}",
                    hint=f"fix the rows so they fit (`mover divergences {m.name}` lists them) and retry, or "
                         f"`mover {command} {m.name} {GIVE_UP_FLAG}` to give them up (recorded in the events)")
 

@@ -115,7 +115,7 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     # The target's secondary unique indexes are built after the backfill, so replays during it
     # cannot meet them; this guards that the swaps still arrive, across the copied bound.
     create_acct(db_dsn)
-    plan = plan_file(tmp_path, throttle="min_rows = 100\nmax_rows = 500\n")  # ranges stay small: the hang finds rows to copy
+    plan = plan_file(tmp_path, throttle="min_rows = 100\nmax_rows = 500\n")  # small ranges: some left to copy
     release = tmp_path / "release"
     proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:2", "MOVER_FAULT_RELEASE": str(release)})
     try:
@@ -148,7 +148,7 @@ class SwapWriter:
         self.paused = threading.Event()
         self.idle = threading.Event()
 
-    def start(self) -> "SwapWriter":
+    def start(self) -> SwapWriter:
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
         return self

@@ -331,3 +331,22 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
         assert conn.execute("SELECT to_regclass('acct_old')").fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'acct'::regclass"
                             " AND NOT tgisinternal").fetchone()[0] == 2  # the forward capture is still there
+
+
+def test_abort_in_the_window_swaps_back_with_every_write(db_dsn, tmp_path):
+    create_acct(db_dsn)
+    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "cutover", "acct").returncode == 0
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        rotate(conn, [1, 2])
+        conn.execute("INSERT INTO acct VALUES (5000, 'w@x', 'W', 'window')")
+        conn.execute("DELETE FROM acct WHERE id = 9")
+        expected = conn.execute("SELECT * FROM acct ORDER BY id").fetchall()
+    r = mover(db_dsn, "abort", "acct")
+    assert r.returncode == 0, r.stderr
+    assert status(db_dsn)["state"] == "aborted"
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT * FROM acct ORDER BY id").fetchall() == expected
+        assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                            " WHERE attrelid = 'acct'::regclass AND attname = 'id'").fetchone()[0] == "integer"
+        assert conn.execute("SELECT to_regclass('acct_new'), to_regclass('acct_old')").fetchone() == (None, None)

@@ -350,3 +350,51 @@ def test_abort_in_the_window_swaps_back_with_every_write(db_dsn, tmp_path):
         assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
                             " WHERE attrelid = 'acct'::regclass AND attname = 'id'").fetchone()[0] == "integer"
         assert conn.execute("SELECT to_regclass('acct_new'), to_regclass('acct_old')").fetchone() == (None, None)
+
+
+def test_swaps_with_composite_key_quoted_names_and_partial_index(db_dsn, tmp_path):
+    t = sql.Identifier("Odd Schema", 'Acct "X"')
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('CREATE SCHEMA "Odd Schema"')
+        conn.execute(sql.SQL('CREATE TABLE {} ("Tenant" int, "Line No" int, "E-mail" text NOT NULL UNIQUE,'
+                             ' "Handle" text, live bool NOT NULL DEFAULT true, PRIMARY KEY ("Tenant", "Line No"))')
+                     .format(t))
+        conn.execute(sql.SQL('CREATE UNIQUE INDEX "by handle" ON {} (lower("Handle"), "Tenant") WHERE live')
+                     .format(t))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT g % 3, g, 'e' || g, 'h' || g FROM generate_series(1, 900) g")
+                     .format(t))
+    plan = write_plan(tmp_path / "odd.toml", '''
+[migration]
+name = "odd"
+source = '"Odd Schema"."Acct ""X"""'
+[target]
+columns = { "Line No" = "bigint" }
+[rollback]
+window = "1h"
+''')
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+
+    def swap(conn, a, b, column):
+        col = sql.Identifier(column)
+        with conn.transaction():
+            va, vb = (conn.execute(sql.SQL('SELECT {} FROM {} WHERE "Line No" = %s').format(col, t), (k,))
+                      .fetchone()[0] for k in (a, b))
+            conn.execute(sql.SQL('UPDATE {} SET {} = NULL WHERE "Line No" = %s').format(t, col), (a,))
+            conn.execute(sql.SQL('UPDATE {} SET {} = %s WHERE "Line No" = %s').format(t, col), (va, b))
+            conn.execute(sql.SQL('UPDATE {} SET {} = %s WHERE "Line No" = %s').format(t, col), (vb, a))
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        swap(conn, 3, 6, "Handle")  # same tenant: the expression index, with its predicate
+        with conn.transaction():  # the e-mail index: a 3-cycle through a temporary value
+            conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'tmp\' WHERE "Line No" = 1').format(t))
+            conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'e1\' WHERE "Line No" = 2').format(t))
+            conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'e2\' WHERE "Line No" = 4').format(t))
+            conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'e4\' WHERE "Line No" = 1').format(t))
+    r = mover(db_dsn, "run", "odd")
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        new = sql.Identifier("Odd Schema", 'Acct "X"_new')
+        for x, y in ((t, new), (new, t)):
+            q = sql.SQL("SELECT count(*) FROM (SELECT * FROM {} EXCEPT ALL SELECT * FROM {}) d").format(x, y)
+            assert conn.execute(q).fetchone()[0] == 0

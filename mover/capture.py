@@ -178,12 +178,14 @@ def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple
                 cur.execute(single, list(key))
                 cur.execute("RELEASE SAVEPOINT mover_key")
                 continue
-            except DATA_ERRORS:
+            except DATA_ERRORS as exc:
                 cur.execute("ROLLBACK TO SAVEPOINT mover_key")
+                own = exc
             try:
                 _replay_closure(cur, m, [key])
-            except DATA_ERRORS as exc:
-                failures[key] = exc
+            except DATA_ERRORS:
+                # The key's own error names it; its closure's may be another row's.
+                failures[key] = own
         keys = list(failures)
         if not keys:
             break
@@ -317,7 +319,7 @@ def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composable,
             try:
                 _replay_closure(cur, mapping, [key])
                 continue
-            except DATA_ERRORS as exc:
-                error = exc
+            except DATA_ERRORS:
+                pass  # the key's own error names it; its closure's may be another row's
         failed[key] = f"{str(error).splitlines()[0]} [{error.sqlstate}]"
     return failed

@@ -308,6 +308,8 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
     assert "mover divergences acct" in r.stderr
     found = json.loads(mover(db_dsn, "divergences", "acct", "--json").stdout)
     assert sorted((d["key"], d["kind"]) for d in found) == [(["5"], "apply_error"), (["8"], "apply_error")]
+    why = {d["key"][0]: d["columns"]["error"] for d in found}
+    assert "out of range" in why["5"] and "duplicate key" in why["8"], why  # 8 is held up by 5's old row
     r = mover(db_dsn, "cutover", "acct")
     assert r.returncode == 3, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:

@@ -262,6 +262,7 @@ def test_rows_the_old_table_rejects_block_rollback_and_abort_until_given_up(db_d
         conn.execute("INSERT INTO acct VALUES (3000000001, 'big1@x', 'B1', 'n'), (3000000002, 'big2@x', 'B2', 'n')")
     r = mover(db_dsn, "run", "acct")
     assert r.returncode == 3, r.stderr
+    assert "rollback window" in r.stderr and "2 rows exist only in" in r.stderr and "3000000002" in r.stderr
     r = mover(db_dsn, "rollback", "acct")
     assert r.returncode == 3, r.stderr
     assert "3000000001" in r.stderr and "3000000002" in r.stderr and "out of range" in r.stderr, r.stderr

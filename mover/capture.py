@@ -135,9 +135,17 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
     failed = replay_set(cur, m, keys)
     reverse = m.src == ctx.new
     for key, exc in failed.items():
-        control.record_divergence(cur, ctx.mid, list(key), "apply_error",
-                                  {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate,
-                                   "direction": "reverse" if reverse else "forward"})
+        columns = {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate,
+                   "direction": "reverse" if reverse else "forward"}
+        # A row the application keeps changing fails at each replay: one open divergence per key.
+        cur.execute("SELECT id FROM mover.divergences WHERE migration_id = %s AND key = %s AND kind = 'apply_error'"
+                    " AND resolved_at IS NULL AND columns->>'direction' = %s ORDER BY id LIMIT 1",
+                    (ctx.mid, list(key), columns["direction"]))
+        row = cur.fetchone()
+        if row:
+            control.update_divergence(cur, ctx.mid, row[0], "apply_error", columns)
+        else:
+            control.record_divergence(cur, ctx.mid, list(key), "apply_error", columns)
         control.event(cur, ctx.mid, ctx.owner, None, "apply_error",
                       f"replaying key {list(key)} into {m.dst} failed: {str(exc).splitlines()[0]}")
     result.failed = len(failed)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, steps
+from mover import capture, chunks, control, cutover, faults, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database
 from mover.heartbeat import Heartbeat
@@ -94,7 +94,9 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.
             capture.drain(ctx, reverse=False, backfill_done=True)
-            # The gate tells the truth: a replay that failed since reconcile left open divergences.
+            # The gate tells the truth: a replay that failed since reconcile left open divergences
+            # (replayed once more first: the application may have fixed the row since).
+            ctx.db.transaction(lambda cur: cutover.retry_unapplied(cur, ctx, reverse=False))
             counts = ctx.db.transaction(lambda cur: control.divergence_counts(cur, m.id))
             error = None
             if counts["open"]:

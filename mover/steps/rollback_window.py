@@ -25,8 +25,9 @@ class RollbackWindow(Step):
             return True
 
         if not ctx.db.transaction(close_if_over):
-            # Say so while rows the old table rejected exist only in the new one: a rollback would refuse.
-            stuck = ctx.db.transaction(lambda cur: cutover.rows_only_on(cur, ctx, "new"))
+            # Say so while rows the old table rejected exist only in the new one (replayed once more:
+            # the application may have fixed them): a rollback would refuse.
+            stuck = ctx.db.transaction(lambda cur: cutover.retry_unapplied(cur, ctx, reverse=True))
             rejected = (f"; {len({tuple(d['key']) for d in stuck})} rows exist only in {m.source}, the old table "
                         f"rejected them: {cutover.describe_rows(stuck)}") if stuck else ""
             raise Waiting(f"the rollback window of {m.name!r} is open until {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}"

@@ -272,6 +272,12 @@ def test_rows_the_old_table_rejects_block_rollback_and_abort_until_given_up(db_d
     # The application fixes one row: it goes through, the other still blocks (abort swaps back first).
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM acct WHERE id = 3000000002")
+        conn.execute("UPDATE acct SET note = 'again' WHERE id = 3000000001")  # fails again: still one divergence
+    r = mover(db_dsn, "run", "acct")
+    assert r.returncode == 3 and "1 rows exist only in" in r.stderr and "3000000002" not in r.stderr, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT key, count(*) FROM mover.divergences WHERE resolved_at IS NULL GROUP BY key"
+                            ).fetchall() == [(["3000000001"], 1)]
     r = mover(db_dsn, "abort", "acct")
     assert r.returncode == 3, r.stderr
     assert "3000000001" in r.stderr and "3000000002" not in r.stderr, r.stderr

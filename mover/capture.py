@@ -207,11 +207,11 @@ def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
     take, until nothing new comes in, then replace the whole set at once: delete the destination
     rows of all its keys, insert the source rows of all of them. In one savepoint: all or nothing.
     Raises the data error (class 22 or 23) if the set still cannot reach the source's state."""
-    indexes = _unique_indexes(cur, m)
+    indexes, computed = _unique_indexes(cur, m)
     for attempt in range(CLOSURE_ATTEMPTS):
         cur.execute("SAVEPOINT mover_closure")
         try:
-            _replace(cur, m, _closure(cur, m, indexes, keys))
+            _replace(cur, m, _closure(cur, m, indexes, computed, keys))
             cur.execute("RELEASE SAVEPOINT mover_closure")
             return
         except psycopg.errors.UniqueViolation:
@@ -226,13 +226,14 @@ def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
             raise
 
 
-def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], keys: list[tuple]) -> list[tuple]:
+def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], computed: tuple[str, ...],
+             keys: list[tuple]) -> list[tuple]:
     closure = dict.fromkeys(keys)
     if not indexes:
         return list(closure)
     probe = list(closure)
     for _ in range(CLOSURE_ROUNDS):
-        cur.execute(q.conflicting_keys(m, indexes), q.key_params(probe, len(m.key)))
+        cur.execute(q.conflicting_keys(m, indexes, computed), q.key_params(probe, len(m.key)))
         new = [k for k in dict.fromkeys(tuple(r) for r in cur.fetchall()) if k not in closure]
         if not new or len(closure) + len(new) > CLOSURE_MAX_KEYS:
             break
@@ -247,19 +248,23 @@ def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
     cur.execute(q.insert_keys(m), params)
 
 
-def _unique_indexes(cur: psycopg.Cursor, m: Mapping) -> list[list[str]]:
-    """Each unique index of the destination as its column/expression texts; an index that reads a
-    column the replay does not copy (a generated column) is left out, since its expression could
-    not be evaluated on the converted source row."""
-    copied = {c.name for c in m.columns}
-    cur.execute(q.unique_indexes(), {"table": introspect.table_oid(cur, m.dst)})
+def _unique_indexes(cur: psycopg.Cursor, m: Mapping) -> tuple[list[list[str]], tuple[str, ...]]:
+    """Each unique index of the destination as its column/expression texts, and the generated
+    columns that both tables compute (the source's value stands for the destination's). An index
+    that reads any other column the replay does not copy is left out: its expression could not be
+    evaluated on the converted source row."""
+    src, dst = introspect.table_oid(cur, m.src), introspect.table_oid(cur, m.dst)
+    cur.execute(q.generated_columns(), {"src": src, "dst": dst})
+    computed = tuple(r[0] for r in cur.fetchall())
+    readable = {c.name for c in m.columns} | set(computed)
+    cur.execute(q.unique_indexes(), {"table": dst})
     out = []
     for name, exprs, reads in cur.fetchall():
-        if set(reads) <= copied:
+        if set(reads) <= readable:
             out.append(list(exprs))
         else:
             log.debug("unique index %s reads columns not copied; left out of replay closures", name)
-    return out
+    return out, computed
 
 
 def _count(cur: psycopg.Cursor, mid: int, reverse: bool, n: int) -> None:

@@ -164,6 +164,13 @@ def pending_count(log) -> sql.Composed:
 # cannot be replayed one key at a time, nor by an upsert of both (the unique check is per row).
 
 
+def generated_columns() -> sql.SQL:
+    """Stored generated columns of both %(src)s and %(dst)s (oids), by name."""
+    return sql.SQL("SELECT d.attname FROM pg_attribute d JOIN pg_attribute s ON s.attrelid = %(src)s"
+                   " AND s.attname = d.attname AND s.attgenerated = 's' AND NOT s.attisdropped"
+                   " WHERE d.attrelid = %(dst)s AND d.attgenerated = 's' AND NOT d.attisdropped ORDER BY d.attnum")
+
+
 def unique_indexes() -> sql.SQL:
     """The destination's unique indexes: each one's key column/expression texts, and the names of
     every column it reads (keys, expressions and predicate, from indkey and pg_depend). Takes
@@ -196,21 +203,23 @@ def key_params(keys: list[tuple], width: int) -> dict[str, list]:
     return {f"k_{i}": [k[i] for k in keys] for i in range(width)}
 
 
-def conflicting_keys(m: Mapping, indexes: list[list[str]]) -> sql.Composed:
+def conflicting_keys(m: Mapping, indexes: list[list[str]], computed: tuple[str, ...] = ()) -> sql.Composed:
     """The keys (as text) of destination rows whose values in one of `indexes` (each a list of the
     index's column/expression texts, from pg_get_indexdef: SQL the catalog deparsed, so trusted)
     equal those of the source rows of the given keys, converted as the destination takes them.
     Unqualified, each expression reads the destination's row outside the subquery and the
     converted source row inside it (the columns it reads are all copied columns: the caller
-    checks that). Keys of the set itself come back too; partial-index predicates are ignored:
-    replaying a key too many is harmless."""
+    checks that; `computed` are generated columns, read as the source computed them). Keys of the
+    set itself come back too; partial-index predicates are ignored: replaying a key too many is
+    harmless."""
     dkey = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in m.key)
     parts = [sql.SQL("SELECT {dkey} FROM {dst} WHERE ({exprs}) IN (SELECT {exprs} FROM converted)").format(
         dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(sql.SQL(e) for e in exprs)) for exprs in indexes]
+    values = sql.SQL(", ").join([source_values("s", m), *(sql.Identifier("s", c) for c in computed)])
     return sql.SQL("WITH {keys}, converted AS MATERIALIZED (SELECT * FROM (SELECT {values} FROM {src} s"
                    " JOIN keys l ON {s_eq_l}) AS c ({cols}))\n{parts}").format(
-        keys=_key_set(m), values=source_values("s", m), src=m.src.ident, s_eq_l=key_equal("s", "l", m.key),
-        cols=ident_list(c.name for c in m.columns), parts=sql.SQL("\nUNION\n").join(parts))
+        keys=_key_set(m), values=values, src=m.src.ident, s_eq_l=key_equal("s", "l", m.key),
+        cols=ident_list([*(c.name for c in m.columns), *computed]), parts=sql.SQL("\nUNION\n").join(parts))
 
 
 def delete_keys(m: Mapping) -> sql.Composed:

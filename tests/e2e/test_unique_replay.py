@@ -366,18 +366,20 @@ def test_swaps_with_composite_key_quoted_names_and_partial_index(db_dsn, tmp_pat
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute('CREATE SCHEMA "Odd Schema"')
         conn.execute(sql.SQL('CREATE TABLE {} ("Tenant" int, "Line No" int, "E-mail" text NOT NULL UNIQUE,'
-                             ' "Handle" text, live bool NOT NULL DEFAULT true, PRIMARY KEY ("Tenant", "Line No"))')
+                             ' "Handle" text, live bool NOT NULL DEFAULT true, slot int,'
+                             ' "Slot 2" int GENERATED ALWAYS AS (slot * 2) STORED UNIQUE, tiny int NOT NULL DEFAULT 0,'
+                             ' PRIMARY KEY ("Tenant", "Line No"))')
                      .format(t))
         conn.execute(sql.SQL('CREATE UNIQUE INDEX "by handle" ON {} (lower("Handle"), "Tenant") WHERE live')
                      .format(t))
-        conn.execute(sql.SQL("INSERT INTO {} SELECT g % 3, g, 'e' || g, 'h' || g FROM generate_series(1, 900) g")
-                     .format(t))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT g % 3, g, 'e' || g, 'h' || g, true, g"
+                             " FROM generate_series(1, 900) g").format(t))
     plan = write_plan(tmp_path / "odd.toml", '''
 [migration]
 name = "odd"
 source = '"Odd Schema"."Acct ""X"""'
 [target]
-columns = { "Line No" = "bigint" }
+columns = { "Line No" = "bigint", tiny = "smallint" }
 [rollback]
 window = "1h"
 ''')
@@ -395,11 +397,20 @@ window = "1h"
 
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         swap(conn, 3, 6, "Handle")  # same tenant: the expression index, with its predicate
+        swap(conn, 10, 11, "slot")  # only the generated column's index sees this one
+        # A real failure in the same batch: the batch falls back to key by key, each key with its closure.
+        conn.execute(sql.SQL('UPDATE {} SET tiny = 40000 WHERE "Line No" = 900').format(t))
         with conn.transaction():  # the e-mail index: a 3-cycle through a temporary value
             conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'tmp\' WHERE "Line No" = 1').format(t))
             conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'e1\' WHERE "Line No" = 2').format(t))
             conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'e2\' WHERE "Line No" = 4').format(t))
             conn.execute(sql.SQL('UPDATE {} SET "E-mail" = \'e4\' WHERE "Line No" = 1').format(t))
+    r = mover(db_dsn, "run", "odd")
+    assert r.returncode == 3 and "1 divergences (1 apply_error)" in r.stderr, r.stderr
+    (d,) = json.loads(mover(db_dsn, "divergences", "odd", "--json").stdout)
+    assert d["key"] == ["0", "900"] and "out of range" in d["columns"]["error"], d
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL('UPDATE {} SET tiny = 1 WHERE "Line No" = 900').format(t))
     r = mover(db_dsn, "run", "odd")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:

@@ -363,11 +363,12 @@ def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
     return _operator_command(dsn, name, ("cutover",), "cut over", go, **kw)
 
 
-def rollback(dsn: str, name: str, **kw) -> dict[str, Any]:
-    return _operator_command(dsn, name, ("rollback_window",), "roll back", cutover.swap_back, **kw)
+def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+    return _operator_command(dsn, name, ("rollback_window",), "roll back",
+                             lambda ctx: cutover.swap_back(ctx, give_up_rows), **kw)
 
 
-def retire(dsn: str, name: str, *, force: bool = False, **kw) -> dict[str, Any]:
+def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw) -> dict[str, Any]:
     def go(ctx: Context):
         m = ctx.migration
         if m.step == "rollback_window":
@@ -383,7 +384,7 @@ def retire(dsn: str, name: str, *, force: bool = False, **kw) -> dict[str, Any]:
             ctx.db.transaction(close)
             ctx.refresh()
         ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "retire", ctx.owner))
-        cutover.retire(ctx)
+        cutover.retire(ctx, give_up_rows)
     return _operator_command(dsn, name, ("rollback_window", "retire"), "retire", go, **kw)
 
 
@@ -449,19 +450,11 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
         db.close()
 
 
-def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
-    db = _database(dsn)
-    try:
-        _require_schema(db)
-        m = db.transaction(lambda cur: control.get(cur, name))
-    finally:
-        db.close()
-    if m.step == "rollback_window" and m.state not in ("done", "aborted"):
-        # The new table is live: dropping it would drop the application's table. Say the way out.
-        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
-                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
-    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
-                             "abort", cutover.abort, **kw)
+def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+    # In the rollback window, abort swaps back first (cutover.abort).
+    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover",
+                                         "rollback_window"),
+                             "abort", lambda ctx: cutover.abort(ctx, give_up_rows), **kw)
 
 
 # ---------------------------------------------------------------------------------------------

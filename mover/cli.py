@@ -33,6 +33,9 @@ out = Console()
 
 DsnOption = typer.Option(None, "--dsn", help="libpq DSN or URL; default $DATABASE_URL, else the PG* variables.")
 JsonOption = typer.Option(False, "--json", help="Print JSON.")
+GiveUpRowsOption = typer.Option(False, "--give-up-rows",
+                                help="Go ahead although rows exist only on the side left behind; they are given up "
+                                     "and listed in the events.")
 
 
 class State:
@@ -303,26 +306,27 @@ def cutover(name: str, dsn: str | None = DsnOption):
 
 @app.command()
 @_exits
-def rollback(name: str, dsn: str | None = DsnOption):
+def rollback(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
     """During the rollback window: swap the original table back, losing nothing."""
-    st = api.rollback(_dsn(dsn), name, stop=_interruptible())
+    st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
 
 
 @app.command()
 @_exits
 def retire(name: str, dsn: str | None = DsnOption,
-           force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends.")):
+           force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends."),
+           give_up_rows: bool = GiveUpRowsOption):
     """After the rollback window: drop the old table and everything mover created."""
-    st = api.retire(_dsn(dsn), name, force=force, stop=_interruptible())
+    st = api.retire(_dsn(dsn), name, force=force, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
 
 
 @app.command()
 @_exits
-def abort(name: str, dsn: str | None = DsnOption):
-    """Before cutover: remove everything mover created; the source stays as it was."""
-    st = api.abort(_dsn(dsn), name, stop=_interruptible())
+def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+    """Remove everything mover created; the source stays as it was (in the rollback window: swap back first)."""
+    st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
 
 

@@ -395,7 +395,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
         batch = rows[i:i + REPAIR_BATCH]
 
         def tx(cur, batch: list[dict]):
-            errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch])
+            errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []
             for r in batch:

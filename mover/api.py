@@ -14,7 +14,7 @@ from mover import backfill as backfill_engine
 from mover import reconcile as reconcile_engine
 from mover import capture, chunks, control, cutover, introspect, names, runner, steps
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, redact
+from mover.db import Database, dsn_problem, mask, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
@@ -23,12 +23,18 @@ log = logging.getLogger("mover")
 
 
 def _database(dsn: str) -> Database:
+    problem = dsn_problem(dsn) if dsn else None
+    if problem:
+        raise BadInput(f"the DSN is malformed: {problem}",
+                       hint="fix --dsn or DATABASE_URL: a URL such as postgresql://user@host:5432/dbname, or "
+                            "key=value pairs such as 'host=... dbname=... user=...'; give the password through "
+                            "PGPASSWORD or ~/.pgpass rather than in the DSN")
     db = Database(dsn)
     try:
         db.connection()
     except psycopg.OperationalError as exc:
         raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
-                     f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
+                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
                      hint="check --dsn, DATABASE_URL or the PG* variables") from exc
     return db
 

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mover import api
+from mover.db import mask, remember_secrets
 from mover.errors import MoverError, Waiting
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -50,27 +52,39 @@ def _exits(fn):
             return fn(*args, **kwargs)
         except MoverError as exc:
             style = {3: "yellow", 130: "yellow"}.get(exc.exit_code, "red")
-            err.print(f"[{style}]{escape(exc.message)}[/{style}]", highlight=False)
+            err.print(f"[{style}]{escape(mask(exc.message))}[/{style}]", highlight=False)
             if exc.hint:
-                err.print(f"next: {exc.hint}", highlight=False, markup=False)
+                err.print(f"next: {mask(exc.hint)}", highlight=False, markup=False)
             if State.debug:
-                err.print_exception()
+                _print_traceback(exc)
             raise typer.Exit(exc.exit_code)
         except KeyboardInterrupt:
             err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
             raise typer.Exit(130)
         except psycopg.Error as exc:
-            err.print(f"database error: {str(exc).strip()}", highlight=False, markup=False)
+            err.print(f"database error: {mask(str(exc).strip())}", highlight=False, markup=False)
             if State.debug:
-                err.print_exception()
+                _print_traceback(exc)
             raise typer.Exit(1)
 
     return wrapper
 
 
+def _print_traceback(exc: BaseException) -> None:
+    # Plain text so it can be masked: exception texts (psycopg's among them) may quote the DSN.
+    err.print(mask("".join(traceback.format_exception(exc))), highlight=False, markup=False, end="")
+
+
+class _MaskingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return mask(super().format(record))
+
+
 def _dsn(dsn: Optional[str]) -> str:
     # An empty DSN makes libpq read the PG* variables (PGHOST, PGUSER, PGPASSFILE...).
-    return dsn or State.dsn or os.environ.get("DATABASE_URL", "")
+    value = dsn or State.dsn or os.environ.get("DATABASE_URL", "")
+    remember_secrets(value)
+    return value
 
 
 def _print_json(value: Any) -> None:
@@ -213,8 +227,12 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
                  dsn: Optional[str] = DsnOption):
     State.debug = debug
     State.dsn = dsn
+    remember_secrets(dsn)
+    remember_secrets(os.environ.get("DATABASE_URL"))
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:  # no log line may carry a password either
+        handler.setFormatter(_MaskingFormatter(handler.formatter._fmt if handler.formatter else None))
 
 
 @app.command()

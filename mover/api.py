@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import replace
@@ -66,6 +67,10 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
                         hint="check the name; unquoted names fold to lower case, quote mixed-case names")
     if source.schema == names.CONTROL_SCHEMA:
         raise PlanError(f"[migration] source: {source} belongs to mover itself")
+    if introspect.persistence(cur, source) == "t":
+        raise PlanError(f"[migration] source: {source} is a temporary table; mover cannot move it, because it "
+                        f"exists only in the session that created it (mover works from sessions of its own)",
+                        hint="move a permanent table: copy the rows into one (CREATE TABLE ... AS) if you need to")
     if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
         raise PlanError(f"[migration] source: {source} is a system table", hint="mover moves user tables")
     # The kind first: describe() would report a view's missing key, or choke on a partitioned
@@ -135,6 +140,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if fks:
         raise PlanError(f"{source} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
                         f"is not supported yet", hint="drop them before the migration and recreate them after")
+    _check_outbound_foreign_keys(cur, plan, source, info.oid)
     meta = introspect.metadata(cur, info.oid)
     unsupported = []
     if meta.inheritance:
@@ -172,6 +178,25 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
             raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
                             f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
     return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
+
+
+def _check_outbound_foreign_keys(cur, plan: Plan, source: QualifiedName, oid: int) -> None:
+    """The swap does not carry the source's own foreign keys over yet: the plan must name each one
+    it accepts to lose (`[target] drop_foreign_keys`), so that nothing is dropped silently."""
+    fks = dict(introspect.outbound_foreign_keys(cur, oid))
+    unknown = [n for n in plan.drop_foreign_keys if n not in fks]
+    if unknown:
+        raise PlanError(f"[target] drop_foreign_keys: {', '.join(names.display_ident(n) for n in unknown)} "
+                        f"{'is not a foreign key' if len(unknown) == 1 else 'are not foreign keys'} of {source}",
+                        hint=f"its foreign keys are: {', '.join(names.display_ident(n) for n in fks) or 'none'}")
+    missing = [n for n in fks if n not in plan.drop_foreign_keys]
+    if missing:
+        listed = "; ".join(f"{names.display_ident(n)} {fks[n]}" for n in missing)
+        keys = ", ".join(json.dumps(n) for n in sorted(plan.drop_foreign_keys + tuple(missing)))  # TOML strings
+        raise PlanError(f"{source} has foreign keys that the new table would not have after the swap ({listed}); "
+                        f"mover does not carry them over yet, and afterwards rows that break them would be accepted",
+                        hint=f"to go ahead without them, acknowledge each one in the plan: [target] drop_foreign_keys"
+                             f" = [{keys}] (and recreate them after the migration); or drop them first")
 
 
 def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName) -> str | None:

@@ -265,10 +265,19 @@ def _stop_orphaned_build(ctx: Context, index_oid: int) -> None:
         time.sleep(0.2)
 
 
+def _copy_index_comment(ctx: Context, name: str, ix) -> None:
+    def copy(cur):
+        comment, _ = introspect.index_comments(cur, ix.oid)
+        if comment is not None:
+            cur.execute(ddl.comment_on_index(ctx.new.schema, name, comment))
+    ctx.db.transaction(copy, label="index comment")
+
+
 def _build_index(ctx: Context, name: str, ix) -> None:
     schema = ctx.new.schema
     state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
     if state is True:
+        _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
         return
     faults.point("index_building")
     if state is False:
@@ -282,6 +291,7 @@ def _build_index(ctx: Context, name: str, ix) -> None:
     ctx.db.autocommit(ddl.create_index(name, ctx.new, ix, concurrently=True),
                       statement_timeout="0", lock_timeout="10min")
     faults.point("index_built")
+    _copy_index_comment(ctx, name, ix)
     ms = (time.monotonic() - started) * 1000
     ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
                                                  f"index {name} built", {"source_index": ix.name}, ms))

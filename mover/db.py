@@ -224,4 +224,5 @@ def sqlstate(exc: BaseException) -> str | None:
     return getattr(exc, "sqlstate", None)
 
 
-__all__ = ["Database", "connect", "redact", "mask", "dsn_problem", "remember_secrets", "is_retryable", "pgerrors", "sqlstate"]
+__all__ = ["Database", "connect", "redact", "mask", "dsn_problem", "remember_secrets", "is_retryable", "pgerrors",
+           "sqlstate"]

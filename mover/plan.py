@@ -293,7 +293,8 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
 
     drop_fks = t.get("drop_foreign_keys", [])
     if not all(isinstance(n, str) and n for n in drop_fks) or len(set(drop_fks)) != len(drop_fks):
-        raise fail("[target] drop_foreign_keys must list distinct constraint names, e.g. [\"invoices_customer_id_fkey\"]")
+        raise fail("[target] drop_foreign_keys must list distinct constraint names",
+                   'e.g. drop_foreign_keys = ["invoices_customer_id_fkey"]')
 
     return Plan(
         drop_foreign_keys=tuple(drop_fks),

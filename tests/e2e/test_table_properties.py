@@ -143,6 +143,11 @@ def test_not_valid_check_with_violating_rows_is_copied_not_valid(db_dsn, tmp_pat
         COMMENT ON CONSTRAINT "qty not negative" ON stock IS 'old rows may break it';
     """)
     p = plan(tmp_path, "stock", "public.stock", 'columns = { id = "bigint" }')
+    r = mover(db_dsn, "plan", "check", p)
+    assert r.returncode == 0, r.stderr
+    checked = " ".join(r.stdout.split())
+    assert 'ALTER TABLE "public"."stock_new" DROP CONSTRAINT "qty not negative"' in checked
+    assert 'ALTER TABLE "public"."stock_new" ADD CONSTRAINT "qty not negative" CHECK ((qty >= 0)) NOT VALID' in checked
     r = mover(db_dsn, "run", p)
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
     # The application goes on: it repairs one old row, adds one, and cannot break the check anew.

@@ -66,6 +66,12 @@ def _exits(fn):
             if State.debug:
                 _print_traceback(exc)
             raise typer.Exit(1)
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
+            raise
+        except Exception as exc:
+            # A bug: its traceback, masked like everything else printed (its text may quote a DSN).
+            _print_traceback(exc)
+            raise typer.Exit(1)
 
     return wrapper
 

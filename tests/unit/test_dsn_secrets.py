@@ -32,6 +32,8 @@ DSNS = [
     "host=localhost PASSWORD=s3cretPW",
     "bob:s3cretPW@localhost/db",
     "host=localhost 'password=s3cretPW",
+    "postgrs://bob@host/db?sslmode=disable&password=s3cretPW",
+    "postgresql:///db?host=/tmp&password=s3cretPW&",
 ]
 
 
@@ -90,7 +92,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 MALFORMED = ["postgrs://bob:s3cretPW@host/db", "postgresql//bob:s3cretPW@localhost/db",
-             "host=localhost password=s3cretPW dbname"]
+             "host=localhost password=s3cretPW dbname", "postgrs://bob@host/db?sslmode=disable&password=s3cretPW"]
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])

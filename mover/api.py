@@ -19,6 +19,7 @@ from mover.db import Database, dsn_problem, mask, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
+from mover.sql import ddl
 
 log = logging.getLogger("mover")
 
@@ -208,6 +209,9 @@ def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: Qual
     try:
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
+        # The NOT VALID checks come back at the swap (mover/cutover.py): they must fit the new types.
+        for name, definition, _ in introspect.unvalidated_checks(cur, introspect.table_oid(cur, source)):
+            cur.execute(ddl.add_constraint(target, name, definition))
     except psycopg.Error as exc:
         if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
             raise  # a lock timeout or a lost connection says nothing about the plan

@@ -80,7 +80,17 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
             cur.execute(sql.SQL("SELECT setval(%s::regclass, least(s.last_value, (SELECT seqmax FROM pg_sequence"
                                 " WHERE seqrelid = %s::regclass)), s.is_called) FROM {} s").format(seq.sequence.ident),
                         (target_seq, target_seq))
+            _copy_sequence_grants(cur, seq.sequence, to_identity[seq.column])
             _swap_sequence_names(cur, seq.sequence, to_identity[seq.column])
+
+
+def _copy_sequence_grants(cur, from_seq: names.QualifiedName, to_seq: names.QualifiedName) -> None:
+    """With the name goes what the application may do with it (currval() needs USAGE or SELECT)."""
+    cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
+                " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
+                " WHERE c.oid = %s::regclass AND a.grantee <> c.relowner", (str(from_seq),))
+    for role, privilege, grantable in cur.fetchall():
+        cur.execute(ddl.grant_on_sequence(to_seq, privilege, role, grantable))
 
 
 def _swap_sequence_names(cur, a: names.QualifiedName, b: names.QualifiedName) -> None:

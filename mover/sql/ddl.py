@@ -84,6 +84,14 @@ def grant(table: QualifiedName, privilege: str, role: str | None, grantable: boo
         t=table.ident, role=_grantee(role), opt=sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL(""))
 
 
+def grant_on_sequence(seq: QualifiedName, privilege: str, role: str | None, grantable: bool) -> sql.Composed:
+    if privilege not in ("USAGE", "SELECT", "UPDATE"):
+        raise ValueError(f"unexpected sequence privilege {privilege!r}")
+    return sql.SQL("GRANT {priv} ON SEQUENCE {s} TO {role}{opt}").format(
+        priv=sql.SQL(privilege), s=seq.ident, role=_grantee(role),
+        opt=sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL(""))
+
+
 def owner_to(table: QualifiedName, role: str) -> sql.Composed:
     return sql.SQL("ALTER TABLE {} OWNER TO {}").format(table.ident, sql.Identifier(role))
 

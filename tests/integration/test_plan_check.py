@@ -335,6 +335,11 @@ CASES = [
                                               '"invoices_customer_id_fkey"]\n'),
          ["[target] drop_foreign_keys", '"invoices_fk" is not a foreign key of "public"."invoices"',
           '"invoices_customer_id_fkey"'], setup=INVOICES, also_run=True),
+    # A NOT VALID check comes back at the swap: it must still fit the new column types
+    Case("not-valid-check-breaks-with-new-type", plan_toml(source="flags", columns={"bits": "numeric"}),
+         ["[target] columns", 'column "bits" cannot become \'numeric\'', "operator does not exist: numeric &"],
+         setup="CREATE TABLE flags (id int PRIMARY KEY, bits int); INSERT INTO flags VALUES (1, 3);"
+               " ALTER TABLE flags ADD CONSTRAINT even CHECK ((bits & 1) = 0) NOT VALID", also_run=True),
     Case("drop-foreign-keys-on-a-table-without-any",
          plan_toml().replace("[target]\n", '[target]\ndrop_foreign_keys = ["orders_fkey"]\n'),
          ["[target] drop_foreign_keys", '"orders_fkey" is not a foreign key of "public"."orders"', "none"]),

@@ -297,7 +297,8 @@ def require_finished(db, mid: int, kind: str, migration: str, command: str) -> N
 def record_failure(db, mid: int, chunk: Chunk, worker: str, exc: BaseException, max_attempts: int) -> str:
     """A range's work failed on data or SQL: count the attempt (back to pending, or failed
     once out of attempts) and record an event; the worker goes on with other ranges."""
-    message = f"{type(exc).__name__}: {exc}"
+    from mover.db import mask
+    message = mask(f"{type(exc).__name__}: {exc}")  # stored: never a password, whatever raised it
     outcome = db.transaction(lambda cur: mark_failed_attempt(cur, mid, chunk, worker, message, max_attempts))
     db.transaction(lambda cur: control.event(cur, mid, worker, chunk.kind, "range_failed",
                                              f"{chunk.kind} range {chunk.chunk_no} failed ({outcome}): {message}"))

@@ -6,14 +6,15 @@ import json
 import logging
 import threading
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from mover import backfill as backfill_engine
-from mover import reconcile as reconcile_engine
 from mover import capture, chunks, control, cutover, introspect, names, runner, steps
+from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, dsn_problem, mask, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
@@ -66,6 +67,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if source is None:
         raise PlanError(f"[migration] source: table {plan.source} does not exist",
                         hint="check the name; unquoted names fold to lower case, quote mixed-case names")
+    assert source.schema is not None  # resolve() names the schema
     if source.schema == names.CONTROL_SCHEMA:
         raise PlanError(f"[migration] source: {source} belongs to mover itself")
     if introspect.persistence(cur, source) == "t":
@@ -90,6 +92,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
         raise PlanError(f"[migration] source: {exc.message}", hint=exc.hint) from None
 
     def sibling(name: QualifiedName | None, key: str, suffix: str) -> QualifiedName:
+        assert source.schema is not None
         if name is None:
             return QualifiedName(source.schema, names.derived(source.name, suffix))
         if name.schema is None:
@@ -210,7 +213,9 @@ def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: Qual
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
         # The NOT VALID checks come back at the swap (mover/cutover.py): they must fit the new types.
-        for name, definition, _ in introspect.unvalidated_checks(cur, introspect.table_oid(cur, source)):
+        source_oid = introspect.table_oid(cur, source)
+        assert source_oid is not None  # resolved by the caller
+        for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
             cur.execute(ddl.add_constraint(target, name, definition))
     except psycopg.Error as exc:
         if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
@@ -239,7 +244,7 @@ def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
 
 def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
-    now = None
+    now = datetime.now(UTC)
     return control.Migration(
         id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
         source=r["source"],
@@ -267,7 +272,8 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             out_steps = []
             for step in steps.ALL:
                 out_steps.append({"name": step.name,
-                                  "sql": [s if isinstance(s, str) else s.as_string(cur) for s in step.describe(ctx, cur)]})
+                                  "sql": [s if isinstance(s, str) else s.as_string(cur)
+                                          for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "steps": out_steps}

@@ -29,6 +29,7 @@ import psycopg
 
 from mover import capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
+from mover.db import bind
 from mover.errors import Failed, LeaseLost, MoverError
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
@@ -131,7 +132,7 @@ class Worker(chunks.RangeWorker):
                     return
                 settings = plan_from_canonical(m.plan).backfill  # `mover set` takes effect here
                 throttle.settings = settings
-                reason = self.db.transaction(lambda cur: throttle.reason(cur, m))
+                reason = self.db.transaction(bind(throttle.reason, m))
                 if reason:
                     waiting = reason
                     self._wait(reason, 1.0)
@@ -140,8 +141,8 @@ class Worker(chunks.RangeWorker):
                     waiting = None
                     self._wait(None, 0)
                 mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
-                chunk = self.db.transaction(lambda cur: chunks.claim(
-                    cur, mid, KIND, self.wid, mapping, rows_hint, settings.max_attempts), label="claim")
+                chunk = self.db.transaction(bind(
+                    chunks.claim, mid, KIND, self.wid, mapping, rows_hint, settings.max_attempts), label="claim")
                 if chunk is None:
                     st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
                     if st["open"] == 0:
@@ -155,7 +156,7 @@ class Worker(chunks.RangeWorker):
                 started = time.monotonic()
                 try:
                     rows, ms = chunks.work(self.db, mid, chunk, self.wid,
-                                           lambda cur: self._copy(cur, mapping, chunk),
+                                           bind(self._copy, mapping, chunk),
                                            synchronous_commit=settings.synchronous_commit)
                 except LeaseLost as exc:
                     log.warning("%s", exc)
@@ -168,8 +169,8 @@ class Worker(chunks.RangeWorker):
                     continue
                 faults.point(f"chunk:{chunk.chunk_no}")
                 rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)
-                self.db.transaction(lambda cur: cur.execute(
-                    "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
+                self.db.transaction(bind(
+                    psycopg.Cursor.execute, "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
                     " WHERE migration_id = %s AND worker_id = %s", (rows_hint, rows, mid, self.wid)))
                 capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                 pending = None
@@ -269,12 +270,13 @@ def _copy_index_comment(ctx: Context, name: str, ix) -> None:
     def copy(cur):
         comment, _ = introspect.index_comments(cur, ix.oid)
         if comment is not None:
-            cur.execute(ddl.comment_on_index(ctx.new.schema, name, comment))
+            cur.execute(ddl.comment_on_index(names.QualifiedName(ctx.new.schema, name), comment))
     ctx.db.transaction(copy, label="index comment")
 
 
 def _build_index(ctx: Context, name: str, ix) -> None:
     schema = ctx.new.schema
+    assert schema is not None  # the control tables hold schema-qualified names
     state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
     if state is True:
         _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
@@ -283,6 +285,7 @@ def _build_index(ctx: Context, name: str, ix) -> None:
     if state is False:
         log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
         oid = ctx.db.transaction(lambda cur: introspect.table_oid(cur, names.QualifiedName(schema, name)))
+        assert oid is not None  # index_state() just found it; only this lease holder drops it
         _stop_orphaned_build(ctx, oid)
         ctx.db.autocommit(ddl.drop_index(schema, name), lock_timeout="10s")
     started = time.monotonic()

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from mover.db import one
 from mover.errors import Failed, LeaseHeld, LeaseLost, NotFound
 from mover.names import QualifiedName
 
@@ -54,7 +55,7 @@ class Migration:
     lease_expires_at: datetime | None
 
     @classmethod
-    def from_row(cls, r: dict[str, Any]) -> "Migration":
+    def from_row(cls, r: dict[str, Any]) -> Migration:
         return cls(
             id=r["id"], name=r["name"], plan=r["plan"], plan_hash=r["plan_hash"],
             source=QualifiedName(r["source_schema"], r["source_table"]),
@@ -116,14 +117,14 @@ def init_schema(dsn: str) -> str:
         command.upgrade(cfg, "head")
     with engine.connect() as conn:
         from sqlalchemy import text
-        rev = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
+        rev: str = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
     engine.dispose()
     return rev
 
 
 def schema_ready(cur: psycopg.Cursor) -> bool:
     cur.execute("SELECT to_regclass('mover.migrations') IS NOT NULL")
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def register(cur: psycopg.Cursor, *, name: str, plan: dict, plan_hash: str, sour
         (name, json.dumps(plan), plan_hash, source.schema, source.name, target.schema, target.name,
          old.schema, old.name, key),
     )
-    mid = cur.fetchone()[0]
+    mid = one(cur)[0]
     cur.executemany("INSERT INTO mover.steps (migration_id, name, position) VALUES (%s, %s, %s)",
                     [(mid, s, i) for i, s in enumerate(STEPS)])
     event(cur, mid, actor, None, "registered", f"migration {name!r} registered", {"plan": plan})
@@ -275,7 +276,7 @@ def reopen_steps(cur: psycopg.Cursor, mid: int, names: list[str]) -> None:
 
 def move_to(cur: psycopg.Cursor, mid: int, step: str, state: str, **columns: Any) -> None:
     """Unguarded step change for operator commands that hold the lease already (checked by caller)."""
-    sets = [sql.SQL("step = %s"), sql.SQL("state = %s"), sql.SQL("updated_at = now()")]
+    sets: list[sql.Composable] = [sql.SQL("step = %s"), sql.SQL("state = %s"), sql.SQL("updated_at = now()")]
     params: list[Any] = [step, state]
     for col, value in columns.items():
         sets.append(sql.SQL("{} = %s").format(sql.Identifier(col)))
@@ -303,7 +304,7 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
     host, pid = socket.gethostname(), os.getpid()
     cur.execute("SELECT lease_owner, lease_host, lease_pid, lease_expires_at > clock_timestamp()"
                 " FROM mover.migrations WHERE id = %s FOR UPDATE", (m.id,))
-    holder, holder_host, holder_pid, live = cur.fetchone()
+    holder, holder_host, holder_pid, live = one(cur)
     if holder is not None and holder != owner and live:
         if not (holder_host == host and holder_pid is not None and not process_alive(holder_pid)):
             raise LeaseHeld(
@@ -362,7 +363,7 @@ def chunk_totals(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[int, int, in
     """(rows, chunks done, chunks known)."""
     cur.execute("SELECT coalesce(sum(rows) FILTER (WHERE status = 'done'), 0), count(*) FILTER (WHERE status = 'done'),"
                 " count(*) FROM mover.chunks WHERE migration_id = %s AND kind = %s", (mid, kind))
-    rows, done, total = cur.fetchone()
+    rows, done, total = one(cur)
     return int(rows), done, total
 
 
@@ -381,7 +382,7 @@ def record_divergence(cur: psycopg.Cursor, mid: int, key: list[str], kind: str, 
 
 def open_divergences(cur: psycopg.Cursor, mid: int) -> int:
     cur.execute("SELECT count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL", (mid,))
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = False) -> list[dict[str, Any]]:
@@ -426,7 +427,7 @@ def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
     """Open divergences by kind, and how the closed ones were closed."""
     cur.execute("SELECT kind, count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL"
                 " GROUP BY kind ORDER BY kind", (mid,))
-    open_by_kind = dict(cur.fetchall())
+    open_by_kind: dict[str, int] = dict(cur.fetchall())
     cur.execute("SELECT coalesce(resolved_how, 'superseded'), count(*) FROM mover.divergences"
                 " WHERE migration_id = %s AND resolved_at IS NOT NULL GROUP BY 1 ORDER BY 1", (mid,))
     return {"open": sum(open_by_kind.values()), "open_by_kind": open_by_kind, "resolved_by_how": dict(cur.fetchall())}
@@ -453,7 +454,7 @@ def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
                min(verified_at) FILTER (WHERE status = 'done'), max(verified_at) FILTER (WHERE status = 'done')
         FROM mover.chunks WHERE migration_id = %s AND kind = 'reconcile'
         """, (mid,))
-    done, total, failed, src_rows, dst_rows, oldest, newest = cur.fetchone()
+    done, total, failed, src_rows, dst_rows, oldest, newest = one(cur)
     return {"ranges_done": done, "ranges_total": total, "ranges_failed": failed, "source_rows": int(src_rows),
             "target_rows": int(dst_rows), "oldest_verification": oldest, "newest_verification": newest}
 

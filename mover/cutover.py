@@ -60,6 +60,7 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
     have one sequence per table, so the receiving one continues where the other stands."""
     from_oid = introspect.table_oid(cur, from_table)
     to_oid = introspect.table_oid(cur, to_table)
+    assert from_oid is not None and to_oid is not None and to_table.schema is not None  # both resolved, both exist
     to_identity = {s.column: s.sequence for s in introspect.owned_sequences(cur, to_oid) if s.identity}
     to_types = {c.name: c.type for c in introspect.describe(cur, to_table).columns}
     for seq in introspect.owned_sequences(cur, from_oid):
@@ -69,7 +70,7 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
             # A serial widened to bigint needs a bigint sequence, or inserts stop at 2^31 - 1.
             # (Never narrowed back on rollback: the original column rejects what it cannot hold.)
             seq_type, _ = introspect.sequence_limits(cur, seq.sequence)
-            new_type = to_types.get(seq.column)
+            new_type = to_types.get(seq.column, "")
             if introspect.INTEGER_MAX.get(new_type, 0) > introspect.INTEGER_MAX.get(seq_type, 0):
                 cur.execute(ddl.sequence_as(seq.sequence, new_type))
         elif seq.column in to_identity:
@@ -101,7 +102,7 @@ def _swap_sequence_names(cur, a: names.QualifiedName, b: names.QualifiedName) ->
     parking = names.derived(a.name, "_mover_swap")
     cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(a.ident, sql.Identifier(parking)))
     cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(b.ident, sql.Identifier(a.name)))
-    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(sql.Identifier(a.schema, parking),
+    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(names.QualifiedName(a.schema, parking).ident,
                                                                  sql.Identifier(b.name)))
 
 
@@ -109,10 +110,11 @@ def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: na
     """CHECK constraints the source has NOT VALID were left off the new table so the backfill could
     copy the rows that break them (steps/create_target.py); they are added NOT VALID now (no scan,
     under the lock already held), so writes after the swap are checked as before."""
-    to_oid = introspect.table_oid(cur, to_table)
+    from_oid, to_oid = introspect.table_oid(cur, from_table), introspect.table_oid(cur, to_table)
+    assert from_oid is not None and to_oid is not None  # both locked by the swap
     cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s", (to_oid,))
     present = {r[0] for r in cur.fetchall()}
-    for name, definition, comment in introspect.unvalidated_checks(cur, introspect.table_oid(cur, from_table)):
+    for name, definition, comment in introspect.unvalidated_checks(cur, from_oid):
         if name not in present:
             cur.execute(ddl.add_constraint(to_table, name, definition))
             if comment is not None:

@@ -16,7 +16,7 @@ import re
 import socket
 import urllib.parse
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -31,6 +31,8 @@ from tenacity import (
 log = logging.getLogger("mover.db")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}
 
@@ -96,7 +98,7 @@ def redact(dsn: str) -> str:
         return mask(dsn)
     if "password" in info:
         info["password"] = MASK
-    return mask(psycopg.conninfo.make_conninfo(**info))
+    return mask(psycopg.conninfo.make_conninfo("", **info))
 
 
 def dsn_problem(dsn: str) -> str | None:
@@ -113,6 +115,20 @@ def dsn_problem(dsn: str) -> str | None:
             return f"invalid URI scheme {scheme.group(1)!r} (a URL starts with postgresql:// or postgres://)"
         return f"missing \":\" after the URI scheme {scheme.group(1)!r} (a URL starts with postgresql://)"
     return mask(reason)
+
+
+def bind(fn: Callable[Concatenate[psycopg.Cursor, P], T], *args: P.args, **kwargs: P.kwargs
+         ) -> Callable[[psycopg.Cursor], T]:
+    """fn(cur, ...) with its arguments taken now: a transaction body built in a loop keeps this iteration's values."""
+    return lambda cur: fn(cur, *args, **kwargs)
+
+
+def one(cur: psycopg.Cursor[R]) -> R:
+    """The row of a statement that always returns one (an aggregate, a catalog lookup by oid, RETURNING)."""
+    row = cur.fetchone()
+    if row is None:
+        raise AssertionError("the statement returned no row")
+    return row
 
 
 def application_name(role: str = "mover") -> str:

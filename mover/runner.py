@@ -17,9 +17,9 @@ import psycopg
 
 from mover import capture, chunks, control, faults, steps
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, mask
-from mover.heartbeat import Heartbeat
+from mover.db import Database, bind, mask
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
+from mover.heartbeat import Heartbeat
 
 log = logging.getLogger("mover.runner")
 
@@ -34,12 +34,12 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
-    def beat(cur) -> bool:
+    def beat_once(cur) -> bool:
         if ctx.workers:
             chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)
 
-    beat = Heartbeat(db.dsn, beat, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
+    beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
     try:
         yield ctx
@@ -99,10 +99,10 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.
             capture.drain(ctx, reverse=False, backfill_done=True)
-            ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner))
+            ctx.db.transaction(bind(control.set_state, m.id, "waiting", owner=ctx.owner))
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
-        ctx.db.transaction(lambda cur: control.start_step(cur, m, step.name, ctx.owner))
+        ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))
         try:
             step.run(ctx)
         except Waiting:

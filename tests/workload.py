@@ -88,7 +88,7 @@ class Writer:
     paused: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> "Writer":
+    def start(self) -> Writer:
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
         return self
@@ -195,7 +195,8 @@ def catalog_snapshot(dsn: str) -> dict:
         snap["columns"] = conn.execute(
             "SELECT attrelid::regclass::text, attname, format_type(atttypid, atttypmod), attnotnull"
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " WHERE c.relnamespace = 'public'::regnamespace AND attnum > 0 AND NOT attisdropped ORDER BY 1, 2").fetchall()
+            " WHERE c.relnamespace = 'public'::regnamespace AND attnum > 0 AND NOT attisdropped"
+            " ORDER BY 1, 2").fetchall()
         snap["triggers"] = conn.execute("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal"
                                         " ORDER BY 1, 2").fetchall()
         snap["functions"] = conn.execute(

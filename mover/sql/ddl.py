@@ -105,8 +105,8 @@ def comment_on(table: QualifiedName, comment: str) -> sql.Composed:
     return sql.SQL("COMMENT ON TABLE {} IS {}").format(table.ident, sql.Literal(comment))
 
 
-def comment_on_index(schema: str, name: str, comment: str) -> sql.Composed:
-    return sql.SQL("COMMENT ON INDEX {} IS {}").format(sql.Identifier(schema, name), sql.Literal(comment))
+def comment_on_index(index: QualifiedName, comment: str) -> sql.Composed:
+    return sql.SQL("COMMENT ON INDEX {} IS {}").format(index.ident, sql.Literal(comment))
 
 
 def comment_on_constraint(table: QualifiedName, name: str, comment: str) -> sql.Composed:

@@ -29,7 +29,7 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
         stmts.append(ddl.add_primary_key_using(target, key_name, key_name))
     index_comment, constraint_comment = introspect.index_comments(cur, key_ix.oid)
     if index_comment is not None:
-        stmts.append(ddl.comment_on_index(target.schema, key_name, index_comment))
+        stmts.append(ddl.comment_on_index(names.QualifiedName(target.schema, key_name), index_comment))
     if constraint_comment is not None and key_ix.is_primary:
         stmts.append(ddl.comment_on_constraint(target, key_name, constraint_comment))
     # What the application sees besides rows: owner, privileges, storage options, comment.

@@ -225,7 +225,8 @@ def test_quick_check_before_cutover_catches_a_late_difference(db_dsn, tmp_path):
     r, result = reconcile(db_dsn)  # an incremental pass would see it too; the cutover must on its own
     assert r.returncode == 3 and result["pass"]["mode"] == "incremental" and result["pass"]["ranges"] == 1
     assert mover(db_dsn, "accept", "rec", "--reason", "reset for the test").returncode == 0
-    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -2 WHERE id = -31', """UPDATE "Orders" SET note = 'again' WHERE id = -30""")
+    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -2 WHERE id = -31',
+        """UPDATE "Orders" SET note = 'again' WHERE id = -30""")
     r = mover(db_dsn, "cutover", "rec")
     assert r.returncode == 3, r.stderr
     assert "the last reconcile before the cutover" in r.stderr and "mover divergences rec" in r.stderr

@@ -164,8 +164,9 @@ def test_not_valid_check_with_violating_rows_is_copied_not_valid(db_dsn, tmp_pat
     assert r.returncode == 0, r.stderr
     assert same_rows(db_dsn, "stock", "stock_old")
     assert query(db_dsn, "SELECT count(*) FROM stock WHERE qty < 0") == [(299,)]
-    cons = query(db_dsn, "SELECT conname, convalidated, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint')"
-                         " FROM pg_constraint WHERE conrelid = 'stock'::regclass AND contype = 'c' ORDER BY 1")
+    cons = query(db_dsn, "SELECT conname, convalidated, pg_get_constraintdef(oid),"
+                         " obj_description(oid, 'pg_constraint') FROM pg_constraint"
+                         " WHERE conrelid = 'stock'::regclass AND contype = 'c' ORDER BY 1")
     assert cons == [("qty not negative", False, "CHECK ((qty >= 0)) NOT VALID", "old rows may break it"),
                     ("sku_set", True, "CHECK ((sku IS NOT NULL))", None)]
     with psycopg.connect(db_dsn, autocommit=True) as conn:

@@ -124,7 +124,7 @@ def compare_all(cur, spec):
     stmt, params = compare.compare_range(spec, None, None, None, None)
     cur.execute(stmt, params)
     names = [d.name for d in cur.description]
-    rows = [dict(zip(names, r)) for r in cur.fetchall()]
+    rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     return rows[0], [r for r in rows if r["key"] is not None]
 
 
@@ -153,7 +153,8 @@ def test_equal_means_is_not_distinct_from(db_dsn, case, setup, src_type, dst_typ
                 assert list(d["columns"]) == ["v"]  # both values shown, source first
         if has_equality:
             # The definition itself, evaluated by the server.
-            cur.execute(f"SELECT s.id::text FROM s JOIN t USING (id) WHERE CAST(s.v AS {dst_type}) IS DISTINCT FROM t.v")
+            cur.execute("SELECT s.id::text FROM s JOIN t USING (id)"
+                        f" WHERE CAST(s.v AS {dst_type}) IS DISTINCT FROM t.v")
             assert {r[0] for r in cur.fetchall()} == unequal
         else:
             assert spec.column("v").mode == "text"
@@ -212,7 +213,7 @@ def test_composite_key_and_many_columns(db_dsn):
         stmt, params = compare.compare_range(spec, None, None, ["2", "99"], None)  # keys after (2, '99')
         cur.execute(stmt, params)
         names = [d.name for d in cur.description]
-        diffs = [dict(zip(names, r)) for r in cur.fetchall() if r[names.index("key")] is not None]
+        diffs = [dict(zip(names, r, strict=True)) for r in cur.fetchall() if r[names.index("key")] is not None]
         assert [(d["key"], d["kind"]) for d in diffs] == [(["3", "10"], "different")]
         assert diffs[0]["columns"] == {"c3": ["13", "-1"], "c59": ["69", "-1"]}
         stmt = compare.recheck_keys(spec, None)

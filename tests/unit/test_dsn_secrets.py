@@ -133,3 +133,16 @@ def test_cli_pgpassword_is_never_printed():
     r = run_cli("--debug", "status", env={"PGHOST": "/nonexistent-mover-dir", "PGPASSWORD": "s3cretPW"})
     assert r.returncode == 1
     assert "s3cret" not in r.stdout + r.stderr
+
+
+def test_log_lines_and_their_tracebacks_are_masked():
+    import logging
+
+    from mover.cli import _MaskingFormatter
+    dsn = "postgrs://bob:Zq9-secret@h/db"
+    try:
+        raise ValueError(f"cannot use {dsn}")
+    except ValueError:
+        record = logging.LogRecord("mover", logging.WARNING, __file__, 1, "retrying %s", (dsn,), sys.exc_info())
+    line = _MaskingFormatter("%(levelname)s %(message)s").format(record)
+    assert "Zq9-secret" not in line and "ValueError" in line and "retrying postgrs://bob:***@h/db" in line

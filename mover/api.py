@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from mover import backfill as backfill_engine
-from mover import capture, chunks, control, cutover, introspect, names, runner, steps
+from mover import capture, chunks, control, cutover, introspect, names, privileges, runner, steps
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, dsn_problem, mask, redact
@@ -163,6 +163,9 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if views:
         raise PlanError(f"views depend on {source} ({', '.join(views)}); they would keep reading the old table "
                         f"after the swap", hint="drop them before the migration and recreate them after")
+    if registering and control.schema_ready(cur):
+        # Missing privileges first: the rehearsal below would only say "permission denied".
+        privileges.require_setup(cur, source, target)
     if registering:
         # What the catalog alone cannot tell (a type change that needs USING, a column used by a
         # generated column or a CHECK constraint, an identity column turned text, an index name
@@ -242,6 +245,26 @@ def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
                         f"{str(exc).splitlines()[0]}") from None
 
 
+def _check_capture_path(cur, plan: Plan, source: QualifiedName) -> None:
+    """Can every writer of the source run the capture trigger? Its log is created and granted in
+    a savepoint, asked about, and rolled back (the trigger itself is not: it would lock the table)."""
+    from mover.sql import capture as capture_sql
+
+    log_table = names.change_log(0)
+    info = introspect.describe(cur, source)
+    cur.execute("SAVEPOINT mover_capture_check")
+    try:
+        cur.execute(capture_sql.create_log(log_table, tuple(info.key), tuple(info.column(k).type for k in info.key)))
+        for stmt in capture_sql.grant_log(log_table):
+            cur.execute(stmt)
+        missing = privileges.capture_path_missing(cur, source, log_table)
+    finally:
+        cur.execute("ROLLBACK TO SAVEPOINT mover_capture_check")
+    if missing:
+        raise PlanError(privileges.capture_message(source, missing),
+                        hint=privileges.capture_hint(cur, missing, plan.name))
+
+
 def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
     now = datetime.now(UTC)
@@ -268,6 +291,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                 return {"plan": str(path), "name": plan.name, "registered": True,
                         "status": status_of(cur, existing), "steps": []}
             r = resolve_plan(cur, plan, registering=True)
+            _check_capture_path(cur, plan, r["source"])
             ctx = Context(db=db, migration=_provisional(plan, r), owner="plan-check")
             out_steps = []
             for step in steps.ALL:
@@ -308,6 +332,7 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
                 control.update_plan(cur, existing.id, plan.canonical(), actor)
             return control.get_by_id(cur, existing.id)
         r = resolve_plan(cur, plan, registering=True)
+        _check_capture_path(cur, plan, r["source"])
         return control.register(cur, name=plan.name, plan=plan.canonical(),
                                  plan_hash=plan.shape_hash(r["source"].schema),
                                  source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
@@ -462,6 +487,16 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
 
 
 def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        m = db.transaction(lambda cur: control.get(cur, name))
+    finally:
+        db.close()
+    if m.step == "rollback_window" and m.state not in ("done", "aborted"):
+        # The new table is live: dropping it would drop the application's table. Say the way out.
+        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
+                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
     return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
                              "abort", cutover.abort, **kw)
 

@@ -84,6 +84,19 @@ class Throttle:
             return f"replica lag {self._lag:.1f}s above {limit / 1000:g}s"
         return None
 
+    def range_rows(self, hint: int) -> int:
+        """Keys to ask for in the next range: the adaptive hint, within the current max_rows (so
+        `mover set` reaches the very next range), and within the rows/s cap's budget. A range is
+        copied in one burst, so a range bigger than the cap allows in target_chunk_ms (at most a
+        second) would break the cap within the second it runs, however long we wait after it;
+        the cap wins over min_rows."""
+        s = self.settings
+        rows = min(hint, s.max_rows)
+        if s.max_rows_per_second:
+            per_worker = s.max_rows_per_second / max(self.workers, 1)
+            rows = min(rows, max(1, int(per_worker * min(s.target_chunk_ms, 1000) / 1000)))
+        return rows
+
     def pace(self, rows: int, elapsed: float) -> float:
         """Seconds to wait after copying `rows` in `elapsed` seconds to respect the rows/s cap,
         shared evenly among the workers."""
@@ -142,7 +155,8 @@ class Worker(chunks.RangeWorker):
                     self._wait(None, 0)
                 mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
                 chunk = self.db.transaction(bind(
-                    chunks.claim, mid, KIND, self.wid, mapping, rows_hint, settings.max_attempts), label="claim")
+                    chunks.claim, mid, KIND, self.wid, mapping, throttle.range_rows(rows_hint),
+                    settings.max_attempts), label="claim")
                 if chunk is None:
                     st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
                     if st["open"] == 0:
@@ -171,14 +185,15 @@ class Worker(chunks.RangeWorker):
                 rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)
                 self.db.transaction(bind(
                     psycopg.Cursor.execute, "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
-                    " WHERE migration_id = %s AND worker_id = %s", (rows_hint, rows, mid, self.wid)))
+                    " WHERE migration_id = %s AND worker_id = %s", (throttle.range_rows(rows_hint), rows, mid,
+                                                                     self.wid)))
                 capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                 pending = None
                 if time.monotonic() - self._pending_checked > 2:
                     self._pending_checked = time.monotonic()
                     pending = self.db.transaction(lambda cur: capture.pending(cur, mid)[0])
-                self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1), chunk_rows=rows_hint,
-                            worker=self.wid, capture_pending=pending)
+                self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1),
+                            chunk_rows=throttle.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
                 pause = throttle.pace(rows, time.monotonic() - started)
                 if pause:
                     self._wait(f"rows/s cap {settings.max_rows_per_second}", pause)
@@ -287,7 +302,8 @@ def _build_index(ctx: Context, name: str, ix) -> None:
         oid = ctx.db.transaction(lambda cur: introspect.table_oid(cur, names.QualifiedName(schema, name)))
         assert oid is not None  # index_state() just found it; only this lease holder drops it
         _stop_orphaned_build(ctx, oid)
-        ctx.db.autocommit(ddl.drop_index(schema, name), lock_timeout="10s")
+        ctx.db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, name)), lock_timeout="10s",
+                           label="drop invalid index")
     started = time.monotonic()
     ctx.report("index", name=name, state="building")
     # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from mover import chunks, control, introspect, names
+from mover import chunks, control, introspect, names, privileges
 from mover.context import Context
 from mover.db import one
 from mover.sql import capture as q
@@ -50,6 +50,9 @@ def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tupl
             reverse: bool = False) -> None:
     for stmt in install_sql(cur, mid, table, key, migration, reverse):
         cur.execute(stmt)
+    # In the same transaction: a writer that could not run the trigger refuses the install (or the
+    # swap that installs the reverse capture), instead of failing the application's writes.
+    privileges.require_capture_path(cur, table, names.change_log(mid, reverse), migration)
 
 
 def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, reverse: bool = False) -> None:
@@ -171,8 +174,14 @@ def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, 
     log_table = names.change_log(mid, reverse)
     if not introspect.exists(cur, log_table):
         return 0, None
-    cur.execute(q.pending_count(log_table))
-    count, lag = one(cur)
+    try:
+        with cur.connection.transaction():  # a savepoint
+            cur.execute(q.pending_count(log_table))
+            count, lag = one(cur)
+    except psycopg.errors.UndefinedTable:
+        # Dropped since the check by a retire, abort or swap committing meanwhile (`mover status`
+        # runs beside them): a log that is gone holds nothing pending.
+        return 0, None
     return count, (float(lag) if lag is not None else None)
 
 

@@ -63,6 +63,8 @@ def _exits(fn):
             raise typer.Exit(130) from None
         except psycopg.Error as exc:
             err.print(f"database error: {mask(str(exc).strip())}", highlight=False, markup=False)
+            err.print("next: fix the cause, then run the same command again (mover resumes where it stopped; "
+                      "`mover status` shows where that is)", highlight=False, markup=False)
             if State.debug:
                 _print_traceback(exc)
             raise typer.Exit(1) from exc

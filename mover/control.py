@@ -22,8 +22,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from mover.db import one
-from mover.errors import Failed, LeaseHeld, LeaseLost, NotFound
-from mover.names import QualifiedName
+from mover.errors import BadInput, Failed, LeaseHeld, LeaseLost, NotFound
+from mover.names import CONTROL_SCHEMA, QualifiedName
 
 STEPS = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
 LEASE_SECONDS = 30
@@ -102,24 +102,57 @@ def init_schema(dsn: str) -> str:
     from alembic import command
     from alembic.config import Config
     from sqlalchemy import create_engine
+    from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
 
     from mover.db import application_name
 
-    # A creator keeps libpq's own DSN handling (URLs, key=value, PG* variables, passfile).
+    _check_init_privileges(dsn)
+    # A creator keeps libpq's own DSN handling (URLs, key=value, PG* variables, passfile); no
+    # server-side prepared statements, as on all of mover's connections (see db.connect).
     engine = create_engine("postgresql+psycopg://",
-                           creator=lambda: psycopg.connect(dsn, application_name=application_name("mover-init")),
+                           creator=lambda: psycopg.connect(dsn, application_name=application_name("mover-init"),
+                                                           prepare_threshold=None),
                            poolclass=NullPool)
     cfg = Config()
     cfg.set_main_option("script_location", str(alembic_dir()))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
-    with engine.connect() as conn:
-        from sqlalchemy import text
-        rev: str = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
-    engine.dispose()
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            from sqlalchemy import text
+            rev: str = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
+    except DBAPIError as exc:
+        # SQLAlchemy wraps the driver's error; the CLI maps psycopg's own classes.
+        if isinstance(exc.orig, psycopg.errors.InsufficientPrivilege):
+            raise BadInput(f"`mover init` lacks a privilege: {str(exc.orig).strip().splitlines()[0]}",
+                           hint="see README.md \"Privileges\": let the migrating role own schema \"mover\" "
+                                "(setup A), or run `mover init` as a superuser and grant what it lists (setup B)"
+                           ) from exc.orig
+        if isinstance(exc.orig, psycopg.Error):
+            raise exc.orig from None
+        raise
+    finally:
+        engine.dispose()
     return rev
+
+
+def _check_init_privileges(dsn: str) -> None:
+    """The one-line refusal for the common case: no schema "mover" yet, and no CREATE on the database."""
+    from mover.db import connect
+
+    with connect(dsn, role="mover-init") as conn, conn.cursor() as cur:
+        cur.execute("SELECT current_user, current_database(), to_regnamespace(%s) IS NOT NULL,"
+                    " has_database_privilege(current_database(), 'CREATE')", (CONTROL_SCHEMA,))
+        user, dbname, exists, can_create = one(cur)
+        if not exists and not can_create:
+            who, db = sql.Identifier(user).as_string(cur), sql.Identifier(dbname).as_string(cur)
+            raise BadInput(
+                f"`mover init` cannot create schema \"mover\": role {who} lacks CREATE on database {db}",
+                hint=f"as a superuser run `GRANT CREATE ON DATABASE {db} TO {who}` (or `CREATE SCHEMA mover "
+                     f"AUTHORIZATION {who}`), then `mover init`; or run `mover init` as a superuser and grant "
+                     f"what README.md \"Privileges\" (setup B) lists")
 
 
 def schema_ready(cur: psycopg.Cursor) -> bool:

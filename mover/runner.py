@@ -57,6 +57,8 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     except Exception as exc:
         _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc))
         raise
+    else:
+        _clear_error(db, ctx)
     finally:
         beat.stop()
         if not ctx.lease_lost.is_set():
@@ -85,6 +87,18 @@ def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: 
         db.transaction(write, label="record outcome")
     except psycopg.Error as exc:
         log.error("could not record the outcome %r of migration %s: %s", state, ctx.mid, exc)
+
+
+def _clear_error(db: Database, ctx: Context) -> None:
+    """The command succeeded: an error a failed earlier attempt recorded is history (the events keep
+    it), not the state. A waiting state's message (divergences, a gate) stays."""
+    try:
+        db.transaction(lambda cur: cur.execute(
+            "UPDATE mover.migrations SET error = NULL WHERE id = %s AND lease_owner = %s"
+            " AND state NOT IN ('waiting', 'failed') AND error IS NOT NULL", (ctx.mid, ctx.owner)),
+            label="clear error")
+    except psycopg.Error as exc:
+        log.warning("could not clear the recorded error of migration %s: %s", ctx.mid, exc)
 
 
 def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,

@@ -104,6 +104,16 @@ def execute(dsn: str, *statements: str) -> None:
                 conn.execute(stmt)
 
 
+def server_has_xml(dsn: str) -> bool:
+    """Asked of the server, not assumed: a build without libxml rejects every xml value."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT '<a/>'::xml")
+        except psycopg.errors.FeatureNotSupported:
+            return False
+    return True
+
+
 def build(dsn: str, setup: str, src_type: str, dst_type: str, pairs) -> None:
     values_s = ", ".join(f"({i}, ({a})::{src_type})" for i, (a, _, _) in enumerate(pairs, 1))
     values_t = ", ".join(f"({i}, ({b})::{dst_type})" for i, (_, b, _) in enumerate(pairs, 1))
@@ -140,6 +150,8 @@ def fingerprints(cur, spec, lo, hi):
 
 @pytest.mark.parametrize("case, setup, src_type, dst_type, pairs, has_equality", CASES, ids=[c[0] for c in CASES])
 def test_equal_means_is_not_distinct_from(db_dsn, case, setup, src_type, dst_type, pairs, has_equality):
+    if src_type == "xml" and not server_has_xml(db_dsn):
+        pytest.skip("this server was built without libxml (the pgserver wheel's 16.2): no xml type to compare")
     build(db_dsn, setup, src_type, dst_type, pairs)
     unequal = {str(i) for i, (_, _, eq) in enumerate(pairs, 1) if not eq}
     with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:  # a transaction: spec_for() probes in savepoints

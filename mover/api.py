@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import replace
@@ -15,21 +16,28 @@ from mover import backfill as backfill_engine
 from mover import capture, chunks, control, cutover, introspect, names, privileges, runner, steps
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, redact
+from mover.db import Database, dsn_problem, mask, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
+from mover.sql import ddl
 
 log = logging.getLogger("mover")
 
 
 def _database(dsn: str) -> Database:
+    problem = dsn_problem(dsn) if dsn else None
+    if problem:
+        raise BadInput(f"the DSN is malformed: {problem}",
+                       hint="fix --dsn or DATABASE_URL: a URL such as postgresql://user@host:5432/dbname, or "
+                            "key=value pairs such as 'host=... dbname=... user=...'; give the password through "
+                            "PGPASSWORD or ~/.pgpass rather than in the DSN")
     db = Database(dsn)
     try:
         db.connection()
     except psycopg.OperationalError as exc:
         raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
-                     f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
+                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
                      hint="check --dsn, DATABASE_URL or the PG* variables") from exc
     return db
 
@@ -62,6 +70,10 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     assert source.schema is not None  # resolve() names the schema
     if source.schema == names.CONTROL_SCHEMA:
         raise PlanError(f"[migration] source: {source} belongs to mover itself")
+    if introspect.persistence(cur, source) == "t":
+        raise PlanError(f"[migration] source: {source} is a temporary table; mover cannot move it, because it "
+                        f"exists only in the session that created it (mover works from sessions of its own)",
+                        hint="move a permanent table: copy the rows into one (CREATE TABLE ... AS) if you need to")
     if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
         raise PlanError(f"[migration] source: {source} is a system table", hint="mover moves user tables")
     # The kind first: describe() would report a view's missing key, or choke on a partitioned
@@ -132,6 +144,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if fks:
         raise PlanError(f"{source} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
                         f"is not supported yet", hint="drop them before the migration and recreate them after")
+    _check_outbound_foreign_keys(cur, plan, source, info.oid)
     meta = introspect.metadata(cur, info.oid)
     unsupported = []
     if meta.inheritance:
@@ -174,6 +187,25 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
 
 
+def _check_outbound_foreign_keys(cur, plan: Plan, source: QualifiedName, oid: int) -> None:
+    """The swap does not carry the source's own foreign keys over yet: the plan must name each one
+    it accepts to lose (`[target] drop_foreign_keys`), so that nothing is dropped silently."""
+    fks = dict(introspect.outbound_foreign_keys(cur, oid))
+    unknown = [n for n in plan.drop_foreign_keys if n not in fks]
+    if unknown:
+        raise PlanError(f"[target] drop_foreign_keys: {', '.join(names.display_ident(n) for n in unknown)} "
+                        f"{'is not a foreign key' if len(unknown) == 1 else 'are not foreign keys'} of {source}",
+                        hint=f"its foreign keys are: {', '.join(names.display_ident(n) for n in fks) or 'none'}")
+    missing = [n for n in fks if n not in plan.drop_foreign_keys]
+    if missing:
+        listed = "; ".join(f"{names.display_ident(n)} {fks[n]}" for n in missing)
+        keys = ", ".join(json.dumps(n) for n in sorted(plan.drop_foreign_keys + tuple(missing)))  # TOML strings
+        raise PlanError(f"{source} has foreign keys that the new table would not have after the swap ({listed}); "
+                        f"mover does not carry them over yet, and afterwards rows that break them would be accepted",
+                        hint=f"to go ahead without them, acknowledge each one in the plan: [target] drop_foreign_keys"
+                             f" = [{keys}] (and recreate them after the migration); or drop them first")
+
+
 def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName) -> str | None:
     """Run create_target's DDL in a savepoint and roll it back; the error it met, if any."""
     from mover.db import is_retryable
@@ -183,6 +215,11 @@ def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: Qual
     try:
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
+        # The NOT VALID checks come back at the swap (mover/cutover.py): they must fit the new types.
+        source_oid = introspect.table_oid(cur, source)
+        assert source_oid is not None  # resolved by the caller
+        for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
+            cur.execute(ddl.add_constraint(target, name, definition))
     except psycopg.Error as exc:
         if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
             raise  # a lock timeout or a lost connection says nothing about the plan

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from mover import api
+from mover.db import mask, remember_secrets
 from mover.errors import MoverError, Waiting
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -53,29 +55,47 @@ def _exits(fn):
             return fn(*args, **kwargs)
         except MoverError as exc:
             style = {3: "yellow", 130: "yellow"}.get(exc.exit_code, "red")
-            err.print(f"[{style}]{escape(exc.message)}[/{style}]", highlight=False)
+            err.print(f"[{style}]{escape(mask(exc.message))}[/{style}]", highlight=False)
             if exc.hint:
-                err.print(f"next: {exc.hint}", highlight=False, markup=False)
+                err.print(f"next: {mask(exc.hint)}", highlight=False, markup=False)
             if State.debug:
-                err.print_exception()
+                _print_traceback(exc)
             raise typer.Exit(exc.exit_code) from exc
         except KeyboardInterrupt:
             err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
             raise typer.Exit(130) from None
         except psycopg.Error as exc:
-            err.print(f"database error: {str(exc).strip()}", highlight=False, markup=False)
+            err.print(f"database error: {mask(str(exc).strip())}", highlight=False, markup=False)
             err.print("next: fix the cause, then run the same command again (mover resumes where it stopped; "
                       "`mover status` shows where that is)", highlight=False, markup=False)
             if State.debug:
-                err.print_exception()
+                _print_traceback(exc)
+            raise typer.Exit(1) from exc
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
+            raise
+        except Exception as exc:
+            # A bug: its traceback, masked like everything else printed (its text may quote a DSN).
+            _print_traceback(exc)
             raise typer.Exit(1) from exc
 
     return wrapper
 
 
+def _print_traceback(exc: BaseException) -> None:
+    # Plain text so it can be masked: exception texts (psycopg's among them) may quote the DSN.
+    err.print(mask("".join(traceback.format_exception(exc))), highlight=False, markup=False, end="")
+
+
+class _MaskingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return mask(super().format(record))
+
+
 def _dsn(dsn: str | None) -> str:
     # An empty DSN makes libpq read the PG* variables (PGHOST, PGUSER, PGPASSFILE...).
-    return dsn or State.dsn or os.environ.get("DATABASE_URL", "")
+    value = dsn or State.dsn or os.environ.get("DATABASE_URL", "")
+    remember_secrets(value)
+    return value
 
 
 def _print_json(value: Any) -> None:
@@ -220,8 +240,12 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
                  dsn: str | None = DsnOption):
     State.debug = debug
     State.dsn = dsn
+    remember_secrets(dsn)
+    remember_secrets(os.environ.get("DATABASE_URL"))
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:  # no log line may carry a password either
+        handler.setFormatter(_MaskingFormatter(handler.formatter._fmt if handler.formatter else None))
 
 
 @app.command()

@@ -168,6 +168,44 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
             cur.execute(sql.SQL("SELECT setval(%s::regclass, least(s.last_value, (SELECT seqmax FROM pg_sequence"
                                 " WHERE seqrelid = %s::regclass)), s.is_called) FROM {} s").format(seq.sequence.ident),
                         (target_seq, target_seq))
+            _copy_sequence_grants(cur, seq.sequence, to_identity[seq.column])
+            _swap_sequence_names(cur, seq.sequence, to_identity[seq.column])
+
+
+def _copy_sequence_grants(cur, from_seq: names.QualifiedName, to_seq: names.QualifiedName) -> None:
+    """With the name goes what the application may do with it (currval() needs USAGE or SELECT)."""
+    cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
+                " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
+                " WHERE c.oid = %s::regclass AND a.grantee <> c.relowner", (str(from_seq),))
+    for role, privilege, grantable in cur.fetchall():
+        cur.execute(ddl.grant_on_sequence(to_seq, privilege, role, grantable))
+
+
+def _swap_sequence_names(cur, a: names.QualifiedName, b: names.QualifiedName) -> None:
+    """The application names the identity sequence (currval('t_id_seq')): the table that takes the
+    name takes the sequence's name too. Renames are catalog-only, inside the swap's lock."""
+    if a == b or a.schema != b.schema:
+        return
+    parking = names.derived(a.name, "_mover_swap")
+    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(a.ident, sql.Identifier(parking)))
+    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(b.ident, sql.Identifier(a.name)))
+    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(names.QualifiedName(a.schema, parking).ident,
+                                                                 sql.Identifier(b.name)))
+
+
+def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> None:
+    """CHECK constraints the source has NOT VALID were left off the new table so the backfill could
+    copy the rows that break them (steps/create_target.py); they are added NOT VALID now (no scan,
+    under the lock already held), so writes after the swap are checked as before."""
+    from_oid, to_oid = introspect.table_oid(cur, from_table), introspect.table_oid(cur, to_table)
+    assert from_oid is not None and to_oid is not None  # both locked by the swap
+    cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s", (to_oid,))
+    present = {r[0] for r in cur.fetchall()}
+    for name, definition, comment in introspect.unvalidated_checks(cur, from_oid):
+        if name not in present:
+            cur.execute(ddl.add_constraint(to_table, name, definition))
+            if comment is not None:
+                cur.execute(ddl.comment_on_constraint(to_table, name, comment))
 
 
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback") -> float:
@@ -200,6 +238,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             give_up(cur, ctx, left, command)
         capture.remove(cur, ctx.mid, live, reverse=not forward)
         if forward:
+            _carry_unvalidated_checks(cur, m.source, m.target)
             cur.execute(ddl.rename_table(m.source, m.old.name))
             cur.execute(ddl.rename_table(m.target, m.source.name))
             _hand_over_sequences(cur, m.old, m.source)
@@ -215,7 +254,9 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             window = ctx.plan.rollback.window_ms
             control.finish_step(cur, m, "cutover", "rollback_window", ctx.owner, state="waiting",
                                 message=f"swapped {m.source} in; lock held {held_ms:.1f} ms",
-                                detail={"lock_ms": held_ms}, duration_ms=held_ms)
+                                detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
+                                    ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})},
+                                duration_ms=held_ms)
             cur.execute("UPDATE mover.migrations SET cutover_at = now(), cutover_lock_ms = %s,"
                         " window_ends_at = now() + make_interval(secs => %s / 1000.0) WHERE id = %s",
                         (held_ms, window, ctx.mid))

@@ -75,6 +75,13 @@ def _regclass_text(name: QualifiedName) -> str:
     return str(name)
 
 
+def persistence(cur: psycopg.Cursor, name: QualifiedName) -> str | None:
+    """pg_class.relpersistence: 'p' permanent, 'u' unlogged, 't' temporary; None if there is no such relation."""
+    cur.execute("SELECT relpersistence FROM pg_class WHERE oid = to_regclass(%s)", (_regclass_text(name),))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
 def exists(cur: psycopg.Cursor, name: QualifiedName) -> bool:
     cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_regclass_text(name),))
     return one(cur)[0]
@@ -181,6 +188,29 @@ def inbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[str]:
         (oid, oid),
     )
     return [r[0] for r in cur.fetchall()]
+
+
+def outbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str]]:
+    """(name, definition) of the table's own foreign keys, self-references included."""
+    cur.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE contype = 'f' AND conrelid = %s ORDER BY conname", (oid,))
+    return [(r[0], r[1]) for r in cur.fetchall()]
+
+
+def index_comments(cur: psycopg.Cursor, index_oid: int) -> tuple[str | None, str | None]:
+    """The comment on an index, and on the constraint it backs (a primary key's, a unique one's)."""
+    cur.execute("SELECT obj_description(%s, 'pg_class'),"
+                " (SELECT obj_description(oid, 'pg_constraint') FROM pg_constraint WHERE conindid = %s"
+                "   AND contype IN ('p', 'u') LIMIT 1)", (index_oid, index_oid))
+    row = one(cur)
+    return row[0], row[1]
+
+
+def unvalidated_checks(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str, str | None]]:
+    """(name, definition ending in NOT VALID, comment) of CHECK constraints existing rows may break."""
+    cur.execute("SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint') FROM pg_constraint"
+                " WHERE contype = 'c' AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
+    return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
 
 def dependent_views(cur: psycopg.Cursor, oid: int) -> list[str]:

@@ -79,6 +79,8 @@ class Plan:
     rollback: RollbackSettings = RollbackSettings()
     reconcile: ReconcileSettings = ReconcileSettings()
     document: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Outbound foreign keys the operator accepts the new table will lack after the swap.
+    drop_foreign_keys: tuple[str, ...] = ()
 
     def canonical(self) -> dict[str, Any]:
         """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
@@ -97,6 +99,7 @@ class Plan:
                 "keep_old": self.rollback.keep_old,
             },
             "reconcile": asdict(self.reconcile),
+            "drop_foreign_keys": list(self.drop_foreign_keys),
         }
 
     def shape_hash(self, schema: str | None = None) -> str:
@@ -131,6 +134,8 @@ def to_document(plan: Plan) -> dict[str, Any]:
         doc["target"]["name"] = str(plan.target)
     if plan.rollback.old_name is not None:
         doc["rollback"]["old_name"] = str(plan.rollback.old_name)
+    if plan.drop_foreign_keys:
+        doc["target"]["drop_foreign_keys"] = list(plan.drop_foreign_keys)
     return doc
 
 
@@ -166,6 +171,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         # Migrations registered before [reconcile] existed have none stored: the defaults.
         reconcile=ReconcileSettings(**{**asdict(ReconcileSettings()), **doc.get("reconcile", {})}),
         document=doc,
+        drop_foreign_keys=tuple(doc.get("drop_foreign_keys", ())),
     )
 
 
@@ -186,6 +192,7 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                   "settle_rounds": (int, False), "max_attempts": (int, False)},
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
+_SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -284,7 +291,13 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         synchronous_commit=b.get("synchronous_commit", False),
     )
 
+    drop_fks = t.get("drop_foreign_keys", [])
+    if not all(isinstance(n, str) and n for n in drop_fks) or len(set(drop_fks)) != len(drop_fks):
+        raise fail("[target] drop_foreign_keys must list distinct constraint names",
+                   'e.g. drop_foreign_keys = ["invoices_customer_id_fkey"]')
+
     return Plan(
+        drop_foreign_keys=tuple(drop_fks),
         name=name,
         source=source,
         target=target,

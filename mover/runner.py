@@ -17,7 +17,7 @@ import psycopg
 
 from mover import capture, chunks, control, cutover, faults, steps
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind
+from mover.db import Database, bind, mask
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
 from mover.heartbeat import Heartbeat
 
@@ -70,6 +70,11 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
 
 def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
             message: str | None = None) -> None:
+    if error is not None:
+        error = mask(error)  # stored and shown by `status`: no password, whatever raised it
+    if message is not None:
+        message = mask(message)
+
     def write(cur):
         cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
                     " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",

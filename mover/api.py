@@ -12,7 +12,7 @@ import psycopg
 
 from mover import backfill as backfill_engine
 from mover import reconcile as reconcile_engine
-from mover import capture, chunks, control, cutover, introspect, names, runner, steps
+from mover import capture, chunks, control, conversion, cutover, introspect, names, runner, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
@@ -156,20 +156,32 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
         problem = _rehearse_create_target(cur, replace(plan, columns={}), source, target)
         if problem:
             raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=hint)
-        if plan.columns and _rehearse_create_target(cur, plan, source, target):
+        rehearsed: list = []
+        if plan.columns and _rehearse_create_target(cur, plan, source, target, rehearsed):
             # Find the column at fault (this is the error path; one more rehearsal per column is cheap).
             for col, typ in sorted(plan.columns.items()):
-                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target)
+                failed: list = []
+                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target, failed)
+                if problem and isinstance(failed[0], psycopg.errors.DatatypeMismatch):
+                    raise PlanError(
+                        f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: PostgreSQL has "
+                        f"no assignment cast from {info.column(col).type} to {typ} ({problem})",
+                        hint="mover converts as ALTER TABLE ... TYPE does, without USING: change the type in the "
+                             "plan, or convert the column in the source table first")
                 if problem:
                     raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r} "
                                     f"in the target {target}: {problem}", hint=hint)
             raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
                             f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
+        if plan.columns:
+            _check_lossy(plan, info, rehearsed[0])
     return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
 
 
-def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName) -> str | None:
-    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any."""
+def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName,
+                            out: list | None = None) -> str | None:
+    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any.
+    `out` receives the error, or the rehearsed target's description."""
     from mover.db import is_retryable
     from mover.steps.create_target import target_ddl
 
@@ -177,15 +189,50 @@ def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: Qual
     try:
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
+        if out is not None:
+            out.append(introspect.describe(cur, target))
     except psycopg.Error as exc:
         if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
             raise  # a lock timeout or a lost connection says nothing about the plan
         cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
+        if out is not None:
+            out.append(exc)
         diag = exc.diag
         detail = f" ({diag.message_detail.rstrip('.')})" if diag.message_detail else ""
         return f"{diag.message_primary or str(exc).splitlines()[0]}{detail}"
     cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
     return None
+
+
+def lossy_columns(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
+    """Column -> why its type change can lose information (as the target's catalog types it)."""
+    out = {}
+    for col in sorted(plan.columns):
+        s, t = source.column(col), target.column(col)
+        reason = conversion.lossy_reason(s, t)
+        if reason:
+            out[col] = f"{s.type} -> {t.type}: {reason}"
+    return out
+
+
+def _check_lossy(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> None:
+    """A conversion that can refuse or change values must be acknowledged in the plan; never on
+    a key column, whose values ranges, logs and the swap compare exactly."""
+    lossy = lossy_columns(plan, source, target)
+    keys = [c for c in lossy if c in source.key]
+    if keys:
+        raise PlanError(
+            f"[target] columns: key column {names.display_ident(keys[0])} of {source.name} cannot change type "
+            f"{lossy[keys[0]]}", hint="mover narrows no key column: keep its type, or one that holds every value")
+    missing = [c for c in lossy if c not in plan.accept_lossy]
+    if missing:
+        listed = "; ".join(f"{names.display_ident(c)} {lossy[c]}" for c in missing)
+        accept = ", ".join(f'"{c}"' for c in missing)
+        raise PlanError(
+            f"[target] columns: {len(missing)} type change{'s' if len(missing) > 1 else ''} can lose information: "
+            f"{listed}",
+            hint=f"if that is intended, add accept_lossy = [{accept}] under [target]: a row that does not fit "
+                 f"becomes a divergence, and reconcile reports every value the conversion changed as different")
 
 
 def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:

@@ -23,6 +23,10 @@ class Column:
     identity: str  # '' | 'a' (ALWAYS) | 'd' (BY DEFAULT)
     generated: str  # '' | 's' (STORED)
     has_equality: bool  # false for json, xml, point...: compared through their text form
+    # (schema, name) of the column's collation when it is not its type's default: every
+    # comparison of key values must use it (a log column or a cast bound would take the default)
+    collation: tuple[str, str] | None = None
+    typmod: int = -1
 
 
 @dataclass(frozen=True)
@@ -106,14 +110,19 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
                   FROM pg_type t0
                   JOIN pg_type t ON t.oid = CASE WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
                   LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
-                 WHERE t0.oid = a.atttypid)
+                 WHERE t0.oid = a.atttypid),
+               (SELECT ARRAY[cn.nspname, co.collname] FROM pg_collation co
+                  JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                  JOIN pg_type ct ON ct.oid = a.atttypid
+                 WHERE co.oid = a.attcollation AND a.attcollation <> ct.typcollation),
+               a.atttypmod
         FROM pg_attribute a
         WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum
         """,
         (oid,),
     )
-    columns = tuple(Column(*r) for r in cur.fetchall())
+    columns = tuple(Column(*r[:7], tuple(r[7]) if r[7] else None, r[8]) for r in cur.fetchall())
     key, key_index = _key(cur, oid, name)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
 

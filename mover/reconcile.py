@@ -93,7 +93,11 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
                      hint="upgrade the server, or compare the tables with your own tooling")
     dst = introspect.describe(cur, m.dst)
     types = {c.name: c for c in dst.columns}
-    oids = sorted({types[c.name].type_oid for c in m.columns})
+    src_types = {c.name: c for c in introspect.describe(cur, m.src).columns}
+    # Compared in the target's type, or in the source's where the conversion can lose information.
+    compared_as = {c.name: src_types[c.name] if c.back_to and c.name not in m.key else types[c.name]
+                   for c in m.columns}
+    oids = sorted({compared_as[c.name].type_oid for c in m.columns})
     cur.execute(
         """
         WITH RECURSIVE b AS (
@@ -106,7 +110,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
     base = dict(cur.fetchall())
     usable: dict[str, bool] = {}
     for c in m.columns:
-        t = types[c.name].type
+        t = compared_as[c.name].type
         if t in usable:
             continue
         cur.execute("SAVEPOINT mover_probe")
@@ -126,10 +130,11 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
                 cur.execute("RELEASE SAVEPOINT mover_probe")
     cols = []
     for c in m.columns:
-        col = types[c.name]
+        col = compared_as[c.name]
         send = q.SEND_FUNCTIONS.get(base.get(col.type_oid, col.type_oid))
         mode = "send" if send else "value" if usable[col.type] else "text"
-        cols.append(q.Compared(c.name, c.cast_to, mode, send, c.name in m.key))
+        back_to = c.back_to if c.name not in m.key else None
+        cols.append(q.Compared(c.name, c.cast_to, mode, send, c.name in m.key, back_to))
     return q.Spec(m, tuple(cols), tuple(types[k].type for k in m.key))
 
 
@@ -303,7 +308,8 @@ def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
         if not introspect.exists(cur, notes):
             # Nothing noted the changes applied since an earlier pass (if any): compare everything.
             for stmt in q.create_notes(notes, names.notes_function(mid), names.notes_trigger(mid), log_table,
-                                       spec.mapping.key, spec.mapping.src_key_types):
+                                       spec.mapping.key, spec.mapping.src_key_types,
+                                       spec.mapping.key_collations):
                 cur.execute(stmt)
             chunks.reset(cur, mid, KIND)
             chunks.ensure_frontier(cur, mid, KIND)

@@ -12,7 +12,9 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
     stmts = [ddl.create_target(target, source)]
-    stmts += [ddl.alter_column_type(target, col, typ) for col, typ in sorted(plan.columns.items())]
+    have = {c.name: c for c in info.columns}
+    stmts += [ddl.alter_column_type(target, col, typ, _kept_collation(cur, have[col], typ) if col in have else None)
+              for col, typ in sorted(plan.columns.items())]
     # A widened identity column keeps the old type's maximum (LIKE copies it as an explicit value).
     for seq in introspect.owned_sequences(cur, info.oid):
         if seq.identity and seq.column in plan.columns:
@@ -33,6 +35,16 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))
     return stmts
+
+
+def _kept_collation(cur, column: introspect.Column, type_text: str) -> tuple[str, str] | None:
+    """A column's own collation, kept through its type change when the new type is collatable
+    (ALTER TABLE alone would reset it to the type's default: text keys would change order)."""
+    if column.collation is None:
+        return None
+    cur.execute("SELECT typcollation <> 0 FROM pg_type WHERE oid = to_regtype(%s)", (type_text,))
+    row = cur.fetchone()
+    return column.collation if row and row[0] else None
 
 
 class CreateTarget(Step):

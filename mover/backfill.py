@@ -199,7 +199,7 @@ class Worker(chunks.RangeWorker):
 def _fails_on_data(exc: psycopg.Error) -> bool:
     """A value that does not convert or a constraint the target holds: the row's problem, not the
     range's. A unique violation is not one: no key can be copied twice (see sql/copy.py)."""
-    return isinstance(exc, (psycopg.errors.DataException, psycopg.errors.IntegrityConstraintViolation)) \
+    return isinstance(exc, (psycopg.DataError, psycopg.IntegrityError)) \
         and not isinstance(exc, psycopg.errors.UniqueViolation)
 
 

@@ -169,11 +169,13 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
     recorded, found again or resolved, the range's fingerprints, its notes forgotten."""
     stmt, params = q.divergences_in_range(spec, chunk.lo, chunk.hi)
     cur.execute(stmt, [mid, *params])
-    open_by_key: dict[tuple, tuple] = {}
+    # A key may hold several open divergences: apply_errors (one per failed copy or replay) and
+    # the one reconcile keeps up to date.
+    open_by_key: dict[tuple, list[tuple]] = {}
     accepted: dict[tuple, list[tuple]] = {}
     for did, key, kind, columns, is_open, how in cur.fetchall():
         if is_open:
-            open_by_key[tuple(key)] = (did, kind, columns)
+            open_by_key.setdefault(tuple(key), []).append((did, kind, columns))
         else:
             accepted.setdefault(tuple(key), []).append((kind, columns))
     found = again = 0
@@ -182,9 +184,10 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
         key = tuple(d["key"])
         seen.add(key)
         if key in open_by_key:
-            did, kind, columns = open_by_key[key]
-            if (kind, columns) != (d["kind"], d["columns"]):
-                control.update_divergence(cur, mid, did, d["kind"], d["columns"])
+            # An apply_error keeps its kind: its error says why the row differs.
+            for did, kind, columns in open_by_key[key]:
+                if kind != "apply_error" and (kind, columns) != (d["kind"], d["columns"]):
+                    control.update_divergence(cur, mid, did, d["kind"], d["columns"])
             again += 1
         elif (d["kind"], d["columns"]) in accepted.get(key, []):
             continue  # the operator accepted exactly this difference
@@ -193,7 +196,7 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
             found += 1
     seen |= {tuple(d["key"]) for d in unsettled}  # unknown yet: left as they are
     resolved = control.resolve_divergences_as(
-        cur, mid, [v[0] for k, v in open_by_key.items() if k not in seen], "equal_on_recheck",
+        cur, mid, [e[0] for k, v in open_by_key.items() if k not in seen for e in v], "equal_on_recheck",
         f"rows equal when reconcile range {chunk.chunk_no} was verified again", actor)
     stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), chunk.lo, chunk.hi)
     cur.execute(stmt, [*params, agg["mark"]])

@@ -61,6 +61,9 @@ SEND_FUNCTIONS = {
 }
 
 RECONCILE_KINDS = ("missing_in_target", "extra_in_target", "different")
+# A row the backfill or the forward applier could not write (a value that does not convert):
+# reconcile re-checks it with its range, and resolves it once the row is equal.
+FORWARD_APPLY_ERROR = sql.SQL("(d.kind = 'apply_error' AND coalesce(d.columns ->> 'direction', 'forward') = 'forward')")
 
 
 @dataclass(frozen=True)
@@ -362,8 +365,8 @@ def reopen_changed(spec: Spec, notes) -> sql.Composed:
         notes.ident, _in_chunk("a", [sql.Identifier("a", k) for k in m.key], m.src_key_types, m))
     open_in = sql.SQL(
         "EXISTS (SELECT 1 FROM mover.divergences d WHERE d.migration_id = %s AND d.resolved_at IS NULL"
-        " AND d.kind IN ('missing_in_target', 'extra_in_target', 'different') AND {})").format(
-        _in_chunk("d", divergence_key(spec), spec.dst_key_types, m))
+        " AND (d.kind IN ('missing_in_target', 'extra_in_target', 'different') OR {forward_error}) AND {in_chunk})"
+    ).format(forward_error=FORWARD_APPLY_ERROR, in_chunk=_in_chunk("d", divergence_key(spec), spec.dst_key_types, m))
     return sql.SQL(
         "UPDATE mover.chunks c SET status = 'pending', attempts = 0, owner = NULL, lease_expires_at = NULL,"
         " error = NULL WHERE c.migration_id = %s AND c.kind = 'reconcile' AND c.status = 'done'"
@@ -384,9 +387,10 @@ def divergences_in_range(spec: Spec, lo, hi) -> tuple[sql.Composed, list]:
         params += hi
     q = sql.SQL(
         "SELECT d.id, d.key, d.kind, d.columns, d.resolved_at IS NULL, d.resolved_how FROM mover.divergences d"
-        " WHERE d.migration_id = %s AND d.kind IN ('missing_in_target', 'extra_in_target', 'different')"
+        " WHERE d.migration_id = %s AND (d.kind IN ('missing_in_target', 'extra_in_target', 'different')"
+        " OR {forward_error})"
         " AND (d.resolved_at IS NULL OR d.resolved_how = 'accepted') AND {} ORDER BY d.id").format(
-        sql.SQL(" AND ").join(parts) if parts else sql.SQL("true"))
+        sql.SQL(" AND ").join(parts) if parts else sql.SQL("true"), forward_error=FORWARD_APPLY_ERROR)
     return q, params
 
 

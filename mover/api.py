@@ -121,6 +121,18 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
             raise PlanError(f"[target] columns: {typ!r} (for column {names.display_ident(col)}) is not a type "
                             f"this database knows")
         _check_cast(cur, source, col, typ)
+    for k in info.key:
+        coll = info.column(k).collation
+        if coll is None:
+            continue
+        cur.execute("SELECT c.collisdeterministic FROM pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace"
+                    " WHERE n.nspname = %s AND c.collname = %s", coll)
+        if not cur.fetchone()[0]:
+            # Two keys equal under the collation can differ in bytes ('a' and 'A'): the replay
+            # and the comparison by key would not see a change between them.
+            raise PlanError(f"[migration] source: key column {names.display_ident(k)} of {source} has the "
+                            f"nondeterministic collation {names.display_ident(coll[1])}, which mover cannot move",
+                            hint="use a deterministic collation for the key, or a key on other columns")
     for ix in info.indexes:
         if ix.is_exclusion:
             raise PlanError(f"{source} has the exclusion constraint index {names.display_ident(ix.name)}, which "
@@ -147,6 +159,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if views:
         raise PlanError(f"views depend on {source} ({', '.join(views)}); they would keep reading the old table "
                         f"after the swap", hint="drop them before the migration and recreate them after")
+    lossy: dict[str, str] = {}
     if registering:
         # What the catalog alone cannot tell (a type change that needs USING, a column used by a
         # generated column or a CHECK constraint, an identity column turned text, an index name
@@ -173,9 +186,9 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
                                     f"in the target {target}: {problem}", hint=hint)
             raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
                             f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
-        if plan.columns:
-            _check_lossy(plan, info, rehearsed[0])
-    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
+        lossy = _check_lossy(plan, info, rehearsed[0]) if plan.columns else {}
+    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info,
+            "lossy": lossy}
 
 
 def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName,
@@ -215,7 +228,7 @@ def lossy_columns(plan: Plan, source: introspect.TableInfo, target: introspect.T
     return out
 
 
-def _check_lossy(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> None:
+def _check_lossy(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
     """A conversion that can refuse or change values must be acknowledged in the plan; never on
     a key column, whose values ranges, logs and the swap compare exactly."""
     lossy = lossy_columns(plan, source, target)
@@ -233,6 +246,7 @@ def _check_lossy(plan: Plan, source: introspect.TableInfo, target: introspect.Ta
             f"{listed}",
             hint=f"if that is intended, add accept_lossy = [{accept}] under [target]: a row that does not fit "
                  f"becomes a divergence, and reconcile reports every value the conversion changed as different")
+    return lossy
 
 
 def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
@@ -282,7 +296,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                                   "sql": [s if isinstance(s, str) else s.as_string(cur) for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "steps": out_steps}
+                    "key": r["key"], "lossy_accepted": r["lossy"], "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()

@@ -116,6 +116,10 @@ def lossy_reason(src: Column, dst: Column) -> str | None:
         return f"fractional seconds rounded to {_precision(dst)} digits"
     if s == INTERVAL and d == INTERVAL and dst.typmod >= 0:
         return "interval fields or precision restricted: values are truncated or rounded"
-    if s in (BIT, VARBIT) and d in (BIT, VARBIT) and dst.typmod >= 0 and (src.typmod < 0 or dst.typmod != src.typmod):
-        return "bit string length changes: values of another length do not fit"
+    if s in (BIT, VARBIT) and d in (BIT, VARBIT) and dst.typmod >= 0:
+        # bit(n) takes exactly n bits, varbit(n) at most n
+        if d == BIT and (s == VARBIT or dst.typmod != src.typmod):
+            return f"bit string length changes: values of other than {dst.typmod} bits do not fit"
+        if d == VARBIT and (src.typmod < 0 or dst.typmod < src.typmod):
+            return f"length narrowing: bit strings longer than {dst.typmod} bits do not fit"
     return None

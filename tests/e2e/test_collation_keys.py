@@ -186,3 +186,16 @@ def test_keys_in_their_own_collation_under_key_changes(locale_dsn, key_collation
     finally:
         writer.halt()
     assert writer.errors == []
+
+
+def test_nondeterministic_key_collation_is_refused(db_dsn, tmp_path):
+    """Keys equal under a case-insensitive collation differ in bytes: a case change of a key
+    would be invisible to the replay and to the comparison by key. Refused, nothing created."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('CREATE COLLATION "ci words" (provider = icu, locale = \'und-u-ks-level2\','
+                     " deterministic = false)")
+        conn.execute('CREATE TABLE words (w text COLLATE "ci words" PRIMARY KEY, n int)')
+        conn.execute("INSERT INTO words VALUES ('a', 1), ('B', 2)")
+    r = mover(db_dsn, "plan", "check", write_plan(tmp_path / "words.toml", PLAN))
+    assert r.returncode == 2, r.stderr
+    assert 'key column "w"' in r.stderr and '"ci words"' in r.stderr and "nondeterministic" in r.stderr, r.stderr

@@ -126,8 +126,9 @@ def test_varchar_narrowing_refused_unless_acknowledged(db_dsn, tmp_path):
     assert query(db_dsn, "SELECT count(*) FROM mover.migrations")[0][0] == 0
     r = mover(db_dsn, "run", plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }'))
     assert r.returncode == 2 and "accept_lossy" in r.stderr, r.stderr
-    r = mover(db_dsn, "plan", "check", plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }', ["code"]))
+    r = mover(db_dsn, "plan", "check", "--json", plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }', ["code"]))
     assert r.returncode == 0, r.stderr
+    assert "length narrowing" in json.loads(r.stdout)["lossy_accepted"]["code"]
 
 
 def test_varchar_narrowing_long_rows_are_divergences(db_dsn, tmp_path):

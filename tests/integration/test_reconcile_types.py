@@ -165,9 +165,9 @@ def test_equal_means_is_not_distinct_from(db_dsn, case, setup, src_type, dst_typ
         if has_equality:
             # The definition itself, evaluated by the server: in the source's type when lossy.
             lossy = spec.column("v").back_to is not None
-            cur.execute(f"SELECT s.id::text FROM s JOIN t USING (id) WHERE s.v IS DISTINCT FROM CAST(t.v AS {src_type})"
-                        if lossy else
-                        f"SELECT s.id::text FROM s JOIN t USING (id) WHERE CAST(s.v AS {dst_type}) IS DISTINCT FROM t.v")
+            differs = (f"s.v IS DISTINCT FROM CAST(t.v AS {src_type})" if lossy
+                       else f"CAST(s.v AS {dst_type}) IS DISTINCT FROM t.v")
+            cur.execute(f"SELECT s.id::text FROM s JOIN t USING (id) WHERE {differs}")
             assert {r[0] for r in cur.fetchall()} == unequal
         else:
             assert spec.column("v").mode == "text"

@@ -142,16 +142,18 @@ def _collation(dsn: str, table: str) -> str:
                             " WHERE attrelid = %s::regclass AND attname = 'w'", (table,)).fetchone()[0]
 
 
-@pytest.mark.parametrize("key_collation", ["en-x-icu", "C"])
-def test_keys_in_their_own_collation_under_key_changes(locale_dsn, key_collation, tmp_path):
+@pytest.mark.parametrize("key_collation, composite", [("en-x-icu", False), ("C", False), ("en-x-icu", True)])
+def test_keys_in_their_own_collation_under_key_changes(locale_dsn, key_collation, composite, tmp_path):
     rng = random.Random(42)
     words = {_word(rng) + str(i) for i in range(ROWS)}
     with psycopg.connect(locale_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE TABLE words (w text COLLATE {} PRIMARY KEY, n int)").format(
-            sql.Identifier(key_collation)))
-        with conn.cursor().copy("COPY words (w, n) FROM STDIN") as cp:
+        # Composite: the text column second, so row comparisons of bounds reach it after a tie on g.
+        conn.execute(sql.SQL("CREATE TABLE words (g int NOT NULL DEFAULT 1, w text COLLATE {} NOT NULL, n int,"
+                             " PRIMARY KEY ({}))").format(sql.Identifier(key_collation),
+                                                          sql.SQL("g, w" if composite else "w")))
+        with conn.cursor().copy("COPY words (g, w, n) FROM STDIN") as cp:
             for i, w in enumerate(sorted(words)):
-                cp.write_row((w, i))
+                cp.write_row((i % 2, w, i))
         conn.execute("ANALYZE words")
         # The case is only a test when the two orders disagree on these keys.
         other = "C" if key_collation != "C" else "en-x-icu"
@@ -171,7 +173,7 @@ def test_keys_in_their_own_collation_under_key_changes(locale_dsn, key_collation
         assert r.returncode == 3, r.stderr
         st = json.loads(mover(locale_dsn, "status", "words-move", "--json").stdout)
         assert st["divergences"] == 0, st
-        assert differences(locale_dsn, "words", "words_new", columns=("w", "n")) == (0, 0)
+        assert differences(locale_dsn, "words", "words_new", columns=("g", "w", "n")) == (0, 0)
         assert _collation(locale_dsn, "words_new") == _collation(locale_dsn, "words")
         with psycopg.connect(locale_dsn, autocommit=True) as conn:
             failed = conn.execute("SELECT count(*) FROM mover.chunks WHERE error IS NOT NULL").fetchone()[0]
@@ -182,7 +184,7 @@ def test_keys_in_their_own_collation_under_key_changes(locale_dsn, key_collation
         writer.pause()
         r = mover(locale_dsn, "run", "words-move")  # the rollback window keeps the old table in sync
         assert r.returncode == 3, r.stderr
-        assert differences(locale_dsn, "words", "words_old", columns=("w", "n")) == (0, 0)
+        assert differences(locale_dsn, "words", "words_old", columns=("g", "w", "n")) == (0, 0)
     finally:
         writer.halt()
     assert writer.errors == []

@@ -77,7 +77,8 @@ class Compared:
     is_key: bool
     # The source's type, for a conversion that can lose information: compared (and hashed) in
     # it, the target's value cast back (exact: these narrowings widen back without loss), so a
-    # value the conversion changed differs. cast_to is then unused.
+    # value the conversion changed differs. cast_to is then unused. One cast per row either way:
+    # 300k rows of numeric(12,4) -> (12,2) and float8 -> float4 compared alike in time both ways.
     back_to: str | None = None
 
 

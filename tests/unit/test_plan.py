@@ -332,3 +332,28 @@ def test_plans_compare_without_their_document():
     a = parse_plan(doc())
     b = parse_plan({**doc(), "backfill": {}})
     assert isinstance(a, Plan) and a == b
+
+
+# ---------------------------------------------------------------------------------------------
+# [target] accept_lossy
+
+
+def test_accept_lossy_is_kept_out_of_the_shape_hash_and_round_trips():
+    plan = parse_plan(doc(target={"columns": {"code": "varchar(5)", "n": "bigint"}, "accept_lossy": ["code"]}))
+    assert plan.accept_lossy == ("code",)
+    again = plan_from_canonical(plan.canonical())
+    assert again.accept_lossy == ("code",)
+    plain = parse_plan(doc(target={"columns": {"code": "varchar(5)", "n": "bigint"}}))
+    assert plain.accept_lossy == () and plan_from_canonical(plain.canonical()).accept_lossy == ()
+    assert plan.shape_hash() == plain.shape_hash()
+
+
+@pytest.mark.parametrize("accept, words", [
+    (["nope"], ["[target] accept_lossy", "'nope'", "not a column of [target] columns"]),
+    ([7], ["[target] accept_lossy", "7"]),
+    ("code", ["[target] accept_lossy must be an array"]),
+])
+def test_accept_lossy_names_planned_columns(accept, words):
+    err = bad(doc(target={"columns": {"code": "varchar(5)"}, "accept_lossy": accept}))
+    for w in words:
+        assert w in str(err), str(err)

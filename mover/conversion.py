@@ -10,6 +10,8 @@ is exact for these narrowings), so a value the conversion changed is reported as
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mover.introspect import Column
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
@@ -59,9 +61,15 @@ def _precision(c: Column) -> int:
     return 6 if c.typmod < 0 else c.typmod
 
 
+def _base(c: Column) -> Column:
+    return replace(c, type_oid=c.base_type_oid, typmod=c.base_typmod) if c.base_type_oid else c
+
+
 def lossy_reason(src: Column, dst: Column) -> str | None:
     """Why converting `src` to `dst` can change or refuse a value; None when every value converts
-    exactly (or the types are not ones this function knows to narrow)."""
+    exactly (or the types are not ones this function knows to narrow). A domain is judged by its
+    base type (one level: a domain over a domain counts as its own type)."""
+    src, dst = _base(src), _base(dst)
     s, d = src.type_oid, dst.type_oid
     if s == d and src.typmod == dst.typmod:
         return None

@@ -27,6 +27,10 @@ class Column:
     # comparison of key values must use it (a log column or a cast bound would take the default)
     collation: tuple[str, str] | None = None
     typmod: int = -1
+    # For a domain: its base type and typmod (0 otherwise), so that a conversion from a domain
+    # over varchar(20) is judged as one from varchar(20)
+    base_type_oid: int = 0
+    base_typmod: int = -1
 
 
 @dataclass(frozen=True)
@@ -115,14 +119,16 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
                   JOIN pg_namespace cn ON cn.oid = co.collnamespace
                   JOIN pg_type ct ON ct.oid = a.atttypid
                  WHERE co.oid = a.attcollation AND a.attcollation <> ct.typcollation),
-               a.atttypmod
+               a.atttypmod,
+               (SELECT CASE WHEN d.typtype = 'd' THEN d.typbasetype ELSE 0 END FROM pg_type d WHERE d.oid = a.atttypid),
+               (SELECT CASE WHEN d.typtype = 'd' THEN d.typtypmod ELSE -1 END FROM pg_type d WHERE d.oid = a.atttypid)
         FROM pg_attribute a
         WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum
         """,
         (oid,),
     )
-    columns = tuple(Column(*r[:7], tuple(r[7]) if r[7] else None, r[8]) for r in cur.fetchall())
+    columns = tuple(Column(*r[:7], tuple(r[7]) if r[7] else None, *r[8:]) for r in cur.fetchall())
     key, key_index = _key(cur, oid, name)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
 

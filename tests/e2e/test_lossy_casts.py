@@ -225,3 +225,11 @@ def test_lossy_key_is_refused(db_dsn, tmp_path):
     r = mover(db_dsn, "plan", "check", plan(tmp_path, "key-narrow", "k", '{ id = "integer" }', ["id"]))
     assert r.returncode == 2, r.stderr
     assert 'key column "id"' in r.stderr and "bigint -> integer" in r.stderr, r.stderr
+
+
+def test_a_narrowing_through_a_domain_is_named(db_dsn, tmp_path):
+    run_sql(db_dsn, "CREATE DOMAIN code20 AS varchar(20)", "CREATE TABLE d (id int PRIMARY KEY, code code20)",
+            "INSERT INTO d VALUES (1, 'abcdefgh')")
+    r = mover(db_dsn, "plan", "check", plan(tmp_path, "dom", "d", '{ code = "varchar(5)" }'))
+    assert r.returncode == 2, r.stderr
+    assert '"code" code20 -> character varying(5): length narrowing' in r.stderr, r.stderr

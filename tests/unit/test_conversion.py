@@ -68,3 +68,12 @@ def test_lossy(src, dst, words):
 @pytest.mark.parametrize("src, dst", EXACT)
 def test_exact(src, dst):
     assert cv.lossy_reason(src, dst) is None
+
+
+def test_a_domain_is_judged_by_its_base_type():
+    over_varchar20 = Column("c", "code", 99999, False, "", "", True, None, -1, cv.VARCHAR, 24)
+    assert "length narrowing" in cv.lossy_reason(over_varchar20, varchar(5))
+    assert cv.lossy_reason(over_varchar20, varchar(30)) is None
+    over_int = Column("c", "account_no", 99998, False, "", "", True, None, -1, cv.INT4, -1)
+    assert cv.lossy_reason(col(cv.INT4), over_int) is None
+    assert "integer narrowing" in cv.lossy_reason(col(cv.INT8), over_int)

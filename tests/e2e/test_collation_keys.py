@@ -136,10 +136,10 @@ class KeyWriter:
         self.thread.join(30)
 
 
-def _collation(dsn: str, table: str) -> str:
+def _collation(dsn: str, table: str, column: str = "w") -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute("SELECT attcollation::regcollation::text FROM pg_attribute"
-                            " WHERE attrelid = %s::regclass AND attname = 'w'", (table,)).fetchone()[0]
+                            " WHERE attrelid = %s::regclass AND attname = %s", (table, column)).fetchone()[0]
 
 
 @pytest.mark.parametrize("key_collation, composite", [("en-x-icu", False), ("C", False), ("en-x-icu", True)])
@@ -201,3 +201,16 @@ def test_nondeterministic_key_collation_is_refused(db_dsn, tmp_path):
     r = mover(db_dsn, "plan", "check", write_plan(tmp_path / "words.toml", PLAN))
     assert r.returncode == 2, r.stderr
     assert 'key column "w"' in r.stderr and '"ci words"' in r.stderr and "nondeterministic" in r.stderr, r.stderr
+
+
+def test_a_column_keeps_its_collation_through_a_type_change(db_dsn, tmp_path):
+    """ALTER TABLE ... TYPE alone would reset it to the new type's default collation."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('CREATE TABLE labels (id int PRIMARY KEY, label varchar(20) COLLATE "en-x-icu")')
+        conn.execute("INSERT INTO labels SELECT g, left(md5(g::text), 15) FROM generate_series(1, 100) g")
+    plan = write_plan(tmp_path / "labels.toml", '[migration]\nname = "labels"\nsource = "labels"\n'
+                      '[target]\ncolumns = { label = "varchar(40)" }\n[rollback]\nwindow = "1h"\n')
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    assert _collation(db_dsn, "labels_new", "label") == '"en-x-icu"'
+    assert differences(db_dsn, "labels", "labels_new", columns=("id", "label")) == (0, 0)

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from mover import backfill as backfill_engine
-from mover import capture, chunks, control, cutover, introspect, names, privileges, runner, steps
+from mover import capture, chunks, control, conversion, cutover, introspect, names, privileges, runner, steps
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, dsn_problem, mask, redact
@@ -136,6 +136,18 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
             raise PlanError(f"[target] columns: {typ!r} (for column {names.display_ident(col)}) is not a type "
                             f"this database knows")
         _check_cast(cur, source, col, typ)
+    for k in info.key:
+        coll = info.column(k).collation
+        if coll is None:
+            continue
+        cur.execute("SELECT c.collisdeterministic FROM pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace"
+                    " WHERE n.nspname = %s AND c.collname = %s", coll)
+        if not cur.fetchone()[0]:
+            # Two keys equal under the collation can differ in bytes ('a' and 'A'): the replay
+            # and the comparison by key would not see a change between them.
+            raise PlanError(f"[migration] source: key column {names.display_ident(k)} of {source} has the "
+                            f"nondeterministic collation {names.display_ident(coll[1])}, which mover cannot move",
+                            hint="use a deterministic collation for the key, or a key on other columns")
     for ix in info.indexes:
         if ix.is_exclusion:
             raise PlanError(f"{source} has the exclusion constraint index {names.display_ident(ix.name)}, which "
@@ -166,6 +178,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if registering and control.schema_ready(cur):
         # Missing privileges first: the rehearsal below would only say "permission denied".
         privileges.require_setup(cur, source, target)
+    lossy: dict[str, str] = {}
     if registering:
         # What the catalog alone cannot tell (a type change that needs USING, a column used by a
         # generated column or a CHECK constraint, an identity column turned text, an index name
@@ -175,16 +188,26 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
         problem = _rehearse_create_target(cur, replace(plan, columns={}), source, target)
         if problem:
             raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=hint)
-        if plan.columns and _rehearse_create_target(cur, plan, source, target):
+        rehearsed: list = []
+        if plan.columns and _rehearse_create_target(cur, plan, source, target, rehearsed):
             # Find the column at fault (this is the error path; one more rehearsal per column is cheap).
             for col, typ in sorted(plan.columns.items()):
-                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target)
+                failed: list = []
+                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target, failed)
+                if problem and isinstance(failed[0], psycopg.errors.DatatypeMismatch):
+                    raise PlanError(
+                        f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: PostgreSQL has "
+                        f"no assignment cast from {info.column(col).type} to {typ} ({problem})",
+                        hint="mover converts as ALTER TABLE ... TYPE does, without USING: change the type in the "
+                             "plan, or convert the column in the source table first")
                 if problem:
                     raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r} "
                                     f"in the target {target}: {problem}", hint=hint)
             raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
                             f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
-    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
+        lossy = _check_lossy(plan, info, rehearsed[0]) if plan.columns else {}
+    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info,
+            "lossy": lossy}
 
 
 def _check_outbound_foreign_keys(cur, plan: Plan, source: QualifiedName, oid: int) -> None:
@@ -206,8 +229,10 @@ def _check_outbound_foreign_keys(cur, plan: Plan, source: QualifiedName, oid: in
                              f" = [{keys}] (and recreate them after the migration); or drop them first")
 
 
-def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName) -> str | None:
-    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any."""
+def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName,
+                            out: list | None = None) -> str | None:
+    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any.
+    `out` receives the error, or the rehearsed target's description."""
     from mover.db import is_retryable
     from mover.steps.create_target import target_ddl
 
@@ -220,15 +245,51 @@ def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: Qual
         assert source_oid is not None  # resolved by the caller
         for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
             cur.execute(ddl.add_constraint(target, name, definition))
+        if out is not None:
+            out.append(introspect.describe(cur, target))
     except psycopg.Error as exc:
         if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
             raise  # a lock timeout or a lost connection says nothing about the plan
         cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
+        if out is not None:
+            out.append(exc)
         diag = exc.diag
         detail = f" ({diag.message_detail.rstrip('.')})" if diag.message_detail else ""
         return f"{diag.message_primary or str(exc).splitlines()[0]}{detail}"
     cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
     return None
+
+
+def lossy_columns(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
+    """Column -> why its type change can lose information (as the target's catalog types it)."""
+    out = {}
+    for col in sorted(plan.columns):
+        s, t = source.column(col), target.column(col)
+        reason = conversion.lossy_reason(s, t)
+        if reason:
+            out[col] = f"{s.type} -> {t.type}: {reason}"
+    return out
+
+
+def _check_lossy(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
+    """A conversion that can refuse or change values must be acknowledged in the plan; never on
+    a key column, whose values ranges, logs and the swap compare exactly."""
+    lossy = lossy_columns(plan, source, target)
+    keys = [c for c in lossy if c in source.key]
+    if keys:
+        raise PlanError(
+            f"[target] columns: key column {names.display_ident(keys[0])} of {source.name} cannot change type "
+            f"{lossy[keys[0]]}", hint="mover narrows no key column: keep its type, or one that holds every value")
+    missing = [c for c in lossy if c not in plan.accept_lossy]
+    if missing:
+        listed = "; ".join(f"{names.display_ident(c)} {lossy[c]}" for c in missing)
+        accept = ", ".join(f'"{c}"' for c in missing)
+        raise PlanError(
+            f"[target] columns: {len(missing)} type change{'s' if len(missing) > 1 else ''} can lose information: "
+            f"{listed}",
+            hint=f"if that is intended, add accept_lossy = [{accept}] under [target]: a row that does not fit "
+                 f"becomes a divergence, and reconcile reports every value the conversion changed as different")
+    return lossy
 
 
 def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
@@ -300,7 +361,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                                           for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "steps": out_steps}
+                    "key": r["key"], "lossy_accepted": r["lossy"], "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()

@@ -205,12 +205,61 @@ class Worker(chunks.RangeWorker):
                 pass  # a dead worker's row is harmless: status counts only fresh heartbeats
 
     def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
-        stmt, params = q.copy_range(mapping, chunk.lo, chunk.hi)
-        cur.execute(stmt, params)
+        rows = copy_range(cur, self.ctx, mapping, chunk.lo, chunk.hi)
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
         faults.point(f"chunk_copied:{chunk.chunk_no}")
         faults.point("chunk_copied")  # whichever range this process copies first
-        return cur.rowcount
+        return rows
+
+
+def _fails_on_data(exc: psycopg.Error) -> bool:
+    """A value that does not convert or a constraint the target holds: the row's problem, not the
+    range's. A unique violation is not one: no key can be copied twice (see sql/copy.py)."""
+    return isinstance(exc, (psycopg.DataError, psycopg.IntegrityError)) \
+        and not isinstance(exc, psycopg.errors.UniqueViolation)
+
+
+def _try_copy(cur, m, lo, hi) -> tuple[int, psycopg.Error | None]:
+    stmt, params = q.copy_range(m, lo, hi)
+    cur.execute("SAVEPOINT mover_copy")
+    try:
+        cur.execute(stmt, params)
+    except psycopg.Error as exc:
+        if not _fails_on_data(exc):
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT mover_copy")
+        return 0, exc
+    rows = cur.rowcount
+    cur.execute("RELEASE SAVEPOINT mover_copy")
+    return rows, None
+
+
+def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None) -> int:
+    """Copy the range lo < key <= hi in the caller's transaction. When it fails on a row's data,
+    split it in halves by its current keys (savepoints), copy what converts, and record each row
+    that does not as an apply_error divergence in the same transaction: the range is done, the
+    rows are named, and cutover waits for them (fix the source row and `mover repair`, or accept).
+    Each statement reads a fresh snapshot, but the halves always cover (lo, hi] whole."""
+    rows, exc = _try_copy(cur, m, lo, hi)
+    if exc is None:
+        return rows
+    stmt, params = q.range_keys(m, lo, hi)
+    cur.execute(stmt, params)
+    keys = [list(r) for r in cur.fetchall()]
+    if len(keys) <= 1:
+        rows, exc = _try_copy(cur, m, lo, hi)  # the row may have changed or gone since
+        if exc is not None and keys:
+            message = str(exc).splitlines()[0]
+            control.record_divergence(cur, ctx.mid, keys[0], "apply_error",
+                                      {"error": message, "sqlstate": exc.sqlstate, "direction": "forward",
+                                       "during": "backfill"})
+            control.event(cur, ctx.mid, ctx.owner, KIND, "apply_error",
+                          f"copying key {keys[0]} into {m.dst} failed: {message}")
+        elif exc is not None:
+            raise exc  # a range without rows cannot fail on a row's data
+        return rows
+    middle = keys[(len(keys) - 1) // 2]
+    return copy_range(cur, ctx, m, lo, middle) + copy_range(cur, ctx, m, middle, hi)
 
 
 def copy_all(ctx: Context) -> None:

@@ -42,9 +42,10 @@ def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: 
     """The statements that start capturing `table` into migration `mid`'s log."""
     info = introspect.describe(cur, table)
     key_types = tuple(info.column(k).type for k in key)
+    collations = tuple(info.column(k).collation for k in key)
     log_table = names.change_log(mid, reverse)
     fn = names.capture_function(mid, reverse)
-    return [q.create_log(log_table, key, key_types), *q.grant_log(log_table),
+    return [q.create_log(log_table, key, key_types, collations), *q.grant_log(log_table),
             q.create_trigger_function(fn, log_table, key, migration),
             *q.create_trigger(names.capture_trigger(mid, reverse), table, fn)]
 

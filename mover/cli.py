@@ -270,6 +270,8 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         _show_status(result["status"])
         return
     out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
+    for col, why in result.get("lossy_accepted", {}).items():
+        out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:

@@ -74,6 +74,8 @@ class Plan:
     source: QualifiedName
     target: QualifiedName | None = None
     columns: dict[str, str] = field(default_factory=dict)
+    # Columns whose type change can lose information (plan check names them), acknowledged
+    accept_lossy: tuple[str, ...] = ()
     backfill: BackfillSettings = BackfillSettings()
     cutover: CutoverSettings = CutoverSettings()
     rollback: RollbackSettings = RollbackSettings()
@@ -86,7 +88,8 @@ class Plan:
         """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
         return {
             "migration": {"name": self.name, "source": _qn(self.source)},
-            "target": {"name": _qn(self.target), "columns": dict(sorted(self.columns.items()))},
+            "target": {"name": _qn(self.target), "columns": dict(sorted(self.columns.items())),
+                       "accept_lossy": sorted(self.accept_lossy)},
             "backfill": asdict(self.backfill),
             "cutover": {
                 "auto": self.cutover.auto,
@@ -132,6 +135,8 @@ def to_document(plan: Plan) -> dict[str, Any]:
     }
     if plan.target is not None:
         doc["target"]["name"] = str(plan.target)
+    if plan.accept_lossy:
+        doc["target"]["accept_lossy"] = list(plan.accept_lossy)
     if plan.rollback.old_name is not None:
         doc["rollback"]["old_name"] = str(plan.rollback.old_name)
     if plan.drop_foreign_keys:
@@ -161,6 +166,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         source=qn(doc["migration"]["source"]),
         target=qn(doc["target"]["name"]),
         columns=dict(doc["target"]["columns"]),
+        accept_lossy=tuple(doc["target"].get("accept_lossy", ())),
         backfill=BackfillSettings(**{**asdict(BackfillSettings()), **doc["backfill"]}),
         cutover=CutoverSettings(**doc["cutover"]),
         rollback=RollbackSettings(
@@ -181,7 +187,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
 _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     # section -> key -> (python type, required)
     "migration": {"name": (str, True), "source": (str, True)},
-    "target": {"name": (str, False), "columns": (dict, False)},
+    "target": {"name": (str, False), "columns": (dict, False), "accept_lossy": (list, False)},
     "backfill": {"chunk_rows": (int, False), "target_chunk_ms": (int, False), "min_rows": (int, False),
                  "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
@@ -250,6 +256,11 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         if not isinstance(typ, str) or not typ.strip():
             raise fail(f"[target] columns: the type of column {col!r} must be a non-empty string such as \"bigint\"")
         columns[col] = typ.strip()
+    accept_lossy = t.get("accept_lossy", [])
+    for col in accept_lossy:
+        if not isinstance(col, str) or col not in columns:
+            raise fail(f"[target] accept_lossy: {col!r} is not a column of [target] columns",
+                       "list the columns whose type change plan check reported as lossy")
 
     def bounded(section: str, key: str, default: int, lo: int, hi: int) -> int:
         value = doc.get(section, {}).get(key, default)
@@ -302,6 +313,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         source=source,
         target=target,
         columns=columns,
+        accept_lossy=tuple(dict.fromkeys(accept_lossy)),
         backfill=backfill,
         cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),

@@ -20,11 +20,13 @@ def create_target(target: QualifiedName, source: QualifiedName, *, unlogged: boo
         opts=sql.SQL(" ").join(sql.SQL("INCLUDING " + o) for o in LIKE_OPTIONS))
 
 
-def alter_column_type(table: QualifiedName, column: str, type_text: str) -> sql.Composed:
+def alter_column_type(table: QualifiedName, column: str, type_text: str,
+                      collation: tuple[str, str] | None = None) -> sql.Composed:
     # type_text is the plan's [target] columns value: trusted operator input, checked with
     # to_regtype() during validation, and a type position takes no bind parameter.
-    return sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty}").format(
-        t=table.ident, c=sql.Identifier(column), ty=sql.SQL(type_text))
+    return sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty}{coll}").format(
+        t=table.ident, c=sql.Identifier(column), ty=sql.SQL(type_text),
+        coll=sql.SQL(" COLLATE {}").format(sql.Identifier(*collation)) if collation else sql.SQL(""))
 
 
 def create_index(name: str, table: QualifiedName, index: Index, *, concurrently: bool) -> sql.Composed:

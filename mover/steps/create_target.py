@@ -15,7 +15,9 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     # LIKE copies every CHECK as validated; one the source has NOT VALID may be broken by rows that
     # the backfill copies. It is added back NOT VALID at the swap (mover/cutover.py), as it was.
     stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_checks(cur, info.oid)]
-    stmts += [ddl.alter_column_type(target, col, typ) for col, typ in sorted(plan.columns.items())]
+    have = {c.name: c for c in info.columns}
+    stmts += [ddl.alter_column_type(target, col, typ, _kept_collation(cur, have[col], typ) if col in have else None)
+              for col, typ in sorted(plan.columns.items())]
     # A widened identity column keeps the old type's maximum (LIKE copies it as an explicit value).
     for seq in introspect.owned_sequences(cur, info.oid):
         if seq.identity and seq.column in plan.columns:
@@ -41,6 +43,16 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))
     return stmts
+
+
+def _kept_collation(cur, column: introspect.Column, type_text: str) -> tuple[str, str] | None:
+    """A column's own collation, kept through its type change when the new type is collatable
+    (ALTER TABLE alone would reset it to the type's default: text keys would change order)."""
+    if column.collation is None:
+        return None
+    cur.execute("SELECT typcollation <> 0 FROM pg_type WHERE oid = to_regtype(%s)", (type_text,))
+    row = cur.fetchone()
+    return column.collation if row and row[0] else None
 
 
 class CreateTarget(Step):

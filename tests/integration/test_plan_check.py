@@ -66,12 +66,14 @@ def toml_value(value) -> str:
 
 def plan_toml(name: str = "orders-move", source: str = "public.orders", target: str | None = None,
               columns: dict[str, str] | None = None, old_name: str | None = None, window: str = "1h",
-              chunk_rows: int | None = None) -> str:
+              chunk_rows: int | None = None, accept_lossy: list[str] | None = None) -> str:
     lines = ["[migration]", f"name = {toml_value(name)}", f"source = {toml_value(source)}", "", "[target]"]
     if target is not None:
         lines.append(f"name = {toml_value(target)}")
     if columns is not None:
         lines.append(f"columns = {toml_value(columns)}")
+    if accept_lossy is not None:
+        lines.append(f"accept_lossy = [{', '.join(toml_value(c) for c in accept_lossy)}]")
     if chunk_rows is not None:
         lines += ["", "[backfill]", f"chunk_rows = {chunk_rows}"]
     lines += ["", "[rollback]", f"window = {toml_value(window)}"]
@@ -518,7 +520,8 @@ def test_good_plan_check_prints_the_steps_and_changes_nothing(db, tmp_path):
 
 def test_good_plan_with_a_type_change_and_explicit_names(db, tmp_path):
     path = write_plan(tmp_path, plan_toml(target="orders_v2", old_name='"Orders (old)"',
-                                          columns={"id": "bigint", "customer": "varchar(200)"}))
+                                          columns={"id": "bigint", "customer": "varchar(200)"},
+                                          accept_lossy=["customer"]))  # text -> varchar(200) can refuse values
     before = snapshot(db)
     result = mover(db, "plan", "check", "--json", str(path))
     assert result.returncode == 0, result.stderr

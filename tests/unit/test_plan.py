@@ -359,3 +359,28 @@ def test_drop_foreign_keys_parse_store_and_survive_mover_set():
 ])
 def test_drop_foreign_keys_bad_values(value, fragment):
     assert fragment in str(bad(doc(target={"drop_foreign_keys": value})))
+
+
+# ---------------------------------------------------------------------------------------------
+# [target] accept_lossy
+
+
+def test_accept_lossy_is_kept_out_of_the_shape_hash_and_round_trips():
+    plan = parse_plan(doc(target={"columns": {"code": "varchar(5)", "n": "bigint"}, "accept_lossy": ["code"]}))
+    assert plan.accept_lossy == ("code",)
+    again = plan_from_canonical(plan.canonical())
+    assert again.accept_lossy == ("code",)
+    plain = parse_plan(doc(target={"columns": {"code": "varchar(5)", "n": "bigint"}}))
+    assert plain.accept_lossy == () and plan_from_canonical(plain.canonical()).accept_lossy == ()
+    assert plan.shape_hash() == plain.shape_hash()
+
+
+@pytest.mark.parametrize("accept, words", [
+    (["nope"], ["[target] accept_lossy", "'nope'", "not a column of [target] columns"]),
+    ([7], ["[target] accept_lossy", "7"]),
+    ("code", ["[target] accept_lossy must be an array"]),
+])
+def test_accept_lossy_names_planned_columns(accept, words):
+    err = bad(doc(target={"columns": {"code": "varchar(5)"}, "accept_lossy": accept}))
+    for w in words:
+        assert w in str(err), str(err)

@@ -6,7 +6,7 @@ to PUBLIC, but a GRANT by a role that does not own the object is a silent no-op 
 only logs a WARNING), so the grants are verified with has_*_privilege, never assumed; a missing
 one refuses the step before any application write could fail on it (invariant 3).
 
-The migrating role's own needs (README "Privileges") are checked the same way by `plan check`.
+The migrating role's own needs (docs/operating.md, "Privileges") are checked the same way by `plan check`.
 """
 
 from __future__ import annotations

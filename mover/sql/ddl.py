@@ -9,7 +9,7 @@ from mover.names import QualifiedName
 
 # What the target takes from the source at creation. Indexes wait until after the backfill
 # (copying into an indexed table was 3x slower here); user triggers are never copied
-# (they must not fire for copied rows); foreign keys are not copied either (see README).
+# (they must not fire for copied rows); foreign keys are not copied either (see docs/operating.md).
 LIKE_OPTIONS = ("DEFAULTS", "CONSTRAINTS", "GENERATED", "IDENTITY", "STORAGE", "COMMENTS", "COMPRESSION")
 
 

@@ -97,7 +97,7 @@ class Writer:
         rnd = random.Random(self.seed)
         # No server-side prepared statements: a statement prepared before the swap whose result
         # type changes (int -> bigint) fails once with 0A000 "cached plan must not change result
-        # type" -- PostgreSQL's behaviour for any type change, documented in the README.
+        # type" -- PostgreSQL's behaviour for any type change, documented in docs/operating.md.
         conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
         t = sql.Identifier(self.table)
         try:

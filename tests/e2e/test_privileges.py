@@ -1,7 +1,7 @@
 """mover as a non-superuser, with the application writing as a third, DML-only role.
 
 Setup A: the migrating role runs `mover init` and owns schema "mover".
-Setup B: a superuser runs `mover init` and grants what README.md "Privileges" lists.
+Setup B: a superuser runs `mover init` and grants what docs/operating.md "Privileges" lists.
 In both, a missing privilege is refused up front (exit 2, one line naming the GRANT to run), and
 the capture trigger never makes an application write fail."""
 
@@ -153,7 +153,7 @@ def test_setup_a_migrating_role_runs_init_and_owns_the_schema(roles, tmp_path):
 def test_setup_b_superuser_runs_init_and_grants(roles, tmp_path):
     r = roles
     A = sql.Identifier(r.app_name)
-    # The grants of README.md "Privileges", setup B, except the one for the application's roles.
+    # The grants of docs/operating.md "Privileges", setup B, except the one for the application's roles.
     r.su(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(A),
          sql.SQL("GRANT USAGE, CREATE ON SCHEMA mover TO {}").format(A),
          sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mover TO {}").format(A))

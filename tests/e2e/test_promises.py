@@ -1,4 +1,4 @@
-"""Promises the README makes, each exercised end to end through the CLI and judged by plain SQL."""
+"""Promises the README and docs/ make, each exercised end to end through the CLI and judged by plain SQL."""
 
 from __future__ import annotations
 

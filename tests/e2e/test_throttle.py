@@ -1,4 +1,4 @@
-"""The backfill's throttles as the README promises them: the rows/s cap holds over every second,
+"""The backfill's throttles as docs/plan.md promises them: the rows/s cap holds over every second,
 and `mover set` reaches a running worker at its next range."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mover.names import QualifiedName
-from mover.plan import _SCHEMA, Plan, load_plan, plan_from_canonical
+from mover.plan import _SCHEMA, SETTABLE, Plan, load_plan, plan_from_canonical
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = ROOT / "plans"
@@ -87,3 +87,12 @@ def test_docs_document_exactly_the_plan_keys():
     schema = {(section, key) for section, keys in _SCHEMA.items() for key in keys}
     assert schema - documented == set(), "keys the parser accepts that docs/plan.md does not document"
     assert documented - schema == set(), "keys docs/plan.md documents that the parser does not accept"
+
+
+def test_docs_say_which_keys_mover_set_changes():
+    """The "May change?" column mentions `mover set` exactly for the keys `mover set` accepts."""
+    doc = (ROOT / "docs" / "plan.md").read_text()
+    rows = re.findall(r"^\| `\[(\w+)\]` \| `(\w+)` \|.*\| ([^|]*) \|$", doc, re.M)
+    assert len(rows) == sum(len(keys) for keys in _SCHEMA.values())
+    for section, key, may_change in rows:
+        assert ("`mover set`" in may_change) == (key in SETTABLE.get(section, ())), f"[{section}] {key}"

@@ -316,6 +316,18 @@ def retire(name: str, dsn: Optional[str] = DsnOption,
 
 @app.command()
 @_exits
+def adopt(name: str, dsn: Optional[str] = DsnOption):
+    """After a shape change: apply an added column, CHECK or index to the other table too, and go on."""
+    out = api.adopt(_dsn(dsn), name, stop=_interruptible())
+    for change in out["adopted"]:
+        err.print(f"adopted: {change['message']}")
+    if not out["adopted"]:
+        err.print("nothing to adopt: both tables have their recorded shape")
+    _show_status(out["status"])
+
+
+@app.command()
+@_exits
 def abort(name: str, dsn: Optional[str] = DsnOption):
     """Before cutover: remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, stop=_interruptible())

@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, reconcile
+from mover import capture, chunks, control, faults, introspect, names, reconcile, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -92,7 +92,9 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
         cur.execute(ddl.lock_tables([live, other]))
         locked_at = time.monotonic()
-        # Everything logged so far committed before our lock: drain it all.
+        # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
+        # both tables' shapes under the lock: a change committed since the preflight aborts the
+        # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
@@ -113,6 +115,8 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
             cur.execute(ddl.rename_table(m.old, m.source.name))
             _hand_over_sequences(cur, m.target, m.source)
             capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), m.name, reverse=False)
+        # The shapes are those checked above (the lock is held); only the names changed.
+        shape.rerecord(cur, ctx.mid)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
@@ -133,6 +137,7 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
                           f"swapped back; lock held {held_ms:.1f} ms", {"lock_ms": held_ms}, held_ms)
         return held_ms
 
+    faults.point("swap:before_lock" if forward else "swap_back:before_lock")
     held = ctx.db.transaction(swap, lock_timeout=lock_timeout, statement_timeout=LOCK_STATEMENT_TIMEOUT,
                               attempts=ctx.plan.cutover.attempts, label="cutover")
     ctx._mappings.clear()  # the tables changed names

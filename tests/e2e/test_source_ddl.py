@@ -79,9 +79,13 @@ def differences(dsn, a, b, cols):
 def hang(dsn, point, release, *args):
     """A mover process stopped at a fault point until `release` exists; returns it once it is there."""
     proc = spawn(dsn, *args, env={"MOVER_FAULT": f"hang@{point}", "MOVER_FAULT_RELEASE": str(release)})
-    line = proc.stderr.readline()
-    assert f"hanging at {point}" in line, line + proc.stderr.read()
-    return proc
+    seen = []
+    for line in proc.stderr:  # progress lines come first; EOF if it ended without getting there
+        seen.append(line)
+        if f"hanging at {point}" in line:
+            return proc
+    proc.wait(10)
+    raise AssertionError(f"mover never reached {point} (exit {proc.returncode}): {''.join(seen)}")
 
 
 def assert_stopped(r_code, stderr, *needles):

@@ -193,6 +193,7 @@ class Worker(chunks.RangeWorker):
     def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
         stmt, params = q.copy_range(mapping, chunk.lo, chunk.hi)
         cur.execute(stmt, params)
+        copied = cur.rowcount
         # After the copy, in its transaction: the copy holds a lock that keeps ALTER TABLE out
         # until commit, so a shape seen unchanged here is the shape the range was copied under.
         if self.ctx.mapping(cur) is not mapping:
@@ -202,7 +203,7 @@ class Worker(chunks.RangeWorker):
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
         faults.point(f"chunk_copied:{chunk.chunk_no}")
         faults.point("chunk_copied")  # whichever range this process copies first
-        return cur.rowcount
+        return copied
 
 
 def copy_all(ctx: Context) -> None:

@@ -193,7 +193,8 @@ def abort(ctx: Context) -> None:
     m = ctx.migration
 
     def undo(cur):
-        capture.remove(cur, ctx.mid, m.source, reverse=False)
+        # Under its current name: a source renamed during the migration keeps no capture trigger.
+        capture.remove(cur, ctx.mid, shape.current_name(cur, ctx.mid, "source") or m.source, reverse=False)
         cur.execute(ddl.drop_table(m.target))
         chunks.reset(cur, ctx.mid, "backfill")
         chunks.reset(cur, ctx.mid, "reconcile")

@@ -353,3 +353,14 @@ def verify_at_step(cur: psycopg.Cursor, m: control.Migration, swapped: bool) -> 
                 control.event(cur, m.id, "mover", m.step, "shape_recorded",
                               f"recorded the shape of {tables[side]} (registered before shapes were recorded)")
     return verify(cur, m.id, m.name, swapped)
+
+
+def current_name(cur: psycopg.Cursor, mid: int, side: str) -> QualifiedName | None:
+    """Where the recorded table is now (found by oid), whatever it was renamed to; None if not recorded or gone."""
+    recorded = control.shapes(cur, mid)[side]
+    if recorded is None:
+        return None
+    cur.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.oid = %s", (recorded["oid"],))
+    row = cur.fetchone()
+    return QualifiedName(row[0], row[1]) if row else None

@@ -217,6 +217,20 @@ def test_each_kind_of_change_is_detected_at_a_step_start(db_dsn, orders, ddl, ne
     assert status(db_dsn)["step"] == "install_capture"
 
 
+def test_renamed_source_is_refused_and_abort_removes_the_capture_from_it(db_dsn, orders):
+    r = mover(db_dsn, "step", orders)
+    r = mover(db_dsn, "step", "ord")  # install_capture
+    assert r.returncode == 0, r.stderr
+    sql_run(db_dsn, "ALTER TABLE orders RENAME TO orders2")
+    r = mover(db_dsn, "run", "ord")
+    assert_stopped(r.returncode, r.stderr, 'table "public"."orders" was renamed to "public"."orders2"',
+                   "mover abort ord")
+    r = mover(db_dsn, "abort", "ord")
+    assert r.returncode == 0, r.stderr
+    assert sql_run(db_dsn, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders2'::regclass")[0][0] == 0
+    sql_run(db_dsn, "UPDATE orders2 SET qty = 1 WHERE id = 1")  # the application is unharmed
+
+
 # ---------------------------------------------------------------------------------------------
 # Detected between backfill ranges, in a reconcile pass, inside the cutover lock
 

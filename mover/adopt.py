@@ -54,9 +54,9 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
         return []
     live_changes = [c for c in found if c.side == live_side]
     refused = [c for c in live_changes if not c.adoptable]
-    refused += [c for c in found if c.side == other_side and not _mirrors(c, live_changes, ctx.mid)]
+    refused += [c for c in found if c.side == other_side and not shape.mirrors(c, live_changes, ctx.mid)]
     if refused:
-        exc = shape.explain(m.name, refused, ctx.swapped)
+        exc = shape.explain(m.name, refused, ctx.swapped, ctx.mid)
         raise shape.ShapeChanged(f"cannot adopt the change to the shape of migration {m.name!r}: "
                                  f"{'; '.join(c.message for c in refused)}", hint=exc.hint, changes=refused)
     built = ctx.swapped or before[other_side] is not None
@@ -79,7 +79,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
         if shape.fingerprint(now2[live_side]) != shape.fingerprint(now[live_side]):
             raise Failed(f"the shape of {live} changed again while `mover adopt` ran; nothing was recorded",
                          hint=f"run `mover adopt {m.name}` again")
-        stray = [c for c in left if c.side == other_side and not _mirrors(c, live_changes, ctx.mid)]
+        stray = [c for c in left if c.side == other_side and not shape.mirrors(c, live_changes, ctx.mid)]
         if stray:
             raise Failed(f"after adopting, {other} differs otherwise: {'; '.join(c.message for c in stray)}",
                          hint=f"`mover abort {m.name}`")
@@ -101,19 +101,6 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
     ctx.db.transaction(record, label="adopt")
     ctx.refresh()
     return [c.as_dict() for c in live_changes]
-
-
-def _mirrors(change: shape.Change, live_changes: list[shape.Change], mid: int) -> bool:
-    """Is this change of the other table one that adopting live_changes makes (an adopt that
-    crashed half-way)?"""
-    if change.kind == "index_added":
-        return any(c.kind == "index_added" and backfill.deferred_index_name(mid, c.item) == change.item
-                   for c in live_changes)
-    if change.kind == "index_validity":  # an interrupted CREATE INDEX CONCURRENTLY of ours
-        return any(c.kind == "index_added" and backfill.deferred_index_name(mid, c.item) == change.item
-                   for c in live_changes)
-    return change.kind in ("column_added", "constraint_added") and any(
-        c.kind == change.kind and c.item == change.item for c in live_changes)
 
 
 def _lock_timeout(ctx: Context) -> dict[str, Any]:

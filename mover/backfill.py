@@ -29,8 +29,7 @@ import psycopg
 
 from mover import capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
-from mover.errors import LeaseLost, MoverError
-from mover.shape import ShapeChanged
+from mover.errors import LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl

@@ -38,9 +38,8 @@ import psycopg
 from mover import backfill, capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
 from mover.db import Database
-from mover.errors import Failed, LeaseLost, MoverError
+from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import ReconcileSettings, plan_from_canonical
-from mover.shape import ShapeChanged
 from mover.sql import compare as q
 from mover.sql.capture import replay_keys as replay_keys_sql
 from mover.sql.mapping import Mapping

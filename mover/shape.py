@@ -22,8 +22,8 @@ from typing import Any
 
 import psycopg
 
-from mover import control
-from mover.errors import BadInput
+from mover import control, names
+from mover.errors import BadInput, ShapeChanged
 from mover.names import QualifiedName, display_ident
 
 SIDES = ("source", "target")
@@ -77,17 +77,6 @@ SELECT c.oid, jsonb_build_object(
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = ANY(%s)
 """
-
-
-class ShapeChanged(BadInput):
-    """A table's shape changed since mover recorded it: nothing is copied, compared or swapped across it."""
-
-    event_kind = "shape_changed"
-
-    def __init__(self, message: str, *, hint: str | None = None, changes: list["Change"] | None = None):
-        super().__init__(message, hint=hint)
-        self.changes = changes or []
-        self.detail = {"changes": [c.as_dict() for c in self.changes]}
 
 
 @dataclass(frozen=True)
@@ -261,11 +250,23 @@ def _diff_indexes(side: str, t: QualifiedName, old: dict, new: dict) -> list[Cha
     return out
 
 
-def explain(name: str, changes: list[Change], swapped: bool) -> ShapeChanged:
+def mirrors(change: Change, live_changes: list[Change], mid: int) -> bool:
+    """Is this change of the other table one that `mover adopt` makes for live_changes (seen
+    after an adopt that stopped half-way)? Its indexes are named like the backfill's."""
+    if change.kind in ("index_added", "index_validity"):
+        return any(c.kind == "index_added" and names.derived(c.item, f"_m{mid}") == change.item
+                   for c in live_changes)
+    return change.kind in ("column_added", "constraint_added") and any(
+        c.kind == change.kind and c.item == change.item for c in live_changes)
+
+
+def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = None) -> ShapeChanged:
     """The error for `changes`: what changed, and the command that gets the migration going again."""
     listed = "; ".join(c.message for c in changes)
     live = "target" if swapped else "source"
-    adoptable = all(c.adoptable and c.side == live for c in changes)
+    live_changes = [c for c in changes if c.side == live]
+    adoptable = all(c.adoptable for c in live_changes) and all(
+        mid is not None and mirrors(c, live_changes, mid) for c in changes if c.side != live)
     if adoptable:
         hint = (f"`mover adopt {name}` applies the same change to the other table and re-checks what it touched;"
                 f" or `mover abort {name}` and plan again")
@@ -318,7 +319,7 @@ def verify(cur: psycopg.Cursor, mid: int, name: str, swapped: bool) -> str:
     stored fingerprints, which names the shape a Mapping was built under."""
     before, _, found = changes(cur, mid)
     if found:
-        raise explain(name, found, swapped)
+        raise explain(name, found, swapped, mid)
     return f"{fingerprint(before['source'])}/{fingerprint(before['target'])}"
 
 

@@ -333,3 +333,25 @@ def test_column_added_during_the_window_is_adopted_by_the_old_table(db_dsn, orde
     assert differences(db_dsn, "orders", "orders_new", ["id", "qty", "note", "tag"]) == (0, 0)
     assert sql_run(db_dsn, "SELECT tag, count(*) FROM orders GROUP BY 1 ORDER BY 1") == [
         ("a", 3000 - 60), ("b", 39), ("c", 21)]
+
+
+def test_adopt_killed_before_recording_runs_again(db_dsn, orders):
+    assert mover(db_dsn, "run", orders).returncode == 3
+    sql_run(db_dsn, "ALTER TABLE orders ADD COLUMN tag text DEFAULT 'a'", "CREATE INDEX orders_tag ON orders (tag)",
+            "ALTER TABLE orders ADD CONSTRAINT tag_short CHECK (length(tag) < 5) NOT VALID",
+            "UPDATE orders SET tag = 'b' WHERE id % 3 = 0")
+    r = mover(db_dsn, "adopt", "ord", env={"MOVER_FAULT": "kill@adopt:before_record"})
+    assert r.returncode == -9, r.stderr
+    assert "tag" in columns(db_dsn, "orders_new")
+    # Half adopted: the run still stops, and says to adopt (not to abort).
+    r = mover(db_dsn, "run", "ord")
+    assert_stopped(r.returncode, r.stderr, 'column "tag" was added to "public"."orders"', "mover adopt ord")
+    sql_run(db_dsn, "UPDATE orders SET tag = 'c' WHERE id % 5 = 0")
+    r = mover(db_dsn, "adopt", "ord")
+    assert r.returncode == 0, r.stderr
+    r = mover(db_dsn, "run", "ord")
+    assert r.returncode == 3, r.stderr
+    assert differences(db_dsn, "orders", "orders_new", ["id", "qty", "note", "tag"]) == (0, 0)
+    assert sql_run(db_dsn, "SELECT convalidated FROM pg_constraint WHERE conrelid = 'orders_new'::regclass"
+                           " AND conname = 'tag_short'") == [(False,)]
+    assert sql_run(db_dsn, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'orders_tag_m1'::regclass") == [(True,)]

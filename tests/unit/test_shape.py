@@ -134,3 +134,15 @@ def test_hint_says_adopt_only_when_every_change_is_adoptable_on_the_live_table()
     on_target = shape.diff(BASE, changed_desc(lambda d: d["columns"].append(col("p", 4))), side="target")
     assert "mover adopt" not in shape.explain("ord", on_target, swapped=False).hint
     assert "mover adopt ord" in shape.explain("ord", on_target, swapped=True).hint
+
+
+def test_an_adopt_that_stopped_half_way_still_says_adopt():
+    live = changed(lambda d: (d["columns"].append(col("p", 4)),
+                              d["indexes"].update(orders_p={"definition": "USING btree (p)", "unique": False,
+                                                            "valid": True, "constraint": None})))
+    other = shape.diff(BASE, changed_desc(lambda d: (
+        d["columns"].append(col("p", 4)),
+        d["indexes"].update(orders_p_m7={"definition": "USING btree (p)", "unique": False, "valid": False,
+                                         "constraint": None}))), side="target")
+    assert "mover adopt ord" in shape.explain("ord", live + other, swapped=False, mid=7).hint
+    assert "mover adopt" not in shape.explain("ord", live + other, swapped=False, mid=8).hint

@@ -64,10 +64,11 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
     columns = [c.detail["column"] for c in live_changes if c.kind == "column_added"]
     checks = [(c.item, c.detail["constraint"]) for c in live_changes if c.kind == "constraint_added"]
     indexes = [c.item for c in live_changes if c.kind == "index_added"]
+    validations = [c.item for c in live_changes if c.kind == "constraint_validated"]
     if exists:
         _add_columns(ctx, other, columns)
         _resync(ctx, live, other, [c["name"] for c in columns], reverse=ctx.swapped)
-        _finish_columns_and_checks(ctx, other, columns, checks)
+        _finish_columns_and_checks(ctx, other, columns, checks, validations)
         if built:
             # Before then, the backfill builds every index the original has when it gets there.
             _build_indexes(ctx, live, other, indexes)
@@ -177,8 +178,8 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
 
 
 def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list[dict[str, Any]],
-                               checks: list[tuple[str, dict[str, Any]]]) -> None:
-    if not any(c.get("not_null") for c in columns) and not checks:
+                               checks: list[tuple[str, dict[str, Any]]], validations: list[str]) -> None:
+    if not any(c.get("not_null") for c in columns) and not checks and not validations:
         return
 
     def finish(cur):
@@ -188,8 +189,15 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
             if c.get("not_null") and not have[c["name"]].not_null:
                 cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
                     t=other.ident, c=sql.Identifier(c["name"])))
-        cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s", (info.oid,))
-        existing = {r[0] for r in cur.fetchall()}
+        cur.execute("SELECT conname, convalidated FROM pg_constraint WHERE conrelid = %s", (info.oid,))
+        existing = dict(cur.fetchall())
+        for name in validations:
+            if name not in existing:
+                raise Failed(f"constraint {names.display_ident(name)} was validated on the live table, but {other} has"
+                             f" no constraint of that name", hint=f"`mover abort {ctx.migration.name}`")
+            if not existing[name]:
+                cur.execute(sql.SQL("ALTER TABLE {t} VALIDATE CONSTRAINT {c}").format(
+                    t=other.ident, c=sql.Identifier(name)))
         for name, con in checks:
             if name in existing:
                 continue

@@ -204,9 +204,11 @@ def _diff_constraints(side: str, t: QualifiedName, old: dict, new: dict) -> list
             out.append(Change(side, "constraint_changed", f"constraint {c} of {t} changed from {o['definition']}"
                                                           f" to {n['definition']}", False, name))
         elif n["validated"] != o["validated"]:
+            # VALIDATE CONSTRAINT of a CHECK that was NOT VALID (the second half of a routine
+            # deploy) can be repeated on the other table; nothing else changes validation state.
             out.append(Change(side, "constraint_validated", f"constraint {c} of {t} was "
                                                             f"{'validated' if n['validated'] else 'marked NOT VALID'}",
-                              False, name))
+                              bool(n["validated"]) and n["type"] == "c", name))
         elif (n["deferrable"], n["deferred"]) != (o["deferrable"], o["deferred"]):
             out.append(Change(side, "constraint_changed", f"constraint {c} of {t} changed its deferral", False, name))
     for name, n in sorted(new.items()):
@@ -256,7 +258,7 @@ def mirrors(change: Change, live_changes: list[Change], mid: int) -> bool:
     if change.kind in ("index_added", "index_validity"):
         return any(c.kind == "index_added" and names.derived(c.item, f"_m{mid}") == change.item
                    for c in live_changes)
-    return change.kind in ("column_added", "constraint_added") and any(
+    return change.kind in ("column_added", "constraint_added", "constraint_validated") and any(
         c.kind == change.kind and c.item == change.item for c in live_changes)
 
 

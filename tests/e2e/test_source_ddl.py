@@ -355,3 +355,24 @@ def test_adopt_killed_before_recording_runs_again(db_dsn, orders):
     assert sql_run(db_dsn, "SELECT convalidated FROM pg_constraint WHERE conrelid = 'orders_new'::regclass"
                            " AND conname = 'tag_short'") == [(False,)]
     assert sql_run(db_dsn, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'orders_tag_m1'::regclass") == [(True,)]
+
+
+def test_check_added_not_valid_then_validated_is_adopted_twice(db_dsn, orders):
+    """The routine two-step deploy: ADD CONSTRAINT ... NOT VALID, later VALIDATE CONSTRAINT."""
+    assert mover(db_dsn, "run", orders).returncode == 3
+    sql_run(db_dsn, "ALTER TABLE orders ADD CONSTRAINT qty_small CHECK (qty < 100) NOT VALID")
+    assert_stopped(*_run(db_dsn), 'CHECK constraint "qty_small" was added', "mover adopt ord")
+    assert mover(db_dsn, "adopt", "ord").returncode == 0
+    assert mover(db_dsn, "run", "ord").returncode == 3
+    sql_run(db_dsn, "ALTER TABLE orders VALIDATE CONSTRAINT qty_small")
+    assert_stopped(*_run(db_dsn), 'constraint "qty_small" of "public"."orders" was validated', "mover adopt ord")
+    assert mover(db_dsn, "adopt", "ord").returncode == 0
+    assert mover(db_dsn, "run", "ord").returncode == 3
+    assert sql_run(db_dsn, "SELECT convalidated FROM pg_constraint WHERE conrelid = 'orders_new'::regclass"
+                           " AND conname = 'qty_small'") == [(True,)]
+    assert mover(db_dsn, "cutover", "ord").returncode == 0
+
+
+def _run(dsn):
+    r = mover(dsn, "run", "ord")
+    return r.returncode, r.stderr

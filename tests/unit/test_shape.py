@@ -100,7 +100,8 @@ def test_constraints():
     with_check = changed_desc(lambda d: d["constraints"].update(qty_pos=check))
     validated = copy.deepcopy(with_check)
     validated["constraints"]["qty_pos"].update(definition="CHECK ((qty > 0))", validated=True)
-    assert kinds(shape.diff(with_check, validated)) == [("constraint_validated", "qty_pos", False)]
+    assert kinds(shape.diff(with_check, validated)) == [("constraint_validated", "qty_pos", True)]
+    assert kinds(shape.diff(validated, with_check)) == [("constraint_validated", "qty_pos", False)]
     assert kinds(shape.diff(with_check, BASE)) == [("constraint_dropped", "qty_pos", False)]
 
 

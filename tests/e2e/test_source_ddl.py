@@ -370,6 +370,8 @@ def test_check_added_not_valid_then_validated_is_adopted_twice(db_dsn, orders):
     assert mover(db_dsn, "run", "ord").returncode == 3
     assert sql_run(db_dsn, "SELECT convalidated FROM pg_constraint WHERE conrelid = 'orders_new'::regclass"
                            " AND conname = 'qty_small'") == [(True,)]
+    r = mover(db_dsn, "adopt", "ord")
+    assert r.returncode == 0 and "nothing to adopt" in r.stderr, r.stderr
     assert mover(db_dsn, "cutover", "ord").returncode == 0
 
 

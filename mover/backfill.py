@@ -142,6 +142,8 @@ class Worker(chunks.RangeWorker):
                 mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
                 chunk = self.db.transaction(lambda cur: chunks.claim(
                     cur, mid, KIND, self.wid, mapping, rows_hint, settings.max_attempts), label="claim")
+                if chunk is not None:
+                    faults.point("claimed")  # between building the mapping and copying with it
                 if chunk is None:
                     st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
                     if st["open"] == 0:

@@ -378,3 +378,24 @@ def test_check_added_not_valid_then_validated_is_adopted_twice(db_dsn, orders):
 def _run(dsn):
     r = mover(dsn, "run", "ord")
     return r.returncode, r.stderr
+
+
+def test_a_worker_whose_mapping_predates_adopt_copies_with_the_new_column(db_dsn, orders, tmp_path):
+    """A `mover worker` on another host built its column list, then the operator adopted a new
+    column: its next range must not be copied without it."""
+    orchestrator = hang(db_dsn, "chunk:1", tmp_path / "never", "run", orders)
+    release = tmp_path / "release"
+    helper = hang(db_dsn, "claimed", release, "worker", "ord")  # holds a claimed range, mapping built
+    orchestrator.kill()
+    finish(orchestrator, 30)
+    # Rows get 3, the default is 5 afterwards: no logged change would repair a row copied without it.
+    sql_run(db_dsn, "ALTER TABLE orders ADD COLUMN priority int DEFAULT 3",
+            "ALTER TABLE orders ALTER COLUMN priority SET DEFAULT 5")
+    r = mover(db_dsn, "adopt", "ord")
+    assert r.returncode == 0, r.stderr
+    release.touch()
+    code, err = finish(helper, 120)
+    assert code == 0, err
+    r = mover(db_dsn, "run", "ord")
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert differences(db_dsn, "orders", "orders_new", ["id", "qty", "note", "priority"]) == (0, 0)

@@ -175,9 +175,8 @@ def _diff_columns(side: str, t: QualifiedName, old: list[dict], new: list[dict])
                                   n=n.get(key) if n.get(key) is not None else "none")
                 out.append(Change(side, kind, f"column {col} of {t} {msg}", False, n["name"]))
         if o["not_null"] != n["not_null"]:
-            out.append(Change(side, "column_not_null", f"column {col} of {t} "
-                                                       f"{'was made NOT NULL' if n['not_null'] else 'is no longer NOT NULL'}",
-                              False, n["name"]))
+            how = "was made NOT NULL" if n["not_null"] else "is no longer NOT NULL"
+            out.append(Change(side, "column_not_null", f"column {col} of {t} {how}", False, n["name"]))
     for pos, n in new_by_pos.items():
         if pos in old_by_pos:
             continue

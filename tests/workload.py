@@ -135,7 +135,8 @@ class Writer:
     paused: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
     mirror: str | None = MIRROR  # the oracle table (create_mirror); None, or a missing table: no mirror
-    hot: tuple | None = None  # (lo, hi): choose update keys in this id range only
+    hot: tuple | None = None  # (lo, hi): only updates, only of keys in this id range
+    delay: float = 0.0  # seconds between operations (a rate, for hot keys that must settle at times)
 
     def start(self) -> "Writer":
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -191,6 +192,8 @@ class Writer:
                                                " VALUES (%(k)s, %(a)s, 0, 'reinserted', 'r')").format(t) + ret
                                 self._run(conn, stmt, {"k": k, "a": row[1]})
                     self.ops += 1
+                    if self.delay:
+                        self.stop.wait(self.delay)
                 except psycopg.Error as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                     if conn.broken:

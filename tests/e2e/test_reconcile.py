@@ -13,7 +13,7 @@ import signal
 
 import psycopg
 
-from tests.workload import Writer, create_orders, differences, mover, write_plan
+from tests.workload import Writer, app_execute, assert_oracle, create_orders, differences, mismatches, mover, write_plan
 
 PLAN = """
 [migration]
@@ -38,9 +38,9 @@ window = "1h"
 def setup(dsn, tmp_path, rows=20_000) -> str:
     create_orders(dsn, rows)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("""INSERT INTO "Orders" (id, "Account", amount, status, payload, note)
-                        SELECT -g, g, g / 10.0, 'quiet', jsonb_build_object('q', g), 'quiet row'
-                        FROM generate_series(1, 50) g""")
+        app_execute(conn, """INSERT INTO {t} (id, "Account", amount, status, payload, note)
+                             SELECT -g, g, g / 10.0, 'quiet', jsonb_build_object('q', g), 'quiet row'
+                             FROM generate_series(1, 50) g""")
     return write_plan(tmp_path / "rec.toml", PLAN)
 
 
@@ -99,6 +99,7 @@ def test_hostile_writers_over_equal_tables_record_no_divergence(db_dsn, tmp_path
             w.pause()
         assert mover(db_dsn, "run", "rec").returncode == 3
         assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         for w in writers:
             w.halt()
@@ -111,6 +112,10 @@ def test_injected_differences_are_found_exactly_then_repaired(db_dsn, tmp_path):
     writer = Writer(db_dsn, seed=3).start()
     try:
         assert mover(db_dsn, "run", plan).returncode == 3
+        writer.pause()
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_new")  # equal before the injection
+        writer.resume()
         sql(db_dsn,
             'UPDATE "Orders_new" SET amount = amount + 1 WHERE id = -10',
             """UPDATE "Orders_new" SET note = repeat('n', 500), payload = '{"changed": true}' WHERE id = -11""",
@@ -146,6 +151,7 @@ def test_injected_differences_are_found_exactly_then_repaired(db_dsn, tmp_path):
         writer.pause()
         assert mover(db_dsn, "run", "rec").returncode == 3
         assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -180,6 +186,13 @@ def test_cutover_refused_while_open_then_accepted_with_reason(db_dsn, tmp_path):
         assert r.returncode == 0, r.stderr
         assert status(db_dsn)["step"] == "rollback_window"
         assert len(divergences(db_dsn, "--all")) == 1  # still in the history
+        writer.pause()
+        # The accepted extra row is the only difference from what the application committed.
+        rows = mismatches(db_dsn, "Orders", "Orders_mirror")["*"]
+        assert (rows["only in Orders"], rows["only in Orders_mirror"]) == (1, 0)
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute('DELETE FROM "Orders" WHERE id = -5000')
+        assert_oracle(db_dsn, "Orders")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -210,6 +223,9 @@ def test_kill9_mid_reconcile_resumes_where_it_stopped(db_dsn, tmp_path):
         assert after[5][1] == mid[5][1]
         assert result["pass"]["ranges"] == len(after) - 5
         assert status(db_dsn)["divergences"] == 0
+        writer.pause()
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -220,12 +236,15 @@ def test_quick_check_before_cutover_catches_a_late_difference(db_dsn, tmp_path):
     assert mover(db_dsn, "run", plan).returncode == 3
     # After the full pass: a write to the source (captured, applied, noted) and, in the same
     # range, a difference made behind mover's back.
-    sql(db_dsn, """UPDATE "Orders" SET note = 'touched' WHERE id = -30""",
-        'UPDATE "Orders_new" SET amount = -1 WHERE id = -31')
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        app_execute(conn, """UPDATE {t} SET note = 'touched' WHERE id = -30""")
+    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -1 WHERE id = -31')
     r, result = reconcile(db_dsn)  # an incremental pass would see it too; the cutover must on its own
     assert r.returncode == 3 and result["pass"]["mode"] == "incremental" and result["pass"]["ranges"] == 1
     assert mover(db_dsn, "accept", "rec", "--reason", "reset for the test").returncode == 0
-    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -2 WHERE id = -31', """UPDATE "Orders" SET note = 'again' WHERE id = -30""")
+    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -2 WHERE id = -31')
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        app_execute(conn, """UPDATE {t} SET note = 'again' WHERE id = -30""")
     r = mover(db_dsn, "cutover", "rec")
     assert r.returncode == 3, r.stderr
     assert "the last reconcile before the cutover" in r.stderr and "mover divergences rec" in r.stderr
@@ -236,3 +255,78 @@ def test_quick_check_before_cutover_catches_a_late_difference(db_dsn, tmp_path):
     r = mover(db_dsn, "cutover", "rec")
     assert r.returncode == 0, r.stderr
     assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+    assert_oracle(db_dsn, "Orders", "Orders_old")
+
+
+CORRUPT = """
+CREATE FUNCTION corrupt_account() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW."Account" := NEW.id - 1000;  -- a target that silently mangles one column of some rows
+    RETURN NEW;
+END $$;
+CREATE TRIGGER corrupt_account BEFORE INSERT OR UPDATE ON "Orders_new"
+    FOR EACH ROW WHEN (NEW.id BETWEEN -5 AND -1) EXECUTE FUNCTION corrupt_account();
+"""
+
+
+def _inject_while_pending(dsn, stop, landed):
+    """Differences the writer's next change resolves: "Account" changed in the target only on keys
+    whose change is still in the log, holding those log rows (FOR UPDATE) so that the applier
+    replays them (reading the source's state) only after the injection has committed."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        log = conn.execute("SELECT format('mover.%I', 'm' || id || '_changes') FROM mover.migrations").fetchone()[0]
+        stmt = f"""WITH p AS (SELECT id FROM {log} WHERE id BETWEEN -10 AND -6 FOR UPDATE)
+                   UPDATE "Orders_new" SET "Account" = "Account" + 7 WHERE id IN (SELECT id FROM p)"""
+        while not stop.is_set():
+            landed.append(conn.execute(stmt).rowcount)
+            stop.wait(0.005)
+
+
+def test_differences_on_hot_keys_are_reported_once_settled_and_only_then(db_dsn, tmp_path):
+    """Keys the writer is changing while reconcile reads them: a difference that survives the
+    applier's replay (here the target mangles "Account" on every write of keys -5..-1) is recorded,
+    naming only that column; differences the pending change resolves (keys -10..-6) are not."""
+    import threading
+    plan = setup(db_dsn, tmp_path, rows=5_000)
+    writer = Writer(db_dsn, seed=8).start()
+    # Updates only, of amount/status/note/payload, each key a few times a second.
+    hot = Writer(db_dsn, seed=9, hot=(-10, -1), delay=0.01)
+    stop, landed = threading.Event(), []
+    injector = threading.Thread(target=_inject_while_pending, args=(db_dsn, stop, landed), daemon=True)
+    try:
+        assert mover(db_dsn, "run", plan).returncode == 3
+        sql(db_dsn, CORRUPT)
+        hot.start()
+        injector.start()
+        mangled = {(str(k),) for k in range(-5, 0)}
+        rechecked, found = 0, set()
+        for _ in range(4):  # a key still changing after every re-check round waits for the next pass
+            r, result = reconcile(db_dsn, "--full")
+            assert r.returncode in (0, 3), r.stderr
+            rechecked += result["pass"]["rechecked"]
+            found = {tuple(d["key"]) for d in divergences(db_dsn, "--all")}
+            if not result["pass"]["unsettled"]:
+                break
+        assert sum(landed) > 0 and rechecked > 0
+        assert found == mangled  # none of the resolved ones, ever
+        for d in divergences(db_dsn):
+            assert d["kind"] == "different" and set(d["columns"]) == {"Account"}, d
+            src, dst = d["columns"]["Account"]
+            assert int(dst) == int(d["key"][0]) - 1000 and int(src) == -int(d["key"][0])
+        stop.set()
+        injector.join(10)
+        hot.pause()
+        writer.pause()
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        diff = mismatches(db_dsn, "Orders_new", "Orders_mirror")  # the independent view agrees
+        assert set(diff) == {"*", "Account"} and diff["Account"]["only in Orders_new"] == 5, diff
+        sql(db_dsn, 'DROP TRIGGER corrupt_account ON "Orders_new"')
+        assert mover(db_dsn, "repair", "rec").returncode == 0
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_new")
+    finally:
+        stop.set()
+        hot.halt() if hasattr(hot, "thread") else None
+        writer.halt()
+    assert writer.errors == [] and hot.errors == []
+    assert hot.ops > 50

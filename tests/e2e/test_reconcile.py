@@ -330,3 +330,58 @@ def test_differences_on_hot_keys_are_reported_once_settled_and_only_then(db_dsn,
         writer.halt()
     assert writer.errors == [] and hot.errors == []
     assert hot.ops > 50
+
+
+def test_a_difference_in_any_column_of_any_type_is_found_naming_that_column(db_dsn, tmp_path):
+    """One column per type the type tests cover (tests/integration/test_reconcile_types.py), the
+    plan's type changes included; for each column and each unequal pair of values there, one row
+    that differs in that column only. A pass over equal tables finds nothing; after the
+    injection, each row is found, naming exactly its column."""
+    from tests.integration.test_reconcile_types import CASES
+    # text -> enum has no assignment cast (ALTER TABLE needs USING; the plan check refuses it):
+    # that column is an enum on both sides here.
+    CASES = [(c[0], c[1], c[3], *c[3:]) if c[0] == "text_to_enum" else c for c in CASES]
+    setups = list(dict.fromkeys(c[1] for c in CASES if c[1]))
+    equal = {case: next(a for a, _, eq in pairs if eq) for case, _, _, _, pairs, _ in CASES}
+    cols = ", ".join(f"c_{case} {src}" for case, _, src, _, _, _ in CASES)
+    injected = []  # (key, column, source value, target value)
+    for case, _, _, _, pairs, _ in CASES:
+        for a, b, eq in pairs:
+            if not eq:
+                injected.append((len(injected) + 1, f"c_{case}", a, b))
+    rows = []
+    for key in range(0, len(injected) + 1):
+        values = {f"c_{case}": equal[case] for case, *_ in CASES}
+        if key:
+            _, col, a, _ = injected[key - 1]
+            values[col] = a
+        rows.append(f"({key}, " + ", ".join(f"({v})::{src}" for (case, _, src, *_), v in zip(CASES, values.values()))
+                    + ")")
+    sql(db_dsn, *setups, f"CREATE TABLE types (id integer PRIMARY KEY, {cols})",
+        f"INSERT INTO types VALUES {', '.join(rows)}")
+    changed = ", ".join(f'c_{case} = "{dst}"' for case, _, src, dst, _, _ in CASES if src != dst)
+    plan = write_plan(tmp_path / "types.toml", f"""
+[migration]
+name = "rec"
+source = 'public.types'
+
+[target]
+columns = {{ id = "bigint", {changed} }}
+
+[rollback]
+window = "1h"
+""")
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert status(db_dsn)["divergences"] == 0
+    by_case = {f"c_{c[0]}": c for c in CASES}
+    sql(db_dsn, *(f"UPDATE types_new SET {col} = ({b})::{by_case[col][3]} WHERE id = {key}"
+                  for key, col, _, b in injected))
+    r, result = reconcile(db_dsn, "--full")
+    assert r.returncode == 3, r.stderr
+    found = {int(d["key"][0]): d for d in divergences(db_dsn)}
+    assert sorted(found) == [key for key, *_ in injected]
+    for key, col, _, _ in injected:
+        d = found[key]
+        assert (d["kind"], list(d["columns"])) == ("different", [col]), (col, d)
+    assert {col for _, col, _, _ in injected} == set(by_case)  # every column of every type

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
 import subprocess
 import sys
@@ -36,6 +37,42 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     returns (exit code, stderr)."""
     _, err = proc.communicate(timeout=timeout)
     return proc.returncode, err
+
+
+class Spawned:
+    """A mover process whose stderr is read line by line as it comes (to kill it at a moment it
+    announces), and kept."""
+
+    def __init__(self, dsn, *args, env):
+        full_env = {**os.environ, "COLUMNS": "200", **env}
+        self.proc = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, *args], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
+        self.lines: queue.Queue = queue.Queue()
+        self.err: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.err.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, text, timeout=120) -> bool:
+        """True once a stderr line contains text; False if the process ended first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            if line is None:
+                return False
+            if text in line:
+                return True
+
+    def kill(self) -> bool:
+        """SIGKILL; True if the process was still running (the kill landed)."""
+        alive = self.proc.poll() is None
+        self.proc.kill()
+        self.proc.wait(60)
+        return alive
 
 
 def write_plan(path: Path, text: str) -> str:

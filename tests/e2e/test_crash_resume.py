@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import psycopg
 import pytest
 
-from tests.workload import ROOT, Writer, assert_oracle, create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import Spawned, Writer, assert_oracle, create_orders, differences, finish, mover, spawn, write_plan
 
 PLAN = """
 [migration]
@@ -130,42 +126,6 @@ def where(dsn) -> tuple[str, int, bool]:
             "SELECT NOT coalesce((SELECT exhausted FROM mover.frontiers WHERE kind = 'backfill'), false)"
             " OR EXISTS (SELECT 1 FROM mover.chunks WHERE kind = 'backfill' AND status <> 'done')").fetchone()
     return (row[0] if row else "create_target"), done, copying
-
-
-class Spawned:
-    """A mover process whose stderr is read line by line as it comes (to kill it at a moment it
-    announces), and kept."""
-
-    def __init__(self, dsn, *args, env):
-        full_env = {**os.environ, "COLUMNS": "200", **env}
-        self.proc = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, *args], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
-        self.lines: queue.Queue = queue.Queue()
-        self.err: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.err.append(line)
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def wait_for(self, text, timeout=120) -> bool:
-        """True once a stderr line contains text; False if the process ended first."""
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            if line is None:
-                return False
-            if text in line:
-                return True
-
-    def kill(self) -> bool:
-        """SIGKILL; True if the process was still running (the kill landed)."""
-        alive = self.proc.poll() is None
-        self.proc.kill()
-        self.proc.wait(60)
-        return alive
 
 
 def test_kill9_at_random_points_until_done(db_dsn, tmp_path):

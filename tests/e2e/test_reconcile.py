@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import psycopg
 
-from tests.workload import Writer, app_execute, assert_oracle, create_orders, differences, mismatches, mover, write_plan
+from tests.workload import Spawned, Writer, app_execute, assert_oracle, create_orders, differences, mismatches, mover, write_plan
 
 PLAN = """
 [migration]
@@ -385,3 +386,49 @@ window = "1h"
         d = found[key]
         assert (d["kind"], list(d["columns"])) == ("different", [col]), (col, d)
     assert {col for _, col, _, _ in injected} == set(by_case)  # every column of every type
+
+
+def test_a_range_taken_over_while_its_keys_settle_is_not_committed_by_the_old_worker(db_dsn, tmp_path):
+    """Race 6 for reconcile ranges: a worker waits for a pending key to settle (the applier is held
+    here), meanwhile its range is taken over, as another host's worker does once a lease has
+    expired. The old worker must not commit its findings (the lease is checked in the range's
+    done-mark transaction); the range is verified by whoever holds it."""
+    plan = setup(db_dsn, tmp_path, rows=3_000)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    r = mover(db_dsn, "set", "rec", "reconcile.workers=1", "reconcile.settle_rounds=1000",
+              "reconcile.range_rows=100000")
+    assert r.returncode == 0, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as held, psycopg.connect(db_dsn, autocommit=True) as conn:
+        (mid,) = conn.execute("SELECT id FROM mover.migrations").fetchone()
+        held.execute("SELECT pg_advisory_lock(hashtext('mover.apply'), %s::int)", (mid,))  # no applier can run
+        app_execute(conn, "UPDATE {t} SET note = 'pending' WHERE id = -40")  # logged, not applied
+        p = Spawned(db_dsn, "reconcile", "rec", "--full", env={})
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # the range, once its worker has read it and let go of its row: taken over
+                assert time.monotonic() < deadline and p.proc.poll() is None, "".join(p.err)
+                try:
+                    with conn.transaction():
+                        row = conn.execute("SELECT chunk_no FROM mover.chunks WHERE kind = 'reconcile'"
+                                           " AND status = 'running' FOR UPDATE NOWAIT").fetchone()
+                        if row:
+                            conn.execute("UPDATE mover.chunks SET owner = 'elsewhere:1:x', lease_expires_at ="
+                                         " now() + interval '1 hour' WHERE kind = 'reconcile' AND chunk_no = %s", row)
+                            break
+                except psycopg.errors.LockNotAvailable:
+                    pass
+                time.sleep(0.01)  # polling the control table for the claim
+            held.execute("SELECT pg_advisory_unlock(hashtext('mover.apply'), %s::int)", (mid,))
+            assert p.wait_for("was taken over by another worker; not committing"), "".join(p.err)
+            assert ranges(db_dsn)[row[0]] == ("running", None)  # still the other's, unverified
+            conn.execute("UPDATE mover.chunks SET lease_expires_at = now() - interval '1 second'"
+                         " WHERE kind = 'reconcile' AND chunk_no = %s", row)  # that one died: its lease expires
+            assert p.proc.wait(120) == 0, "".join(p.err)
+        finally:
+            p.kill()
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        (attempts,) = conn.execute("SELECT attempts FROM mover.chunks WHERE kind = 'reconcile' AND chunk_no = %s",
+                                   row).fetchone()
+    assert attempts == 2 and ranges(db_dsn)[row[0]][0] == "done"
+    assert status(db_dsn)["divergences"] == 0
+    assert_oracle(db_dsn, "Orders", "Orders_new")

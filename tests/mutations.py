@@ -42,8 +42,8 @@ STALLED = "tests/e2e/test_crash_resume.py::test_stalled_orchestrator_cannot_comm
 
 # (file, exact text, replacement)
 BLIND_RECONCILE = ("mover/sql/compare.py",
-                   '              for c in spec.non_key]\n    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))',
-                   '              for c in spec.non_key]\n    return sql.SQL("false")')
+                   '    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))\n\n\ndef _key_text(',
+                   '    return sql.SQL("false")\n\n\ndef _key_text(')
 
 
 def _skip_deletes(direction: str) -> list[tuple[str, str, str]]:

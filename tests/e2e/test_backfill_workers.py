@@ -8,7 +8,8 @@ import signal
 
 import psycopg
 
-from tests.workload import Writer, app_execute, assert_oracle, create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import (Writer, app_execute, assert_oracle, create_orders, differences, finish, mover, spawn,
+                            write_plan)
 
 PLAN = """
 [migration]

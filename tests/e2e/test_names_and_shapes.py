@@ -54,7 +54,8 @@ old_name = '"Sales Dept"."Order Items (old)"'
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
-        row = conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (1, 5) RETURNING *').format(t)).fetchone()
+        row = conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (1, 5) RETURNING *').format(t)
+                           ).fetchone()
         conn.execute('INSERT INTO expected VALUES (%s, %s, %s, %s, %s, %s, %s)', row)
         conn.execute(sql.SQL('UPDATE {} SET doc = \'{{"x": 1}}\' WHERE line = 7').format(t))
         conn.execute('UPDATE expected SET doc = \'{"x": 1}\' WHERE line = 7')

@@ -14,7 +14,8 @@ import time
 
 import psycopg
 
-from tests.workload import Spawned, Writer, app_execute, assert_oracle, create_orders, differences, mismatches, mover, write_plan
+from tests.workload import (Spawned, Writer, app_execute, assert_oracle, create_orders, differences, mismatches, mover,
+                            write_plan)
 
 PLAN = """
 [migration]

@@ -86,6 +86,7 @@ def test_kill9_inside_the_cutover_swap_changes_nothing(db_dsn, orders):
         writer.pause()
         assert mover(db_dsn, "run", "crashy").returncode == 3  # window open: old table synced
         assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_old")
         writer.resume()
         r = mover(db_dsn, "rollback", "crashy", env={"MOVER_FAULT": "kill@swap_back:locked"})
         assert r.returncode == -signal.SIGKILL
@@ -207,6 +208,7 @@ def test_second_orchestrator_is_refused_and_dead_one_is_taken_over(db_dsn, order
         finish(first, 60)
     r = mover(db_dsn, "run", "crashy")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
 def test_lease_of_another_host_waits_for_expiry(db_dsn, orders):
@@ -220,6 +222,7 @@ def test_lease_of_another_host_waits_for_expiry(db_dsn, orders):
         conn.execute("UPDATE mover.migrations SET lease_expires_at = now() - interval '1 second'")
     r = mover(db_dsn, "run", "crashy")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
 def test_stalled_orchestrator_cannot_commit_after_takeover(db_dsn, orders, tmp_path):

@@ -33,8 +33,7 @@ from pathlib import Path
 
 from psycopg import sql
 
-from bench.common import (bindir, connect, create_database, generate, median, mover_cli, save, server, table,
-                          timed)
+from bench.common import bindir, connect, create_database, generate, median, mover_cli, save, server, table, timed
 
 SOURCE = "bench_source"
 
@@ -258,7 +257,8 @@ def report(r: dict) -> str:
                        ("mover_1w_sync_on", "mover backfill, 1 worker, synchronous_commit on")):
         if key in r:
             m = r[key]
-            line(label, m["step_s"], f"{m['chunks']:.0f} ranges of ~{m['avg_chunk_rows']:,.0f} rows, RSS {m['rss_kib'] / 1024:.0f} MiB")
+            line(label, m["step_s"],
+                 f"{m['chunks']:.0f} ranges of ~{m['avg_chunk_rows']:,.0f} rows, RSS {m['rss_kib'] / 1024:.0f} MiB")
     if "writes" in r:
         w = r["writes"]
         line("mover backfill, 1 worker, pgbench writing", w["step_s"],

@@ -290,7 +290,8 @@ def report(r: dict) -> str:
                                                                           f"{found['extra']} extra)"), note))
     line("lower bound: same row hash, one pass per table, 1 connection", lb)
     line("lower bound, one connection per table", r["lower_bound"]["two_connections_s"])
-    for key, what in (("mover_1w", "mover reconcile --full, 1 worker"), ("mover_2w", "mover reconcile --full, 2 workers")):
+    for key, what in (("mover_1w", "mover reconcile --full, 1 worker"),
+                      ("mover_2w", "mover reconcile --full, 2 workers")):
         m = r[key]
         line(what, m["seconds"], m, f"pass {m['pass_seconds']:.2f}s, {m['ranges']} ranges, CLI wall time")
     line("alternative: join comparing row hashes", r["alt_hash_join"]["seconds"], r["alt_hash_join"])

@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from mover import backfill as backfill_engine
+from mover import capture, chunks, control, cutover, introspect, names, privileges, runner, steps
 from mover import reconcile as reconcile_engine
-from mover import capture, chunks, control, cutover, introspect, names, runner, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
@@ -58,6 +59,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if source is None:
         raise PlanError(f"[migration] source: table {plan.source} does not exist",
                         hint="check the name; unquoted names fold to lower case, quote mixed-case names")
+    assert source.schema is not None  # resolve() names the schema
     if source.schema == names.CONTROL_SCHEMA:
         raise PlanError(f"[migration] source: {source} belongs to mover itself")
     if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
@@ -78,6 +80,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
         raise PlanError(f"[migration] source: {exc.message}", hint=exc.hint) from None
 
     def sibling(name: QualifiedName | None, key: str, suffix: str) -> QualifiedName:
+        assert source.schema is not None
         if name is None:
             return QualifiedName(source.schema, names.derived(source.name, suffix))
         if name.schema is None:
@@ -147,6 +150,9 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if views:
         raise PlanError(f"views depend on {source} ({', '.join(views)}); they would keep reading the old table "
                         f"after the swap", hint="drop them before the migration and recreate them after")
+    if registering and control.schema_ready(cur):
+        # Missing privileges first: the rehearsal below would only say "permission denied".
+        privileges.require_setup(cur, source, target)
     if registering:
         # What the catalog alone cannot tell (a type change that needs USING, a column used by a
         # generated column or a CHECK constraint, an identity column turned text, an index name
@@ -202,9 +208,29 @@ def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
                         f"{str(exc).splitlines()[0]}") from None
 
 
+def _check_capture_path(cur, plan: Plan, source: QualifiedName) -> None:
+    """Can every writer of the source run the capture trigger? Its log is created and granted in
+    a savepoint, asked about, and rolled back (the trigger itself is not: it would lock the table)."""
+    from mover.sql import capture as capture_sql
+
+    log_table = names.change_log(0)
+    info = introspect.describe(cur, source)
+    cur.execute("SAVEPOINT mover_capture_check")
+    try:
+        cur.execute(capture_sql.create_log(log_table, tuple(info.key), tuple(info.column(k).type for k in info.key)))
+        for stmt in capture_sql.grant_log(log_table):
+            cur.execute(stmt)
+        missing = privileges.capture_path_missing(cur, source, log_table)
+    finally:
+        cur.execute("ROLLBACK TO SAVEPOINT mover_capture_check")
+    if missing:
+        raise PlanError(privileges.capture_message(source, missing),
+                        hint=privileges.capture_hint(cur, missing, plan.name))
+
+
 def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
-    now = None
+    now = datetime.now(UTC)
     return control.Migration(
         id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
         source=r["source"],
@@ -228,11 +254,13 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                 return {"plan": str(path), "name": plan.name, "registered": True,
                         "status": status_of(cur, existing), "steps": []}
             r = resolve_plan(cur, plan, registering=True)
+            _check_capture_path(cur, plan, r["source"])
             ctx = Context(db=db, migration=_provisional(plan, r), owner="plan-check")
             out_steps = []
             for step in steps.ALL:
                 out_steps.append({"name": step.name,
-                                  "sql": [s if isinstance(s, str) else s.as_string(cur) for s in step.describe(ctx, cur)]})
+                                  "sql": [s if isinstance(s, str) else s.as_string(cur)
+                                          for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "steps": out_steps}
@@ -267,6 +295,7 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
                 control.update_plan(cur, existing.id, plan.canonical(), actor)
             return control.get_by_id(cur, existing.id)
         r = resolve_plan(cur, plan, registering=True)
+        _check_capture_path(cur, plan, r["source"])
         return control.register(cur, name=plan.name, plan=plan.canonical(),
                                  plan_hash=plan.shape_hash(r["source"].schema),
                                  source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
@@ -421,6 +450,16 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
 
 
 def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        m = db.transaction(lambda cur: control.get(cur, name))
+    finally:
+        db.close()
+    if m.step == "rollback_window" and m.state not in ("done", "aborted"):
+        # The new table is live: dropping it would drop the application's table. Say the way out.
+        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
+                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
     return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
                              "abort", cutover.abort, **kw)
 

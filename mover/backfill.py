@@ -29,6 +29,7 @@ import psycopg
 
 from mover import capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
+from mover.db import bind
 from mover.errors import LeaseLost, MoverError
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
@@ -83,6 +84,19 @@ class Throttle:
             return f"replica lag {self._lag:.1f}s above {limit / 1000:g}s"
         return None
 
+    def range_rows(self, hint: int) -> int:
+        """Keys to ask for in the next range: the adaptive hint, within the current max_rows (so
+        `mover set` reaches the very next range), and within the rows/s cap's budget. A range is
+        copied in one burst, so a range bigger than the cap allows in target_chunk_ms (at most a
+        second) would break the cap within the second it runs, however long we wait after it;
+        the cap wins over min_rows."""
+        s = self.settings
+        rows = min(hint, s.max_rows)
+        if s.max_rows_per_second:
+            per_worker = s.max_rows_per_second / max(self.workers, 1)
+            rows = min(rows, max(1, int(per_worker * min(s.target_chunk_ms, 1000) / 1000)))
+        return rows
+
     def pace(self, rows: int, elapsed: float) -> float:
         """Seconds to wait after copying `rows` in `elapsed` seconds to respect the rows/s cap,
         shared evenly among the workers."""
@@ -131,7 +145,7 @@ class Worker(chunks.RangeWorker):
                     return
                 settings = plan_from_canonical(m.plan).backfill  # `mover set` takes effect here
                 throttle.settings = settings
-                reason = self.db.transaction(lambda cur: throttle.reason(cur, m))
+                reason = self.db.transaction(bind(throttle.reason, m))
                 if reason:
                     waiting = reason
                     self._wait(reason, 1.0)
@@ -140,8 +154,9 @@ class Worker(chunks.RangeWorker):
                     waiting = None
                     self._wait(None, 0)
                 mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
-                chunk = self.db.transaction(lambda cur: chunks.claim(
-                    cur, mid, KIND, self.wid, mapping, rows_hint, settings.max_attempts), label="claim")
+                chunk = self.db.transaction(bind(
+                    chunks.claim, mid, KIND, self.wid, mapping, throttle.range_rows(rows_hint),
+                    settings.max_attempts), label="claim")
                 if chunk is None:
                     st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
                     if st["open"] == 0:
@@ -155,7 +170,7 @@ class Worker(chunks.RangeWorker):
                 started = time.monotonic()
                 try:
                     rows, ms = chunks.work(self.db, mid, chunk, self.wid,
-                                           lambda cur: self._copy(cur, mapping, chunk),
+                                           bind(self._copy, mapping, chunk),
                                            synchronous_commit=settings.synchronous_commit)
                 except LeaseLost as exc:
                     log.warning("%s", exc)
@@ -168,16 +183,17 @@ class Worker(chunks.RangeWorker):
                     continue
                 faults.point(f"chunk:{chunk.chunk_no}")
                 rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)
-                self.db.transaction(lambda cur: cur.execute(
-                    "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
-                    " WHERE migration_id = %s AND worker_id = %s", (rows_hint, rows, mid, self.wid)))
+                self.db.transaction(bind(
+                    psycopg.Cursor.execute, "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
+                    " WHERE migration_id = %s AND worker_id = %s", (throttle.range_rows(rows_hint), rows, mid,
+                                                                     self.wid)))
                 capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                 pending = None
                 if time.monotonic() - self._pending_checked > 2:
                     self._pending_checked = time.monotonic()
                     pending = self.db.transaction(lambda cur: capture.pending(cur, mid)[0])
-                self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1), chunk_rows=rows_hint,
-                            worker=self.wid, capture_pending=pending)
+                self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1),
+                            chunk_rows=throttle.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
                 pause = throttle.pace(rows, time.monotonic() - started)
                 if pause:
                     self._wait(f"rows/s cap {settings.max_rows_per_second}", pause)
@@ -235,16 +251,18 @@ def deferred_indexes(cur, ctx: Context):
 
 def build_indexes(ctx: Context) -> None:
     schema = ctx.new.schema
+    assert schema is not None  # the control tables hold schema-qualified names
     todo = ctx.db.transaction(lambda cur: deferred_indexes(cur, ctx))
     for name, ix in todo:
         ctx.checkpoint()
-        state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
+        state = ctx.db.transaction(bind(introspect.index_state, schema, name))
         if state is True:
             continue
         faults.point("index_building")
         if state is False:
             log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
-            ctx.db.autocommit(ddl.drop_index(schema, name), lock_timeout="10s")
+            ctx.db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, name)), lock_timeout="10s",
+                               label="drop invalid index")
         started = time.monotonic()
         ctx.report("index", name=name, state="building")
         # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
@@ -252,5 +270,5 @@ def build_indexes(ctx: Context) -> None:
                           statement_timeout="0", lock_timeout="10min")
         faults.point("index_built")
         ms = (time.monotonic() - started) * 1000
-        ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
-                                                     f"index {name} built", {"source_index": ix.name}, ms))
+        ctx.db.transaction(bind(control.event, ctx.mid, ctx.owner, "backfill", "index_built",
+                                f"index {name} built", {"source_index": ix.name}, ms))

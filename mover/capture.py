@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from mover import chunks, control, introspect, names
+from mover import chunks, control, introspect, names, privileges
 from mover.context import Context
+from mover.db import one
 from mover.sql import capture as q
-from mover.sql.mapping import Mapping, named_bound
 from mover.sql.copy import covered_by
+from mover.sql.mapping import Mapping, named_bound
 
 log = logging.getLogger("mover.capture")
 
@@ -34,7 +35,7 @@ def log_name(ctx: Context, reverse: bool = False) -> names.QualifiedName:
 
 
 def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
-                migration: str, reverse: bool = False) -> list[sql.Composable]:
+                migration: str, reverse: bool = False) -> list[sql.Composed]:
     """The statements that start capturing `table` into migration `mid`'s log."""
     info = introspect.describe(cur, table)
     key_types = tuple(info.column(k).type for k in key)
@@ -49,6 +50,9 @@ def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tupl
             reverse: bool = False) -> None:
     for stmt in install_sql(cur, mid, table, key, migration, reverse):
         cur.execute(stmt)
+    # In the same transaction: a writer that could not run the trigger refuses the install (or the
+    # swap that installs the reverse capture), instead of failing the application's writes.
+    privileges.require_capture_path(cur, table, names.change_log(mid, reverse), migration)
 
 
 def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, reverse: bool = False) -> None:
@@ -77,7 +81,7 @@ def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> b
     fn = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
     cur.execute(sql.SQL("SELECT {}(hashtext(%s), %s::int)").format(sql.Identifier(fn)),
                 ("mover.apply.reverse" if reverse else "mover.apply", mid))
-    got = cur.fetchone()[0]
+    got = one(cur)[0]
     return True if wait else bool(got)
 
 
@@ -108,7 +112,7 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
     try:
         cur.execute(q.replay(m, log_table, covered=covered, skip_locked=not wait_for_lock),
                     {**params, "limit": limit})
-        claimed, deleted, upserted = cur.fetchone()
+        claimed, deleted, upserted = one(cur)
         cur.execute("RELEASE SAVEPOINT mover_replay")
         _count(cur, ctx.mid, reverse, claimed)
         return Applied(claimed, deleted, upserted)
@@ -125,8 +129,8 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
     keys = list(dict.fromkeys(tuple(r) for r in cur.fetchall()))
     result = Applied(claimed=len(keys))
     stmt = q.replay_keys(m)
-    failures: list[tuple[tuple, Exception]] = []
-    for attempt in range(2):  # a second pass lets keys blocked by another key's old value go through
+    failures: list[tuple[tuple, psycopg.errors.Error]] = []
+    for _attempt in range(2):  # a second pass lets keys blocked by another key's old value go through
         retry = []
         for key in keys:
             cur.execute("SAVEPOINT mover_key")
@@ -146,12 +150,12 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
         if not keys:
             break
     failed = {k: e for k, e in failures if k in keys}
-    for key, exc in failed.items():
+    for key, error in failed.items():
         control.record_divergence(cur, ctx.mid, list(key), "apply_error",
-                                  {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate,
+                                  {"error": str(error).splitlines()[0], "sqlstate": error.sqlstate,
                                    "direction": "reverse" if m.src == ctx.new else "forward"})
         control.event(cur, ctx.mid, ctx.owner, None, "apply_error",
-                      f"replaying key {list(key)} into {m.dst} failed: {str(exc).splitlines()[0]}")
+                      f"replaying key {list(key)} into {m.dst} failed: {str(error).splitlines()[0]}")
     result.failed = len(failed)
     _count(cur, ctx.mid, m.src == ctx.new, result.claimed)
     return result
@@ -170,8 +174,14 @@ def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, 
     log_table = names.change_log(mid, reverse)
     if not introspect.exists(cur, log_table):
         return 0, None
-    cur.execute(q.pending_count(log_table))
-    count, lag = cur.fetchone()
+    try:
+        with cur.connection.transaction():  # a savepoint
+            cur.execute(q.pending_count(log_table))
+            count, lag = one(cur)
+    except psycopg.errors.UndefinedTable:
+        # Dropped since the check by a retire, abort or swap committing meanwhile (`mover status`
+        # runs beside them): a log that is gone holds nothing pending.
+        return 0, None
     return count, (float(lag) if lag is not None else None)
 
 
@@ -200,7 +210,7 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
     return total
 
 
-def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composable,
+def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composed,
                 keys: list[list[str]]) -> dict[tuple, str]:
     """Replay the given keys by state now (`mover repair`), in the caller's transaction, holding
     the forward applier's lock so no batch replays the same keys from another snapshot (race 2).

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from mover import control
+from mover.db import one
 from mover.errors import LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
@@ -173,13 +174,14 @@ def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
     cur.execute(
         """
         SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status IN ('pending', 'running')),
-               count(*) FILTER (WHERE status = 'failed'), count(*), coalesce(sum(rows) FILTER (WHERE status = 'done'), 0),
+               count(*) FILTER (WHERE status = 'failed'), count(*),
+               coalesce(sum(rows) FILTER (WHERE status = 'done'), 0),
                (SELECT exhausted FROM mover.frontiers f WHERE f.migration_id = %s AND f.kind = %s)
         FROM mover.chunks WHERE migration_id = %s AND kind = %s
         """,
         (mid, kind, mid, kind),
     )
-    done, open_, failed, total, rows, exhausted = cur.fetchone()
+    done, open_, failed, total, rows, exhausted = one(cur)
     return {"done": done, "open": open_, "failed": failed, "total": total, "rows": int(rows),
             "exhausted": bool(exhausted), "finished": bool(exhausted) and open_ == 0 and failed == 0}
 
@@ -214,7 +216,7 @@ def watermark(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[bool, list[str]
         return False, None
     cur.execute("SELECT hi FROM mover.chunks WHERE migration_id = %s AND kind = %s AND chunk_no = %s",
                 (mid, kind, last_done))
-    hi = cur.fetchone()[0]
+    hi = one(cur)[0]
     return (hi is None), hi
 
 
@@ -262,7 +264,7 @@ class RangeWorker:
             self.db.close()
 
 
-def run_workers(workers: list[RangeWorker], name: str) -> None:
+def run_workers(workers: Sequence[RangeWorker], name: str) -> None:
     """Run workers[0] in this thread and the others in threads of their own; the first error
     any of them kept is raised once all have stopped."""
     import threading

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -10,14 +11,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-import functools
 import psycopg
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from mover import api
@@ -55,20 +55,22 @@ def _exits(fn):
                 err.print(f"next: {exc.hint}", highlight=False, markup=False)
             if State.debug:
                 err.print_exception()
-            raise typer.Exit(exc.exit_code)
+            raise typer.Exit(exc.exit_code) from exc
         except KeyboardInterrupt:
             err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except psycopg.Error as exc:
             err.print(f"database error: {str(exc).strip()}", highlight=False, markup=False)
+            err.print("next: fix the cause, then run the same command again (mover resumes where it stopped; "
+                      "`mover status` shows where that is)", highlight=False, markup=False)
             if State.debug:
                 err.print_exception()
-            raise typer.Exit(1)
+            raise typer.Exit(1) from exc
 
     return wrapper
 
 
-def _dsn(dsn: Optional[str]) -> str:
+def _dsn(dsn: str | None) -> str:
     # An empty DSN makes libpq read the PG* variables (PGHOST, PGUSER, PGPASSFILE...).
     return dsn or State.dsn or os.environ.get("DATABASE_URL", "")
 
@@ -83,7 +85,7 @@ class ProgressReporter:
 
     def __init__(self) -> None:
         self.progress: Progress | None = None
-        self.task = None
+        self.task = TaskID(0)  # the bar's own once a bar starts; unused while progress is None
         self.lock = threading.Lock()
         self.rows = 0
         self.estimate = 0
@@ -112,7 +114,8 @@ class ProgressReporter:
                 self.copied_here += f["rows"]
                 self.workers.add(f["worker"])
                 rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
-                fields = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}", "workers": len(self.workers)}
+                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}",
+                                          "workers": len(self.workers)}
                 if f.get("capture_pending") is not None:
                     fields["backlog"] = f"{f['capture_pending']:,}"
                 self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
@@ -177,7 +180,8 @@ def _interruptible():
 def _show_status(st: dict[str, Any]) -> None:
     table = Table(title=f"migration {st['name']}", show_header=False)
     table.add_row("step / state", f"{st['step']} / {st['state']}")
-    table.add_row("tables", f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
+    table.add_row("tables",
+                  f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
     b = st["backfill"]
     line = f"{b['rows_copied']:,} rows in {b['chunks_done']} ranges"
     if b["chunks_failed"]:
@@ -210,7 +214,7 @@ def _show_status(st: dict[str, Any]) -> None:
 @app.callback()
 def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks and debug logs."),
                  verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry."),
-                 dsn: Optional[str] = DsnOption):
+                 dsn: str | None = DsnOption):
     State.debug = debug
     State.dsn = dsn
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
@@ -219,7 +223,7 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
 
 @app.command()
 @_exits
-def init(dsn: Optional[str] = DsnOption):
+def init(dsn: str | None = DsnOption):
     """Create or upgrade mover's control schema (idempotent)."""
     rev = api.init(_dsn(dsn))
     err.print(f"control schema at revision {rev}")
@@ -227,7 +231,7 @@ def init(dsn: Optional[str] = DsnOption):
 
 @plan_app.command("check")
 @_exits
-def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: Optional[str] = DsnOption,
+def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: str | None = DsnOption,
                as_json: bool = JsonOption):
     """Validate a plan against the live database; print each step and the SQL it will run."""
     result = api.check_plan(_dsn(dsn), plan)
@@ -257,7 +261,7 @@ def _run(dsn, target, one_step, wait):
 @app.command()
 @_exits
 def run(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
-        dsn: Optional[str] = DsnOption,
+        dsn: str | None = DsnOption,
         wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
                                                           "then retire.")):
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
@@ -267,14 +271,14 @@ def run(target: str = typer.Argument(..., help="Migration name, or a plan file t
 @app.command()
 @_exits
 def step(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
-         dsn: Optional[str] = DsnOption):
+         dsn: str | None = DsnOption):
     """Run exactly the next step."""
     _run(dsn, target, True, False)
 
 
 @app.command()
 @_exits
-def status(name: Optional[str] = typer.Argument(None), dsn: Optional[str] = DsnOption, as_json: bool = JsonOption):
+def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Where every migration (or one) stands."""
     st = api.status(_dsn(dsn), name)
     if as_json:
@@ -290,7 +294,7 @@ def status(name: Optional[str] = typer.Argument(None), dsn: Optional[str] = DsnO
 
 @app.command()
 @_exits
-def cutover(name: str, dsn: Optional[str] = DsnOption):
+def cutover(name: str, dsn: str | None = DsnOption):
     """Swap the new table in; the rollback window starts."""
     reporter = ProgressReporter()
     st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
@@ -299,7 +303,7 @@ def cutover(name: str, dsn: Optional[str] = DsnOption):
 
 @app.command()
 @_exits
-def rollback(name: str, dsn: Optional[str] = DsnOption):
+def rollback(name: str, dsn: str | None = DsnOption):
     """During the rollback window: swap the original table back, losing nothing."""
     st = api.rollback(_dsn(dsn), name, stop=_interruptible())
     _show_status(st)
@@ -307,7 +311,7 @@ def rollback(name: str, dsn: Optional[str] = DsnOption):
 
 @app.command()
 @_exits
-def retire(name: str, dsn: Optional[str] = DsnOption,
+def retire(name: str, dsn: str | None = DsnOption,
            force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends.")):
     """After the rollback window: drop the old table and everything mover created."""
     st = api.retire(_dsn(dsn), name, force=force, stop=_interruptible())
@@ -316,7 +320,7 @@ def retire(name: str, dsn: Optional[str] = DsnOption,
 
 @app.command()
 @_exits
-def abort(name: str, dsn: Optional[str] = DsnOption):
+def abort(name: str, dsn: str | None = DsnOption):
     """Before cutover: remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, stop=_interruptible())
     _show_status(st)
@@ -324,14 +328,14 @@ def abort(name: str, dsn: Optional[str] = DsnOption):
 
 @app.command()
 @_exits
-def pause(name: str, dsn: Optional[str] = DsnOption):
+def pause(name: str, dsn: str | None = DsnOption):
     """Pause the backfill workers at their next range boundary."""
     _show_status(api.set_paused(_dsn(dsn), name, True))
 
 
 @app.command()
 @_exits
-def unpause(name: str, dsn: Optional[str] = DsnOption):
+def unpause(name: str, dsn: str | None = DsnOption):
     """Let paused workers go on."""
     _show_status(api.set_paused(_dsn(dsn), name, False))
 
@@ -340,14 +344,14 @@ def unpause(name: str, dsn: Optional[str] = DsnOption):
 @_exits
 def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
                                                                        "backfill.max_rows_per_second=50000"),
-         dsn: Optional[str] = DsnOption):
+         dsn: str | None = DsnOption):
     """Change settings of a running migration (recorded as an event; workers pick them up)."""
     _show_status(api.set_settings(_dsn(dsn), name, assignments))
 
 
 @app.command()
 @_exits
-def worker(name: str, dsn: Optional[str] = DsnOption,
+def worker(name: str, dsn: str | None = DsnOption,
            threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
     """Join a migration's backfill from this host; exits when no ranges are left."""
     reporter = ProgressReporter()
@@ -360,7 +364,7 @@ def worker(name: str, dsn: Optional[str] = DsnOption,
 
 @app.command()
 @_exits
-def divergences(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
+def divergences(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
                 all_: bool = typer.Option(False, "--all", help="Include resolved ones.")):
     """Rows that differ between the tables, as reconcile found them."""
     rows = api.divergences(_dsn(dsn), name, include_resolved=all_)
@@ -406,7 +410,7 @@ def _still_open(st: dict[str, Any]) -> None:
 
 @app.command("reconcile")
 @_exits
-def reconcile_cmd(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
+def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
                   full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
                                                                    "since the last pass.")):
     """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
@@ -434,8 +438,8 @@ def reconcile_cmd(name: str, dsn: Optional[str] = DsnOption, as_json: bool = Jso
 
 @app.command()
 @_exits
-def repair(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
-           divergence_id: Optional[int] = typer.Option(None, "--id", help="Repair this divergence only.")):
+def repair(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")):
     """Re-sync the divergent rows from the source's current state, check them again, resolve them."""
     result = api.repair(_dsn(dsn), name, divergence_id=divergence_id, stop=_interruptible())
     if as_json:
@@ -452,8 +456,8 @@ def repair(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption
 @_exits
 def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with "
                                                                           "the divergence)."),
-           divergence_id: Optional[int] = typer.Option(None, "--id", help="Accept this divergence only."),
-           dsn: Optional[str] = DsnOption, as_json: bool = JsonOption):
+           divergence_id: int | None = typer.Option(None, "--id", help="Accept this divergence only."),
+           dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Accept open divergences as intended: they stay in the history, and no longer block the cutover."""
     result = api.accept(_dsn(dsn), name, reason, divergence_id=divergence_id)
     if as_json:
@@ -465,7 +469,7 @@ def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the 
 
 @app.command()
 @_exits
-def events(name: str, dsn: Optional[str] = DsnOption, as_json: bool = JsonOption,
+def events(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
            limit: int = typer.Option(50, "--limit")):
     """The migration's recent events (who, when, what, how long)."""
     rows = api.events(_dsn(dsn), name, limit)

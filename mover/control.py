@@ -21,8 +21,9 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from mover.errors import Failed, LeaseHeld, LeaseLost, NotFound
-from mover.names import QualifiedName
+from mover.db import one
+from mover.errors import BadInput, Failed, LeaseHeld, LeaseLost, NotFound
+from mover.names import CONTROL_SCHEMA, QualifiedName
 
 STEPS = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
 LEASE_SECONDS = 30
@@ -54,7 +55,7 @@ class Migration:
     lease_expires_at: datetime | None
 
     @classmethod
-    def from_row(cls, r: dict[str, Any]) -> "Migration":
+    def from_row(cls, r: dict[str, Any]) -> Migration:
         return cls(
             id=r["id"], name=r["name"], plan=r["plan"], plan_hash=r["plan_hash"],
             source=QualifiedName(r["source_schema"], r["source_table"]),
@@ -101,29 +102,62 @@ def init_schema(dsn: str) -> str:
     from alembic import command
     from alembic.config import Config
     from sqlalchemy import create_engine
+    from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
 
     from mover.db import application_name
 
-    # A creator keeps libpq's own DSN handling (URLs, key=value, PG* variables, passfile).
+    _check_init_privileges(dsn)
+    # A creator keeps libpq's own DSN handling (URLs, key=value, PG* variables, passfile); no
+    # server-side prepared statements, as on all of mover's connections (see db.connect).
     engine = create_engine("postgresql+psycopg://",
-                           creator=lambda: psycopg.connect(dsn, application_name=application_name("mover-init")),
+                           creator=lambda: psycopg.connect(dsn, application_name=application_name("mover-init"),
+                                                           prepare_threshold=None),
                            poolclass=NullPool)
     cfg = Config()
     cfg.set_main_option("script_location", str(alembic_dir()))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
-    with engine.connect() as conn:
-        from sqlalchemy import text
-        rev = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
-    engine.dispose()
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            from sqlalchemy import text
+            rev: str = conn.execute(text("SELECT version_num FROM mover.alembic_version")).scalar_one()
+    except DBAPIError as exc:
+        # SQLAlchemy wraps the driver's error; the CLI maps psycopg's own classes.
+        if isinstance(exc.orig, psycopg.errors.InsufficientPrivilege):
+            raise BadInput(f"`mover init` lacks a privilege: {str(exc.orig).strip().splitlines()[0]}",
+                           hint="see README.md \"Privileges\": let the migrating role own schema \"mover\" "
+                                "(setup A), or run `mover init` as a superuser and grant what it lists (setup B)"
+                           ) from exc.orig
+        if isinstance(exc.orig, psycopg.Error):
+            raise exc.orig from None
+        raise
+    finally:
+        engine.dispose()
     return rev
+
+
+def _check_init_privileges(dsn: str) -> None:
+    """The one-line refusal for the common case: no schema "mover" yet, and no CREATE on the database."""
+    from mover.db import connect
+
+    with connect(dsn, role="mover-init") as conn, conn.cursor() as cur:
+        cur.execute("SELECT current_user, current_database(), to_regnamespace(%s) IS NOT NULL,"
+                    " has_database_privilege(current_database(), 'CREATE')", (CONTROL_SCHEMA,))
+        user, dbname, exists, can_create = one(cur)
+        if not exists and not can_create:
+            who, db = sql.Identifier(user).as_string(cur), sql.Identifier(dbname).as_string(cur)
+            raise BadInput(
+                f"`mover init` cannot create schema \"mover\": role {who} lacks CREATE on database {db}",
+                hint=f"as a superuser run `GRANT CREATE ON DATABASE {db} TO {who}` (or `CREATE SCHEMA mover "
+                     f"AUTHORIZATION {who}`), then `mover init`; or run `mover init` as a superuser and grant "
+                     f"what README.md \"Privileges\" (setup B) lists")
 
 
 def schema_ready(cur: psycopg.Cursor) -> bool:
     cur.execute("SELECT to_regclass('mover.migrations') IS NOT NULL")
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +209,7 @@ def register(cur: psycopg.Cursor, *, name: str, plan: dict, plan_hash: str, sour
         (name, json.dumps(plan), plan_hash, source.schema, source.name, target.schema, target.name,
          old.schema, old.name, key),
     )
-    mid = cur.fetchone()[0]
+    mid = one(cur)[0]
     cur.executemany("INSERT INTO mover.steps (migration_id, name, position) VALUES (%s, %s, %s)",
                     [(mid, s, i) for i, s in enumerate(STEPS)])
     event(cur, mid, actor, None, "registered", f"migration {name!r} registered", {"plan": plan})
@@ -275,7 +309,7 @@ def reopen_steps(cur: psycopg.Cursor, mid: int, names: list[str]) -> None:
 
 def move_to(cur: psycopg.Cursor, mid: int, step: str, state: str, **columns: Any) -> None:
     """Unguarded step change for operator commands that hold the lease already (checked by caller)."""
-    sets = [sql.SQL("step = %s"), sql.SQL("state = %s"), sql.SQL("updated_at = now()")]
+    sets: list[sql.Composable] = [sql.SQL("step = %s"), sql.SQL("state = %s"), sql.SQL("updated_at = now()")]
     params: list[Any] = [step, state]
     for col, value in columns.items():
         sets.append(sql.SQL("{} = %s").format(sql.Identifier(col)))
@@ -303,7 +337,7 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
     host, pid = socket.gethostname(), os.getpid()
     cur.execute("SELECT lease_owner, lease_host, lease_pid, lease_expires_at > clock_timestamp()"
                 " FROM mover.migrations WHERE id = %s FOR UPDATE", (m.id,))
-    holder, holder_host, holder_pid, live = cur.fetchone()
+    holder, holder_host, holder_pid, live = one(cur)
     if holder is not None and holder != owner and live:
         if not (holder_host == host and holder_pid is not None and not process_alive(holder_pid)):
             raise LeaseHeld(
@@ -362,7 +396,7 @@ def chunk_totals(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[int, int, in
     """(rows, chunks done, chunks known)."""
     cur.execute("SELECT coalesce(sum(rows) FILTER (WHERE status = 'done'), 0), count(*) FILTER (WHERE status = 'done'),"
                 " count(*) FROM mover.chunks WHERE migration_id = %s AND kind = %s", (mid, kind))
-    rows, done, total = cur.fetchone()
+    rows, done, total = one(cur)
     return int(rows), done, total
 
 
@@ -381,7 +415,7 @@ def record_divergence(cur: psycopg.Cursor, mid: int, key: list[str], kind: str, 
 
 def open_divergences(cur: psycopg.Cursor, mid: int) -> int:
     cur.execute("SELECT count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL", (mid,))
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = False) -> list[dict[str, Any]]:
@@ -426,7 +460,7 @@ def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
     """Open divergences by kind, and how the closed ones were closed."""
     cur.execute("SELECT kind, count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL"
                 " GROUP BY kind ORDER BY kind", (mid,))
-    open_by_kind = dict(cur.fetchall())
+    open_by_kind: dict[str, int] = dict(cur.fetchall())
     cur.execute("SELECT coalesce(resolved_how, 'superseded'), count(*) FROM mover.divergences"
                 " WHERE migration_id = %s AND resolved_at IS NOT NULL GROUP BY 1 ORDER BY 1", (mid,))
     return {"open": sum(open_by_kind.values()), "open_by_kind": open_by_kind, "resolved_by_how": dict(cur.fetchall())}
@@ -453,7 +487,7 @@ def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
                min(verified_at) FILTER (WHERE status = 'done'), max(verified_at) FILTER (WHERE status = 'done')
         FROM mover.chunks WHERE migration_id = %s AND kind = 'reconcile'
         """, (mid,))
-    done, total, failed, src_rows, dst_rows, oldest, newest = cur.fetchone()
+    done, total, failed, src_rows, dst_rows, oldest, newest = one(cur)
     return {"ranges_done": done, "ranges_total": total, "ranges_failed": failed, "source_rows": int(src_rows),
             "target_rows": int(dst_rows), "oldest_verification": oldest, "newest_verification": newest}
 

@@ -29,6 +29,10 @@ log = logging.getLogger("mover.cutover")
 LOCK_STATEMENT_TIMEOUT = "30s"
 
 
+class _ReplayFailedUnderLock(Failed):
+    """The drain under the swap's lock met a change it could not apply; the swap rolled back."""
+
+
 def preflight(ctx: Context) -> None:
     def check(cur):
         problems = []
@@ -60,6 +64,7 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
     have one sequence per table, so the receiving one continues where the other stands."""
     from_oid = introspect.table_oid(cur, from_table)
     to_oid = introspect.table_oid(cur, to_table)
+    assert from_oid is not None and to_oid is not None and to_table.schema is not None  # both resolved, both exist
     to_identity = {s.column: s.sequence for s in introspect.owned_sequences(cur, to_oid) if s.identity}
     to_types = {c.name: c.type for c in introspect.describe(cur, to_table).columns}
     for seq in introspect.owned_sequences(cur, from_oid):
@@ -69,7 +74,7 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
             # A serial widened to bigint needs a bigint sequence, or inserts stop at 2^31 - 1.
             # (Never narrowed back on rollback: the original column rejects what it cannot hold.)
             seq_type, _ = introspect.sequence_limits(cur, seq.sequence)
-            new_type = to_types.get(seq.column)
+            new_type = to_types.get(seq.column, "")
             if introspect.INTEGER_MAX.get(new_type, 0) > introspect.INTEGER_MAX.get(seq_type, 0):
                 cur.execute(ddl.sequence_as(seq.sequence, new_type))
         elif seq.column in to_identity:
@@ -98,8 +103,8 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)
             if got.failed:
-                raise Failed(f"{got.failed} changes could not be applied during cutover; nothing was swapped",
-                             hint=f"see `mover divergences {m.name}`")
+                raise _ReplayFailedUnderLock(f"{got.failed} changes could not be applied during the swap;"
+                                             f" nothing was swapped", hint=f"see `mover divergences {m.name}`")
             if got.claimed == 0:
                 break
         capture.remove(cur, ctx.mid, live, reverse=not forward)
@@ -139,10 +144,29 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
     return held
 
 
+def lock_not_granted(ctx: Context, table, what: str, retry: str) -> Waiting:
+    """Every lock on the live table waits at most lock_timeout per attempt; once the attempts
+    are spent the operator decides (exit 3), rather than a bare database error (exit 1)."""
+    c = ctx.plan.cutover
+    return Waiting(f"could not lock {table} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
+                   f" migration {ctx.migration.name!r}; nothing was changed",
+                   hint=f"retry `{retry}` when the table is quieter, or raise [cutover] lock_timeout / attempts"
+                        f" (`mover set {ctx.migration.name} cutover.attempts=...`)")
+
+
+def _record_replay_failures(ctx: Context, exc: _ReplayFailedUnderLock, *, reverse: bool) -> Waiting:
+    """The apply_error divergences of the failed drain rolled back with the swap: replay again
+    outside the lock, which records them for good, and leave the decision to the operator."""
+    capture.drain(ctx, reverse=reverse, backfill_done=True)
+    return Waiting(exc.message, hint=f"see them with `mover divergences {ctx.migration.name}`")
+
+
 def swap_in(ctx: Context) -> float:
     preflight(ctx)
     try:
         held = _locked_swap(ctx, forward=True)
+    except _ReplayFailedUnderLock as exc:
+        raise _record_replay_failures(ctx, exc, reverse=False) from exc
     except psycopg.errors.LockNotAvailable as exc:
         raise Waiting(f"could not lock {ctx.migration.source} within {ctx.plan.cutover.lock_timeout_ms} ms in "
                       f"{ctx.plan.cutover.attempts} attempts; nothing was swapped",
@@ -157,6 +181,8 @@ def swap_back(ctx: Context) -> float:
     capture.drain(ctx, reverse=True, backfill_done=True)
     try:
         held = _locked_swap(ctx, forward=False)
+    except _ReplayFailedUnderLock as exc:
+        raise _record_replay_failures(ctx, exc, reverse=True) from exc
     except psycopg.errors.LockNotAvailable as exc:
         raise Waiting(f"could not lock {ctx.migration.source} for the rollback; nothing was swapped",
                       hint=f"retry `mover rollback {ctx.migration.name}`") from exc
@@ -180,7 +206,11 @@ def retire(ctx: Context) -> None:
                     " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s", (ctx.mid,))
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    ctx.db.transaction(drop, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts, label="retire")
+    try:
+        ctx.db.transaction(drop, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
+                           label="retire")
+    except psycopg.errors.LockNotAvailable as exc:
+        raise lock_not_granted(ctx, m.source, "retire", f"mover retire {m.name}") from exc
     ctx.refresh()
 
 
@@ -200,5 +230,9 @@ def abort(ctx: Context) -> None:
         control.event(cur, ctx.mid, ctx.owner, None, "aborted", "aborted; everything mover created was removed")
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    ctx.db.transaction(undo, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts, label="abort")
+    try:
+        ctx.db.transaction(undo, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
+                           label="abort")
+    except psycopg.errors.LockNotAvailable as exc:
+        raise lock_not_granted(ctx, m.source, "abort", f"mover abort {m.name}") from exc
     ctx.refresh()

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -26,9 +26,13 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from mover.errors import BadInput
+
 log = logging.getLogger("mover.db")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}
 
@@ -41,7 +45,21 @@ def redact(dsn: str) -> str:
         return "<unparsable dsn>"
     if "password" in info:
         info["password"] = "***"
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo("", **info)
+
+
+def bind(fn: Callable[Concatenate[psycopg.Cursor, P], T], *args: P.args, **kwargs: P.kwargs
+         ) -> Callable[[psycopg.Cursor], T]:
+    """fn(cur, ...) with its arguments taken now: a transaction body built in a loop keeps this iteration's values."""
+    return lambda cur: fn(cur, *args, **kwargs)
+
+
+def one(cur: psycopg.Cursor[R]) -> R:
+    """The row of a statement that always returns one (an aggregate, a catalog lookup by oid, RETURNING)."""
+    row = cur.fetchone()
+    if row is None:
+        raise AssertionError("the statement returned no row")
+    return row
 
 
 def application_name(role: str = "mover") -> str:
@@ -50,8 +68,13 @@ def application_name(role: str = "mover") -> str:
 
 def connect(dsn: str, *, role: str = "mover") -> psycopg.Connection:
     """An autocommit connection: transactions are explicit (`conn.transaction()`), so no
-    implicit transaction is ever left idle."""
-    return psycopg.connect(dsn, autocommit=True, application_name=application_name(role))
+    implicit transaction is ever left idle.
+
+    prepare_threshold=None: psycopg would otherwise prepare a statement run 5 times on the
+    server session; behind a transaction-mode pooler (PgBouncer) that session is shared by other
+    clients, which then meet "prepared statement _pg3_0 already exists / does not exist"."""
+    return psycopg.connect(dsn, autocommit=True, application_name=application_name(role),
+                           prepare_threshold=None)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -86,6 +109,7 @@ class Database:
         self.role = role
         self.attempts = attempts
         self._conn: psycopg.Connection | None = None
+        self._pooled: tuple[psycopg.Connection, bool] | None = None
 
     def connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -136,9 +160,39 @@ class Database:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def autocommit(self, statement, params=None, *, statement_timeout: str = "0", lock_timeout: str = "2s") -> None:
-        """A statement that cannot run in a transaction block (CREATE INDEX CONCURRENTLY)."""
+    def pooled(self) -> bool:
+        """Whether a pooler (PgBouncer, ...) stands between us and the server: a pooler hands the
+        client its own BackendKeyData, so the pid libpq was told differs from the server's."""
         conn = self.connection()
+        if self._pooled is None or self._pooled[0] is not conn:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                self._pooled = (conn, one(cur)[0] != conn.info.backend_pid)
+        return self._pooled[1]
+
+    def autocommit(self, statement, params=None, *, statement_timeout: str = "0", lock_timeout: str = "2s") -> None:
+        """A statement that cannot run in a transaction block (CREATE INDEX CONCURRENTLY).
+
+        On a direct connection the timeouts are set for the session and reset afterwards. Behind
+        a pooler they are not set at all: in transaction mode each statement may run on another
+        server connection, so a session SET would stay behind for other clients and the RESET
+        would miss it. The statement then runs under the server's defaults, which must not
+        cancel it: a non-zero default statement_timeout where none is wanted is refused."""
+        conn = self.connection()
+        if self.pooled():
+            with conn.cursor() as cur:
+                cur.execute("SELECT current_setting('statement_timeout')")
+                current = one(cur)[0]
+                if statement_timeout == "0" and current != "0":
+                    raise BadInput(
+                        f"this connection goes through a connection pooler and the server's statement_timeout "
+                        f"is {current}, which would cancel a long statement that cannot run in a transaction "
+                        f"(and so cannot SET LOCAL a longer one): {_first_words(statement, conn)}",
+                        hint="run this step through a direct or session-mode connection (--dsn to the server "
+                             "itself), or `ALTER ROLE <mover's role> SET statement_timeout = 0`; "
+                             "then `mover run NAME` again")
+                cur.execute(statement, params)
+            return
         with conn.cursor() as cur:
             cur.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
                         (lock_timeout, statement_timeout))
@@ -147,6 +201,11 @@ class Database:
             finally:
                 if not conn.broken:
                     cur.execute("RESET lock_timeout; RESET statement_timeout")
+
+
+def _first_words(statement, conn: psycopg.Connection) -> str:
+    text = statement if isinstance(statement, str) else statement.as_string(conn)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -34,11 +34,12 @@ import psycopg
 from psycopg import sql
 from rich.console import Console
 from rich.panel import Panel
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.syntax import Syntax
 from rich.table import Table
 
 from mover import api
+from mover.db import one
 from mover.errors import Failed, Interrupted, Waiting
 
 SCHEMA = "public"
@@ -98,7 +99,7 @@ class Writer:
         self._halt = threading.Event()
         self._pause = threading.Event()
         self._idle = threading.Event()
-        self._kinds, self._weights = zip(*self.KINDS)
+        self._kinds, self._weights = [k for k, _ in self.KINDS], [w for _, w in self.KINDS]
 
     # -- control, from the main thread --------------------------------------------------------
 
@@ -182,8 +183,8 @@ class Writer:
         return rng.randint(1, 5000), round(rng.uniform(1, 1000), 2), rng.choice(STATUSES), note
 
     def _op_insert(self, conn: psycopg.Connection) -> None:
-        row = conn.execute(sql.SQL("INSERT INTO {} (account_id, amount, status, note) VALUES (%s, %s, %s, %s)"
-                                   " RETURNING id").format(self.table), self._values()).fetchone()
+        row = one(conn.execute(sql.SQL("INSERT INTO {} (account_id, amount, status, note) VALUES (%s, %s, %s, %s)"
+                                       " RETURNING id").format(self.table), self._values()))
         self.max_id = max(self.max_id, row[0])
 
     def _op_update(self, conn: psycopg.Connection) -> None:
@@ -231,7 +232,7 @@ class _Reporter:
         self.console = console
         self.inner = ProgressReporter()
         self.spinner: Progress | None = None
-        self.task = None
+        self.task = TaskID(0)  # the spinner's own once it starts
 
     def __call__(self, kind: str, **fields: Any) -> None:
         if kind == "capture":
@@ -267,7 +268,7 @@ def _q(conn: psycopg.Connection, query, params=None):
 
 
 def _one(conn: psycopg.Connection, query, params=None):
-    return conn.execute(query, params).fetchone()[0]
+    return one(conn.execute(query, params))[0]
 
 
 def _create_sample(conn: psycopg.Connection, rows: int) -> None:
@@ -383,7 +384,8 @@ def main(rows: int = 300_000, keep: bool = False, console: Console | None = None
     ok = False
 
     def heading(n: int, text: str) -> None:
-        console.print(f"\n[bold cyan]{n}.[/bold cyan] [bold]{text}[/bold]  [dim]({time.monotonic() - t0:.1f}s)[/dim]", soft_wrap=True)
+        console.print(f"\n[bold cyan]{n}.[/bold cyan] [bold]{text}[/bold]  [dim]({time.monotonic() - t0:.1f}s)[/dim]",
+                      soft_wrap=True)
 
     try:
         # 1. the server ---------------------------------------------------------------------

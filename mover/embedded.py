@@ -83,9 +83,9 @@ def _find_system() -> _Binaries | None:
             return _Binaries(Path(bindir), "system")
     initdb = shutil.which("initdb")
     if initdb:
-        bindir = Path(initdb).resolve().parent
-        if _has_binaries(bindir):
-            return _Binaries(bindir, "system")
+        parent = Path(initdb).resolve().parent
+        if _has_binaries(parent):
+            return _Binaries(parent, "system")
     return None
 
 
@@ -484,7 +484,7 @@ class EmbeddedPostgres:
         exe = self._bins.exe("pg_isready")
         if not os.access(exe, os.X_OK):
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):  # type: ignore[arg-type]
+                with socket.create_connection(("127.0.0.1", self.port or 0), timeout=1):  # 0: no port yet, refused
                     return True
             except OSError:
                 return False

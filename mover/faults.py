@@ -1,6 +1,7 @@
 """Fault points for crash tests: `MOVER_FAULT=kill@POINT` makes the process SIGKILL itself when
 it reaches POINT; `MOVER_FAULT=hang@POINT` makes it print a line and wait there (a live process
-holding its lease) until SIGUSR1 arrives or the file named by MOVER_FAULT_RELEASE exists. Unset
+holding its lease) until SIGUSR1 arrives or the file named by MOVER_FAULT_RELEASE exists;
+`MOVER_FAULT=error@POINT` raises a Failed there each time (a range that keeps failing). Unset
 in normal use, where `point()` is one comparison."""
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ def point(name: str) -> None:
         return
     if _ACTION == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif _ACTION == "error":
+        from mover.errors import Failed
+        raise Failed(f"fault injected at {name}")
     elif _ACTION == "hang":
         go_on = threading.Event()
         signal.signal(signal.SIGUSR1, lambda *_: go_on.set())

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from mover.db import one
 from mover.errors import NotFound, PlanError
 from mover.names import QualifiedName
 
@@ -76,12 +77,12 @@ def _regclass_text(name: QualifiedName) -> str:
 
 def exists(cur: psycopg.Cursor, name: QualifiedName) -> bool:
     cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_regclass_text(name),))
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 def schema_exists(cur: psycopg.Cursor, schema: str) -> bool:
     cur.execute("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", (schema,))
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
@@ -200,7 +201,7 @@ def type_exists(cur: psycopg.Cursor, type_text: str) -> bool:
     try:
         cur.execute("SAVEPOINT mover_type_check")
         cur.execute("SELECT to_regtype(%s) IS NOT NULL", (type_text,))
-        ok = cur.fetchone()[0]
+        ok = one(cur)[0]
         cur.execute("RELEASE SAVEPOINT mover_type_check")
         return ok
     except psycopg.errors.Error:
@@ -234,13 +235,13 @@ def owned_sequences(cur: psycopg.Cursor, oid: int) -> list[OwnedSequence]:
 
 def table_oid(cur: psycopg.Cursor, name: QualifiedName) -> int | None:
     cur.execute("SELECT to_regclass(%s)::oid", (str(name),))
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 def trigger_exists(cur: psycopg.Cursor, table: QualifiedName, trigger: str) -> bool:
     cur.execute("SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = %s)",
                 (str(table), trigger))
-    return cur.fetchone()[0]
+    return one(cur)[0]
 
 
 def index_state(cur: psycopg.Cursor, schema: str, name: str) -> bool | None:
@@ -271,7 +272,7 @@ class Metadata:
 def metadata(cur: psycopg.Cursor, oid: int) -> Metadata:
     cur.execute("SELECT pg_get_userbyid(c.relowner), coalesce(c.reloptions, '{}'), obj_description(c.oid, 'pg_class'),"
                 " c.relrowsecurity OR c.relforcerowsecurity, c.relispartition FROM pg_class c WHERE c.oid = %s", (oid,))
-    owner, reloptions, comment, rls, is_partition = cur.fetchone()
+    owner, reloptions, comment, rls, is_partition = one(cur)
     cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
                 " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
                 " WHERE c.oid = %s AND a.grantee <> c.relowner ORDER BY 1, 2", (oid,))
@@ -294,7 +295,7 @@ def metadata(cur: psycopg.Cursor, oid: int) -> Metadata:
     else:
         cur.execute("SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = %s),"
                     " EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = %s)", (oid, oid))
-        child, parent = cur.fetchone()
+        child, parent = one(cur)
         if child:
             inheritance = "inherits from another table"
         elif parent:
@@ -308,7 +309,7 @@ def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
     cur.execute("SELECT format_type(s.seqtypid, NULL), s.seqmax FROM pg_sequence s"
                 " JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
                 " WHERE n.nspname = %s AND c.relname = %s", (seq.schema, seq.name))
-    return cur.fetchone()
+    return one(cur)
 
 
 INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}

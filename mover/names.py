@@ -30,7 +30,7 @@ class QualifiedName:
             return sql.Identifier(self.name)
         return sql.Identifier(self.schema, self.name)
 
-    def with_schema(self, schema: str) -> "QualifiedName":
+    def with_schema(self, schema: str) -> QualifiedName:
         return QualifiedName(schema, self.name)
 
     def __str__(self) -> str:
@@ -84,7 +84,8 @@ def _split_identifiers(text: str) -> list[str]:
                 j += 1
             part = text[i:j]
             if not part or part[0] in "0123456789$":
-                raise ValueError(f"{text!r}: invalid unquoted identifier at position {i + 1}; quote it with double quotes")
+                raise ValueError(f"{text!r}: invalid unquoted identifier at position {i + 1};"
+                                 " quote it with double quotes")
             part = _fold(part)
             i = j
         if len(part.encode()) > NAMEDATALEN:

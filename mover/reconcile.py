@@ -37,7 +37,7 @@ import psycopg
 
 from mover import backfill, capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
-from mover.db import Database
+from mover.db import Database, bind, one
 from mover.errors import Failed, LeaseLost, MoverError
 from mover.plan import ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
@@ -88,7 +88,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
     or by text when PostgreSQL cannot hash or compare the type. Probed on the server, so that
     composites and arrays follow their fields and elements, and extensions' types are covered."""
     cur.execute("SHOW server_version_num")
-    if int(cur.fetchone()[0]) < MIN_SERVER_VERSION:
+    if int(one(cur)[0]) < MIN_SERVER_VERSION:
         raise Failed("reconcile needs PostgreSQL 14 or later (hash_record_extended)",
                      hint="upgrade the server, or compare the tables with your own tooling")
     dst = introspect.describe(cur, m.dst)
@@ -103,7 +103,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
             WHERE b.typtype = 'd')
         SELECT start, oid FROM b WHERE typtype <> 'd'
         """, (oids,))
-    base = dict(cur.fetchall())
+    base: dict[int, int] = dict(cur.fetchall())
     usable: dict[str, bool] = {}
     for c in m.columns:
         t = types[c.name].type
@@ -139,7 +139,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
 
 def _rows(cur) -> list[dict[str, Any]]:
     names_ = [d.name for d in cur.description]
-    return [dict(zip(names_, r)) for r in cur.fetchall()]
+    return [dict(zip(names_, r, strict=True)) for r in cur.fetchall()]
 
 
 def _compare(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -166,7 +166,7 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
     cur.execute(stmt, [mid, *params])
     open_by_key: dict[tuple, tuple] = {}
     accepted: dict[tuple, list[tuple]] = {}
-    for did, key, kind, columns, is_open, how in cur.fetchall():
+    for did, key, kind, columns, is_open, _how in cur.fetchall():
         if is_open:
             open_by_key[tuple(key)] = (did, kind, columns)
         else:
@@ -224,7 +224,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
         for round_no in range(settings.settle_rounds):
             ctx.checkpoint()
             capture.drain(ctx, reverse=False, backfill_done=True)
-            now = db.transaction(lambda cur: _recheck(cur, spec, mid, keys), label="reconcile re-check")
+            now = db.transaction(bind(_recheck, spec, mid, keys), label="reconcile re-check")
             keys = [d["key"] for d in now]
             if not any(d["pending"] for d in now):
                 break
@@ -266,8 +266,8 @@ class Worker(chunks.RangeWorker):
         while True:
             ctx.checkpoint()
             settings = plan_from_canonical(ctx.refresh().plan).reconcile  # `mover set` takes effect here
-            chunk = self.db.transaction(lambda cur: chunks.claim(
-                cur, mid, KIND, self.wid, self.spec.mapping, settings.range_rows, settings.max_attempts),
+            chunk = self.db.transaction(bind(
+                chunks.claim, mid, KIND, self.wid, self.spec.mapping, settings.range_rows, settings.max_attempts),
                 label="claim")
             if chunk is None:
                 if self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))["open"] == 0:
@@ -394,7 +394,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
 
-        def tx(cur):
+        def tx(cur, batch: list[dict]):
             errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch])
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []
@@ -417,7 +417,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
                           {"repaired": done, "errors": messages})
             return len(done), kept, failed, messages
 
-        done, kept, failed, messages = ctx.db.transaction(tx, statement_timeout="300s", label="repair")
+        done, kept, failed, messages = ctx.db.transaction(bind(tx, batch), statement_timeout="300s", label="repair")
         out["repaired"] += done
         out["still_open"] += kept
         out["failed"] += failed

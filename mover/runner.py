@@ -17,9 +17,9 @@ import psycopg
 
 from mover import capture, chunks, control, faults, steps
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database
-from mover.heartbeat import Heartbeat
+from mover.db import Database, bind
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
+from mover.heartbeat import Heartbeat
 
 log = logging.getLogger("mover.runner")
 
@@ -34,12 +34,12 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
-    def beat(cur) -> bool:
+    def beat_once(cur) -> bool:
         if ctx.workers:
             chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)
 
-    beat = Heartbeat(db.dsn, beat, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
+    beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
     try:
         yield ctx
@@ -57,6 +57,8 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     except Exception as exc:
         _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc))
         raise
+    else:
+        _clear_error(db, ctx)
     finally:
         beat.stop()
         if not ctx.lease_lost.is_set():
@@ -82,6 +84,18 @@ def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: 
         log.error("could not record the outcome %r of migration %s: %s", state, ctx.mid, exc)
 
 
+def _clear_error(db: Database, ctx: Context) -> None:
+    """The command succeeded: an error a failed earlier attempt recorded is history (the events keep
+    it), not the state. A waiting state's message (divergences, a gate) stays."""
+    try:
+        db.transaction(lambda cur: cur.execute(
+            "UPDATE mover.migrations SET error = NULL WHERE id = %s AND lease_owner = %s"
+            " AND state NOT IN ('waiting', 'failed') AND error IS NOT NULL", (ctx.mid, ctx.owner)),
+            label="clear error")
+    except psycopg.Error as exc:
+        log.warning("could not clear the recorded error of migration %s: %s", ctx.mid, exc)
+
+
 def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,
             wait_window: bool = False) -> control.Migration:
     """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
@@ -94,10 +108,10 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.
             capture.drain(ctx, reverse=False, backfill_done=True)
-            ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner))
+            ctx.db.transaction(bind(control.set_state, m.id, "waiting", owner=ctx.owner))
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
-        ctx.db.transaction(lambda cur: control.start_step(cur, m, step.name, ctx.owner))
+        ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))
         try:
             step.run(ctx)
         except Waiting:

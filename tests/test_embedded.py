@@ -8,7 +8,6 @@ import pytest
 from mover.embedded import EmbeddedPostgres
 
 
-
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
     return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **kwargs)
 

@@ -175,7 +175,7 @@ class Writer:
     hot: tuple | None = None  # (lo, hi): only updates, only of keys in this id range
     delay: float = 0.0  # seconds between operations (a rate, for hot keys that must settle at times)
 
-    def start(self) -> "Writer":
+    def start(self) -> Writer:
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
         return self
@@ -328,7 +328,8 @@ def catalog_snapshot(dsn: str) -> dict:
         snap["columns"] = conn.execute(
             "SELECT attrelid::regclass::text, attname, format_type(atttypid, atttypmod), attnotnull"
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " WHERE c.relnamespace = 'public'::regnamespace AND attnum > 0 AND NOT attisdropped ORDER BY 1, 2").fetchall()
+            " WHERE c.relnamespace = 'public'::regnamespace AND attnum > 0 AND NOT attisdropped"
+            " ORDER BY 1, 2").fetchall()
         snap["triggers"] = conn.execute("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal"
                                         " ORDER BY 1, 2").fetchall()
         snap["functions"] = conn.execute(

@@ -16,7 +16,8 @@ from mover.sql.mapping import Mapping, ident_list, key_equal, overriding, source
 
 
 def create_log(log, key: tuple[str, ...], key_types: tuple[str, ...]) -> sql.Composed:
-    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t)) for k, t in zip(key, key_types))
+    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t))
+                              for k, t in zip(key, key_types, strict=True))
     return sql.SQL(
         "CREATE TABLE {log} (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {cols},"
         " logged_at timestamptz NOT NULL DEFAULT now())"
@@ -139,7 +140,7 @@ SELECT (SELECT count(*) FROM claimed), (SELECT count(*) FROM gone), (SELECT coun
 def replay_keys(m: Mapping) -> sql.Composed:
     """Replay a single key given as parameters (the fallback when a batch fails on data)."""
     keyrow = sql.SQL(", ").join(sql.SQL("CAST({} AS {}) AS {}").format(sql.Placeholder(), sql.SQL(t), sql.Identifier(c))
-                                for c, t in zip(m.key, m.src_key_types))
+                                for c, t in zip(m.key, m.src_key_types, strict=True))
     return sql.SQL("WITH keys AS (SELECT {keyrow}), {sync}\n"
                    "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM upserted)").format(
         keyrow=keyrow, sync=_sync_keys(m))

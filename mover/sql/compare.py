@@ -40,6 +40,7 @@ values are), so a change in one of them moves the fingerprint with probability 1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -122,6 +123,7 @@ def _hash_input(c: Compared, alias: str, side: str) -> sql.Composable:
     if c.mode == "text":
         return sql.SQL("({})::text").format(v)
     if c.mode == "send":
+        assert c.send_fn is not None  # set whenever the mode is "send"
         return sql.SQL("{}({})").format(sql.Identifier("pg_catalog", c.send_fn), v)
     return v
 
@@ -183,7 +185,7 @@ def detail(spec: Spec, keys: sql.Composable, log) -> sql.Composed:
     lookup_t = sql.SQL(" AND ").join(
         sql.SQL("{} = {}").format(sql.Identifier("t", k), _key_of(spec, i)) for i, k in enumerate(m.key))
     if log is None:
-        pending = sql.SQL("false")
+        pending: sql.Composable = sql.SQL("false")
     else:
         # A hashed subplan: one pass over the log however many keys differ.
         # (The log may hold NULL keys: the capture trigger logs OLD's key on INSERT too. Without
@@ -287,7 +289,8 @@ def create_notes(notes, notes_fn, notes_trigger: str, log, key: tuple[str, ...],
     applies in the transaction that applies them, so the note commits exactly with the change,
     and no applier code has to know. One row per key (an upsert moves its seq forward); reconcile
     deletes a range's notes up to the seq its verification saw."""
-    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t)) for k, t in zip(key, key_types))
+    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t))
+                              for k, t in zip(key, key_types, strict=True))
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
     body = sql.SQL(
         """
@@ -324,7 +327,7 @@ def forget_notes(m: Mapping, notes, lo, hi) -> tuple[sql.Composed, list]:
     return sql.SQL("DELETE FROM {} a WHERE {} AND a.seq <= %s").format(notes.ident, where), params
 
 
-def _in_chunk(alias: str, keys: list[sql.Composable], types: tuple[str, ...]) -> sql.Composed:
+def _in_chunk(alias: str, keys: Sequence[sql.Composable], types: tuple[str, ...]) -> sql.Composed:
     """`alias`-row keys inside the bounds of chunk row c (text arrays cast back to `types`)."""
     row = sql.SQL("ROW({})").format(sql.SQL(", ").join(keys))
 

@@ -32,7 +32,7 @@ class Mapping:
     overriding: bool  # the destination has GENERATED ALWAYS identity columns
 
     @classmethod
-    def between(cls, src: TableInfo, dst: TableInfo, key: tuple[str, ...]) -> "Mapping":
+    def between(cls, src: TableInfo, dst: TableInfo, key: tuple[str, ...]) -> Mapping:
         cols = []
         for d in dst.copy_columns:
             s = src.column(d.name)

@@ -7,8 +7,10 @@ transaction as its effect wherever PostgreSQL allows it.
 
 from __future__ import annotations
 
-from mover.steps.base import Step
+from itertools import pairwise
+
 from mover.steps.backfill import Backfill
+from mover.steps.base import Step
 from mover.steps.create_target import CreateTarget
 from mover.steps.cutover import Cutover
 from mover.steps.install_capture import InstallCapture
@@ -19,6 +21,6 @@ from mover.steps.rollback_window import RollbackWindow
 ALL: tuple[Step, ...] = (CreateTarget(), InstallCapture(), Backfill(), Reconcile(), Cutover(), RollbackWindow(),
                          Retire())
 BY_NAME = {s.name: s for s in ALL}
-NEXT = {a.name: b.name for a, b in zip(ALL, ALL[1:])} | {"retire": "finished"}
+NEXT = {a.name: b.name for a, b in pairwise(ALL)} | {"retire": "finished"}
 
 __all__ = ["ALL", "BY_NAME", "NEXT", "Step"]

@@ -32,7 +32,9 @@ class Backfill(Step):
         ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))
         capture.drain(ctx, reverse=False, backfill_done=True)
         backfill.build_indexes(ctx)
-        ctx.db.autocommit(sql.SQL("ANALYZE {}").format(m.target.ident), statement_timeout="0")
+        # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
+        ctx.db.transaction(lambda cur: cur.execute(sql.SQL("ANALYZE {}").format(m.target.ident)),
+                           statement_timeout="0", label="analyze")
 
         def finish(cur):
             invalid = [ix.name for ix in introspect.describe(cur, m.target).indexes if not ix.is_valid]

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from mover import capture, control
+import psycopg
+
+from mover import capture, control, cutover
 from mover.context import Context
 from mover.steps.base import Step
 
@@ -22,6 +24,10 @@ class InstallCapture(Step):
 
         # CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the live table: wait briefly and
         # retry rather than queue the application's writes behind us.
-        cutover = ctx.plan.cutover
-        ctx.db.transaction(install, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
-                           label="install_capture")
+        c = ctx.plan.cutover
+        try:
+            ctx.db.transaction(install, lock_timeout=f"{c.lock_timeout_ms}ms", attempts=c.attempts,
+                               label="install_capture")
+        except psycopg.errors.LockNotAvailable as exc:
+            raise cutover.lock_not_granted(ctx, m.source, "install the capture trigger of",
+                                           f"mover run {m.name}") from exc

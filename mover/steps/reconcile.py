@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from psycopg import sql
+
 from mover import control, introspect, names, reconcile
 from mover.context import Context
 from mover.errors import Waiting
@@ -13,6 +15,7 @@ class Reconcile(Step):
     def describe(self, ctx: Context, cur):
         m = ctx.migration
         s = ctx.plan.reconcile
+        out: list[sql.Composable | str]
         out = [f"-- compare {m.source} with {m.target} in ranges of about {s.range_rows} keys ({s.workers} workers),"
                " each range of both tables and the change log read by one statement; a key that differs"
                f" while a change to it is pending is re-checked after the applier caught up (up to"

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from mover import cutover
+from mover import cutover, names
 from mover.context import Context
 from mover.sql import capture as capture_sql
 from mover.sql import ddl
-from mover import names
 from mover.steps.base import Step
 
 

@@ -25,5 +25,6 @@ class RollbackWindow(Step):
             return True
 
         if not ctx.db.transaction(close_if_over):
-            raise Waiting(f"the rollback window of {m.name!r} is open until {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}",
+            raise Waiting(f"the rollback window of {m.name!r} is open until"
+                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}",
                           hint=f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")

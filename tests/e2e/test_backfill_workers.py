@@ -8,8 +8,17 @@ import signal
 
 import psycopg
 
-from tests.workload import (Writer, app_execute, assert_oracle, create_orders, differences, finish, mover, spawn,
-                            write_plan)
+from tests.workload import (
+    Writer,
+    app_execute,
+    assert_oracle,
+    create_orders,
+    differences,
+    finish,
+    mover,
+    spawn,
+    write_plan,
+)
 
 PLAN = """
 [migration]
@@ -168,7 +177,8 @@ def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert query(db_dsn, "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass", (f'"{name}"',)) == [(False,)]
+    assert query(db_dsn, "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass",
+                 (f'"{name}"',)) == [(False,)]
     r = mover(db_dsn, "run", "wide")
     assert r.returncode == 3, r.stderr
     valid, definition = query(db_dsn, "SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index"

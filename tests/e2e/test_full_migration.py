@@ -6,8 +6,17 @@ import json
 
 import psycopg
 
-from tests.workload import (Writer, app_execute, assert_oracle, catalog_snapshot, count, create_orders, differences,
-                            mover, write_plan)
+from tests.workload import (
+    Writer,
+    app_execute,
+    assert_oracle,
+    catalog_snapshot,
+    count,
+    create_orders,
+    differences,
+    mover,
+    write_plan,
+)
 
 PLAN = """
 [migration]
@@ -126,7 +135,8 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
         assert_oracle(db_dsn, "Orders", "Orders_new")
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             probes = """SELECT count(*) FROM {} WHERE "Account" = 4242 OR id IN (10, 11)"""
-            assert conn.execute(probes.format('"Orders"')).fetchone() == conn.execute(probes.format('"Orders_new"')).fetchone()
+            assert (conn.execute(probes.format('"Orders"')).fetchone()
+                    == conn.execute(probes.format('"Orders_new"')).fetchone())
         st = status(db_dsn)
         assert (st["step"], st["cutover"]) == ("cutover", None)
         # Forward capture runs again: a second cutover is possible and loses nothing.
@@ -213,7 +223,8 @@ def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_pa
             assert new_id > 2147483647
             conn.execute("RESET ROLE")
             conn.execute('INSERT INTO "Orders_mirror" SELECT * FROM "Orders" WHERE id = %s', (new_id,))
-            assert conn.execute("""SELECT has_column_privilege('public', '"Orders"', 'Account', 'SELECT')""").fetchone()[0]
+            assert conn.execute(
+                """SELECT has_column_privilege('public', '"Orders"', 'Account', 'SELECT')""").fetchone()[0]
         assert mover(db_dsn, "run", "orders_bigint").returncode == 3  # the reverse log reached the old table...
         # ...except the row beyond its integer range, which is recorded, not lost or raised in the app.
         assert status(db_dsn)["divergences"] == 1

@@ -32,14 +32,14 @@ def test_names_needing_quotes_composite_key_identity_and_odd_types(db_dsn, tmp_p
             FROM generate_series(1, 3000) g""").format(t))
         # The oracle: a plain copy that the test's own writes below also go to.
         conn.execute(sql.SQL('CREATE TABLE expected AS SELECT * FROM {}').format(t))
-    plan = write_plan(tmp_path / "odd.toml", f"""
+    plan = write_plan(tmp_path / "odd.toml", """
 [migration]
 name = "odd"
 source = '"Sales Dept"."Order ""Items""; DROP"'
 
 [target]
 name = '"Sales Dept"."Order Items new"'
-columns = {{ "Qty" = "integer", line = "bigint" }}
+columns = { "Qty" = "integer", line = "bigint" }
 
 [backfill]
 chunk_rows = 700
@@ -65,7 +65,8 @@ old_name = '"Sales Dept"."Order Items (old)"'
     assert st["state"] == "done"  # a zero-length window retires at once
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         types = dict(conn.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
-                                  " WHERE attrelid = %s::regclass AND attnum > 0", (str(t.as_string(conn)),)).fetchall())
+                                  " WHERE attrelid = %s::regclass AND attnum > 0",
+                                  (str(t.as_string(conn)),)).fetchall())
         assert types["Qty"] == "integer" and types["line"] == "bigint"
         n, tot = conn.execute(sql.SQL('SELECT count(*), sum(total) FROM {}').format(t)).fetchone()
         assert n == 3001
@@ -77,10 +78,12 @@ old_name = '"Sales Dept"."Order Items (old)"'
                                         f" SELECT {cols} FROM {{}}) d").format(a, b)).fetchone()[0] == 0
         assert conn.execute(sql.SQL("SELECT doc::text FROM {} WHERE line = 7").format(t)).fetchone()[0] == '{"x": 1}'
         # The identity continues after the copied values.
-        line = conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (2, 1) RETURNING line').format(t)).fetchone()[0]
+        line = conn.execute(
+            sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (2, 1) RETURNING line').format(t)).fetchone()[0]
         assert line > 3001
         # Widened to bigint, the identity goes past the old integer maximum.
-        seq_max, = conn.execute("SELECT seqmax FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence(%s, 'line')::regclass",
+        seq_max, = conn.execute("SELECT seqmax FROM pg_sequence"
+                                " WHERE seqrelid = pg_get_serial_sequence(%s, 'line')::regclass",
                                 (t.as_string(conn),)).fetchone()
         assert seq_max == 2**63 - 1
 

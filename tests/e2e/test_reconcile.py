@@ -14,8 +14,17 @@ import time
 
 import psycopg
 
-from tests.workload import (Spawned, Writer, app_execute, assert_oracle, create_orders, differences, mismatches, mover,
-                            write_plan)
+from tests.workload import (
+    Spawned,
+    Writer,
+    app_execute,
+    assert_oracle,
+    create_orders,
+    differences,
+    mismatches,
+    mover,
+    write_plan,
+)
 
 PLAN = """
 [migration]
@@ -357,8 +366,8 @@ def test_a_difference_in_any_column_of_any_type_is_found_naming_that_column(db_d
         if key:
             _, col, a, _ = injected[key - 1]
             values[col] = a
-        rows.append(f"({key}, " + ", ".join(f"({v})::{src}" for (case, _, src, *_), v in zip(CASES, values.values()))
-                    + ")")
+        typed = (f"({v})::{c[2]}" for c, v in zip(CASES, values.values(), strict=True))
+        rows.append(f"({key}, {', '.join(typed)})")
     sql(db_dsn, *setups, f"CREATE TABLE types (id integer PRIMARY KEY, {cols})",
         f"INSERT INTO types VALUES {', '.join(rows)}")
     changed = ", ".join(f'c_{case} = "{dst}"' for case, _, src, dst, _, _ in CASES if src != dst)

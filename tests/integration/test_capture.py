@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from tests.workload import mover, write_plan
 
@@ -44,3 +45,70 @@ def test_each_write_logs_exactly_the_keys_it_touches(db_dsn, tmp_path):
         finally:
             conn.execute("DROP OWNED BY cap_app")
             conn.execute("DROP ROLE cap_app")
+
+
+def test_capture_path_check_matches_what_each_writer_can_really_do(db_dsn):
+    """privileges.capture_path_missing names exactly the writers that a trigger inserting into the
+    log would fail: the owner, a role with only column UPDATE, a member inheriting it, a role with
+    only DELETE; not a reader. Checked against the real trigger, run as each role."""
+    import uuid
+
+    from psycopg import sql
+
+    from mover import privileges
+    from mover.names import QualifiedName
+
+    tag = uuid.uuid4().hex[:6]
+    owner, group, member, deleter, reader = (f"{r}_{tag}" for r in ("own", "grp", "mem", "del", "rd"))
+    ident = sql.Identifier
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for role in (owner, group, member, deleter, reader):
+            conn.execute(sql.SQL("CREATE ROLE {}").format(ident(role)))
+        try:
+            conn.execute(sql.SQL("GRANT {} TO {}").format(ident(group), ident(member)))
+            conn.execute("CREATE SCHEMA logs")  # owned by the superuser; PUBLIC has no USAGE
+            conn.execute("CREATE TABLE logs.l (seq bigint GENERATED ALWAYS AS IDENTITY, k int)")
+            conn.execute("GRANT INSERT ON logs.l TO PUBLIC")
+            conn.execute("CREATE TABLE t (k int PRIMARY KEY, v text)")
+            conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
+            conn.execute(sql.SQL("ALTER TABLE t OWNER TO {}").format(ident(owner)))
+            conn.execute(sql.SQL("GRANT UPDATE (v) ON t TO {}").format(ident(group)))
+            conn.execute(sql.SQL("GRANT SELECT ON t TO {}, {}, {}").format(ident(group), ident(deleter), ident(reader)))
+            conn.execute(sql.SQL("GRANT DELETE ON t TO {}").format(ident(deleter)))
+            conn.execute("CREATE FUNCTION log_k() RETURNS trigger LANGUAGE plpgsql AS"
+                         " $$BEGIN INSERT INTO logs.l (k) VALUES (coalesce(NEW.k, OLD.k)); RETURN NULL; END$$")
+            conn.execute("CREATE TRIGGER log_k AFTER UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION log_k()")
+            table, log = QualifiedName("public", "t"), QualifiedName("logs", "l")
+            writers = {owner, group, member, deleter}
+            with conn.cursor() as cur:
+                assert set(privileges.writers(cur, table)) == writers  # the reader is none
+                missing = privileges.capture_path_missing(cur, table, log)
+            assert {m.role for m in missing} == {"PUBLIC", *(f'"{w}"' for w in writers)}
+            assert {m.what for m in missing} == {'USAGE on schema "logs"'}
+
+            def write_as(role, statement):
+                conn.execute(sql.SQL("SET ROLE {}").format(ident(role)))
+                try:
+                    conn.execute(statement)
+                finally:
+                    conn.execute("RESET ROLE")
+
+            writes = {owner: "UPDATE t SET v = 'o' WHERE k = 1", group: "UPDATE t SET v = 'g' WHERE k = 2",
+                      member: "UPDATE t SET v = 'm' WHERE k = 3", deleter: "DELETE FROM t WHERE k = 4"}
+            for role, statement in writes.items():  # the check was right: each one fails in the trigger
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match='schema logs'):
+                    write_as(role, statement)
+            conn.execute("GRANT USAGE ON SCHEMA logs TO PUBLIC")
+            with conn.cursor() as cur:
+                assert privileges.capture_path_missing(cur, table, log) == []
+            for role, statement in writes.items():
+                write_as(role, statement)
+            assert conn.execute("SELECT count(*) FROM logs.l").fetchone()[0] == 4
+        finally:
+            conn.execute("DROP SCHEMA IF EXISTS logs CASCADE")
+            conn.execute("DROP TABLE IF EXISTS t")
+            conn.execute("DROP FUNCTION IF EXISTS log_k()")
+            for role in (owner, group, member, deleter, reader):
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(ident(role)))
+            for role in (member, owner, group, deleter, reader):
+                conn.execute(sql.SQL("DROP ROLE {}").format(ident(role)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import psycopg
 import pytest
 
@@ -41,8 +43,9 @@ def cut_all(conn, mid, mapping, rows, after_each=None):
 
 
 def rows_in(conn, mapping, c) -> int:
-    from mover.sql.mapping import range_predicate
     from psycopg import sql
+
+    from mover.sql.mapping import range_predicate
     where, params = range_predicate("s", mapping, c.lo, c.hi)
     return conn.execute(sql.SQL("SELECT count(*) FROM t s WHERE {}").format(where), params).fetchone()[0]
 
@@ -70,7 +73,7 @@ def test_ranges_cover_every_key_once_and_are_never_empty(db_dsn, tmp_path, case)
     conn, mid, mapping = setup_table(db_dsn, ddl, fill, tmp_path)
     ranges = cut_all(conn, mid, mapping, 128)
     assert ranges[0].lo is None and ranges[-1].hi is None
-    for a, b in zip(ranges, ranges[1:]):
+    for a, b in pairwise(ranges):
         assert b.lo == a.hi  # contiguous: (lo, hi] then (hi, next]
     counts = [rows_in(conn, mapping, c) for c in ranges]
     assert sum(counts) == total

@@ -12,7 +12,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
 import pytest
 from psycopg import sql
 
@@ -308,7 +307,8 @@ CASES = [
     Case("inheritance-parent", plan_toml(source="animals"), ['"public"."animals"', "inheritance children"],
          setup="CREATE TABLE animals (id int PRIMARY KEY); CREATE TABLE dogs () INHERITS (animals)"),
     Case("a-rule", plan_toml(source="ruled"), ['"public"."ruled"', "rules", '"no_deletes"'],
-         setup="CREATE TABLE ruled (id int PRIMARY KEY); CREATE RULE no_deletes AS ON DELETE TO ruled DO INSTEAD NOTHING"),
+         setup="CREATE TABLE ruled (id int PRIMARY KEY);"
+               " CREATE RULE no_deletes AS ON DELETE TO ruled DO INSTEAD NOTHING"),
 ]
 
 
@@ -336,7 +336,8 @@ FILE_CASES = [
      ["missing required key [migration] name"]),
     ("missing-window", '[migration]\nname = "m"\nsource = "orders"\n', ["missing required key [rollback] window"]),
     ("wrong-type", plan_toml().replace('window = "1h"', "window = 3600"), ["[rollback] window must be a string"]),
-    ("chunk-rows-string", plan_toml() + '\n[backfill]\nchunk_rows = "10"\n', ["[backfill] chunk_rows must be an integer"]),
+    ("chunk-rows-string", plan_toml() + '\n[backfill]\nchunk_rows = "10"\n',
+     ["[backfill] chunk_rows must be an integer"]),
     ("auto-yes", plan_toml() + '\n[cutover]\nauto = "yes"\n', ["[cutover] auto must be a boolean"]),
     ("bad-duration", plan_toml(window="1 week"), ["[rollback] window", "not a duration"]),
     ("lock-timeout-range", plan_toml() + '\n[cutover]\nlock_timeout = "5min"\n',
@@ -388,7 +389,8 @@ def test_second_migration_of_the_same_source(db, tmp_path, second):
     before = snapshot(db)
     for command in (["plan", "check"], ["run"], ["step"]):
         assert_bad(mover(db, *command, str(path)),
-                   ['"public"."orders" is already being moved by migration \'orders-first\'', "mover abort orders-first"])
+                   ['"public"."orders" is already being moved by migration \'orders-first\'',
+                    "mover abort orders-first"])
         assert snapshot(db) == before
 
 

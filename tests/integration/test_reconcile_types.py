@@ -104,6 +104,16 @@ def execute(dsn: str, *statements: str) -> None:
                 conn.execute(stmt)
 
 
+def server_has_xml(dsn: str) -> bool:
+    """Asked of the server, not assumed: a build without libxml rejects every xml value."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT '<a/>'::xml")
+        except psycopg.errors.FeatureNotSupported:
+            return False
+    return True
+
+
 def build(dsn: str, setup: str, src_type: str, dst_type: str, pairs) -> None:
     values_s = ", ".join(f"({i}, ({a})::{src_type})" for i, (a, _, _) in enumerate(pairs, 1))
     values_t = ", ".join(f"({i}, ({b})::{dst_type})" for i, (_, b, _) in enumerate(pairs, 1))
@@ -124,7 +134,7 @@ def compare_all(cur, spec):
     stmt, params = compare.compare_range(spec, None, None, None, None)
     cur.execute(stmt, params)
     names = [d.name for d in cur.description]
-    rows = [dict(zip(names, r)) for r in cur.fetchall()]
+    rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     return rows[0], [r for r in rows if r["key"] is not None]
 
 
@@ -140,6 +150,8 @@ def fingerprints(cur, spec, lo, hi):
 
 @pytest.mark.parametrize("case, setup, src_type, dst_type, pairs, has_equality", CASES, ids=[c[0] for c in CASES])
 def test_equal_means_is_not_distinct_from(db_dsn, case, setup, src_type, dst_type, pairs, has_equality):
+    if src_type == "xml" and not server_has_xml(db_dsn):
+        pytest.skip("this server was built without libxml (the pgserver wheel's 16.2): no xml type to compare")
     build(db_dsn, setup, src_type, dst_type, pairs)
     unequal = {str(i) for i, (_, _, eq) in enumerate(pairs, 1) if not eq}
     with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:  # a transaction: spec_for() probes in savepoints
@@ -153,7 +165,8 @@ def test_equal_means_is_not_distinct_from(db_dsn, case, setup, src_type, dst_typ
                 assert list(d["columns"]) == ["v"]  # both values shown, source first
         if has_equality:
             # The definition itself, evaluated by the server.
-            cur.execute(f"SELECT s.id::text FROM s JOIN t USING (id) WHERE CAST(s.v AS {dst_type}) IS DISTINCT FROM t.v")
+            cur.execute("SELECT s.id::text FROM s JOIN t USING (id)"
+                        f" WHERE CAST(s.v AS {dst_type}) IS DISTINCT FROM t.v")
             assert {r[0] for r in cur.fetchall()} == unequal
         else:
             assert spec.column("v").mode == "text"
@@ -212,7 +225,7 @@ def test_composite_key_and_many_columns(db_dsn):
         stmt, params = compare.compare_range(spec, None, None, ["2", "99"], None)  # keys after (2, '99')
         cur.execute(stmt, params)
         names = [d.name for d in cur.description]
-        diffs = [dict(zip(names, r)) for r in cur.fetchall() if r[names.index("key")] is not None]
+        diffs = [dict(zip(names, r, strict=True)) for r in cur.fetchall() if r[names.index("key")] is not None]
         assert [(d["key"], d["kind"]) for d in diffs] == [(["3", "10"], "different")]
         assert diffs[0]["columns"] == {"c3": ["13", "-1"], "c59": ["69", "-1"]}
         stmt = compare.recheck_keys(spec, None)

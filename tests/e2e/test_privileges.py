@@ -1,0 +1,201 @@
+"""mover as a non-superuser, with the application writing as a third, DML-only role.
+
+Setup A: the migrating role runs `mover init` and owns schema "mover".
+Setup B: a superuser runs `mover init` and grants what README.md "Privileges" lists.
+In both, a missing privilege is refused up front (exit 2, one line naming the GRANT to run), and
+the capture trigger never makes an application write fail."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.workload import Writer, create_orders, differences, mover, write_plan
+
+PLAN = """
+[migration]
+name = "priv"
+source = 'public."Orders"'
+
+[target]
+columns = { id = "bigint" }
+
+[backfill]
+chunk_rows = 500
+
+[cutover]
+lock_timeout = "500ms"
+
+[rollback]
+window = "1h"
+"""
+
+
+@dataclass
+class Roles:
+    admin: str  # the superuser DSN
+    app: str  # the migrating role's DSN (owns the table)
+    web: str  # the application's DSN (DML only)
+    app_name: str
+    web_name: str
+    dbname: str
+
+    def su(self, *statements: sql.Composable | str) -> None:
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            for s in statements:
+                conn.execute(s)
+
+
+def as_user(dsn: str, user: str) -> str:
+    parts = urllib.parse.urlsplit(dsn)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
+
+
+@pytest.fixture
+def roles(db_dsn) -> Iterator[Roles]:
+    tag = uuid.uuid4().hex[:8]
+    app, web = f"app_{tag}", f"webapp_{tag}"
+    dbname = urllib.parse.urlsplit(db_dsn).path.lstrip("/")
+    r = Roles(db_dsn, as_user(db_dsn, app), as_user(db_dsn, web), app, web, dbname)
+    A, W = sql.Identifier(app), sql.Identifier(web)
+    create_orders(db_dsn, 3_000)
+    r.su(sql.SQL("CREATE ROLE {} LOGIN").format(A), sql.SQL("CREATE ROLE {} LOGIN").format(W),
+         sql.SQL('ALTER TABLE "Orders" OWNER TO {}').format(A),
+         sql.SQL('GRANT SELECT, INSERT, UPDATE, DELETE ON "Orders" TO {}').format(W),
+         sql.SQL('GRANT USAGE ON SEQUENCE "Orders_id_seq" TO {}').format(W))
+    try:
+        yield r
+    finally:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename IN (%s, %s)",
+                         (app, web))
+            conn.execute(sql.SQL("DROP OWNED BY {}, {} CASCADE").format(A, W))
+        with psycopg.connect(db_dsn, dbname="postgres", autocommit=True) as conn:
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM {}, {}").format(sql.Identifier(dbname), A, W))
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(dbname)))
+            conn.execute(sql.SQL("DROP ROLE {}, {}").format(A, W))
+
+
+def triggers_on_orders(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = '\"Orders\"'::regclass"
+                                           " AND NOT tgisinternal").fetchall()]
+
+
+def id_type(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                            " WHERE attrelid = '\"Orders\"'::regclass AND attname = 'id'").fetchone()[0]
+
+
+def one_line_refusal(r, *needles: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
+    for needle in needles:
+        assert needle in r.stderr, (needle, r.stderr)
+
+
+def finish_migration(r: Roles, writer: Writer) -> None:
+    """Cutover, the window, retire, all as the migrating role, checked by independent queries."""
+    out = mover(r.app, "cutover", "priv")
+    assert out.returncode == 0, out.stderr
+    assert id_type(r.admin) == "bigint"
+    writer.pause()
+    out = mover(r.app, "run", "priv")
+    assert out.returncode == 3, out.stderr  # the window: the old table follows the new one
+    assert differences(r.admin, "Orders", "Orders_old") == (0, 0)
+    writer.resume()
+    out = mover(r.app, "retire", "priv", "--force")
+    assert out.returncode == 0, out.stderr
+    st = json.loads(mover(r.app, "status", "priv", "--json").stdout)
+    assert (st["state"], st["error"]) == ("done", None)
+
+
+def test_setup_a_migrating_role_runs_init_and_owns_the_schema(roles, tmp_path):
+    r = roles
+    db, A = sql.Identifier(r.dbname), sql.Identifier(r.app_name)
+    r.su("DROP SCHEMA mover CASCADE")
+    out = mover(r.app, "init")
+    one_line_refusal(out, "lacks CREATE on database", "GRANT CREATE ON DATABASE")
+    r.su(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(db, A))
+    out = mover(r.app, "init")
+    assert out.returncode == 0, out.stderr
+
+    plan = write_plan(tmp_path / "priv.toml", PLAN)
+    out = mover(r.app, "plan", "check", plan)
+    # PostgreSQL 15: ordinary roles no longer have CREATE on public.
+    one_line_refusal(out, 'CREATE on schema "public"', f'GRANT CREATE ON SCHEMA "public" TO "{r.app_name}"')
+    r.su(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(A))
+    out = mover(r.app, "plan", "check", plan)
+    assert out.returncode == 0, out.stderr
+
+    writer = Writer(r.web, seed=31).start()
+    try:
+        out = mover(r.app, "run", plan)
+        assert out.returncode == 3, out.stderr
+        writer.pause()
+        assert mover(r.app, "run", "priv").returncode == 3
+        assert differences(r.admin, "Orders", "Orders_new") == (0, 0)
+        writer.resume()
+        finish_migration(r, writer)
+    finally:
+        writer.halt()
+    assert writer.errors == [] and writer.ops > 0
+
+
+def test_setup_b_superuser_runs_init_and_grants(roles, tmp_path):
+    r = roles
+    A = sql.Identifier(r.app_name)
+    # The grants of README.md "Privileges", setup B, except the one for the application's roles.
+    r.su(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(A),
+         sql.SQL("GRANT USAGE, CREATE ON SCHEMA mover TO {}").format(A),
+         sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mover TO {}").format(A))
+    plan = write_plan(tmp_path / "priv.toml", PLAN)
+    writer = Writer(r.web, seed=32).start()
+    try:
+        # mover's own GRANT USAGE ON SCHEMA mover TO PUBLIC is a no-op as app (not the owner):
+        # the writers could not run the trigger. Refused before anything is created.
+        out = mover(r.app, "plan", "check", plan)
+        one_line_refusal(out, "PUBLIC lacks USAGE on schema \"mover\"", f'"{r.web_name}" lacks USAGE',
+                         'GRANT USAGE ON SCHEMA "mover" TO PUBLIC')
+        out = mover(r.app, "run", plan)
+        one_line_refusal(out, 'GRANT USAGE ON SCHEMA "mover" TO PUBLIC')
+        assert triggers_on_orders(r.admin) == []
+
+        r.su("GRANT USAGE ON SCHEMA mover TO PUBLIC")
+        out = mover(r.app, "step", plan)  # registered, target created
+        assert out.returncode == 0, out.stderr
+        # Taken away again before the capture is installed: the install itself checks, in its transaction.
+        r.su("REVOKE USAGE ON SCHEMA mover FROM PUBLIC")
+        out = mover(r.app, "run", "priv")
+        one_line_refusal(out, 'GRANT USAGE ON SCHEMA "mover" TO PUBLIC')
+        assert triggers_on_orders(r.admin) == []
+        r.su("GRANT USAGE ON SCHEMA mover TO PUBLIC")
+        out = mover(r.app, "run", "priv")
+        assert out.returncode == 3, out.stderr
+
+        # The reverse capture at the swap is checked inside the swap's transaction: nothing swapped.
+        writer.pause()
+        r.su("REVOKE USAGE ON SCHEMA mover FROM PUBLIC")
+        out = mover(r.app, "cutover", "priv")
+        assert out.returncode == 2 and 'GRANT USAGE ON SCHEMA "mover" TO PUBLIC' in out.stderr, out.stderr
+        assert id_type(r.admin) == "integer"
+        r.su("GRANT USAGE ON SCHEMA mover TO PUBLIC")
+        writer.resume()
+        out = mover(r.app, "run", "priv")
+        assert out.returncode == 3, out.stderr
+        writer.pause()
+        assert mover(r.app, "run", "priv").returncode == 3
+        assert differences(r.admin, "Orders", "Orders_new") == (0, 0)
+        writer.resume()
+        finish_migration(r, writer)
+    finally:
+        writer.halt()
+    assert writer.errors == [] and writer.ops > 0

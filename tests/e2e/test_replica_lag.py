@@ -1,0 +1,127 @@
+"""The backfill waits while a streaming replica lags more than [backfill] max_replica_lag, and
+goes on when the replica catches up: a real replica, started by the test from a base backup of a
+primary of its own (so no other test sees it), made to lag by pausing its replay."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+
+import psycopg
+
+from mover import api
+from mover.embedded import EmbeddedPostgres
+from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
+
+PLAN = """
+[migration]
+name = "lagging"
+source = 'public."Orders"'
+
+[target]
+columns = { id = "bigint" }
+
+[backfill]
+chunk_rows = 500
+max_replica_lag = "1s"
+
+[rollback]
+window = "1h"
+"""
+
+
+class Replica(EmbeddedPostgres):
+    """A hot standby of `primary`: a base backup (pg_basebackup -R) instead of initdb, run by the
+    same binaries and user as the suite's own server."""
+
+    def __init__(self, primary_dsn: str):
+        # Status reports every second, so the primary sees a stuck replay as growing lag promptly.
+        super().__init__(fast=True, settings={"wal_receiver_status_interval": "1s"})
+        self.primary_dsn = primary_dsn
+
+    def _prepare(self) -> None:
+        super()._prepare()  # directories, owner and binaries as for any server; its initdb is replaced
+        shutil.rmtree(self.datadir)
+        res = subprocess.run([self._bins.exe("pg_basebackup"), "-D", str(self.datadir), "-R", "-X", "stream",
+                              "--no-sync", "-d", self.primary_dsn], check=False, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=120, **self._subprocess_kwargs())
+        if res.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed: {res.stderr.strip()}")
+
+
+def replay_lag(dsn: str) -> float | None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT max(extract(epoch FROM replay_lag))::float8 FROM pg_stat_replication"
+                            " WHERE state = 'streaming'").fetchone()[0]
+
+
+def wait_for(predicate, what: str, proc=None, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"mover exited ({proc.returncode}) before {what}: {err}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_backfill_waits_for_a_lagging_replica_and_resumes(tmp_path):
+    # full_page_writes is needed for a base backup (fast=True turns it off).
+    with EmbeddedPostgres(fast=True, settings={"full_page_writes": "on"}) as primary:
+        dsn = primary.dsn
+        api.init(dsn)
+        create_orders(dsn, 3_000)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE ticks (at timestamptz)")
+        with Replica(dsn) as replica:
+            wait_for(lambda: _streaming(dsn), "the replica to stream")
+            # WAL keeps coming (as from any application) while the replica stops replaying it.
+            stop = threading.Event()
+
+            def tick():
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    while not stop.wait(0.1):
+                        conn.execute("INSERT INTO ticks VALUES (now())")
+            ticker = threading.Thread(target=tick, daemon=True)
+            ticker.start()
+            try:
+                with psycopg.connect(replica.dsn, autocommit=True) as conn:
+                    conn.execute("SELECT pg_wal_replay_pause()")
+                wait_for(lambda: (replay_lag(dsn) or 0) > 2, "the replica to lag")
+
+                plan = write_plan(tmp_path / "lagging.toml", PLAN)
+                proc = spawn(dsn, "run", plan)
+                try:
+                    def waiting() -> bool:
+                        r = mover(dsn, "status", "lagging", "--json")
+                        if r.returncode != 0:
+                            return False  # not registered yet
+                        b = json.loads(r.stdout)["backfill"]
+                        return any("replica lag" in w for w in b["waiting_for"])
+                    wait_for(waiting, "the backfill to wait for the replica", proc)
+                    st = json.loads(mover(dsn, "status", "lagging", "--json").stdout)
+                    assert st["step"] == "backfill" and st["backfill"]["rows_copied"] == 0, st
+                    r = mover(dsn, "status", "lagging")
+                    assert "waiting: replica lag" in r.stdout, r.stdout
+
+                    with psycopg.connect(replica.dsn, autocommit=True) as conn:
+                        conn.execute("SELECT pg_wal_replay_resume()")
+                    code, err = finish(proc, 120)
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                assert code == 3, err  # the backfill went on once the replica caught up: at the gate
+                assert differences(dsn, "Orders", "Orders_new") == (0, 0)
+                st = json.loads(mover(dsn, "status", "lagging", "--json").stdout)
+                assert st["backfill"]["rows_copied"] == 3_000 and st["backfill"]["waiting_for"] == [], st
+            finally:
+                stop.set()
+                ticker.join(10)
+
+
+def _streaming(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'").fetchone()[0] > 0

@@ -1,0 +1,98 @@
+"""The backfill's throttles as the README promises them: the rows/s cap holds over every second,
+and `mover set` reaches a running worker at its next range."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psycopg
+import pytest
+
+from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
+
+PLAN = """
+[migration]
+name = "throttled"
+source = 'public."Orders"'
+
+[target]
+columns = {{ id = "bigint" }}
+
+[backfill]
+chunk_rows = {chunk_rows}
+target_chunk_ms = 500
+max_rows_per_second = {cap}
+
+[rollback]
+window = "1h"
+"""
+
+
+def ranges(dsn: str) -> list[tuple[int, int, float]]:
+    """(chunk_no, rows, finished_at as epoch seconds) of every copied backfill range."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT c.chunk_no, c.rows, extract(epoch FROM c.finished_at)::float8 FROM mover.chunks c"
+            " JOIN mover.migrations m ON m.id = c.migration_id WHERE m.name = 'throttled' AND c.kind = 'backfill'"
+            " AND c.status = 'done' ORDER BY c.finished_at").fetchall()
+
+
+def busiest_second(done: list[tuple[int, int, float]]) -> int:
+    """The most rows whose ranges finished within any one second (a sliding, half-open window)."""
+    return max(sum(r for _, r, t in done if start <= t < start + 1.0) for _, _, start in done)
+
+
+@pytest.mark.parametrize("chunk_rows, workers", [(5_000, 1), (100, 1), (100, 2)])
+def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path, chunk_rows, workers):
+    # A cap of 2,000 rows/s. A first range of 5,000 keys, copied in one burst, would break the cap
+    # within its second whatever the pause after it; so would ranges that grew toward
+    # target_chunk_ms from a small start (fast copies ask for ever bigger ranges). Two workers
+    # share the cap.
+    create_orders(db_dsn, 6_000)
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=chunk_rows, cap=2_000)
+                      .replace("target_chunk_ms = 500", f"target_chunk_ms = 500\nworkers = {workers}"))
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    done = ranges(db_dsn)
+    assert sum(r for _, r, _ in done) == 6_000
+    assert max(r for _, r, _ in done) <= 1_000  # 2,000 rows/s x 500 ms
+    # A range finishes at most every ~500 ms, so two (three with jitter) fit in one second: well
+    # under twice the cap, and far under what one unpaced range copies.
+    assert busiest_second(done) <= 2 * 2_000, done
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+def test_set_reaches_a_running_backfill(db_dsn, tmp_path):
+    create_orders(db_dsn, 6_000)
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=500, cap=1_000))
+    proc = spawn(db_dsn, "run", plan)
+    try:
+        deadline = time.monotonic() + 60
+        while len(ranges(db_dsn)) < 2:  # two capped ranges of 500 rows copied
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.05)
+        # Hold the frontier (no range is cut meanwhile) so that which ranges were cut before the
+        # change is known exactly.
+        with psycopg.connect(db_dsn) as conn:
+            (frontier,) = conn.execute(
+                "SELECT f.next_chunk_no FROM mover.frontiers f JOIN mover.migrations m ON m.id = f.migration_id"
+                " WHERE m.name = 'throttled' AND f.kind = 'backfill' FOR UPDATE OF f").fetchone()
+            r = mover(db_dsn, "set", "throttled", "backfill.max_rows_per_second=0", "backfill.min_rows=1500",
+                      "backfill.max_rows=1500")
+            assert r.returncode == 0, r.stderr
+        code, err = finish(proc, 120)
+        assert code == 3, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done = {no: rows for no, rows, _ in ranges(db_dsn)}
+    assert sum(done.values()) == 6_000
+    assert all(done[no] == 500 for no in done if no < frontier)  # the cap's budget
+    # Cut after the set (the next one may have been cut just before the worker saw it): the new
+    # size, uncapped.
+    later = [done[no] for no in sorted(done) if no > frontier]
+    assert later and all(rows == 1500 for rows in later[:-1]) and later[-1] <= 1500, done
+    st = json.loads(mover(db_dsn, "status", "throttled", "--json").stdout)
+    assert st["backfill"]["rows_copied"] == 6_000
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)

@@ -171,7 +171,7 @@ class Writer:
     stop: threading.Event = field(default_factory=threading.Event)
     paused: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
-    mirror: str | None = MIRROR  # the oracle table (create_mirror); None, or a missing table: no mirror
+    mirror: str | None = None  # the oracle table (create_mirror); default "<table>_mirror", if it exists
     hot: tuple | None = None  # (lo, hi): only updates, only of keys in this id range
     delay: float = 0.0  # seconds between operations (a rate, for hot keys that must settle at times)
 
@@ -187,8 +187,8 @@ class Writer:
         # type" -- PostgreSQL's behaviour for any type change, documented in the README.
         conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
         t = sql.Identifier(self.table)
-        self._mirror_on = bool(self.mirror) and conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                                             (f'"{self.mirror}"',)).fetchone()[0]
+        self.mirror = self.mirror or f"{self.table}_mirror"
+        self._mirror_on = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{self.mirror}"',)).fetchone()[0]
         try:
             while not self.stop.is_set():
                 if self.paused.is_set():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import replace
@@ -12,24 +13,31 @@ from typing import Any
 import psycopg
 
 from mover import backfill as backfill_engine
-from mover import capture, chunks, control, cutover, introspect, names, privileges, runner, steps
+from mover import capture, chunks, control, conversion, cutover, introspect, names, privileges, runner, steps
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, redact
+from mover.db import Database, dsn_problem, mask, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
+from mover.sql import ddl
 
 log = logging.getLogger("mover")
 
 
 def _database(dsn: str) -> Database:
+    problem = dsn_problem(dsn) if dsn else None
+    if problem:
+        raise BadInput(f"the DSN is malformed: {problem}",
+                       hint="fix --dsn or DATABASE_URL: a URL such as postgresql://user@host:5432/dbname, or "
+                            "key=value pairs such as 'host=... dbname=... user=...'; give the password through "
+                            "PGPASSWORD or ~/.pgpass rather than in the DSN")
     db = Database(dsn)
     try:
         db.connection()
     except psycopg.OperationalError as exc:
         raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
-                     f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
+                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
                      hint="check --dsn, DATABASE_URL or the PG* variables") from exc
     return db
 
@@ -62,6 +70,10 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     assert source.schema is not None  # resolve() names the schema
     if source.schema == names.CONTROL_SCHEMA:
         raise PlanError(f"[migration] source: {source} belongs to mover itself")
+    if introspect.persistence(cur, source) == "t":
+        raise PlanError(f"[migration] source: {source} is a temporary table; mover cannot move it, because it "
+                        f"exists only in the session that created it (mover works from sessions of its own)",
+                        hint="move a permanent table: copy the rows into one (CREATE TABLE ... AS) if you need to")
     if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
         raise PlanError(f"[migration] source: {source} is a system table", hint="mover moves user tables")
     # The kind first: describe() would report a view's missing key, or choke on a partitioned
@@ -124,6 +136,18 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
             raise PlanError(f"[target] columns: {typ!r} (for column {names.display_ident(col)}) is not a type "
                             f"this database knows")
         _check_cast(cur, source, col, typ)
+    for k in info.key:
+        coll = info.column(k).collation
+        if coll is None:
+            continue
+        cur.execute("SELECT c.collisdeterministic FROM pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace"
+                    " WHERE n.nspname = %s AND c.collname = %s", coll)
+        if not cur.fetchone()[0]:
+            # Two keys equal under the collation can differ in bytes ('a' and 'A'): the replay
+            # and the comparison by key would not see a change between them.
+            raise PlanError(f"[migration] source: key column {names.display_ident(k)} of {source} has the "
+                            f"nondeterministic collation {names.display_ident(coll[1])}, which mover cannot move",
+                            hint="use a deterministic collation for the key, or a key on other columns")
     for ix in info.indexes:
         if ix.is_exclusion:
             raise PlanError(f"{source} has the exclusion constraint index {names.display_ident(ix.name)}, which "
@@ -132,6 +156,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if fks:
         raise PlanError(f"{source} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
                         f"is not supported yet", hint="drop them before the migration and recreate them after")
+    _check_outbound_foreign_keys(cur, plan, source, info.oid)
     meta = introspect.metadata(cur, info.oid)
     unsupported = []
     if meta.inheritance:
@@ -153,6 +178,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
     if registering and control.schema_ready(cur):
         # Missing privileges first: the rehearsal below would only say "permission denied".
         privileges.require_setup(cur, source, target)
+    lossy: dict[str, str] = {}
     if registering:
         # What the catalog alone cannot tell (a type change that needs USING, a column used by a
         # generated column or a CHECK constraint, an identity column turned text, an index name
@@ -162,20 +188,51 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
         problem = _rehearse_create_target(cur, replace(plan, columns={}), source, target)
         if problem:
             raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=hint)
-        if plan.columns and _rehearse_create_target(cur, plan, source, target):
+        rehearsed: list = []
+        if plan.columns and _rehearse_create_target(cur, plan, source, target, rehearsed):
             # Find the column at fault (this is the error path; one more rehearsal per column is cheap).
             for col, typ in sorted(plan.columns.items()):
-                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target)
+                failed: list = []
+                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target, failed)
+                if problem and isinstance(failed[0], psycopg.errors.DatatypeMismatch):
+                    raise PlanError(
+                        f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: PostgreSQL has "
+                        f"no assignment cast from {info.column(col).type} to {typ} ({problem})",
+                        hint="mover converts as ALTER TABLE ... TYPE does, without USING: change the type in the "
+                             "plan, or convert the column in the source table first")
                 if problem:
                     raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r} "
                                     f"in the target {target}: {problem}", hint=hint)
             raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
                             f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
-    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info}
+        lossy = _check_lossy(plan, info, rehearsed[0]) if plan.columns else {}
+    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info,
+            "lossy": lossy}
 
 
-def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName) -> str | None:
-    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any."""
+def _check_outbound_foreign_keys(cur, plan: Plan, source: QualifiedName, oid: int) -> None:
+    """The swap does not carry the source's own foreign keys over yet: the plan must name each one
+    it accepts to lose (`[target] drop_foreign_keys`), so that nothing is dropped silently."""
+    fks = dict(introspect.outbound_foreign_keys(cur, oid))
+    unknown = [n for n in plan.drop_foreign_keys if n not in fks]
+    if unknown:
+        raise PlanError(f"[target] drop_foreign_keys: {', '.join(names.display_ident(n) for n in unknown)} "
+                        f"{'is not a foreign key' if len(unknown) == 1 else 'are not foreign keys'} of {source}",
+                        hint=f"its foreign keys are: {', '.join(names.display_ident(n) for n in fks) or 'none'}")
+    missing = [n for n in fks if n not in plan.drop_foreign_keys]
+    if missing:
+        listed = "; ".join(f"{names.display_ident(n)} {fks[n]}" for n in missing)
+        keys = ", ".join(json.dumps(n) for n in sorted(plan.drop_foreign_keys + tuple(missing)))  # TOML strings
+        raise PlanError(f"{source} has foreign keys that the new table would not have after the swap ({listed}); "
+                        f"mover does not carry them over yet, and afterwards rows that break them would be accepted",
+                        hint=f"to go ahead without them, acknowledge each one in the plan: [target] drop_foreign_keys"
+                             f" = [{keys}] (and recreate them after the migration); or drop them first")
+
+
+def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName,
+                            out: list | None = None) -> str | None:
+    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any.
+    `out` receives the error, or the rehearsed target's description."""
     from mover.db import is_retryable
     from mover.steps.create_target import target_ddl
 
@@ -183,15 +240,56 @@ def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: Qual
     try:
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
+        # The NOT VALID checks come back at the swap (mover/cutover.py): they must fit the new types.
+        source_oid = introspect.table_oid(cur, source)
+        assert source_oid is not None  # resolved by the caller
+        for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
+            cur.execute(ddl.add_constraint(target, name, definition))
+        if out is not None:
+            out.append(introspect.describe(cur, target))
     except psycopg.Error as exc:
         if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
             raise  # a lock timeout or a lost connection says nothing about the plan
         cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
+        if out is not None:
+            out.append(exc)
         diag = exc.diag
         detail = f" ({diag.message_detail.rstrip('.')})" if diag.message_detail else ""
         return f"{diag.message_primary or str(exc).splitlines()[0]}{detail}"
     cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
     return None
+
+
+def lossy_columns(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
+    """Column -> why its type change can lose information (as the target's catalog types it)."""
+    out = {}
+    for col in sorted(plan.columns):
+        s, t = source.column(col), target.column(col)
+        reason = conversion.lossy_reason(s, t)
+        if reason:
+            out[col] = f"{s.type} -> {t.type}: {reason}"
+    return out
+
+
+def _check_lossy(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
+    """A conversion that can refuse or change values must be acknowledged in the plan; never on
+    a key column, whose values ranges, logs and the swap compare exactly."""
+    lossy = lossy_columns(plan, source, target)
+    keys = [c for c in lossy if c in source.key]
+    if keys:
+        raise PlanError(
+            f"[target] columns: key column {names.display_ident(keys[0])} of {source.name} cannot change type "
+            f"{lossy[keys[0]]}", hint="mover narrows no key column: keep its type, or one that holds every value")
+    missing = [c for c in lossy if c not in plan.accept_lossy]
+    if missing:
+        listed = "; ".join(f"{names.display_ident(c)} {lossy[c]}" for c in missing)
+        accept = ", ".join(f'"{c}"' for c in missing)
+        raise PlanError(
+            f"[target] columns: {len(missing)} type change{'s' if len(missing) > 1 else ''} can lose information: "
+            f"{listed}",
+            hint=f"if that is intended, add accept_lossy = [{accept}] under [target]: a row that does not fit "
+                 f"becomes a divergence, and reconcile reports every value the conversion changed as different")
+    return lossy
 
 
 def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
@@ -263,7 +361,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                                           for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "steps": out_steps}
+                    "key": r["key"], "lossy_accepted": r["lossy"], "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
@@ -363,11 +461,12 @@ def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
     return _operator_command(dsn, name, ("cutover",), "cut over", go, **kw)
 
 
-def rollback(dsn: str, name: str, **kw) -> dict[str, Any]:
-    return _operator_command(dsn, name, ("rollback_window",), "roll back", cutover.swap_back, **kw)
+def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+    return _operator_command(dsn, name, ("rollback_window",), "roll back",
+                             lambda ctx: cutover.swap_back(ctx, give_up_rows), **kw)
 
 
-def retire(dsn: str, name: str, *, force: bool = False, **kw) -> dict[str, Any]:
+def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw) -> dict[str, Any]:
     def go(ctx: Context):
         m = ctx.migration
         if m.step == "rollback_window":
@@ -383,7 +482,7 @@ def retire(dsn: str, name: str, *, force: bool = False, **kw) -> dict[str, Any]:
             ctx.db.transaction(close)
             ctx.refresh()
         ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "retire", ctx.owner))
-        cutover.retire(ctx)
+        cutover.retire(ctx, give_up_rows)
     return _operator_command(dsn, name, ("rollback_window", "retire"), "retire", go, **kw)
 
 
@@ -449,19 +548,11 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
         db.close()
 
 
-def abort(dsn: str, name: str, **kw) -> dict[str, Any]:
-    db = _database(dsn)
-    try:
-        _require_schema(db)
-        m = db.transaction(lambda cur: control.get(cur, name))
-    finally:
-        db.close()
-    if m.step == "rollback_window" and m.state not in ("done", "aborted"):
-        # The new table is live: dropping it would drop the application's table. Say the way out.
-        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
-                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
-    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
-                             "abort", cutover.abort, **kw)
+def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+    # In the rollback window, abort swaps back first (cutover.abort).
+    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover",
+                                         "rollback_window"),
+                             "abort", lambda ctx: cutover.abort(ctx, give_up_rows), **kw)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import psycopg
 from mover import capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
 from mover.db import bind
-from mover.errors import LeaseLost, MoverError
+from mover.errors import Failed, LeaseLost, MoverError
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
@@ -205,12 +205,61 @@ class Worker(chunks.RangeWorker):
                 pass  # a dead worker's row is harmless: status counts only fresh heartbeats
 
     def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
-        stmt, params = q.copy_range(mapping, chunk.lo, chunk.hi)
-        cur.execute(stmt, params)
+        rows = copy_range(cur, self.ctx, mapping, chunk.lo, chunk.hi)
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
         faults.point(f"chunk_copied:{chunk.chunk_no}")
         faults.point("chunk_copied")  # whichever range this process copies first
-        return cur.rowcount
+        return rows
+
+
+def _fails_on_data(exc: psycopg.Error) -> bool:
+    """A value that does not convert or a constraint the target holds: the row's problem, not the
+    range's. A unique violation is not one: no key can be copied twice (see sql/copy.py)."""
+    return isinstance(exc, (psycopg.DataError, psycopg.IntegrityError)) \
+        and not isinstance(exc, psycopg.errors.UniqueViolation)
+
+
+def _try_copy(cur, m, lo, hi) -> tuple[int, psycopg.Error | None]:
+    stmt, params = q.copy_range(m, lo, hi)
+    cur.execute("SAVEPOINT mover_copy")
+    try:
+        cur.execute(stmt, params)
+    except psycopg.Error as exc:
+        if not _fails_on_data(exc):
+            raise
+        cur.execute("ROLLBACK TO SAVEPOINT mover_copy")
+        return 0, exc
+    rows = cur.rowcount
+    cur.execute("RELEASE SAVEPOINT mover_copy")
+    return rows, None
+
+
+def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None) -> int:
+    """Copy the range lo < key <= hi in the caller's transaction. When it fails on a row's data,
+    split it in halves by its current keys (savepoints), copy what converts, and record each row
+    that does not as an apply_error divergence in the same transaction: the range is done, the
+    rows are named, and cutover waits for them (fix the source row and `mover repair`, or accept).
+    Each statement reads a fresh snapshot, but the halves always cover (lo, hi] whole."""
+    rows, exc = _try_copy(cur, m, lo, hi)
+    if exc is None:
+        return rows
+    stmt, params = q.range_keys(m, lo, hi)
+    cur.execute(stmt, params)
+    keys = [list(r) for r in cur.fetchall()]
+    if len(keys) <= 1:
+        rows, exc = _try_copy(cur, m, lo, hi)  # the row may have changed or gone since
+        if exc is not None and keys:
+            message = str(exc).splitlines()[0]
+            control.record_divergence(cur, ctx.mid, keys[0], "apply_error",
+                                      {"error": message, "sqlstate": exc.sqlstate, "direction": "forward",
+                                       "during": "backfill"})
+            control.event(cur, ctx.mid, ctx.owner, KIND, "apply_error",
+                          f"copying key {keys[0]} into {m.dst} failed: {message}")
+        elif exc is not None:
+            raise exc  # a range without rows cannot fail on a row's data
+        return rows
+    middle = keys[(len(keys) - 1) // 2]
+    return copy_range(cur, ctx, m, lo, middle) + copy_range(cur, ctx, m, middle, hi)
 
 
 def copy_all(ctx: Context) -> None:
@@ -249,26 +298,85 @@ def deferred_indexes(cur, ctx: Context):
             if ix.name != original.key_index]
 
 
-def build_indexes(ctx: Context) -> None:
+INDEX_ATTEMPTS = 6
+
+
+def _transient_ddl_error(exc: BaseException) -> bool:
+    """Worth another try: a lock or deadlock timeout, or the catalog race of two backends that
+    end and drop the same index at once ("tuple concurrently updated", SQLSTATE XX000)."""
+    from mover.db import is_retryable
+    if isinstance(exc, psycopg.errors.InternalError_):
+        return (exc.diag.message_primary or "") == "tuple concurrently updated"
+    return is_retryable(exc)
+
+
+def _stop_orphaned_build(ctx: Context, index_oid: int) -> None:
+    """A process killed during CREATE INDEX CONCURRENTLY leaves its backend building on (it only
+    notices the lost client at the end). Only the lease holder builds these indexes, so such a
+    backend is an orphan: cancel it and wait until it is gone, rather than drop its index under it."""
+    def builders(cur) -> list[int]:
+        cur.execute("SELECT pid FROM pg_stat_progress_create_index WHERE index_relid = %s"
+                    " AND pid <> pg_backend_pid()", (index_oid,))
+        return [r[0] for r in cur.fetchall()]
+
+    deadline = time.monotonic() + 60
+    while pids := ctx.db.transaction(builders):
+        if time.monotonic() > deadline:
+            raise Failed(f"the orphaned build of an index on {ctx.new} (backends {pids}) does not stop",
+                             hint=f"end them with pg_terminate_backend(), then `mover run {ctx.migration.name}`")
+        log.warning("cancelling the orphaned index build in backends %s", pids)
+        ctx.db.transaction(lambda cur: cur.execute("SELECT pg_cancel_backend(pid) FROM unnest(%s::int[]) pid",
+                                                   (pids,)))
+        time.sleep(0.2)
+
+
+def _copy_index_comment(ctx: Context, name: str, ix) -> None:
+    def copy(cur):
+        comment, _ = introspect.index_comments(cur, ix.oid)
+        if comment is not None:
+            cur.execute(ddl.comment_on_index(names.QualifiedName(ctx.new.schema, name), comment))
+    ctx.db.transaction(copy, label="index comment")
+
+
+def _build_index(ctx: Context, name: str, ix) -> None:
     schema = ctx.new.schema
     assert schema is not None  # the control tables hold schema-qualified names
+    state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
+    if state is True:
+        _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
+        return
+    faults.point("index_building")
+    if state is False:
+        log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
+        oid = ctx.db.transaction(lambda cur: introspect.table_oid(cur, names.QualifiedName(schema, name)))
+        assert oid is not None  # index_state() just found it; only this lease holder drops it
+        _stop_orphaned_build(ctx, oid)
+        ctx.db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, name)), lock_timeout="10s",
+                           label="drop invalid index")
+    started = time.monotonic()
+    ctx.report("index", name=name, state="building")
+    # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
+    ctx.db.autocommit(ddl.create_index(name, ctx.new, ix, concurrently=True),
+                      statement_timeout="0", lock_timeout="10min")
+    faults.point("index_built")
+    _copy_index_comment(ctx, name, ix)
+    ms = (time.monotonic() - started) * 1000
+    ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
+                                                 f"index {name} built", {"source_index": ix.name}, ms))
+
+
+def build_indexes(ctx: Context) -> None:
     todo = ctx.db.transaction(lambda cur: deferred_indexes(cur, ctx))
     for name, ix in todo:
-        ctx.checkpoint()
-        state = ctx.db.transaction(bind(introspect.index_state, schema, name))
-        if state is True:
-            continue
-        faults.point("index_building")
-        if state is False:
-            log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
-            ctx.db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, name)), lock_timeout="10s",
-                               label="drop invalid index")
-        started = time.monotonic()
-        ctx.report("index", name=name, state="building")
-        # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
-        ctx.db.autocommit(ddl.create_index(name, ctx.new, ix, concurrently=True),
-                          statement_timeout="0", lock_timeout="10min")
-        faults.point("index_built")
-        ms = (time.monotonic() - started) * 1000
-        ctx.db.transaction(bind(control.event, ctx.mid, ctx.owner, "backfill", "index_built",
-                                f"index {name} built", {"source_index": ix.name}, ms))
+        for attempt in range(1, INDEX_ATTEMPTS + 1):
+            ctx.checkpoint()
+            try:
+                _build_index(ctx, name, ix)
+                break
+            except psycopg.Error as exc:
+                if attempt == INDEX_ATTEMPTS or not _transient_ddl_error(exc):
+                    raise
+                # Outside any transaction: the next attempt reads the index's state afresh.
+                log.warning("building index %s failed (%s: %s); attempt %d of %d", name, type(exc).__name__,
+                            exc.diag.message_primary or exc, attempt + 1, INDEX_ATTEMPTS)
+                time.sleep(min(0.2 * 2 ** attempt, 5.0))

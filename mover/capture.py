@@ -6,6 +6,9 @@ Invariants:
   still copying from an older snapshot could insert a row the replay already deleted (race 1).
 - One applier at a time per migration and direction (a transaction-scoped advisory lock), so
   two replays of one key from different snapshots cannot commit out of order (race 2).
+- A batch the target's unique indexes reject though the source never held such a state (rows
+  that swapped a unique value, race 7) is replayed as the closure of the keys involved, in one
+  savepoint (replay_set).
 - A replay that fails on data (overflow, constraint) does not stop the others: the key becomes
   a recorded divergence, and cutover refuses until it is resolved.
 """
@@ -13,7 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
@@ -39,9 +42,10 @@ def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: 
     """The statements that start capturing `table` into migration `mid`'s log."""
     info = introspect.describe(cur, table)
     key_types = tuple(info.column(k).type for k in key)
+    collations = tuple(info.column(k).collation for k in key)
     log_table = names.change_log(mid, reverse)
     fn = names.capture_function(mid, reverse)
-    return [q.create_log(log_table, key, key_types), *q.grant_log(log_table),
+    return [q.create_log(log_table, key, key_types, collations), *q.grant_log(log_table),
             q.create_trigger_function(fn, log_table, key, migration),
             *q.create_trigger(names.capture_trigger(mid, reverse), table, fn)]
 
@@ -75,6 +79,7 @@ class Applied:
     deleted: int = 0
     upserted: int = 0
     failed: int = 0
+    failures: dict = field(default_factory=dict)  # key -> the error that stopped its replay
 
 
 def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> bool:
@@ -83,6 +88,12 @@ def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> b
                 ("mover.apply.reverse" if reverse else "mover.apply", mid))
     got = one(cur)[0]
     return True if wait else bool(got)
+
+
+def lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool) -> None:
+    """Wait for the applier lock of one direction (transaction-scoped): no batch replays the same
+    keys meanwhile from another snapshot (race 2)."""
+    _lock_applier(cur, mid, reverse, wait=True)
 
 
 def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping, backfill_done: bool):
@@ -116,11 +127,9 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
         cur.execute("RELEASE SAVEPOINT mover_replay")
         _count(cur, ctx.mid, reverse, claimed)
         return Applied(claimed, deleted, upserted)
-    except psycopg.errors.Error as exc:
-        if not (exc.sqlstate or "").startswith(("22", "23")):
-            raise
+    except DATA_ERRORS as exc:
         cur.execute("ROLLBACK TO SAVEPOINT mover_replay")
-        log.warning("replay batch failed on data (%s); replaying key by key", exc.sqlstate)
+        log.info("replay batch failed on data (%s); replaying it as a closure of keys", exc.sqlstate)
     return _apply_key_by_key(cur, ctx, m, log_table, covered, params, limit)
 
 
@@ -128,37 +137,139 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
     cur.execute(q.claim_keys(log_table, covered, m.key), {**params, "limit": limit})
     keys = list(dict.fromkeys(tuple(r) for r in cur.fetchall()))
     result = Applied(claimed=len(keys))
-    stmt = q.replay_keys(m)
-    failures: list[tuple[tuple, psycopg.errors.Error]] = []
-    for _attempt in range(2):  # a second pass lets keys blocked by another key's old value go through
-        retry = []
+    failed = replay_set(cur, m, keys)
+    reverse = m.src == ctx.new
+    for key, exc in failed.items():
+        columns = {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate,
+                   "direction": "reverse" if reverse else "forward"}
+        # A row the application keeps changing fails at each replay: one open divergence per key.
+        cur.execute("SELECT id FROM mover.divergences WHERE migration_id = %s AND key = %s AND kind = 'apply_error'"
+                    " AND resolved_at IS NULL AND columns->>'direction' = %s ORDER BY id LIMIT 1",
+                    (ctx.mid, list(key), columns["direction"]))
+        row = cur.fetchone()
+        if row:
+            control.update_divergence(cur, ctx.mid, row[0], "apply_error", columns)
+        else:
+            control.record_divergence(cur, ctx.mid, list(key), "apply_error", columns)
+        control.event(cur, ctx.mid, ctx.owner, None, "apply_error",
+                      f"replaying key {list(key)} into {m.dst} failed: {str(exc).splitlines()[0]}")
+    result.failed = len(failed)
+    result.failures = {k: str(e).splitlines()[0] for k, e in failed.items()}
+    result.upserted = len(keys) - len(failed)
+    _count(cur, ctx.mid, reverse, result.claimed)
+    return result
+
+
+# A replay that fails on the data (class 22 or 23) is contained; anything else is a real error.
+DATA_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
+CLOSURE_ROUNDS = 20  # a swap or a cycle closes in a round or two; a chain of n rows in n
+CLOSURE_MAX_KEYS = 50_000
+CLOSURE_ATTEMPTS = 3
+
+
+def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple, psycopg.Error]:
+    """Bring the destination rows of `keys` (text, in m's source key types) to their source state,
+    within the caller's transaction and applier lock. First the whole set as one closure; if that
+    fails on data, key by key (an upsert, then the key's own closure), twice, so that a key held
+    up by another's old value goes through. Returns the keys that still fail, with the error:
+    only those are real data problems (an overflow, a constraint the source lacks)."""
+    if not keys:
+        return {}
+    try:
+        _replay_closure(cur, m, keys)
+        return {}
+    except DATA_ERRORS as exc:
+        log.info("replaying %d keys as one closure failed on data (%s); replaying key by key", len(keys),
+                 exc.sqlstate)
+    single = q.replay_keys(m)
+    failures: dict[tuple, psycopg.Error] = {}
+    for _ in range(2):
+        failures = {}
         for key in keys:
             cur.execute("SAVEPOINT mover_key")
             try:
-                cur.execute(stmt, list(key))
-                deleted, upserted = cur.fetchone()
-                result.deleted += deleted
-                result.upserted += upserted
+                cur.execute(single, list(key))
                 cur.execute("RELEASE SAVEPOINT mover_key")
-            except psycopg.errors.Error as exc:
-                if not (exc.sqlstate or "").startswith(("22", "23")):
-                    raise
+                continue
+            except DATA_ERRORS as exc:
                 cur.execute("ROLLBACK TO SAVEPOINT mover_key")
-                retry.append(key)
-                failures.append((key, exc))
-        keys = retry
+                own = exc
+            try:
+                _replay_closure(cur, m, [key])
+            except DATA_ERRORS:
+                # The key's own error names it; its closure's may be another row's.
+                failures[key] = own
+        keys = list(failures)
         if not keys:
             break
-    failed = {k: e for k, e in failures if k in keys}
-    for key, error in failed.items():
-        control.record_divergence(cur, ctx.mid, list(key), "apply_error",
-                                  {"error": str(error).splitlines()[0], "sqlstate": error.sqlstate,
-                                   "direction": "reverse" if m.src == ctx.new else "forward"})
-        control.event(cur, ctx.mid, ctx.owner, None, "apply_error",
-                      f"replaying key {list(key)} into {m.dst} failed: {str(error).splitlines()[0]}")
-    result.failed = len(failed)
-    _count(cur, ctx.mid, m.src == ctx.new, result.claimed)
-    return result
+    return failures
+
+
+def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
+    """Race 7: replaying keys one at a time can pass through states the destination's unique
+    indexes reject though the source never held them (two rows swap a value, or a longer cycle).
+    Pull in every destination row that holds a unique value one of the set's source rows will
+    take, until nothing new comes in, then replace the whole set at once: delete the destination
+    rows of all its keys, insert the source rows of all of them. In one savepoint: all or nothing.
+    Raises the data error (class 22 or 23) if the set still cannot reach the source's state."""
+    indexes, computed = _unique_indexes(cur, m)
+    for attempt in range(CLOSURE_ATTEMPTS):
+        cur.execute("SAVEPOINT mover_closure")
+        try:
+            _replace(cur, m, _closure(cur, m, indexes, computed, keys))
+            cur.execute("RELEASE SAVEPOINT mover_closure")
+            return
+        except psycopg.errors.UniqueViolation:
+            cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
+            # Each statement reads the source afresh (read committed): the application may have
+            # moved a value into the set from a row outside it since the closure was computed.
+            # That change is logged and will be replayed; computing the closure again now sees it.
+            if attempt == CLOSURE_ATTEMPTS - 1:
+                raise
+        except DATA_ERRORS:
+            cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
+            raise
+
+
+def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], computed: tuple[str, ...],
+             keys: list[tuple]) -> list[tuple]:
+    closure = dict.fromkeys(keys)
+    if not indexes:
+        return list(closure)
+    probe = list(closure)
+    for _ in range(CLOSURE_ROUNDS):
+        cur.execute(q.conflicting_keys(m, indexes, computed), q.key_params(probe, len(m.key)))
+        new = [k for k in dict.fromkeys(tuple(r) for r in cur.fetchall()) if k not in closure]
+        if not new or len(closure) + len(new) > CLOSURE_MAX_KEYS:
+            break
+        closure.update(dict.fromkeys(new))
+        probe = new
+    return list(closure)
+
+
+def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
+    params = q.key_params(keys, len(m.key))
+    cur.execute(q.delete_keys(m), params)
+    cur.execute(q.insert_keys(m), params)
+
+
+def _unique_indexes(cur: psycopg.Cursor, m: Mapping) -> tuple[list[list[str]], tuple[str, ...]]:
+    """Each unique index of the destination as its column/expression texts, and the generated
+    columns that both tables compute (the source's value stands for the destination's). An index
+    that reads any other column the replay does not copy is left out: its expression could not be
+    evaluated on the converted source row."""
+    src, dst = introspect.table_oid(cur, m.src), introspect.table_oid(cur, m.dst)
+    cur.execute(q.generated_columns(), {"src": src, "dst": dst})
+    computed = tuple(r[0] for r in cur.fetchall())
+    readable = {c.name for c in m.columns} | set(computed)
+    cur.execute(q.unique_indexes(), {"table": dst})
+    out = []
+    for name, exprs, reads in cur.fetchall():
+        if set(reads) <= readable:
+            out.append(list(exprs))
+        else:
+            log.debug("unique index %s reads columns not copied; left out of replay closures", name)
+    return out, computed
 
 
 def _count(cur: psycopg.Cursor, mid: int, reverse: bool, n: int) -> None:
@@ -211,11 +322,12 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
 
 
 def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composed,
-                keys: list[list[str]]) -> dict[tuple, str]:
+                keys: list[list[str]], mapping: Mapping | None = None) -> dict[tuple, str]:
     """Replay the given keys by state now (`mover repair`), in the caller's transaction, holding
     the forward applier's lock so no batch replays the same keys from another snapshot (race 2).
-    `statement` is sql.capture.replay_keys() for the mapping whose key types the keys are in.
-    Returns the keys that failed on data (class 22 or 23), with the error."""
+    `statement` is sql.capture.replay_keys() for `mapping`, the mapping whose key types the keys
+    are in; with the mapping, a key that fails alone is replayed with the keys it conflicts with
+    (race 7). Returns the keys that failed on data (class 22 or 23), with the error."""
     _lock_applier(cur, ctx.mid, False, wait=True)
     failed: dict[tuple, str] = {}
     for key in dict.fromkeys(tuple(k) for k in keys):
@@ -223,10 +335,15 @@ def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composed,
         try:
             cur.execute(statement, list(key))
             cur.execute("RELEASE SAVEPOINT mover_key")
-        except psycopg.errors.Error as exc:
-            if not (exc.sqlstate or "").startswith(("22", "23")):
-                raise
+            continue
+        except DATA_ERRORS as exc:
             cur.execute("ROLLBACK TO SAVEPOINT mover_key")
-            failed[key] = f"{str(exc).splitlines()[0]} [{exc.sqlstate}]"
+            error = exc
+        if mapping is not None:
+            try:
+                _replay_closure(cur, mapping, [key])
+                continue
+            except DATA_ERRORS:
+                pass  # the key's own error names it; its closure's may be another row's
+        failed[key] = f"{str(error).splitlines()[0]} [{error.sqlstate}]"
     return failed
-

@@ -299,14 +299,29 @@ def require_finished(db, mid: int, kind: str, migration: str, command: str) -> N
 def record_failure(db, mid: int, chunk: Chunk, worker: str, exc: BaseException, max_attempts: int) -> str:
     """A range's work failed on data or SQL: count the attempt (back to pending, or failed
     once out of attempts) and record an event; the worker goes on with other ranges."""
-    message = f"{type(exc).__name__}: {exc}"
+    from mover.db import mask
+    message = mask(f"{type(exc).__name__}: {exc}")  # stored: never a password, whatever raised it
     outcome = db.transaction(lambda cur: mark_failed_attempt(cur, mid, chunk, worker, message, max_attempts))
     db.transaction(lambda cur: control.event(cur, mid, worker, chunk.kind, "range_failed",
                                              f"{chunk.kind} range {chunk.chunk_no} failed ({outcome}): {message}"))
     return outcome
 
 
+# The server went away (restart, shutdown, network). A deadlock, a serialization failure or a lock
+# timeout are OperationalErrors too, but the server is there: the range counts an attempt instead.
+_CONNECTION_LOST = (
+    # class 08 (psycopg's classes for it have no common base of their own)
+    psycopg.errors.ConnectionException, psycopg.errors.SqlclientUnableToEstablishSqlconnection,
+    psycopg.errors.ConnectionDoesNotExist, psycopg.errors.SqlserverRejectedEstablishmentOfSqlconnection,
+    psycopg.errors.ConnectionFailure, psycopg.errors.TransactionResolutionUnknown, psycopg.errors.ProtocolViolation,
+    # the server shuts down or is starting up
+    psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown, psycopg.errors.CannotConnectNow,
+)
+
+
 def is_connection_failure(exc: BaseException) -> bool:
     """Retries of the transaction are spent and the server is still unreachable: stop the worker."""
-    from mover.db import is_retryable
-    return isinstance(exc, psycopg.OperationalError) and is_retryable(exc)
+    if isinstance(exc, _CONNECTION_LOST):
+        return True
+    # Raised by the client itself (the socket closed, the connection is broken): no SQLSTATE.
+    return isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None

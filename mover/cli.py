@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from mover import api
+from mover.db import mask, remember_secrets
 from mover.errors import MoverError, Waiting
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -33,6 +35,9 @@ out = Console()
 
 DsnOption = typer.Option(None, "--dsn", help="libpq DSN or URL; default $DATABASE_URL, else the PG* variables.")
 JsonOption = typer.Option(False, "--json", help="Print JSON.")
+GiveUpRowsOption = typer.Option(False, "--give-up-rows",
+                                help="Go ahead although rows exist only on the side left behind; they are given up "
+                                     "and listed in the events.")
 
 
 class State:
@@ -50,29 +55,47 @@ def _exits(fn):
             return fn(*args, **kwargs)
         except MoverError as exc:
             style = {3: "yellow", 130: "yellow"}.get(exc.exit_code, "red")
-            err.print(f"[{style}]{escape(exc.message)}[/{style}]", highlight=False)
+            err.print(f"[{style}]{escape(mask(exc.message))}[/{style}]", highlight=False)
             if exc.hint:
-                err.print(f"next: {exc.hint}", highlight=False, markup=False)
+                err.print(f"next: {mask(exc.hint)}", highlight=False, markup=False)
             if State.debug:
-                err.print_exception()
+                _print_traceback(exc)
             raise typer.Exit(exc.exit_code) from exc
         except KeyboardInterrupt:
             err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
             raise typer.Exit(130) from None
         except psycopg.Error as exc:
-            err.print(f"database error: {str(exc).strip()}", highlight=False, markup=False)
+            err.print(f"database error: {mask(str(exc).strip())}", highlight=False, markup=False)
             err.print("next: fix the cause, then run the same command again (mover resumes where it stopped; "
                       "`mover status` shows where that is)", highlight=False, markup=False)
             if State.debug:
-                err.print_exception()
+                _print_traceback(exc)
+            raise typer.Exit(1) from exc
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
+            raise
+        except Exception as exc:
+            # A bug: its traceback, masked like everything else printed (its text may quote a DSN).
+            _print_traceback(exc)
             raise typer.Exit(1) from exc
 
     return wrapper
 
 
+def _print_traceback(exc: BaseException) -> None:
+    # Plain text so it can be masked: exception texts (psycopg's among them) may quote the DSN.
+    err.print(mask("".join(traceback.format_exception(exc))), highlight=False, markup=False, end="")
+
+
+class _MaskingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return mask(super().format(record))
+
+
 def _dsn(dsn: str | None) -> str:
     # An empty DSN makes libpq read the PG* variables (PGHOST, PGUSER, PGPASSFILE...).
-    return dsn or State.dsn or os.environ.get("DATABASE_URL", "")
+    value = dsn or State.dsn or os.environ.get("DATABASE_URL", "")
+    remember_secrets(value)
+    return value
 
 
 def _print_json(value: Any) -> None:
@@ -217,8 +240,12 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
                  dsn: str | None = DsnOption):
     State.debug = debug
     State.dsn = dsn
+    remember_secrets(dsn)
+    remember_secrets(os.environ.get("DATABASE_URL"))
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:  # no log line may carry a password either
+        handler.setFormatter(_MaskingFormatter(handler.formatter._fmt if handler.formatter else None))
 
 
 @app.command()
@@ -243,6 +270,8 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         _show_status(result["status"])
         return
     out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
+    for col, why in result.get("lossy_accepted", {}).items():
+        out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
@@ -303,26 +332,27 @@ def cutover(name: str, dsn: str | None = DsnOption):
 
 @app.command()
 @_exits
-def rollback(name: str, dsn: str | None = DsnOption):
+def rollback(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
     """During the rollback window: swap the original table back, losing nothing."""
-    st = api.rollback(_dsn(dsn), name, stop=_interruptible())
+    st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
 
 
 @app.command()
 @_exits
 def retire(name: str, dsn: str | None = DsnOption,
-           force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends.")):
+           force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends."),
+           give_up_rows: bool = GiveUpRowsOption):
     """After the rollback window: drop the old table and everything mover created."""
-    st = api.retire(_dsn(dsn), name, force=force, stop=_interruptible())
+    st = api.retire(_dsn(dsn), name, force=force, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
 
 
 @app.command()
 @_exits
-def abort(name: str, dsn: str | None = DsnOption):
-    """Before cutover: remove everything mover created; the source stays as it was."""
-    st = api.abort(_dsn(dsn), name, stop=_interruptible())
+def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+    """Remove everything mover created; the source stays as it was (in the rollback window: swap back first)."""
+    st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
 
 

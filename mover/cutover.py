@@ -59,6 +59,89 @@ def preflight(ctx: Context) -> None:
                           hint=f"see them with `mover divergences {ctx.migration.name}`")
 
 
+# ---------------------------------------------------------------------------------------------
+# Invariant 9: nothing is dropped while it holds the only copy of a write. A row the replay could
+# not apply (an open apply_error) exists only on the side it was replayed from.
+
+GIVE_UP_FLAG = "--give-up-rows"
+SHOWN_ROWS = 20
+
+
+def _direction(d: dict) -> str:
+    columns = d.get("columns")
+    if d["kind"] == "apply_error" and isinstance(columns, dict) and columns.get("direction") == "reverse":
+        return "reverse"
+    return "forward"
+
+
+def rows_only_on(cur, ctx: Context, side: str) -> list[dict]:
+    """Open divergences whose row exists only on `side`: "new" (the new table; reverse replays
+    that failed) or "original" (the original; forward divergences, the new table lacks them)."""
+    want = "reverse" if side == "new" else "forward"
+    return [d for d in control.open_divergence_rows(cur, ctx.mid) if _direction(d) == want]
+
+
+def describe_rows(rows: list[dict]) -> str:
+    """Each key once (a key whose replay failed repeatedly has a divergence per failure), with why."""
+    why: dict[tuple, str] = {}
+    for d in rows:
+        columns = d.get("columns")
+        error = columns.get("error") if isinstance(columns, dict) else None
+        why[tuple(d["key"])] = str(error) if error else d["kind"]
+    shown = "; ".join(f"key {list(k)}: {w}" for k, w in list(why.items())[:SHOWN_ROWS])
+    return shown + (f"; and {len(why) - SHOWN_ROWS} more" if len(why) > SHOWN_ROWS else "")
+
+
+def retry_unapplied(cur, ctx: Context, *, reverse: bool) -> list[dict]:
+    """Replay again the keys whose replay in this direction failed (the application may have fixed
+    the row since); resolve those that now go through. Returns the divergences still open."""
+    capture.lock_applier(cur, ctx.mid, reverse)
+    rows = rows_only_on(cur, ctx, "new" if reverse else "original")
+    failed_keys = [d for d in rows if d["kind"] == "apply_error"]
+    if not failed_keys:
+        return rows
+    still = capture.replay_set(cur, ctx.mapping(cur, reverse), [tuple(d["key"]) for d in failed_keys])
+    done = [d["id"] for d in failed_keys if tuple(d["key"]) not in still]
+    control.resolve_divergences_as(cur, ctx.mid, done, "repaired", "replayed again and applied", ctx.owner)
+    return [d for d in rows if d["id"] not in done]
+
+
+def give_up(cur, ctx: Context, rows: list[dict], command: str) -> None:
+    """The operator gave these rows up: close them as accepted, and record exactly which."""
+    if not rows:
+        return
+    reason = f"given up by `mover {command} {ctx.migration.name} {GIVE_UP_FLAG}`"
+    control.resolve_divergences_as(cur, ctx.mid, [d["id"] for d in rows], "accepted", reason, ctx.owner, reason)
+    detail = [{"id": d["id"], "key": list(d["key"]), "kind": d["kind"], "columns": d.get("columns")} for d in rows]
+    control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, "rows_given_up",
+                  f"{command}: {len(rows)} rows given up: {describe_rows(rows)}", {"rows": detail})
+
+
+def refuse_losing(ctx: Context, rows: list[dict], command: str, side: str) -> Waiting:
+    m = ctx.migration
+    where = {"new": f"the new table ({ctx.new})", "original": f"the original table ({ctx.original})"}[side]
+    n = len({tuple(d["key"]) for d in rows})
+    return Waiting(f"{command} of {m.name!r} refused: {n} rows exist only in {where}, which {command} would "
+                   f"leave behind: {describe_rows(rows)}",
+                   hint=f"fix the rows so they fit (`mover divergences {m.name}` lists them) and retry, or "
+                        f"`mover {command} {m.name} {GIVE_UP_FLAG}` to give them up (recorded in the events)")
+
+
+class _Unapplied(Exception):
+    """Changes that could not be applied under the swap's lock; the swap's transaction rolls back."""
+
+    def __init__(self, failures: dict, rows: list[dict] | None = None):
+        super().__init__(f"{len(failures) + len(rows or [])} rows could not be applied")
+        self.failures = failures
+        self.rows = rows or []
+
+    def describe(self) -> str:
+        parts = [f"key {list(k)}: {e}" for k, e in list(self.failures.items())[:SHOWN_ROWS]]
+        if self.rows:
+            parts.append(describe_rows(self.rows))
+        return "; ".join(parts)
+
+
 def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> None:
     """Serial sequences change owner (so dropping the old table keeps them); identity columns
     have one sequence per table, so the receiving one continues where the other stands."""
@@ -85,9 +168,47 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
             cur.execute(sql.SQL("SELECT setval(%s::regclass, least(s.last_value, (SELECT seqmax FROM pg_sequence"
                                 " WHERE seqrelid = %s::regclass)), s.is_called) FROM {} s").format(seq.sequence.ident),
                         (target_seq, target_seq))
+            _copy_sequence_grants(cur, seq.sequence, to_identity[seq.column])
+            _swap_sequence_names(cur, seq.sequence, to_identity[seq.column])
 
 
-def _locked_swap(ctx: Context, *, forward: bool) -> float:
+def _copy_sequence_grants(cur, from_seq: names.QualifiedName, to_seq: names.QualifiedName) -> None:
+    """With the name goes what the application may do with it (currval() needs USAGE or SELECT)."""
+    cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
+                " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
+                " WHERE c.oid = %s::regclass AND a.grantee <> c.relowner", (str(from_seq),))
+    for role, privilege, grantable in cur.fetchall():
+        cur.execute(ddl.grant_on_sequence(to_seq, privilege, role, grantable))
+
+
+def _swap_sequence_names(cur, a: names.QualifiedName, b: names.QualifiedName) -> None:
+    """The application names the identity sequence (currval('t_id_seq')): the table that takes the
+    name takes the sequence's name too. Renames are catalog-only, inside the swap's lock."""
+    if a == b or a.schema != b.schema:
+        return
+    parking = names.derived(a.name, "_mover_swap")
+    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(a.ident, sql.Identifier(parking)))
+    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(b.ident, sql.Identifier(a.name)))
+    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(names.QualifiedName(a.schema, parking).ident,
+                                                                 sql.Identifier(b.name)))
+
+
+def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> None:
+    """CHECK constraints the source has NOT VALID were left off the new table so the backfill could
+    copy the rows that break them (steps/create_target.py); they are added NOT VALID now (no scan,
+    under the lock already held), so writes after the swap are checked as before."""
+    from_oid, to_oid = introspect.table_oid(cur, from_table), introspect.table_oid(cur, to_table)
+    assert from_oid is not None and to_oid is not None  # both locked by the swap
+    cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s", (to_oid,))
+    present = {r[0] for r in cur.fetchall()}
+    for name, definition, comment in introspect.unvalidated_checks(cur, from_oid):
+        if name not in present:
+            cur.execute(ddl.add_constraint(to_table, name, definition))
+            if comment is not None:
+                cur.execute(ddl.comment_on_constraint(to_table, name, comment))
+
+
+def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback") -> float:
     """One attempt: returns how long the lock was held, in ms."""
     m = ctx.migration
     lock_timeout = f"{ctx.plan.cutover.lock_timeout_ms}ms"
@@ -99,16 +220,25 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
         locked_at = time.monotonic()
         # Everything logged so far committed before our lock: drain it all.
         mapping = ctx.mapping(cur, reverse=not forward)
+        failures: dict = {}
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)
-            if got.failed:
-                raise _ReplayFailedUnderLock(f"{got.failed} changes could not be applied during the swap;"
-                                             f" nothing was swapped", hint=f"see `mover divergences {m.name}`")
+            failures.update(got.failures)
             if got.claimed == 0:
                 break
+        if forward and failures:
+            raise _Unapplied(failures)
+        if not forward:
+            # What the replay failed on earlier may go through now; what still fails exists only
+            # in the new table, which the swap back would leave behind.
+            left = retry_unapplied(cur, ctx, reverse=True)
+            if left and not give_up_rows:
+                raise _Unapplied({}, left)
+            give_up(cur, ctx, left, command)
         capture.remove(cur, ctx.mid, live, reverse=not forward)
         if forward:
+            _carry_unvalidated_checks(cur, m.source, m.target)
             cur.execute(ddl.rename_table(m.source, m.old.name))
             cur.execute(ddl.rename_table(m.target, m.source.name))
             _hand_over_sequences(cur, m.old, m.source)
@@ -124,7 +254,9 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
             window = ctx.plan.rollback.window_ms
             control.finish_step(cur, m, "cutover", "rollback_window", ctx.owner, state="waiting",
                                 message=f"swapped {m.source} in; lock held {held_ms:.1f} ms",
-                                detail={"lock_ms": held_ms}, duration_ms=held_ms)
+                                detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
+                                    ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})},
+                                duration_ms=held_ms)
             cur.execute("UPDATE mover.migrations SET cutover_at = now(), cutover_lock_ms = %s,"
                         " window_ends_at = now() + make_interval(secs => %s / 1000.0) WHERE id = %s",
                         (held_ms, window, ctx.mid))
@@ -138,6 +270,7 @@ def _locked_swap(ctx: Context, *, forward: bool) -> float:
                           f"swapped back; lock held {held_ms:.1f} ms", {"lock_ms": held_ms}, held_ms)
         return held_ms
 
+    faults.point("swap:before_lock" if forward else "swap_back:before_lock")
     held = ctx.db.transaction(swap, lock_timeout=lock_timeout, statement_timeout=LOCK_STATEMENT_TIMEOUT,
                               attempts=ctx.plan.cutover.attempts, label="cutover")
     ctx._mappings.clear()  # the tables changed names
@@ -165,8 +298,13 @@ def swap_in(ctx: Context) -> float:
     preflight(ctx)
     try:
         held = _locked_swap(ctx, forward=True)
-    except _ReplayFailedUnderLock as exc:
-        raise _record_replay_failures(ctx, exc, reverse=False) from exc
+    except _Unapplied as exc:
+        # Rolled back with the swap: replay outside the lock to record them as divergences.
+        capture.drain(ctx, reverse=False, backfill_done=True)
+        raise Waiting(f"{len(exc.failures)} changes to {ctx.migration.source} could not be applied to "
+                      f"{ctx.migration.target} under the cutover's lock ({exc.describe()}); nothing was swapped",
+                      hint=f"see `mover divergences {ctx.migration.name}`; `mover repair {ctx.migration.name}` "
+                           f"once the rows fit") from None
     except psycopg.errors.LockNotAvailable as exc:
         raise Waiting(f"could not lock {ctx.migration.source} within {ctx.plan.cutover.lock_timeout_ms} ms in "
                       f"{ctx.plan.cutover.attempts} attempts; nothing was swapped",
@@ -177,12 +315,18 @@ def swap_in(ctx: Context) -> float:
     return held
 
 
-def swap_back(ctx: Context) -> float:
+def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback") -> float:
     capture.drain(ctx, reverse=True, backfill_done=True)
+    # Refuse before taking the lock when rows are known to exist only in the new table.
+    left = ctx.db.transaction(lambda cur: retry_unapplied(cur, ctx, reverse=True), label="rollback check")
+    if left and not give_up_rows:
+        raise refuse_losing(ctx, left, command, "new")
     try:
-        held = _locked_swap(ctx, forward=False)
-    except _ReplayFailedUnderLock as exc:
-        raise _record_replay_failures(ctx, exc, reverse=True) from exc
+        held = _locked_swap(ctx, forward=False, give_up_rows=give_up_rows, command=command)
+    except _Unapplied as exc:
+        capture.drain(ctx, reverse=True, backfill_done=True)
+        left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
+        raise refuse_losing(ctx, left or exc.rows, command, "new") from None
     except psycopg.errors.LockNotAvailable as exc:
         raise Waiting(f"could not lock {ctx.migration.source} for the rollback; nothing was swapped",
                       hint=f"retry `mover rollback {ctx.migration.name}`") from exc
@@ -190,12 +334,18 @@ def swap_back(ctx: Context) -> float:
     return held
 
 
-def retire(ctx: Context) -> None:
+def retire(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
     keep = ctx.plan.rollback.keep_old
 
     def drop(cur):
         control.guard(cur, ctx.mid, "retire", ctx.owner)
+        if not keep:
+            # Rows the new table never took exist only in the old one, which is about to go.
+            left = rows_only_on(cur, ctx, "original")
+            if left and not give_up_rows:
+                raise refuse_losing(ctx, left, "retire", "original")
+            give_up(cur, ctx, left, "retire")
         capture.remove(cur, ctx.mid, m.source, reverse=True)
         capture.remove(cur, ctx.mid, None, reverse=False)
         if not keep:
@@ -214,10 +364,20 @@ def retire(ctx: Context) -> None:
     ctx.refresh()
 
 
-def abort(ctx: Context) -> None:
+def abort(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
+    if m.step == "rollback_window":
+        # Abort after the swap: swap back first (losing nothing, or refusing), then remove the rest.
+        swap_back(ctx, give_up_rows, command="abort")
+        m = ctx.migration
 
     def undo(cur):
+        # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
+        # cannot leave any; an older release could): dropping the new table would lose them.
+        left = rows_only_on(cur, ctx, "new")
+        if left and not give_up_rows:
+            raise refuse_losing(ctx, left, "abort", "new")
+        give_up(cur, ctx, left, "abort")
         capture.remove(cur, ctx.mid, m.source, reverse=False)
         cur.execute(ddl.drop_table(m.target))
         chunks.reset(cur, ctx.mid, "backfill")

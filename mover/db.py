@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
+import urllib.parse
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -37,15 +39,84 @@ R = TypeVar("R")
 RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}
 
 
+# Passwords must never be printed, logged or stored, whatever the DSN's shape. Masking works on
+# text, not on a parsed DSN, because the texts that leak one (libpq's parse errors, tracebacks) are
+# exactly those of DSNs that do not parse.
+_PASSWORD_KV = re.compile(r"""(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&'"]*)""", re.IGNORECASE)
+_URL_USERINFO = re.compile(r"""(//[^\s:/@"']*):([^\s"']*)@""")
+_BARE_USERINFO = re.compile(r"""((?:^|(?<=[\s"'=(]))[^\s:/@"'=()]+):([^\s"'/]*)@""")
+MASK = "***"
+_known_secrets: set[str] = set()
+
+
+def _passwords(dsn: str) -> set[str]:
+    """Every password-like value in a DSN: parsed where libpq can, else found in the text."""
+    found: set[str] = set()
+    try:
+        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+        if value:
+            found.add(str(value))
+    except psycopg.Error:
+        pass
+    for m in _PASSWORD_KV.finditer(dsn):
+        found.add(m.group(2).strip("'"))
+    for pattern in (_URL_USERINFO, _BARE_USERINFO):
+        for m in pattern.finditer(dsn):
+            found.add(m.group(2))
+            found.add(urllib.parse.unquote(m.group(2)))
+    return {p for p in found if p}
+
+
+def remember_secrets(dsn: str | None) -> None:
+    """Note the passwords of a DSN this process uses, so that `mask` removes them from any text."""
+    if dsn:
+        _known_secrets.update(_passwords(dsn))
+
+
+def mask(text: str) -> str:
+    """`text` with every password removed: those of the DSNs seen, PGPASSWORD's, and anything
+    shaped like one (password=..., user:password@ in a URL)."""
+    secrets = set(_known_secrets)
+    if os.environ.get("PGPASSWORD"):
+        secrets.add(os.environ["PGPASSWORD"])
+    # Longest first, so that a secret containing another is masked whole.
+    for secret in sorted(secrets, key=len, reverse=True):
+        for form in {secret, urllib.parse.quote(secret, safe=""), repr(secret)[1:-1]}:
+            if len(form) >= 4:
+                text = text.replace(form, MASK)
+            else:  # a very short one only where it stands alone, or every such letter would go
+                text = re.sub(rf"(?<![\w%]){re.escape(form)}(?![\w%])", MASK, text)
+    text = _PASSWORD_KV.sub(lambda m: m.group(1) + MASK, text)
+    text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
+    return _BARE_USERINFO.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
+
+
 def redact(dsn: str) -> str:
     """A DSN fit for printing: the password replaced by ***."""
+    remember_secrets(dsn)
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparsable dsn>"
+    except psycopg.Error:
+        return mask(dsn)
     if "password" in info:
-        info["password"] = "***"
-    return psycopg.conninfo.make_conninfo("", **info)
+        info["password"] = MASK
+    return mask(psycopg.conninfo.make_conninfo("", **info))
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why libpq cannot parse `dsn` (passwords masked), or None when it can."""
+    remember_secrets(dsn)
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+        return None
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split())
+    scheme = re.match(r"^\s*([A-Za-z][A-Za-z0-9+.-]*):?//", dsn)
+    if scheme and not re.match(r"^\s*postgres(ql)?://", dsn):
+        if dsn.lstrip().startswith(scheme.group(1) + "://"):
+            return f"invalid URI scheme {scheme.group(1)!r} (a URL starts with postgresql:// or postgres://)"
+        return f"missing \":\" after the URI scheme {scheme.group(1)!r} (a URL starts with postgresql://)"
+    return mask(reason)
 
 
 def bind(fn: Callable[Concatenate[psycopg.Cursor, P], T], *args: P.args, **kwargs: P.kwargs
@@ -212,4 +283,5 @@ def sqlstate(exc: BaseException) -> str | None:
     return getattr(exc, "sqlstate", None)
 
 
-__all__ = ["Database", "connect", "redact", "is_retryable", "pgerrors", "sqlstate"]
+__all__ = ["Database", "connect", "redact", "mask", "dsn_problem", "remember_secrets", "is_retryable", "pgerrors",
+           "sqlstate"]

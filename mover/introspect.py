@@ -24,6 +24,14 @@ class Column:
     identity: str  # '' | 'a' (ALWAYS) | 'd' (BY DEFAULT)
     generated: str  # '' | 's' (STORED)
     has_equality: bool  # false for json, xml, point...: compared through their text form
+    # (schema, name) of the column's collation when it is not its type's default: every
+    # comparison of key values must use it (a log column or a cast bound would take the default)
+    collation: tuple[str, str] | None = None
+    typmod: int = -1
+    # For a domain: its base type and typmod (0 otherwise), so that a conversion from a domain
+    # over varchar(20) is judged as one from varchar(20)
+    base_type_oid: int = 0
+    base_typmod: int = -1
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,13 @@ def _regclass_text(name: QualifiedName) -> str:
     return str(name)
 
 
+def persistence(cur: psycopg.Cursor, name: QualifiedName) -> str | None:
+    """pg_class.relpersistence: 'p' permanent, 'u' unlogged, 't' temporary; None if there is no such relation."""
+    cur.execute("SELECT relpersistence FROM pg_class WHERE oid = to_regclass(%s)", (_regclass_text(name),))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
 def exists(cur: psycopg.Cursor, name: QualifiedName) -> bool:
     cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_regclass_text(name),))
     return one(cur)[0]
@@ -107,14 +122,22 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
                   FROM pg_type t0
                   JOIN pg_type t ON t.oid = CASE WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
                   LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
-                 WHERE t0.oid = a.atttypid)
+                 WHERE t0.oid = a.atttypid),
+               (SELECT ARRAY[cn.nspname, co.collname] FROM pg_collation co
+                  JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                  JOIN pg_type ct ON ct.oid = a.atttypid
+                 WHERE co.oid = a.attcollation AND a.attcollation <> ct.typcollation),
+               a.atttypmod,
+               (SELECT CASE WHEN d.typtype = 'd' THEN d.typbasetype ELSE 0 END FROM pg_type d WHERE d.oid = a.atttypid),
+               (SELECT CASE WHEN d.typtype = 'd' THEN d.typtypmod ELSE -1 END FROM pg_type d WHERE d.oid = a.atttypid)
         FROM pg_attribute a
         WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum
         """,
         (oid,),
     )
-    columns = tuple(Column(*r) for r in cur.fetchall())
+    columns = tuple(Column(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7]) if r[7] else None, r[8], r[9], r[10])
+                    for r in cur.fetchall())
     key, key_index = _key(cur, oid, name)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
 
@@ -181,6 +204,29 @@ def inbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[str]:
         (oid, oid),
     )
     return [r[0] for r in cur.fetchall()]
+
+
+def outbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str]]:
+    """(name, definition) of the table's own foreign keys, self-references included."""
+    cur.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE contype = 'f' AND conrelid = %s ORDER BY conname", (oid,))
+    return [(r[0], r[1]) for r in cur.fetchall()]
+
+
+def index_comments(cur: psycopg.Cursor, index_oid: int) -> tuple[str | None, str | None]:
+    """The comment on an index, and on the constraint it backs (a primary key's, a unique one's)."""
+    cur.execute("SELECT obj_description(%s, 'pg_class'),"
+                " (SELECT obj_description(oid, 'pg_constraint') FROM pg_constraint WHERE conindid = %s"
+                "   AND contype IN ('p', 'u') LIMIT 1)", (index_oid, index_oid))
+    row = one(cur)
+    return row[0], row[1]
+
+
+def unvalidated_checks(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str, str | None]]:
+    """(name, definition ending in NOT VALID, comment) of CHECK constraints existing rows may break."""
+    cur.execute("SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint') FROM pg_constraint"
+                " WHERE contype = 'c' AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
+    return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
 
 def dependent_views(cur: psycopg.Cursor, oid: int) -> list[str]:

@@ -74,17 +74,22 @@ class Plan:
     source: QualifiedName
     target: QualifiedName | None = None
     columns: dict[str, str] = field(default_factory=dict)
+    # Columns whose type change can lose information (plan check names them), acknowledged
+    accept_lossy: tuple[str, ...] = ()
     backfill: BackfillSettings = BackfillSettings()
     cutover: CutoverSettings = CutoverSettings()
     rollback: RollbackSettings = RollbackSettings()
     reconcile: ReconcileSettings = ReconcileSettings()
     document: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Outbound foreign keys the operator accepts the new table will lack after the swap.
+    drop_foreign_keys: tuple[str, ...] = ()
 
     def canonical(self) -> dict[str, Any]:
         """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
         return {
             "migration": {"name": self.name, "source": _qn(self.source)},
-            "target": {"name": _qn(self.target), "columns": dict(sorted(self.columns.items()))},
+            "target": {"name": _qn(self.target), "columns": dict(sorted(self.columns.items())),
+                       "accept_lossy": sorted(self.accept_lossy)},
             "backfill": asdict(self.backfill),
             "cutover": {
                 "auto": self.cutover.auto,
@@ -97,6 +102,7 @@ class Plan:
                 "keep_old": self.rollback.keep_old,
             },
             "reconcile": asdict(self.reconcile),
+            "drop_foreign_keys": list(self.drop_foreign_keys),
         }
 
     def shape_hash(self, schema: str | None = None) -> str:
@@ -129,8 +135,12 @@ def to_document(plan: Plan) -> dict[str, Any]:
     }
     if plan.target is not None:
         doc["target"]["name"] = str(plan.target)
+    if plan.accept_lossy:
+        doc["target"]["accept_lossy"] = list(plan.accept_lossy)
     if plan.rollback.old_name is not None:
         doc["rollback"]["old_name"] = str(plan.rollback.old_name)
+    if plan.drop_foreign_keys:
+        doc["target"]["drop_foreign_keys"] = list(plan.drop_foreign_keys)
     return doc
 
 
@@ -156,6 +166,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         source=qn(doc["migration"]["source"]),
         target=qn(doc["target"]["name"]),
         columns=dict(doc["target"]["columns"]),
+        accept_lossy=tuple(doc["target"].get("accept_lossy", ())),
         backfill=BackfillSettings(**{**asdict(BackfillSettings()), **doc["backfill"]}),
         cutover=CutoverSettings(**doc["cutover"]),
         rollback=RollbackSettings(
@@ -166,6 +177,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         # Migrations registered before [reconcile] existed have none stored: the defaults.
         reconcile=ReconcileSettings(**{**asdict(ReconcileSettings()), **doc.get("reconcile", {})}),
         document=doc,
+        drop_foreign_keys=tuple(doc.get("drop_foreign_keys", ())),
     )
 
 
@@ -175,7 +187,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
 _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     # section -> key -> (python type, required)
     "migration": {"name": (str, True), "source": (str, True)},
-    "target": {"name": (str, False), "columns": (dict, False)},
+    "target": {"name": (str, False), "columns": (dict, False), "accept_lossy": (list, False)},
     "backfill": {"chunk_rows": (int, False), "target_chunk_ms": (int, False), "min_rows": (int, False),
                  "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
@@ -186,6 +198,7 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                   "settle_rounds": (int, False), "max_attempts": (int, False)},
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
+_SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -243,6 +256,11 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         if not isinstance(typ, str) or not typ.strip():
             raise fail(f"[target] columns: the type of column {col!r} must be a non-empty string such as \"bigint\"")
         columns[col] = typ.strip()
+    accept_lossy = t.get("accept_lossy", [])
+    for col in accept_lossy:
+        if not isinstance(col, str) or col not in columns:
+            raise fail(f"[target] accept_lossy: {col!r} is not a column of [target] columns",
+                       "list the columns whose type change plan check reported as lossy")
 
     def bounded(section: str, key: str, default: int, lo: int, hi: int) -> int:
         value = doc.get(section, {}).get(key, default)
@@ -284,11 +302,18 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         synchronous_commit=b.get("synchronous_commit", False),
     )
 
+    drop_fks = t.get("drop_foreign_keys", [])
+    if not all(isinstance(n, str) and n for n in drop_fks) or len(set(drop_fks)) != len(drop_fks):
+        raise fail("[target] drop_foreign_keys must list distinct constraint names",
+                   'e.g. drop_foreign_keys = ["invoices_customer_id_fkey"]')
+
     return Plan(
+        drop_foreign_keys=tuple(drop_fks),
         name=name,
         source=source,
         target=target,
         columns=columns,
+        accept_lossy=tuple(dict.fromkeys(accept_lossy)),
         backfill=backfill,
         cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),

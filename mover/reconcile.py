@@ -93,7 +93,11 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
                      hint="upgrade the server, or compare the tables with your own tooling")
     dst = introspect.describe(cur, m.dst)
     types = {c.name: c for c in dst.columns}
-    oids = sorted({types[c.name].type_oid for c in m.columns})
+    src_types = {c.name: c for c in introspect.describe(cur, m.src).columns}
+    # Compared in the target's type, or in the source's where the conversion can lose information.
+    compared_as = {c.name: src_types[c.name] if c.back_to and c.name not in m.key else types[c.name]
+                   for c in m.columns}
+    oids = sorted({compared_as[c.name].type_oid for c in m.columns})
     cur.execute(
         """
         WITH RECURSIVE b AS (
@@ -106,7 +110,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
     base: dict[int, int] = dict(cur.fetchall())
     usable: dict[str, bool] = {}
     for c in m.columns:
-        t = types[c.name].type
+        t = compared_as[c.name].type
         if t in usable:
             continue
         cur.execute("SAVEPOINT mover_probe")
@@ -126,10 +130,11 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
                 cur.execute("RELEASE SAVEPOINT mover_probe")
     cols = []
     for c in m.columns:
-        col = types[c.name]
+        col = compared_as[c.name]
         send = q.SEND_FUNCTIONS.get(base.get(col.type_oid, col.type_oid))
         mode = "send" if send else "value" if usable[col.type] else "text"
-        cols.append(q.Compared(c.name, c.cast_to, mode, send, c.name in m.key))
+        back_to = c.back_to if c.name not in m.key else None
+        cols.append(q.Compared(c.name, c.cast_to, mode, send, c.name in m.key, back_to))
     return q.Spec(m, tuple(cols), tuple(types[k].type for k in m.key))
 
 
@@ -164,11 +169,13 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
     recorded, found again or resolved, the range's fingerprints, its notes forgotten."""
     stmt, params = q.divergences_in_range(spec, chunk.lo, chunk.hi)
     cur.execute(stmt, [mid, *params])
-    open_by_key: dict[tuple, tuple] = {}
+    # A key may hold several open divergences: apply_errors (one per failed copy or replay) and
+    # the one reconcile keeps up to date.
+    open_by_key: dict[tuple, list[tuple]] = {}
     accepted: dict[tuple, list[tuple]] = {}
     for did, key, kind, columns, is_open, _how in cur.fetchall():
         if is_open:
-            open_by_key[tuple(key)] = (did, kind, columns)
+            open_by_key.setdefault(tuple(key), []).append((did, kind, columns))
         else:
             accepted.setdefault(tuple(key), []).append((kind, columns))
     found = again = 0
@@ -177,9 +184,10 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
         key = tuple(d["key"])
         seen.add(key)
         if key in open_by_key:
-            did, kind, columns = open_by_key[key]
-            if (kind, columns) != (d["kind"], d["columns"]):
-                control.update_divergence(cur, mid, did, d["kind"], d["columns"])
+            # An apply_error keeps its kind: its error says why the row differs.
+            for did, kind, columns in open_by_key[key]:
+                if kind != "apply_error" and (kind, columns) != (d["kind"], d["columns"]):
+                    control.update_divergence(cur, mid, did, d["kind"], d["columns"])
             again += 1
         elif (d["kind"], d["columns"]) in accepted.get(key, []):
             continue  # the operator accepted exactly this difference
@@ -188,7 +196,7 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
             found += 1
     seen |= {tuple(d["key"]) for d in unsettled}  # unknown yet: left as they are
     resolved = control.resolve_divergences_as(
-        cur, mid, [v[0] for k, v in open_by_key.items() if k not in seen], "equal_on_recheck",
+        cur, mid, [e[0] for k, v in open_by_key.items() if k not in seen for e in v], "equal_on_recheck",
         f"rows equal when reconcile range {chunk.chunk_no} was verified again", actor)
     stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), chunk.lo, chunk.hi)
     cur.execute(stmt, [*params, agg["mark"]])
@@ -303,7 +311,8 @@ def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
         if not introspect.exists(cur, notes):
             # Nothing noted the changes applied since an earlier pass (if any): compare everything.
             for stmt in q.create_notes(notes, names.notes_function(mid), names.notes_trigger(mid), log_table,
-                                       spec.mapping.key, spec.mapping.src_key_types):
+                                       spec.mapping.key, spec.mapping.src_key_types,
+                                       spec.mapping.key_collations):
                 cur.execute(stmt)
             chunks.reset(cur, mid, KIND)
             chunks.ensure_frontier(cur, mid, KIND)
@@ -395,7 +404,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
         batch = rows[i:i + REPAIR_BATCH]
 
         def tx(cur, batch: list[dict]):
-            errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch])
+            errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []
             for r in batch:

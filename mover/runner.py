@@ -15,9 +15,9 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, steps
+from mover import capture, chunks, control, cutover, faults, steps
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind
+from mover.db import Database, bind, mask
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
 from mover.heartbeat import Heartbeat
 
@@ -70,6 +70,11 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
 
 def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
             message: str | None = None) -> None:
+    if error is not None:
+        error = mask(error)  # stored and shown by `status`: no password, whatever raised it
+    if message is not None:
+        message = mask(message)
+
     def write(cur):
         cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
                     " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",
@@ -108,7 +113,20 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.
             capture.drain(ctx, reverse=False, backfill_done=True)
-            ctx.db.transaction(bind(control.set_state, m.id, "waiting", owner=ctx.owner))
+            # The gate tells the truth: a replay that failed since reconcile left open divergences
+            # (replayed once more first: the application may have fixed the row since).
+            ctx.db.transaction(bind(cutover.retry_unapplied, ctx, reverse=False))
+            counts = ctx.db.transaction(bind(control.divergence_counts, m.id))
+            error = None
+            if counts["open"]:
+                kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
+                error = f"{counts['open']} divergences ({kinds})"
+            ctx.db.transaction(bind(control.set_state, m.id, "waiting", owner=ctx.owner, error=error))
+            if error:
+                raise Waiting(f"migration {m.name!r} is at the cutover gate, but {m.target} differs from {m.source}: "
+                              f"{error} open; cutover refuses until they are resolved",
+                              hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
+                                   f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
         ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from mover.sql.mapping import Mapping, ident_list, key_equal, overriding, source_values
+from mover.sql.mapping import Mapping, collated, ident_list, key_column_defs, key_equal, overriding, source_values
 
 
-def create_log(log, key: tuple[str, ...], key_types: tuple[str, ...]) -> sql.Composed:
-    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t))
-                              for k, t in zip(key, key_types, strict=True))
+def create_log(log, key: tuple[str, ...], key_types: tuple[str, ...],
+               collations: tuple[tuple[str, str] | None, ...] = ()) -> sql.Composed:
+    # The key's own collation: the watermark test (covered_by) compares log keys with a bound.
+    cols = key_column_defs(key, key_types, collations)
     return sql.SQL(
         "CREATE TABLE {log} (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {cols},"
         " logged_at timestamptz NOT NULL DEFAULT now())"
@@ -139,8 +140,11 @@ SELECT (SELECT count(*) FROM claimed), (SELECT count(*) FROM gone), (SELECT coun
 
 def replay_keys(m: Mapping) -> sql.Composed:
     """Replay a single key given as parameters (the fallback when a batch fails on data)."""
-    keyrow = sql.SQL(", ").join(sql.SQL("CAST({} AS {}) AS {}").format(sql.Placeholder(), sql.SQL(t), sql.Identifier(c))
-                                for c, t in zip(m.key, m.src_key_types, strict=True))
+    keyrow = sql.SQL(", ").join(
+        sql.SQL("{} AS {}").format(
+            collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(t)),
+                     m.key_collations[i] if m.key_collations else None), sql.Identifier(c))
+        for i, (c, t) in enumerate(zip(m.key, m.src_key_types, strict=True)))
     return sql.SQL("WITH keys AS (SELECT {keyrow}), {sync}\n"
                    "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM upserted)").format(
         keyrow=keyrow, sync=_sync_keys(m))
@@ -158,3 +162,81 @@ def claim_keys(log, covered: sql.Composable, key: tuple[str, ...]) -> sql.Compos
 def pending_count(log) -> sql.Composed:
     return sql.SQL("SELECT count(*), extract(epoch FROM clock_timestamp() - min(logged_at)) FROM {log}").format(
         log=log.ident)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replaying a closure of keys (race 7): two rows that swap a unique value in one transaction
+# cannot be replayed one key at a time, nor by an upsert of both (the unique check is per row).
+
+
+def generated_columns() -> sql.SQL:
+    """Stored generated columns of both %(src)s and %(dst)s (oids), by name."""
+    return sql.SQL("SELECT d.attname FROM pg_attribute d JOIN pg_attribute s ON s.attrelid = %(src)s"
+                   " AND s.attname = d.attname AND s.attgenerated = 's' AND NOT s.attisdropped"
+                   " WHERE d.attrelid = %(dst)s AND d.attgenerated = 's' AND NOT d.attisdropped ORDER BY d.attnum")
+
+
+def unique_indexes() -> sql.SQL:
+    """The destination's unique indexes: each one's key column/expression texts, and the names of
+    every column it reads (keys, expressions and predicate, from indkey and pg_depend). Takes
+    %(table)s, the table's oid."""
+    return sql.SQL(
+        """
+SELECT i.indexrelid::regclass::text,
+       array(SELECT pg_get_indexdef(i.indexrelid, k, true) FROM generate_series(1, i.indnkeyatts) k ORDER BY k),
+       array(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum > 0
+             AND (a.attnum = ANY (i.indkey::int2[])
+                  OR a.attnum IN (SELECT d.refobjsubid FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                                  AND d.objid = i.indexrelid AND d.refclassid = 'pg_class'::regclass
+                                  AND d.refobjid = i.indrelid)))
+FROM pg_index i WHERE i.indrelid = %(table)s AND i.indisunique ORDER BY i.indexrelid
+""")
+
+
+def _key_set(m: Mapping) -> sql.Composed:
+    """CTE `keys`: the keys given as one text array per key column (%(k_0)s, %(k_1)s...), cast to
+    the source's key types."""
+    arrays = sql.SQL(", ").join(sql.SQL("{}::text[]").format(sql.Placeholder(f"k_{i}")) for i in range(len(m.key)))
+    cols = sql.SQL(", ").join(sql.SQL("CAST(u.{} AS {}) AS {}").format(sql.Identifier(f"k_{i}"), sql.SQL(t),
+                                                                      sql.Identifier(c))
+                              for i, (c, t) in enumerate(zip(m.key, m.src_key_types, strict=True)))
+    return sql.SQL("keys AS (SELECT {cols} FROM unnest({arrays}) AS u({names}))").format(
+        cols=cols, arrays=arrays, names=ident_list(f"k_{i}" for i in range(len(m.key))))
+
+
+def key_params(keys: list[tuple], width: int) -> dict[str, list]:
+    return {f"k_{i}": [k[i] for k in keys] for i in range(width)}
+
+
+def conflicting_keys(m: Mapping, indexes: list[list[str]], computed: tuple[str, ...] = ()) -> sql.Composed:
+    """The keys (as text) of destination rows whose values in one of `indexes` (each a list of the
+    index's column/expression texts, from pg_get_indexdef: SQL the catalog deparsed, so trusted)
+    equal those of the source rows of the given keys, converted as the destination takes them.
+    Unqualified, each expression reads the destination's row outside the subquery and the
+    converted source row inside it (the columns it reads are all copied columns: the caller
+    checks that; `computed` are generated columns, read as the source computed them). Keys of the
+    set itself come back too; partial-index predicates are ignored: replaying a key too many is
+    harmless."""
+    dkey = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in m.key)
+    parts = [sql.SQL("SELECT {dkey} FROM {dst} WHERE ({exprs}) IN (SELECT {exprs} FROM converted)").format(
+        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(sql.SQL(e) for e in exprs)) for exprs in indexes]
+    values = sql.SQL(", ").join([source_values("s", m), *(sql.Identifier("s", c) for c in computed)])
+    return sql.SQL("WITH {keys}, converted AS MATERIALIZED (SELECT * FROM (SELECT {values} FROM {src} s"
+                   " JOIN keys l ON {s_eq_l}) AS c ({cols}))\n{parts}").format(
+        keys=_key_set(m), values=values, src=m.src.ident, s_eq_l=key_equal("s", "l", m.key),
+        cols=ident_list([*(c.name for c in m.columns), *computed]), parts=sql.SQL("\nUNION\n").join(parts))
+
+
+def delete_keys(m: Mapping) -> sql.Composed:
+    """Delete the destination rows of the given keys (the first half of a closure's replay)."""
+    return sql.SQL("WITH {keys} DELETE FROM {dst} d USING keys l WHERE {d_eq_l}").format(
+        keys=_key_set(m), dst=m.dst.ident, d_eq_l=key_equal("d", "l", m.key))
+
+
+def insert_keys(m: Mapping) -> sql.Composed:
+    """Insert the source rows of the given keys (the second half, once their old versions and
+    those of every row they conflict with are gone)."""
+    return sql.SQL("WITH {keys} INSERT INTO {dst} ({cols}){overriding} SELECT {values} FROM {src} s"
+                   " JOIN keys l ON {s_eq_l}").format(
+        keys=_key_set(m), dst=m.dst.ident, cols=ident_list(c.name for c in m.columns), overriding=overriding(m),
+        values=source_values("s", m), src=m.src.ident, s_eq_l=key_equal("s", "l", m.key))

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from mover.sql.mapping import Mapping, bound_row, key_equal, key_row, range_predicate
+from mover.sql.mapping import Mapping, bound_row, collated, key_column_defs, key_equal, key_row, range_predicate
 
 VALUE_CHARS = 200  # long values are truncated in divergence reports
 SEED = 0x6D6F766572  # "mover": the seed of every row hash; changing it invalidates stored fingerprints
@@ -62,6 +62,9 @@ SEND_FUNCTIONS = {
 }
 
 RECONCILE_KINDS = ("missing_in_target", "extra_in_target", "different")
+# A row the backfill or the forward applier could not write (a value that does not convert):
+# reconcile re-checks it with its range, and resolves it once the row is equal.
+FORWARD_APPLY_ERROR = sql.SQL("(d.kind = 'apply_error' AND coalesce(d.columns ->> 'direction', 'forward') = 'forward')")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,11 @@ class Compared:
     mode: str  # "value": typed; "send": typed, hashed through send_fn; "text": by text form
     send_fn: str | None
     is_key: bool
+    # The source's type, for a conversion that can lose information: compared (and hashed) in
+    # it, the target's value cast back (exact: these narrowings widen back without loss), so a
+    # value the conversion changed differs. cast_to is then unused. One cast per row either way:
+    # 300k rows of numeric(12,4) -> (12,2) and float8 -> float4 compared alike in time both ways.
+    back_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,11 +109,12 @@ def hash_probe(type_text: str) -> sql.Composed:
 
 def _source(c: Compared, alias: str) -> sql.Composable:
     col = sql.Identifier(alias, c.name)
-    return sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.cast_to)) if c.cast_to else col
+    return sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.cast_to)) if c.cast_to and not c.back_to else col
 
 
 def _target(c: Compared, alias: str) -> sql.Composable:
-    return sql.Identifier(alias, c.name)
+    col = sql.Identifier(alias, c.name)
+    return sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.back_to)) if c.back_to else col
 
 
 def value(c: Compared, alias: str, side: str) -> sql.Composable:
@@ -160,7 +169,7 @@ def _column_detail(spec: Spec, s: str, t: str) -> sql.Composable:
     pairs = [
         sql.SQL("{name}, CASE WHEN {a} IS DISTINCT FROM {b} THEN jsonb_build_array({sv}, {tv}) END").format(
             name=sql.Literal(c.name), a=compared(c, s, "src"), b=compared(c, t, "dst"),
-            sv=_shown(value(c, s, "src")), tv=_shown(value(c, t, "dst")))
+            sv=_shown(value(c, s, "src")), tv=_shown(sql.Identifier(t, c.name)))
         for c in spec.non_key]
     if not pairs:
         return sql.SQL("'{}'::jsonb")
@@ -169,9 +178,14 @@ def _column_detail(spec: Spec, s: str, t: str) -> sql.Composable:
     return sql.SQL("jsonb_strip_nulls({})").format(sql.SQL(" || ").join(objects))
 
 
-def _key_of(spec: Spec, i: int, element: str = "e") -> sql.Composed:
-    return sql.SQL("CAST({}.value ->> {} AS {})").format(sql.Identifier(element), sql.Literal(i),
-                                                        sql.SQL(spec.dst_key_types[i]))
+def _key_of(spec: Spec, i: int, element: str = "e") -> sql.Composable:
+    return collated(sql.SQL("CAST({}.value ->> {} AS {})").format(sql.Identifier(element), sql.Literal(i),
+                                                                 sql.SQL(spec.dst_key_types[i])),
+                    _collation(spec.mapping, i))
+
+
+def _collation(m: Mapping, i: int) -> tuple[str, str] | None:
+    return m.key_collations[i] if m.key_collations else None
 
 
 def detail(spec: Spec, keys: sql.Composable, log) -> sql.Composed:
@@ -283,14 +297,13 @@ def signed64(x: int) -> int:
 
 
 def create_notes(notes, notes_fn, notes_trigger: str, log, key: tuple[str, ...],
-                 key_types: tuple[str, ...]) -> list[sql.Composed]:
+                 key_types: tuple[str, ...], collations: tuple[tuple[str, str] | None, ...] = ()) -> list[sql.Composed]:
     """A table of keys the applier has replayed, kept by a statement-level trigger on the change
     log: every applier (batch, key by key, the cutover's last drain) deletes the log rows it
     applies in the transaction that applies them, so the note commits exactly with the change,
     and no applier code has to know. One row per key (an upsert moves its seq forward); reconcile
     deletes a range's notes up to the seq its verification saw."""
-    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t))
-                              for k, t in zip(key, key_types, strict=True))
+    cols = key_column_defs(key, key_types, collations)  # ranges of notes are cut in the key's collation
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
     body = sql.SQL(
         """
@@ -327,13 +340,15 @@ def forget_notes(m: Mapping, notes, lo, hi) -> tuple[sql.Composed, list]:
     return sql.SQL("DELETE FROM {} a WHERE {} AND a.seq <= %s").format(notes.ident, where), params
 
 
-def _in_chunk(alias: str, keys: Sequence[sql.Composable], types: tuple[str, ...]) -> sql.Composed:
-    """`alias`-row keys inside the bounds of chunk row c (text arrays cast back to `types`)."""
+def _in_chunk(alias: str, keys: Sequence[sql.Composable], types: tuple[str, ...], m: Mapping) -> sql.Composed:
+    """`alias`-row keys inside the bounds of chunk row c (text arrays cast back to `types`, in
+    the key's collation)."""
     row = sql.SQL("ROW({})").format(sql.SQL(", ").join(keys))
 
     def bound(col: str) -> sql.Composed:
         return sql.SQL("ROW({})").format(sql.SQL(", ").join(
-            sql.SQL("CAST(c.{}[{}] AS {})").format(sql.Identifier(col), sql.Literal(i + 1), sql.SQL(t))
+            collated(sql.SQL("CAST(c.{}[{}] AS {})").format(sql.Identifier(col), sql.Literal(i + 1), sql.SQL(t)),
+                     _collation(m, i))
             for i, t in enumerate(types)))
     return sql.SQL("(c.lo IS NULL OR {row} > {lo}) AND (c.hi IS NULL OR {row} <= {hi})").format(
         row=row, lo=bound("lo"), hi=bound("hi"))
@@ -350,11 +365,11 @@ def reopen_changed(spec: Spec, notes) -> sql.Composed:
     migration id (twice). Returns the chunk numbers."""
     m = spec.mapping
     notes_in = sql.SQL("EXISTS (SELECT 1 FROM {} a WHERE {})").format(
-        notes.ident, _in_chunk("a", [sql.Identifier("a", k) for k in m.key], m.src_key_types))
+        notes.ident, _in_chunk("a", [sql.Identifier("a", k) for k in m.key], m.src_key_types, m))
     open_in = sql.SQL(
         "EXISTS (SELECT 1 FROM mover.divergences d WHERE d.migration_id = %s AND d.resolved_at IS NULL"
-        " AND d.kind IN ('missing_in_target', 'extra_in_target', 'different') AND {})").format(
-        _in_chunk("d", divergence_key(spec), spec.dst_key_types))
+        " AND (d.kind IN ('missing_in_target', 'extra_in_target', 'different') OR {forward_error}) AND {in_chunk})"
+    ).format(forward_error=FORWARD_APPLY_ERROR, in_chunk=_in_chunk("d", divergence_key(spec), spec.dst_key_types, m))
     return sql.SQL(
         "UPDATE mover.chunks c SET status = 'pending', attempts = 0, owner = NULL, lease_expires_at = NULL,"
         " error = NULL WHERE c.migration_id = %s AND c.kind = 'reconcile' AND c.status = 'done'"
@@ -368,16 +383,17 @@ def divergences_in_range(spec: Spec, lo, hi) -> tuple[sql.Composed, list]:
     parts: list[sql.Composable] = []
     params: list = []
     if lo is not None:
-        parts.append(sql.SQL("{} > {}").format(keys, bound_row(spec.dst_key_types)))
+        parts.append(sql.SQL("{} > {}").format(keys, bound_row(spec.dst_key_types, None, spec.mapping.key_collations)))
         params += lo
     if hi is not None:
-        parts.append(sql.SQL("{} <= {}").format(keys, bound_row(spec.dst_key_types)))
+        parts.append(sql.SQL("{} <= {}").format(keys, bound_row(spec.dst_key_types, None, spec.mapping.key_collations)))
         params += hi
     q = sql.SQL(
         "SELECT d.id, d.key, d.kind, d.columns, d.resolved_at IS NULL, d.resolved_how FROM mover.divergences d"
-        " WHERE d.migration_id = %s AND d.kind IN ('missing_in_target', 'extra_in_target', 'different')"
+        " WHERE d.migration_id = %s AND (d.kind IN ('missing_in_target', 'extra_in_target', 'different')"
+        " OR {forward_error})"
         " AND (d.resolved_at IS NULL OR d.resolved_how = 'accepted') AND {} ORDER BY d.id").format(
-        sql.SQL(" AND ").join(parts) if parts else sql.SQL("true"))
+        sql.SQL(" AND ").join(parts) if parts else sql.SQL("true"), forward_error=FORWARD_APPLY_ERROR)
     return q, params
 
 

@@ -2,7 +2,8 @@
 
 No conflict clause: capture replays a key only after the chunk that covers it is done, so a
 key the copy inserts cannot already be in the target. A unique violation here is a bug to
-surface, not a row to skip.
+surface, not a row to skip. A row whose values do not convert (class 22, or a constraint of
+class 23 other than uniqueness) is a divergence: the backfill narrows the range down to it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,17 @@ def copy_range(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[
     return q, params
 
 
+def range_keys(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list]:
+    """The keys of a range as text, in key order: where to split a range that failed on data."""
+    where, params = range_predicate("s", m, lo, hi)
+    q = sql.SQL("SELECT {keys} FROM {src} s WHERE {where} ORDER BY {order}").format(
+        keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("s", k)) for k in m.key),
+        src=m.src.ident, where=where, order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
+    return q, params
+
+
 def covered_by(alias: str, m: Mapping, watermark_param: str = "wm") -> sql.Composed:
     """Keys at or below the backfill's watermark (named parameters `wm_0`...)."""
     from mover.sql.mapping import bound_row
-    return sql.SQL("{} <= {}").format(key_row(alias, m.key), bound_row(m.src_key_types, watermark_param))
+    return sql.SQL("{} <= {}").format(key_row(alias, m.key),
+                                      bound_row(m.src_key_types, watermark_param, m.key_collations))

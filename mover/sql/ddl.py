@@ -13,17 +13,20 @@ from mover.names import QualifiedName
 LIKE_OPTIONS = ("DEFAULTS", "CONSTRAINTS", "GENERATED", "IDENTITY", "STORAGE", "COMMENTS", "COMPRESSION")
 
 
-def create_target(target: QualifiedName, source: QualifiedName) -> sql.Composed:
-    return sql.SQL("CREATE TABLE {t} (LIKE {s} {opts})").format(
-        t=target.ident, s=source.ident,
+def create_target(target: QualifiedName, source: QualifiedName, *, unlogged: bool = False) -> sql.Composed:
+    # UNLOGGED as the source is: after the swap the live table keeps its persistence.
+    return sql.SQL("CREATE {u}TABLE {t} (LIKE {s} {opts})").format(
+        u=sql.SQL("UNLOGGED ") if unlogged else sql.SQL(""), t=target.ident, s=source.ident,
         opts=sql.SQL(" ").join(sql.SQL("INCLUDING " + o) for o in LIKE_OPTIONS))
 
 
-def alter_column_type(table: QualifiedName, column: str, type_text: str) -> sql.Composed:
+def alter_column_type(table: QualifiedName, column: str, type_text: str,
+                      collation: tuple[str, str] | None = None) -> sql.Composed:
     # type_text is the plan's [target] columns value: trusted operator input, checked with
     # to_regtype() during validation, and a type position takes no bind parameter.
-    return sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty}").format(
-        t=table.ident, c=sql.Identifier(column), ty=sql.SQL(type_text))
+    return sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty}{coll}").format(
+        t=table.ident, c=sql.Identifier(column), ty=sql.SQL(type_text),
+        coll=sql.SQL(" COLLATE {}").format(sql.Identifier(*collation)) if collation else sql.SQL(""))
 
 
 def create_index(name: str, table: QualifiedName, index: Index, *, concurrently: bool) -> sql.Composed:
@@ -38,6 +41,16 @@ def create_index(name: str, table: QualifiedName, index: Index, *, concurrently:
 def add_primary_key_using(table: QualifiedName, constraint: str, index_name: str) -> sql.Composed:
     return sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} PRIMARY KEY USING INDEX {i}").format(
         t=table.ident, c=sql.Identifier(constraint), i=sql.Identifier(index_name))
+
+
+def drop_constraint(table: QualifiedName, name: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table.ident, sql.Identifier(name))
+
+
+def add_constraint(table: QualifiedName, name: str, definition: str) -> sql.Composed:
+    # definition is pg_get_constraintdef() text: trusted, produced by the catalog.
+    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(table.ident, sql.Identifier(name),
+                                                                 sql.SQL(definition))
 
 
 def drop_index(schema: str, name: str) -> sql.Composed:
@@ -73,6 +86,14 @@ def grant(table: QualifiedName, privilege: str, role: str | None, grantable: boo
         t=table.ident, role=_grantee(role), opt=sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL(""))
 
 
+def grant_on_sequence(seq: QualifiedName, privilege: str, role: str | None, grantable: bool) -> sql.Composed:
+    if privilege not in ("USAGE", "SELECT", "UPDATE"):
+        raise ValueError(f"unexpected sequence privilege {privilege!r}")
+    return sql.SQL("GRANT {priv} ON SEQUENCE {s} TO {role}{opt}").format(
+        priv=sql.SQL(privilege), s=seq.ident, role=_grantee(role),
+        opt=sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL(""))
+
+
 def owner_to(table: QualifiedName, role: str) -> sql.Composed:
     return sql.SQL("ALTER TABLE {} OWNER TO {}").format(table.ident, sql.Identifier(role))
 
@@ -84,6 +105,15 @@ def set_reloptions(table: QualifiedName, options: tuple[str, ...]) -> sql.Compos
 
 def comment_on(table: QualifiedName, comment: str) -> sql.Composed:
     return sql.SQL("COMMENT ON TABLE {} IS {}").format(table.ident, sql.Literal(comment))
+
+
+def comment_on_index(index: QualifiedName, comment: str) -> sql.Composed:
+    return sql.SQL("COMMENT ON INDEX {} IS {}").format(index.ident, sql.Literal(comment))
+
+
+def comment_on_constraint(table: QualifiedName, name: str, comment: str) -> sql.Composed:
+    return sql.SQL("COMMENT ON CONSTRAINT {} ON {} IS {}").format(sql.Identifier(name), table.ident,
+                                                                   sql.Literal(comment))
 
 
 def identity_no_maxvalue(table: QualifiedName, column: str) -> sql.Composed:

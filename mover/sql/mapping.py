@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from mover.conversion import lossy_reason
 from mover.introspect import TableInfo
 from mover.names import QualifiedName
 
@@ -20,6 +21,9 @@ class MappedColumn:
     name: str
     cast_to: str | None  # the destination type when it differs from the source's (catalog text)
     compare_as_text: bool  # the type has no equality operator (json, xml, point...)
+    # The source's type when the conversion can lose information: reconcile compares in it
+    # (the destination value cast back), so a value the conversion changed differs.
+    back_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,10 @@ class Mapping:
     src_key_types: tuple[str, ...]
     columns: tuple[MappedColumn, ...]
     overriding: bool  # the destination has GENERATED ALWAYS identity columns
+    # Per key column, (schema, name) of its collation when not the type's default: every
+    # comparison of key values (range bounds, the watermark, logs) uses it, so that "below the
+    # bound" means the same as in the key's index.
+    key_collations: tuple[tuple[str, str] | None, ...] = ()
 
     @classmethod
     def between(cls, src: TableInfo, dst: TableInfo, key: tuple[str, ...]) -> Mapping:
@@ -37,12 +45,14 @@ class Mapping:
         for d in dst.copy_columns:
             s = src.column(d.name)
             cols.append(MappedColumn(d.name, None if s.type == d.type else d.type,
-                                     not (s.has_equality and d.has_equality)))
+                                     not (s.has_equality and d.has_equality),
+                                     s.type if s.type != d.type and lossy_reason(s, d) else None))
         return cls(
             src=src.name, dst=dst.name, key=key,
             src_key_types=tuple(src.column(k).type for k in key),
             columns=tuple(cols),
             overriding=any(c.identity == "a" for c in dst.columns),
+            key_collations=tuple(src.column(k).collation for k in key),
         )
 
     @property
@@ -64,12 +74,29 @@ def key_equal(a: str, b: str, key: tuple[str, ...]) -> sql.Composed:
         sql.SQL("{} = {}").format(sql.Identifier(a, k), sql.Identifier(b, k)) for k in key)
 
 
-def bound_row(key_types: tuple[str, ...], name: str | None = None) -> sql.Composed:
+def collated(expr: sql.Composable, collation: tuple[str, str] | None) -> sql.Composable:
+    """`expr COLLATE "schema"."name"`, or expr alone for the type's default collation."""
+    return expr if collation is None else sql.SQL("{} COLLATE {}").format(expr, sql.Identifier(*collation))
+
+
+def key_column_defs(key: tuple[str, ...], key_types: tuple[str, ...],
+                    collations: tuple[tuple[str, str] | None, ...] = ()) -> sql.Composed:
+    """`k1 type [COLLATE c], ...`: key columns of a log or notes table, ordered like the key."""
+    return sql.SQL(", ").join(
+        collated(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t)), collations[i] if collations else None)
+        for i, (k, t) in enumerate(zip(key, key_types, strict=True)))
+
+
+def bound_row(key_types: tuple[str, ...], name: str | None = None,
+              collations: tuple[tuple[str, str] | None, ...] = ()) -> sql.Composed:
     """A key bound as bind parameters cast back from their text form (positional, or named
-    `name_0`, `name_1`...). Type names come from format_type() in the catalog: PostgreSQL takes
-    no parameters in a type position."""
+    `name_0`, `name_1`...), in the key's collation (a cast takes the type's default, and a
+    comparison of two default-collated values, e.g. a log column with the bound, would
+    otherwise order text keys unlike their index). Type names come from format_type() in the
+    catalog: PostgreSQL takes no parameters in a type position."""
     return sql.SQL("({})").format(sql.SQL(", ").join(
-        sql.SQL("CAST({} AS {})").format(sql.Placeholder(f"{name}_{i}") if name else sql.Placeholder(), sql.SQL(t))
+        collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(f"{name}_{i}") if name else sql.Placeholder(),
+                                                   sql.SQL(t)), collations[i] if collations else None)
         for i, t in enumerate(key_types)))
 
 
@@ -82,10 +109,12 @@ def range_predicate(alias: str, m: Mapping, lo: list[str] | None, hi: list[str] 
     parts: list[sql.Composable] = []
     params: list = []
     if lo is not None:
-        parts.append(sql.SQL("{} > {}").format(key_row(alias, m.key), bound_row(m.src_key_types)))
+        parts.append(sql.SQL("{} > {}").format(key_row(alias, m.key), bound_row(m.src_key_types, None,
+                                                                                m.key_collations)))
         params += lo
     if hi is not None:
-        parts.append(sql.SQL("{} <= {}").format(key_row(alias, m.key), bound_row(m.src_key_types)))
+        parts.append(sql.SQL("{} <= {}").format(key_row(alias, m.key), bound_row(m.src_key_types, None,
+                                                                                 m.key_collations)))
         params += hi
     if not parts:
         return sql.SQL("true"), []
@@ -93,12 +122,10 @@ def range_predicate(alias: str, m: Mapping, lo: list[str] | None, hi: list[str] 
 
 
 def source_values(alias: str, m: Mapping) -> sql.Composed:
-    """The source columns as the destination expects them (cast where the type changed)."""
-    out = []
-    for c in m.columns:
-        col = sql.Identifier(alias, c.name)
-        out.append(sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.cast_to)) if c.cast_to else col)
-    return sql.SQL(", ").join(out)
+    """The source columns for an INSERT into the destination. Not cast here: the INSERT converts
+    each value with assignment semantics, as ALTER TABLE ... TYPE would, so a value that does
+    not fit fails (an explicit CAST would truncate a string or a bit string silently)."""
+    return sql.SQL(", ").join(sql.Identifier(alias, c.name) for c in m.columns)
 
 
 def overriding(m: Mapping) -> sql.SQL:

@@ -11,8 +11,13 @@ from mover.steps.base import Step
 def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.QualifiedName):
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
-    stmts = [ddl.create_target(target, source)]
-    stmts += [ddl.alter_column_type(target, col, typ) for col, typ in sorted(plan.columns.items())]
+    stmts = [ddl.create_target(target, source, unlogged=introspect.persistence(cur, source) == "u")]
+    # LIKE copies every CHECK as validated; one the source has NOT VALID may be broken by rows that
+    # the backfill copies. It is added back NOT VALID at the swap (mover/cutover.py), as it was.
+    stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_checks(cur, info.oid)]
+    have = {c.name: c for c in info.columns}
+    stmts += [ddl.alter_column_type(target, col, typ, _kept_collation(cur, have[col], typ) if col in have else None)
+              for col, typ in sorted(plan.columns.items())]
     # A widened identity column keeps the old type's maximum (LIKE copies it as an explicit value).
     for seq in introspect.owned_sequences(cur, info.oid):
         if seq.identity and seq.column in plan.columns:
@@ -24,6 +29,11 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     stmts.append(ddl.create_index(key_name, target, key_ix, concurrently=False))
     if key_ix.is_primary:
         stmts.append(ddl.add_primary_key_using(target, key_name, key_name))
+    index_comment, constraint_comment = introspect.index_comments(cur, key_ix.oid)
+    if index_comment is not None:
+        stmts.append(ddl.comment_on_index(names.QualifiedName(target.schema, key_name), index_comment))
+    if constraint_comment is not None and key_ix.is_primary:
+        stmts.append(ddl.comment_on_constraint(target, key_name, constraint_comment))
     # What the application sees besides rows: owner, privileges, storage options, comment.
     stmts.append(ddl.owner_to(target, meta.owner))
     stmts += [ddl.grant(target, priv, role, grantable) for role, priv, grantable in meta.grants]
@@ -33,6 +43,16 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))
     return stmts
+
+
+def _kept_collation(cur, column: introspect.Column, type_text: str) -> tuple[str, str] | None:
+    """A column's own collation, kept through its type change when the new type is collatable
+    (ALTER TABLE alone would reset it to the type's default: text keys would change order)."""
+    if column.collation is None:
+        return None
+    cur.execute("SELECT typcollation <> 0 FROM pg_type WHERE oid = to_regtype(%s)", (type_text,))
+    row = cur.fetchone()
+    return column.collation if row and row[0] else None
 
 
 class CreateTarget(Step):

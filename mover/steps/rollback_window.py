@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from mover import capture, control
+from mover import capture, control, cutover
 from mover.context import Context
 from mover.errors import Waiting
 from mover.steps.base import Step
@@ -25,6 +25,11 @@ class RollbackWindow(Step):
             return True
 
         if not ctx.db.transaction(close_if_over):
+            # Say so while rows the old table rejected exist only in the new one (replayed once more:
+            # the application may have fixed them): a rollback would refuse.
+            stuck = ctx.db.transaction(lambda cur: cutover.retry_unapplied(cur, ctx, reverse=True))
+            rejected = (f"; {len({tuple(d['key']) for d in stuck})} rows exist only in {m.source}, the old table "
+                        f"rejected them: {cutover.describe_rows(stuck)}") if stuck else ""
             raise Waiting(f"the rollback window of {m.name!r} is open until"
-                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}",
+                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}",
                           hint=f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")

@@ -62,6 +62,10 @@ CASES = {
     "unique not null instead of a primary key": (
         "CREATE TABLE t (k timestamptz NOT NULL UNIQUE, v int)",
         "INSERT INTO t SELECT timestamptz '2026-01-01' + g * interval '1 ms', g FROM generate_series(1, 1000) g", 1000),
+    # A collation other than the database's: bounds are compared in the key's own order.
+    "icu text": ('CREATE TABLE t (k text COLLATE "en-x-icu" PRIMARY KEY)',
+                 "INSERT INTO t SELECT CASE WHEN g % 2 = 0 THEN upper(md5(g::text)) ELSE md5(g::text) END"
+                 " FROM generate_series(1, 1000) g", 1000),
     "one row": ("CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (42)", 1),
     "empty": ("CREATE TABLE t (id int PRIMARY KEY)", None, 0),
 }

@@ -66,12 +66,14 @@ def toml_value(value) -> str:
 
 def plan_toml(name: str = "orders-move", source: str = "public.orders", target: str | None = None,
               columns: dict[str, str] | None = None, old_name: str | None = None, window: str = "1h",
-              chunk_rows: int | None = None) -> str:
+              chunk_rows: int | None = None, accept_lossy: list[str] | None = None) -> str:
     lines = ["[migration]", f"name = {toml_value(name)}", f"source = {toml_value(source)}", "", "[target]"]
     if target is not None:
         lines.append(f"name = {toml_value(target)}")
     if columns is not None:
         lines.append(f"columns = {toml_value(columns)}")
+    if accept_lossy is not None:
+        lines.append(f"accept_lossy = [{', '.join(toml_value(c) for c in accept_lossy)}]")
     if chunk_rows is not None:
         lines += ["", "[backfill]", f"chunk_rows = {chunk_rows}"]
     lines += ["", "[rollback]", f"window = {toml_value(window)}"]
@@ -144,7 +146,8 @@ def snapshot(dsn: str) -> dict[str, list]:
         tables = conn.execute(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'mover')"
-            " AND n.nspname NOT LIKE 'pg\\_toast%'").fetchall()
+            # (another session's temporary table cannot be read)
+            " AND n.nspname NOT LIKE 'pg\\_toast%' AND c.relpersistence <> 't'").fetchall()
         for schema, name in tables:
             snap[f"data {schema}.{name}"] = conn.execute(sql.SQL(
                 "SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {} t"
@@ -175,6 +178,12 @@ def db(db_dsn: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Bad plans that need the live database
+
+
+INVOICES = """CREATE TABLE customers (id int PRIMARY KEY);
+INSERT INTO customers SELECT g FROM generate_series(1, 5) g;
+CREATE TABLE invoices (id int PRIMARY KEY, customer_id int REFERENCES customers);
+INSERT INTO invoices SELECT g, 1 + g % 5 FROM generate_series(1, 20) g"""
 
 
 @dataclass
@@ -309,6 +318,34 @@ CASES = [
     Case("a-rule", plan_toml(source="ruled"), ['"public"."ruled"', "rules", '"no_deletes"'],
          setup="CREATE TABLE ruled (id int PRIMARY KEY);"
                " CREATE RULE no_deletes AS ON DELETE TO ruled DO INSTEAD NOTHING"),
+    # Outbound foreign keys: the swap would drop them; the plan must name each one it gives up
+    Case("outbound-foreign-key", plan_toml(source="invoices"),
+         ['"public"."invoices" has foreign keys that the new table would not have', '"invoices_customer_id_fkey"',
+          "REFERENCES customers(id)", '[target] drop_foreign_keys = ["invoices_customer_id_fkey"]'],
+         setup=INVOICES, also_run=True),
+    Case("outbound-foreign-key-partly-acknowledged",
+         plan_toml(source="invoices").replace("[target]\n",
+                                              '[target]\ndrop_foreign_keys = ["invoices_customer_id_fkey"]\n'),
+         ['"public"."invoices" has foreign keys', '"Invoice Region"', "REFERENCES \"Sales\".regions",
+          '[target] drop_foreign_keys = ["Invoice Region", "invoices_customer_id_fkey"]'],
+         setup=INVOICES + """; CREATE TABLE "Sales".regions (r text PRIMARY KEY);
+               ALTER TABLE invoices ADD COLUMN region text CONSTRAINT "Invoice Region" REFERENCES "Sales".regions"""),
+    Case("outbound-foreign-key-self-reference", plan_toml(source="tree"),
+         ['"public"."tree" has foreign keys', '"tree_parent_fkey"'],
+         setup="CREATE TABLE tree (id int PRIMARY KEY, parent int REFERENCES tree)"),
+    Case("drop-foreign-keys-unknown-name",
+         plan_toml(source="invoices").replace("[target]\n", '[target]\ndrop_foreign_keys = ["invoices_fk", '
+                                              '"invoices_customer_id_fkey"]\n'),
+         ["[target] drop_foreign_keys", '"invoices_fk" is not a foreign key of "public"."invoices"',
+          '"invoices_customer_id_fkey"'], setup=INVOICES, also_run=True),
+    # A NOT VALID check comes back at the swap: it must still fit the new column types
+    Case("not-valid-check-breaks-with-new-type", plan_toml(source="flags", columns={"bits": "numeric"}),
+         ["[target] columns", 'column "bits" cannot become \'numeric\'', "operator does not exist: numeric &"],
+         setup="CREATE TABLE flags (id int PRIMARY KEY, bits int); INSERT INTO flags VALUES (1, 3);"
+               " ALTER TABLE flags ADD CONSTRAINT even CHECK ((bits & 1) = 0) NOT VALID", also_run=True),
+    Case("drop-foreign-keys-on-a-table-without-any",
+         plan_toml().replace("[target]\n", '[target]\ndrop_foreign_keys = ["orders_fkey"]\n'),
+         ["[target] drop_foreign_keys", '"orders_fkey" is not a foreign key of "public"."orders"', "none"]),
 ]
 
 
@@ -344,6 +381,10 @@ FILE_CASES = [
      ["[cutover] lock_timeout must be between 1ms and 60s"]),
     ("bad-name", plan_toml(name="orders move"), ["[migration] name 'orders move'"]),
     ("three-part-source", plan_toml(source="db.public.orders"), ["[migration] source", "3 dot-separated parts"]),
+    ("drop-foreign-keys-not-names", plan_toml().replace("[target]\n", "[target]\ndrop_foreign_keys = [1]\n"),
+     ["[target] drop_foreign_keys must list distinct constraint names"]),
+    ("drop-foreign-keys-a-string", plan_toml().replace("[target]\n", '[target]\ndrop_foreign_keys = "fk"\n'),
+     ["[target] drop_foreign_keys must be an array"]),
 ]
 
 
@@ -479,7 +520,8 @@ def test_good_plan_check_prints_the_steps_and_changes_nothing(db, tmp_path):
 
 def test_good_plan_with_a_type_change_and_explicit_names(db, tmp_path):
     path = write_plan(tmp_path, plan_toml(target="orders_v2", old_name='"Orders (old)"',
-                                          columns={"id": "bigint", "customer": "varchar(200)"}))
+                                          columns={"id": "bigint", "customer": "varchar(200)"},
+                                          accept_lossy=["customer"]))  # text -> varchar(200) can refuse values
     before = snapshot(db)
     result = mover(db, "plan", "check", "--json", str(path))
     assert result.returncode == 0, result.stderr
@@ -506,3 +548,50 @@ def test_snapshot_sees_changes(db, tmp_path):
     after = snapshot(db)
     assert after["relations"] != changed["relations"]
     assert after["mover.migrations"] != changed["mover.migrations"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources mover cannot move, told for what they are; acknowledged outbound foreign keys
+
+
+def test_temporary_table_is_refused_as_temporary(db, tmp_path):
+    with connect(db) as owner:  # a temporary table lives as long as this session
+        owner.execute("CREATE TEMPORARY TABLE scratch (id int PRIMARY KEY)")
+        schema = owner.execute("SELECT nspname FROM pg_namespace WHERE oid = pg_my_temp_schema()").fetchone()[0]
+        path = write_plan(tmp_path, plan_toml(source=f"{schema}.scratch"))
+        before = snapshot(db)
+        for command in (["plan", "check"], ["run"]):
+            result = mover(db, *command, str(path))
+            assert_bad(result, [f'"{schema}"."scratch" is a temporary table',
+                                "exists only in the session that created it"])
+            assert "system table" not in result.stderr
+        assert snapshot(db) == before
+
+
+def test_acknowledged_outbound_foreign_key_passes_and_is_recorded(db, tmp_path):
+    execute(db, INVOICES)
+    path = write_plan(tmp_path, plan_toml(source="invoices", window="0s").replace(
+        "[target]\n", '[target]\ndrop_foreign_keys = ["invoices_customer_id_fkey"]\n'))
+    before = snapshot(db)
+    result = mover(db, "plan", "check", str(path))
+    assert result.returncode == 0, result.stderr
+    assert snapshot(db) == before
+    result = mover(db, "run", str(path))
+    assert result.returncode == 3, result.stderr
+    result = mover(db, "cutover", "orders-move")
+    assert result.returncode == 0, result.stderr
+    with connect(db) as conn:
+        detail = conn.execute("SELECT detail FROM mover.events WHERE step = 'cutover' AND detail ? 'lock_ms'"
+                              ).fetchone()[0]
+        assert detail["foreign_keys_not_carried"] == ["invoices_customer_id_fkey"]
+        # What the operator accepted: the live table no longer has the foreign key.
+        assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'invoices'::regclass"
+                            " AND contype = 'f'").fetchone()[0] == 0
+
+
+def test_unlogged_source_plan_creates_an_unlogged_target(db, tmp_path):
+    execute(db, "CREATE UNLOGGED TABLE cache (id int PRIMARY KEY, v text)")
+    path = write_plan(tmp_path, plan_toml(source="cache"))
+    result = mover(db, "plan", "check", str(path))
+    assert result.returncode == 0, result.stderr
+    assert 'CREATE UNLOGGED TABLE "public"."cache_new"' in flat(result.stdout)

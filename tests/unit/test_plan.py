@@ -332,3 +332,55 @@ def test_plans_compare_without_their_document():
     a = parse_plan(doc())
     b = parse_plan({**doc(), "backfill": {}})
     assert isinstance(a, Plan) and a == b
+
+
+# ---------------------------------------------------------------------------------------------
+# [target] drop_foreign_keys: outbound foreign keys the operator accepts to lose at the swap
+
+
+def test_drop_foreign_keys_parse_store_and_survive_mover_set():
+    from mover.plan import to_document
+    plan = parse_plan(doc(target={"drop_foreign_keys": ["invoices_customer_id_fkey", 'Odd "FK"']}))
+    assert plan.drop_foreign_keys == ("invoices_customer_id_fkey", 'Odd "FK"')
+    assert plan_from_canonical(plan.canonical()).drop_foreign_keys == plan.drop_foreign_keys
+    assert parse_plan(to_document(plan)).drop_foreign_keys == plan.drop_foreign_keys  # `mover set` rebuilds it
+    assert parse_plan(doc()).drop_foreign_keys == ()
+    # Older stored plans have no such key: none acknowledged.
+    stored = parse_plan(doc()).canonical()
+    del stored["drop_foreign_keys"]
+    assert plan_from_canonical(stored).drop_foreign_keys == ()
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("fk", "[target] drop_foreign_keys must be an array"),
+    ([1], "must list distinct constraint names"),
+    ([""], "must list distinct constraint names"),
+    (["fk", "fk"], "must list distinct constraint names"),
+])
+def test_drop_foreign_keys_bad_values(value, fragment):
+    assert fragment in str(bad(doc(target={"drop_foreign_keys": value})))
+
+
+# ---------------------------------------------------------------------------------------------
+# [target] accept_lossy
+
+
+def test_accept_lossy_is_kept_out_of_the_shape_hash_and_round_trips():
+    plan = parse_plan(doc(target={"columns": {"code": "varchar(5)", "n": "bigint"}, "accept_lossy": ["code"]}))
+    assert plan.accept_lossy == ("code",)
+    again = plan_from_canonical(plan.canonical())
+    assert again.accept_lossy == ("code",)
+    plain = parse_plan(doc(target={"columns": {"code": "varchar(5)", "n": "bigint"}}))
+    assert plain.accept_lossy == () and plan_from_canonical(plain.canonical()).accept_lossy == ()
+    assert plan.shape_hash() == plain.shape_hash()
+
+
+@pytest.mark.parametrize("accept, words", [
+    (["nope"], ["[target] accept_lossy", "'nope'", "not a column of [target] columns"]),
+    ([7], ["[target] accept_lossy", "7"]),
+    ("code", ["[target] accept_lossy must be an array"]),
+])
+def test_accept_lossy_names_planned_columns(accept, words):
+    err = bad(doc(target={"columns": {"code": "varchar(5)"}, "accept_lossy": accept}))
+    for w in words:
+        assert w in str(err), str(err)

@@ -399,6 +399,7 @@ source = 'public."Orders"'
 
 [target]
 columns = { id = "bigint", amount = "numeric(6,2)" }
+accept_lossy = ["amount"]
 
 [cutover]
 lock_timeout = "10s"

@@ -251,23 +251,12 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
-            window = ctx.plan.rollback.window_ms
-            control.finish_step(cur, m, "cutover", "rollback_window", ctx.owner, state="waiting",
-                                message=f"swapped {m.source} in; lock held {held_ms:.1f} ms",
-                                detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
-                                    ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})},
-                                duration_ms=held_ms)
-            cur.execute("UPDATE mover.migrations SET cutover_at = now(), cutover_lock_ms = %s,"
-                        " window_ends_at = now() + make_interval(secs => %s / 1000.0) WHERE id = %s",
-                        (held_ms, window, ctx.mid))
+            control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
+                                 detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
+                                     ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
         else:
-            cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', cutover_at = NULL,"
-                        " cutover_lock_ms = NULL, window_ends_at = NULL, updated_at = now()"
-                        " WHERE id = %s AND lease_owner = %s", (ctx.mid, ctx.owner))
-            control.reopen_steps(cur, ctx.mid, ["reconcile", "cutover", "rollback_window"])
+            control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)
             chunks.reset(cur, ctx.mid, "reconcile")
-            control.event(cur, ctx.mid, ctx.owner, "rollback_window", "rolled_back",
-                          f"swapped back; lock held {held_ms:.1f} ms", {"lock_ms": held_ms}, held_ms)
         return held_ms
 
     faults.point("swap:before_lock" if forward else "swap_back:before_lock")
@@ -350,10 +339,8 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
         capture.remove(cur, ctx.mid, None, reverse=False)
         if not keep:
             cur.execute(ddl.drop_table(m.old))
-        control.finish_step(cur, m, "retire", "finished", ctx.owner, state="done",
-                            message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
-        cur.execute("UPDATE mover.migrations SET finished_at = now(), lease_owner = NULL, lease_host = NULL,"
-                    " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s", (ctx.mid,))
+        control.mark_retired(cur, m, ctx.owner,
+                             message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
     try:
@@ -382,12 +369,7 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
         cur.execute(ddl.drop_table(m.target))
         chunks.reset(cur, ctx.mid, "backfill")
         chunks.reset(cur, ctx.mid, "reconcile")
-        cur.execute("UPDATE mover.migrations SET state = 'aborted', finished_at = now(), lease_owner = NULL,"
-                    " lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL, updated_at = now()"
-                    " WHERE id = %s", (ctx.mid,))
-        cur.execute("UPDATE mover.steps SET status = 'undone' WHERE migration_id = %s AND status <> 'pending'",
-                    (ctx.mid,))
-        control.event(cur, ctx.mid, ctx.owner, None, "aborted", "aborted; everything mover created was removed")
+        control.mark_aborted(cur, m, ctx.owner)
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
     try:

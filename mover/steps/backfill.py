@@ -41,7 +41,7 @@ class Backfill(Step):
             if invalid:
                 raise Failed(f"indexes {invalid} on {m.target} are invalid", hint=f"run `mover run {m.name}` again")
             rows, chunks, _ = control.chunk_totals(cur, m.id, "backfill")
-            control.finish_step(cur, m, self.name, "reconcile", ctx.owner,
+            control.finish_step(cur, m, self.name, ctx.owner,
                                 message=f"copied {rows} rows in {chunks} chunks",
                                 detail={"rows": rows, "chunks": chunks})
 

@@ -20,4 +20,4 @@ class Retire(Step):
         return out
 
     def run(self, ctx: Context) -> None:
-        cutover.retire(ctx)
+        cutover.retire(ctx, ctx.give_up_rows)

@@ -1,4 +1,6 @@
-"""The commands as plain functions, used by the CLI and the tests."""
+"""The commands as plain functions (used by the CLI, the demo and the tests): connection
+bootstrap, the plan's checks against the live database, registration, the operator commands
+(which check control.COMMANDS and run through mover/runner.py) and the status read model."""
 
 from __future__ import annotations
 

@@ -1,8 +1,16 @@
-"""The only code that reads or writes mover's control schema.
+"""mover's control schema: its Alembic revisions, the migration state machine, the lease, events
+and divergences.
 
-Every state change is a guarded UPDATE (`WHERE id = %s AND step = %s AND lease_owner = %s`)
-that must hit exactly one row, and writes an events row in the same transaction: a process
-that lost its lease, or that works from a stale idea of the step, changes nothing.
+The only code that writes mover.migrations and mover.steps. The step order is STEPS, and
+COMMANDS (derived from it) says which operator command is legal at which step. Every change of
+a migration's step or state is a named transition (start_step, finish_step, mark_swapped,
+mark_swapped_back, mark_retired, mark_aborted, record_outcome, set_state, set_paused...): an UPDATE
+guarded by the lease, and by the step it leaves where that matters, that must hit exactly one row
+(else LeaseLost), with an events row in the same transaction. A process that lost its lease, or
+that works from a stale idea of the step, changes nothing.
+
+The work tables belong to their engines: mover.chunks and mover.workers to mover/chunks.py and
+mover/backfill.py, the change logs and mover.capture_stats to mover/capture.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Catalog reads: a table's columns, key, indexes and dependents, and the live checks of a plan.
+"""Catalog reads: a table's columns, key, indexes, dependents, sequences, constraints and metadata
+(owner, grants, storage options, comments). The plan's checks against the live catalog are built
+on these but live with plan validation, not here.
 
 Nothing here writes. Every function takes a cursor so it can run inside the caller's
 transaction (and therefore its snapshot and timeouts).

@@ -230,6 +230,21 @@ def update_plan(cur: psycopg.Cursor, mid: int, plan: dict, actor: str) -> None:
     event(cur, mid, actor, None, "plan_updated", "tunable settings changed", {"plan": plan})
 
 
+def shapes(cur: psycopg.Cursor, mid: int) -> dict[str, dict[str, Any] | None]:
+    """The recorded descriptions of the original ("source") and new ("target") table (mover/shape.py)."""
+    cur.execute("SELECT source_shape, target_shape FROM mover.migrations WHERE id = %s", (mid,))
+    row = cur.fetchone()
+    return {"source": row[0], "target": row[1]} if row else {"source": None, "target": None}
+
+
+def store_shape(cur: psycopg.Cursor, mid: int, side: str, description: dict[str, Any], fingerprint: str) -> None:
+    if side not in ("source", "target"):
+        raise ValueError(side)
+    cur.execute(sql.SQL("UPDATE mover.migrations SET {} = %s, {} = %s WHERE id = %s").format(
+        sql.Identifier(f"{side}_shape"), sql.Identifier(f"{side}_fingerprint")),
+        (json.dumps(description), fingerprint, mid))
+
+
 def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str, message: str,
           detail: dict | None = None, duration_ms: float | None = None) -> None:
     cur.execute(
@@ -284,6 +299,8 @@ COMMANDS: dict[str, frozenset[str]] = {
     "reconcile": _through("reconcile", "cutover"),
     "repair": _through("reconcile", "cutover"),
     "accept": frozenset(STEPS),
+    # A change of the live table's shape is adopted on the other table up to the end of the window.
+    "adopt": _through(STEPS[0], "rollback_window"),
     "pause": frozenset(STEPS),
     "set": frozenset(STEPS),
 }
@@ -318,7 +335,7 @@ def set_state(cur: psycopg.Cursor, mid: int, state: str, *, owner: str, error: s
 
 
 def record_outcome(cur: psycopg.Cursor, mid: int, owner: str, step: str, state: str, error: str | None,
-                   kind: str | None = None, message: str | None = None) -> bool:
+                   kind: str | None = None, message: str | None = None, detail: dict | None = None) -> bool:
     """How a command ended (waiting, paused, failed); a step left running goes back to pending.
     False when the migration already ended or changed hands (nothing to record then)."""
     cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
@@ -327,7 +344,7 @@ def record_outcome(cur: psycopg.Cursor, mid: int, owner: str, step: str, state: 
     if cur.rowcount != 1:
         return False
     cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = %s AND status = 'running'", (mid,))
-    event(cur, mid, owner, step, kind or state, message or error or state)
+    event(cur, mid, owner, step, kind or state, message or error or state, detail)
     return True
 
 
@@ -438,6 +455,22 @@ def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
     _one_row(cur, m.id, "abort")
     cur.execute("UPDATE mover.steps SET status = 'undone' WHERE migration_id = %s AND status <> 'pending'", (m.id,))
     event(cur, m.id, owner, None, "aborted", "aborted; everything mover created was removed")
+
+
+def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool, message: str,
+                 detail: dict) -> None:
+    """`mover adopt` applied a change of the live table's shape; with `recheck` (a column added
+    before the swap) a migration at the cutover gate goes back to reconcile for a full pass."""
+    if recheck and m.step == "cutover":
+        cur.execute("UPDATE mover.migrations SET step = 'reconcile' WHERE id = %s AND step = 'cutover'"
+                    " AND lease_owner = %s", (m.id, owner))
+        _one_row(cur, m.id, "go back to reconcile")
+        cur.execute("UPDATE mover.steps SET status = 'pending', finished_at = NULL"
+                    " WHERE migration_id = %s AND name = ANY(%s)", (m.id, list(_through("reconcile", "cutover"))))
+    cur.execute("UPDATE mover.migrations SET state = 'pending', error = NULL, updated_at = now()"
+                " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')", (m.id, owner))
+    _one_row(cur, m.id, "record the adopted change")
+    event(cur, m.id, owner, m.step, "adopted", message, detail)
 
 
 def set_paused(cur: psycopg.Cursor, name: str, paused: bool, actor: str) -> Migration:

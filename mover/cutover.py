@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, privileges, reconcile
+from mover import capture, chunks, control, faults, introspect, names, privileges, reconcile, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -258,7 +258,9 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
         cur.execute(ddl.lock_tables([live, other]))
         locked_at = time.monotonic()
-        # Everything logged so far committed before our lock: drain it all.
+        # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
+        # both tables' shapes under the lock: a change committed since the preflight aborts the
+        # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
         failures: dict = {}
         while True:
@@ -280,6 +282,8 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
+        # The shapes are those checked above (the lock is held); only the names changed.
+        shape.rerecord(cur, ctx.mid)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
@@ -394,7 +398,9 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
 def abort_sql(cur, ctx: Context) -> list[Statement]:
     """What abort drops (before the swap, or after swapping back): the capture and the new table."""
     m = ctx.migration
-    return [*capture.remove_sql(cur, ctx.mid, m.source, reverse=False), ddl.drop_table(m.target)]
+    # Under its current name: a source renamed during the migration keeps no capture trigger.
+    live = shape.current_name(cur, ctx.mid, "source") or m.source
+    return [*capture.remove_sql(cur, ctx.mid, live, reverse=False), ddl.drop_table(m.target)]
 
 
 def abort(ctx: Context, give_up_rows: bool = False) -> None:

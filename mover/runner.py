@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, steps
+from mover import capture, chunks, control, faults, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
@@ -54,9 +54,15 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         _record(db, ctx, "paused", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
         raise
     except MoverError as exc:
-        _record(db, ctx, "failed", str(exc), kind="failed", message=str(exc))
+        _record(db, ctx, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),
+                detail=getattr(exc, "detail", None))
         raise
     except Exception as exc:
+        changed = _shape_change(ctx)
+        if changed is not None:  # e.g. a statement that met a dropped column: say what changed
+            _record(db, ctx, "failed", str(changed), kind=changed.event_kind, message=str(changed),
+                    detail=changed.detail)
+            raise changed from exc
         _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc))
         raise
     else:
@@ -70,8 +76,19 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
                 log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
 
 
+def _shape_change(ctx: Context) -> shape.ShapeChanged | None:
+    """After an unexpected error: the shape change behind it, if a table's shape changed."""
+    try:
+        ctx.db.transaction(ctx.check_shape, label="shape check")
+    except shape.ShapeChanged as exc:
+        return exc
+    except psycopg.Error:
+        pass  # the original error is the one to report
+    return None
+
+
 def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
-            message: str | None = None) -> None:
+            message: str | None = None, detail: dict | None = None) -> None:
     if error is not None:
         error = mask(error)  # stored and shown by `status`: no password, whatever raised it
     if message is not None:
@@ -79,7 +96,7 @@ def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: 
 
     try:
         db.transaction(bind(control.record_outcome, ctx.mid, ctx.owner, ctx.migration.step, state, error,
-                            kind, message), label="record outcome")
+                            kind, message, detail), label="record outcome")
     except psycopg.Error as exc:
         log.error("could not record the outcome %r of migration %s: %s", state, ctx.mid, exc)
 
@@ -99,6 +116,8 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         m = ctx.refresh()
         if m.state in ("done", "aborted") or m.step == "finished":
             return m
+        # Every step starts from the recorded shapes (ShapeChanged otherwise), the gate included.
+        ctx.db.transaction(bind(shape.verify_at_step, m, ctx.swapped), label="shape check")
         step = steps.BY_NAME[m.step]
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.

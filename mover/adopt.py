@@ -91,14 +91,9 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
         if columns and not ctx.swapped:
             # Every range is compared again, new column included: a full pass.
             chunks.reset(cur, ctx.mid, "reconcile")
-            if m.step == "cutover":
-                cur.execute("UPDATE mover.migrations SET step = 'reconcile' WHERE id = %s", (ctx.mid,))
-                control.reopen_steps(cur, ctx.mid, ["reconcile", "cutover"])
-        cur.execute("UPDATE mover.migrations SET state = 'pending', error = NULL, updated_at = now() WHERE id = %s",
-                    (ctx.mid,))
-        control.event(cur, ctx.mid, ctx.owner, m.step, "adopted",
-                      f"adopted on {other}: {'; '.join(c.message for c in live_changes)}",
-                      {"changes": [c.as_dict() for c in live_changes]})
+        control.mark_adopted(cur, m, ctx.owner, recheck=bool(columns) and not ctx.swapped,
+                             message=f"adopted on {other}: {'; '.join(c.message for c in live_changes)}",
+                             detail={"changes": [c.as_dict() for c in live_changes]})
 
     ctx.db.transaction(record, label="adopt")
     ctx.refresh()

@@ -1,4 +1,6 @@
-"""The commands as plain functions, used by the CLI and the tests."""
+"""The commands as plain functions (used by the CLI, the demo and the tests): connection
+bootstrap, the plan's checks against the live database, registration, the operator commands
+(which check control.COMMANDS and run through mover/runner.py) and the status read model."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import psycopg
 
 from mover import adopt as adopt_engine
 from mover import backfill as backfill_engine
-from mover import capture, chunks, control, conversion, cutover, introspect, names, privileges, runner, shape, steps
+from mover import capture, chunks, control, conversion, introspect, names, privileges, runner, shape, steps
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, dsn_problem, mask, redact
@@ -386,7 +388,7 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
         existing = control.find(cur, plan.name)
         if existing is not None and existing.state == "aborted":
             # Keep the aborted attempt's history under another name; start afresh.
-            cur.execute("UPDATE mover.migrations SET name = name || '#' || id WHERE id = %s", (existing.id,))
+            control.set_aside_aborted(cur, existing, actor)
             existing = None
         if existing is not None:
             _same_shape(existing, plan)
@@ -436,18 +438,19 @@ def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = Fal
         db.close()
 
 
-def _operator_command(dsn: str, name: str, expect_steps: tuple[str, ...], what: str, action,
+def _operator_command(dsn: str, name: str, command: str, action,
                       report: Reporter = log_reporter, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run one operator command under the lease; control.COMMANDS says at which steps it is legal
+    (checked here to refuse early, and again under the lease)."""
     db = _database(dsn)
     owner = control.new_owner_id()
     try:
         _require_schema(db)
         m = db.transaction(lambda cur: control.get(cur, name))
-        if m.state in ("done", "aborted") or m.step not in expect_steps:
-            raise BadInput(f"cannot {what} migration {m.name!r}: it is at step {m.step!r}, state {m.state!r}",
-                           hint=f"`mover status {m.name}` shows where it stands")
+        control.require_command(m, command)
         with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
-            if what not in ("abort", "adopt"):  # the two ways out of a changed shape
+            control.require_command(ctx.refresh(), command)
+            if command not in ("abort", "adopt"):  # the two ways out of a changed shape
                 ctx.db.transaction(lambda cur: shape.verify_at_step(cur, ctx.migration, ctx.swapped),
                                    label="shape check")
             action(ctx)
@@ -457,39 +460,17 @@ def _operator_command(dsn: str, name: str, expect_steps: tuple[str, ...], what: 
 
 
 def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
-    def go(ctx: Context):
-        ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "cutover", ctx.owner))
-        cutover.swap_in(ctx)
-        try:  # a zero-length window retires at once; otherwise the window is open: that is success
-            runner.advance(ctx)
-        except Waiting:
-            ctx.db.transaction(lambda cur: control.set_state(cur, ctx.mid, "waiting", owner=ctx.owner))
-    return _operator_command(dsn, name, ("cutover",), "cut over", go, **kw)
+    return _operator_command(dsn, name, "cutover", runner.cutover, **kw)
 
 
 def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
-    return _operator_command(dsn, name, ("rollback_window",), "roll back",
-                             lambda ctx: cutover.swap_back(ctx, give_up_rows), **kw)
+    return _operator_command(dsn, name, "rollback", lambda ctx: runner.rollback(ctx, give_up_rows=give_up_rows),
+                             **kw)
 
 
 def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw) -> dict[str, Any]:
-    def go(ctx: Context):
-        m = ctx.migration
-        if m.step == "rollback_window":
-            capture.drain(ctx, reverse=True, backfill_done=True)
-
-            def close(cur):
-                cur.execute("SELECT window_ends_at <= now() FROM mover.migrations WHERE id = %s", (m.id,))
-                if not cur.fetchone()[0] and not force:
-                    raise Waiting(f"the rollback window of {m.name!r} is still open",
-                                  hint=f"wait, or `mover retire {m.name} --force`")
-                control.finish_step(cur, m, "rollback_window", "retire", ctx.owner,
-                                    message="rollback window closed" + (" early (--force)" if force else ""))
-            ctx.db.transaction(close)
-            ctx.refresh()
-        ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "retire", ctx.owner))
-        cutover.retire(ctx, give_up_rows)
-    return _operator_command(dsn, name, ("rollback_window", "retire"), "retire", go, **kw)
+    return _operator_command(dsn, name, "retire",
+                             lambda ctx: runner.retire(ctx, force=force, give_up_rows=give_up_rows), **kw)
 
 
 def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any]:
@@ -514,7 +495,7 @@ def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any
             ctx.db.transaction(lambda cur: control.set_state(
                 cur, ctx.mid, "waiting", owner=ctx.owner,
                 error=f"{result.open} divergences" if result.open else None))
-    st = _operator_command(dsn, name, ("reconcile", "cutover"), "reconcile", go, **kw)
+    st = _operator_command(dsn, name, "reconcile", go, **kw)
     return {"pass": out.get("pass"), "status": st}
 
 
@@ -528,7 +509,7 @@ def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw) -> di
             left = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid))
             ctx.db.transaction(lambda cur: control.set_state(
                 cur, ctx.mid, "waiting", owner=ctx.owner, error=f"{left} divergences" if left else None))
-    st = _operator_command(dsn, name, ("reconcile", "cutover"), "repair", go, **kw)
+    st = _operator_command(dsn, name, "repair", go, **kw)
     return {"repair": out.get("repair"), "status": st}
 
 
@@ -543,6 +524,7 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
 
         def go(cur):
             m = control.get(cur, name, lock=True)
+            control.require_command(m, "accept")
             ids = reconcile_engine.accept(cur, m.id, reason.strip(), control.new_owner_id(), divergence_id)
             if divergence_id is not None and not ids:
                 raise NotFound(f"migration {m.name!r} has no open divergence with id {divergence_id}",
@@ -562,25 +544,12 @@ def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
 
     def go(ctx: Context):
         out["adopted"] = adopt_engine.adopt(ctx)
-    st = _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover",
-                                       "rollback_window"), "adopt", go, **kw)
+    st = _operator_command(dsn, name, "adopt", go, **kw)
     return {"adopted": out.get("adopted", []), "status": st}
 
 
 def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
-    db = _database(dsn)
-    try:
-        _require_schema(db)
-        m = db.transaction(bind(control.get, name))
-    finally:
-        db.close()
-    if m.step == "rollback_window" and m.state not in ("done", "aborted"):
-        # The new table is live: abort would drop the application's table. Rollback is the one
-        # command that brings the original back (losing nothing, or refusing); abort comes after.
-        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
-                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
-    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
-                             "abort", lambda ctx: cutover.abort(ctx, give_up_rows), **kw)
+    return _operator_command(dsn, name, "abort", lambda ctx: runner.abort(ctx, give_up_rows=give_up_rows), **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -720,14 +689,7 @@ def set_paused(dsn: str, name: str, paused: bool) -> dict[str, Any]:
     try:
         _require_schema(db)
 
-        def flip(cur):
-            m = control.get(cur, name, lock=True)
-            if m.state in ("done", "aborted"):
-                raise BadInput(f"migration {m.name!r} is {m.state}")
-            cur.execute("UPDATE mover.migrations SET paused = %s, updated_at = now() WHERE id = %s", (paused, m.id))
-            control.event(cur, m.id, control.new_owner_id(), None, "paused" if paused else "unpaused",
-                          "paused by the operator" if paused else "unpaused by the operator")
-        db.transaction(flip)
+        db.transaction(bind(control.set_paused, name, paused, control.new_owner_id()), label="pause")
         return status(dsn, name, db=db)
     finally:
         db.close()

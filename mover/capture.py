@@ -38,9 +38,12 @@ def log_name(ctx: Context, reverse: bool = False) -> names.QualifiedName:
 
 
 def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
-                migration: str, reverse: bool = False) -> list[sql.Composed]:
-    """The statements that start capturing `table` into migration `mid`'s log."""
+                migration: str, reverse: bool = False, *, renamed: names.QualifiedName | None = None
+                ) -> list[sql.Composed]:
+    """The statements that start capturing `table` into migration `mid`'s log (`table` read from
+    the catalog now, the trigger created on `renamed` when a swap renames it first)."""
     info = introspect.describe(cur, table)
+    table = renamed or table
     key_types = tuple(info.column(k).type for k in key)
     collations = tuple(info.column(k).collation for k in key)
     log_table = names.change_log(mid, reverse)
@@ -59,18 +62,24 @@ def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tupl
     privileges.require_capture_path(cur, table, names.change_log(mid, reverse), migration)
 
 
-def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, reverse: bool = False) -> None:
+def remove_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None,
+               reverse: bool = False) -> list[sql.Composed]:
+    """The statements that stop capturing (`table` None when it is gone) and drop the log."""
+    stmts = []
     if table is not None and introspect.exists(cur, table):
         trigger = names.capture_trigger(mid, reverse)
-        cur.execute(q.drop_trigger(trigger, table))
-        cur.execute(q.drop_trigger(q.truncate_trigger(trigger), table))
-    cur.execute(q.drop_function(names.capture_function(mid, reverse)))
-    cur.execute(q.drop_table(names.change_log(mid, reverse)))
+        stmts += [q.drop_trigger(trigger, table), q.drop_trigger(q.truncate_trigger(trigger), table)]
+    stmts += [q.drop_function(names.capture_function(mid, reverse)), q.drop_table(names.change_log(mid, reverse))]
     if not reverse:
         # Reconcile's notes of applied keys (mover/reconcile.py) live and die with the forward log;
         # the log's drop took their trigger with it.
-        cur.execute(q.drop_table(names.applied_notes(mid)))
-        cur.execute(q.drop_function(names.notes_function(mid)))
+        stmts += [q.drop_table(names.applied_notes(mid)), q.drop_function(names.notes_function(mid))]
+    return stmts
+
+
+def remove(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None, reverse: bool = False) -> None:
+    for stmt in remove_sql(cur, mid, table, reverse):
+        cur.execute(stmt)
 
 
 @dataclass

@@ -35,6 +35,7 @@ class Context:
     stop: threading.Event = field(default_factory=threading.Event)
     lease_lost: threading.Event = field(default_factory=threading.Event)
     workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
+    give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
     _mappings: dict = field(default_factory=dict, repr=False)
 
     @property

@@ -1,8 +1,16 @@
-"""The only code that reads or writes mover's control schema.
+"""mover's control schema: its Alembic revisions, the migration state machine, the lease, events
+and divergences.
 
-Every state change is a guarded UPDATE (`WHERE id = %s AND step = %s AND lease_owner = %s`)
-that must hit exactly one row, and writes an events row in the same transaction: a process
-that lost its lease, or that works from a stale idea of the step, changes nothing.
+The only code that writes mover.migrations and mover.steps. The step order is STEPS, and
+COMMANDS (derived from it) says which operator command is legal at which step. Every change of
+a migration's step or state is a named transition (start_step, finish_step, mark_swapped,
+mark_swapped_back, mark_retired, mark_aborted, record_outcome, set_state, set_paused...): an UPDATE
+guarded by the lease, and by the step it leaves where that matters, that must hit exactly one row
+(else LeaseLost), with an events row in the same transaction. A process that lost its lease, or
+that works from a stale idea of the step, changes nothing.
+
+The work tables belong to their engines: mover.chunks and mover.workers to mover/chunks.py and
+mover/backfill.py, the change logs and mover.capture_stats to mover/capture.py.
 """
 
 from __future__ import annotations
@@ -261,25 +269,109 @@ def steps(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
         return dcur.fetchall()
 
 
-def set_state(cur: psycopg.Cursor, mid: int, state: str, *, error: str | None = None, owner: str | None = None,
-              expect_owner: bool = True) -> None:
-    """Change the state column; when `owner` is given the change is guarded by the lease."""
-    q = "UPDATE mover.migrations SET state = %s, error = %s, updated_at = now() WHERE id = %s"
-    params: tuple = (state, error, mid)
-    if owner is not None and expect_owner:
-        q += " AND lease_owner = %s"
-        params += (owner,)
-    cur.execute(q, params)
+# ---------------------------------------------------------------------------------------------
+# The state machine: every write to mover.migrations and mover.steps is one of the transitions
+# below. Each is an UPDATE guarded by the lease (and, where the step matters, by the step it
+# leaves) that must hit one row, with an events row in the same transaction.
+
+FINISHED = "finished"  # the step after the last one
+TERMINAL = ("done", "aborted")
+
+
+def next_step(step: str) -> str:
+    i = STEPS.index(step)
+    return STEPS[i + 1] if i + 1 < len(STEPS) else FINISHED
+
+
+def _through(first: str, last: str) -> frozenset[str]:
+    return frozenset(STEPS[STEPS.index(first):STEPS.index(last) + 1])
+
+
+# Which operator command is legal at which step (and never once the migration is done or aborted).
+COMMANDS: dict[str, frozenset[str]] = {
+    "run": frozenset(STEPS),
+    "cutover": _through("cutover", "cutover"),
+    "rollback": _through("rollback_window", "rollback_window"),
+    "retire": _through("rollback_window", "retire"),
+    # Before the swap abort drops what mover built. After it the new table is live: only a
+    # rollback brings the original back (losing nothing, or refusing), and abort comes after.
+    "abort": _through(STEPS[0], "cutover"),
+    "reconcile": _through("reconcile", "cutover"),
+    "repair": _through("reconcile", "cutover"),
+    "accept": frozenset(STEPS),
+    # A change of the live table's shape is adopted on the other table up to the end of the window.
+    "adopt": _through(STEPS[0], "rollback_window"),
+    "pause": frozenset(STEPS),
+    "set": frozenset(STEPS),
+}
+VERBS = {"cutover": "cut over", "rollback": "roll back"}
+
+
+def require_command(m: Migration, command: str) -> None:
+    """Refuse an operator command the migration's step does not allow."""
+    if command == "abort" and m.step == "rollback_window" and m.state not in TERMINAL:
+        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
+                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
+    if m.state in TERMINAL or m.step not in COMMANDS[command]:
+        allowed = ", ".join(s for s in STEPS if s in COMMANDS[command])
+        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {m.step!r}, "
+                       f"state {m.state!r} (allowed at: {allowed})",
+                       hint=f"`mover status {m.name}` shows where it stands")
+
+
+def _one_row(cur: psycopg.Cursor, mid: int, what: str) -> None:
     if cur.rowcount != 1:
-        raise LeaseLost(f"migration {mid} changed hands while setting state {state!r}")
+        cur.execute("SELECT step, state, lease_owner FROM mover.migrations WHERE id = %s", (mid,))
+        row = cur.fetchone()
+        raise LeaseLost(f"migration {mid} cannot {what}: it is at step {row[0] if row else None!r}, state "
+                        f"{row[1] if row else None!r}, lease held by {row[2] if row else None!r}",
+                        hint="another process took over or the migration moved on; nothing was written by this one")
+
+
+def set_state(cur: psycopg.Cursor, mid: int, state: str, *, owner: str, error: str | None = None) -> None:
+    """Say how the current step stands (waiting at a gate, with divergences...), under the lease."""
+    cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
+                " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",
+                (state, error, mid, owner))
+    _one_row(cur, mid, f"set state {state!r}")
+    event(cur, mid, owner, None, "state", f"{state}" + (f": {error}" if error else ""), {"state": state})
+
+
+def record_outcome(cur: psycopg.Cursor, mid: int, owner: str, step: str, state: str, error: str | None,
+                   kind: str | None = None, message: str | None = None, detail: dict | None = None) -> bool:
+    """How a command ended (waiting, paused, failed); a step left running goes back to pending.
+    False when the migration already ended or changed hands (nothing to record then)."""
+    cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
+                " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",
+                (state, error, mid, owner))
+    if cur.rowcount != 1:
+        return False
+    cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = %s AND status = 'running'", (mid,))
+    event(cur, mid, owner, step, kind or state, message or error or state, detail)
+    return True
+
+
+def clear_error(cur: psycopg.Cursor, mid: int, owner: str) -> None:
+    """The command succeeded: an error a failed earlier attempt recorded is history (the events keep
+    it), not the state. A waiting state's message (divergences, a gate) stays."""
+    cur.execute("UPDATE mover.migrations SET error = NULL WHERE id = %s AND lease_owner = %s"
+                " AND state NOT IN ('waiting', 'failed') AND error IS NOT NULL", (mid, owner))
+    if cur.rowcount:
+        event(cur, mid, owner, None, "error_cleared", "the command succeeded; the earlier error is history")
 
 
 def start_step(cur: psycopg.Cursor, m: Migration, step: str, owner: str) -> None:
     guard(cur, m.id, step, owner)
+    cur.execute("UPDATE mover.migrations SET state = 'running', error = NULL, updated_at = now()"
+                " WHERE id = %s AND step = %s AND lease_owner = %s", (m.id, step, owner))
+    _one_row(cur, m.id, f"start step {step!r}")
     cur.execute("UPDATE mover.steps SET status = 'running', started_at = coalesce(started_at, now())"
-                " WHERE migration_id = %s AND name = %s AND status <> 'done'", (m.id, step))
-    cur.execute("UPDATE mover.migrations SET state = 'running', error = NULL, updated_at = now() WHERE id = %s",
-                (m.id,))
+                " WHERE migration_id = %s AND name = %s AND status <> 'done'"
+                " RETURNING (SELECT status FROM mover.steps WHERE migration_id = %s AND name = %s)",
+                (m.id, step, m.id, step))
+    row = cur.fetchone()
+    if row and row[0] != "running":  # once per start, not per poll of a step that waits
+        event(cur, m.id, owner, step, "step_started", f"{step} started")
 
 
 def guard(cur: psycopg.Cursor, mid: int, step: str, owner: str) -> None:
@@ -299,38 +391,108 @@ def guard(cur: psycopg.Cursor, mid: int, step: str, owner: str) -> None:
                         hint="another process took over; nothing was written by this one")
 
 
-def finish_step(cur: psycopg.Cursor, m: Migration, step: str, next_step: str, owner: str,
+def finish_step(cur: psycopg.Cursor, m: Migration, step: str, owner: str,
                 *, state: str = "running", message: str | None = None, detail: dict | None = None,
                 duration_ms: float | None = None) -> None:
-    """Mark `step` done and move to `next_step` — in the caller's transaction, which also holds
+    """Mark `step` done and move to the next one — in the caller's transaction, which also holds
     the step's effect wherever PostgreSQL allows it."""
     cur.execute(
         "UPDATE mover.migrations SET step = %s, state = %s, error = NULL, updated_at = now()"
         " WHERE id = %s AND step = %s AND lease_owner = %s",
-        (next_step, state, m.id, step, owner),
+        (next_step(step), state, m.id, step, owner),
     )
-    if cur.rowcount != 1:
-        raise LeaseLost(f"lost the lease: migration {m.name!r} is no longer at step {step!r} under this process's "
-                        f"lease", hint="another process took over; this one stopped")
+    _one_row(cur, m.id, f"finish step {step!r} under lease {owner}")
     cur.execute("UPDATE mover.steps SET status = 'done', started_at = coalesce(started_at, now()),"
                 " finished_at = now() WHERE migration_id = %s AND name = %s", (m.id, step))
     event(cur, m.id, owner, step, "step_done", message or f"{step} done", detail, duration_ms)
 
 
-def reopen_steps(cur: psycopg.Cursor, mid: int, names: list[str]) -> None:
+def mark_swapped(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float, window_ms: int,
+                 detail: dict) -> None:
+    """The cutover committed: the rollback window opens now."""
+    finish_step(cur, m, "cutover", owner, state="waiting",
+                message=f"swapped {m.source} in; lock held {lock_ms:.1f} ms", detail=detail, duration_ms=lock_ms)
+    cur.execute("UPDATE mover.migrations SET cutover_at = now(), cutover_lock_ms = %s,"
+                " window_ends_at = now() + make_interval(secs => %s / 1000.0)"
+                " WHERE id = %s AND step = 'rollback_window' AND lease_owner = %s", (lock_ms, window_ms, m.id, owner))
+    _one_row(cur, m.id, "open the rollback window")
+
+
+def mark_swapped_back(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float) -> None:
+    """The swap back committed: the migration is at reconcile again, before the cutover gate."""
+    cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', cutover_at = NULL,"
+                " cutover_lock_ms = NULL, window_ends_at = NULL, updated_at = now()"
+                " WHERE id = %s AND step = 'rollback_window' AND lease_owner = %s", (m.id, owner))
+    _one_row(cur, m.id, "swap back")
     cur.execute("UPDATE mover.steps SET status = 'pending', finished_at = NULL"
-                " WHERE migration_id = %s AND name = ANY(%s)", (mid, names))
+                " WHERE migration_id = %s AND name = ANY(%s)", (m.id, list(_through("reconcile", "rollback_window"))))
+    event(cur, m.id, owner, "rollback_window", "rolled_back", f"swapped back; lock held {lock_ms:.1f} ms",
+          {"lock_ms": lock_ms}, lock_ms)
 
 
-def move_to(cur: psycopg.Cursor, mid: int, step: str, state: str, **columns: Any) -> None:
-    """Unguarded step change for operator commands that hold the lease already (checked by caller)."""
-    sets: list[sql.Composable] = [sql.SQL("step = %s"), sql.SQL("state = %s"), sql.SQL("updated_at = now()")]
-    params: list[Any] = [step, state]
-    for col, value in columns.items():
-        sets.append(sql.SQL("{} = %s").format(sql.Identifier(col)))
-        params.append(value)
-    cur.execute(sql.SQL("UPDATE mover.migrations SET {} WHERE id = %s").format(sql.SQL(", ").join(sets)),
-                (*params, mid))
+def close_window(cur: psycopg.Cursor, m: Migration, owner: str, *, force: bool) -> bool:
+    """End the rollback window when it is over (or now, with force); False while it is open."""
+    cur.execute("SELECT window_ends_at <= now() FROM mover.migrations WHERE id = %s", (m.id,))
+    if not one(cur)[0] and not force:
+        return False
+    finish_step(cur, m, "rollback_window", owner,
+                message="rollback window closed" + (" early (--force)" if force else ""))
+    return True
+
+
+def mark_retired(cur: psycopg.Cursor, m: Migration, owner: str, *, message: str) -> None:
+    """The last step: the migration is done and nobody holds it any more."""
+    finish_step(cur, m, STEPS[-1], owner, state="done", message=message)
+    cur.execute("UPDATE mover.migrations SET finished_at = now(), lease_owner = NULL, lease_host = NULL,"
+                " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s AND step = %s AND lease_owner = %s",
+                (m.id, FINISHED, owner))
+    _one_row(cur, m.id, "finish")
+
+
+def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
+    """Everything mover created is gone: the migration ends, its steps undone."""
+    cur.execute("UPDATE mover.migrations SET state = 'aborted', finished_at = now(), lease_owner = NULL,"
+                " lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL, updated_at = now()"
+                " WHERE id = %s AND lease_owner = %s AND step = ANY(%s) AND state NOT IN ('done', 'aborted')",
+                (m.id, owner, sorted(COMMANDS["abort"])))
+    _one_row(cur, m.id, "abort")
+    cur.execute("UPDATE mover.steps SET status = 'undone' WHERE migration_id = %s AND status <> 'pending'", (m.id,))
+    event(cur, m.id, owner, None, "aborted", "aborted; everything mover created was removed")
+
+
+def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool, message: str,
+                 detail: dict) -> None:
+    """`mover adopt` applied a change of the live table's shape; with `recheck` (a column added
+    before the swap) a migration at the cutover gate goes back to reconcile for a full pass."""
+    if recheck and m.step == "cutover":
+        cur.execute("UPDATE mover.migrations SET step = 'reconcile' WHERE id = %s AND step = 'cutover'"
+                    " AND lease_owner = %s", (m.id, owner))
+        _one_row(cur, m.id, "go back to reconcile")
+        cur.execute("UPDATE mover.steps SET status = 'pending', finished_at = NULL"
+                    " WHERE migration_id = %s AND name = ANY(%s)", (m.id, list(_through("reconcile", "cutover"))))
+    cur.execute("UPDATE mover.migrations SET state = 'pending', error = NULL, updated_at = now()"
+                " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')", (m.id, owner))
+    _one_row(cur, m.id, "record the adopted change")
+    event(cur, m.id, owner, m.step, "adopted", message, detail)
+
+
+def set_paused(cur: psycopg.Cursor, name: str, paused: bool, actor: str) -> Migration:
+    """`mover pause` / `unpause`: a flag the workers read; no lease needed, the row lock orders it."""
+    m = get(cur, name, lock=True)
+    require_command(m, "pause")
+    cur.execute("UPDATE mover.migrations SET paused = %s, updated_at = now() WHERE id = %s"
+                " AND state NOT IN ('done', 'aborted')", (paused, m.id))
+    _one_row(cur, m.id, "pause" if paused else "unpause")
+    event(cur, m.id, actor, None, "paused" if paused else "unpaused",
+          "paused by the operator" if paused else "unpaused by the operator")
+    return m
+
+
+def set_aside_aborted(cur: psycopg.Cursor, m: Migration, actor: str) -> None:
+    """Keep an aborted attempt's history under another name, so that its plan can start afresh."""
+    cur.execute("UPDATE mover.migrations SET name = name || '#' || id WHERE id = %s AND state = 'aborted'", (m.id,))
+    _one_row(cur, m.id, "be set aside")
+    event(cur, m.id, actor, None, "set_aside", f"renamed {m.name!r} to {m.name}#{m.id}: its plan starts afresh")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,32 +553,12 @@ def release_lease(cur: psycopg.Cursor, mid: int, owner: str) -> None:
 # Chunks
 
 
-def last_chunk(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[int, list[str] | None, list[str] | None] | None:
-    cur.execute("SELECT chunk_no, lo, hi FROM mover.chunks WHERE migration_id = %s AND kind = %s"
-                " ORDER BY chunk_no DESC LIMIT 1", (mid, kind))
-    row = cur.fetchone()
-    return None if row is None else (row[0], row[1], row[2])
-
-
-def record_chunk(cur: psycopg.Cursor, mid: int, kind: str, chunk_no: int, lo: list[str] | None,
-                 hi: list[str] | None, rows: int, duration_ms: float, owner: str) -> None:
-    cur.execute(
-        "INSERT INTO mover.chunks (migration_id, kind, chunk_no, lo, hi, status, owner, attempts, rows,"
-        " duration_ms, finished_at) VALUES (%s, %s, %s, %s, %s, 'done', %s, 1, %s, %s, clock_timestamp())",
-        (mid, kind, chunk_no, lo, hi, owner, rows, duration_ms),
-    )
-
-
 def chunk_totals(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[int, int, int]:
     """(rows, chunks done, chunks known)."""
     cur.execute("SELECT coalesce(sum(rows) FILTER (WHERE status = 'done'), 0), count(*) FILTER (WHERE status = 'done'),"
                 " count(*) FROM mover.chunks WHERE migration_id = %s AND kind = %s", (mid, kind))
     rows, done, total = one(cur)
     return int(rows), done, total
-
-
-def clear_chunks(cur: psycopg.Cursor, mid: int, kind: str) -> None:
-    cur.execute("DELETE FROM mover.chunks WHERE migration_id = %s AND kind = %s", (mid, kind))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,11 +581,6 @@ def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = Fal
                      " reason, checked_at FROM mover.divergences"
                      " WHERE migration_id = %s AND (%s OR resolved_at IS NULL) ORDER BY id", (mid, include_resolved))
         return dcur.fetchall()
-
-
-def resolve_divergences(cur: psycopg.Cursor, mid: int, ids: list[int], resolution: str) -> None:
-    cur.execute("UPDATE mover.divergences SET resolved_at = now(), resolution = %s"
-                " WHERE migration_id = %s AND id = ANY(%s) AND resolved_at IS NULL", (resolution, mid, ids))
 
 
 def resolve_divergences_as(cur: psycopg.Cursor, mid: int, ids: list[int], how: str, resolution: str,
@@ -505,12 +642,3 @@ def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
     done, total, failed, src_rows, dst_rows, oldest, newest = one(cur)
     return {"ranges_done": done, "ranges_total": total, "ranges_failed": failed, "source_rows": int(src_rows),
             "target_rows": int(dst_rows), "oldest_verification": oldest, "newest_verification": newest}
-
-
-def range_fingerprints(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
-    with cur.connection.cursor(row_factory=dict_row) as dcur:
-        dcur.execute("SELECT chunk_no, lo, hi, status, src_rows, src_fingerprint, dst_rows, dst_fingerprint,"
-                     " differences, verified_at FROM mover.chunks WHERE migration_id = %s AND kind = 'reconcile'"
-                     " ORDER BY chunk_no", (mid,))
-        return dcur.fetchall()
-

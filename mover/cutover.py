@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, reconcile, shape
+from mover import capture, chunks, control, faults, introspect, names, privileges, reconcile, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -142,58 +142,78 @@ class _Unapplied(Exception):
         return "; ".join(parts)
 
 
-def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> None:
+# A statement of the swap: its SQL, or its SQL and the parameters it runs with.
+Statement = sql.Composable | tuple[sql.Composable, tuple]
+
+
+def render(cur, stmt: Statement) -> sql.Composable | str:
+    """A statement as `plan check` prints it: parameters (known when it runs) stay %s."""
+    return stmt[0].as_string(cur) if isinstance(stmt, tuple) else stmt
+
+
+def execute_all(cur, stmts: list[Statement]) -> None:
+    for stmt in stmts:
+        if isinstance(stmt, tuple):
+            cur.execute(*stmt)
+        else:
+            cur.execute(stmt)
+
+
+def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.QualifiedName,
+                         to_renamed: names.QualifiedName) -> list[Statement]:
     """Serial sequences change owner (so dropping the old table keeps them); identity columns
-    have one sequence per table, so the receiving one continues where the other stands."""
+    have one sequence per table, so the receiving one continues where the other stands.
+    `to_table` takes the name `to_renamed` earlier in the same swap."""
     from_oid = introspect.table_oid(cur, from_table)
     to_oid = introspect.table_oid(cur, to_table)
-    assert from_oid is not None and to_oid is not None and to_table.schema is not None  # both resolved, both exist
+    assert from_oid is not None and to_oid is not None and to_renamed.schema is not None  # both exist
     to_identity = {s.column: s.sequence for s in introspect.owned_sequences(cur, to_oid) if s.identity}
     to_types = {c.name: c.type for c in introspect.describe(cur, to_table).columns}
+    out: list[Statement] = []
     for seq in introspect.owned_sequences(cur, from_oid):
         if not seq.identity:
-            cur.execute(sql.SQL("ALTER SEQUENCE {} OWNED BY {}").format(
-                seq.sequence.ident, sql.Identifier(to_table.schema, to_table.name, seq.column)))
+            out.append(sql.SQL("ALTER SEQUENCE {} OWNED BY {}").format(
+                seq.sequence.ident, sql.Identifier(to_renamed.schema, to_renamed.name, seq.column)))
             # A serial widened to bigint needs a bigint sequence, or inserts stop at 2^31 - 1.
             # (Never narrowed back on rollback: the original column rejects what it cannot hold.)
             seq_type, _ = introspect.sequence_limits(cur, seq.sequence)
             new_type = to_types.get(seq.column, "")
             if introspect.INTEGER_MAX.get(new_type, 0) > introspect.INTEGER_MAX.get(seq_type, 0):
-                cur.execute(ddl.sequence_as(seq.sequence, new_type))
+                out.append(ddl.sequence_as(seq.sequence, new_type))
         elif seq.column in to_identity:
             # Capped at the receiving sequence's maximum: after a rollback from a widened column,
             # values beyond the original's range cannot be issued there anyway (the rows that hold
             # them are apply_error divergences), and the swap back must not fail on them.
             target_seq = str(to_identity[seq.column])
-            cur.execute(sql.SQL("SELECT setval(%s::regclass, least(s.last_value, (SELECT seqmax FROM pg_sequence"
+            out.append((sql.SQL("SELECT setval(%s::regclass, least(s.last_value, (SELECT seqmax FROM pg_sequence"
                                 " WHERE seqrelid = %s::regclass)), s.is_called) FROM {} s").format(seq.sequence.ident),
-                        (target_seq, target_seq))
-            _copy_sequence_grants(cur, seq.sequence, to_identity[seq.column])
-            _swap_sequence_names(cur, seq.sequence, to_identity[seq.column])
+                        (target_seq, target_seq)))
+            out += _copy_sequence_grants(cur, seq.sequence, to_identity[seq.column])
+            out += _swap_sequence_names(seq.sequence, to_identity[seq.column])
+    return out
 
 
-def _copy_sequence_grants(cur, from_seq: names.QualifiedName, to_seq: names.QualifiedName) -> None:
+def _copy_sequence_grants(cur, from_seq: names.QualifiedName, to_seq: names.QualifiedName) -> list[Statement]:
     """With the name goes what the application may do with it (currval() needs USAGE or SELECT)."""
     cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
                 " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
                 " WHERE c.oid = %s::regclass AND a.grantee <> c.relowner", (str(from_seq),))
-    for role, privilege, grantable in cur.fetchall():
-        cur.execute(ddl.grant_on_sequence(to_seq, privilege, role, grantable))
+    return [ddl.grant_on_sequence(to_seq, privilege, role, grantable) for role, privilege, grantable in cur.fetchall()]
 
 
-def _swap_sequence_names(cur, a: names.QualifiedName, b: names.QualifiedName) -> None:
+def _swap_sequence_names(a: names.QualifiedName, b: names.QualifiedName) -> list[Statement]:
     """The application names the identity sequence (currval('t_id_seq')): the table that takes the
     name takes the sequence's name too. Renames are catalog-only, inside the swap's lock."""
     if a == b or a.schema != b.schema:
-        return
+        return []
     parking = names.derived(a.name, "_mover_swap")
-    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(a.ident, sql.Identifier(parking)))
-    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(b.ident, sql.Identifier(a.name)))
-    cur.execute(sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(names.QualifiedName(a.schema, parking).ident,
-                                                                 sql.Identifier(b.name)))
+    return [sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(a.ident, sql.Identifier(parking)),
+            sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(b.ident, sql.Identifier(a.name)),
+            sql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(names.QualifiedName(a.schema, parking).ident,
+                                                             sql.Identifier(b.name))]
 
 
-def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> None:
+def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> list[Statement]:
     """CHECK constraints the source has NOT VALID were left off the new table so the backfill could
     copy the rows that break them (steps/create_target.py); they are added NOT VALID now (no scan,
     under the lock already held), so writes after the swap are checked as before."""
@@ -201,11 +221,31 @@ def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: na
     assert from_oid is not None and to_oid is not None  # both locked by the swap
     cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s", (to_oid,))
     present = {r[0] for r in cur.fetchall()}
+    out: list[Statement] = []
     for name, definition, comment in introspect.unvalidated_checks(cur, from_oid):
         if name not in present:
-            cur.execute(ddl.add_constraint(to_table, name, definition))
+            out.append(ddl.add_constraint(to_table, name, definition))
             if comment is not None:
-                cur.execute(ddl.comment_on_constraint(to_table, name, comment))
+                out.append(ddl.comment_on_constraint(to_table, name, comment))
+    return out
+
+
+def swap_sql(cur, ctx: Context, *, forward: bool) -> list[Statement]:
+    """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
+    of it runs: what `plan check` prints is what the swap executes. The live table gives up the
+    name and its capture; the other takes the name, the sequences and the capture the other way."""
+    m = ctx.migration
+    if forward:
+        live, other, live_renamed = m.source, m.target, m.old
+    else:
+        live, other, live_renamed = m.source, m.old, m.target
+    out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
+    if forward:
+        out += _carry_unvalidated_checks(cur, m.source, m.target)
+    out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
+    out += _hand_over_sequences(cur, live, other, m.source)
+    out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source)
+    return out
 
 
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback") -> float:
@@ -238,40 +278,21 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
-        capture.remove(cur, ctx.mid, live, reverse=not forward)
-        if forward:
-            _carry_unvalidated_checks(cur, m.source, m.target)
-            cur.execute(ddl.rename_table(m.source, m.old.name))
-            cur.execute(ddl.rename_table(m.target, m.source.name))
-            _hand_over_sequences(cur, m.old, m.source)
-            capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), m.name, reverse=True)
-        else:
-            cur.execute(ddl.rename_table(m.source, m.target.name))
-            cur.execute(ddl.rename_table(m.old, m.source.name))
-            _hand_over_sequences(cur, m.target, m.source)
-            capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), m.name, reverse=False)
+        execute_all(cur, swap_sql(cur, ctx, forward=forward))
+        # Checked after the install, in the same transaction: a writer that could not run the new
+        # trigger refuses the swap instead of failing the application's writes.
+        privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
         # The shapes are those checked above (the lock is held); only the names changed.
         shape.rerecord(cur, ctx.mid)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
-            window = ctx.plan.rollback.window_ms
-            control.finish_step(cur, m, "cutover", "rollback_window", ctx.owner, state="waiting",
-                                message=f"swapped {m.source} in; lock held {held_ms:.1f} ms",
-                                detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
-                                    ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})},
-                                duration_ms=held_ms)
-            cur.execute("UPDATE mover.migrations SET cutover_at = now(), cutover_lock_ms = %s,"
-                        " window_ends_at = now() + make_interval(secs => %s / 1000.0) WHERE id = %s",
-                        (held_ms, window, ctx.mid))
+            control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
+                                 detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
+                                     ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
         else:
-            cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', cutover_at = NULL,"
-                        " cutover_lock_ms = NULL, window_ends_at = NULL, updated_at = now()"
-                        " WHERE id = %s AND lease_owner = %s", (ctx.mid, ctx.owner))
-            control.reopen_steps(cur, ctx.mid, ["reconcile", "cutover", "rollback_window"])
+            control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)
             chunks.reset(cur, ctx.mid, "reconcile")
-            control.event(cur, ctx.mid, ctx.owner, "rollback_window", "rolled_back",
-                          f"swapped back; lock held {held_ms:.1f} ms", {"lock_ms": held_ms}, held_ms)
         return held_ms
 
     faults.point("swap:before_lock" if forward else "swap_back:before_lock")
@@ -338,6 +359,17 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
     return held
 
 
+def retire_sql(cur, ctx: Context) -> list[Statement]:
+    """What retire drops: the reverse capture on the live table, what is left of the forward one,
+    and the old table unless [rollback] keep_old."""
+    m = ctx.migration
+    out: list[Statement] = [*capture.remove_sql(cur, ctx.mid, m.source, reverse=True),
+                            *capture.remove_sql(cur, ctx.mid, None, reverse=False)]
+    if not ctx.plan.rollback.keep_old:
+        out.append(ddl.drop_table(m.old))
+    return out
+
+
 def retire(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
     keep = ctx.plan.rollback.keep_old
@@ -350,14 +382,9 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
             if left and not give_up_rows:
                 raise refuse_losing(ctx, left, "retire", "original")
             give_up(cur, ctx, left, "retire")
-        capture.remove(cur, ctx.mid, m.source, reverse=True)
-        capture.remove(cur, ctx.mid, None, reverse=False)
-        if not keep:
-            cur.execute(ddl.drop_table(m.old))
-        control.finish_step(cur, m, "retire", "finished", ctx.owner, state="done",
-                            message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
-        cur.execute("UPDATE mover.migrations SET finished_at = now(), lease_owner = NULL, lease_host = NULL,"
-                    " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s", (ctx.mid,))
+        execute_all(cur, retire_sql(cur, ctx))
+        control.mark_retired(cur, m, ctx.owner,
+                             message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
     try:
@@ -366,6 +393,14 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
     except psycopg.errors.LockNotAvailable as exc:
         raise lock_not_granted(ctx, m.source, "retire", f"mover retire {m.name}") from exc
     ctx.refresh()
+
+
+def abort_sql(cur, ctx: Context) -> list[Statement]:
+    """What abort drops (before the swap, or after swapping back): the capture and the new table."""
+    m = ctx.migration
+    # Under its current name: a source renamed during the migration keeps no capture trigger.
+    live = shape.current_name(cur, ctx.mid, "source") or m.source
+    return [*capture.remove_sql(cur, ctx.mid, live, reverse=False), ddl.drop_table(m.target)]
 
 
 def abort(ctx: Context, give_up_rows: bool = False) -> None:
@@ -378,17 +413,10 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
         if left and not give_up_rows:
             raise refuse_losing(ctx, left, "abort", "new")
         give_up(cur, ctx, left, "abort")
-        # Under its current name: a source renamed during the migration keeps no capture trigger.
-        capture.remove(cur, ctx.mid, shape.current_name(cur, ctx.mid, "source") or m.source, reverse=False)
-        cur.execute(ddl.drop_table(m.target))
+        execute_all(cur, abort_sql(cur, ctx))
         chunks.reset(cur, ctx.mid, "backfill")
         chunks.reset(cur, ctx.mid, "reconcile")
-        cur.execute("UPDATE mover.migrations SET state = 'aborted', finished_at = now(), lease_owner = NULL,"
-                    " lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL, updated_at = now()"
-                    " WHERE id = %s", (ctx.mid,))
-        cur.execute("UPDATE mover.steps SET status = 'undone' WHERE migration_id = %s AND status <> 'pending'",
-                    (ctx.mid,))
-        control.event(cur, ctx.mid, ctx.owner, None, "aborted", "aborted; everything mover created was removed")
+        control.mark_aborted(cur, m, ctx.owner)
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
     try:

@@ -1,4 +1,6 @@
-"""Catalog reads: a table's columns, key, indexes and dependents, and the live checks of a plan.
+"""Catalog reads: a table's columns, key, indexes, dependents, sequences, constraints and metadata
+(owner, grants, storage options, comments). The plan's checks against the live catalog are built
+on these but live with plan validation, not here.
 
 Nothing here writes. Every function takes a cursor so it can run inside the caller's
 transaction (and therefore its snapshot and timeouts).
@@ -23,7 +25,6 @@ class Column:
     not_null: bool
     identity: str  # '' | 'a' (ALWAYS) | 'd' (BY DEFAULT)
     generated: str  # '' | 's' (STORED)
-    has_equality: bool  # false for json, xml, point...: compared through their text form
     # (schema, name) of the column's collation when it is not its type's default: every
     # comparison of key values must use it (a log column or a cast bound would take the default)
     collation: tuple[str, str] | None = None
@@ -95,11 +96,6 @@ def exists(cur: psycopg.Cursor, name: QualifiedName) -> bool:
     return one(cur)[0]
 
 
-def schema_exists(cur: psycopg.Cursor, schema: str) -> bool:
-    cur.execute("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)", (schema,))
-    return one(cur)[0]
-
-
 def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
     cur.execute(
         "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
@@ -114,15 +110,6 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
         """
         SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull,
                a.attidentity, a.attgenerated,
-               (SELECT CASE WHEN t.typtype IN ('e', 'c', 'r', 'm') THEN true
-                       ELSE EXISTS (SELECT 1 FROM pg_opclass oc JOIN pg_am am ON am.oid = oc.opcmethod
-                                     WHERE am.amname = 'btree' AND oc.opcdefault
-                                       AND oc.opcintype IN (t.oid, e.oid))
-                       END
-                  FROM pg_type t0
-                  JOIN pg_type t ON t.oid = CASE WHEN t0.typtype = 'd' THEN t0.typbasetype ELSE t0.oid END
-                  LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
-                 WHERE t0.oid = a.atttypid),
                (SELECT ARRAY[cn.nspname, co.collname] FROM pg_collation co
                   JOIN pg_namespace cn ON cn.oid = co.collnamespace
                   JOIN pg_type ct ON ct.oid = a.atttypid
@@ -136,7 +123,7 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
         """,
         (oid,),
     )
-    columns = tuple(Column(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7]) if r[7] else None, r[8], r[9], r[10])
+    columns = tuple(Column(r[0], r[1], r[2], r[3], r[4], r[5], tuple(r[6]) if r[6] else None, r[7], r[8], r[9])
                     for r in cur.fetchall())
     key, key_index = _key(cur, oid, name)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
@@ -281,12 +268,6 @@ def owned_sequences(cur: psycopg.Cursor, oid: int) -> list[OwnedSequence]:
 
 def table_oid(cur: psycopg.Cursor, name: QualifiedName) -> int | None:
     cur.execute("SELECT to_regclass(%s)::oid", (str(name),))
-    return one(cur)[0]
-
-
-def trigger_exists(cur: psycopg.Cursor, table: QualifiedName, trigger: str) -> bool:
-    cur.execute("SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = %s)",
-                (str(table), trigger))
     return one(cur)[0]
 
 

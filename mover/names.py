@@ -1,7 +1,8 @@
 """SQL names: parsing a plan's `schema."Table"` text, quoting, and the names mover derives.
 
-Identifiers always reach SQL through psycopg.sql.Identifier; this module never quotes by hand
-except to *display* a name the way SQL would write it.
+Identifiers reach SQL text through psycopg.sql.Identifier (QualifiedName.ident). The quoted form
+of str(QualifiedName) is for messages, and for the one other place a name may go: a bound
+parameter read as regclass text (`%s::regclass`, `to_regclass(%s)`), never SQL text.
 """
 
 from __future__ import annotations

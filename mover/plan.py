@@ -1,7 +1,7 @@
 """Plan files: TOML -> validated dataclasses, a canonical form and its hash.
 
-Validation here needs no database (shape, types, names); `introspect.check_plan_against`
-checks the plan against the live catalog. Every error names the key as `[section] key`.
+Validation here needs no database (shape, types, names); the checks against the live catalog
+(`mover plan check`, and again at registration) are done by the API layer. Every error names the key as `[section] key`.
 """
 
 from __future__ import annotations

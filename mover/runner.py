@@ -15,11 +15,13 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, cutover, faults, shape, steps
+from mover import capture, chunks, control, faults, shape, steps
+from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
 from mover.heartbeat import Heartbeat
+from mover.steps import rollback_window
 
 log = logging.getLogger("mover.runner")
 
@@ -92,28 +94,16 @@ def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: 
     if message is not None:
         message = mask(message)
 
-    def write(cur):
-        cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
-                    " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",
-                    (state, error, ctx.mid, ctx.owner))
-        cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = %s AND status = 'running'",
-                    (ctx.mid,))
-        if kind:
-            control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind, message or kind, detail)
     try:
-        db.transaction(write, label="record outcome")
+        db.transaction(bind(control.record_outcome, ctx.mid, ctx.owner, ctx.migration.step, state, error,
+                            kind, message, detail), label="record outcome")
     except psycopg.Error as exc:
         log.error("could not record the outcome %r of migration %s: %s", state, ctx.mid, exc)
 
 
 def _clear_error(db: Database, ctx: Context) -> None:
-    """The command succeeded: an error a failed earlier attempt recorded is history (the events keep
-    it), not the state. A waiting state's message (divergences, a gate) stays."""
     try:
-        db.transaction(lambda cur: cur.execute(
-            "UPDATE mover.migrations SET error = NULL WHERE id = %s AND lease_owner = %s"
-            " AND state NOT IN ('waiting', 'failed') AND error IS NOT NULL", (ctx.mid, ctx.owner)),
-            label="clear error")
+        db.transaction(bind(control.clear_error, ctx.mid, ctx.owner), label="clear error")
     except psycopg.Error as exc:
         log.warning("could not clear the recorded error of migration %s: %s", ctx.mid, exc)
 
@@ -134,7 +124,7 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
             capture.drain(ctx, reverse=False, backfill_done=True)
             # The gate tells the truth: a replay that failed since reconcile left open divergences
             # (replayed once more first: the application may have fixed the row since).
-            ctx.db.transaction(bind(cutover.retry_unapplied, ctx, reverse=False))
+            ctx.db.transaction(bind(cutover_engine.retry_unapplied, ctx, reverse=False))
             counts = ctx.db.transaction(bind(control.divergence_counts, m.id))
             error = None
             if counts["open"]:
@@ -159,3 +149,45 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         faults.point(f"after:{step.name}")
         if one_step or (through_cutover and step.name == "cutover"):
             return ctx.refresh()
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator commands: each checks the transition table (control.COMMANDS) under the lease, then
+# moves the migration through the same steps and transitions as `mover run`.
+
+
+def cutover(ctx: Context) -> control.Migration:
+    """`mover cutover`: pass the gate and swap; a zero-length window retires at once, otherwise
+    the open window is success (the migration waits in it)."""
+    control.require_command(ctx.refresh(), "cutover")
+    advance(ctx, through_cutover=True)
+    try:
+        return advance(ctx)
+    except Waiting:
+        ctx.db.transaction(bind(control.set_state, ctx.mid, "waiting", owner=ctx.owner), label="window open")
+        return ctx.refresh()
+
+
+def rollback(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
+    """`mover rollback`: swap back within the window; the migration returns to reconcile."""
+    control.require_command(ctx.refresh(), "rollback")
+    cutover_engine.swap_back(ctx, give_up_rows)
+    return ctx.migration
+
+
+def retire(ctx: Context, *, force: bool = False, give_up_rows: bool = False) -> control.Migration:
+    """`mover retire`: close the window (early, with force), then the retire step."""
+    m = ctx.refresh()
+    control.require_command(m, "retire")
+    if m.step == "rollback_window" and not rollback_window.close(ctx, force=force):
+        raise Waiting(f"the rollback window of {m.name!r} is still open",
+                      hint=f"wait, or `mover retire {m.name} --force`")
+    ctx.give_up_rows = give_up_rows
+    return advance(ctx)
+
+
+def abort(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
+    """`mover abort`: remove what mover built (before the cutover, or after a rollback)."""
+    control.require_command(ctx.refresh(), "abort")
+    cutover_engine.abort(ctx, give_up_rows)
+    return ctx.migration

@@ -329,11 +329,6 @@ END
     ]
 
 
-def drop_notes(notes, notes_fn) -> list[sql.Composed]:
-    return [sql.SQL("DROP TABLE IF EXISTS {}").format(notes.ident),
-            sql.SQL("DROP FUNCTION IF EXISTS {}()").format(notes_fn.ident)]
-
-
 def forget_notes(m: Mapping, notes, lo, hi) -> tuple[sql.Composed, list]:
     """Notes of a range up to the mark its verification saw (%s after the range's bounds)."""
     where, params = range_predicate("a", m, lo, hi)

@@ -20,7 +20,6 @@ from mover.names import QualifiedName
 class MappedColumn:
     name: str
     cast_to: str | None  # the destination type when it differs from the source's (catalog text)
-    compare_as_text: bool  # the type has no equality operator (json, xml, point...)
     # The source's type when the conversion can lose information: reconcile compares in it
     # (the destination value cast back), so a value the conversion changed differs.
     back_to: str | None = None
@@ -45,7 +44,6 @@ class Mapping:
         for d in dst.copy_columns:
             s = src.column(d.name)
             cols.append(MappedColumn(d.name, None if s.type == d.type else d.type,
-                                     not (s.has_equality and d.has_equality),
                                      s.type if s.type != d.type and lossy_reason(s, d) else None))
         return cls(
             src=src.name, dst=dst.name, key=key,

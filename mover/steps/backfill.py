@@ -45,7 +45,7 @@ class Backfill(Step):
             # on its shape is fixed too (mover/shape.py).
             ctx.check_shape(cur)
             shape.record(cur, m.id, target=m.target)
-            control.finish_step(cur, m, self.name, "reconcile", ctx.owner,
+            control.finish_step(cur, m, self.name, ctx.owner,
                                 message=f"copied {rows} rows in {chunks} chunks",
                                 detail={"rows": rows, "chunks": chunks})
 

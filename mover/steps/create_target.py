@@ -71,6 +71,6 @@ class CreateTarget(Step):
                              hint=f"drop or rename it, then `mover run {m.name}`; or `mover abort {m.name}`")
             for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
                 cur.execute(stmt)
-            control.finish_step(cur, m, self.name, "install_capture", ctx.owner, message=f"created {m.target}")
+            control.finish_step(cur, m, self.name, ctx.owner, message=f"created {m.target}")
 
         ctx.db.transaction(create, lock_timeout="2s", label="create_target")

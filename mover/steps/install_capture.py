@@ -20,7 +20,7 @@ class InstallCapture(Step):
         def install(cur):
             control.guard(cur, m.id, self.name, ctx.owner)
             capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name)
-            control.finish_step(cur, m, self.name, "backfill", ctx.owner, message=f"capturing changes to {m.source}")
+            control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}")
 
         # CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the live table: wait briefly and
         # retry rather than queue the application's writes behind us.

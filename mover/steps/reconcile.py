@@ -41,5 +41,5 @@ def conclude(ctx: Context, result: reconcile.PassResult) -> None:
                            f" from the source, `mover accept {m.name} --reason TEXT` accepts them; cutover is"
                            f" refused until none remain")
     ctx.db.transaction(lambda cur: control.finish_step(
-        cur, m, "reconcile", "cutover", ctx.owner, state="waiting", message="tables are equal",
+        cur, m, "reconcile", ctx.owner, state="waiting", message="tables are equal",
         detail=result.as_dict()))

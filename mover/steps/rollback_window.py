@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from mover import capture, control, cutover
 from mover.context import Context
+from mover.db import bind
 from mover.errors import Waiting
 from mover.steps.base import Step
 
@@ -15,16 +16,7 @@ class RollbackWindow(Step):
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
-        capture.drain(ctx, reverse=True, backfill_done=True)
-
-        def close_if_over(cur):
-            cur.execute("SELECT window_ends_at <= now() FROM mover.migrations WHERE id = %s", (m.id,))
-            if not cur.fetchone()[0]:
-                return False
-            control.finish_step(cur, m, self.name, "retire", ctx.owner, message="rollback window closed")
-            return True
-
-        if not ctx.db.transaction(close_if_over):
+        if not close(ctx, force=False):
             # Say so while rows the old table rejected exist only in the new one (replayed once more:
             # the application may have fixed them): a rollback would refuse.
             stuck = ctx.db.transaction(lambda cur: cutover.retry_unapplied(cur, ctx, reverse=True))
@@ -33,3 +25,13 @@ class RollbackWindow(Step):
             raise Waiting(f"the rollback window of {m.name!r} is open until"
                           f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}",
                           hint=f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
+
+
+def close(ctx: Context, *, force: bool) -> bool:
+    """Apply the reverse log to the old table, then end the window if it is over (or now, with
+    force). False while it is open."""
+    capture.drain(ctx, reverse=True, backfill_done=True)
+    closed = ctx.db.transaction(bind(control.close_window, ctx.migration, ctx.owner, force=force),
+                                label="close rollback window")
+    ctx.refresh()
+    return closed

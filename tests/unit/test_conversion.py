@@ -9,7 +9,7 @@ from mover.introspect import Column
 
 
 def col(oid: int, typmod: int = -1) -> Column:
-    return Column("c", "t", oid, False, "", "", True, None, typmod)
+    return Column("c", "t", oid, False, "", "", None, typmod)
 
 
 def varchar(n: int) -> Column:
@@ -71,9 +71,9 @@ def test_exact(src, dst):
 
 
 def test_a_domain_is_judged_by_its_base_type():
-    over_varchar20 = Column("c", "code", 99999, False, "", "", True, None, -1, cv.VARCHAR, 24)
+    over_varchar20 = Column("c", "code", 99999, False, "", "", None, -1, cv.VARCHAR, 24)
     assert "length narrowing" in cv.lossy_reason(over_varchar20, varchar(5))
     assert cv.lossy_reason(over_varchar20, varchar(30)) is None
-    over_int = Column("c", "account_no", 99998, False, "", "", True, None, -1, cv.INT4, -1)
+    over_int = Column("c", "account_no", 99998, False, "", "", None, -1, cv.INT4, -1)
     assert cv.lossy_reason(col(cv.INT4), over_int) is None
     assert "integer narrowing" in cv.lossy_reason(col(cv.INT8), over_int)

@@ -1,0 +1,127 @@
+"""The state machine (mover/control.py): the Alembic CHECKs agree with the step list, operator
+commands are refused at steps the transition table does not allow (changing nothing), and a
+transition by a process that no longer holds the lease, or that works from a stale step, hits
+zero rows and raises LeaseLost (writing nothing, events included)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mover import api, control, steps
+from mover.db import Database
+from mover.errors import BadInput, LeaseLost, Waiting
+from tests.workload import create_orders, write_plan
+
+PLAN = """
+[migration]
+name = "orders_sm"
+source = 'public."Orders"'
+
+[target]
+columns = { id = "bigint" }
+
+[backfill]
+chunk_rows = 200
+
+[rollback]
+window = "1h"
+"""
+
+
+def _check_values(db: Database, table: str, column: str) -> set[str]:
+    """The literals of the CHECK on mover.<table>.<column>, read from the catalog."""
+    def read(cur):
+        cur.execute("SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c JOIN pg_attribute a"
+                    " ON a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey)"
+                    " WHERE c.conrelid = %s::regclass AND c.contype = 'c' AND a.attname = %s",
+                    (f"mover.{table}", column))
+        return [r[0] for r in cur.fetchall()]
+    defs = db.transaction(read)
+    assert len(defs) == 1, defs
+    return set(re.findall(r"'([a-z_]+)'::text", defs[0]))
+
+
+def test_check_constraints_agree_with_the_step_list(db_dsn):
+    db = Database(db_dsn)
+    try:
+        assert _check_values(db, "migrations", "step") == set(control.STEPS) | {control.FINISHED}
+        assert _check_values(db, "steps", "name") == set(control.STEPS)
+    finally:
+        db.close()
+    assert [s.name for s in steps.ALL] == list(control.STEPS)
+    assert [control.next_step(s) for s in control.STEPS] == [*control.STEPS[1:], control.FINISHED]
+
+
+def test_transition_table_is_derived_from_the_steps():
+    for command, allowed in control.COMMANDS.items():
+        assert allowed and allowed <= set(control.STEPS), command
+    assert control.COMMANDS["cutover"] == {"cutover"}
+    assert control.COMMANDS["rollback"] == {"rollback_window"}
+    assert control.COMMANDS["retire"] == {"rollback_window", "retire"}
+    assert "retire" not in control.COMMANDS["abort"] and "rollback_window" not in control.COMMANDS["abort"]
+
+
+def _where(db_dsn):
+    st = api.status(db_dsn, "orders_sm")
+    return st["step"], st["state"], len(api.events(db_dsn, "orders_sm", limit=1000))
+
+
+def test_operator_commands_refused_at_illegal_steps(db_dsn, tmp_path):
+    create_orders(db_dsn, 600)
+    plan = write_plan(tmp_path / "orders.toml", PLAN)
+    for _ in range(2):
+        api.run(db_dsn, plan, one_step=True)
+    before = _where(db_dsn)
+    assert before[0] == "backfill"
+    for command in (api.cutover_now, api.rollback, api.retire):
+        with pytest.raises(BadInput, match="at step 'backfill'"):
+            command(db_dsn, "orders_sm")
+    assert _where(db_dsn) == before  # refused before anything was written
+
+    with pytest.raises(Waiting):
+        api.run(db_dsn, "orders_sm")  # stops at the cutover gate
+    for command in (api.rollback, api.retire):
+        with pytest.raises(BadInput, match="at step 'cutover'"):
+            command(db_dsn, "orders_sm")
+    assert api.cutover_now(db_dsn, "orders_sm")["step"] == "rollback_window"
+    with pytest.raises(BadInput, match="cannot cut over"):
+        api.cutover_now(db_dsn, "orders_sm")
+    assert api.rollback(db_dsn, "orders_sm")["step"] == "reconcile"
+    assert api.abort(db_dsn, "orders_sm")["state"] == "aborted"
+    for command in (api.cutover_now, api.rollback, api.retire, api.abort):
+        with pytest.raises(BadInput, match="state 'aborted'"):
+            command(db_dsn, "orders_sm")
+    with pytest.raises(BadInput):
+        api.set_paused(db_dsn, "orders_sm", True)
+
+
+def test_stale_owner_transitions_hit_no_row(db_dsn, tmp_path):
+    create_orders(db_dsn, 100)
+    plan = write_plan(tmp_path / "orders.toml", PLAN)
+    api.run(db_dsn, plan, one_step=True)  # at install_capture, no lease held
+    db = Database(db_dsn)
+    try:
+        m = db.transaction(lambda cur: control.get(cur, "orders_sm"))
+        db.transaction(lambda cur: control.acquire_lease(cur, m, "old-owner"))
+        # Another process took over (its lease is live): the old owner's view is stale.
+        db.transaction(lambda cur: cur.execute("UPDATE mover.migrations SET lease_owner = 'new-owner' WHERE id = %s",
+                                               (m.id,)))
+        before = _where(db_dsn)
+        stale = [
+            lambda cur: control.finish_step(cur, m, "install_capture", "old-owner"),
+            lambda cur: control.start_step(cur, m, "install_capture", "old-owner"),
+            lambda cur: control.set_state(cur, m.id, "waiting", owner="old-owner"),
+            lambda cur: control.mark_aborted(cur, m, "old-owner"),
+            lambda cur: control.mark_swapped(cur, m, "old-owner", lock_ms=1.0, window_ms=1000, detail={}),
+            lambda cur: control.mark_retired(cur, m, "new-owner", message="x"),  # wrong step, right owner
+            lambda cur: control.finish_step(cur, m, "backfill", "new-owner"),  # a step it is not at
+        ]
+        for transition in stale:
+            with pytest.raises(LeaseLost):
+                db.transaction(transition)
+        assert not db.transaction(lambda cur: control.record_outcome(cur, m.id, "old-owner", m.step, "failed", "x"))
+        assert _where(db_dsn) == before
+    finally:
+        db.close()

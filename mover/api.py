@@ -420,7 +420,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
                 break
             if kind == reconcile_engine.KIND:
                 st = db.transaction(bind(chunks.state, m.id, reconcile_engine.KIND))
-                if m.step == "reconcile" and not st["exhausted"] and st["total"] == 0:
+                if m.step == "reconcile" and not st["started"]:
                     stop.wait(1.0)  # the orchestrator has yet to start the first pass
                     continue
                 if st["exhausted"] and st["open"] == 0:

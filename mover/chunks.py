@@ -190,7 +190,8 @@ def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
     )
     done, open_, failed, total, rows, exhausted = one(cur)
     return {"done": done, "open": open_, "failed": failed, "total": total, "rows": int(rows),
-            "exhausted": bool(exhausted), "finished": bool(exhausted) and open_ == 0 and failed == 0}
+            "exhausted": bool(exhausted), "finished": bool(exhausted) and open_ == 0 and failed == 0,
+            "started": exhausted is not None}  # a pass (or the backfill) has begun: its frontier exists
 
 
 def failed_chunks(cur: psycopg.Cursor, mid: int, kind: str) -> list[tuple[int, str | None]]:

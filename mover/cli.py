@@ -303,7 +303,7 @@ def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.k
 @_exits
 def worker(name: str, dsn: str | None = DsnOption,
            threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
-    """Join a migration's backfill from this host; exits when no ranges are left."""
+    """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
     reporter = ProgressReporter(err)
     try:
         st = api.work(_dsn(dsn), name, threads=threads, report=reporter, stop=_interruptible())

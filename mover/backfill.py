@@ -202,7 +202,7 @@ def copy_all(ctx: Context) -> None:
         chunks.ensure_frontier(cur, ctx.mid, KIND)
         chunks.retry_failed(cur, ctx.mid, KIND)
         chunks.release_dead_local_owners(cur, ctx.mid)
-        return estimate_rows(cur, ctx.original), chunks.state(cur, ctx.mid, KIND)["rows"]
+        return introspect.estimate_rows(cur, ctx.original), chunks.state(cur, ctx.mid, KIND)["rows"]
 
     estimate, copied = ctx.db.transaction(prepare)
     ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
@@ -212,12 +212,6 @@ def copy_all(ctx: Context) -> None:
     chunks.run_workers(workers, "worker")
     ctx.checkpoint()
     chunks.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
-
-
-def estimate_rows(cur, table) -> int:
-    cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(table),))
-    row = cur.fetchone()
-    return int(row[0]) if row else 0
 
 
 def deferred_index_name(mid: int, source_index: str) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from mover import backfill, capture, chunks, control, faults, introspect, names, throttle
+from mover import capture, chunks, control, faults, introspect, names, throttle
 from mover.context import Context, Reporter
 from mover.db import Database, bind, is_retryable, one
 from mover.errors import Failed, LeaseLost, MoverError
@@ -394,7 +394,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
 
     def todo(cur):
         st = chunks.state(cur, ctx.mid, KIND)
-        estimate = backfill.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
+        estimate = introspect.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
         return st, estimate
     st, estimate = ctx.db.transaction(todo)
     ctx.report("reconcile_start", mode=mode, ranges_open=st["open"], estimate=estimate, workers=settings.workers)

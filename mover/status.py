@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mover import backfill as backfill_engine
-from mover import capture, chunks, control
+from mover import capture, chunks, control, introspect
 from mover.db import one
 
 
@@ -19,7 +18,7 @@ def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
                 " AND finished_at > now() - interval '30 seconds'", (m.id,))
     rate = cur.fetchone()[0]
     estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
-        backfill_engine.estimate_rows(cur, m.source)
+        introspect.estimate_rows(cur, m.source)
     eta = None
     if rate and estimate and not st["finished"]:
         eta = max(estimate - st["rows"], 0) / float(rate)

@@ -15,28 +15,12 @@ from mover import capture, checks, chunks, control, cutover, runner, steps
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, dsn_problem, mask, redact
-from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
+from mover.db import Database, bind
+from mover.db import open_database as _database
+from mover.errors import BadInput, NotFound, PlanError, Waiting
 from mover.plan import Plan, load_plan, plan_from_canonical
 
 log = logging.getLogger("mover")
-
-
-def _database(dsn: str) -> Database:
-    problem = dsn_problem(dsn) if dsn else None
-    if problem:
-        raise BadInput(f"the DSN is malformed: {problem}",
-                       hint="fix --dsn or DATABASE_URL: a URL such as postgresql://user@host:5432/dbname, or "
-                            "key=value pairs such as 'host=... dbname=... user=...'; give the password through "
-                            "PGPASSWORD or ~/.pgpass rather than in the DSN")
-    db = Database(dsn)
-    try:
-        db.connection()
-    except psycopg.OperationalError as exc:
-        raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
-                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
-                     hint="check --dsn, DATABASE_URL or the PG* variables") from exc
-    return db
 
 
 def _require_schema(db: Database) -> None:

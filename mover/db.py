@@ -28,7 +28,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from mover.errors import BadInput
+from mover.errors import BadInput, Failed
 
 log = logging.getLogger("mover.db")
 
@@ -284,6 +284,25 @@ class Database:
                     cur.execute("RESET lock_timeout; RESET statement_timeout")
 
 
+def open_database(dsn: str) -> Database:
+    """A Database whose DSN parses and whose server answers: the commands' first step, so that a
+    bad DSN is bad input (exit 2, nothing changed) and an unreachable server names the DSN, masked."""
+    problem = dsn_problem(dsn) if dsn else None
+    if problem:
+        raise BadInput(f"the DSN is malformed: {problem}",
+                       hint="fix --dsn or DATABASE_URL: a URL such as postgresql://user@host:5432/dbname, or "
+                            "key=value pairs such as 'host=... dbname=... user=...'; give the password through "
+                            "PGPASSWORD or ~/.pgpass rather than in the DSN")
+    db = Database(dsn)
+    try:
+        db.connection()
+    except psycopg.OperationalError as exc:
+        raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
+                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
+                     hint="check --dsn, DATABASE_URL or the PG* variables") from exc
+    return db
+
+
 def _first_words(statement, conn: psycopg.Connection) -> str:
     text = statement if isinstance(statement, str) else statement.as_string(conn)
     return text if len(text) <= 120 else text[:117] + "..."
@@ -293,6 +312,6 @@ def sqlstate(exc: BaseException) -> str | None:
     return getattr(exc, "sqlstate", None)
 
 
-__all__ = ["Database", "connect", "redact", "mask", "dsn_problem", "remember_secrets", "is_retryable",
-           "is_connection_lost", "pgerrors",
+__all__ = ["Database", "open_database", "connect", "redact", "mask", "dsn_problem", "remember_secrets",
+           "is_retryable", "is_connection_lost", "pgerrors",
            "sqlstate"]

@@ -417,13 +417,13 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
             if m.step not in ("backfill", "reconcile", "cutover"):
                 break
             if kind in served:
-                if kind == backfill_engine.KIND:
+                if kind == backfill_engine.KIND and _orchestrated(db, m):
                     stop.wait(1.0)  # the orchestrator builds the indexes; a reconcile pass comes next
                     continue
                 break
             if kind == reconcile_engine.KIND:
                 st = db.transaction(bind(chunks.state, m.id, reconcile_engine.KIND))
-                if m.step == "reconcile" and not st["started"]:
+                if m.step == "reconcile" and not st["started"] and _orchestrated(db, m):
                     stop.wait(1.0)  # the orchestrator has yet to start the first pass
                     continue
                 if st["exhausted"] and st["open"] == 0:
@@ -433,6 +433,16 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
         return status(dsn, name, db=db)
     finally:
         db.close()
+
+
+def _orchestrated(db: Database, m: control.Migration) -> bool:
+    """Whether a live process holds the migration's lease: only then is a next phase coming for a
+    helper to wait for (with none, it would wait for ever)."""
+    def live(cur) -> bool:
+        cur.execute("SELECT lease_expires_at > clock_timestamp() FROM mover.migrations WHERE id = %s", (m.id,))
+        row = cur.fetchone()
+        return bool(row and row[0])
+    return db.transaction(live)
 
 
 def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: Reporter,

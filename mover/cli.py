@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,12 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from mover import api
 from mover.db import mask, remember_secrets
 from mover.errors import MoverError, Waiting
+from mover.progress import ProgressReporter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
@@ -100,88 +99,6 @@ def _dsn(dsn: str | None) -> str:
 
 def _print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
-
-
-class ProgressReporter:
-    """Turns engine reports into a live backfill progress bar (rows, rows/s, range size, workers,
-    capture backlog, ETA) and log lines for the rest. Workers report from several threads."""
-
-    def __init__(self) -> None:
-        self.progress: Progress | None = None
-        self.task = TaskID(0)  # the bar's own once a bar starts; unused while progress is None
-        self.lock = threading.Lock()
-        self.rows = 0
-        self.estimate = 0
-        self.started = time.monotonic()
-        self.copied_here = 0
-        self.workers: set[str] = set()
-
-    def __call__(self, kind: str, **f: Any) -> None:
-        with self.lock:
-            if kind == "backfill_start":
-                self.close()
-                self.rows, self.estimate, self.copied_here = f["rows"], f["estimate"], 0
-                self.started = time.monotonic()
-                self.progress = Progress(
-                    TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]} rows/s | range {task.fields[chunk_rows]} rows | "
-                               "{task.fields[workers]} workers | capture backlog {task.fields[backlog]}"),
-                    TimeRemainingColumn(), console=err)
-                self.progress.start()
-                self.task = self.progress.add_task("backfill", total=max(self.estimate, self.rows, 1),
-                                                   completed=self.rows, rate="-", chunk_rows="-",
-                                                   workers=f["workers"], backlog="-")
-                return
-            if kind == "backfill" and self.progress is not None:
-                self.rows += f["rows"]
-                self.copied_here += f["rows"]
-                self.workers.add(f["worker"])
-                rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
-                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}",
-                                          "workers": len(self.workers)}
-                if f.get("capture_pending") is not None:
-                    fields["backlog"] = f"{f['capture_pending']:,}"
-                self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
-                return
-            if kind.startswith("reconcile_") and self._reconcile(kind, f):
-                return
-            if kind in ("capture", "backfill"):
-                return  # frequent and small; `mover status` shows the backlog
-            self.close()
-            err.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
-
-    def _reconcile(self, kind: str, f: dict[str, Any]) -> bool:
-        """Reconcile's bar: rows compared (of the source's estimate on a full pass), rows/s,
-        differences found so far. Returns False for what should print as a line."""
-        if kind == "reconcile_start":
-            self.close()
-            self.rows, self.estimate, self.copied_here = 0, f.get("estimate") or 0, 0
-            self.started = time.monotonic()
-            self.progress = Progress(
-                TextColumn(f"reconcile ({f['mode']})"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} rows/s | {task.fields[ranges]} ranges | "
-                           "{task.fields[differences]} differences"),
-                TimeRemainingColumn(), console=err)
-            self.progress.start()
-            self.task = self.progress.add_task("reconcile", total=self.estimate or None, completed=0, rate="-",
-                                               ranges=0, differences=0)
-            self.ranges = self.differences = 0
-            return True
-        if kind == "reconcile_range" and self.progress is not None:
-            self.rows += f["rows"]
-            self.ranges += 1
-            self.differences += f["differences"]
-            rate = self.rows / max(time.monotonic() - self.started, 1e-6)
-            self.progress.update(self.task, completed=self.rows,
-                                 total=max(self.estimate, self.rows) if self.estimate else None,
-                                 rate=f"{rate:,.0f}", ranges=self.ranges, differences=self.differences)
-            return True
-        return kind == "reconcile_range"
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
 
 
 def _interruptible():
@@ -279,7 +196,7 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
 
 
 def _run(dsn, target, one_step, wait):
-    reporter = ProgressReporter()
+    reporter = ProgressReporter(err)
     try:
         st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())
     finally:
@@ -325,8 +242,11 @@ def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption,
 @_exits
 def cutover(name: str, dsn: str | None = DsnOption):
     """Swap the new table in; the rollback window starts."""
-    reporter = ProgressReporter()
-    st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
+    reporter = ProgressReporter(err)
+    try:
+        st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
+    finally:
+        reporter.close()  # also on error: a live bar would hide the message and leave the terminal askew
     _show_status(st)
 
 
@@ -395,8 +315,8 @@ def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.k
 @_exits
 def worker(name: str, dsn: str | None = DsnOption,
            threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
-    """Join a migration's backfill from this host; exits when no ranges are left."""
-    reporter = ProgressReporter()
+    """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
+    reporter = ProgressReporter(err)
     try:
         st = api.work(_dsn(dsn), name, threads=threads, report=reporter, stop=_interruptible())
     finally:
@@ -456,7 +376,7 @@ def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOp
                   full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
                                                                    "since the last pass.")):
     """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
-    reporter = ProgressReporter()
+    reporter = ProgressReporter(err)
     try:
         result = api.reconcile(_dsn(dsn), name, full=full, report=reporter, stop=_interruptible())
     finally:

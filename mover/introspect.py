@@ -340,3 +340,10 @@ def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
 
 
 INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}
+
+
+def estimate_rows(cur: psycopg.Cursor, table: QualifiedName) -> int:
+    """The planner's row count (pg_class.reltuples): for progress and ETAs, never for decisions."""
+    cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(table),))
+    row = cur.fetchone()
+    return int(row[0]) if row else 0

@@ -52,6 +52,7 @@ class ReconcileSettings:
     before_cutover: bool = True  # re-verify the ranges changed since the last pass, just before the lock
     settle_rounds: int = 10  # re-checks of a key that differs while a change to it is pending
     max_attempts: int = 5  # a range failing this often is marked failed
+    max_rows_per_second: int = 0  # source rows compared per second, shared by the workers; 0: no cap
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,8 @@ SETTABLE = {
     "backfill": {"target_chunk_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
                  "max_attempts", "workers", "chunk_rows"},
     "cutover": {"auto", "lock_timeout", "attempts"},
-    "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts"},
+    "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts",
+                  "max_rows_per_second"},
 }
 
 
@@ -195,7 +197,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
-                  "settle_rounds": (int, False), "max_attempts": (int, False)},
+                  "settle_rounds": (int, False), "max_attempts": (int, False),
+                  "max_rows_per_second": (int, False)},
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
 _SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
@@ -323,6 +326,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
             before_cutover=doc.get("reconcile", {}).get("before_cutover", ReconcileSettings.before_cutover),
             settle_rounds=bounded("reconcile", "settle_rounds", ReconcileSettings.settle_rounds, 1, 1000),
             max_attempts=bounded("reconcile", "max_attempts", ReconcileSettings.max_attempts, 1, 100),
+            max_rows_per_second=bounded("reconcile", "max_rows_per_second", 0, 0, 10**9),
         ),
         document=doc,
     )

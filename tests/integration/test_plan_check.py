@@ -462,6 +462,22 @@ def test_changed_tunables_of_a_registered_plan_are_fine(db, tmp_path):
     assert snapshot(db) == before
 
 
+def test_every_problem_is_reported_in_one_run(db, tmp_path):
+    # Three independent problems (a taken target name, a column that does not exist, a type that
+    # does not exist): one run names all three, each with its own next step, and changes nothing.
+    execute(db, "CREATE TABLE public.orders_new (id int)")
+    path = write_plan(tmp_path, plan_toml(columns={"nope": "bigint", "total": "no_such_type"}))
+    before = snapshot(db)
+    for command in (["plan", "check"], ["run"]):
+        result = mover(db, *command, str(path))
+        assert_bad(result, ["the plan has 3 problems:",
+                            '[target] name: "public"."orders_new" already exists',
+                            '[target] columns: "public"."orders" has no column "nope"',
+                            "[target] columns: 'no_such_type' (for column \"total\") is not a type this database knows",
+                            "next: choose another name or drop that table"])
+        assert snapshot(db) == before
+
+
 @pytest.fixture
 def bare_db(pg_dsn: str):
     """A database without mover's control schema (not cloned from the template)."""

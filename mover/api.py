@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from mover import backfill as backfill_engine
-from mover import capture, chunks, control, conversion, cutover, introspect, names, privileges, runner, steps
+from mover import capture, chunks, control, conversion, cutover, introspect, names, partitions, privileges, runner, steps
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, dsn_problem, mask, redact
@@ -152,6 +152,8 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
         if ix.is_exclusion:
             raise PlanError(f"{source} has the exclusion constraint index {names.display_ident(ix.name)}, which "
                             f"mover cannot recreate yet")
+    partitioning = (partitions.check_plan(cur, plan.partition, source, info, target, plan.columns)
+                    if plan.partition is not None else None)
     fks = introspect.inbound_foreign_keys(cur, info.oid)
     if fks:
         raise PlanError(f"{source} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
@@ -207,7 +209,7 @@ def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
                             f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
         lossy = _check_lossy(plan, info, rehearsed[0]) if plan.columns else {}
     return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info,
-            "lossy": lossy}
+            "lossy": lossy, "partitioning": partitioning}
 
 
 def _check_outbound_foreign_keys(cur, plan: Plan, source: QualifiedName, oid: int) -> None:
@@ -361,7 +363,8 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                                           for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "lossy_accepted": r["lossy"], "steps": out_steps}
+                    "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                    "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()

@@ -272,6 +272,16 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
     out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
+    part = result.get("partitioning")
+    if part:
+        out.print(f"partitioned by {part['by']} ({', '.join(part['columns'])}), unique key ({', '.join(part['key'])})",
+                  highlight=False, markup=False)
+        if part["key_change"]:
+            out.print(f"key change accepted ([target.partition] accept_key_change): {part['key_change']}",
+                      highlight=False, markup=False)
+        out.print(f"{len(part['partitions'])} partitions to create:", highlight=False, markup=False)
+        for p in part["partitions"]:
+            out.print(f"  {p['name']}  {p['bound']}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:

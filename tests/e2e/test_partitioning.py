@@ -1,0 +1,165 @@
+"""Converting a live unpartitioned table to a partitioned one ([target.partition]), under a writer
+that moves rows across partitions and writes rows no partition takes; judged by independent
+EXCEPT ALL queries both ways."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.workload import differences, mover, write_plan
+
+COLUMNS = ("id", "created_at", "tenant_id", "region", "payload")
+ROWS = 3000
+OUTSIDE = "2100-01-15 00:00:00+00"  # beyond every partition premake creates
+
+EVENTS_DDL = """
+CREATE TABLE events (
+    id bigserial PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    tenant_id integer NOT NULL,
+    region text NOT NULL,
+    payload text
+);
+CREATE INDEX events_created_at ON events (created_at);
+CREATE INDEX events_tenant ON events (tenant_id, id);
+INSERT INTO events (created_at, tenant_id, region, payload)
+SELECT now() - (g % 730) * interval '1 day' - (g % 86400) * interval '1 second', g % 20,
+       (ARRAY['de', 'fr', 'us'])[1 + g % 3], md5(g::text)
+FROM generate_series(1, %s) g;
+ANALYZE events;
+"""
+
+
+def create_events(dsn: str, rows: int = ROWS) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(EVENTS_DDL.replace("%s", str(int(rows))))
+
+
+PLAN = """
+[migration]
+name = "events_part"
+source = "events"
+
+[target.partition]
+{partition}
+
+[backfill]
+chunk_rows = 500
+
+[rollback]
+window = "1h"
+"""
+
+MONTHLY = 'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\npremake = 2\naccept_key_change = true\n'
+
+
+def plan_file(tmp_path, partition: str = MONTHLY) -> str:
+    return write_plan(tmp_path / "events.toml", PLAN.format(partition=partition))
+
+
+@dataclass
+class EventWriter:
+    """The application: inserts, updates that move a row to another month, deletes, and (with
+    `outside`) a row dated where no partition exists. Any error it sees is recorded."""
+
+    dsn: str
+    outside: bool = False
+    ops: int = 0
+    moved: int = 0
+    errors: list = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    paused: threading.Event = field(default_factory=threading.Event)
+    idle: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> EventWriter:
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        rnd = random.Random(7)
+        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
+            while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.idle.set()
+                    self.stop.wait(0.01)
+                    continue
+                self.idle.clear()
+                op = rnd.random()
+                try:
+                    (top,) = conn.execute("SELECT coalesce(max(id), 1) FROM events").fetchone()
+                    k = rnd.randint(1, top)
+                    if op < 0.3:
+                        conn.execute("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                     " (now() - %s * interval '1 day', %s, 'de', 'w')",
+                                     (rnd.randint(0, 700), rnd.randint(0, 19)))
+                    elif op < 0.5:
+                        conn.execute("UPDATE events SET payload = md5(random()::text) WHERE id = %s", (k,))
+                    elif op < 0.75:
+                        # Across months: the row changes partition in the target.
+                        n = conn.execute("UPDATE events SET created_at = created_at - interval '45 days',"
+                                         " payload = 'moved' WHERE id = %s", (k,)).rowcount
+                        self.moved += n
+                    elif op < 0.9:
+                        conn.execute("DELETE FROM events WHERE id = %s", (k,))
+                    elif self.outside and op < 0.92:
+                        conn.execute("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                     " (%s, 1, 'us', 'outside')", (OUTSIDE,))
+                    self.ops += 1
+                except psycopg.Error as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def pause(self) -> None:
+        self.paused.set()
+        assert self.idle.wait(30), "writer did not pause"
+
+    def resume(self) -> None:
+        self.paused.clear()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def status(dsn: str) -> dict:
+    r = mover(dsn, "status", "events_part", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def query(dsn: str, q: str, *params):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(q, params).fetchall()
+
+
+def partitions_of(dsn: str, table: str) -> list[str]:
+    return [r[0] for r in query(dsn, "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                                     " WHERE i.inhparent = %s::regclass ORDER BY 1", table)]
+
+
+def relkind(dsn: str, table: str) -> str:
+    return query(dsn, "SELECT relkind FROM pg_class WHERE oid = %s::regclass", table)[0][0]
+
+
+def test_plan_check_lists_partitions_and_the_key_change(db_dsn, tmp_path):
+    create_events(db_dsn)
+    r = mover(db_dsn, "plan", "check", plan_file(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    part = json.loads(r.stdout)["partitioning"]
+    assert part["key"] == ["id", "created_at"]
+    assert "(id) alone is no longer enforced unique" in part["key_change"]
+    names = [p["name"] for p in part["partitions"]]
+    # 24 months of rows, the current month, and 2 ahead: 25 or 26 months depending on the day.
+    assert 26 <= len(names) <= 28 and names == sorted(names)
+    (oldest,) = query(db_dsn, "SELECT to_char(min(created_at) AT TIME ZONE 'UTC', '\"events_p\"YYYY_MM')"
+                              " FROM events")[0]
+    assert names[0] == oldest
+    assert relkind(db_dsn, "events") == "r"  # nothing created
+    assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None

@@ -13,7 +13,19 @@ from typing import Any
 import psycopg
 
 from mover import backfill as backfill_engine
-from mover import capture, chunks, control, conversion, cutover, introspect, names, partitions, privileges, runner, steps
+from mover import (
+    capture,
+    chunks,
+    control,
+    conversion,
+    cutover,
+    introspect,
+    names,
+    partitions,
+    privileges,
+    runner,
+    steps,
+)
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, dsn_problem, mask, redact
@@ -784,5 +796,76 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
         if errors:
             raise errors[0]
         return status(dsn, name, db=db)
+    finally:
+        db.close()
+
+
+def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool = False,
+                        dry_run: bool = False) -> list[dict[str, Any]]:
+    """`mover partitions maintain [TABLE | --all]`: for each partitioned conversion, create the
+    partitions `premake` ahead, report the default partition's rows, detach (and with
+    drop_detached, drop) partitions past the retention. Idempotent: safe from cron."""
+    from mover.db import bind
+    from mover.sql import partitions as partition_sql
+
+    if (table is None) == (not all_tables):
+        raise BadInput("name one table (or migration), or pass --all", hint="mover partitions maintain --all")
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def find(cur):
+            out = []
+            for m in control.list_all(cur):
+                plan = plan_from_canonical(m.plan)
+                if plan.partition is None or m.state == "aborted":
+                    continue
+                if table is not None and table not in (m.name, m.source.name, str(m.source)):
+                    continue
+                live = partitions.live_table(cur, m.source, m.target)
+                if live is not None:
+                    out.append((m, plan, live))
+            return out
+        found = db.transaction(find, label="partitions")
+        if table is not None and not found:
+            raise NotFound(f"no partitioned conversion of {table!r} (by migration name or source table)",
+                           hint="`mover status` lists the migrations")
+        results = []
+        for m, plan, live in found:
+            spec = plan.partition
+            assert spec is not None and live.schema is not None
+            premake = spec.premake if plan.upkeep.premake is None else plan.upkeep.premake
+            todo = db.transaction(bind(partitions.maintain_plan, spec, premake, plan.upkeep.retention, live,
+                                       m.source.name), label="partitions")
+            report: dict[str, Any] = {"migration": m.name, "table": todo["table"], "partitions": todo["partitions"],
+                                      "default_rows": todo["default_rows"], "dry_run": dry_run,
+                                      "create": [p.describe() for p in todo["create"]], "created": [],
+                                      "blocked": [], "detach": todo["detach"], "detached": [], "dropped": []}
+            if todo["default_rows"]:
+                log.warning("%s: %d rows are in the default partition; partitions covering them cannot be created "
+                            "until they are moved out", live, todo["default_rows"])
+            if not dry_run:
+                for p in todo["create"]:
+                    stmt = partition_sql.create_partition(QualifiedName(live.schema, p.name), live, p.bound)
+                    try:
+                        db.transaction(bind(psycopg.Cursor.execute, stmt), lock_timeout="2s", label="create partition")
+                        report["created"].append(p.name)
+                    except psycopg.errors.CheckViolation as exc:
+                        # The default partition holds rows of this range: PostgreSQL refuses.
+                        report["blocked"].append({"name": p.name, "error": str(exc).splitlines()[0]})
+                for name in todo["detach"]:
+                    child = QualifiedName(live.schema, name)
+                    if todo["has_default"]:
+                        db.transaction(bind(psycopg.Cursor.execute, partition_sql.detach(live, child)),
+                                       lock_timeout="2s", label="detach partition")
+                    else:
+                        db.autocommit(partition_sql.detach_concurrently(live, child), lock_timeout="2s")
+                    report["detached"].append(name)
+                    if plan.upkeep.drop_detached:
+                        db.transaction(bind(psycopg.Cursor.execute, ddl.drop_table(child)), lock_timeout="2s",
+                                       label="drop partition")
+                        report["dropped"].append(name)
+            results.append(report)
+        return results
     finally:
         db.close()

@@ -252,7 +252,9 @@ def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None)
             message = str(exc).splitlines()[0]
             control.record_divergence(cur, ctx.mid, keys[0], "apply_error",
                                       {"error": message, "sqlstate": exc.sqlstate, "direction": "forward",
-                                       "during": "backfill"})
+                                       "during": "backfill",
+                                       # e.g. "Partition key of the failing row contains (...) = (...)"
+                                       **({"detail": exc.diag.message_detail} if exc.diag.message_detail else {})})
             control.event(cur, ctx.mid, ctx.owner, KIND, "apply_error",
                           f"copying key {keys[0]} into {m.dst} failed: {message}")
         elif exc is not None:

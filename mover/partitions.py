@@ -33,6 +33,7 @@ log = logging.getLogger("mover.partitions")
 
 TIME_TYPES = {"timestamp with time zone", "timestamp without time zone", "date"}
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
+MAX_PARTITIONS = 1000
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,11 @@ def range_partitions(spec: PartitionSpec, table: str, type_text: str, lo: Any, h
     ahead = spec.premake if premake is None else premake
     out = []
     if spec.interval is not None:
-        newest = max(_utc(hi) if hi is not None else now, now, key=_comparable) if type_text != "date" else \
-            max(hi or now.date(), now.date())
-        start = period_start(lo if lo is not None else newest, spec.interval)
+        # Up to `premake` past now: a row dated further ahead is an outlier (layout() sends it to the
+        # default partition, or refuses), not a reason for hundreds of empty partitions.
+        newest = now.date() if type_text == "date" else now
+        start = period_start(lo if lo is not None and _comparable(lo) < _comparable(newest) else newest,
+                             spec.interval)
         last = period_start(newest, spec.interval)
         for _ in range(ahead):
             last = next_period(last, spec.interval)
@@ -174,6 +177,13 @@ def layout(cur: psycopg.Cursor, spec: PartitionSpec, source: names.QualifiedName
         cur.execute("SELECT now()")
         now = one(cur)[0]
         parts = range_partitions(spec, table, typ, lo, hi, now)
+        if len(parts) > MAX_PARTITIONS:
+            raise PlanError(f"[target.partition]: {len(parts)} partitions would be created for {source}, from "
+                            f"{parts[0].label} (the smallest value of {names.display_ident(col)}, {lo}) on",
+                            hint=f"at most {MAX_PARTITIONS}: choose a wider interval, or move or delete the outliers")
+        if hi is not None and parts and _comparable(hi) >= _comparable(parts[-1].hi):
+            missing.append(f"value {hi} of column {names.display_ident(col)} is after the last partition "
+                           f"({parts[-1].label}); raise premake or set default = true")
         if not info.column(col).not_null:
             cur.execute(q.has_null(source, col))
             if one(cur)[0]:
@@ -332,3 +342,68 @@ def attach_indexes(cur: psycopg.Cursor, parent: names.QualifiedName, index: str,
                     (str(names.QualifiedName(child.schema, child_index)), str(parent_index)))
         if not one(cur)[0]:
             cur.execute(q.attach_index(parent_index, names.QualifiedName(child.schema, child_index)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Upkeep: `mover partitions maintain`
+
+
+def live_table(cur: psycopg.Cursor, source: names.QualifiedName,
+               target: names.QualifiedName) -> names.QualifiedName | None:
+    """The partitioned table of a conversion: the source's name after the cutover, the target's
+    before it (partitions can be kept ahead while the migration runs too)."""
+    for table in (source, target):
+        if introspect.exists(cur, table) and partition_columns(cur, table):
+            return table
+    return None
+
+
+def _upper_bound(bound: str) -> str | None:
+    # pg_get_expr text: FOR VALUES FROM ('2024-01-01 00:00:00+00') TO ('2024-02-01 00:00:00+00')
+    m = re.search(r"\) TO \((.*)\)$", bound)
+    if m is None:
+        return None
+    text = m.group(1)
+    return text[1:-1].replace("''", "'") if text.startswith("'") else text
+
+
+def maintain_plan(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retention: str | None,
+                  table: names.QualifiedName, base: str) -> dict[str, Any]:
+    """What `maintain` would do to `table` now: partitions to create, partitions to detach, and
+    the rows in the default partition. Reads only."""
+    assert table.schema is not None
+    info = introspect.describe(cur, table)
+    existing = children(cur, table)
+    have = {c.name for c, _, _, _ in existing}
+    create: list[Partition] = []
+    if spec.by == "range":
+        col = spec.columns[0]
+        typ = column_type(info, col)
+        cur.execute("SELECT now()")
+        now = one(cur)[0]
+        cur.execute(q.first_value(table, col, True))
+        row = cur.fetchone()
+        newest = row[0] if row else None
+        if spec.interval is not None:
+            wanted = range_partitions(spec, base, typ, now if typ != "date" else now.date(), newest, now, premake)
+        else:
+            wanted = range_partitions(spec, base, typ, newest, newest, now, premake)
+        create = [p for p in wanted if p.name not in have]
+    detach: list[str] = []
+    if retention is not None and spec.by == "range" and spec.interval is not None:
+        typ = column_type(info, spec.columns[0])
+        for child, bound, is_default, pending in existing:
+            upper = _upper_bound(bound)
+            if is_default or upper is None:
+                continue
+            cur.execute(sql.SQL("SELECT CAST(%s AS {}) <= now() - CAST(%s AS interval)").format(sql.SQL(typ)),
+                        (upper, retention))
+            if one(cur)[0] or pending:
+                detach.append(child.name)
+    default_rows = None
+    for child, _, is_default, _ in existing:
+        if is_default:
+            cur.execute(q.count_rows(child))
+            default_rows = one(cur)[0]
+    return {"table": str(table), "create": create, "detach": detach, "default_rows": default_rows,
+            "partitions": len(existing), "has_default": any(d for _, _, d, _ in existing)}

@@ -115,3 +115,9 @@ def unlisted_value(table: QualifiedName, column: str, type_text: str, values: li
 
 def count_rows(table: QualifiedName) -> sql.Composed:
     return sql.SQL("SELECT count(*) FROM {}").format(table.ident)
+
+
+def detach(parent: QualifiedName, partition: QualifiedName) -> sql.Composed:
+    """Plain DETACH (under the caller's lock_timeout): CONCURRENTLY is refused while the parent
+    has a default partition."""
+    return sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(parent.ident, partition.ident)

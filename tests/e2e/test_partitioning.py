@@ -109,7 +109,10 @@ class EventWriter:
                         self.moved += n
                     elif op < 0.9:
                         conn.execute("DELETE FROM events WHERE id = %s", (k,))
-                    elif self.outside and op < 0.92:
+                    elif self.outside and op < 0.92 and conn.execute(
+                            "SELECT to_regclass('events_new') IS NOT NULL").fetchone()[0]:
+                        # Only once the target exists: plan check would refuse (or route to the
+                        # default partition) a row that is already there.
                         conn.execute("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
                                      " (%s, 1, 'us', 'outside')", (OUTSIDE,))
                     self.ops += 1
@@ -134,7 +137,7 @@ def status(dsn: str) -> dict:
     return json.loads(r.stdout)
 
 
-def query(dsn: str, q: str, *params):
+def query(dsn: str, q, *params):
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(q, params).fetchall()
 
@@ -232,3 +235,48 @@ def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_
         writer.halt()
     assert writer.errors == []
     assert writer.moved > 10 and writer.ops > 100
+
+
+def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempotent(db_dsn, tmp_path):
+    create_events(db_dsn)
+    text = PLAN.format(partition=MONTHLY + "default = true\n") + (
+        '\n[partitions]\npremake = 5\nretention = "12 months"\ndrop_detached = false\n')
+    plan = write_plan(tmp_path / "events.toml", text)
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    r = mover(db_dsn, "cutover", "events_part")
+    assert r.returncode == 0, r.stderr
+    query(db_dsn, "INSERT INTO events (created_at, tenant_id, region) VALUES (%s, 1, 'us') RETURNING 1", OUTSIDE)
+    before = partitions_of(db_dsn, "events")
+    total = query(db_dsn, "SELECT count(*) FROM events")[0][0]
+
+    r = mover(db_dsn, "partitions", "maintain", "events", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    (dry,) = json.loads(r.stdout)
+    assert len(dry["create"]) == 3 and dry["created"] == [] and dry["default_rows"] == 1
+    assert len(dry["detach"]) >= 11 and dry["detached"] == []
+    assert partitions_of(db_dsn, "events") == before  # a dry run changes nothing
+
+    r = mover(db_dsn, "partitions", "maintain", "--all", "--json")
+    assert r.returncode == 0, r.stderr
+    (done,) = json.loads(r.stdout)
+    assert done["created"] == [p["name"] for p in dry["create"]]
+    assert done["detached"] == dry["detach"] and done["dropped"] == []
+    after = partitions_of(db_dsn, "events")
+    assert set(after) == (set(before) | set(done["created"])) - set(done["detached"])
+    # Retention detaches, never deletes: every row is in the table or in a detached partition.
+    kept = query(db_dsn, "SELECT count(*) FROM events")[0][0]
+    detached = sum(query(db_dsn, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))[0][0]
+                   for name in done["detached"])
+    assert kept + detached == total + 1
+    assert query(db_dsn, "SELECT count(*) FROM events WHERE created_at < now() - interval '13 months'")[0][0] == 0
+    # The newest partition now reaches 5 months past the current one.
+    (ahead,) = query(db_dsn, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') + interval '5 months',"
+                             " '\"events_p\"YYYY_MM')")[0]
+    assert ahead in after
+
+    r = mover(db_dsn, "partitions", "maintain", "events_part", "--json")  # again: nothing to do
+    assert r.returncode == 0, r.stderr
+    (again,) = json.loads(r.stdout)
+    assert (again["created"], again["detached"], again["blocked"]) == ([], [], [])
+    assert partitions_of(db_dsn, "events") == after

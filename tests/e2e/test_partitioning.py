@@ -104,8 +104,11 @@ class EventWriter:
                         conn.execute("UPDATE events SET payload = md5(random()::text) WHERE id = %s", (k,))
                     elif op < 0.75:
                         # Across months: the row changes partition in the target.
+                        # (Every partition column changes: the hash and list variants move too.)
                         n = conn.execute("UPDATE events SET created_at = created_at - interval '45 days',"
-                                         " payload = 'moved' WHERE id = %s", (k,)).rowcount
+                                         " tenant_id = (tenant_id + 1) % 20, region = CASE region WHEN 'de'"
+                                         " THEN 'fr' WHEN 'fr' THEN 'us' ELSE 'de' END, payload = 'moved'"
+                                         " WHERE id = %s", (k,)).rowcount
                         self.moved += n
                     elif op < 0.9:
                         conn.execute("DELETE FROM events WHERE id = %s", (k,))
@@ -280,3 +283,78 @@ def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempot
     (again,) = json.loads(r.stdout)
     assert (again["created"], again["detached"], again["blocked"]) == ([], [], [])
     assert partitions_of(db_dsn, "events") == after
+
+
+@pytest.mark.parametrize("partition, expected", [
+    ('by = "hash"\ncolumn = "tenant_id"\nmodulus = 4\nname = "{table}_h{N}"\naccept_key_change = true\n',
+     ["events_h0", "events_h1", "events_h2", "events_h3"]),
+    ('by = "list"\ncolumn = "region"\nvalues = { eu = ["de", "fr"], us = ["us"] }\naccept_key_change = true\n',
+     ["events_eu", "events_us"]),
+], ids=["hash", "list"])
+def test_hash_and_list_conversions_under_writer(db_dsn, tmp_path, partition, expected):
+    create_events(db_dsn)
+    plan = plan_file(tmp_path, partition)
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        assert partitions_of(db_dsn, "events_new") == expected
+        assert drain_and_compare(db_dsn, writer, "events", "events_new") == (0, 0)
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "p"
+        assert drain_and_compare(db_dsn, writer, "events", "events_old") == (0, 0)
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.moved > 10
+
+
+def test_refusals_name_the_cause_and_create_nothing(db_dsn, tmp_path):
+    create_events(db_dsn)
+
+    def refused(partition: str) -> str:
+        plan = plan_file(tmp_path, partition)
+        for args in (("plan", "check", plan), ("run", plan)):
+            r = mover(db_dsn, *args)
+            assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
+        created = query(db_dsn, "SELECT count(*) FROM pg_class WHERE relname ~ '^events_(p[0-9]|default|h[0-9]|eu|us)'")
+        assert created[0][0] == 0
+        return " ".join(r.stderr.split())
+
+    # The key loses uniqueness: the plan must say it accepts that.
+    err = refused(MONTHLY.replace("accept_key_change = true\n", ""))
+    assert "primary key (id) becomes (id, created_at)" in err and "accept_key_change = true" in err
+    # A value no partition takes, and no default partition.
+    err = refused('by = "list"\ncolumn = "region"\nvalues = { eu = ["de", "fr"] }\naccept_key_change = true\n')
+    assert "'us'" in err and "no partition" in err and "default = true" in err
+    # An inbound foreign key on the key that will no longer be unique.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE clicks (id int PRIMARY KEY, event_id bigint REFERENCES events (id))")
+    err = refused(MONTHLY)
+    assert "clicks_event_id_fkey on clicks" in err and "no longer be unique" in err
+
+
+@pytest.mark.parametrize("point", ["after:create_target", "index_building", "index_built", "swap:locked"])
+def test_kill_9_during_the_conversion_then_resume(db_dsn, tmp_path, point):
+    create_events(db_dsn, 1500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    if point == "swap:locked":
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        r = mover(db_dsn, "cutover", "events_part", env={"MOVER_FAULT": f"kill@{point}"})
+    else:
+        r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": f"kill@{point}"})
+    assert r.returncode == -9, r.stderr
+    query(db_dsn, "UPDATE events SET created_at = created_at - interval '40 days' WHERE id %% 10 = 0 RETURNING 1")
+    r = mover(db_dsn, "run", "events_part")
+    assert r.returncode == 3, r.stderr
+    assert relkind(db_dsn, "events") == "r"  # a kill under the swap's lock rolled the swap back
+    r = mover(db_dsn, "cutover", "events_part")
+    assert r.returncode == 0, r.stderr
+    assert relkind(db_dsn, "events") == "p"
+    valid = query(db_dsn, "SELECT bool_and(i.indisvalid), count(*) FROM pg_index i"
+                          " WHERE i.indrelid = 'events'::regclass")
+    assert valid[0] == (True, 3)
+    assert differences(db_dsn, "events", "events_old", COLUMNS) == (0, 0)

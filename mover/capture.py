@@ -171,50 +171,54 @@ CLOSURE_ATTEMPTS = 3
 
 def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple, psycopg.Error]:
     """Bring the destination rows of `keys` (text, in m's source key types) to their source state,
-    within the caller's transaction and applier lock. First the whole set as one closure; if that
-    fails on data, key by key (an upsert, then the key's own closure), twice, so that a key held
-    up by another's old value goes through. Returns the keys that still fail, with the error:
-    only those are real data problems (an overflow, a constraint the source lacks)."""
+    within the caller's transaction and applier lock. The whole set is replayed as one closure; a
+    set that fails on data is split in halves, each replayed the same way, down to the single keys
+    that fail: about f*log(n) statements for f failing keys among n, where key by key would cost n
+    (a writer producing rows the destination rejects must not slow every batch to a key at a time).
+    The failing keys are tried once more at the end: a key held up by another's old value goes
+    through once that one was replaced. Returns the keys that still fail, with the error: only
+    those are real data problems (an overflow, a constraint the source lacks)."""
     if not keys:
         return {}
-    try:
-        _replay_closure(cur, m, keys)
-        return {}
-    except DATA_ERRORS as exc:
-        log.info("replaying %d keys as one closure failed on data (%s); replaying key by key", len(keys),
-                 exc.sqlstate)
-    single = q.replay_keys(m)
-    failures: dict[tuple, psycopg.Error] = {}
-    for _ in range(2):
-        failures = {}
-        for key in keys:
-            cur.execute("SAVEPOINT mover_key")
-            try:
-                cur.execute(single, list(key))
-                cur.execute("RELEASE SAVEPOINT mover_key")
-                continue
-            except DATA_ERRORS as exc:
-                cur.execute("ROLLBACK TO SAVEPOINT mover_key")
-                own = exc
-            try:
-                _replay_closure(cur, m, [key])
-            except DATA_ERRORS:
-                # The key's own error names it; its closure's may be another row's.
-                failures[key] = own
-        keys = list(failures)
-        if not keys:
-            break
+    unique = _unique_indexes(cur, m)
+    failures = _bisect(cur, m, unique, keys)
+    if failures and len(failures) < len(keys):
+        failures = _bisect(cur, m, unique, list(failures))
     return failures
 
 
-def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
+def _bisect(cur: psycopg.Cursor, m: Mapping, unique: tuple[list[list[str]], tuple[str, ...]],
+            keys: list[tuple]) -> dict[tuple, psycopg.Error]:
+    try:
+        _replay_closure(cur, m, keys, unique)
+        return {}
+    except DATA_ERRORS as exc:
+        if len(keys) > 1:
+            log.debug("replaying %d keys failed on data (%s); halving", len(keys), exc.sqlstate)
+    if len(keys) > 1:
+        half = len(keys) // 2
+        return _bisect(cur, m, unique, keys[:half]) | _bisect(cur, m, unique, keys[half:])
+    # One key whose closure fails: the error may be another row's of the closure. Alone, the key
+    # may go through (then it is replayed), or fail with an error that names its own data.
+    cur.execute("SAVEPOINT mover_key")
+    try:
+        cur.execute(q.replay_keys(m), list(keys[0]))
+        cur.execute("RELEASE SAVEPOINT mover_key")
+        return {}
+    except DATA_ERRORS as own:
+        cur.execute("ROLLBACK TO SAVEPOINT mover_key")
+        return {keys[0]: own}
+
+
+def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple],
+                    unique: tuple[list[list[str]], tuple[str, ...]] | None = None) -> None:
     """Race 7: replaying keys one at a time can pass through states the destination's unique
     indexes reject though the source never held them (two rows swap a value, or a longer cycle).
     Pull in every destination row that holds a unique value one of the set's source rows will
     take, until nothing new comes in, then replace the whole set at once: delete the destination
     rows of all its keys, insert the source rows of all of them. In one savepoint: all or nothing.
     Raises the data error (class 22 or 23) if the set still cannot reach the source's state."""
-    indexes, computed = _unique_indexes(cur, m)
+    indexes, computed = unique or _unique_indexes(cur, m)
     for attempt in range(CLOSURE_ATTEMPTS):
         cur.execute("SAVEPOINT mover_closure")
         try:

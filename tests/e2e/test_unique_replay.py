@@ -21,7 +21,7 @@ source = "acct"
 
 [target]
 columns = {{ id = "bigint"{extra} }}
-
+{lossy}
 [backfill]
 chunk_rows = {chunk_rows}
 {throttle}
@@ -40,8 +40,9 @@ def create_acct(dsn: str, rows: int = 3000) -> None:
                      (rows,))
 
 
-def plan_file(tmp_path, chunk_rows=500, extra="", throttle="") -> str:
-    return write_plan(tmp_path / "acct.toml", PLAN.format(chunk_rows=chunk_rows, extra=extra, throttle=throttle))
+def plan_file(tmp_path, chunk_rows=500, extra="", throttle="", lossy="") -> str:
+    return write_plan(tmp_path / "acct.toml", PLAN.format(chunk_rows=chunk_rows, extra=extra, throttle=throttle,
+                                                          lossy=lossy))
 
 
 def status(dsn):
@@ -303,7 +304,7 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
     create_acct(db_dsn)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE acct ADD COLUMN n integer NOT NULL DEFAULT 0")
-    plan = plan_file(tmp_path, extra=', n = "smallint"')
+    plan = plan_file(tmp_path, extra=', n = "smallint"', lossy='accept_lossy = ["n"]\n')
     assert mover(db_dsn, "run", plan).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("UPDATE acct SET n = 40000 WHERE id = 5")  # smallint cannot hold it
@@ -380,6 +381,7 @@ name = "odd"
 source = '"Odd Schema"."Acct ""X"""'
 [target]
 columns = { "Line No" = "bigint", tiny = "smallint" }
+accept_lossy = ["tiny"]
 [rollback]
 window = "1h"
 ''')

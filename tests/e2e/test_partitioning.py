@@ -107,7 +107,7 @@ class EventWriter:
                         # Across months: the row changes partition in the target.
                         # (Every partition column changes: the hash and list variants move too.)
                         n = conn.execute("UPDATE events SET created_at = created_at - interval '45 days',"
-                                         " tenant_id = (tenant_id + 1) % 20, region = CASE region WHEN 'de'"
+                                         " tenant_id = (tenant_id + 1) %% 20, region = CASE region WHEN 'de'"
                                          " THEN 'fr' WHEN 'fr' THEN 'us' ELSE 'de' END, payload = 'moved'"
                                          " WHERE id = %s", (k,)).rowcount
                         self.moved += n

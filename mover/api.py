@@ -855,7 +855,9 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
                         report["blocked"].append({"name": p.name, "error": str(exc).splitlines()[0]})
                 for name in todo["detach"]:
                     child = QualifiedName(live.schema, name)
-                    if todo["has_default"]:
+                    if name in todo["pending"]:
+                        db.autocommit(partition_sql.detach_finalize(live, child), lock_timeout="2s")
+                    elif todo["has_default"]:
                         db.transaction(bind(psycopg.Cursor.execute, partition_sql.detach(live, child)),
                                        lock_timeout="2s", label="detach partition")
                     else:

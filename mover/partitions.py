@@ -400,10 +400,15 @@ def maintain_plan(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retent
                         (upper, retention))
             if one(cur)[0] or pending:
                 detach.append(child.name)
+    # A DETACH ... CONCURRENTLY that was interrupted leaves its partition pending: only FINALIZE
+    # completes it (a new DETACH is refused).
+    pending_detach = [c.name for c, _, _, pending in existing if pending]
+    detach += [n for n in pending_detach if n not in detach]
     default_rows = None
     for child, _, is_default, _ in existing:
         if is_default:
             cur.execute(q.count_rows(child))
             default_rows = one(cur)[0]
-    return {"table": str(table), "create": create, "detach": detach, "default_rows": default_rows,
+    return {"table": str(table), "create": create, "detach": detach, "pending": pending_detach,
+            "default_rows": default_rows,
             "partitions": len(existing), "has_default": any(d for _, _, d, _ in existing)}

@@ -250,8 +250,9 @@ def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempot
     """With a default partition, retention detaches under a short lock (PostgreSQL refuses
     CONCURRENTLY then); without one, CONCURRENTLY."""
     create_events(db_dsn)
+    drop = not default  # both policies, one per variant
     text = PLAN.format(partition=MONTHLY + f"default = {str(default).lower()}\n") + (
-        '\n[partitions]\npremake = 5\nretention = "12 months"\ndrop_detached = false\n')
+        f'\n[partitions]\npremake = 5\nretention = "12 months"\ndrop_detached = {str(drop).lower()}\n')
     plan = write_plan(tmp_path / "events.toml", text)
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
@@ -273,14 +274,21 @@ def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempot
     assert r.returncode == 0, r.stderr
     (done,) = json.loads(r.stdout)
     assert done["created"] == [p["name"] for p in dry["create"]]
-    assert done["detached"] == dry["detach"] and done["dropped"] == []
+    assert done["detached"] == dry["detach"] and done["dropped"] == (done["detached"] if drop else [])
     after = partitions_of(db_dsn, "events")
     assert set(after) == (set(before) | set(done["created"])) - set(done["detached"])
-    # Retention detaches, never deletes: every row is in the table or in a detached partition.
     kept = query(db_dsn, "SELECT count(*) FROM events")[0][0]
-    detached = sum(query(db_dsn, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))[0][0]
-                   for name in done["detached"])
-    assert kept + detached == total
+    if drop:
+        gone = query(db_dsn, "SELECT count(*) FROM unnest(%s::text[]) n WHERE to_regclass(n) IS NOT NULL",
+                     done["detached"])
+        assert gone[0][0] == 0
+        assert kept == query(db_dsn, "SELECT count(*) FROM events_old WHERE created_at >= date_trunc('month',"
+                                     " now() AT TIME ZONE 'UTC' - interval '12 months') AT TIME ZONE 'UTC'")[0][0]
+    else:
+        # Retention detaches, never deletes: every row is in the table or in a detached partition.
+        detached = sum(query(db_dsn, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))[0][0]
+                       for name in done["detached"])
+        assert kept + detached == total
     assert query(db_dsn, "SELECT count(*) FROM events WHERE created_at < now() - interval '13 months'")[0][0] == 0
     # The newest partition now reaches 5 months past the current one.
     (ahead,) = query(db_dsn, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') + interval '5 months',"

@@ -631,6 +631,7 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
         "error": error,
         "created_at": _iso(m.created_at),
         "finished_at": _iso(m.finished_at),
+        "partitions": partitions.status(cur, m.source, m.target) if m.plan.get("partition") else None,
     }
 
 

@@ -412,3 +412,30 @@ def maintain_plan(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retent
     return {"table": str(table), "create": create, "detach": detach, "pending": pending_detach,
             "default_rows": default_rows,
             "partitions": len(existing), "has_default": any(d for _, _, d, _ in existing)}
+
+
+def status(cur: psycopg.Cursor, source: names.QualifiedName, target: names.QualifiedName) -> dict[str, Any] | None:
+    """For `mover status`: partitions, rows per partition (the planner's estimate), rows in the
+    default partition (estimate), and the newest partition's upper bound."""
+    table = live_table(cur, source, target)
+    if table is None:
+        return None
+    rows = {}
+    newest = None
+    default_rows = None
+    for child, bound, is_default, _ in children(cur, table):
+        cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(child),))
+        estimate = one(cur)[0]
+        rows[child.name] = estimate
+        if is_default:
+            default_rows = estimate
+        upper = _upper_bound(bound)
+        if upper is not None:
+            newest = upper if newest is None else max(newest, upper, key=_bound_order)
+    return {"table": str(table), "count": len(rows), "rows_estimate": rows, "default_rows_estimate": default_rows,
+            "newest_bound": newest}
+
+
+def _bound_order(text: str) -> Any:
+    # Integer bounds compare as numbers; timestamps and dates in ISO text compare as text.
+    return (0, int(text)) if text.lstrip("-").isdigit() else (1, text)

@@ -295,6 +295,10 @@ def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempot
                              " '\"events_p\"YYYY_MM')")[0]
     assert ahead in after
 
+    st = status(db_dsn)["partitions"]
+    assert st["table"] == '"public"."events"' and st["count"] == len(after)
+    assert st["newest_bound"].startswith(query(db_dsn, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC')"
+                                                       " + interval '6 months', 'YYYY-MM-DD')")[0][0])
     r = mover(db_dsn, "partitions", "maintain", "events_part", "--json")  # again: nothing to do
     assert r.returncode == 0, r.stderr
     (again,) = json.loads(r.stdout)

@@ -836,6 +836,9 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
             spec = plan.partition
             assert spec is not None and live.schema is not None
             premake = spec.premake if plan.upkeep.premake is None else plan.upkeep.premake
+            # The plan's cutover lock_timeout: the application waits at most this long behind
+            # a partition being created or detached; a busy table is retried (db.transaction).
+            lock = f"{plan.cutover.lock_timeout_ms}ms"
             todo = db.transaction(bind(partitions.maintain_plan, spec, premake, plan.upkeep.retention, live,
                                        m.source.name), label="partitions")
             report: dict[str, Any] = {"migration": m.name, "table": todo["table"], "partitions": todo["partitions"],
@@ -849,7 +852,7 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
                 for p in todo["create"]:
                     stmt = partition_sql.create_partition(QualifiedName(live.schema, p.name), live, p.bound)
                     try:
-                        db.transaction(bind(psycopg.Cursor.execute, stmt), lock_timeout="2s", label="create partition")
+                        db.transaction(bind(psycopg.Cursor.execute, stmt), lock_timeout=lock, label="create partition")
                         report["created"].append(p.name)
                     except psycopg.errors.CheckViolation as exc:
                         # The default partition holds rows of this range: PostgreSQL refuses.
@@ -857,15 +860,16 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
                 for name in todo["detach"]:
                     child = QualifiedName(live.schema, name)
                     if name in todo["pending"]:
-                        db.autocommit(partition_sql.detach_finalize(live, child), lock_timeout="2s")
+                        db.autocommit(partition_sql.detach_finalize(live, child), lock_timeout="1min")
                     elif todo["has_default"]:
                         db.transaction(bind(psycopg.Cursor.execute, partition_sql.detach(live, child)),
-                                       lock_timeout="2s", label="detach partition")
+                                       lock_timeout=lock, label="detach partition")
                     else:
-                        db.autocommit(partition_sql.detach_concurrently(live, child), lock_timeout="2s")
+                        # SHARE UPDATE EXCLUSIVE only: writers go on; the wait is for older snapshots.
+                        db.autocommit(partition_sql.detach_concurrently(live, child), lock_timeout="1min")
                     report["detached"].append(name)
                     if plan.upkeep.drop_detached:
-                        db.transaction(bind(psycopg.Cursor.execute, ddl.drop_table(child)), lock_timeout="2s",
+                        db.transaction(bind(psycopg.Cursor.execute, ddl.drop_table(child)), lock_timeout=lock,
                                        label="drop partition")
                         report["dropped"].append(name)
             results.append(report)

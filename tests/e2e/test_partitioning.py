@@ -171,6 +171,10 @@ def test_plan_check_lists_partitions_and_the_key_change(db_dsn, tmp_path):
     (oldest,) = query(db_dsn, "SELECT to_char(min(created_at) AT TIME ZONE 'UTC', '\"events_p\"YYYY_MM')"
                               " FROM events")[0]
     assert names[0] == oldest
+    r = mover(db_dsn, "plan", "check", plan_file(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert f"{len(names)} partitions to create:" in r.stdout and f"  {oldest}  FROM " in r.stdout
+    assert "key change accepted ([target.partition] accept_key_change)" in r.stdout
     assert relkind(db_dsn, "events") == "r"  # nothing created
     assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
 

@@ -854,9 +854,17 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
                     try:
                         db.transaction(bind(psycopg.Cursor.execute, stmt), lock_timeout=lock, label="create partition")
                         report["created"].append(p.name)
-                    except psycopg.errors.CheckViolation as exc:
+                    except psycopg.errors.CheckViolation:
                         # The default partition holds rows of this range: PostgreSQL refuses.
-                        report["blocked"].append({"name": p.name, "error": str(exc).splitlines()[0]})
+                        # Carve them out under the parent's lock instead.
+                        try:
+                            moved = db.transaction(bind(partitions.carve_from_default, live, p, spec.columns[0]),
+                                                   lock_timeout=lock, statement_timeout="30s",
+                                                   label="partition from default")
+                            report["created"].append(p.name)
+                            report["moved_from_default"] = report.get("moved_from_default", 0) + moved
+                        except psycopg.errors.QueryCanceled as exc:
+                            report["blocked"].append({"name": p.name, "error": str(exc).splitlines()[0]})
                 for name in todo["detach"]:
                     child = QualifiedName(live.schema, name)
                     if name in todo["pending"]:

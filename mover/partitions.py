@@ -439,3 +439,25 @@ def status(cur: psycopg.Cursor, source: names.QualifiedName, target: names.Quali
 def _bound_order(text: str) -> Any:
     # Integer bounds compare as numbers; timestamps and dates in ISO text compare as text.
     return (0, int(text)) if text.lstrip("-").isdigit() else (1, text)
+
+
+def carve_from_default(cur: psycopg.Cursor, parent: names.QualifiedName, part: Partition, column: str) -> int:
+    """Create range partition `part` although the default partition holds rows of its range
+    (PostgreSQL refuses CREATE ... PARTITION OF then): in one transaction under the parent's
+    lock, a plain table, the default's rows of the range moved into it, then attached. Writers
+    wait on the lock, so none is lost; the caller's statement_timeout bounds the hold. Returns
+    the rows moved."""
+    assert parent.schema is not None
+    cur.execute(q.lock_parent(parent))
+    default = next((c for c, _, d, _ in children(cur, parent) if d), None)
+    if default is None:
+        raise ValueError(f"{parent} has no default partition")
+    info = introspect.describe(cur, parent)
+    typ = column_type(info, column)
+    table = names.QualifiedName(parent.schema, part.name)
+    cur.execute(q.create_like(table, parent))
+    cur.execute(q.move_range(default, table, column, part.lo, part.hi, typ,
+                             tuple(c.name for c in info.copy_columns)))
+    moved = cur.rowcount
+    cur.execute(q.attach(parent, table, part.bound))
+    return moved

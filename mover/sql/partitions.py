@@ -121,3 +121,27 @@ def detach(parent: QualifiedName, partition: QualifiedName) -> sql.Composed:
     """Plain DETACH (under the caller's lock_timeout): CONCURRENTLY is refused while the parent
     has a default partition."""
     return sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(parent.ident, partition.ident)
+
+
+def lock_parent(parent: QualifiedName) -> sql.Composed:
+    return sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(parent.ident)
+
+
+def create_like(table: QualifiedName, parent: QualifiedName) -> sql.Composed:
+    # No identity: a partition does not need one (the parent's hands out the values).
+    return sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE"
+                   " INCLUDING GENERATED)").format(table.ident, parent.ident)
+
+
+def move_range(default: QualifiedName, table: QualifiedName, column: str, lo, hi, type_text: str,
+               columns: tuple[str, ...]) -> sql.Composed:
+    """Move the default partition's rows of [lo, hi) into `table`, in one statement."""
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    return sql.SQL("WITH moved AS (DELETE FROM ONLY {d} WHERE {c} >= {lo} AND {c} < {hi} RETURNING {cols})"
+                   " INSERT INTO {t} ({cols}) SELECT {cols} FROM moved").format(
+        d=default.ident, c=sql.Identifier(column), lo=_typed(lo, type_text), hi=_typed(hi, type_text),
+        cols=cols, t=table.ident)
+
+
+def attach(parent: QualifiedName, table: QualifiedName, bound: sql.Composable) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent.ident, table.ident, bound)

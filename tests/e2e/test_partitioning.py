@@ -264,20 +264,34 @@ def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempot
     assert r.returncode == 0, r.stderr
     if default:
         query(db_dsn, "INSERT INTO events (created_at, tenant_id, region) VALUES (%s, 1, 'us') RETURNING 1", OUTSIDE)
+        # In a month that maintain will create: the default holds it until then.
+        query(db_dsn, "INSERT INTO events (id, created_at, tenant_id, region, payload) VALUES (-1, date_trunc('month',"
+                      " now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '4 months 1 day', 1, 'us', 'early')"
+                      " RETURNING 1")
     before = partitions_of(db_dsn, "events")
     total = query(db_dsn, "SELECT count(*) FROM events")[0][0]
 
     r = mover(db_dsn, "partitions", "maintain", "events", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     (dry,) = json.loads(r.stdout)
-    assert len(dry["create"]) == 3 and dry["created"] == [] and dry["default_rows"] == (1 if default else None)
+    assert len(dry["create"]) == 3 and dry["created"] == [] and dry["default_rows"] == (2 if default else None)
     assert len(dry["detach"]) >= 11 and dry["detached"] == []
     assert partitions_of(db_dsn, "events") == before  # a dry run changes nothing
 
     r = mover(db_dsn, "partitions", "maintain", "--all", "--json")
     assert r.returncode == 0, r.stderr
     (done,) = json.loads(r.stdout)
-    assert done["created"] == [p["name"] for p in dry["create"]]
+    assert done["created"] == [p["name"] for p in dry["create"]] and done["blocked"] == []
+    if default:
+        # The early row was carved out of the default partition into its month's, in one transaction.
+        assert done.get("moved_from_default") == 1
+        (where,) = query(db_dsn, "SELECT tableoid::regclass::text FROM events WHERE id = -1")[0]
+        assert where == done["created"][1], (where, done["created"])
+        assert query(db_dsn, "SELECT count(*) FROM events_default")[0][0] == 1
+        # The move went through the reverse capture too (the default's delete logged the key).
+        r = mover(db_dsn, "run", "events_part")
+        assert r.returncode == 3, r.stderr
+        assert query(db_dsn, "SELECT payload FROM events_old WHERE id = -1") == [("early",)]
     assert done["detached"] == dry["detach"] and done["dropped"] == (done["detached"] if drop else [])
     after = partitions_of(db_dsn, "events")
     assert set(after) == (set(before) | set(done["created"])) - set(done["detached"])

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from mover import adopt as adopt_engine
 from mover import backfill as backfill_engine
 from mover import (
     capture,
@@ -24,6 +25,7 @@ from mover import (
     partitions,
     privileges,
     runner,
+    shape,
     steps,
 )
 from mover import reconcile as reconcile_engine
@@ -409,9 +411,11 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
             return control.get_by_id(cur, existing.id)
         r = resolve_plan(cur, plan, registering=True)
         _check_capture_path(cur, plan, r["source"])
-        return control.register(cur, name=plan.name, plan=plan.canonical(),
-                                 plan_hash=plan.shape_hash(r["source"].schema),
-                                 source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
+        m = control.register(cur, name=plan.name, plan=plan.canonical(),
+                             plan_hash=plan.shape_hash(r["source"].schema),
+                             source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
+        shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/shape.py)
+        return m
     try:
         return db.transaction(register, label="register")
     except psycopg.errors.UniqueViolation as exc:
@@ -459,6 +463,9 @@ def _operator_command(dsn: str, name: str, expect_steps: tuple[str, ...], what: 
             raise BadInput(f"cannot {what} migration {m.name!r}: it is at step {m.step!r}, state {m.state!r}",
                            hint=f"`mover status {m.name}` shows where it stands")
         with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
+            if what not in ("abort", "adopt"):  # the two ways out of a changed shape
+                ctx.db.transaction(lambda cur: shape.verify_at_step(cur, ctx.migration, ctx.swapped),
+                                   label="shape check")
             action(ctx)
         return status(dsn, name, db=db)
     finally:
@@ -561,6 +568,19 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
         return {"accepted": ids, "status": status(dsn, name, db=db)}
     finally:
         db.close()
+
+
+def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
+    """`mover adopt NAME`: apply an additive change of the live table's shape (a column, a CHECK, an
+    index) to the other table, re-sync what it touched, record the new shapes; refused (exit 2) for
+    any other change."""
+    out: dict[str, Any] = {}
+
+    def go(ctx: Context):
+        out["adopted"] = adopt_engine.adopt(ctx)
+    st = _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover",
+                                       "rollback_window"), "adopt", go, **kw)
+    return {"adopted": out.get("adopted", []), "status": st}
 
 
 def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:

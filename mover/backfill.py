@@ -30,7 +30,7 @@ import psycopg
 from mover import capture, chunks, control, faults, introspect, names, partitions
 from mover.context import Context, Reporter
 from mover.db import bind
-from mover.errors import Failed, LeaseLost, MoverError
+from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
@@ -157,6 +157,8 @@ class Worker(chunks.RangeWorker):
                 chunk = self.db.transaction(bind(
                     chunks.claim, mid, KIND, self.wid, mapping, throttle.range_rows(rows_hint),
                     settings.max_attempts), label="claim")
+                if chunk is not None:
+                    faults.point("claimed")  # between building the mapping and copying with it
                 if chunk is None:
                     st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
                     if st["open"] == 0:
@@ -176,8 +178,9 @@ class Worker(chunks.RangeWorker):
                     log.warning("%s", exc)
                     continue
                 except (psycopg.Error, MoverError) as exc:
-                    if chunks.is_connection_failure(exc):
+                    if chunks.is_connection_failure(exc) or isinstance(exc, ShapeChanged):
                         raise
+                    self.db.transaction(ctx.check_shape)  # a range that failed on a changed table says so
                     outcome = chunks.record_failure(self.db, mid, chunk, self.wid, exc, settings.max_attempts)
                     log.error("backfill range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
                     continue
@@ -206,6 +209,12 @@ class Worker(chunks.RangeWorker):
 
     def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
         rows = copy_range(cur, self.ctx, mapping, chunk.lo, chunk.hi)
+        # After the copy, in its transaction: the copy holds a lock that keeps ALTER TABLE out
+        # until commit, so a shape seen unchanged here is the shape the range was copied under.
+        if self.ctx.mapping(cur) is not mapping:
+            # `mover adopt` recorded a new shape since this worker built its mapping: copy again.
+            raise LeaseLost(f"the shape of {mapping.src} was adopted while range {chunk.chunk_no} was copied;"
+                            f" copying it again")
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
         faults.point(f"chunk_copied:{chunk.chunk_no}")
         faults.point("chunk_copied")  # whichever range this process copies first

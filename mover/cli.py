@@ -389,6 +389,18 @@ def retire(name: str, dsn: str | None = DsnOption,
 
 @app.command()
 @_exits
+def adopt(name: str, dsn: str | None = DsnOption):
+    """After a shape change: apply an added column, CHECK or index to the other table too, and go on."""
+    out = api.adopt(_dsn(dsn), name, stop=_interruptible())
+    for change in out["adopted"]:
+        err.print(f"adopted: {change['message']}")
+    if not out["adopted"]:
+        err.print("nothing to adopt: both tables have their recorded shape")
+    _show_status(out["status"])
+
+
+@app.command()
+@_exits
 def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
     """Remove everything mover created; the source stays as it was (in the rollback window: swap back first)."""
     st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())

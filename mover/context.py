@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mover import control, introspect, partitions
+from mover import control, introspect, partitions, shape
 from mover.db import Database
 from mover.errors import Interrupted, LeaseLost
 from mover.names import QualifiedName
@@ -75,11 +75,19 @@ class Context:
         return self.migration.source if self.swapped else self.migration.target
 
     def mapping(self, cur, reverse: bool = False) -> Mapping:
-        """Cached per direction and side of the swap: the tables' shapes do not change mid-run."""
-        cache_key = (self.swapped, reverse)
+        """Cached per direction, side of the swap and recorded shape. Every call checks, in the
+        caller's transaction, that both tables still have the shape mover recorded (ShapeChanged
+        otherwise): a mapping is never used across a change, and one built before `mover adopt`
+        recorded a new shape is rebuilt."""
+        recorded = self.check_shape(cur)
+        cache_key = (self.swapped, reverse, recorded)
         if cache_key not in self._mappings:
             self._mappings[cache_key] = self._describe_mapping(cur, reverse)
         return self._mappings[cache_key]
+
+    def check_shape(self, cur) -> str:
+        """ShapeChanged unless both tables have their recorded shape; the recorded fingerprints."""
+        return shape.verify(cur, self.mid, self.migration.name, self.swapped)
 
     def _describe_mapping(self, cur, reverse: bool) -> Mapping:
         original = introspect.describe(cur, self.original)

@@ -222,6 +222,21 @@ def update_plan(cur: psycopg.Cursor, mid: int, plan: dict, actor: str) -> None:
     event(cur, mid, actor, None, "plan_updated", "tunable settings changed", {"plan": plan})
 
 
+def shapes(cur: psycopg.Cursor, mid: int) -> dict[str, dict[str, Any] | None]:
+    """The recorded descriptions of the original ("source") and new ("target") table (mover/shape.py)."""
+    cur.execute("SELECT source_shape, target_shape FROM mover.migrations WHERE id = %s", (mid,))
+    row = cur.fetchone()
+    return {"source": row[0], "target": row[1]} if row else {"source": None, "target": None}
+
+
+def store_shape(cur: psycopg.Cursor, mid: int, side: str, description: dict[str, Any], fingerprint: str) -> None:
+    if side not in ("source", "target"):
+        raise ValueError(side)
+    cur.execute(sql.SQL("UPDATE mover.migrations SET {} = %s, {} = %s WHERE id = %s").format(
+        sql.Identifier(f"{side}_shape"), sql.Identifier(f"{side}_fingerprint")),
+        (json.dumps(description), fingerprint, mid))
+
+
 def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str, message: str,
           detail: dict | None = None, duration_ms: float | None = None) -> None:
     cur.execute(

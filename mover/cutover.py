@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, reconcile
+from mover import capture, chunks, control, faults, introspect, names, reconcile, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -218,7 +218,9 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
         cur.execute(ddl.lock_tables([live, other]))
         locked_at = time.monotonic()
-        # Everything logged so far committed before our lock: drain it all.
+        # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
+        # both tables' shapes under the lock: a change committed since the preflight aborts the
+        # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
         failures: dict = {}
         while True:
@@ -248,6 +250,8 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             cur.execute(ddl.rename_table(m.old, m.source.name))
             _hand_over_sequences(cur, m.target, m.source)
             capture.install(cur, ctx.mid, m.source, tuple(m.key_columns), m.name, reverse=False)
+        # The shapes are those checked above (the lock is held); only the names changed.
+        shape.rerecord(cur, ctx.mid)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
@@ -378,7 +382,8 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
         if left and not give_up_rows:
             raise refuse_losing(ctx, left, "abort", "new")
         give_up(cur, ctx, left, "abort")
-        capture.remove(cur, ctx.mid, m.source, reverse=False)
+        # Under its current name: a source renamed during the migration keeps no capture trigger.
+        capture.remove(cur, ctx.mid, shape.current_name(cur, ctx.mid, "source") or m.source, reverse=False)
         cur.execute(ddl.drop_table(m.target))
         chunks.reset(cur, ctx.mid, "backfill")
         chunks.reset(cur, ctx.mid, "reconcile")

@@ -38,6 +38,18 @@ class NotFound(BadInput):
     """A named migration or database object does not exist."""
 
 
+class ShapeChanged(BadInput):
+    """A table's shape changed since mover recorded it (mover/shape.py): nothing is copied,
+    compared or swapped across it; `mover adopt NAME` or `mover abort NAME`, as the hint says."""
+
+    event_kind = "shape_changed"
+
+    def __init__(self, message: str, *, hint: str | None = None, changes: list | None = None):
+        super().__init__(message, hint=hint)
+        self.changes = changes or []
+        self.detail = {"changes": [c.as_dict() for c in self.changes]}
+
+
 class Waiting(MoverError):
     """The migration waits for the operator: a gate, an open rollback window, divergences, a held lease."""
 

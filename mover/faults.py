@@ -25,7 +25,8 @@ def point(name: str) -> None:
         raise Failed(f"fault injected at {name}")
     elif _ACTION == "hang":
         go_on = threading.Event()
-        signal.signal(signal.SIGUSR1, lambda *_: go_on.set())
+        if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
+            signal.signal(signal.SIGUSR1, lambda *_: go_on.set())
         print(f"mover-fault: hanging at {name}", file=sys.stderr, flush=True)
         release = os.environ.get("MOVER_FAULT_RELEASE")
         # The file as well as the signal: a test that stops and continues the process must not

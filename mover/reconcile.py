@@ -38,7 +38,7 @@ import psycopg
 from mover import backfill, capture, chunks, control, faults, introspect, names
 from mover.context import Context, Reporter
 from mover.db import Database, bind, one
-from mover.errors import Failed, LeaseLost, MoverError
+from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
 from mover.sql.capture import replay_keys as replay_keys_sql
@@ -215,6 +215,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
     def first(cur):
         chunks.hold(cur, mid, chunk, worker)
         agg, diffs = _compare(cur, spec, mid, chunk)
+        ctx.check_shape(cur)  # nothing is compared across a change of either table's shape
         if any(d["pending"] for d in diffs):
             return agg, diffs, None  # nothing written: settle the pending keys first
         outcome = _record(cur, spec, mid, chunk, worker, agg, diffs, diffs, [])
@@ -242,6 +243,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
         def final(cur):
             chunks.hold(cur, mid, chunk, worker)
             now = _recheck(cur, spec, mid, keys)
+            ctx.check_shape(cur)
             settled = [d for d in now if not d["pending"]]
             unsettled = [d for d in now if d["pending"]]
             result = _record(cur, spec, mid, chunk, worker, agg, diffs, settled, unsettled)
@@ -289,8 +291,10 @@ class Worker(chunks.RangeWorker):
                 log.warning("%s", exc)
                 continue
             except (psycopg.Error, MoverError) as exc:
-                if chunks.is_connection_failure(exc) or (isinstance(exc, MoverError) and exc.exit_code == 130):
+                if chunks.is_connection_failure(exc) or isinstance(exc, ShapeChanged) or (
+                        isinstance(exc, MoverError) and exc.exit_code == 130):
                     raise
+                self.db.transaction(ctx.check_shape)  # a range that failed on a changed table says so
                 outcome = chunks.record_failure(self.db, mid, chunk, self.wid, exc, settings.max_attempts)
                 log.error("reconcile range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
                 continue

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, cutover, faults, steps
+from mover import capture, chunks, control, cutover, faults, shape, steps
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
@@ -52,9 +52,15 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         _record(db, ctx, "paused", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
         raise
     except MoverError as exc:
-        _record(db, ctx, "failed", str(exc), kind="failed", message=str(exc))
+        _record(db, ctx, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),
+                detail=getattr(exc, "detail", None))
         raise
     except Exception as exc:
+        changed = _shape_change(ctx)
+        if changed is not None:  # e.g. a statement that met a dropped column: say what changed
+            _record(db, ctx, "failed", str(changed), kind=changed.event_kind, message=str(changed),
+                    detail=changed.detail)
+            raise changed from exc
         _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc))
         raise
     else:
@@ -68,8 +74,19 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
                 log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
 
 
+def _shape_change(ctx: Context) -> shape.ShapeChanged | None:
+    """After an unexpected error: the shape change behind it, if a table's shape changed."""
+    try:
+        ctx.db.transaction(ctx.check_shape, label="shape check")
+    except shape.ShapeChanged as exc:
+        return exc
+    except psycopg.Error:
+        pass  # the original error is the one to report
+    return None
+
+
 def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
-            message: str | None = None) -> None:
+            message: str | None = None, detail: dict | None = None) -> None:
     if error is not None:
         error = mask(error)  # stored and shown by `status`: no password, whatever raised it
     if message is not None:
@@ -82,7 +99,7 @@ def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: 
         cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = %s AND status = 'running'",
                     (ctx.mid,))
         if kind:
-            control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind, message or kind)
+            control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind, message or kind, detail)
     try:
         db.transaction(write, label="record outcome")
     except psycopg.Error as exc:
@@ -109,6 +126,8 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
         m = ctx.refresh()
         if m.state in ("done", "aborted") or m.step == "finished":
             return m
+        # Every step starts from the recorded shapes (ShapeChanged otherwise), the gate included.
+        ctx.db.transaction(bind(shape.verify_at_step, m, ctx.swapped), label="shape check")
         step = steps.BY_NAME[m.step]
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
             # Waiting at the gate still keeps the new table in step with the live one.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
 import subprocess
 import sys
@@ -38,6 +39,42 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return proc.returncode, err
 
 
+class Spawned:
+    """A mover process whose stderr is read line by line as it comes (to kill it at a moment it
+    announces), and kept."""
+
+    def __init__(self, dsn, *args, env):
+        full_env = {**os.environ, "COLUMNS": "200", **env}
+        self.proc = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, *args], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
+        self.lines: queue.Queue = queue.Queue()
+        self.err: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.err.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, text, timeout=120) -> bool:
+        """True once a stderr line contains text; False if the process ended first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            if line is None:
+                return False
+            if text in line:
+                return True
+
+    def kill(self) -> bool:
+        """SIGKILL; True if the process was still running (the kill landed)."""
+        alive = self.proc.poll() is None
+        self.proc.kill()
+        self.proc.wait(60)
+        return alive
+
+
 def write_plan(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
@@ -68,9 +105,58 @@ def create_orders(dsn: str, rows: int) -> None:
             (rows,),
         )
         conn.execute('ANALYZE "Orders"')
+        create_mirror(conn)
+
+
+MIRROR = "Orders_mirror"
+
+
+def create_mirror(conn: psycopg.Connection, table: str = "Orders", mirror: str = MIRROR) -> None:
+    """The oracle: a plain copy of `table` that the application (Writer, app_execute) keeps in step
+    in its own transactions. Not migrated, not touched by mover, no trigger: what every committed
+    write should have produced. id is bigint so that values past the int range fit too."""
+    t, m = sql.Identifier(table), sql.Identifier(mirror)
+    conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(m, t))
+    conn.execute(sql.SQL("ALTER TABLE {} ALTER id TYPE bigint, ADD PRIMARY KEY (id)").format(m))
+    conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(m, t))
+    # Whichever role the test's application writes as (tests of privileges use a plain one).
+    conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO PUBLIC").format(m))
 
 
 ORDERS_COLUMNS = ('id', 'Account', 'amount', 'status', 'payload', 'note', 'created_at')
+_COLS = sql.SQL(", ").join(sql.Identifier(c) for c in ORDERS_COLUMNS)
+_W_COLS = sql.SQL(", ").join(sql.Identifier("w", c) for c in ORDERS_COLUMNS)
+
+
+def _mirrored(statement: sql.Composable, mirror: str, *, old_key: bool = False) -> sql.Composed:
+    """The application's statement (ending in RETURNING all of ORDERS_COLUMNS) and its effect on
+    the mirror, one statement: both commit or neither."""
+    m = sql.Identifier(mirror)
+    if old_key:  # an UPDATE of the row whose id was %(k)s (the key may change)
+        tail = sql.SQL("UPDATE {m} SET ({c}) = ROW({wc}) FROM w WHERE {m}.id = %(k)s").format(m=m, c=_COLS, wc=_W_COLS)
+    else:
+        tail = sql.SQL("INSERT INTO {m} ({c}) SELECT {wc} FROM w").format(m=m, c=_COLS, wc=_W_COLS)
+    return sql.SQL("WITH w AS ({}) {}").format(statement, tail)
+
+
+def _mirrored_delete(statement: sql.Composable, mirror: str) -> sql.Composed:
+    return sql.SQL("WITH w AS ({}), md AS (DELETE FROM {m} USING w WHERE {m}.id = w.id) SELECT * FROM w").format(
+        statement, m=sql.Identifier(mirror))
+
+
+def app_execute(conn: psycopg.Connection, statement: sql.Composable, params=None, *, table: str = "Orders",
+                mirror: str = MIRROR) -> None:
+    """A test's own application write to `table` (`{t}` in `statement`; no key changes), mirrored in
+    the same transaction: the rows it touched are copied to the mirror as the application left
+    them (the live table by that name is written by the application only)."""
+    t, m = sql.Identifier(table), sql.Identifier(mirror)
+    statement = sql.SQL(statement) if isinstance(statement, str) else statement
+    with conn.transaction():
+        cur = conn.execute(sql.SQL("{} RETURNING id").format(statement.format(t=t)), params)
+        keys = [r[0] for r in cur.fetchall()]
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(m), (keys,))
+        conn.execute(sql.SQL("INSERT INTO {m} ({c}) SELECT {c} FROM {t} WHERE id = ANY(%s)").format(m=m, c=_COLS, t=t),
+                     (keys,))
 
 
 @dataclass
@@ -87,6 +173,9 @@ class Writer:
     stop: threading.Event = field(default_factory=threading.Event)
     paused: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
+    mirror: str | None = None  # the oracle table (create_mirror); default "<table>_mirror", if it exists
+    hot: tuple | None = None  # (lo, hi): only updates, only of keys in this id range
+    delay: float = 0.0  # seconds between operations (a rate, for hot keys that must settle at times)
 
     def start(self) -> Writer:
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -100,6 +189,8 @@ class Writer:
         # type" -- PostgreSQL's behaviour for any type change, documented in the README.
         conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
         t = sql.Identifier(self.table)
+        self.mirror = self.mirror or f"{self.table}_mirror"
+        self._mirror_on = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{self.mirror}"',)).fetchone()[0]
         try:
             while not self.stop.is_set():
                 if self.paused.is_set():
@@ -110,36 +201,51 @@ class Writer:
                 op = rnd.random()
                 try:
                     (max_id,) = conn.execute(sql.SQL("SELECT coalesce(max(id), 1) FROM {}").format(t)).fetchone()
-                    k = rnd.randint(1, max_id)
+                    k = rnd.randint(1, max_id) if self.hot is None else rnd.randint(*self.hot)
+                    if self.hot is not None:
+                        op = 0.3 + 0.3 * rnd.random()  # updates only, and only of the hot keys
+                    ret = sql.SQL(" RETURNING {}").format(_COLS)
                     if op < 0.3:
-                        conn.execute(sql.SQL("INSERT INTO {} (\"Account\", amount, status, payload, note) VALUES "
-                                             "(%s, %s, 'new', %s, 'w')").format(t),
-                                     (rnd.randint(0, 999), rnd.randint(0, 10**6) / 100, '{"w": 1}'))
+                        stmt = sql.SQL("INSERT INTO {} (\"Account\", amount, status, payload, note) VALUES "
+                                       "(%(a)s, %(m)s, 'new', %(p)s, 'w')").format(t) + ret
+                        params = {"a": rnd.randint(0, 999), "m": rnd.randint(0, 10**6) / 100, "p": '{"w": 1}'}
+                        self._run(conn, stmt, params)
                     elif op < 0.6:
-                        conn.execute(sql.SQL("UPDATE {} SET amount = amount + 1, status = 'paid', note = NULL,"
-                                             " payload = payload || %s::jsonb WHERE id = %s").format(t),
-                                     ('{"u": 1}', k))
+                        stmt = sql.SQL("UPDATE {} SET amount = amount + 1, status = 'paid', note = NULL,"
+                                       " payload = payload || %(p)s::jsonb WHERE id = %(k)s").format(t) + ret
+                        self._run(conn, stmt, {"p": '{"u": 1}', "k": k}, old_key=True)
                     elif op < 0.75:
-                        conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(t), (k,))
+                        self._run(conn, sql.SQL("DELETE FROM {} WHERE id = %(k)s RETURNING id").format(t), {"k": k},
+                                  delete=True)
                     elif op < 0.85:
                         # The key changes: the old key disappears and a new one appears.
-                        conn.execute(sql.SQL("UPDATE {} SET id = nextval(pg_get_serial_sequence(%s, 'id'))"
-                                             " WHERE id = %s").format(t), (f'"{self.table}"', k))
+                        stmt = sql.SQL("UPDATE {} SET id = nextval(pg_get_serial_sequence(%(t)s, 'id'))"
+                                       " WHERE id = %(k)s").format(t) + ret
+                        self._run(conn, stmt, {"t": f'"{self.table}"', "k": k}, old_key=True)
                     else:
                         with conn.transaction():
-                            row = conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s RETURNING \"Account\"")
-                                               .format(t), (k,)).fetchone()
+                            row = self._run(conn, sql.SQL("DELETE FROM {} WHERE id = %(k)s RETURNING id, \"Account\"")
+                                            .format(t), {"k": k}, delete=True)
                             if row:
-                                conn.execute(sql.SQL("INSERT INTO {} (id, \"Account\", amount, status, note)"
-                                                     " VALUES (%s, %s, 0, 'reinserted', 'r')").format(t),
-                                             (k, row[0]))
+                                stmt = sql.SQL("INSERT INTO {} (id, \"Account\", amount, status, note)"
+                                               " VALUES (%(k)s, %(a)s, 0, 'reinserted', 'r')").format(t) + ret
+                                self._run(conn, stmt, {"k": k, "a": row[1]})
                     self.ops += 1
+                    if self.delay:
+                        self.stop.wait(self.delay)
                 except psycopg.Error as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                     if conn.broken:
                         conn = self._reconnect()
         finally:
             conn.close()
+
+    def _run(self, conn, stmt: sql.Composable, params: dict, *, old_key: bool = False, delete: bool = False):
+        """One application statement, with its mirror write in the same statement when there is a mirror."""
+        if self._mirror_on:
+            stmt = _mirrored_delete(stmt, self.mirror) if delete else _mirrored(stmt, self.mirror, old_key=old_key)
+        cur = conn.execute(stmt, params)
+        return cur.fetchone() if cur.description else None
 
     def _reconnect(self) -> psycopg.Connection:
         """After a server restart (only the crash tests do that): wait for it to come back."""
@@ -176,6 +282,35 @@ def differences(dsn: str, a: str, b: str, columns=ORDERS_COLUMNS) -> tuple[int, 
     return ab, ba
 
 
+def mismatches(dsn: str, a: str, b: str, columns=ORDERS_COLUMNS, key: tuple[str, ...] = ("id",)) -> dict:
+    """Independent plain-SQL comparison, per column, in one snapshot: for each column (and '*' for
+    whole rows), the (key, column) pairs only in a and only in b (EXCEPT ALL both ways), with a
+    few keys as examples. Empty when the tables hold the same rows."""
+    ta, tb = sql.Identifier(a), sql.Identifier(b)
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+    q = sql.SQL("SELECT count(*), (array_agg(row_to_json(d)::text))[1:3] FROM"
+                " (SELECT {c} FROM {x} EXCEPT ALL SELECT {c} FROM {y}) d")
+    found = {}
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for col in ("*", *(c for c in columns if c not in key)):
+            cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns) if col == "*" else \
+                sql.SQL("{}, {}").format(keys, sql.Identifier(col))
+            ab, ab_ex = conn.execute(q.format(c=cols, x=ta, y=tb)).fetchone()
+            ba, ba_ex = conn.execute(q.format(c=cols, x=tb, y=ta)).fetchone()
+            if ab or ba:
+                found[col] = {f"only in {a}": ab, f"only in {b}": ba, "e.g.": (ab_ex or []) + (ba_ex or [])}
+    return found
+
+
+def assert_oracle(dsn: str, *tables: str, mirror: str = MIRROR, columns=ORDERS_COLUMNS) -> None:
+    """Each table holds exactly what the application committed (the mirror), column by column."""
+    assert tables
+    for table in tables:
+        diff = mismatches(dsn, table, mirror, columns)
+        assert diff == {}, f"{table} differs from what the application committed ({mirror}): {diff}"
+
+
 def count(dsn: str, table: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
@@ -183,8 +318,8 @@ def count(dsn: str, table: str) -> int:
 
 def catalog_snapshot(dsn: str) -> dict:
     """Everything in the user's schemas that a migration could touch."""
+    snap: dict = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        snap = {}
         snap["relations"] = conn.execute(
             "SELECT n.nspname, c.relname, c.relkind, c.reltuples >= 0 FROM pg_class c JOIN pg_namespace n"
             " ON n.oid = c.relnamespace WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')"
@@ -208,4 +343,6 @@ def catalog_snapshot(dsn: str) -> dict:
         snap["sequences"] = conn.execute(
             "SELECT d.objid::regclass::text, d.refobjid::regclass::text, d.deptype FROM pg_depend d JOIN pg_class c"
             " ON c.oid = d.objid AND c.relkind = 'S' WHERE d.refclassid = 'pg_class'::regclass ORDER BY 1").fetchall()
-        return snap
+    # The oracle tables (create_mirror) belong to the tests, not to the application's schema.
+    return {k: [r for r in rows if not any(isinstance(v, str) and "_mirror" in v for v in r)]
+            for k, rows in snap.items()}

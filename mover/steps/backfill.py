@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from mover import backfill, capture, control, introspect
+from mover import backfill, capture, control, introspect, shape
 from mover.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
@@ -41,6 +41,10 @@ class Backfill(Step):
             if invalid:
                 raise Failed(f"indexes {invalid} on {m.target} are invalid", hint=f"run `mover run {m.name}` again")
             rows, chunks, _ = control.chunk_totals(cur, m.id, "backfill")
+            # mover has finished building the new table (deferred indexes included): from here
+            # on its shape is fixed too (mover/shape.py).
+            ctx.check_shape(cur)
+            shape.record(cur, m.id, target=m.target)
             control.finish_step(cur, m, self.name, "reconcile", ctx.owner,
                                 message=f"copied {rows} rows in {chunks} chunks",
                                 detail={"rows": rows, "chunks": chunks})

@@ -8,7 +8,17 @@ import signal
 
 import psycopg
 
-from tests.workload import Writer, create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import (
+    Writer,
+    app_execute,
+    assert_oracle,
+    create_orders,
+    differences,
+    finish,
+    mover,
+    spawn,
+    write_plan,
+)
 
 PLAN = """
 [migration]
@@ -77,6 +87,7 @@ def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path)
         writer.pause()
         assert mover(db_dsn, "run", "wide").returncode == 3
         assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         for p in (doomed, orchestrator):
             if p.poll() is None:
@@ -114,6 +125,7 @@ def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_pat
     assert late[0][0] > 1  # and the copy went on after unpause
     events = [e["kind"] for e in json.loads(mover(db_dsn, "events", "wide", "--json").stdout)]
     assert "paused" in events and "unpaused" in events
+    assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
 def test_settings_change_while_running_is_recorded(db_dsn, tmp_path):
@@ -137,7 +149,7 @@ def test_a_range_that_keeps_failing_is_marked_failed_without_stopping_the_others
         conn.execute("CREATE FUNCTION picky(v integer) RETURNS boolean LANGUAGE plpgsql AS"
                      " $$BEGIN IF v = 100000 THEN RAISE EXCEPTION 'picky about %', v; END IF; RETURN true; END$$")
         conn.execute("CREATE DOMAIN account_no AS integer CHECK (picky(VALUE))")
-        conn.execute('UPDATE "Orders" SET "Account" = 100000 WHERE id = 2600')
+        app_execute(conn, 'UPDATE {t} SET "Account" = 100000 WHERE id = 2600')
     plan = write_plan(tmp_path / "narrow.toml", PLAN.format(workers=2, rate=0).replace(
         'columns = { id = "bigint" }', 'columns = { "Account" = "account_no" }'))
     r = mover(db_dsn, "run", plan)
@@ -147,9 +159,10 @@ def test_a_range_that_keeps_failing_is_marked_failed_without_stopping_the_others
     assert st["backfill"]["chunks_failed"] == 1 and st["state"] == "failed"
     assert st["backfill"]["chunks_done"] == st["backfill"]["chunks_total"] - 1  # the others were copied
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute('UPDATE "Orders" SET "Account" = 7 WHERE id = 2600')
+        app_execute(conn, 'UPDATE {t} SET "Account" = 7 WHERE id = 2600')
     r = mover(db_dsn, "run", "wide")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
 def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_path):
@@ -176,3 +189,4 @@ def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_pat
     valid, definition = query(db_dsn, "SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index"
                                       " WHERE indexrelid = %s::regclass", (f'"{name}"',))[0]
     assert valid and "UNIQUE" not in definition and '("Account", created_at)' in definition
+    assert_oracle(db_dsn, "Orders", "Orders_new")

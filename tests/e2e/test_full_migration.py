@@ -6,7 +6,17 @@ import json
 
 import psycopg
 
-from tests.workload import Writer, catalog_snapshot, count, create_orders, differences, mover, write_plan
+from tests.workload import (
+    Writer,
+    app_execute,
+    assert_oracle,
+    catalog_snapshot,
+    count,
+    create_orders,
+    differences,
+    mover,
+    write_plan,
+)
 
 PLAN = """
 [migration]
@@ -51,9 +61,16 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
         st = status(db_dsn)
         assert (st["step"], st["state"], st["divergences"]) == ("cutover", "waiting", 0)
         assert st["backfill"]["rows_copied"] >= 20_000 * 0.9
+        writer.pause()  # at the gate: the target holds every committed write, once the log is applied
+        assert mover(db_dsn, "run", "orders_bigint").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_new")
+        writer.resume()
 
         r = mover(db_dsn, "cutover", "orders_bigint")
         assert r.returncode == 0, r.stderr
+        writer.pause()  # just after the swap: nothing committed before it is missing from the new table
+        assert_oracle(db_dsn, "Orders")
+        writer.resume()
         st = status(db_dsn)
         assert st["step"] == "rollback_window" and st["cutover"]["lock_ms"] > 0
         assert column_type(db_dsn, "Orders", "id") == "bigint"
@@ -65,6 +82,7 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
         r = mover(db_dsn, "run", "orders_bigint")
         assert r.returncode == 3, r.stderr
         assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_old")  # the window: the old table follows the new one
         assert count(db_dsn, "Orders") > 0
         writer.resume()
 
@@ -76,6 +94,7 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
         writer.halt()
     assert writer.errors == []
     assert writer.ops > 100
+    assert_oracle(db_dsn, "Orders")
     st = status(db_dsn)
     assert (st["step"], st["state"]) == ("retire", "done")
     snap = catalog_snapshot(db_dsn)
@@ -97,17 +116,23 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
         r = mover(db_dsn, "cutover", "orders_bigint")
         assert r.returncode == 0, r.stderr
         with psycopg.connect(db_dsn, autocommit=True) as conn:
-            conn.execute('INSERT INTO "Orders" ("Account", note) VALUES (4242, %s)', ("after cutover",))
-            conn.execute('UPDATE "Orders" SET note = %s WHERE id = 10', ("changed after cutover",))
-            conn.execute('DELETE FROM "Orders" WHERE id = 11')
+            app_execute(conn, 'INSERT INTO {t} ("Account", note) VALUES (4242, %s)', ("after cutover",))
+            app_execute(conn, 'UPDATE {t} SET note = %s WHERE id = 10', ("changed after cutover",))
+            app_execute(conn, 'DELETE FROM {t} WHERE id = 11')
+        writer.pause()  # the window: the old table follows the new one
+        assert mover(db_dsn, "run", "orders_bigint").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_old")
+        writer.resume()
         r = mover(db_dsn, "rollback", "orders_bigint")
         assert r.returncode == 0, r.stderr
         writer.pause()
+        assert_oracle(db_dsn, "Orders")  # nothing committed in the window is missing from the original
         assert column_type(db_dsn, "Orders", "id") == "integer"  # the original is back
         # The new table took every write of the window; the restored original must hold all of
         # them (the writer may have changed the probe rows since: compare, don't presume).
         assert mover(db_dsn, "run", "orders_bigint").returncode == 3
         assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             probes = """SELECT count(*) FROM {} WHERE "Account" = 4242 OR id IN (10, 11)"""
             assert (conn.execute(probes.format('"Orders"')).fetchone()
@@ -121,6 +146,7 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
         writer.pause()
         assert mover(db_dsn, "run", "orders_bigint").returncode == 3
         assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_old")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -131,10 +157,12 @@ def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path):
     before = catalog_snapshot(db_dsn)
     plan = plan_file(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
+    assert_oracle(db_dsn, "Orders", "Orders_new")
     assert catalog_snapshot(db_dsn) != before  # the migration did create things
     r = mover(db_dsn, "abort", "orders_bigint")
     assert r.returncode == 0, r.stderr
     assert catalog_snapshot(db_dsn) == before
+    assert_oracle(db_dsn, "Orders")
     st = status(db_dsn)
     assert st["state"] == "aborted"
     # The same plan can start afresh after an abort.
@@ -155,6 +183,8 @@ def test_zero_window_retires_in_one_run_with_auto_cutover(db_dsn, tmp_path):
     st = status(db_dsn)
     assert st["state"] == "done" and st["cutover"]["lock_ms"] > 0
     assert column_type(db_dsn, "Orders", "id") == "bigint"
+    assert writer.ops > 0
+    assert_oracle(db_dsn, "Orders")  # the old table is gone: the new one must hold every write
 
 
 def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_path):
@@ -172,8 +202,12 @@ def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_pa
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("SET ROLE mover_app")  # writes through the capture trigger as a plain role
         conn.execute('INSERT INTO "Orders" ("Account") VALUES (2)')
+        conn.execute("RESET ROLE")
+        conn.execute('INSERT INTO "Orders_mirror" SELECT * FROM "Orders" WHERE "Account" = 2 AND note IS NULL'
+                     ' AND amount IS NULL')
     r = mover(db_dsn, "cutover", "orders_bigint")
     assert r.returncode == 0, r.stderr
+    assert_oracle(db_dsn, "Orders")
     try:
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             seq_type, = conn.execute("SELECT format_type(seqtypid, NULL) FROM pg_sequence"
@@ -188,11 +222,13 @@ def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_pa
             new_id = conn.execute('INSERT INTO "Orders" ("Account") VALUES (1) RETURNING id').fetchone()[0]
             assert new_id > 2147483647
             conn.execute("RESET ROLE")
+            conn.execute('INSERT INTO "Orders_mirror" SELECT * FROM "Orders" WHERE id = %s', (new_id,))
             assert conn.execute(
                 """SELECT has_column_privilege('public', '"Orders"', 'Account', 'SELECT')""").fetchone()[0]
         assert mover(db_dsn, "run", "orders_bigint").returncode == 3  # the reverse log reached the old table...
         # ...except the row beyond its integer range, which is recorded, not lost or raised in the app.
         assert status(db_dsn)["divergences"] == 1
+        assert_oracle(db_dsn, "Orders")
     finally:
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             conn.execute("DROP OWNED BY mover_app")
@@ -210,3 +246,4 @@ def test_truncate_of_a_table_being_moved_is_refused_with_a_clear_error(db_dsn, t
         except psycopg.errors.ObjectInUse as exc:
             assert "orders_bigint" in str(exc) and "mover abort orders_bigint" in (exc.diag.message_hint or "")
         assert conn.execute('SELECT count(*) FROM "Orders"').fetchone()[0] == 500
+    assert_oracle(db_dsn, "Orders")

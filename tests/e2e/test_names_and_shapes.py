@@ -30,6 +30,8 @@ def test_names_needing_quotes_composite_key_identity_and_odd_types(db_dsn, tmp_p
         conn.execute(sql.SQL("""INSERT INTO {} ("Tenant Id", "Qty", doc, tags, at)
             SELECT g % 7, g % 300, json_build_object('g', g), ARRAY['a', g::text], now() - g * interval '1 min'
             FROM generate_series(1, 3000) g""").format(t))
+        # The oracle: a plain copy that the test's own writes below also go to.
+        conn.execute(sql.SQL('CREATE TABLE expected AS SELECT * FROM {}').format(t))
     plan = write_plan(tmp_path / "odd.toml", """
 [migration]
 name = "odd"
@@ -51,9 +53,12 @@ old_name = '"Sales Dept"."Order Items (old)"'
     assert '"Sales Dept"."Order Items new"' in r.stdout
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (1, 5)').format(t))
+    with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
+        row = conn.execute(sql.SQL('INSERT INTO {} ("Tenant Id", "Qty") VALUES (1, 5) RETURNING *').format(t)
+                           ).fetchone()
+        conn.execute('INSERT INTO expected VALUES (%s, %s, %s, %s, %s, %s, %s)', row)
         conn.execute(sql.SQL('UPDATE {} SET doc = \'{{"x": 1}}\' WHERE line = 7').format(t))
+        conn.execute('UPDATE expected SET doc = \'{"x": 1}\' WHERE line = 7')
     r = mover(db_dsn, "cutover", "odd")
     assert r.returncode == 0, r.stderr
     st = json.loads(mover(db_dsn, "status", "odd", "--json").stdout)
@@ -65,6 +70,12 @@ old_name = '"Sales Dept"."Order Items (old)"'
         assert types["Qty"] == "integer" and types["line"] == "bigint"
         n, tot = conn.execute(sql.SQL('SELECT count(*), sum(total) FROM {}').format(t)).fetchone()
         assert n == 3001
+        assert tot == 2 * sum(g % 7 for g in range(1, 3001)) + 2  # the generated column, recomputed
+        # Every column of every row as the application left it (json compared by its text).
+        cols = '"Tenant Id", line, "Qty", doc::text, tags, at, total'
+        for a, b in ((t, sql.Identifier("expected")), (sql.Identifier("expected"), t)):
+            assert conn.execute(sql.SQL(f"SELECT count(*) FROM (SELECT {cols} FROM {{}} EXCEPT ALL"
+                                        f" SELECT {cols} FROM {{}}) d").format(a, b)).fetchone()[0] == 0
         assert conn.execute(sql.SQL("SELECT doc::text FROM {} WHERE line = 7").format(t)).fetchone()[0] == '{"x": 1}'
         # The identity continues after the copied values.
         line = conn.execute(
@@ -78,7 +89,7 @@ old_name = '"Sales Dept"."Order Items (old)"'
 
 
 def test_ctrl_c_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
-    from tests.workload import create_orders
+    from tests.workload import assert_oracle, create_orders
     create_orders(db_dsn, 5_000)
     plan = write_plan(tmp_path / "p.toml", """
 [migration]
@@ -101,6 +112,7 @@ window = "1h"
     assert st["backfill"]["chunks_done"] == 2
     r = mover(db_dsn, "run", "ctrlc")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
 def test_wheel_carries_the_control_schema_revisions(tmp_path):

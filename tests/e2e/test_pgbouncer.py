@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import Writer, create_orders, differences, mover, write_plan
+from tests.workload import Writer, assert_oracle, create_orders, differences, mover, write_plan
 
 PLAN = """
 [migration]
@@ -192,6 +192,7 @@ def test_whole_sequence_through_transaction_mode_with_a_writer(db_dsn, bouncer, 
         r = mover(bouncer, "run", "pooled")
         assert r.returncode == 3, r.stderr  # the window is open; the old table is kept in sync
         assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_old")
         writer.resume()
         r = mover(bouncer, "retire", "pooled", "--force")
         assert r.returncode == 0, r.stderr
@@ -225,6 +226,7 @@ def test_index_build_refused_behind_a_pooler_when_the_server_would_cancel_it(db_
     r = mover(db_dsn, "run", "pooled")
     assert r.returncode == 3, r.stderr
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+    assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
 def test_a_later_success_clears_the_recorded_error(db_dsn, tmp_path):

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import Writer, create_orders, differences, mover, write_plan
+from tests.workload import Writer, assert_oracle, create_orders, differences, mover, write_plan
 
 PLAN = """
 [migration]
@@ -111,6 +111,7 @@ def finish_migration(r: Roles, writer: Writer) -> None:
     out = mover(r.app, "run", "priv")
     assert out.returncode == 3, out.stderr  # the window: the old table follows the new one
     assert differences(r.admin, "Orders", "Orders_old") == (0, 0)
+    assert_oracle(r.admin, "Orders", "Orders_old")
     writer.resume()
     out = mover(r.app, "retire", "priv", "--force")
     assert out.returncode == 0, out.stderr
@@ -143,6 +144,7 @@ def test_setup_a_migrating_role_runs_init_and_owns_the_schema(roles, tmp_path):
         writer.pause()
         assert mover(r.app, "run", "priv").returncode == 3
         assert differences(r.admin, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(r.admin, "Orders", "Orders_new")
         writer.resume()
         finish_migration(r, writer)
     finally:
@@ -194,6 +196,7 @@ def test_setup_b_superuser_runs_init_and_grants(roles, tmp_path):
         writer.pause()
         assert mover(r.app, "run", "priv").returncode == 3
         assert differences(r.admin, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(r.admin, "Orders", "Orders_new")
         writer.resume()
         finish_migration(r, writer)
     finally:

@@ -9,11 +9,23 @@ legitimately erase them."""
 from __future__ import annotations
 
 import json
+import re
 import signal
+import time
 
 import psycopg
 
-from tests.workload import Writer, create_orders, differences, mover, write_plan
+from tests.workload import (
+    Spawned,
+    Writer,
+    app_execute,
+    assert_oracle,
+    create_orders,
+    differences,
+    mismatches,
+    mover,
+    write_plan,
+)
 
 PLAN = """
 [migration]
@@ -38,9 +50,9 @@ window = "1h"
 def setup(dsn, tmp_path, rows=20_000) -> str:
     create_orders(dsn, rows)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("""INSERT INTO "Orders" (id, "Account", amount, status, payload, note)
-                        SELECT -g, g, g / 10.0, 'quiet', jsonb_build_object('q', g), 'quiet row'
-                        FROM generate_series(1, 50) g""")
+        app_execute(conn, """INSERT INTO {t} (id, "Account", amount, status, payload, note)
+                             SELECT -g, g, g / 10.0, 'quiet', jsonb_build_object('q', g), 'quiet row'
+                             FROM generate_series(1, 50) g""")
     return write_plan(tmp_path / "rec.toml", PLAN)
 
 
@@ -99,6 +111,7 @@ def test_hostile_writers_over_equal_tables_record_no_divergence(db_dsn, tmp_path
             w.pause()
         assert mover(db_dsn, "run", "rec").returncode == 3
         assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         for w in writers:
             w.halt()
@@ -111,6 +124,10 @@ def test_injected_differences_are_found_exactly_then_repaired(db_dsn, tmp_path):
     writer = Writer(db_dsn, seed=3).start()
     try:
         assert mover(db_dsn, "run", plan).returncode == 3
+        writer.pause()
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_new")  # equal before the injection
+        writer.resume()
         sql(db_dsn,
             'UPDATE "Orders_new" SET amount = amount + 1 WHERE id = -10',
             """UPDATE "Orders_new" SET note = repeat('n', 500), payload = '{"changed": true}' WHERE id = -11""",
@@ -146,6 +163,7 @@ def test_injected_differences_are_found_exactly_then_repaired(db_dsn, tmp_path):
         writer.pause()
         assert mover(db_dsn, "run", "rec").returncode == 3
         assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -180,6 +198,13 @@ def test_cutover_refused_while_open_then_accepted_with_reason(db_dsn, tmp_path):
         assert r.returncode == 0, r.stderr
         assert status(db_dsn)["step"] == "rollback_window"
         assert len(divergences(db_dsn, "--all")) == 1  # still in the history
+        writer.pause()
+        # The accepted extra row is the only difference from what the application committed.
+        rows = mismatches(db_dsn, "Orders", "Orders_mirror")["*"]
+        assert (rows["only in Orders"], rows["only in Orders_mirror"]) == (1, 0)
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute('DELETE FROM "Orders" WHERE id = -5000')
+        assert_oracle(db_dsn, "Orders")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -210,6 +235,9 @@ def test_kill9_mid_reconcile_resumes_where_it_stopped(db_dsn, tmp_path):
         assert after[5][1] == mid[5][1]
         assert result["pass"]["ranges"] == len(after) - 5
         assert status(db_dsn)["divergences"] == 0
+        writer.pause()
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -220,13 +248,15 @@ def test_quick_check_before_cutover_catches_a_late_difference(db_dsn, tmp_path):
     assert mover(db_dsn, "run", plan).returncode == 3
     # After the full pass: a write to the source (captured, applied, noted) and, in the same
     # range, a difference made behind mover's back.
-    sql(db_dsn, """UPDATE "Orders" SET note = 'touched' WHERE id = -30""",
-        'UPDATE "Orders_new" SET amount = -1 WHERE id = -31')
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        app_execute(conn, """UPDATE {t} SET note = 'touched' WHERE id = -30""")
+    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -1 WHERE id = -31')
     r, result = reconcile(db_dsn)  # an incremental pass would see it too; the cutover must on its own
     assert r.returncode == 3 and result["pass"]["mode"] == "incremental" and result["pass"]["ranges"] == 1
     assert mover(db_dsn, "accept", "rec", "--reason", "reset for the test").returncode == 0
-    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -2 WHERE id = -31',
-        """UPDATE "Orders" SET note = 'again' WHERE id = -30""")
+    sql(db_dsn, 'UPDATE "Orders_new" SET amount = -2 WHERE id = -31')
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        app_execute(conn, """UPDATE {t} SET note = 'again' WHERE id = -30""")
     r = mover(db_dsn, "cutover", "rec")
     assert r.returncode == 3, r.stderr
     assert "the last reconcile before the cutover" in r.stderr and "mover divergences rec" in r.stderr
@@ -237,3 +267,190 @@ def test_quick_check_before_cutover_catches_a_late_difference(db_dsn, tmp_path):
     r = mover(db_dsn, "cutover", "rec")
     assert r.returncode == 0, r.stderr
     assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+    assert_oracle(db_dsn, "Orders", "Orders_old")
+
+
+CORRUPT = """
+CREATE FUNCTION corrupt_account() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW."Account" := NEW.id - 1000;  -- a target that silently mangles one column of some rows
+    RETURN NEW;
+END $$;
+CREATE TRIGGER corrupt_account BEFORE INSERT OR UPDATE ON "Orders_new"
+    FOR EACH ROW WHEN (NEW.id BETWEEN -5 AND -1) EXECUTE FUNCTION corrupt_account();
+"""
+
+
+def _inject_while_pending(dsn, stop, landed):
+    """Differences the writer's next change resolves: "Account" changed in the target only on keys
+    whose change is still in the log, holding those log rows (FOR UPDATE) so that the applier
+    replays them (reading the source's state) only after the injection has committed."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        log = conn.execute("SELECT format('mover.%I', 'm' || id || '_changes') FROM mover.migrations").fetchone()[0]
+        stmt = f"""WITH p AS (SELECT id FROM {log} WHERE id BETWEEN -10 AND -6 FOR UPDATE)
+                   UPDATE "Orders_new" SET "Account" = "Account" + 7 WHERE id IN (SELECT id FROM p)"""
+        while not stop.is_set():
+            landed.append(conn.execute(stmt).rowcount)
+            stop.wait(0.005)
+
+
+def test_differences_on_hot_keys_are_reported_once_settled_and_only_then(db_dsn, tmp_path):
+    """Keys the writer is changing while reconcile reads them: a difference that survives the
+    applier's replay (here the target mangles "Account" on every write of keys -5..-1) is recorded,
+    naming only that column; differences the pending change resolves (keys -10..-6) are not."""
+    import threading
+    plan = setup(db_dsn, tmp_path, rows=5_000)
+    writer = Writer(db_dsn, seed=8).start()
+    # Updates only, of amount/status/note/payload, each key a few times a second.
+    hot = Writer(db_dsn, seed=9, hot=(-10, -1), delay=0.01)
+    stop, landed = threading.Event(), []
+    injector = threading.Thread(target=_inject_while_pending, args=(db_dsn, stop, landed), daemon=True)
+    try:
+        assert mover(db_dsn, "run", plan).returncode == 3
+        sql(db_dsn, CORRUPT)
+        hot.start()
+        injector.start()
+        mangled = {(str(k),) for k in range(-5, 0)}
+        rechecked, found = 0, set()
+        for _ in range(4):  # a key still changing after every re-check round waits for the next pass
+            r, result = reconcile(db_dsn, "--full")
+            assert r.returncode in (0, 3), r.stderr
+            rechecked += result["pass"]["rechecked"]
+            found = {tuple(d["key"]) for d in divergences(db_dsn, "--all")}
+            if not result["pass"]["unsettled"]:
+                break
+        assert sum(landed) > 0 and rechecked > 0
+        assert found == mangled  # none of the resolved ones, ever
+        for d in divergences(db_dsn):
+            assert d["kind"] == "different" and set(d["columns"]) == {"Account"}, d
+            src, dst = d["columns"]["Account"]
+            assert int(dst) == int(d["key"][0]) - 1000 and int(src) == -int(d["key"][0])
+        stop.set()
+        injector.join(10)
+        hot.pause()
+        writer.pause()
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        diff = mismatches(db_dsn, "Orders_new", "Orders_mirror")  # the independent view agrees
+        assert set(diff) == {"*", "Account"} and diff["Account"]["only in Orders_new"] == 5, diff
+        sql(db_dsn, 'DROP TRIGGER corrupt_account ON "Orders_new"')
+        assert mover(db_dsn, "repair", "rec").returncode == 0
+        assert mover(db_dsn, "run", "rec").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_new")
+    finally:
+        stop.set()
+        hot.halt() if hasattr(hot, "thread") else None
+        writer.halt()
+    assert writer.errors == [] and hot.errors == []
+    assert hot.ops > 50
+
+
+def test_a_difference_in_any_column_of_any_type_is_found_naming_that_column(db_dsn, tmp_path):
+    """One column per type the type tests cover (tests/integration/test_reconcile_types.py), the
+    plan's type changes included (lossy ones accepted); for each column and each unequal pair of
+    values there, one row that differs in that column only: the source written through capture,
+    the target changed behind mover's back. A pass over equal tables finds nothing; after the
+    injection, each row is found, naming exactly its column."""
+    from tests.integration.test_reconcile_types import CASES
+    # text -> enum has no assignment cast (ALTER TABLE needs USING; the plan check refuses it):
+    # that column is an enum on both sides here.
+    CASES = [(c[0], c[1], c[3], *c[3:]) if c[0] == "text_to_enum" else c for c in CASES]
+    setups = list(dict.fromkeys(c[1] for c in CASES if c[1]))
+    by_col = {f"c_{c[0]}": c for c in CASES}
+    equal = {f"c_{case}": next(a for a, _, eq in pairs if eq) for case, _, _, _, pairs, _ in CASES}
+    injected = []  # (key, column, source value, target value)
+    for case, _, _, _, pairs, _ in CASES:
+        for a, b, eq in pairs:
+            if not eq:
+                injected.append((len(injected) + 1, f"c_{case}", a, b))
+    # Every row starts equal on every column (values each conversion keeps as they are).
+    rows = [f"({key}, {', '.join(f'({equal[col]})::{c[2]}' for col, c in by_col.items())})"
+            for key in range(len(injected) + 1)]
+    cols = ", ".join(f"{col} {c[2]}" for col, c in by_col.items())
+    sql(db_dsn, *setups, f"CREATE TABLE types (id integer PRIMARY KEY, {cols})",
+        f"INSERT INTO types VALUES {', '.join(rows)}")
+    changed = ", ".join(f'{col} = "{c[3]}"' for col, c in by_col.items() if c[2] != c[3])
+    text = """
+[migration]
+name = "rec"
+source = 'public.types'
+
+[target]
+columns = {{ id = "bigint", {changed} }}
+{lossy}
+[rollback]
+window = "1h"
+"""
+    plan = write_plan(tmp_path / "types.toml", text.format(changed=changed, lossy=""))
+    r = mover(db_dsn, "plan", "check", plan)
+    lossy = re.search(r"accept_lossy = \[[^]]*\]", " ".join(r.stderr.split()))
+    if lossy:  # the narrowing conversions: accepted, so that reconcile compares them in the source's type
+        plan = write_plan(tmp_path / "types.toml", text.format(changed=changed, lossy=lossy.group(0)))
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert status(db_dsn)["divergences"] == 0
+    sql(db_dsn, *(f"UPDATE types SET {col} = ({a})::{by_col[col][2]} WHERE id = {key}" for key, col, a, _ in injected))
+    r, _ = reconcile(db_dsn)  # applies the source's changes (and may already see the lossy ones)
+    assert r.returncode in (0, 3), r.stderr
+    sql(db_dsn, *(f"UPDATE types_new SET {col} = ({b})::{by_col[col][3]} WHERE id = {key}"
+                  for key, col, _, b in injected))
+    r, _ = reconcile(db_dsn, "--full")
+    assert r.returncode == 3, r.stderr
+    found: dict[int, list] = {}
+    for d in divergences(db_dsn):
+        found.setdefault(int(d["key"][0]), []).append(d)
+    assert sorted(found) == [key for key, *_ in injected]
+    for key, col, _, _ in injected:
+        kinds = {d["kind"]: d for d in found[key]}
+        if "different" in kinds:
+            assert set(kinds) <= {"different", "apply_error"}, (col, found[key])
+            assert list(kinds["different"]["columns"]) == [col], (col, found[key])
+        else:  # a source value the target's type cannot hold: the row did not fit (invariant 3)
+            assert set(kinds) == {"apply_error"} and kinds["apply_error"]["columns"]["sqlstate"][:2] == "22", \
+                (col, found[key])
+    assert {col for _, col, _, _ in injected} == set(by_col)  # every column of every type
+
+
+def test_a_range_taken_over_while_its_keys_settle_is_not_committed_by_the_old_worker(db_dsn, tmp_path):
+    """Race 6 for reconcile ranges: a worker waits for a pending key to settle (the applier is held
+    here), meanwhile its range is taken over, as another host's worker does once a lease has
+    expired. The old worker must not commit its findings (the lease is checked in the range's
+    done-mark transaction); the range is verified by whoever holds it."""
+    plan = setup(db_dsn, tmp_path, rows=3_000)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    r = mover(db_dsn, "set", "rec", "reconcile.workers=1", "reconcile.settle_rounds=1000",
+              "reconcile.range_rows=100000")
+    assert r.returncode == 0, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as held, psycopg.connect(db_dsn, autocommit=True) as conn:
+        (mid,) = conn.execute("SELECT id FROM mover.migrations").fetchone()
+        held.execute("SELECT pg_advisory_lock(hashtext('mover.apply'), %s::int)", (mid,))  # no applier can run
+        app_execute(conn, "UPDATE {t} SET note = 'pending' WHERE id = -40")  # logged, not applied
+        p = Spawned(db_dsn, "reconcile", "rec", "--full", env={})
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # the range, once its worker has read it and let go of its row: taken over
+                assert time.monotonic() < deadline and p.proc.poll() is None, "".join(p.err)
+                try:
+                    with conn.transaction():
+                        row = conn.execute("SELECT chunk_no FROM mover.chunks WHERE kind = 'reconcile'"
+                                           " AND status = 'running' FOR UPDATE NOWAIT").fetchone()
+                        if row:
+                            conn.execute("UPDATE mover.chunks SET owner = 'elsewhere:1:x', lease_expires_at ="
+                                         " now() + interval '1 hour' WHERE kind = 'reconcile' AND chunk_no = %s", row)
+                            break
+                except psycopg.errors.LockNotAvailable:
+                    pass
+                time.sleep(0.01)  # polling the control table for the claim
+            held.execute("SELECT pg_advisory_unlock(hashtext('mover.apply'), %s::int)", (mid,))
+            assert p.wait_for("was taken over by another worker; not committing"), "".join(p.err)
+            assert ranges(db_dsn)[row[0]] == ("running", None)  # still the other's, unverified
+            conn.execute("UPDATE mover.chunks SET lease_expires_at = now() - interval '1 second'"
+                         " WHERE kind = 'reconcile' AND chunk_no = %s", row)  # that one died: its lease expires
+            assert p.proc.wait(120) == 0, "".join(p.err)
+        finally:
+            p.kill()
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        (attempts,) = conn.execute("SELECT attempts FROM mover.chunks WHERE kind = 'reconcile' AND chunk_no = %s",
+                                   row).fetchone()
+    assert attempts == 2 and ranges(db_dsn)[row[0]][0] == "done"
+    assert status(db_dsn)["divergences"] == 0
+    assert_oracle(db_dsn, "Orders", "Orders_new")

@@ -14,7 +14,7 @@ import psycopg
 
 from mover import api
 from mover.embedded import EmbeddedPostgres
-from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import assert_oracle, create_orders, differences, finish, mover, spawn, write_plan
 
 PLAN = """
 [migration]
@@ -115,6 +115,7 @@ def test_backfill_waits_for_a_lagging_replica_and_resumes(tmp_path):
                         proc.kill()
                 assert code == 3, err  # the backfill went on once the replica caught up: at the gate
                 assert differences(dsn, "Orders", "Orders_new") == (0, 0)
+                assert_oracle(dsn, "Orders", "Orders_new")
                 st = json.loads(mover(dsn, "status", "lagging", "--json").stdout)
                 assert st["backfill"]["rows_copied"] == 3_000 and st["backfill"]["waiting_for"] == [], st
             finally:

@@ -1,0 +1,374 @@
+"""A table's shape: its catalog description, a fingerprint of it, and what changed between two.
+
+The shape is fixed from registration to retire (DESIGN invariant 7): mover's copy, replay,
+comparison and swap all work from a column list read once, so a change the application makes
+to either table (a column added, a type changed, an index dropped...) would otherwise be copied
+past or swapped across. The description of each table is stored on the migration row
+(mover.migrations source_shape / target_shape, with their fingerprints): "source" is the
+original table and "target" the new one, whatever names the swap gives them, since both are
+found by oid. Checking is one catalog query (readable by any role: no superuser, no event
+trigger), run at every step start, in every range's transaction, in every replay transaction
+(through Context.mapping) and inside the cutover's lock.
+
+describe() and diff() are the pure part; verify() and record() go through control.shapes / store_shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from mover import control, names
+from mover.db import one
+from mover.errors import BadInput, ShapeChanged
+from mover.names import QualifiedName, display_ident
+
+SIDES = ("source", "target")
+
+# One statement describes any number of tables (by oid), so a check is one round trip. Index
+# definitions are cut after "ON schema.table " (the prefix format() rebuilds exactly, as in
+# introspect._indexes), so that a renamed table does not read as every index changed.
+DESCRIBE = """
+SELECT c.oid, jsonb_build_object(
+    'oid', c.oid::bigint,
+    'schema', n.nspname,
+    'name', c.relname,
+    'kind', c.relkind,
+    'persistence', c.relpersistence,
+    'columns', (
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'name', a.attname,
+                   'position', a.attnum,
+                   'type', format_type(a.atttypid, a.atttypmod),
+                   'collation', CASE WHEN a.attcollation <> 0 THEN
+                       (SELECT format('%%I.%%I', cn.nspname, co.collname) FROM pg_collation co
+                          JOIN pg_namespace cn ON cn.oid = co.collnamespace WHERE co.oid = a.attcollation) END,
+                   'not_null', a.attnotnull,
+                   'default', pg_get_expr(d.adbin, d.adrelid),
+                   'identity', a.attidentity,
+                   'generated', a.attgenerated) ORDER BY a.attnum), '[]'::jsonb)
+        FROM pg_attribute a
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+    'constraints', (
+        SELECT coalesce(jsonb_object_agg(k.conname, jsonb_build_object(
+                   'type', k.contype,
+                   'definition', pg_get_constraintdef(k.oid),
+                   'validated', k.convalidated,
+                   'deferrable', k.condeferrable,
+                   'deferred', k.condeferred)), '{}'::jsonb)
+        FROM pg_constraint k WHERE k.conrelid = c.oid),
+    'indexes', (
+        SELECT coalesce(jsonb_object_agg(ic.relname, jsonb_build_object(
+                   'definition', substr(pg_get_indexdef(i.indexrelid),
+                                        length(format('CREATE %%sINDEX %%I ON %%I.%%I ',
+                                                      CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
+                                                      ic.relname, n.nspname, c.relname)) + 1),
+                   'unique', i.indisunique,
+                   'valid', i.indisvalid,
+                   'constraint', (SELECT k.conname FROM pg_constraint k
+                                   WHERE k.conindid = i.indexrelid AND k.conrelid = c.oid
+                                     AND k.contype IN ('p', 'u', 'x')))), '{}'::jsonb)
+        FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+        WHERE i.indrelid = c.oid))
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = ANY(%s)
+"""
+
+
+@dataclass(frozen=True)
+class Change:
+    side: str  # source | target
+    kind: str  # column_added, column_dropped, column_type, ..., index_added, renamed, dropped
+    message: str
+    adoptable: bool
+    item: str | None = None  # the column, constraint or index name
+    detail: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"side": self.side, "kind": self.kind, "item": self.item, "message": self.message,
+                "adoptable": self.adoptable}
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions
+
+
+def fingerprint(description: dict[str, Any] | None) -> str | None:
+    if description is None:
+        return None
+    return hashlib.sha256(_canonical(description)).hexdigest()
+
+
+def _canonical(description: dict[str, Any]) -> bytes:
+    return json.dumps(description, sort_keys=True, separators=(",", ":")).encode()
+
+
+def table_name(description: dict[str, Any]) -> QualifiedName:
+    return QualifiedName(description["schema"], description["name"])
+
+
+def _column_text(c: dict[str, Any]) -> str:
+    parts = [c["type"]]
+    if c.get("collation") and c["collation"] != "pg_catalog.\"default\"":
+        parts.append(f"COLLATE {c['collation']}")
+    if c.get("default") is not None:
+        parts.append(f"DEFAULT {c['default']}")
+    if c.get("not_null"):
+        parts.append("NOT NULL")
+    if c.get("identity"):
+        parts.append("GENERATED " + ("ALWAYS" if c["identity"] == "a" else "BY DEFAULT") + " AS IDENTITY")
+    if c.get("generated"):
+        parts.append("GENERATED ALWAYS (stored)")
+    return " ".join(parts)
+
+
+def diff(old: dict[str, Any], new: dict[str, Any] | None, side: str = "source") -> list[Change]:
+    """What changed from `old` to `new` (None: the table no longer exists), in reading order."""
+    t = table_name(old)
+    if new is None:
+        return [Change(side, "dropped", f"table {t} was dropped", False)]
+    out: list[Change] = []
+    now = table_name(new)
+    if now != t:
+        out.append(Change(side, "renamed", f"table {t} was renamed to {now}", False))
+    if old["persistence"] != new["persistence"]:
+        how = {"u": "UNLOGGED", "p": "LOGGED", "t": "TEMPORARY"}
+        out.append(Change(side, "persistence", f"table {now} was made {how.get(new['persistence'], new['persistence'])}"
+                                               f" (it was {how.get(old['persistence'], old['persistence'])})", False))
+    if old.get("kind") != new.get("kind"):
+        out.append(Change(side, "kind", f"table {now} changed kind from {old.get('kind')!r} to {new.get('kind')!r}",
+                          False))
+    out += _diff_columns(side, now, old["columns"], new["columns"])
+    out += _diff_constraints(side, now, old["constraints"], new["constraints"])
+    out += _diff_indexes(side, now, old["indexes"], new["indexes"])
+    return out
+
+
+def _diff_columns(side: str, t: QualifiedName, old: list[dict], new: list[dict]) -> list[Change]:
+    out: list[Change] = []
+    old_by_pos = {c["position"]: c for c in old}
+    new_by_pos = {c["position"]: c for c in new}
+    new_names = {c["name"] for c in new}
+    old_names = {c["name"] for c in old}
+    for pos, o in old_by_pos.items():
+        n = new_by_pos.get(pos)
+        col = display_ident(o["name"])
+        if n is None:
+            if o["name"] in new_names:
+                out.append(Change(side, "column_recreated", f"column {col} of {t} was dropped and added again"
+                                                           f" (its values were lost)", False, o["name"]))
+            else:
+                out.append(Change(side, "column_dropped", f"column {col} was dropped from {t}", False, o["name"]))
+            continue
+        if n["name"] != o["name"]:
+            out.append(Change(side, "column_renamed", f"column {col} of {t} was renamed to "
+                                                     f"{display_ident(n['name'])}", False, o["name"]))
+            col = display_ident(n["name"])
+        checks = (("type", "column_type", "changed type from {o} to {n}"),
+                  ("collation", "column_collation", "changed collation from {o} to {n}"),
+                  ("default", "column_default", "changed default from {o} to {n}"),
+                  ("identity", "column_identity", "changed identity from {o!r} to {n!r}"),
+                  ("generated", "column_generated", "changed generation from {o!r} to {n!r}"))
+        for key, kind, text in checks:
+            if o.get(key) != n.get(key):
+                msg = text.format(o=o.get(key) if o.get(key) is not None else "none",
+                                  n=n.get(key) if n.get(key) is not None else "none")
+                out.append(Change(side, kind, f"column {col} of {t} {msg}", False, n["name"]))
+        if o["not_null"] != n["not_null"]:
+            how = "was made NOT NULL" if n["not_null"] else "is no longer NOT NULL"
+            out.append(Change(side, "column_not_null", f"column {col} of {t} {how}", False, n["name"]))
+    for pos, n in new_by_pos.items():
+        if pos in old_by_pos:
+            continue
+        if n["name"] in old_names and any(c["name"] == n["name"] for c in old_by_pos.values()
+                                          if c["position"] not in new_by_pos):
+            continue  # reported above as dropped and added again
+        plain = not n.get("identity") and not n.get("generated")
+        out.append(Change(side, "column_added", f"column {display_ident(n['name'])} was added to {t}"
+                                                f" ({_column_text(n)})", plain, n["name"], {"column": n}))
+    return out
+
+
+def _diff_constraints(side: str, t: QualifiedName, old: dict, new: dict) -> list[Change]:
+    kinds = {"c": "CHECK", "f": "FOREIGN KEY", "p": "PRIMARY KEY", "u": "UNIQUE", "x": "EXCLUDE", "t": "TRIGGER",
+             "n": "NOT NULL"}
+    out: list[Change] = []
+    for name, o in sorted(old.items()):
+        c = display_ident(name)
+        n = new.get(name)
+        if n is None:
+            out.append(Change(side, "constraint_dropped", f"constraint {c} ({o['definition']}) was dropped from {t}",
+                              False, name))
+        elif (n["type"], _unvalidated(n["definition"])) != (o["type"], _unvalidated(o["definition"])):
+            out.append(Change(side, "constraint_changed", f"constraint {c} of {t} changed from {o['definition']}"
+                                                          f" to {n['definition']}", False, name))
+        elif n["validated"] != o["validated"]:
+            # VALIDATE CONSTRAINT of a CHECK that was NOT VALID (the second half of a routine
+            # deploy) can be repeated on the other table; nothing else changes validation state.
+            out.append(Change(side, "constraint_validated", f"constraint {c} of {t} was "
+                                                            f"{'validated' if n['validated'] else 'marked NOT VALID'}",
+                              bool(n["validated"]) and n["type"] == "c", name))
+        elif (n["deferrable"], n["deferred"]) != (o["deferrable"], o["deferred"]):
+            out.append(Change(side, "constraint_changed", f"constraint {c} of {t} changed its deferral", False, name))
+    for name, n in sorted(new.items()):
+        if name in old:
+            continue
+        what = kinds.get(n["type"], n["type"])
+        out.append(Change(side, "constraint_added", f"{what} constraint {display_ident(name)} was added to {t}:"
+                                                    f" {n['definition']}", n["type"] == "c", name, {"constraint": n}))
+    return out
+
+
+def _unvalidated(definition: str) -> str:
+    return definition.removesuffix(" NOT VALID")
+
+
+def _diff_indexes(side: str, t: QualifiedName, old: dict, new: dict) -> list[Change]:
+    out: list[Change] = []
+    for name, o in sorted(old.items()):
+        i = display_ident(name)
+        n = new.get(name)
+        if n is None:
+            if o.get("constraint") and o["constraint"] not in {k for k, v in new.items() if v.get("constraint")}:
+                continue  # the constraint's own index: reported with the constraint
+            out.append(Change(side, "index_dropped", f"index {i} ({o['definition']}) was dropped from {t}", False,
+                              name))
+        elif (n["definition"], n["unique"]) != (o["definition"], o["unique"]):
+            out.append(Change(side, "index_changed", f"index {i} of {t} changed from {o['definition']}"
+                                                     f" to {n['definition']}", False, name))
+        elif n["valid"] != o["valid"]:
+            out.append(Change(side, "index_validity", f"index {i} of {t} became "
+                                                      f"{'valid' if n['valid'] else 'invalid'}", False, name))
+    for name, n in sorted(new.items()):
+        if name in old:
+            continue
+        if n.get("constraint"):
+            continue  # a constraint's own index: reported with the constraint
+        state = "" if n["valid"] else " (not valid yet: being built concurrently, or a failed build)"
+        out.append(Change(side, "index_added", f"{'unique ' if n['unique'] else ''}index {display_ident(name)} was"
+                                               f" added to {t}: {n['definition']}{state}", bool(n["valid"]), name,
+                          {"index": n}))
+    return out
+
+
+def mirrors(change: Change, live_changes: list[Change], mid: int) -> bool:
+    """Is this change of the other table one that `mover adopt` makes for live_changes (seen
+    after an adopt that stopped half-way)? Its indexes are named like the backfill's."""
+    if change.kind in ("index_added", "index_validity"):
+        return any(c.kind == "index_added" and names.derived(str(c.item), f"_m{mid}") == change.item
+                   for c in live_changes)
+    return change.kind in ("column_added", "constraint_added", "constraint_validated") and any(
+        c.kind == change.kind and c.item == change.item for c in live_changes)
+
+
+def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = None) -> ShapeChanged:
+    """The error for `changes`: what changed, and the command that gets the migration going again."""
+    listed = "; ".join(c.message for c in changes)
+    live = "target" if swapped else "source"
+    live_changes = [c for c in changes if c.side == live]
+    adoptable = all(c.adoptable for c in live_changes) and all(
+        mid is not None and mirrors(c, live_changes, mid) for c in changes if c.side != live)
+    if adoptable:
+        hint = (f"`mover adopt {name}` applies the same change to the other table and re-checks what it touched;"
+                f" or `mover abort {name}` and plan again")
+    elif swapped:
+        hint = (f"this cannot be adopted: undo the change on that table, then `mover run {name}`"
+                f" (rollback and retire stay refused until the shapes match)")
+    else:
+        hint = f"this cannot be adopted: `mover abort {name}`, then plan the migration again for the new shape"
+    return ShapeChanged(f"the shape of a table of migration {name!r} changed since mover recorded it: {listed};"
+                        f" nothing was copied, compared or swapped across the change", hint=hint, changes=changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalog and the control row
+
+
+def describe(cur: psycopg.Cursor, oids: list[int]) -> dict[int, dict[str, Any]]:
+    """Descriptions of the tables with these oids (a missing one is absent from the result)."""
+    cur.execute(DESCRIBE, (list(oids),))
+    return {oid: d for oid, d in cur.fetchall()}
+
+
+def describe_table(cur: psycopg.Cursor, table: QualifiedName) -> dict[str, Any]:
+    cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
+    oid = one(cur)[0]
+    if oid is None:
+        raise BadInput(f"table {table} does not exist")
+    return describe(cur, [oid])[oid]
+
+
+def current(cur: psycopg.Cursor, shapes: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any] | None]:
+    oids = [s["oid"] for s in shapes.values() if s is not None]
+    now = describe(cur, oids) if oids else {}
+    return {side: (None if s is None else now.get(s["oid"])) for side, s in shapes.items()}
+
+
+def changes(cur: psycopg.Cursor, mid: int) -> tuple[dict, dict, list[Change]]:
+    """(stored, current, changes) of both tables; a side mover has not recorded yet is skipped."""
+    before = control.shapes(cur, mid)
+    now = current(cur, before)
+    found: list[Change] = []
+    for side in SIDES:
+        old = before[side]
+        if old is not None and fingerprint(now[side]) != fingerprint(old):
+            found += diff(old, now[side], side)
+    return before, now, found
+
+
+def verify(cur: psycopg.Cursor, mid: int, name: str, swapped: bool) -> str:
+    """Raise ShapeChanged unless both recorded tables have the recorded shape; returns the pair of
+    stored fingerprints, which names the shape a Mapping was built under."""
+    before, _, found = changes(cur, mid)
+    if found:
+        raise explain(name, found, swapped, mid)
+    return f"{fingerprint(before['source'])}/{fingerprint(before['target'])}"
+
+
+def record(cur: psycopg.Cursor, mid: int, *, source: QualifiedName | int | None = None,
+           target: QualifiedName | int | None = None) -> None:
+    """Store the current description of the given tables (by name or oid) as their recorded shape."""
+    for side, table in (("source", source), ("target", target)):
+        if table is None:
+            continue
+        desc = describe(cur, [table])[table] if isinstance(table, int) else describe_table(cur, table)
+        control.store_shape(cur, mid, side, desc, hashlib.sha256(_canonical(desc)).hexdigest())
+
+
+def rerecord(cur: psycopg.Cursor, mid: int) -> None:
+    """Record both tables again as they are now (by oid): after mover itself renamed them."""
+    before = control.shapes(cur, mid)
+    record(cur, mid, source=before["source"]["oid"] if before["source"] else None,
+           target=before["target"]["oid"] if before["target"] else None)
+
+
+def verify_at_step(cur: psycopg.Cursor, m: control.Migration, swapped: bool) -> str:
+    """verify() at a step's start; first records a table a migration registered before shapes
+    were recorded (control schema revision 0004) does not have yet, with an event."""
+    before = control.shapes(cur, m.id)
+    tables = {"source": m.old if swapped else m.source, "target": m.source if swapped else m.target}
+    built = swapped or m.step not in ("create_target", "install_capture", "backfill")
+    for side in SIDES:
+        if before[side] is None and (side == "source" or built):
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL", (str(tables[side]),))
+            if one(cur)[0]:
+                record(cur, m.id, **{side: tables[side]})
+                control.event(cur, m.id, "mover", m.step, "shape_recorded",
+                              f"recorded the shape of {tables[side]} (registered before shapes were recorded)")
+    return verify(cur, m.id, m.name, swapped)
+
+
+def current_name(cur: psycopg.Cursor, mid: int, side: str) -> QualifiedName | None:
+    """Where the recorded table is now (found by oid), whatever it was renamed to; None if not recorded or gone."""
+    recorded = control.shapes(cur, mid)[side]
+    if recorded is None:
+        return None
+    cur.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.oid = %s", (recorded["oid"],))
+    row = cur.fetchone()
+    return QualifiedName(row[0], row[1]) if row else None

@@ -30,7 +30,7 @@ from mover import (
 )
 from mover import reconcile as reconcile_engine
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, dsn_problem, mask, redact
+from mover.db import Database, bind, dsn_problem, mask, redact
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
@@ -584,9 +584,18 @@ def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
 
 
 def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
-    # In the rollback window, abort swaps back first (cutover.abort).
-    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover",
-                                         "rollback_window"),
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        m = db.transaction(bind(control.get, name))
+    finally:
+        db.close()
+    if m.step == "rollback_window" and m.state not in ("done", "aborted"):
+        # The new table is live: abort would drop the application's table. Rollback is the one
+        # command that brings the original back (losing nothing, or refusing); abort comes after.
+        raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
+                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
+    return _operator_command(dsn, name, ("create_target", "install_capture", "backfill", "reconcile", "cutover"),
                              "abort", lambda ctx: cutover.abort(ctx, give_up_rows), **kw)
 
 

@@ -402,7 +402,7 @@ def adopt(name: str, dsn: str | None = DsnOption):
 @app.command()
 @_exits
 def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
-    """Remove everything mover created; the source stays as it was (in the rollback window: swap back first)."""
+    """Before cutover (or after a rollback): remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
 

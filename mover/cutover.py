@@ -370,10 +370,6 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
 
 def abort(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
-    if m.step == "rollback_window":
-        # Abort after the swap: swap back first (losing nothing, or refusing), then remove the rest.
-        swap_back(ctx, give_up_rows, command="abort")
-        m = ctx.migration
 
     def undo(cur):
         # Rows a rolled-back window left only in the new table (a rollback that gave up nothing

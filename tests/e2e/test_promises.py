@@ -399,6 +399,7 @@ source = 'public."Orders"'
 
 [target]
 columns = { id = "bigint", amount = "numeric(6,2)" }
+accept_lossy = ["amount"]
 
 [cutover]
 lock_timeout = "10s"
@@ -447,7 +448,7 @@ def test_apply_failure_under_the_cutover_lock_swaps_nothing(db_dsn, tmp_path):
     finally:
         app.close()
     assert code == 3, err
-    assert "nothing was swapped" in err and "next: see them with `mover divergences promise`" in err, err
+    assert "nothing was swapped" in err and "`mover divergences promise`" in err, err
     assert catalog_snapshot(db_dsn) == before
     divs = json.loads(mover(db_dsn, "divergences", "promise", "--json").stdout)
     assert [(d["key"], d["kind"]) for d in divs] == [(["5"], "apply_error")], divs

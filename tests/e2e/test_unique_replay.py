@@ -270,7 +270,7 @@ def test_rows_the_old_table_rejects_block_rollback_and_abort_until_given_up(db_d
     assert "--give-up-rows" in r.stderr
     st = status(db_dsn)
     assert st["step"] == "rollback_window" and st["cutover"] is not None  # nothing swapped back
-    # The application fixes one row: it goes through, the other still blocks (abort swaps back first).
+    # The application fixes one row: it goes through, the other still blocks.
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM acct WHERE id = 3000000002")
         conn.execute("UPDATE acct SET note = 'again' WHERE id = 3000000001")  # fails again: still one divergence
@@ -279,9 +279,8 @@ def test_rows_the_old_table_rejects_block_rollback_and_abort_until_given_up(db_d
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT key, count(*) FROM mover.divergences WHERE resolved_at IS NULL GROUP BY key"
                             ).fetchall() == [(["3000000001"], 1)]
-    r = mover(db_dsn, "abort", "acct")
-    assert r.returncode == 3, r.stderr
-    assert "3000000001" in r.stderr and "3000000002" not in r.stderr, r.stderr
+    r = mover(db_dsn, "abort", "acct")  # the new table is live: only a rollback brings the original back
+    assert r.returncode == 2 and "`mover rollback acct`" in r.stderr, r.stderr
     assert status(db_dsn)["step"] == "rollback_window"
     assert events_of(db_dsn, "rows_given_up") == []
 
@@ -343,7 +342,7 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
                             " AND NOT tgisinternal").fetchone()[0] == 2  # the forward capture is still there
 
 
-def test_abort_in_the_window_swaps_back_with_every_write(db_dsn, tmp_path):
+def test_abort_in_the_window_is_refused_and_rollback_then_abort_keep_every_write(db_dsn, tmp_path):
     create_acct(db_dsn)
     assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
     assert mover(db_dsn, "cutover", "acct").returncode == 0
@@ -352,6 +351,9 @@ def test_abort_in_the_window_swaps_back_with_every_write(db_dsn, tmp_path):
         conn.execute("INSERT INTO acct VALUES (5000, 'w@x', 'W', 'window')")
         conn.execute("DELETE FROM acct WHERE id = 9")
         expected = conn.execute("SELECT * FROM acct ORDER BY id").fetchall()
+    r = mover(db_dsn, "abort", "acct")
+    assert r.returncode == 2 and "after its cutover" in r.stderr, r.stderr
+    assert mover(db_dsn, "rollback", "acct").returncode == 0
     r = mover(db_dsn, "abort", "acct")
     assert r.returncode == 0, r.stderr
     assert status(db_dsn)["state"] == "aborted"

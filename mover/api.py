@@ -18,6 +18,7 @@ from mover import (
     checks,
     chunks,
     control,
+    partitions,
     runner,
     shape,
     steps,
@@ -28,7 +29,9 @@ from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind
 from mover.db import open_database as _database
 from mover.errors import BadInput, NotFound, PlanError, Waiting
+from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
+from mover.sql import ddl
 
 log = logging.getLogger("mover")
 
@@ -91,7 +94,8 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                                           for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "lossy_accepted": r["lossy"], "steps": out_steps}
+                    "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                    "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
@@ -451,3 +455,88 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
         chunks.run_workers(workers, f"helper-{kind}")
     finally:
         beat.stop()
+
+
+def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool = False,
+                        dry_run: bool = False) -> list[dict[str, Any]]:
+    """`mover partitions maintain [TABLE | --all]`: for each partitioned conversion, create the
+    partitions `premake` ahead, report the default partition's rows, detach (and with
+    drop_detached, drop) partitions past the retention. Idempotent: safe from cron."""
+    from mover.db import bind
+    from mover.sql import partitions as partition_sql
+
+    if (table is None) == (not all_tables):
+        raise BadInput("name one table (or migration), or pass --all", hint="mover partitions maintain --all")
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def find(cur):
+            out = []
+            for m in control.list_all(cur):
+                plan = plan_from_canonical(m.plan)
+                if plan.partition is None or m.state == "aborted":
+                    continue
+                if table is not None and table not in (m.name, m.source.name, str(m.source)):
+                    continue
+                live = partitions.live_table(cur, m.source, m.target)
+                if live is not None:
+                    out.append((m, plan, live))
+            return out
+        found = db.transaction(find, label="partitions")
+        if table is not None and not found:
+            raise NotFound(f"no partitioned conversion of {table!r} (by migration name or source table)",
+                           hint="`mover status` lists the migrations")
+        results = []
+        for m, plan, live in found:
+            spec = plan.partition
+            assert spec is not None and live.schema is not None
+            premake = spec.premake if plan.upkeep.premake is None else plan.upkeep.premake
+            # The plan's cutover lock_timeout: the application waits at most this long behind
+            # a partition being created or detached; a busy table is retried (db.transaction).
+            lock = f"{plan.cutover.lock_timeout_ms}ms"
+            todo = db.transaction(bind(partitions.maintain_plan, spec, premake, plan.upkeep.retention, live,
+                                       m.source.name), label="partitions")
+            report: dict[str, Any] = {"migration": m.name, "table": todo["table"], "partitions": todo["partitions"],
+                                      "default_rows": todo["default_rows"], "dry_run": dry_run,
+                                      "create": [p.describe() for p in todo["create"]], "created": [],
+                                      "blocked": [], "detach": todo["detach"], "detached": [], "dropped": []}
+            if todo["default_rows"]:
+                log.warning("%s: %d rows are in the default partition; partitions covering them cannot be created "
+                            "until they are moved out", live, todo["default_rows"])
+            if not dry_run:
+                for p in todo["create"]:
+                    stmt = partition_sql.create_partition(QualifiedName(live.schema, p.name), live, p.bound)
+                    try:
+                        db.transaction(bind(psycopg.Cursor.execute, stmt), lock_timeout=lock, label="create partition")
+                        report["created"].append(p.name)
+                    except psycopg.errors.CheckViolation:
+                        # The default partition holds rows of this range: PostgreSQL refuses.
+                        # Carve them out under the parent's lock instead.
+                        try:
+                            moved = db.transaction(bind(partitions.carve_from_default, live, p, spec.columns[0]),
+                                                   lock_timeout=lock, statement_timeout="30s",
+                                                   label="partition from default")
+                            report["created"].append(p.name)
+                            report["moved_from_default"] = report.get("moved_from_default", 0) + moved
+                        except psycopg.errors.QueryCanceled as exc:
+                            report["blocked"].append({"name": p.name, "error": str(exc).splitlines()[0]})
+                for name in todo["detach"]:
+                    child = QualifiedName(live.schema, name)
+                    if name in todo["pending"]:
+                        db.autocommit(partition_sql.detach_finalize(live, child), lock_timeout="1min")
+                    elif todo["has_default"]:
+                        db.transaction(bind(psycopg.Cursor.execute, partition_sql.detach(live, child)),
+                                       lock_timeout=lock, label="detach partition")
+                    else:
+                        # SHARE UPDATE EXCLUSIVE only: writers go on; the wait is for older snapshots.
+                        db.autocommit(partition_sql.detach_concurrently(live, child), lock_timeout="1min")
+                    report["detached"].append(name)
+                    if plan.upkeep.drop_detached:
+                        db.transaction(bind(psycopg.Cursor.execute, ddl.drop_table(child)), lock_timeout=lock,
+                                       label="drop partition")
+                        report["dropped"].append(name)
+            results.append(report)
+        return results
+    finally:
+        db.close()

@@ -23,7 +23,7 @@ import time
 
 import psycopg
 
-from mover import capture, chunks, control, faults, introspect, names, throttle
+from mover import capture, chunks, control, faults, introspect, names, partitions, throttle
 from mover.context import Context, Reporter
 from mover.db import bind
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
@@ -194,7 +194,9 @@ def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None)
             message = str(exc).splitlines()[0]
             control.record_divergence(cur, ctx.mid, keys[0], "apply_error",
                                       {"error": message, "sqlstate": exc.sqlstate, "direction": "forward",
-                                       "during": "backfill"})
+                                       "during": "backfill",
+                                       # e.g. "Partition key of the failing row contains (...) = (...)"
+                                       **({"detail": exc.diag.message_detail} if exc.diag.message_detail else {})})
             control.event(cur, ctx.mid, ctx.owner, KIND, "apply_error",
                           f"copying key {keys[0]} into {m.dst} failed: {message}")
         elif exc is not None:
@@ -281,6 +283,27 @@ def _build_index(ctx: Context, name: str, ix) -> None:
     if state is True:
         _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
         return
+    if ctx.db.transaction(lambda cur: partitions.partition_columns(cur, ctx.new)):
+        # No CONCURRENTLY on a partitioned parent: each partition's index concurrently, then the
+        # parent's ON ONLY (invalid until the last one is attached) and the partitions' attached.
+        for child, child_index in ctx.db.transaction(lambda cur: partitions.child_indexes(cur, ctx.new, name)):
+            _build_one(ctx, child_index, ix, child)
+        ctx.db.transaction(lambda cur: partitions.attach_indexes(cur, ctx.new, name, ix), lock_timeout="10s",
+                           label="attach partition indexes")
+        faults.point("index_built")
+        _copy_index_comment(ctx, name, ix)
+        return
+    _build_one(ctx, name, ix, ctx.new)
+    _copy_index_comment(ctx, name, ix)
+
+
+def _build_one(ctx: Context, name: str, ix, table) -> None:
+    """Build index `name` on `table` (the new table, or one of its partitions) concurrently,
+    dropping an invalid one that an interrupted build left first."""
+    schema = table.schema
+    state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
+    if state is True:
+        return
     faults.point("index_building")
     if state is False:
         log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
@@ -292,13 +315,13 @@ def _build_index(ctx: Context, name: str, ix) -> None:
     started = time.monotonic()
     ctx.report("index", name=name, state="building")
     # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
-    ctx.db.autocommit(ddl.create_index(name, ctx.new, ix, concurrently=True),
+    ctx.db.autocommit(ddl.create_index(name, table, ix, concurrently=True),
                       statement_timeout="0", lock_timeout="10min")
     faults.point("index_built")
-    _copy_index_comment(ctx, name, ix)
     ms = (time.monotonic() - started) * 1000
     ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
-                                                 f"index {name} built", {"source_index": ix.name}, ms))
+                                                 f"index {name} built",
+                                                 {"source_index": ix.name, "table": str(table)}, ms))
 
 
 def build_indexes(ctx: Context) -> None:

@@ -28,6 +28,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
 plan_app = typer.Typer(no_args_is_help=True, help="Work with plan files.")
 app.add_typer(plan_app, name="plan")
+partitions_app = typer.Typer(no_args_is_help=True, help="Upkeep of partitioned tables mover converted.")
+app.add_typer(partitions_app, name="partitions")
 
 err = Console(stderr=True)
 out = Console()
@@ -189,10 +191,47 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
     out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
+    part = result.get("partitioning")
+    if part:
+        out.print(f"partitioned by {part['by']} ({', '.join(part['columns'])}), unique key ({', '.join(part['key'])})",
+                  highlight=False, markup=False)
+        if part["key_change"]:
+            out.print(f"key change accepted ([target.partition] accept_key_change): {part['key_change']}",
+                      highlight=False, markup=False)
+        out.print(f"{len(part['partitions'])} partitions to create:", highlight=False, markup=False)
+        for p in part["partitions"]:
+            out.print(f"  {p['name']}  {p['bound']}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
+
+
+@partitions_app.command("maintain")
+@_exits
+def partitions_maintain(table: str | None = typer.Argument(None, help="Migration name or source table."),
+                        all_tables: bool = typer.Option(False, "--all", help="Every partitioned conversion."),
+                        dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done only."),
+                        dsn: str | None = DsnOption, as_json: bool = JsonOption):
+    """Create partitions `premake` ahead, report default-partition rows, apply retention. Idempotent."""
+    results = api.maintain_partitions(_dsn(dsn), table, all_tables=all_tables, dry_run=dry_run)
+    if as_json:
+        _print_json(results)
+        return
+    for r in results:
+        verb = "would create" if dry_run else "created"
+        made = [p["name"] for p in r["create"]] if dry_run else r["created"]
+        out.print(f"{r['table']}: {r['partitions']} partitions; {verb} {len(made)}: {', '.join(made) or '-'}",
+                  highlight=False, markup=False)
+        for b in r["blocked"]:
+            out.print(f"  not created {b['name']}: {b['error']}", highlight=False, markup=False)
+        if r["default_rows"]:
+            out.print(f"  {r['default_rows']} rows in the default partition", highlight=False, markup=False)
+        gone = r["detach"] if dry_run else r["detached"]
+        if gone:
+            dropped = f"; dropped: {', '.join(r['dropped'])}" if r["dropped"] else ""
+            out.print(f"  {'would detach' if dry_run else 'detached'}: {', '.join(gone)}{dropped}",
+                      highlight=False, markup=False)
 
 
 def _run(dsn, target, one_step, wait):

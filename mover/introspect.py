@@ -164,8 +164,8 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
         """
         SELECT i.indexrelid, ic.relname, i.indisprimary, i.indisunique, i.indisvalid, i.indisexclusion,
                pg_get_indexdef(i.indexrelid),
-               format('CREATE %%sINDEX %%I ON %%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
-                      ic.relname, n.nspname, c.relname)
+               format('CREATE %%sINDEX %%I ON %%s%%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
+                      ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname)
         FROM pg_index i
         JOIN pg_class ic ON ic.oid = i.indexrelid
         JOIN pg_class c ON c.oid = i.indrelid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mover import capture, chunks, control, introspect
+from mover import capture, chunks, control, introspect, partitions
 from mover.db import one
 
 
@@ -72,6 +72,7 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
         "error": error,
         "created_at": iso(m.created_at),
         "finished_at": iso(m.finished_at),
+        "partitions": partitions.status(cur, m.source, m.target) if m.plan.get("partition") else None,
     }
 
 

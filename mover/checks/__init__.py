@@ -40,6 +40,7 @@ class Subject:
     old: QualifiedName | None = None
     rehearsed: introspect.TableInfo | None = None  # the target as the rehearsal created it
     lossy: dict[str, str] = field(default_factory=dict)
+    partitioning: Any = None  # what a conversion to a partitioned table creates (mover/partitions.py)
     problems: list[PlanError] = field(default_factory=list)
 
     def report(self, problem: PlanError) -> None:
@@ -73,7 +74,17 @@ class Check:
 
 def _registry() -> list[Check]:
     # Imported here: each module's checks import this package for Subject.
-    from mover.checks import foreign_keys, key, names, privileges, refused_objects, rehearsal, source, types
+    from mover.checks import (
+        foreign_keys,
+        key,
+        names,
+        partitioning,
+        privileges,
+        refused_objects,
+        rehearsal,
+        source,
+        types,
+    )
     return [
         Check("source exists", source.exists, fatal=True),
         Check("source is a user table", source.is_user_table, fatal=True),
@@ -85,6 +96,7 @@ def _registry() -> list[Check]:
         Check("column types", types.columns),
         Check("key collations", key.deterministic_collations),
         Check("exclusion constraints", refused_objects.exclusion_constraints),
+        Check("partitioning", partitioning.plan),
         Check("inbound foreign keys", foreign_keys.inbound),
         Check("outbound foreign keys", foreign_keys.outbound),
         Check("inheritance, row security, triggers, rules", refused_objects.table_properties),
@@ -127,4 +139,4 @@ def combined(problems: list[PlanError]) -> PlanError:
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
-            "lossy": s.lossy}
+            "lossy": s.lossy, "partitioning": s.partitioning}

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from mover.backfill import Throttle, next_chunk_rows
+from mover import throttle
+from mover.backfill import limits, next_chunk_rows
 from mover.plan import BackfillSettings
+
+
+def Throttle(settings: BackfillSettings, workers: int = 1) -> throttle.Throttle:  # noqa: N802 (reads as the class)
+    """The backfill's throttle for these settings."""
+    return throttle.Throttle(limits(settings), workers)
 
 S = BackfillSettings(target_chunk_ms=500, min_rows=1_000, max_rows=200_000)
 

@@ -4,10 +4,8 @@ bootstrap, the plan's checks against the live database, registration, the operat
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,33 +14,26 @@ import psycopg
 
 from mover import adopt as adopt_engine
 from mover import backfill as backfill_engine
-from mover import capture, chunks, control, conversion, introspect, names, privileges, runner, shape, steps
+from mover import (
+    checks,
+    chunks,
+    control,
+    partitions,
+    runner,
+    shape,
+    steps,
+)
 from mover import reconcile as reconcile_engine
+from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, dsn_problem, mask, redact
-from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
+from mover.db import Database, bind
+from mover.db import open_database as _database
+from mover.errors import BadInput, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
 
 log = logging.getLogger("mover")
-
-
-def _database(dsn: str) -> Database:
-    problem = dsn_problem(dsn) if dsn else None
-    if problem:
-        raise BadInput(f"the DSN is malformed: {problem}",
-                       hint="fix --dsn or DATABASE_URL: a URL such as postgresql://user@host:5432/dbname, or "
-                            "key=value pairs such as 'host=... dbname=... user=...'; give the password through "
-                            "PGPASSWORD or ~/.pgpass rather than in the DSN")
-    db = Database(dsn)
-    try:
-        db.connection()
-    except psycopg.OperationalError as exc:
-        raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
-                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
-                     hint="check --dsn, DATABASE_URL or the PG* variables") from exc
-    return db
 
 
 def _require_schema(db: Database) -> None:
@@ -60,273 +51,13 @@ def init(dsn: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Plans against the live database
+# Plans against the live database (the checks themselves: mover/checks/)
 
 
-def resolve_plan(cur, plan: Plan, *, registering: bool) -> dict[str, Any]:
-    """Check the plan against the catalog; return resolved names and the key. Changes nothing
-    (when registering, the target's DDL is rehearsed inside a savepoint that is rolled back)."""
-    source = introspect.resolve(cur, plan.source)
-    if source is None:
-        raise PlanError(f"[migration] source: table {plan.source} does not exist",
-                        hint="check the name; unquoted names fold to lower case, quote mixed-case names")
-    assert source.schema is not None  # resolve() names the schema
-    if source.schema == names.CONTROL_SCHEMA:
-        raise PlanError(f"[migration] source: {source} belongs to mover itself")
-    if introspect.persistence(cur, source) == "t":
-        raise PlanError(f"[migration] source: {source} is a temporary table; mover cannot move it, because it "
-                        f"exists only in the session that created it (mover works from sessions of its own)",
-                        hint="move a permanent table: copy the rows into one (CREATE TABLE ... AS) if you need to")
-    if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
-        raise PlanError(f"[migration] source: {source} is a system table", hint="mover moves user tables")
-    # The kind first: describe() would report a view's missing key, or choke on a partitioned
-    # table's index definitions, before saying what is really wrong.
-    cur.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.name))
-    relkind = cur.fetchone()[0]
-    if relkind != "r":
-        kinds = {"p": "a partitioned table", "v": "a view", "m": "a materialized view", "f": "a foreign table",
-                 "S": "a sequence", "i": "an index", "I": "an index", "c": "a composite type"}
-        raise PlanError(f"[migration] source: {source} is {kinds.get(relkind, 'not an ordinary table')}",
-                        hint="mover moves ordinary tables")
-    try:
-        info = introspect.describe(cur, source)
-    except PlanError as exc:  # no usable key, an index form mover cannot read
-        raise PlanError(f"[migration] source: {exc.message}", hint=exc.hint) from None
-
-    def sibling(name: QualifiedName | None, key: str, suffix: str) -> QualifiedName:
-        assert source.schema is not None
-        if name is None:
-            return QualifiedName(source.schema, names.derived(source.name, suffix))
-        if name.schema is None:
-            name = name.with_schema(source.schema)
-        if name.schema != source.schema:
-            raise PlanError(f"{key}: {name} must be in the source's schema {names.display_ident(source.schema)}",
-                            hint="the swap renames tables within one schema")
-        return name
-
-    target = sibling(plan.target, "[target] name", "_new")
-    old = sibling(plan.rollback.old_name, "[rollback] old_name", "_old")
-    if len({target, old, source}) < 3:
-        raise PlanError(f"source {source}, target {target} and old name {old} must all differ",
-                        hint="set [target] name and [rollback] old_name to two new names")
-    if registering:
-        # Another migration of the same source first: its target explains why a name is taken.
-        other = control.active_on_source(cur, source) if control.schema_ready(cur) else None
-        if other is not None and other.name != plan.name:
-            raise PlanError(f"table {source} is already being moved by migration {other.name!r}",
-                            hint=f"finish or `mover abort {other.name}` first")
-        for name, key in ((target, "[target] name"), (old, "[rollback] old_name")):
-            if introspect.exists(cur, name):
-                raise PlanError(f"{key}: {name} already exists", hint="choose another name or drop that table")
-            # A table brings a row type of its own name: an enum or a domain of that name blocks it too.
-            cur.execute("SELECT EXISTS (SELECT 1 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
-                        " WHERE n.nspname = %s AND t.typname = %s)", (name.schema, name.name))
-            if cur.fetchone()[0]:
-                raise PlanError(f"{key}: {name} already exists as a type",
-                                hint="choose another name or drop that type")
-
-    for col, typ in sorted(plan.columns.items()):
-        try:
-            column = info.column(col)
-        except KeyError:
-            raise PlanError(f"[target] columns: {source} has no column {names.display_ident(col)}",
-                            hint=f"columns are: {', '.join(c.name for c in info.columns)}") from None
-        if column.generated:
-            raise PlanError(f"[target] columns: {names.display_ident(col)} is a generated column; change its "
-                            f"expression's type instead")
-        if not introspect.type_exists(cur, typ):
-            raise PlanError(f"[target] columns: {typ!r} (for column {names.display_ident(col)}) is not a type "
-                            f"this database knows")
-        _check_cast(cur, source, col, typ)
-    for k in info.key:
-        coll = info.column(k).collation
-        if coll is None:
-            continue
-        cur.execute("SELECT c.collisdeterministic FROM pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace"
-                    " WHERE n.nspname = %s AND c.collname = %s", coll)
-        if not cur.fetchone()[0]:
-            # Two keys equal under the collation can differ in bytes ('a' and 'A'): the replay
-            # and the comparison by key would not see a change between them.
-            raise PlanError(f"[migration] source: key column {names.display_ident(k)} of {source} has the "
-                            f"nondeterministic collation {names.display_ident(coll[1])}, which mover cannot move",
-                            hint="use a deterministic collation for the key, or a key on other columns")
-    for ix in info.indexes:
-        if ix.is_exclusion:
-            raise PlanError(f"{source} has the exclusion constraint index {names.display_ident(ix.name)}, which "
-                            f"mover cannot recreate yet")
-    fks = introspect.inbound_foreign_keys(cur, info.oid)
-    if fks:
-        raise PlanError(f"{source} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
-                        f"is not supported yet", hint="drop them before the migration and recreate them after")
-    _check_outbound_foreign_keys(cur, plan, source, info.oid)
-    meta = introspect.metadata(cur, info.oid)
-    unsupported = []
-    if meta.inheritance:
-        unsupported.append(meta.inheritance)
-    if meta.row_security or meta.policies:
-        unsupported.append(f"has row-level security ({len(meta.policies)} policies)")
-    if meta.user_triggers:
-        unsupported.append(f"has triggers ({', '.join(names.display_ident(t) for t in meta.user_triggers)}) that "
-                           f"mover cannot move to the new table yet")
-    if meta.rules:
-        unsupported.append(f"has rules ({', '.join(names.display_ident(r) for r in meta.rules)})")
-    if unsupported:
-        raise PlanError(f"[migration] source: {source} {'; '.join(unsupported)}: not supported yet",
-                        hint="mover refuses rather than lose this at the swap; see the README's limitations")
-    views = introspect.dependent_views(cur, info.oid)
-    if views:
-        raise PlanError(f"views depend on {source} ({', '.join(views)}); they would keep reading the old table "
-                        f"after the swap", hint="drop them before the migration and recreate them after")
-    if registering and control.schema_ready(cur):
-        # Missing privileges first: the rehearsal below would only say "permission denied".
-        privileges.require_setup(cur, source, target)
-    lossy: dict[str, str] = {}
-    if registering:
-        # What the catalog alone cannot tell (a type change that needs USING, a column used by a
-        # generated column or a CHECK constraint, an identity column turned text, an index name
-        # that is taken): run create_target's DDL and roll it back. Without the type changes
-        # first, so that the message can name the key at fault.
-        hint = "change the plan (or the source table) so that this DDL succeeds; `mover plan check` prints it"
-        problem = _rehearse_create_target(cur, replace(plan, columns={}), source, target)
-        if problem:
-            raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=hint)
-        rehearsed: list = []
-        if plan.columns and _rehearse_create_target(cur, plan, source, target, rehearsed):
-            # Find the column at fault (this is the error path; one more rehearsal per column is cheap).
-            for col, typ in sorted(plan.columns.items()):
-                failed: list = []
-                problem = _rehearse_create_target(cur, replace(plan, columns={col: typ}), source, target, failed)
-                if problem and isinstance(failed[0], psycopg.errors.DatatypeMismatch):
-                    raise PlanError(
-                        f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: PostgreSQL has "
-                        f"no assignment cast from {info.column(col).type} to {typ} ({problem})",
-                        hint="mover converts as ALTER TABLE ... TYPE does, without USING: change the type in the "
-                             "plan, or convert the column in the source table first")
-                if problem:
-                    raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r} "
-                                    f"in the target {target}: {problem}", hint=hint)
-            raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
-                            f"{_rehearse_create_target(cur, plan, source, target)}", hint=hint)
-        lossy = _check_lossy(plan, info, rehearsed[0]) if plan.columns else {}
-    return {"source": source, "target": target, "old": old, "key": list(info.key), "info": info,
-            "lossy": lossy}
-
-
-def _check_outbound_foreign_keys(cur, plan: Plan, source: QualifiedName, oid: int) -> None:
-    """The swap does not carry the source's own foreign keys over yet: the plan must name each one
-    it accepts to lose (`[target] drop_foreign_keys`), so that nothing is dropped silently."""
-    fks = dict(introspect.outbound_foreign_keys(cur, oid))
-    unknown = [n for n in plan.drop_foreign_keys if n not in fks]
-    if unknown:
-        raise PlanError(f"[target] drop_foreign_keys: {', '.join(names.display_ident(n) for n in unknown)} "
-                        f"{'is not a foreign key' if len(unknown) == 1 else 'are not foreign keys'} of {source}",
-                        hint=f"its foreign keys are: {', '.join(names.display_ident(n) for n in fks) or 'none'}")
-    missing = [n for n in fks if n not in plan.drop_foreign_keys]
-    if missing:
-        listed = "; ".join(f"{names.display_ident(n)} {fks[n]}" for n in missing)
-        keys = ", ".join(json.dumps(n) for n in sorted(plan.drop_foreign_keys + tuple(missing)))  # TOML strings
-        raise PlanError(f"{source} has foreign keys that the new table would not have after the swap ({listed}); "
-                        f"mover does not carry them over yet, and afterwards rows that break them would be accepted",
-                        hint=f"to go ahead without them, acknowledge each one in the plan: [target] drop_foreign_keys"
-                             f" = [{keys}] (and recreate them after the migration); or drop them first")
-
-
-def _rehearse_create_target(cur, plan: Plan, source: QualifiedName, target: QualifiedName,
-                            out: list | None = None) -> str | None:
-    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any.
-    `out` receives the error, or the rehearsed target's description."""
-    from mover.db import is_retryable
-    from mover.steps.create_target import target_ddl
-
-    cur.execute("SAVEPOINT mover_rehearsal")
-    try:
-        for stmt in target_ddl(cur, plan, source, target):
-            cur.execute(stmt)
-        # The NOT VALID checks come back at the swap (mover/cutover.py): they must fit the new types.
-        source_oid = introspect.table_oid(cur, source)
-        assert source_oid is not None  # resolved by the caller
-        for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
-            cur.execute(ddl.add_constraint(target, name, definition))
-        if out is not None:
-            out.append(introspect.describe(cur, target))
-    except psycopg.Error as exc:
-        if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
-            raise  # a lock timeout or a lost connection says nothing about the plan
-        cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
-        if out is not None:
-            out.append(exc)
-        diag = exc.diag
-        detail = f" ({diag.message_detail.rstrip('.')})" if diag.message_detail else ""
-        return f"{diag.message_primary or str(exc).splitlines()[0]}{detail}"
-    cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
-    return None
-
-
-def lossy_columns(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
-    """Column -> why its type change can lose information (as the target's catalog types it)."""
-    out = {}
-    for col in sorted(plan.columns):
-        s, t = source.column(col), target.column(col)
-        reason = conversion.lossy_reason(s, t)
-        if reason:
-            out[col] = f"{s.type} -> {t.type}: {reason}"
-    return out
-
-
-def _check_lossy(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:
-    """A conversion that can refuse or change values must be acknowledged in the plan; never on
-    a key column, whose values ranges, logs and the swap compare exactly."""
-    lossy = lossy_columns(plan, source, target)
-    keys = [c for c in lossy if c in source.key]
-    if keys:
-        raise PlanError(
-            f"[target] columns: key column {names.display_ident(keys[0])} of {source.name} cannot change type "
-            f"{lossy[keys[0]]}", hint="mover narrows no key column: keep its type, or one that holds every value")
-    missing = [c for c in lossy if c not in plan.accept_lossy]
-    if missing:
-        listed = "; ".join(f"{names.display_ident(c)} {lossy[c]}" for c in missing)
-        accept = ", ".join(f'"{c}"' for c in missing)
-        raise PlanError(
-            f"[target] columns: {len(missing)} type change{'s' if len(missing) > 1 else ''} can lose information: "
-            f"{listed}",
-            hint=f"if that is intended, add accept_lossy = [{accept}] under [target]: a row that does not fit "
-                 f"becomes a divergence, and reconcile reports every value the conversion changed as different")
-    return lossy
-
-
-def _check_cast(cur, source: QualifiedName, col: str, typ: str) -> None:
-    from psycopg import sql
-    cur.execute("SAVEPOINT mover_cast_check")
-    try:
-        # EXPLAIN plans the cast without reading a row: a missing cast fails here, not mid-backfill.
-        cur.execute(sql.SQL("EXPLAIN SELECT CAST({c} AS {t}) FROM {s}").format(
-            c=sql.Identifier(col), t=sql.SQL(typ), s=source.ident))
-        cur.execute("RELEASE SAVEPOINT mover_cast_check")
-    except psycopg.errors.Error as exc:
-        cur.execute("ROLLBACK TO SAVEPOINT mover_cast_check")
-        raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: "
-                        f"{str(exc).splitlines()[0]}") from None
-
-
-def _check_capture_path(cur, plan: Plan, source: QualifiedName) -> None:
-    """Can every writer of the source run the capture trigger? Its log is created and granted in
-    a savepoint, asked about, and rolled back (the trigger itself is not: it would lock the table)."""
-    from mover.sql import capture as capture_sql
-
-    log_table = names.change_log(0)
-    info = introspect.describe(cur, source)
-    cur.execute("SAVEPOINT mover_capture_check")
-    try:
-        cur.execute(capture_sql.create_log(log_table, tuple(info.key), tuple(info.column(k).type for k in info.key)))
-        for stmt in capture_sql.grant_log(log_table):
-            cur.execute(stmt)
-        missing = privileges.capture_path_missing(cur, source, log_table)
-    finally:
-        cur.execute("ROLLBACK TO SAVEPOINT mover_capture_check")
-    if missing:
-        raise PlanError(privileges.capture_message(source, missing),
-                        hint=privileges.capture_hint(cur, missing, plan.name))
+def resolve_plan(cur, plan: Plan) -> dict[str, Any]:
+    """Check the plan against the catalog (every problem at once); return resolved names and the
+    key. Changes nothing: the target's DDL is rehearsed inside a savepoint that is rolled back."""
+    return checks.resolved(checks.run(cur, plan))
 
 
 def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
@@ -353,9 +84,8 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
                 return {"plan": str(path), "name": plan.name, "registered": True,
-                        "status": status_of(cur, existing), "steps": []}
-            r = resolve_plan(cur, plan, registering=True)
-            _check_capture_path(cur, plan, r["source"])
+                        "status": status_mod.status_of(cur, existing), "steps": []}
+            r = resolve_plan(cur, plan)
             ctx = Context(db=db, migration=_provisional(plan, r), owner="plan-check")
             out_steps = []
             for step in steps.ALL:
@@ -364,7 +94,8 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                                           for s in step.describe(ctx, cur)]})
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "lossy_accepted": r["lossy"], "steps": out_steps}
+                    "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                    "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
@@ -395,8 +126,7 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
             if existing.plan != plan.canonical():
                 control.update_plan(cur, existing.id, plan.canonical(), actor)
             return control.get_by_id(cur, existing.id)
-        r = resolve_plan(cur, plan, registering=True)
-        _check_capture_path(cur, plan, r["source"])
+        r = resolve_plan(cur, plan)
         m = control.register(cur, name=plan.name, plan=plan.canonical(),
                              plan_hash=plan.shape_hash(r["source"].schema),
                              source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
@@ -556,88 +286,6 @@ def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str,
 # Reading
 
 
-def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
-    st = chunks.state(cur, m.id, "backfill")
-    cur.execute(
-        """
-        SELECT count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %s)),
-               max(chunk_rows), array_remove(array_agg(DISTINCT waiting_for), NULL)
-        FROM mover.workers WHERE migration_id = %s
-        """, (control.LEASE_SECONDS, m.id))
-    workers, chunk_rows, waiting = cur.fetchone()
-    # Speed over the last 30 s of finished ranges: what the copy does now, not on average.
-    cur.execute("SELECT sum(rows) / nullif(extract(epoch FROM now() - min(finished_at)), 0) FROM mover.chunks"
-                " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
-                " AND finished_at > now() - interval '30 seconds'", (m.id,))
-    rate = cur.fetchone()[0]
-    estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
-        backfill_engine.estimate_rows(cur, m.source)
-    eta = None
-    if rate and estimate and not st["finished"]:
-        eta = max(estimate - st["rows"], 0) / float(rate)
-    return {"rows_copied": st["rows"], "chunks_done": st["done"], "chunks_total": st["total"],
-            "chunks_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
-            "chunk_rows": chunk_rows, "rows_per_second": None if rate is None else round(float(rate)),
-            "eta_seconds": None if eta is None else round(eta), "waiting_for": waiting or [],
-            "paused": m.paused}
-
-
-def status_of(cur, m: control.Migration) -> dict[str, Any]:
-    pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
-    pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
-    cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
-    applied = int(cur.fetchone()[0])
-    step = "retire" if m.step == "finished" else m.step
-    state, error = m.state, m.error
-    if state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
-        # The row says running, but no live process holds the lease: it died mid-step.
-        state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
-    return {
-        "name": m.name,
-        "step": step,
-        "state": state,
-        "steps": [{"name": s["name"], "status": s["status"],
-                   "started_at": _iso(s["started_at"]), "finished_at": _iso(s["finished_at"])}
-                  for s in control.steps(cur, m.id)],
-        "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
-        "key": m.key_columns,
-        "backfill": _backfill_status(cur, m),
-        "capture": {"pending": pending_fwd + pending_rev, "applied": applied,
-                    "lag_seconds": lag_fwd if lag_fwd is not None else lag_rev,
-                    "direction": "reverse" if m.cutover_at else "forward"},
-        "divergences": control.open_divergences(cur, m.id),
-        "reconcile": _reconcile_status(cur, m),
-        "cutover": None if m.cutover_at is None else {"at": _iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},
-        "rollback_window_ends_at": _iso(m.window_ends_at),
-        "lease": None if m.lease_owner is None else {"owner": m.lease_owner, "expires_at": _iso(m.lease_expires_at)},
-        "error": error,
-        "created_at": _iso(m.created_at),
-        "finished_at": _iso(m.finished_at),
-    }
-
-
-def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
-    ranges = control.reconcile_ranges(cur, m.id)
-    counts = control.divergence_counts(cur, m.id)
-    return {"ranges_done": ranges["ranges_done"], "ranges_total": ranges["ranges_total"],
-            "ranges_failed": ranges["ranges_failed"], "rows_compared": ranges["source_rows"],
-            "verified_at": _iso(ranges["newest_verification"]),
-            "divergences": {"open": counts["open_by_kind"], "resolved": counts["resolved_by_how"]},
-            # The backfill has no conflict clause (mover/sql/copy.py): a key conflict fails the
-            # range instead of skipping a row, so nothing is ever skipped silently. Kept as a field
-            # so that scripts need not change if a conflict policy is ever added.
-            "skipped_on_conflict": 0}
-
-
-def _now(cur):
-    cur.execute("SELECT clock_timestamp()")
-    return cur.fetchone()[0]
-
-
-def _iso(value) -> str | None:
-    return None if value is None else value.isoformat()
-
-
 def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> Any:
     own = db is None
     db = db or _database(dsn)
@@ -646,8 +294,8 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
 
         def read(cur):
             if name is not None:
-                return status_of(cur, control.get(cur, name))
-            return [status_of(cur, m) for m in control.list_all(cur)]
+                return status_mod.status_of(cur, control.get(cur, name))
+            return [status_mod.status_of(cur, m) for m in control.list_all(cur)]
         return db.transaction(read, label="status")
     finally:
         if own:
@@ -661,8 +309,8 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
 
         def read(cur):
             m = control.get(cur, name)
-            return [{**d, "found_at": _iso(d["found_at"]), "resolved_at": _iso(d["resolved_at"]),
-                     "checked_at": _iso(d["checked_at"])}
+            return [{**d, "found_at": status_mod.iso(d["found_at"]), "resolved_at": status_mod.iso(d["resolved_at"]),
+                     "checked_at": status_mod.iso(d["checked_at"])}
                     for d in control.list_divergences(cur, m.id, include_resolved)]
         return db.transaction(read)
     finally:
@@ -674,7 +322,7 @@ def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
     try:
         def read(cur):
             m = control.get(cur, name)
-            return [{**e, "at": _iso(e["at"])} for e in control.events(cur, m.id, limit)]
+            return [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, limit)]
         return db.transaction(read)
     finally:
         db.close()
@@ -732,44 +380,163 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
 
 def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_reporter,
          stop: threading.Event | None = None) -> dict[str, Any]:
-    """`mover worker NAME`: help an orchestrator with the backfill from any host; returns when
-    there are no ranges left to copy."""
+    """`mover worker NAME`: help an orchestrator from any host with the ranges of the backfill, then
+    of a reconcile pass it has started; returns when there are none left to take."""
     from mover.heartbeat import Heartbeat
     db = _database(dsn)
     stop = stop or threading.Event()
-    lost = threading.Event()
-    registry: set[str] = set()
     try:
         _require_schema(db)
-        m = db.transaction(lambda cur: control.get(cur, name))
-        while m.step in ("create_target", "install_capture") and m.state not in ("aborted", "failed"):
-            stop.wait(1.0)  # the orchestrator has not reached the backfill yet
-            if stop.is_set():
-                break
+        served: set[str] = set()
+        while not stop.is_set():
             m = db.transaction(lambda cur: control.get(cur, name))
-        if m.step != "backfill" or m.state == "aborted":
-            return status(dsn, name, db=db)
-        def keep(cur) -> bool:
-            chunks.keep_leases(cur, m.id, sorted(registry))
-            return True  # a worker's only lease is its ranges': losing one shows when it commits
-
-        beat = Heartbeat(dsn, keep, lost, name=f"worker-lease-{m.id}")
-        beat.start()
-        try:
-            workers = [backfill_engine.Worker(dsn, m, backfill_engine.worker_id(i), stop=stop, lost=lost,
-                                              registry=registry, report=report, n_workers=threads)
-                       for i in range(threads)]
-            pool = [threading.Thread(target=w.run, daemon=True) for w in workers]
-            for t in pool:
-                t.start()
-            for t in pool:
-                while t.is_alive():
-                    t.join(0.5)
-        finally:
-            beat.stop()
-        errors = [w.error for w in workers if w.error is not None]
-        if errors:
-            raise errors[0]
+            if m.state in ("aborted", "failed", "done"):
+                break
+            if m.step in ("create_target", "install_capture"):
+                stop.wait(1.0)  # the orchestrator has not reached the backfill yet
+                continue
+            kind = backfill_engine.KIND if m.step == "backfill" else reconcile_engine.KIND
+            if m.step not in ("backfill", "reconcile", "cutover"):
+                break
+            if kind in served:
+                if kind == backfill_engine.KIND and _orchestrated(db, m):
+                    stop.wait(1.0)  # the orchestrator builds the indexes; a reconcile pass comes next
+                    continue
+                break
+            if kind == reconcile_engine.KIND:
+                st = db.transaction(bind(chunks.state, m.id, reconcile_engine.KIND))
+                if m.step == "reconcile" and not st["started"] and _orchestrated(db, m):
+                    stop.wait(1.0)  # the orchestrator has yet to start the first pass
+                    continue
+                if st["exhausted"] and st["open"] == 0:
+                    break  # no pass is under way: nothing to help with
+            served.add(kind)
+            _serve(db, m, kind, threads, report, stop, Heartbeat)
         return status(dsn, name, db=db)
+    finally:
+        db.close()
+
+
+def _orchestrated(db: Database, m: control.Migration) -> bool:
+    """Whether a live process holds the migration's lease: only then is a next phase coming for a
+    helper to wait for (with none, it would wait for ever)."""
+    def live(cur) -> bool:
+        cur.execute("SELECT lease_expires_at > clock_timestamp() FROM mover.migrations WHERE id = %s", (m.id,))
+        row = cur.fetchone()
+        return bool(row and row[0])
+    return db.transaction(live)
+
+
+def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: Reporter,
+           stop: threading.Event, heartbeat) -> None:
+    """Run `threads` workers of one engine on this migration's ranges until none is left, under a
+    heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
+    lost = threading.Event()
+    registry: set[str] = set()
+    workers: list[chunks.RangeWorker]
+    if kind == backfill_engine.KIND:
+        workers = [backfill_engine.Worker(db.dsn, m, chunks.worker_id(i), stop=stop, lost=lost, registry=registry,
+                                          report=report, n_workers=threads) for i in range(threads)]
+    else:
+        ctx = Context(db=db, migration=m, owner=control.new_owner_id(), report=report, stop=stop, lease_lost=lost)
+        spec = db.transaction(lambda cur: reconcile_engine.spec_for(cur, ctx.mapping(cur)))
+        result = reconcile_engine.PassResult("helper")
+        workers = [reconcile_engine.Worker(db.dsn, m, chunks.worker_id(i), spec, result, stop=stop, lost=lost,
+                                           registry=registry, report=report, n_workers=threads)
+                   for i in range(threads)]
+
+    def keep(cur) -> bool:
+        chunks.keep_leases(cur, m.id, sorted(registry))
+        return True  # a worker's only lease is its ranges': losing one shows when it commits
+
+    beat = heartbeat(db.dsn, keep, lost, name=f"worker-lease-{m.id}")
+    beat.start()
+    try:
+        chunks.run_workers(workers, f"helper-{kind}")
+    finally:
+        beat.stop()
+
+
+def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool = False,
+                        dry_run: bool = False) -> list[dict[str, Any]]:
+    """`mover partitions maintain [TABLE | --all]`: for each partitioned conversion, create the
+    partitions `premake` ahead, report the default partition's rows, detach (and with
+    drop_detached, drop) partitions past the retention. Idempotent: safe from cron."""
+    from mover.db import bind
+    from mover.sql import partitions as partition_sql
+
+    if (table is None) == (not all_tables):
+        raise BadInput("name one table (or migration), or pass --all", hint="mover partitions maintain --all")
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def find(cur):
+            out = []
+            for m in control.list_all(cur):
+                plan = plan_from_canonical(m.plan)
+                if plan.partition is None or m.state == "aborted":
+                    continue
+                if table is not None and table not in (m.name, m.source.name, str(m.source)):
+                    continue
+                live = partitions.live_table(cur, m.source, m.target)
+                if live is not None:
+                    out.append((m, plan, live))
+            return out
+        found = db.transaction(find, label="partitions")
+        if table is not None and not found:
+            raise NotFound(f"no partitioned conversion of {table!r} (by migration name or source table)",
+                           hint="`mover status` lists the migrations")
+        results = []
+        for m, plan, live in found:
+            spec = plan.partition
+            assert spec is not None and live.schema is not None
+            premake = spec.premake if plan.upkeep.premake is None else plan.upkeep.premake
+            # The plan's cutover lock_timeout: the application waits at most this long behind
+            # a partition being created or detached; a busy table is retried (db.transaction).
+            lock = f"{plan.cutover.lock_timeout_ms}ms"
+            todo = db.transaction(bind(partitions.maintain_plan, spec, premake, plan.upkeep.retention, live,
+                                       m.source.name), label="partitions")
+            report: dict[str, Any] = {"migration": m.name, "table": todo["table"], "partitions": todo["partitions"],
+                                      "default_rows": todo["default_rows"], "dry_run": dry_run,
+                                      "create": [p.describe() for p in todo["create"]], "created": [],
+                                      "blocked": [], "detach": todo["detach"], "detached": [], "dropped": []}
+            if todo["default_rows"]:
+                log.warning("%s: %d rows are in the default partition; partitions covering them cannot be created "
+                            "until they are moved out", live, todo["default_rows"])
+            if not dry_run:
+                for p in todo["create"]:
+                    stmt = partition_sql.create_partition(QualifiedName(live.schema, p.name), live, p.bound)
+                    try:
+                        db.transaction(bind(psycopg.Cursor.execute, stmt), lock_timeout=lock, label="create partition")
+                        report["created"].append(p.name)
+                    except psycopg.errors.CheckViolation:
+                        # The default partition holds rows of this range: PostgreSQL refuses.
+                        # Carve them out under the parent's lock instead.
+                        try:
+                            moved = db.transaction(bind(partitions.carve_from_default, live, p, spec.columns[0]),
+                                                   lock_timeout=lock, statement_timeout="30s",
+                                                   label="partition from default")
+                            report["created"].append(p.name)
+                            report["moved_from_default"] = report.get("moved_from_default", 0) + moved
+                        except psycopg.errors.QueryCanceled as exc:
+                            report["blocked"].append({"name": p.name, "error": str(exc).splitlines()[0]})
+                for name in todo["detach"]:
+                    child = QualifiedName(live.schema, name)
+                    if name in todo["pending"]:
+                        db.autocommit(partition_sql.detach_finalize(live, child), lock_timeout="1min")
+                    elif todo["has_default"]:
+                        db.transaction(bind(psycopg.Cursor.execute, partition_sql.detach(live, child)),
+                                       lock_timeout=lock, label="detach partition")
+                    else:
+                        # SHARE UPDATE EXCLUSIVE only: writers go on; the wait is for older snapshots.
+                        db.autocommit(partition_sql.detach_concurrently(live, child), lock_timeout="1min")
+                    report["detached"].append(name)
+                    if plan.upkeep.drop_detached:
+                        db.transaction(bind(psycopg.Cursor.execute, ddl.drop_table(child)), lock_timeout=lock,
+                                       label="drop partition")
+                        report["dropped"].append(name)
+            results.append(report)
+        return results
     finally:
         db.close()

@@ -18,16 +18,12 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 
 import psycopg
 
-from mover import capture, chunks, control, faults, introspect, names
+from mover import capture, chunks, control, faults, introspect, names, partitions, throttle
 from mover.context import Context, Reporter
 from mover.db import bind
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
@@ -38,12 +34,7 @@ from mover.sql import ddl
 log = logging.getLogger("mover.backfill")
 
 KIND = "backfill"
-REPLICA_CHECK_SECONDS = 5.0
 IDLE_WAIT_SECONDS = 0.2
-
-
-def worker_id(n: int = 0) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}:{n}"
 
 
 def next_chunk_rows(current: int, rows: int, ms: float, s: BackfillSettings) -> int:
@@ -55,55 +46,10 @@ def next_chunk_rows(current: int, rows: int, ms: float, s: BackfillSettings) -> 
     return int(min(max((current + aimed) / 2, s.min_rows), s.max_rows))
 
 
-@dataclass
-class Throttle:
-    """Reasons to wait before the next range: the pause flag, replica lag, the rows/s cap."""
-
-    settings: BackfillSettings
-    workers: int = 1
-    _lag_checked: float = 0.0
-    _lag: float | None = None
-    _lag_visible: bool = True
-
-    def reason(self, cur, m: control.Migration) -> str | None:
-        if m.paused:
-            return "paused (mover unpause)"
-        limit = self.settings.max_replica_lag_ms
-        if limit and self._lag_visible and time.monotonic() - self._lag_checked > REPLICA_CHECK_SECONDS:
-            self._lag_checked = time.monotonic()
-            # Without pg_read_all_stats the lag columns read as NULL rather than failing: say so once.
-            cur.execute("SELECT pg_has_role('pg_read_all_stats', 'MEMBER') OR"
-                        " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)")
-            if not cur.fetchone()[0]:
-                self._lag_visible = False
-                log.warning("this role cannot read replica lag (grant pg_read_all_stats); lag is not checked")
-            else:
-                cur.execute("SELECT max(extract(epoch FROM replay_lag)) FROM pg_stat_replication")
-                self._lag = cur.fetchone()[0]
-        if limit and self._lag is not None and self._lag * 1000 > limit:
-            return f"replica lag {self._lag:.1f}s above {limit / 1000:g}s"
-        return None
-
-    def range_rows(self, hint: int) -> int:
-        """Keys to ask for in the next range: the adaptive hint, within the current max_rows (so
-        `mover set` reaches the very next range), and within the rows/s cap's budget. A range is
-        copied in one burst, so a range bigger than the cap allows in target_chunk_ms (at most a
-        second) would break the cap within the second it runs, however long we wait after it;
-        the cap wins over min_rows."""
-        s = self.settings
-        rows = min(hint, s.max_rows)
-        if s.max_rows_per_second:
-            per_worker = s.max_rows_per_second / max(self.workers, 1)
-            rows = min(rows, max(1, int(per_worker * min(s.target_chunk_ms, 1000) / 1000)))
-        return rows
-
-    def pace(self, rows: int, elapsed: float) -> float:
-        """Seconds to wait after copying `rows` in `elapsed` seconds to respect the rows/s cap,
-        shared evenly among the workers."""
-        cap = self.settings.max_rows_per_second
-        if not cap:
-            return 0.0
-        return max(0.0, rows / (cap / max(self.workers, 1)) - elapsed)
+def limits(s: BackfillSettings) -> throttle.Limits:
+    """The backfill's settings as the throttle reads them."""
+    return throttle.Limits(max_rows_per_second=s.max_rows_per_second, max_replica_lag_ms=s.max_replica_lag_ms,
+                           max_rows=s.max_rows, burst_ms=s.target_chunk_ms)
 
 
 class Worker(chunks.RangeWorker):
@@ -116,26 +62,14 @@ class Worker(chunks.RangeWorker):
         self.n_workers = n_workers
         self._pending_checked = 0.0
 
-    def _register(self, cur) -> None:
-        cur.execute("INSERT INTO mover.workers (migration_id, worker_id, host, pid) VALUES (%s, %s, %s, %s)"
-                    " ON CONFLICT DO NOTHING", (self.ctx.mid, self.wid, socket.gethostname(), os.getpid()))
-
-    def _unregister(self, cur) -> None:
-        cur.execute("DELETE FROM mover.workers WHERE migration_id = %s AND worker_id = %s", (self.ctx.mid, self.wid))
-
-    def _wait(self, cur_reason: str | None, seconds: float) -> None:
-        self.db.transaction(lambda cur: cur.execute(
-            "UPDATE mover.workers SET waiting_for = %s WHERE migration_id = %s AND worker_id = %s",
-            (cur_reason, self.ctx.mid, self.wid)))
-        self.ctx.stop.wait(seconds)
-
     def _run(self) -> None:
         ctx, mid = self.ctx, self.ctx.mid
         self.registry.add(self.wid)
         self.db.transaction(self._register)
         settings = ctx.plan.backfill
         rows_hint = settings.chunk_rows
-        throttle = Throttle(settings, self.n_workers)
+        chunk_rows = settings.chunk_rows
+        pacer = throttle.Throttle(limits(settings), self.n_workers)
         waiting: str | None = None
         try:
             while True:
@@ -144,8 +78,11 @@ class Worker(chunks.RangeWorker):
                 if m.state == "aborted" or m.step != "backfill":
                     return
                 settings = plan_from_canonical(m.plan).backfill  # `mover set` takes effect here
-                throttle.settings = settings
-                reason = self.db.transaction(bind(throttle.reason, m))
+                pacer.limits = limits(settings)
+                if settings.chunk_rows != chunk_rows:
+                    # `mover set backfill.chunk_rows`: the next range starts again from that size.
+                    chunk_rows = rows_hint = settings.chunk_rows
+                reason = self.db.transaction(bind(pacer.reason, m.paused))
                 if reason:
                     waiting = reason
                     self._wait(reason, 1.0)
@@ -155,7 +92,7 @@ class Worker(chunks.RangeWorker):
                     self._wait(None, 0)
                 mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
                 chunk = self.db.transaction(bind(
-                    chunks.claim, mid, KIND, self.wid, mapping, throttle.range_rows(rows_hint),
+                    chunks.claim, mid, KIND, self.wid, mapping, pacer.range_rows(rows_hint),
                     settings.max_attempts), label="claim")
                 if chunk is not None:
                     faults.point("claimed")  # between building the mapping and copying with it
@@ -188,7 +125,7 @@ class Worker(chunks.RangeWorker):
                 rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)
                 self.db.transaction(bind(
                     psycopg.Cursor.execute, "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
-                    " WHERE migration_id = %s AND worker_id = %s", (throttle.range_rows(rows_hint), rows, mid,
+                    " WHERE migration_id = %s AND worker_id = %s", (pacer.range_rows(rows_hint), rows, mid,
                                                                      self.wid)))
                 capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                 pending = None
@@ -196,16 +133,12 @@ class Worker(chunks.RangeWorker):
                     self._pending_checked = time.monotonic()
                     pending = self.db.transaction(lambda cur: capture.pending(cur, mid)[0])
                 self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1),
-                            chunk_rows=throttle.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
-                pause = throttle.pace(rows, time.monotonic() - started)
+                            chunk_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
+                pause = pacer.pace(rows, time.monotonic() - started)
                 if pause:
-                    self._wait(f"rows/s cap {settings.max_rows_per_second}", pause)
+                    self._wait(pacer.cap_reason(), pause)
         finally:
-            self.registry.discard(self.wid)
-            try:
-                self.db.transaction(self._unregister)
-            except psycopg.Error:
-                pass  # a dead worker's row is harmless: status counts only fresh heartbeats
+            self._leave()
 
     def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
         rows = copy_range(cur, self.ctx, mapping, chunk.lo, chunk.hi)
@@ -261,7 +194,9 @@ def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None)
             message = str(exc).splitlines()[0]
             control.record_divergence(cur, ctx.mid, keys[0], "apply_error",
                                       {"error": message, "sqlstate": exc.sqlstate, "direction": "forward",
-                                       "during": "backfill"})
+                                       "during": "backfill",
+                                       # e.g. "Partition key of the failing row contains (...) = (...)"
+                                       **({"detail": exc.diag.message_detail} if exc.diag.message_detail else {})})
             control.event(cur, ctx.mid, ctx.owner, KIND, "apply_error",
                           f"copying key {keys[0]} into {m.dst} failed: {message}")
         elif exc is not None:
@@ -278,22 +213,16 @@ def copy_all(ctx: Context) -> None:
         chunks.ensure_frontier(cur, ctx.mid, KIND)
         chunks.retry_failed(cur, ctx.mid, KIND)
         chunks.release_dead_local_owners(cur, ctx.mid)
-        return estimate_rows(cur, ctx.original), chunks.state(cur, ctx.mid, KIND)["rows"]
+        return introspect.estimate_rows(cur, ctx.original), chunks.state(cur, ctx.mid, KIND)["rows"]
 
     estimate, copied = ctx.db.transaction(prepare)
     ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
-    workers = [Worker(ctx.db.dsn, ctx.migration, worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
+    workers = [Worker(ctx.db.dsn, ctx.migration, chunks.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
                for i in range(settings.workers)]
     chunks.run_workers(workers, "worker")
     ctx.checkpoint()
     chunks.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
-
-
-def estimate_rows(cur, table) -> int:
-    cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(table),))
-    row = cur.fetchone()
-    return int(row[0]) if row else 0
 
 
 def deferred_index_name(mid: int, source_index: str) -> str:
@@ -354,6 +283,27 @@ def _build_index(ctx: Context, name: str, ix) -> None:
     if state is True:
         _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
         return
+    if ctx.db.transaction(lambda cur: partitions.partition_columns(cur, ctx.new)):
+        # No CONCURRENTLY on a partitioned parent: each partition's index concurrently, then the
+        # parent's ON ONLY (invalid until the last one is attached) and the partitions' attached.
+        for child, child_index in ctx.db.transaction(lambda cur: partitions.child_indexes(cur, ctx.new, name)):
+            _build_one(ctx, child_index, ix, child)
+        ctx.db.transaction(lambda cur: partitions.attach_indexes(cur, ctx.new, name, ix), lock_timeout="10s",
+                           label="attach partition indexes")
+        faults.point("index_built")
+        _copy_index_comment(ctx, name, ix)
+        return
+    _build_one(ctx, name, ix, ctx.new)
+    _copy_index_comment(ctx, name, ix)
+
+
+def _build_one(ctx: Context, name: str, ix, table) -> None:
+    """Build index `name` on `table` (the new table, or one of its partitions) concurrently,
+    dropping an invalid one that an interrupted build left first."""
+    schema = table.schema
+    state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
+    if state is True:
+        return
     faults.point("index_building")
     if state is False:
         log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
@@ -365,13 +315,13 @@ def _build_index(ctx: Context, name: str, ix) -> None:
     started = time.monotonic()
     ctx.report("index", name=name, state="building")
     # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
-    ctx.db.autocommit(ddl.create_index(name, ctx.new, ix, concurrently=True),
+    ctx.db.autocommit(ddl.create_index(name, table, ix, concurrently=True),
                       statement_timeout="0", lock_timeout="10min")
     faults.point("index_built")
-    _copy_index_comment(ctx, name, ix)
     ms = (time.monotonic() - started) * 1000
     ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
-                                                 f"index {name} built", {"source_index": ix.name}, ms))
+                                                 f"index {name} built",
+                                                 {"source_index": ix.name, "table": str(table)}, ms))
 
 
 def build_indexes(ctx: Context) -> None:

@@ -151,6 +151,8 @@ def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params,
     for key, exc in failed.items():
         columns = {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate,
                    "direction": "reverse" if reverse else "forward"}
+        if exc.diag.message_detail:  # e.g. the value that no partition takes
+            columns["detail"] = exc.diag.message_detail
         # A row the application keeps changing fails at each replay: one open divergence per key.
         cur.execute("SELECT id FROM mover.divergences WHERE migration_id = %s AND key = %s AND kind = 'apply_error'"
                     " AND resolved_at IS NULL AND columns->>'direction' = %s ORDER BY id LIMIT 1",

@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,13 @@ from mover.errors import LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
 
-LEASE_SECONDS = 30
+LEASE_SECONDS = control.LEASE_SECONDS  # one lease length for the orchestrator and the ranges
+
+
+def worker_id(n: int = 0) -> str:
+    """A range worker's id: the process's owner id (host:pid:random, which
+    release_dead_local_owners reads back) and the worker's number in it."""
+    return f"{control.new_owner_id()}:{n}"
 
 
 @dataclass(frozen=True)
@@ -183,7 +190,8 @@ def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
     )
     done, open_, failed, total, rows, exhausted = one(cur)
     return {"done": done, "open": open_, "failed": failed, "total": total, "rows": int(rows),
-            "exhausted": bool(exhausted), "finished": bool(exhausted) and open_ == 0 and failed == 0}
+            "exhausted": bool(exhausted), "finished": bool(exhausted) and open_ == 0 and failed == 0,
+            "started": exhausted is not None}  # a pass (or the backfill) has begun: its frontier exists
 
 
 def failed_chunks(cur: psycopg.Cursor, mid: int, kind: str) -> list[tuple[int, str | None]]:
@@ -253,6 +261,27 @@ class RangeWorker:
     def _run(self) -> None:
         raise NotImplementedError
 
+    def _register(self, cur: psycopg.Cursor) -> None:
+        """A row in mover.workers: status counts the live ones and shows what they wait for."""
+        cur.execute("INSERT INTO mover.workers (migration_id, worker_id, host, pid) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT DO NOTHING", (self.ctx.mid, self.wid, socket.gethostname(), os.getpid()))
+
+    def _wait(self, reason: str | None, seconds: float) -> None:
+        """Wait between ranges (never inside one), saying why in the worker's row."""
+        self.db.transaction(lambda cur: cur.execute(
+            "UPDATE mover.workers SET waiting_for = %s WHERE migration_id = %s AND worker_id = %s",
+            (reason, self.ctx.mid, self.wid)))
+        if seconds:
+            self.ctx.stop.wait(seconds)
+
+    def _leave(self) -> None:
+        self.registry.discard(self.wid)
+        try:
+            self.db.transaction(lambda cur: cur.execute(
+                "DELETE FROM mover.workers WHERE migration_id = %s AND worker_id = %s", (self.ctx.mid, self.wid)))
+        except psycopg.Error:
+            pass  # a dead worker's row is harmless: status counts only fresh heartbeats
+
     def run(self) -> None:
         try:
             self._run()
@@ -307,21 +336,9 @@ def record_failure(db, mid: int, chunk: Chunk, worker: str, exc: BaseException, 
     return outcome
 
 
-# The server went away (restart, shutdown, network). A deadlock, a serialization failure or a lock
-# timeout are OperationalErrors too, but the server is there: the range counts an attempt instead.
-_CONNECTION_LOST = (
-    # class 08 (psycopg's classes for it have no common base of their own)
-    psycopg.errors.ConnectionException, psycopg.errors.SqlclientUnableToEstablishSqlconnection,
-    psycopg.errors.ConnectionDoesNotExist, psycopg.errors.SqlserverRejectedEstablishmentOfSqlconnection,
-    psycopg.errors.ConnectionFailure, psycopg.errors.TransactionResolutionUnknown, psycopg.errors.ProtocolViolation,
-    # the server shuts down or is starting up
-    psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown, psycopg.errors.CannotConnectNow,
-)
-
-
 def is_connection_failure(exc: BaseException) -> bool:
-    """Retries of the transaction are spent and the server is still unreachable: stop the worker."""
-    if isinstance(exc, _CONNECTION_LOST):
-        return True
-    # Raised by the client itself (the socket closed, the connection is broken): no SQLSTATE.
-    return isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+    """Retries of the transaction are spent and the server is still unreachable: stop the worker.
+    (A deadlock, a serialization failure or a lock timeout are OperationalErrors too, but the
+    server is there: the range counts an attempt instead.)"""
+    from mover.db import is_connection_lost
+    return is_connection_lost(exc)

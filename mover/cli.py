@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -18,17 +17,19 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from mover import api
 from mover.db import mask, remember_secrets
 from mover.errors import MoverError, Waiting
+from mover.progress import ProgressReporter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
 plan_app = typer.Typer(no_args_is_help=True, help="Work with plan files.")
 app.add_typer(plan_app, name="plan")
+partitions_app = typer.Typer(no_args_is_help=True, help="Upkeep of partitioned tables mover converted.")
+app.add_typer(partitions_app, name="partitions")
 
 err = Console(stderr=True)
 out = Console()
@@ -100,88 +101,6 @@ def _dsn(dsn: str | None) -> str:
 
 def _print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
-
-
-class ProgressReporter:
-    """Turns engine reports into a live backfill progress bar (rows, rows/s, range size, workers,
-    capture backlog, ETA) and log lines for the rest. Workers report from several threads."""
-
-    def __init__(self) -> None:
-        self.progress: Progress | None = None
-        self.task = TaskID(0)  # the bar's own once a bar starts; unused while progress is None
-        self.lock = threading.Lock()
-        self.rows = 0
-        self.estimate = 0
-        self.started = time.monotonic()
-        self.copied_here = 0
-        self.workers: set[str] = set()
-
-    def __call__(self, kind: str, **f: Any) -> None:
-        with self.lock:
-            if kind == "backfill_start":
-                self.close()
-                self.rows, self.estimate, self.copied_here = f["rows"], f["estimate"], 0
-                self.started = time.monotonic()
-                self.progress = Progress(
-                    TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]} rows/s | range {task.fields[chunk_rows]} rows | "
-                               "{task.fields[workers]} workers | capture backlog {task.fields[backlog]}"),
-                    TimeRemainingColumn(), console=err)
-                self.progress.start()
-                self.task = self.progress.add_task("backfill", total=max(self.estimate, self.rows, 1),
-                                                   completed=self.rows, rate="-", chunk_rows="-",
-                                                   workers=f["workers"], backlog="-")
-                return
-            if kind == "backfill" and self.progress is not None:
-                self.rows += f["rows"]
-                self.copied_here += f["rows"]
-                self.workers.add(f["worker"])
-                rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
-                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}",
-                                          "workers": len(self.workers)}
-                if f.get("capture_pending") is not None:
-                    fields["backlog"] = f"{f['capture_pending']:,}"
-                self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
-                return
-            if kind.startswith("reconcile_") and self._reconcile(kind, f):
-                return
-            if kind in ("capture", "backfill"):
-                return  # frequent and small; `mover status` shows the backlog
-            self.close()
-            err.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
-
-    def _reconcile(self, kind: str, f: dict[str, Any]) -> bool:
-        """Reconcile's bar: rows compared (of the source's estimate on a full pass), rows/s,
-        differences found so far. Returns False for what should print as a line."""
-        if kind == "reconcile_start":
-            self.close()
-            self.rows, self.estimate, self.copied_here = 0, f.get("estimate") or 0, 0
-            self.started = time.monotonic()
-            self.progress = Progress(
-                TextColumn(f"reconcile ({f['mode']})"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} rows/s | {task.fields[ranges]} ranges | "
-                           "{task.fields[differences]} differences"),
-                TimeRemainingColumn(), console=err)
-            self.progress.start()
-            self.task = self.progress.add_task("reconcile", total=self.estimate or None, completed=0, rate="-",
-                                               ranges=0, differences=0)
-            self.ranges = self.differences = 0
-            return True
-        if kind == "reconcile_range" and self.progress is not None:
-            self.rows += f["rows"]
-            self.ranges += 1
-            self.differences += f["differences"]
-            rate = self.rows / max(time.monotonic() - self.started, 1e-6)
-            self.progress.update(self.task, completed=self.rows,
-                                 total=max(self.estimate, self.rows) if self.estimate else None,
-                                 rate=f"{rate:,.0f}", ranges=self.ranges, differences=self.differences)
-            return True
-        return kind == "reconcile_range"
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
 
 
 def _interruptible():
@@ -272,14 +191,51 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
     out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
+    part = result.get("partitioning")
+    if part:
+        out.print(f"partitioned by {part['by']} ({', '.join(part['columns'])}), unique key ({', '.join(part['key'])})",
+                  highlight=False, markup=False)
+        if part["key_change"]:
+            out.print(f"key change accepted ([target.partition] accept_key_change): {part['key_change']}",
+                      highlight=False, markup=False)
+        out.print(f"{len(part['partitions'])} partitions to create:", highlight=False, markup=False)
+        for p in part["partitions"]:
+            out.print(f"  {p['name']}  {p['bound']}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
 
 
+@partitions_app.command("maintain")
+@_exits
+def partitions_maintain(table: str | None = typer.Argument(None, help="Migration name or source table."),
+                        all_tables: bool = typer.Option(False, "--all", help="Every partitioned conversion."),
+                        dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done only."),
+                        dsn: str | None = DsnOption, as_json: bool = JsonOption):
+    """Create partitions `premake` ahead, report default-partition rows, apply retention. Idempotent."""
+    results = api.maintain_partitions(_dsn(dsn), table, all_tables=all_tables, dry_run=dry_run)
+    if as_json:
+        _print_json(results)
+        return
+    for r in results:
+        verb = "would create" if dry_run else "created"
+        made = [p["name"] for p in r["create"]] if dry_run else r["created"]
+        out.print(f"{r['table']}: {r['partitions']} partitions; {verb} {len(made)}: {', '.join(made) or '-'}",
+                  highlight=False, markup=False)
+        for b in r["blocked"]:
+            out.print(f"  not created {b['name']}: {b['error']}", highlight=False, markup=False)
+        if r["default_rows"]:
+            out.print(f"  {r['default_rows']} rows in the default partition", highlight=False, markup=False)
+        gone = r["detach"] if dry_run else r["detached"]
+        if gone:
+            dropped = f"; dropped: {', '.join(r['dropped'])}" if r["dropped"] else ""
+            out.print(f"  {'would detach' if dry_run else 'detached'}: {', '.join(gone)}{dropped}",
+                      highlight=False, markup=False)
+
+
 def _run(dsn, target, one_step, wait):
-    reporter = ProgressReporter()
+    reporter = ProgressReporter(err)
     try:
         st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())
     finally:
@@ -325,8 +281,11 @@ def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption,
 @_exits
 def cutover(name: str, dsn: str | None = DsnOption):
     """Swap the new table in; the rollback window starts."""
-    reporter = ProgressReporter()
-    st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
+    reporter = ProgressReporter(err)
+    try:
+        st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
+    finally:
+        reporter.close()  # also on error: a live bar would hide the message and leave the terminal askew
     _show_status(st)
 
 
@@ -395,8 +354,8 @@ def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.k
 @_exits
 def worker(name: str, dsn: str | None = DsnOption,
            threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
-    """Join a migration's backfill from this host; exits when no ranges are left."""
-    reporter = ProgressReporter()
+    """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
+    reporter = ProgressReporter(err)
     try:
         st = api.work(_dsn(dsn), name, threads=threads, report=reporter, stop=_interruptible())
     finally:
@@ -456,7 +415,7 @@ def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOp
                   full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
                                                                    "since the last pass.")):
     """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
-    reporter = ProgressReporter()
+    reporter = ProgressReporter(err)
     try:
         result = api.reconcile(_dsn(dsn), name, full=full, report=reporter, stop=_interruptible())
     finally:

@@ -3,12 +3,13 @@ a stop flag, and a progress reporter. Small on purpose: engines take what they n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mover import control, introspect, shape
+from mover import control, introspect, partitions, shape
 from mover.db import Database
 from mover.errors import Interrupted, LeaseLost
 from mover.names import QualifiedName
@@ -93,4 +94,6 @@ class Context:
         original = introspect.describe(cur, self.original)
         new = introspect.describe(cur, self.new)
         key = tuple(self.migration.key_columns)
-        return Mapping.between(new, original, key) if reverse else Mapping.between(original, new, key)
+        m = Mapping.between(new, original, key) if reverse else Mapping.between(original, new, key)
+        extra = tuple(c for c in partitions.partition_columns(cur, m.dst) if c not in key)
+        return dataclasses.replace(m, dst_partition=extra) if extra else m

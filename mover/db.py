@@ -28,7 +28,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from mover.errors import BadInput
+from mover.errors import BadInput, Failed
 
 log = logging.getLogger("mover.db")
 
@@ -36,7 +36,19 @@ T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}
+# What a whole-transaction retry cures, by psycopg's error classes (one per SQLSTATE): another
+# transaction was in the way (40001, 40P01, 55P03), or the server went away or is restarting
+# (class 08, 57P01..57P03). Everything else means the same on every attempt.
+RETRYABLE = (pgerrors.SerializationFailure, pgerrors.DeadlockDetected, pgerrors.LockNotAvailable)
+CONNECTION_LOST = (
+    # class 08 (psycopg's classes for it have no common base of their own)
+    pgerrors.ConnectionException, pgerrors.SqlclientUnableToEstablishSqlconnection,
+    pgerrors.ConnectionDoesNotExist, pgerrors.SqlserverRejectedEstablishmentOfSqlconnection,
+    pgerrors.ConnectionFailure, pgerrors.TransactionResolutionUnknown, pgerrors.ProtocolViolation,
+    # the server shuts down or is starting up
+    pgerrors.AdminShutdown, pgerrors.CrashShutdown, pgerrors.CannotConnectNow,
+)
+RETRYABLE_SQLSTATES = frozenset(c.sqlstate for c in RETRYABLE if c.sqlstate)  # for messages and SQL
 
 
 # Passwords must never be printed, logged or stored, whatever the DSN's shape. Masking works on
@@ -148,28 +160,26 @@ def connect(dsn: str, *, role: str = "mover") -> psycopg.Connection:
                            prepare_threshold=None)
 
 
+def is_connection_lost(exc: BaseException) -> bool:
+    """The server went away (restart, shutdown, network), or the client lost the socket (no SQLSTATE)."""
+    if isinstance(exc, CONNECTION_LOST):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
+
+
 def is_retryable(exc: BaseException) -> bool:
-    if isinstance(exc, psycopg.Error):
-        if exc.sqlstate in RETRYABLE_SQLSTATES:
-            return True
-        # A lost connection (server restart, network): reconnect and rerun the transaction.
-        if isinstance(exc, psycopg.OperationalError) and (
-            exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate in {"57P01", "57P02", "57P03"}
-        ):
-            return True
-    return False
+    """Worth running the whole transaction again: a conflict with another transaction, or a lost
+    connection (reconnect and rerun)."""
+    return isinstance(exc, RETRYABLE) or is_connection_lost(exc)
 
 
-def _log_retry(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    sqlstate = getattr(exc, "sqlstate", None)
-    log.warning(
-        "retrying %s (attempt %d) after %s%s",
-        getattr(state.fn, "__name__", "transaction") if state.fn else state.kwargs.get("label", "transaction"),
-        state.attempt_number,
-        type(exc).__name__,
-        f" [{sqlstate}]" if sqlstate else "",
-    )
+def _retry_logger(label: str | None) -> Callable[[RetryCallState], None]:
+    def log_retry(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        sqlstate = getattr(exc, "sqlstate", None)
+        log.warning("retrying %s (attempt %d) after %s%s", label or "transaction", state.attempt_number,
+                    type(exc).__name__, f" [{sqlstate}]" if sqlstate else "")
+    return log_retry
 
 
 class Database:
@@ -209,7 +219,7 @@ class Database:
             retry=retry_if_exception(is_retryable),
             stop=stop_after_attempt(attempts or self.attempts),
             wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.2),
-            before_sleep=_log_retry,
+            before_sleep=_retry_logger(label),
             reraise=True,
         )
         for attempt in retrying:
@@ -274,6 +284,25 @@ class Database:
                     cur.execute("RESET lock_timeout; RESET statement_timeout")
 
 
+def open_database(dsn: str) -> Database:
+    """A Database whose DSN parses and whose server answers: the commands' first step, so that a
+    bad DSN is bad input (exit 2, nothing changed) and an unreachable server names the DSN, masked."""
+    problem = dsn_problem(dsn) if dsn else None
+    if problem:
+        raise BadInput(f"the DSN is malformed: {problem}",
+                       hint="fix --dsn or DATABASE_URL: a URL such as postgresql://user@host:5432/dbname, or "
+                            "key=value pairs such as 'host=... dbname=... user=...'; give the password through "
+                            "PGPASSWORD or ~/.pgpass rather than in the DSN")
+    db = Database(dsn)
+    try:
+        db.connection()
+    except psycopg.OperationalError as exc:
+        raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
+                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
+                     hint="check --dsn, DATABASE_URL or the PG* variables") from exc
+    return db
+
+
 def _first_words(statement, conn: psycopg.Connection) -> str:
     text = statement if isinstance(statement, str) else statement.as_string(conn)
     return text if len(text) <= 120 else text[:117] + "..."
@@ -283,5 +312,6 @@ def sqlstate(exc: BaseException) -> str | None:
     return getattr(exc, "sqlstate", None)
 
 
-__all__ = ["Database", "connect", "redact", "mask", "dsn_problem", "remember_secrets", "is_retryable", "pgerrors",
+__all__ = ["Database", "open_database", "connect", "redact", "mask", "dsn_problem", "remember_secrets",
+           "is_retryable", "is_connection_lost", "pgerrors",
            "sqlstate"]

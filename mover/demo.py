@@ -41,6 +41,7 @@ from rich.table import Table
 from mover import api
 from mover.db import one
 from mover.errors import Failed, Interrupted, Waiting
+from mover.progress import ProgressReporter
 
 SCHEMA = "public"
 TABLE = "Orders"
@@ -224,13 +225,12 @@ class Writer:
 
 
 class _Reporter:
-    """mover.cli.ProgressReporter for the backfill bar and the engine's lines; reconcile ranges
+    """mover.progress.ProgressReporter for the backfill bar and the engine's lines; reconcile ranges
     as one spinner line instead of a line each; capture reports dropped."""
 
     def __init__(self, console: Console) -> None:
-        from mover.cli import ProgressReporter
         self.console = console
-        self.inner = ProgressReporter()
+        self.inner = ProgressReporter(console)
         self.spinner: Progress | None = None
         self.task = TaskID(0)  # the spinner's own once it starts
 

@@ -164,8 +164,8 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
         """
         SELECT i.indexrelid, ic.relname, i.indisprimary, i.indisunique, i.indisvalid, i.indisexclusion,
                pg_get_indexdef(i.indexrelid),
-               format('CREATE %%sINDEX %%I ON %%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
-                      ic.relname, n.nspname, c.relname)
+               format('CREATE %%sINDEX %%I ON %%s%%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
+                      ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname)
         FROM pg_index i
         JOIN pg_class ic ON ic.oid = i.indexrelid
         JOIN pg_class c ON c.oid = i.indrelid
@@ -340,3 +340,10 @@ def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
 
 
 INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}
+
+
+def estimate_rows(cur: psycopg.Cursor, table: QualifiedName) -> int:
+    """The planner's row count (pg_class.reltuples): for progress and ETAs, never for decisions."""
+    cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(table),))
+    row = cur.fetchone()
+    return int(row[0]) if row else 0

@@ -52,6 +52,7 @@ class ReconcileSettings:
     before_cutover: bool = True  # re-verify the ranges changed since the last pass, just before the lock
     settle_rounds: int = 10  # re-checks of a key that differs while a change to it is pending
     max_attempts: int = 5  # a range failing this often is marked failed
+    max_rows_per_second: int = 0  # source rows compared per second, shared by the workers; 0: no cap
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,47 @@ class RollbackSettings:
     window_ms: int = 24 * 3_600_000
     old_name: QualifiedName | None = None
     keep_old: bool = False
+
+
+RANGE_INTERVALS = {"1 day": "day", "1 week": "week", "1 month": "month", "1 year": "year"}
+# Default partition names per interval ({table} is the target table's final name).
+DEFAULT_NAMES = {"day": "{table}_p{YYYY}_{MM}_{DD}", "week": "{table}_p{YYYY}_{MM}_{DD}",
+                 "month": "{table}_p{YYYY}_{MM}", "year": "{table}_p{YYYY}", None: "{table}_p{N}"}
+_NAME_FIELDS = {"table", "YYYY", "MM", "DD", "N"}
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """`[target.partition]`: how the new table is partitioned (mover/partitions.py creates it)."""
+    by: str  # range | list | hash
+    columns: tuple[str, ...]
+    interval: str | None = None  # range over time: day | week | month | year
+    step: int | None = None  # range over an integer column: the width of a partition
+    premake: int = 3
+    default: bool = False
+    name: str = ""
+    values: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # list: partition suffix -> values
+    modulus: int = 0  # hash
+    accept_key_change: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["columns"] = list(self.columns)
+        d["values"] = {k: list(v) for k, v in self.values}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PartitionSpec:
+        return cls(**{**d, "columns": tuple(d["columns"]),
+                      "values": tuple((k, tuple(v)) for k, v in d.get("values", {}).items())})
+
+
+@dataclass(frozen=True)
+class PartitionUpkeep:
+    """`[partitions]`: the policy `mover partitions maintain` applies after the cutover."""
+    premake: int | None = None  # None: [target.partition] premake
+    retention: str | None = None  # e.g. "12 months": partitions wholly older are detached
+    drop_detached: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +125,8 @@ class Plan:
     document: dict[str, Any] = field(default_factory=dict, compare=False)
     # Outbound foreign keys the operator accepts the new table will lack after the swap.
     drop_foreign_keys: tuple[str, ...] = ()
+    partition: PartitionSpec | None = None
+    upkeep: PartitionUpkeep = PartitionUpkeep()
 
     def canonical(self) -> dict[str, Any]:
         """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
@@ -103,6 +147,8 @@ class Plan:
             },
             "reconcile": asdict(self.reconcile),
             "drop_foreign_keys": list(self.drop_foreign_keys),
+            "partition": self.partition.as_dict() if self.partition else None,
+            "partitions": asdict(self.upkeep),
         }
 
     def shape_hash(self, schema: str | None = None) -> str:
@@ -115,6 +161,8 @@ class Plan:
             return [name.schema or schema or self.source.schema, name.name]
         shape = {"source": qualified(self.source), "target": qualified(self.target),
                  "old": qualified(self.rollback.old_name), "columns": dict(sorted(self.columns.items()))}
+        if self.partition is not None:  # only when set: hashes of plans registered before stay the same
+            shape["partition"] = self.partition.as_dict()
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 
 
@@ -141,6 +189,20 @@ def to_document(plan: Plan) -> dict[str, Any]:
         doc["rollback"]["old_name"] = str(plan.rollback.old_name)
     if plan.drop_foreign_keys:
         doc["target"]["drop_foreign_keys"] = list(plan.drop_foreign_keys)
+    if plan.partition is not None:
+        p = plan.partition
+        part: dict[str, Any] = {"by": p.by, "columns": list(p.columns), "premake": p.premake, "default": p.default,
+                                "name": p.name, "accept_key_change": p.accept_key_change}
+        if p.by == "range":
+            by_word = {v: k for k, v in RANGE_INTERVALS.items()}
+            part["interval"] = by_word[p.interval] if p.interval else p.step
+        if p.values:
+            part["values"] = {k: [list(x) if isinstance(x, tuple) else x for x in v] for k, v in p.values}
+        if p.modulus:
+            part["modulus"] = p.modulus
+        doc["target"]["partition"] = part
+        upkeep = {k: v for k, v in asdict(plan.upkeep).items() if v is not None}
+        doc["partitions"] = upkeep
     return doc
 
 
@@ -149,7 +211,8 @@ SETTABLE = {
     "backfill": {"target_chunk_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
                  "max_attempts", "workers", "chunk_rows"},
     "cutover": {"auto", "lock_timeout", "attempts"},
-    "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts"},
+    "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts",
+                  "max_rows_per_second"},
 }
 
 
@@ -178,6 +241,8 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         reconcile=ReconcileSettings(**{**asdict(ReconcileSettings()), **doc.get("reconcile", {})}),
         document=doc,
         drop_foreign_keys=tuple(doc.get("drop_foreign_keys", ())),
+        partition=PartitionSpec.from_dict(doc["partition"]) if doc.get("partition") else None,
+        upkeep=PartitionUpkeep(**doc.get("partitions", {})),
     )
 
 
@@ -195,10 +260,16 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
-                  "settle_rounds": (int, False), "max_attempts": (int, False)},
+                  "settle_rounds": (int, False), "max_attempts": (int, False),
+                  "max_rows_per_second": (int, False)},
+    "partitions": {"premake": (int, False), "retention": (str, False), "drop_detached": (bool, False)},
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
 _SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
+_SCHEMA["target"]["partition"] = (dict, False)  # [target.partition], checked by _partition_spec
+_PARTITION_KEYS: dict[str, type | tuple[type, ...]] = {
+    "by": str, "column": str, "columns": list, "interval": (str, int), "premake": int, "default": bool,
+    "name": str, "values": dict, "modulus": int, "accept_key_change": bool}
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -307,7 +378,24 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         raise fail("[target] drop_foreign_keys must list distinct constraint names",
                    'e.g. drop_foreign_keys = ["invoices_customer_id_fkey"]')
 
+    partition = _partition_spec(t["partition"], fail) if "partition" in t else None
+    p = doc.get("partitions", {})
+    if p and partition is None:
+        raise fail("[partitions] applies to a partitioned target only", "add [target.partition] or remove it")
+    if "premake" in p and not 0 <= p["premake"] <= 1000:
+        raise fail(f"[partitions] premake must be between 0 and 1000, got {p['premake']}")
+    if "retention" in p:
+        if partition is None or partition.interval is None:
+            raise fail("[partitions] retention needs a range partitioning over time ([target.partition] interval "
+                       "= \"1 month\" etc.)")
+        if not re.match(r"^\s*[1-9]\d*\s+(day|week|month|year)s?\s*$", p["retention"]):
+            raise fail(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {p['retention']!r}")
+    upkeep = PartitionUpkeep(premake=p.get("premake"), retention=p.get("retention"),
+                             drop_detached=p.get("drop_detached", False))
+
     return Plan(
+        partition=partition,
+        upkeep=upkeep,
         drop_foreign_keys=tuple(drop_fks),
         name=name,
         source=source,
@@ -323,9 +411,96 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
             before_cutover=doc.get("reconcile", {}).get("before_cutover", ReconcileSettings.before_cutover),
             settle_rounds=bounded("reconcile", "settle_rounds", ReconcileSettings.settle_rounds, 1, 1000),
             max_attempts=bounded("reconcile", "max_attempts", ReconcileSettings.max_attempts, 1, 100),
+            max_rows_per_second=bounded("reconcile", "max_rows_per_second", 0, 0, 10**9),
         ),
         document=doc,
     )
+
+
+def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
+    """[target.partition], checked without the database (resolve_plan checks it against the source)."""
+    where = "[target.partition]"
+    for key, item in d.items():
+        if key not in _PARTITION_KEYS:
+            raise fail(f"unknown key {where} {key}", f"known keys: {', '.join(_PARTITION_KEYS)}")
+        expected = _PARTITION_KEYS[key]
+        if not isinstance(item, expected) or (isinstance(item, bool) and expected is not bool):
+            raise fail(f"{where} {key} must be {_type_word(expected)}, got {_type_word(type(item))} {item!r}")
+    by = d.get("by")
+    if by not in ("range", "list", "hash"):
+        raise fail(f"{where} by must be \"range\", \"list\" or \"hash\", got {by!r}")
+    if ("column" in d) == ("columns" in d):
+        raise fail(f"{where} needs exactly one of column = \"...\" or columns = [...]")
+    columns = (d["column"],) if "column" in d else tuple(d["columns"])
+    if not columns or not all(isinstance(c, str) and c for c in columns) or len(set(columns)) != len(columns):
+        raise fail(f"{where} columns must list distinct column names")
+    if by == "range" and len(columns) != 1:
+        raise fail(f"{where} columns: range partitioning by mover takes one column, got {len(columns)}")
+    premake = d.get("premake", 3)
+    if not 0 <= premake <= 1000:
+        raise fail(f"{where} premake must be between 0 and 1000, got {premake}")
+    for key, kinds in (("interval", ("range",)), ("values", ("list",)), ("modulus", ("hash",))):
+        if key in d and by not in kinds:
+            raise fail(f"{where} {key} applies to by = \"{kinds[0]}\" only, not by = \"{by}\"")
+    interval = step = None
+    values: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    modulus = 0
+    if by == "range":
+        if "interval" not in d:
+            raise fail(f"{where} interval is required for by = \"range\"",
+                       'e.g. interval = "1 month" (timestamps and dates) or interval = 100000 (integers)')
+        raw = d["interval"]
+        if isinstance(raw, int):
+            if raw <= 0:
+                raise fail(f"{where} interval must be a positive number, got {raw}")
+            step = raw
+        else:
+            text = " ".join(raw.split()).lower()
+            if text not in RANGE_INTERVALS:
+                raise fail(f"{where} interval must be one of {', '.join(map(repr, RANGE_INTERVALS))} or a number, "
+                           f"got {raw!r}")
+            interval = RANGE_INTERVALS[text]
+    elif by == "list":
+        raw_values = d.get("values")
+        if not raw_values:
+            raise fail(f"{where} values is required for by = \"list\"", 'e.g. values = { eu = ["de", "fr"] }')
+        seen: set = set()
+        out = []
+        for suffix, vals in raw_values.items():
+            if not isinstance(vals, list) or not vals:
+                raise fail(f"{where} values: {suffix!r} must list one value or more")
+            if len(columns) > 1 and not all(isinstance(v, list) and len(v) == len(columns) for v in vals):
+                raise fail(f"{where} values: with {len(columns)} columns, each value of {suffix!r} is an array of "
+                           f"{len(columns)}")
+            for v in vals:
+                marker = json.dumps(v, sort_keys=True)
+                if marker in seen:
+                    raise fail(f"{where} values: {v!r} is listed twice")
+                seen.add(marker)
+            out.append((suffix, tuple(tuple(v) if isinstance(v, list) else v for v in vals)))
+        values = tuple(out)
+    else:
+        modulus = d.get("modulus", 0)
+        if not 2 <= modulus <= 1024:
+            raise fail(f"{where} modulus must be between 2 and 1024, got {modulus}")
+        if d.get("default"):
+            raise fail(f"{where} default: a hash-partitioned table cannot have a default partition")
+    name = d.get("name", DEFAULT_NAMES[interval] if by == "range" else "{table}_{N}")
+    fields = set(re.findall(r"{(\w+)}", name))
+    if not fields <= _NAME_FIELDS or "{table}" not in name:
+        raise fail(f"{where} name {name!r} must contain {{table}} and only the fields "
+                   f"{', '.join('{' + f + '}' for f in sorted(_NAME_FIELDS))}")
+    if by == "range" and interval is not None:
+        needed = {"year": {"YYYY"}, "month": {"YYYY", "MM"}, "week": {"YYYY", "MM", "DD"},
+                  "day": {"YYYY", "MM", "DD"}}[interval]
+        if not needed <= fields and "N" not in fields:
+            raise fail(f"{where} name {name!r} would give two partitions the same name; with interval "
+                       f"{d['interval']!r} it needs {', '.join('{' + f + '}' for f in sorted(needed))}")
+    elif "N" not in fields:
+        raise fail(f"{where} name {name!r} needs {{N}} (the partition's number or list name)")
+    return PartitionSpec(by=by, columns=columns, interval=interval, step=step, premake=premake,
+                         default=d.get("default", False), name=name, values=values, modulus=modulus,
+                         accept_key_change=d.get("accept_key_change", False))
 
 
 def _type_word(t) -> str:

@@ -35,11 +35,11 @@ from typing import Any
 
 import psycopg
 
-from mover import backfill, capture, chunks, control, faults, introspect, names
+from mover import capture, chunks, control, faults, introspect, names, throttle
 from mover.context import Context, Reporter
-from mover.db import Database, bind, one
+from mover.db import Database, bind, is_retryable, one
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
-from mover.plan import ReconcileSettings, plan_from_canonical
+from mover.plan import Plan, ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
 from mover.sql.capture import replay_keys as replay_keys_sql
 from mover.sql.mapping import Mapping
@@ -121,7 +121,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
                 psycopg.sql.SQL(t)))
             usable[t] = True
         except psycopg.errors.Error as exc:
-            if isinstance(exc, psycopg.OperationalError) or exc.sqlstate in ("40001", "40P01", "55P03"):
+            if isinstance(exc, psycopg.OperationalError) or is_retryable(exc):
                 raise
             usable[t] = False
         finally:
@@ -266,19 +266,45 @@ class Worker(chunks.RangeWorker):
     role = "mover-reconcile"
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, spec: q.Spec, result: PassResult, *,
-                 stop: threading.Event, lost: threading.Event, registry: set[str], report: Reporter):
+                 stop: threading.Event, lost: threading.Event, registry: set[str], report: Reporter,
+                 n_workers: int = 1):
         super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report)
-        self.spec, self.result = spec, result
+        self.spec, self.result, self.n_workers = spec, result, n_workers
 
     def _run(self) -> None:
-        ctx, mid = self.ctx, self.ctx.mid
         self.registry.add(self.wid)
+        self.db.transaction(self._register)
+        try:
+            self._loop()
+        finally:
+            self._leave()
+
+    def _loop(self) -> None:
+        ctx, mid = self.ctx, self.ctx.mid
+        pacer = throttle.Throttle(throttle.Limits(), self.n_workers)
+        waiting: str | None = None
         while True:
             ctx.checkpoint()
-            settings = plan_from_canonical(ctx.refresh().plan).reconcile  # `mover set` takes effect here
+            m = ctx.refresh()
+            if m.state == "aborted":
+                return
+            plan = plan_from_canonical(m.plan)  # `mover set` takes effect here
+            settings = plan.reconcile
+            pacer.limits = limits(plan)
+            # It reads both whole tables: it waits on pause, replica lag and its cap like the backfill.
+            reason = self.db.transaction(bind(pacer.reason, m.paused))
+            if reason:
+                if reason != waiting:
+                    ctx.report("reconcile_waiting", reason=reason, worker=self.wid)
+                waiting = reason
+                self._wait(reason, 1.0)
+                continue
+            if waiting:
+                waiting = None
+                self._wait(None, 0)
             chunk = self.db.transaction(bind(
-                chunks.claim, mid, KIND, self.wid, self.spec.mapping, settings.range_rows, settings.max_attempts),
-                label="claim")
+                chunks.claim, mid, KIND, self.wid, self.spec.mapping, pacer.range_rows(settings.range_rows),
+                settings.max_attempts), label="claim")
             if chunk is None:
                 if self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))["open"] == 0:
                     return
@@ -303,8 +329,23 @@ class Worker(chunks.RangeWorker):
                             resolved=got["resolved"], unsettled=got["unsettled"], rechecked=got["rechecked"])
             ctx.report("reconcile_range", chunk=chunk.chunk_no, rows=got["rows"], ms=got["ms"],
                        differences=got["found"] + got["still_open"], worker=self.wid)
+            self.db.transaction(bind(
+                psycopg.Cursor.execute, "UPDATE mover.workers SET rows_done = rows_done + %s"
+                " WHERE migration_id = %s AND worker_id = %s", (got["rows"], mid, self.wid)))
             # Keep the log short between ranges, so few keys are pending when the next one is read.
             capture.drain(ctx, reverse=False, backfill_done=True, max_rounds=1)
+            pause = pacer.pace(got["rows"], got["ms"] / 1000)
+            if pause:
+                self._wait(pacer.cap_reason(), pause)
+
+
+def limits(plan: Plan) -> throttle.Limits:
+    """The reconcile's throttle: its own rows/s cap ([reconcile] max_rows_per_second, counted in
+    source rows; each is read in both tables), the one replica-lag limit of the plan ([backfill]
+    max_replica_lag: lag is the server's, whoever causes it), and ranges of range_rows keys."""
+    r = plan.reconcile
+    return throttle.Limits(max_rows_per_second=r.max_rows_per_second,
+                           max_replica_lag_ms=plan.backfill.max_replica_lag_ms, max_rows=r.range_rows)
 
 
 def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
@@ -357,13 +398,13 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
 
     def todo(cur):
         st = chunks.state(cur, ctx.mid, KIND)
-        estimate = backfill.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
+        estimate = introspect.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
         return st, estimate
     st, estimate = ctx.db.transaction(todo)
     ctx.report("reconcile_start", mode=mode, ranges_open=st["open"], estimate=estimate, workers=settings.workers)
     if st["open"] or not st["exhausted"]:
-        workers = [Worker(ctx.db.dsn, ctx.migration, backfill.worker_id(i), spec, result, stop=ctx.stop,
-                          lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report)
+        workers = [Worker(ctx.db.dsn, ctx.migration, chunks.worker_id(i), spec, result, stop=ctx.stop,
+                          lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
                    for i in range(settings.workers)]
         chunks.run_workers(workers, "reconcile")
     ctx.checkpoint()

@@ -65,9 +65,12 @@ SELECT c.oid, jsonb_build_object(
     'indexes', (
         SELECT coalesce(jsonb_object_agg(ic.relname, jsonb_build_object(
                    'definition', substr(pg_get_indexdef(i.indexrelid),
-                                        length(format('CREATE %%sINDEX %%I ON %%I.%%I ',
+                                        length(format('CREATE %%sINDEX %%I ON %%s%%I.%%I ',
                                                       CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
-                                                      ic.relname, n.nspname, c.relname)) + 1),
+                                                      ic.relname,
+                                                      -- a partitioned table's index reads "ON ONLY"
+                                                      CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END,
+                                                      n.nspname, c.relname)) + 1),
                    'unique', i.indisunique,
                    'valid', i.indisvalid,
                    'constraint', (SELECT k.conname FROM pg_constraint k

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import psycopg
 import pytest
 
@@ -25,6 +28,8 @@ def test_server_answers(pg_dsn: str) -> None:
         assert conn.execute("SHOW server_encoding").fetchone()[0] == "UTF8"
 
 
+# The next two run on one xdist worker, in this order: the second checks the first's clone.
+@pytest.mark.xdist_group("cloned_template")
 def test_database_cloned_from_template(pg_dsn: str, template_db: str, db_dsn: str) -> None:
     with connect(db_dsn) as conn:
         dbname = conn.execute("SELECT current_database()").fetchone()[0]
@@ -39,6 +44,7 @@ def test_database_cloned_from_template(pg_dsn: str, template_db: str, db_dsn: st
         assert conn.execute("SELECT to_regclass('public.t')").fetchone()[0] is None
 
 
+@pytest.mark.xdist_group("cloned_template")
 def test_cloned_database_was_dropped(pg_dsn: str) -> None:
     # Runs after the previous test (pytest keeps the order of a file), whose clone the
     # db_dsn fixture must have dropped in its teardown.
@@ -49,7 +55,10 @@ def test_cloned_database_was_dropped(pg_dsn: str) -> None:
             assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone() is None
 
 
-def test_restart_immediate_keeps_committed_rows(tmp_path) -> None:
+def test_restart_immediate_keeps_committed_rows() -> None:
+    # A short parent, not tmp_path: under xdist that path (…/popen-gw1/test_restart_immediate_…)
+    # puts the server's Unix socket beyond the 107 bytes a socket path may have.
+    tmp_path = Path(tempfile.mkdtemp(prefix="mvt-"))
     with EmbeddedPostgres(tmp_path, fast=True) as pg:
         with connect(pg.dsn) as conn:
             conn.execute("CREATE TABLE t (id int)")
@@ -60,6 +69,7 @@ def test_restart_immediate_keeps_committed_rows(tmp_path) -> None:
         tmpdir = pg.tmpdir
         assert tmpdir is not None and tmpdir.parent == tmp_path
     assert not tmpdir.exists()
+    tmp_path.rmdir()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(pg.dsn, connect_timeout=2)
 

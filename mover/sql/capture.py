@@ -99,13 +99,22 @@ def _sync_keys(m: Mapping) -> sql.Composed:
     """CTEs that bring the destination rows of the keys in CTE `keys` to their source state:
     delete those whose source row is gone, upsert the others."""
     k = m.key
+    conflict = k + m.dst_partition
     action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-        sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c.name)) for c in m.non_key))
-        if m.non_key else sql.SQL("DO NOTHING"))
+        sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c.name)) for c in m.columns if c.name not in conflict))
+        if any(c.name not in conflict for c in m.columns) else sql.SQL("DO NOTHING"))
+    # A partitioned destination's unique key is the source's key plus its partition columns (the
+    # columns keep their type: resolve_plan refuses a type change on them). A row whose partition
+    # value changed is a different row there: delete the old one, in the same statement, and the
+    # upsert inserts the new one into its partition. Plain `=`: a NULL partition value (only in a
+    # default partition) is deleted and inserted again, since no unique index would match it.
+    moved = (sql.SQL(" AND ({d}) = ({s})").format(
+        d=sql.SQL(", ").join(sql.Identifier("d", c) for c in m.dst_partition),
+        s=sql.SQL(", ").join(sql.Identifier("s", c) for c in m.dst_partition)) if m.dst_partition else sql.SQL(""))
     return sql.SQL(
         """gone AS (
     DELETE FROM {dst} d USING keys l
-    WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l})
+    WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l}{moved})
     RETURNING 1
 ), upserted AS (
     INSERT INTO {dst} AS d ({cols}){overriding}
@@ -115,7 +124,7 @@ def _sync_keys(m: Mapping) -> sql.Composed:
 )"""
     ).format(dst=m.dst.ident, src=m.src.ident, d_eq_l=key_equal("d", "l", k), s_eq_l=key_equal("s", "l", k),
              cols=ident_list(c.name for c in m.columns), overriding=overriding(m), values=source_values("s", m),
-             key_cols=ident_list(k), action=action)
+             key_cols=ident_list(conflict), action=action, moved=moved)
 
 
 def replay(m: Mapping, log, *, covered: sql.Composable, skip_locked: bool) -> sql.Composed:

@@ -13,11 +13,13 @@ from mover.names import QualifiedName
 LIKE_OPTIONS = ("DEFAULTS", "CONSTRAINTS", "GENERATED", "IDENTITY", "STORAGE", "COMMENTS", "COMPRESSION")
 
 
-def create_target(target: QualifiedName, source: QualifiedName, *, unlogged: bool = False) -> sql.Composed:
+def create_target(target: QualifiedName, source: QualifiedName, *, unlogged: bool = False,
+                  partition_by: sql.Composable | None = None) -> sql.Composed:
     # UNLOGGED as the source is: after the swap the live table keeps its persistence.
-    return sql.SQL("CREATE {u}TABLE {t} (LIKE {s} {opts})").format(
+    return sql.SQL("CREATE {u}TABLE {t} (LIKE {s} {opts}){p}").format(
         u=sql.SQL("UNLOGGED ") if unlogged else sql.SQL(""), t=target.ident, s=source.ident,
-        opts=sql.SQL(" ").join(sql.SQL("INCLUDING " + o) for o in LIKE_OPTIONS))
+        opts=sql.SQL(" ").join(sql.SQL("INCLUDING " + o) for o in LIKE_OPTIONS),
+        p=sql.SQL(" {}").format(partition_by) if partition_by is not None else sql.SQL(""))
 
 
 def alter_column_type(table: QualifiedName, column: str, type_text: str,

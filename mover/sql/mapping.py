@@ -37,6 +37,10 @@ class Mapping:
     # comparison of key values (range bounds, the watermark, logs) uses it, so that "below the
     # bound" means the same as in the key's index.
     key_collations: tuple[tuple[str, str] | None, ...] = ()
+    # The destination's partition columns not in the key, when it is partitioned: its unique key
+    # is the source's plus these, so replay upserts on that and deletes a row that changed
+    # partition (mover/sql/capture.py).
+    dst_partition: tuple[str, ...] = ()
 
     @classmethod
     def between(cls, src: TableInfo, dst: TableInfo, key: tuple[str, ...]) -> Mapping:

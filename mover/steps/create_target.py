@@ -1,17 +1,20 @@
 from __future__ import annotations
 
-from mover import control, introspect, names
+from mover import control, introspect, names, partitions
 from mover.context import Context
 from mover.errors import Failed
 from mover.plan import Plan
 from mover.sql import ddl
+from mover.sql import partitions as sql_partitions
 from mover.steps.base import Step
 
 
 def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.QualifiedName):
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
-    stmts = [ddl.create_target(target, source, unlogged=introspect.persistence(cur, source) == "u")]
+    spec = plan.partition
+    stmts = [ddl.create_target(target, source, unlogged=introspect.persistence(cur, source) == "u",
+                               partition_by=sql_partitions.partition_by(spec.by, spec.columns) if spec else None)]
     # LIKE copies every CHECK as validated; one the source has NOT VALID may be broken by rows that
     # the backfill copies. It is added back NOT VALID at the swap (mover/cutover.py), as it was.
     stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_checks(cur, info.oid)]
@@ -26,8 +29,16 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
                 stmts.append(ddl.identity_no_maxvalue(target, seq.column))
     key_ix = next(ix for ix in info.indexes if ix.name == info.key_index)
     key_name = names.derived(target.name, "_pkey" if key_ix.is_primary else "_key")
-    stmts.append(ddl.create_index(key_name, target, key_ix, concurrently=False))
-    if key_ix.is_primary:
+    if spec is not None:
+        # A partitioned table takes no ADD ... USING INDEX, and its key must hold the partition
+        # columns; its partitions follow the key, and get it as they are created.
+        stmts += partitions.key_sql(target, key_name, key_ix.is_primary, partitions.key_columns(info.key, spec))
+        assert target.schema is not None
+        stmts += partitions.create_sql(spec, target,
+                                       partitions.layout(cur, spec, source, source.name, target.schema).partitions)
+    else:
+        stmts.append(ddl.create_index(key_name, target, key_ix, concurrently=False))
+    if key_ix.is_primary and spec is None:
         stmts.append(ddl.add_primary_key_using(target, key_name, key_name))
     index_comment, constraint_comment = introspect.index_comments(cur, key_ix.oid)
     if index_comment is not None:
@@ -38,7 +49,7 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     stmts.append(ddl.owner_to(target, meta.owner))
     stmts += [ddl.grant(target, priv, role, grantable) for role, priv, grantable in meta.grants]
     stmts += [ddl.grant(target, priv, role, grantable, column=col) for col, role, priv, grantable in meta.column_grants]
-    if meta.reloptions:
+    if meta.reloptions and spec is None:  # a partitioned parent stores no rows, and takes no storage options
         stmts.append(ddl.set_reloptions(target, meta.reloptions))
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))

@@ -98,10 +98,14 @@ def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path)
 
 def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
-    assert mover(db_dsn, "step", plan_file(tmp_path, workers=1, rate=4000)).returncode == 0
+    # 20 capped ranges of 1,000 rows, one per 500 ms: ~9 s of copy left after the first two, room
+    # for `mover pause` to start and land on a loaded machine before the copy could end.
+    assert mover(db_dsn, "step", plan_file(tmp_path, workers=1, rate=2000)).returncode == 0
     run = spawn(db_dsn, "run", "wide")
     try:
-        wait_for(lambda: status(db_dsn)["backfill"]["chunks_done"] >= 2, "two ranges copied")
+        # Plain SQL, not `mover status`: one interpreter start per poll would eat that room.
+        wait_for(lambda: query(db_dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill'"
+                                       " AND status = 'done'")[0][0] >= 2, "two ranges copied")
         assert mover(db_dsn, "pause", "wide").returncode == 0
         (paused_at,) = query(db_dsn, "SELECT clock_timestamp()")[0]
         wait_for(lambda: "paused" in " ".join(status(db_dsn)["backfill"]["waiting_for"]), "the worker to pause")

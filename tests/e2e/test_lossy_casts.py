@@ -77,8 +77,12 @@ def _long(rng):
 class CodeWriter:
     """Makes short codes long and long codes short while the migration runs."""
 
-    def __init__(self, dsn, rows, seed=3):
+    def __init__(self, dsn, rows, seed=3, migration=None):
         self.dsn, self.rows, self.rng = dsn, rows, random.Random(seed)
+        # With a migration name: stop once its backfill is over. The writes then overlap capture
+        # and the copy, and reconcile converges however slow the machine (a writer that outlives
+        # `mover run` could keep a starved reconcile chasing fresh changes).
+        self.migration = migration
         self.stop = threading.Event()
         self.ops, self.errors = 0, []
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -91,6 +95,8 @@ class CodeWriter:
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 while not self.stop.is_set():
+                    if self.migration and self.ops % 20 == 0 and self._backfill_over(conn):
+                        break
                     i = self.rng.randint(1, self.rows)
                     code = _long(self.rng) if self.rng.random() < 0.3 else _short(self.rng)
                     conn.execute("UPDATE items SET code = %s, qty = qty + 1 WHERE id = %s", (code, i))
@@ -98,6 +104,11 @@ class CodeWriter:
                     self.stop.wait(0.002)
         except Exception as exc:
             self.errors.append(exc)
+
+    def _backfill_over(self, conn) -> bool:
+        row = conn.execute("SELECT step NOT IN ('create_target', 'install_capture', 'backfill')"
+                           " FROM mover.migrations WHERE name = %s", (self.migration,)).fetchone()
+        return bool(row and row[0])
 
     def halt(self):
         self.stop.set()
@@ -137,7 +148,7 @@ def test_varchar_narrowing_long_rows_are_divergences(db_dsn, tmp_path):
     in equal tables and a cutover."""
     create_items(db_dsn)
     path = plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }', ["code"], rate=3000)
-    writer = CodeWriter(db_dsn, ITEMS).start()
+    writer = CodeWriter(db_dsn, ITEMS, migration="narrow").start()
     try:
         r = mover(db_dsn, "run", path)
         assert r.returncode == 3, r.stderr

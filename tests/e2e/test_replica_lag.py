@@ -126,3 +126,52 @@ def test_backfill_waits_for_a_lagging_replica_and_resumes(tmp_path):
 def _streaming(dsn: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'").fetchone()[0] > 0
+
+
+def test_reconcile_waits_for_a_lagging_replica_and_resumes(tmp_path):
+    # Reconcile reads both whole tables: it waits on the same limit ([backfill] max_replica_lag).
+    with EmbeddedPostgres(fast=True, settings={"full_page_writes": "on"}) as primary:
+        dsn = primary.dsn
+        api.init(dsn)
+        create_orders(dsn, 3_000)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE ticks (at timestamptz)")
+        with Replica(dsn) as replica:
+            wait_for(lambda: _streaming(dsn), "the replica to stream")
+            plan = write_plan(tmp_path / "lagging.toml", PLAN)
+            for _ in ("create_target", "install_capture", "backfill"):
+                r = mover(dsn, "step", plan)
+                assert r.returncode == 0, r.stderr
+            stop = threading.Event()
+
+            def tick():
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    while not stop.wait(0.1):
+                        conn.execute("INSERT INTO ticks VALUES (now())")
+            ticker = threading.Thread(target=tick, daemon=True)
+            ticker.start()
+            try:
+                with psycopg.connect(replica.dsn, autocommit=True) as conn:
+                    conn.execute("SELECT pg_wal_replay_pause()")
+                wait_for(lambda: (replay_lag(dsn) or 0) > 2, "the replica to lag")
+                proc = spawn(dsn, "step", "lagging")
+                try:
+                    def waiting() -> bool:
+                        st = json.loads(mover(dsn, "status", "lagging", "--json").stdout)
+                        return any("replica lag" in w for w in st["reconcile"]["waiting_for"])
+                    wait_for(waiting, "the reconcile to wait for the replica", proc)
+                    st = json.loads(mover(dsn, "status", "lagging", "--json").stdout)
+                    assert st["step"] == "reconcile" and st["reconcile"]["ranges_done"] == 0, st
+                    with psycopg.connect(replica.dsn, autocommit=True) as conn:
+                        conn.execute("SELECT pg_wal_replay_resume()")
+                    code, err = finish(proc, 120)
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                assert code == 0, err
+                st = json.loads(mover(dsn, "status", "lagging", "--json").stdout)
+                assert st["step"] == "cutover" and st["reconcile"]["rows_compared"] == 3_000, st
+                assert st["reconcile"]["waiting_for"] == [], st
+            finally:
+                stop.set()
+                ticker.join(10)

@@ -96,3 +96,34 @@ def test_set_reaches_a_running_backfill(db_dsn, tmp_path):
     st = json.loads(mover(db_dsn, "status", "throttled", "--json").stdout)
     assert st["backfill"]["rows_copied"] == 6_000
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+def test_set_chunk_rows_reaches_a_waiting_worker(db_dsn, tmp_path):
+    # `mover set backfill.chunk_rows` is the size of the next range a running worker cuts (then
+    # it adapts as usual), not only of a later run's first one.
+    create_orders(db_dsn, 3_000)
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=100, cap=0))
+    for _ in ("create_target", "install_capture"):
+        assert mover(db_dsn, "step", plan).returncode == 0
+    assert mover(db_dsn, "pause", "throttled").returncode == 0
+    proc = spawn(db_dsn, "step", "throttled")
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the worker is up and waits on the pause, before its first range
+            st = json.loads(mover(db_dsn, "status", "throttled", "--json").stdout)
+            if "paused" in " ".join(st["backfill"]["waiting_for"]):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.05)
+        r = mover(db_dsn, "set", "throttled", "backfill.chunk_rows=1200")
+        assert r.returncode == 0, r.stderr
+        assert mover(db_dsn, "unpause", "throttled").returncode == 0
+        code, err = finish(proc, 120)
+        assert code == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done = {no: rows for no, rows, _ in ranges(db_dsn)}
+    assert done[1] == 1_200, done
+    assert sum(done.values()) == 3_000
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)

@@ -24,6 +24,19 @@ TABLES = {
         CREATE INDEX events_payload_idx ON public.events USING gin (payload);
         INSERT INTO public.events (payload) SELECT jsonb_build_object('n', g) FROM generate_series(1, 20) g;
     """,
+    "partition-monthly.toml": """
+        CREATE TABLE public.events (id bigint PRIMARY KEY, created_at timestamptz NOT NULL, body text);
+        INSERT INTO public.events SELECT g, now() - g * interval '1 day', 'e' FROM generate_series(1, 20) g;
+    """,
+    "partition-hash-tenant.toml": """
+        CREATE TABLE public.accounts (id bigint PRIMARY KEY, tenant_id int NOT NULL, name text);
+        INSERT INTO public.accounts SELECT g, g % 5, 'a' FROM generate_series(1, 20) g;
+    """,
+    "partition-list-region.toml": """
+        CREATE TABLE public.customers (id bigint PRIMARY KEY, region text NOT NULL, name text);
+        INSERT INTO public.customers
+        SELECT g, (ARRAY['de', 'us', 'jp', 'br'])[1 + g % 4], 'c' FROM generate_series(1, 20) g;
+    """,
     "mixed_case.toml": """
         CREATE SCHEMA "Billing";
         CREATE TABLE "Billing"."InvoiceLines" ("LineId" integer PRIMARY KEY, "Amount" numeric NOT NULL);

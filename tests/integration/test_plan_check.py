@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from psycopg import sql
+from rich.console import Console
+from typer.testing import CliRunner
 
+from mover import cli
 from tests.conftest import connect, dsn_with_dbname
 
 STEP_NAMES = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
@@ -42,7 +47,36 @@ CREATE SCHEMA other;
 # Helpers
 
 
-def mover(dsn: str, *args: str) -> subprocess.CompletedProcess:
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def mover(dsn: str, *args: str) -> Outcome:
+    """The CLI run in this process through typer's CliRunner: the same app, error mapping and
+    messages as `python -m mover`, without starting an interpreter per case (mover_process keeps
+    one real process test)."""
+    # Wide, colourless consoles like COLUMNS=400 NO_COLOR=1 below; file=None resolves to the
+    # streams CliRunner swaps in. Signal handlers set by `run` must not outlive the call.
+    consoles = cli.err, cli.out
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    cli.err = Console(stderr=True, width=400, color_system=None)
+    cli.out = Console(width=400, color_system=None)
+    try:
+        result = CliRunner(env={"DATABASE_URL": None}).invoke(cli.app, ["--dsn", dsn, *args])
+    finally:
+        cli.err, cli.out = consoles
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    stderr = result.stderr
+    if result.exc_info and not isinstance(result.exception, SystemExit):  # escaped the CLI's own mapping
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return Outcome(result.exit_code, result.stdout, stderr)
+
+
+def mover_process(dsn: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
     env.pop("DATABASE_URL", None)
     return subprocess.run([sys.executable, "-m", "mover", "--dsn", dsn, *args], capture_output=True, text=True,
@@ -156,7 +190,7 @@ def snapshot(dsn: str) -> dict[str, list]:
     return snap
 
 
-def assert_bad(result: subprocess.CompletedProcess, fragments: list[str]) -> None:
+def assert_bad(result: Outcome | subprocess.CompletedProcess, fragments: list[str]) -> None:
     message = flat(result.stderr)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
@@ -406,6 +440,17 @@ def test_missing_plan_file_exits_2(db, tmp_path):
     assert snapshot(db) == before
 
 
+def test_the_cli_process_exit_codes_and_output(db, tmp_path):
+    """The other tests call the CLI in-process; here a real `python -m mover` each way: the exit
+    status a shell sees, the message on stderr, the JSON alone on stdout."""
+    bad = mover_process(db, "plan", "check", str(write_plan(tmp_path, plan_toml(window="1 week"), "bad.toml")))
+    assert_bad(bad, ["[rollback] window", "not a duration"])
+    assert bad.stdout == ""
+    good = mover_process(db, "plan", "check", "--json", str(write_plan(tmp_path, plan_toml(), "good.toml")))
+    assert good.returncode == 0, good.stderr
+    assert [s["name"] for s in json.loads(good.stdout)["steps"]] == list(STEP_NAMES)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad plans that depend on what is registered
 
@@ -460,6 +505,22 @@ def test_changed_tunables_of_a_registered_plan_are_fine(db, tmp_path):
     assert doc["registered"] is True and doc["name"] == "orders-first"
     assert doc["status"]["step"] == "install_capture"
     assert snapshot(db) == before
+
+
+def test_every_problem_is_reported_in_one_run(db, tmp_path):
+    # Three independent problems (a taken target name, a column that does not exist, a type that
+    # does not exist): one run names all three, each with its own next step, and changes nothing.
+    execute(db, "CREATE TABLE public.orders_new (id int)")
+    path = write_plan(tmp_path, plan_toml(columns={"nope": "bigint", "total": "no_such_type"}))
+    before = snapshot(db)
+    for command in (["plan", "check"], ["run"]):
+        result = mover(db, *command, str(path))
+        assert_bad(result, ["the plan has 3 problems:",
+                            '[target] name: "public"."orders_new" already exists',
+                            '[target] columns: "public"."orders" has no column "nope"',
+                            "[target] columns: 'no_such_type' (for column \"total\") is not a type this database knows",
+                            "next: choose another name or drop that table"])
+        assert snapshot(db) == before
 
 
 @pytest.fixture

@@ -49,7 +49,29 @@ def check_mixed_case(plan: Plan) -> None:
     assert len({plan.source, plan.target, plan.rollback.old_name}) == 3
 
 
+def check_partition_monthly(plan: Plan) -> None:
+    p = plan.partition
+    assert p is not None and (p.by, p.columns, p.interval, p.premake, p.default) == (
+        "range", ("created_at",), "month", 3, True)
+    assert p.accept_key_change and p.name == "{table}_p{YYYY}_{MM}"
+    assert (plan.upkeep.premake, plan.upkeep.retention, plan.upkeep.drop_detached) == (3, "24 months", False)
+
+
+def check_partition_hash(plan: Plan) -> None:
+    p = plan.partition
+    assert p is not None and (p.by, p.columns, p.modulus, p.default) == ("hash", ("tenant_id",), 16, False)
+
+
+def check_partition_list(plan: Plan) -> None:
+    p = plan.partition
+    assert p is not None and p.by == "list" and p.default
+    assert dict(p.values) == {"eu": ("de", "fr", "nl"), "us": ("us",), "apac": ("jp", "sg")}
+
+
 EXPECTED: dict[str, Callable[[Plan], None]] = {
+    "partition-monthly.toml": check_partition_monthly,
+    "partition-hash-tenant.toml": check_partition_hash,
+    "partition-list-region.toml": check_partition_list,
     "int_to_bigint.toml": check_int_to_bigint,
     "rebuild.toml": check_rebuild,
     "mixed_case.toml": check_mixed_case,

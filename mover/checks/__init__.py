@@ -1,0 +1,142 @@
+"""Plan checks against the live database: a registry of small checks, one concern per file.
+
+`run` checks a plan the way registration will use it and returns what the checks resolved
+(names, key, the source's description, the lossy type changes accepted). It changes nothing:
+the rehearsals of DDL run in savepoints that are rolled back.
+
+Every problem is reported in one run, not only the first: each check that fails adds its
+PlanError, and the run goes on. Two kinds of checks stop it instead:
+- a `fatal` check finds what the later ones read (the source, its description, the names);
+  without it they would only report noise;
+- a `clean` check (a DDL rehearsal) runs only when no problem was found before it: a rehearsal
+  of a plan already known to be wrong would fail for the same reason, in worse words.
+
+A new check (partitioning, metadata parity) is a new module here and one line in CHECKS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from mover import introspect
+from mover.errors import PlanError
+from mover.names import QualifiedName
+from mover.plan import Plan
+
+
+@dataclass
+class Subject:
+    """What the checks read and what they find, in check order."""
+
+    cur: psycopg.Cursor
+    plan: Plan
+    source: QualifiedName | None = None
+    info: introspect.TableInfo | None = None
+    target: QualifiedName | None = None
+    old: QualifiedName | None = None
+    rehearsed: introspect.TableInfo | None = None  # the target as the rehearsal created it
+    lossy: dict[str, str] = field(default_factory=dict)
+    partitioning: Any = None  # what a conversion to a partitioned table creates (mover/partitions.py)
+    problems: list[PlanError] = field(default_factory=list)
+
+    def report(self, problem: PlanError) -> None:
+        """One more problem; the check may go on looking for others of its own."""
+        self.problems.append(problem)
+
+    # For checks that run once the fatal ones passed: the names they rely on are resolved.
+    @property
+    def src(self) -> QualifiedName:
+        assert self.source is not None
+        return self.source
+
+    @property
+    def table(self) -> introspect.TableInfo:
+        assert self.info is not None
+        return self.info
+
+    @property
+    def new(self) -> QualifiedName:
+        assert self.target is not None
+        return self.target
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    fn: Callable[[Subject], None]
+    fatal: bool = False  # a problem here stops the run: later checks need what it finds
+    clean: bool = False  # runs only when no problem was found before it
+
+
+def _registry() -> list[Check]:
+    # Imported here: each module's checks import this package for Subject.
+    from mover.checks import (
+        foreign_keys,
+        key,
+        names,
+        partitioning,
+        privileges,
+        refused_objects,
+        rehearsal,
+        source,
+        types,
+    )
+    return [
+        Check("source exists", source.exists, fatal=True),
+        Check("source is a user table", source.is_user_table, fatal=True),
+        Check("source is an ordinary table", source.is_ordinary, fatal=True),
+        Check("source has a key", source.describe, fatal=True),
+        Check("names", names.resolve, fatal=True),
+        Check("source is not being moved", names.not_being_moved),
+        Check("names are free", names.free),
+        Check("column types", types.columns),
+        Check("key collations", key.deterministic_collations),
+        Check("exclusion constraints", refused_objects.exclusion_constraints),
+        Check("partitioning", partitioning.plan),
+        Check("inbound foreign keys", foreign_keys.inbound),
+        Check("outbound foreign keys", foreign_keys.outbound),
+        Check("inheritance, row security, triggers, rules", refused_objects.table_properties),
+        Check("dependent views", refused_objects.views),
+        Check("privileges", privileges.setup),
+        Check("target DDL", rehearsal.create_target, clean=True),
+        Check("lossy type changes", types.lossy, clean=True),
+        Check("capture path", privileges.capture_path, clean=True),
+    ]
+
+
+def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
+    """Run every check; raise one PlanError naming every problem found, else return the subject."""
+    s = Subject(cur, plan)
+    for check in _registry():
+        if check.clean and s.problems:
+            continue
+        before = len(s.problems)
+        try:
+            check.fn(s)
+        except PlanError as exc:
+            s.report(exc)
+        if check.fatal and len(s.problems) > before:
+            break
+    if s.problems:
+        raise combined(s.problems)
+    return s
+
+
+def combined(problems: list[PlanError]) -> PlanError:
+    """One problem as it is; several as a numbered list, each with its own next step."""
+    if len(problems) == 1:
+        return problems[0]
+    lines = [f"the plan has {len(problems)} problems:"]
+    for i, p in enumerate(problems, 1):
+        lines.append(f"{i}. {p.message}" + (f" (next: {p.hint})" if p.hint else ""))
+    return PlanError("\n".join(lines), hint="fix each of them, then `mover plan check PLAN` again")
+
+
+def resolved(s: Subject) -> dict[str, Any]:
+    """The checked plan's resolved names and key, as registration stores them."""
+    return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
+            "lossy": s.lossy, "partitioning": s.partitioning}

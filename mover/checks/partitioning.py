@@ -1,0 +1,12 @@
+"""A conversion to a partitioned table: the key that changes, the partitions to create, and the
+values no partition would take (mover/partitions.py)."""
+
+from __future__ import annotations
+
+from mover import partitions
+from mover.checks import Subject
+
+
+def plan(s: Subject) -> None:
+    if s.plan.partition is not None:
+        s.partitioning = partitions.check_plan(s.cur, s.plan.partition, s.src, s.table, s.new, s.plan.columns)

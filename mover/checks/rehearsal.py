@@ -1,0 +1,78 @@
+"""The DDL rehearsal: what the catalog alone cannot tell (a type change that needs USING, a column
+used by a generated column or a CHECK constraint, an identity column turned text, an index name
+that is taken) is found by running create_target's own DDL in a savepoint and rolling it back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import psycopg
+
+from mover import introspect, names
+from mover.checks import Subject
+from mover.db import is_retryable
+from mover.errors import PlanError
+from mover.names import QualifiedName
+from mover.plan import Plan
+from mover.sql import ddl
+
+HINT = "change the plan (or the source table) so that this DDL succeeds; `mover plan check` prints it"
+
+
+def create_target(s: Subject) -> None:
+    """Without the type changes first, so that the message can name the key at fault; then with
+    them, and one column at a time when they fail (this is the error path: cheap enough)."""
+    cur, plan, source, target = s.cur, s.plan, s.src, s.new
+    problem = rehearse(cur, replace(plan, columns={}), source, target)
+    if problem:
+        raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=HINT)
+    rehearsed: list = []
+    if not plan.columns:
+        return
+    if not rehearse(cur, plan, source, target, rehearsed):
+        s.rehearsed = rehearsed[0]
+        return
+    for col, typ in sorted(plan.columns.items()):
+        failed: list = []
+        problem = rehearse(cur, replace(plan, columns={col: typ}), source, target, failed)
+        if problem and isinstance(failed[0], psycopg.errors.DatatypeMismatch):
+            raise PlanError(
+                f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: PostgreSQL has "
+                f"no assignment cast from {s.table.column(col).type} to {typ} ({problem})",
+                hint="mover converts as ALTER TABLE ... TYPE does, without USING: change the type in the "
+                     "plan, or convert the column in the source table first")
+        if problem:
+            raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r} "
+                            f"in the target {target}: {problem}", hint=HINT)
+    raise PlanError(f"[target] columns: the target {target} cannot be created with these type changes: "
+                    f"{rehearse(cur, plan, source, target)}", hint=HINT)
+
+
+def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: QualifiedName,
+             out: list | None = None) -> str | None:
+    """Run create_target's DDL in a savepoint and roll it back; the error it met, if any.
+    `out` receives the error, or the rehearsed target's description."""
+    from mover.steps.create_target import target_ddl  # the step's own DDL, not a copy of it
+
+    cur.execute("SAVEPOINT mover_rehearsal")
+    try:
+        for stmt in target_ddl(cur, plan, source, target):
+            cur.execute(stmt)
+        # The NOT VALID checks come back at the swap (mover/cutover.py): they must fit the new types.
+        source_oid = introspect.table_oid(cur, source)
+        assert source_oid is not None  # resolved by the caller
+        for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
+            cur.execute(ddl.add_constraint(target, name, definition))
+        if out is not None:
+            out.append(introspect.describe(cur, target))
+    except psycopg.Error as exc:
+        if is_retryable(exc) or isinstance(exc, psycopg.OperationalError):
+            raise  # a lock timeout or a lost connection says nothing about the plan
+        cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
+        if out is not None:
+            out.append(exc)
+        diag = exc.diag
+        detail = f" ({diag.message_detail.rstrip('.')})" if diag.message_detail else ""
+        return f"{diag.message_primary or str(exc).splitlines()[0]}{detail}"
+    cur.execute("ROLLBACK TO SAVEPOINT mover_rehearsal")
+    return None

@@ -1,0 +1,51 @@
+"""The source table: it exists, it is a user's ordinary permanent table, and it has a key."""
+
+from __future__ import annotations
+
+from mover import introspect, names
+from mover.checks import Subject
+from mover.db import one
+from mover.errors import PlanError
+
+
+def exists(s: Subject) -> None:
+    s.source = introspect.resolve(s.cur, s.plan.source)
+    if s.source is None:
+        raise PlanError(f"[migration] source: table {s.plan.source} does not exist",
+                        hint="check the name; unquoted names fold to lower case, quote mixed-case names")
+
+
+def is_user_table(s: Subject) -> None:
+    source = s.src
+    assert source.schema is not None  # resolve() names the schema
+    if source.schema == names.CONTROL_SCHEMA:
+        raise PlanError(f"[migration] source: {source} belongs to mover itself")
+    if introspect.persistence(s.cur, source) == "t":
+        raise PlanError(f"[migration] source: {source} is a temporary table; mover cannot move it, because it "
+                        f"exists only in the session that created it (mover works from sessions of its own)",
+                        hint="move a permanent table: copy the rows into one (CREATE TABLE ... AS) if you need to")
+    if source.schema in ("pg_catalog", "information_schema") or source.schema.startswith("pg_"):
+        raise PlanError(f"[migration] source: {source} is a system table", hint="mover moves user tables")
+
+
+KINDS = {"p": "a partitioned table", "v": "a view", "m": "a materialized view", "f": "a foreign table",
+         "S": "a sequence", "i": "an index", "I": "an index", "c": "a composite type"}
+
+
+def is_ordinary(s: Subject) -> None:
+    # The kind before the description: describe() would report a view's missing key, or choke on
+    # a partitioned table's index definitions, before saying what is really wrong.
+    source = s.src
+    s.cur.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                  " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.name))
+    relkind = one(s.cur)[0]
+    if relkind != "r":
+        raise PlanError(f"[migration] source: {source} is {KINDS.get(relkind, 'not an ordinary table')}",
+                        hint="mover moves ordinary tables")
+
+
+def describe(s: Subject) -> None:
+    try:
+        s.info = introspect.describe(s.cur, s.src)
+    except PlanError as exc:  # no usable key, an index form mover cannot read
+        raise PlanError(f"[migration] source: {exc.message}", hint=exc.hint) from None

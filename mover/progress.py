@@ -1,0 +1,97 @@
+"""The console's view of a long run: engine reports turned into progress bars and log lines.
+The console is the caller's (the CLI's stderr, the demo's), so that neither imports the other."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+
+class ProgressReporter:
+    """Turns engine reports into a live backfill progress bar (rows, rows/s, range size, workers,
+    capture backlog, ETA) and log lines for the rest. Workers report from several threads."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress: Progress | None = None
+        self.task = TaskID(0)  # the bar's own once a bar starts; unused while progress is None
+        self.lock = threading.Lock()
+        self.rows = 0
+        self.estimate = 0
+        self.started = time.monotonic()
+        self.copied_here = 0
+        self.workers: set[str] = set()
+
+    def __call__(self, kind: str, **f: Any) -> None:
+        with self.lock:
+            if kind == "backfill_start":
+                self.close()
+                self.rows, self.estimate, self.copied_here = f["rows"], f["estimate"], 0
+                self.started = time.monotonic()
+                self.progress = Progress(
+                    TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[rate]} rows/s | range {task.fields[chunk_rows]} rows | "
+                               "{task.fields[workers]} workers | capture backlog {task.fields[backlog]}"),
+                    TimeRemainingColumn(), console=self.console)
+                self.progress.start()
+                self.task = self.progress.add_task("backfill", total=max(self.estimate, self.rows, 1),
+                                                   completed=self.rows, rate="-", chunk_rows="-",
+                                                   workers=f["workers"], backlog="-")
+                return
+            if kind == "backfill" and self.progress is not None:
+                self.rows += f["rows"]
+                self.copied_here += f["rows"]
+                self.workers.add(f["worker"])
+                rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
+                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}",
+                                          "workers": len(self.workers)}
+                if f.get("capture_pending") is not None:
+                    fields["backlog"] = f"{f['capture_pending']:,}"
+                self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
+                return
+            if kind.startswith("reconcile_") and self._reconcile(kind, f):
+                return
+            if kind in ("capture", "backfill"):
+                return  # frequent and small; `mover status` shows the backlog
+            self.close()
+            self.console.print(f"[dim]{kind}[/dim] " + " ".join(f"{k}={v}" for k, v in f.items()))
+
+    def _reconcile(self, kind: str, f: dict[str, Any]) -> bool:
+        """Reconcile's bar: rows compared (of the source's estimate on a full pass), rows/s,
+        differences found so far. Returns False for what should print as a line."""
+        if kind == "reconcile_start":
+            self.close()
+            self.rows, self.estimate, self.copied_here = 0, f.get("estimate") or 0, 0
+            self.started = time.monotonic()
+            self.progress = Progress(
+                TextColumn(f"reconcile ({f['mode']})"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]} rows/s | {task.fields[ranges]} ranges | "
+                           "{task.fields[differences]} differences"),
+                TimeRemainingColumn(), console=self.console)
+            self.progress.start()
+            self.task = self.progress.add_task("reconcile", total=self.estimate or None, completed=0, rate="-",
+                                               ranges=0, differences=0)
+            self.ranges = self.differences = 0
+            return True
+        if kind == "reconcile_range" and self.progress is not None:
+            self.rows += f["rows"]
+            self.ranges += 1
+            self.differences += f["differences"]
+            rate = self.rows / max(time.monotonic() - self.started, 1e-6)
+            self.progress.update(self.task, completed=self.rows,
+                                 total=max(self.estimate, self.rows) if self.estimate else None,
+                                 rate=f"{rate:,.0f}", ranges=self.ranges, differences=self.differences)
+            return True
+        if kind == "reconcile_waiting" and self.progress is not None:
+            self.progress.console.print(f"[dim]reconcile waits[/dim]: {f['reason']}")  # above the bar, kept
+            return True
+        return kind == "reconcile_range"
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,399 @@
+"""Converting a live unpartitioned table to a partitioned one ([target.partition]), under a writer
+that moves rows across partitions and writes rows no partition takes; judged by independent
+EXCEPT ALL queries both ways."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.workload import differences, mover, write_plan
+
+COLUMNS = ("id", "created_at", "tenant_id", "region", "payload")
+ROWS = 3000
+OUTSIDE = "2100-01-15 00:00:00+00"  # beyond every partition premake creates
+
+EVENTS_DDL = """
+CREATE TABLE events (
+    id bigserial PRIMARY KEY,
+    created_at timestamptz NOT NULL,
+    tenant_id integer NOT NULL,
+    region text NOT NULL,
+    payload text
+);
+CREATE INDEX events_created_at ON events (created_at);
+CREATE INDEX events_tenant ON events (tenant_id, id);
+INSERT INTO events (created_at, tenant_id, region, payload)
+SELECT now() - (g % 730) * interval '1 day' - (g % 86400) * interval '1 second', g % 20,
+       (ARRAY['de', 'fr', 'us'])[1 + g % 3], md5(g::text)
+FROM generate_series(1, %s) g;
+ANALYZE events;
+"""
+
+
+def create_events(dsn: str, rows: int = ROWS) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(EVENTS_DDL.replace("%s", str(int(rows))))
+
+
+PLAN = """
+[migration]
+name = "events_part"
+source = "events"
+
+[target.partition]
+{partition}
+
+[backfill]
+chunk_rows = 500
+
+[rollback]
+window = "1h"
+"""
+
+MONTHLY = 'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\npremake = 2\naccept_key_change = true\n'
+
+
+def plan_file(tmp_path, partition: str = MONTHLY) -> str:
+    return write_plan(tmp_path / "events.toml", PLAN.format(partition=partition))
+
+
+@dataclass
+class EventWriter:
+    """The application: inserts, updates that move a row to another month, deletes, and (with
+    `outside`) a row dated where no partition exists. Any error it sees is recorded."""
+
+    dsn: str
+    outside: bool = False
+    outside_rows: int = 0
+    ops: int = 0
+    moved: int = 0
+    errors: list = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    paused: threading.Event = field(default_factory=threading.Event)
+    idle: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> EventWriter:
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        rnd = random.Random(7)
+        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
+            while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.idle.set()
+                    self.stop.wait(0.01)
+                    continue
+                self.idle.clear()
+                op = rnd.random()
+                try:
+                    (top,) = conn.execute("SELECT coalesce(max(id), 1) FROM events").fetchone()
+                    k = rnd.randint(1, top)
+                    if op < 0.3:
+                        conn.execute("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                     " (now() - %s * interval '1 day', %s, 'de', 'w')",
+                                     (rnd.randint(0, 700), rnd.randint(0, 19)))
+                    elif op < 0.5:
+                        conn.execute("UPDATE events SET payload = md5(random()::text) WHERE id = %s", (k,))
+                    elif op < 0.75:
+                        # Across months: the row changes partition in the target.
+                        # (Every partition column changes: the hash and list variants move too.)
+                        # Forward or back 45 days, never past the first or last partition.
+                        n = conn.execute("UPDATE events SET created_at = created_at + CASE WHEN created_at <"
+                                         " now() - interval '60 days' THEN 1 ELSE -1 END * interval '45 days',"
+                                         " tenant_id = (tenant_id + 1) %% 20, region = CASE region WHEN 'de'"
+                                         " THEN 'fr' WHEN 'fr' THEN 'us' ELSE 'de' END, payload = 'moved'"
+                                         " WHERE id = %s", (k,)).rowcount
+                        self.moved += n
+                    elif op < 0.9:
+                        conn.execute("DELETE FROM events WHERE id = %s", (k,))
+                    elif self.outside and self.outside_rows < 5 and op < 0.92 and conn.execute(
+                            "SELECT to_regclass('events_new') IS NOT NULL").fetchone()[0]:
+                        # Only once the target exists: plan check would refuse (or route to the
+                        # default partition) a row that is already there.
+                        conn.execute("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                     " (%s, 1, 'us', 'outside')", (OUTSIDE,))
+                        self.outside_rows += 1
+                    self.ops += 1
+                except psycopg.Error as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def pause(self) -> None:
+        self.paused.set()
+        assert self.idle.wait(30), "writer did not pause"
+
+    def resume(self) -> None:
+        self.paused.clear()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def status(dsn: str) -> dict:
+    r = mover(dsn, "status", "events_part", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def query(dsn: str, q, *params):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(q, params).fetchall()
+
+
+def partitions_of(dsn: str, table: str) -> list[str]:
+    return [r[0] for r in query(dsn, "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                                     " WHERE i.inhparent = %s::regclass ORDER BY 1", table)]
+
+
+def relkind(dsn: str, table: str) -> str:
+    return query(dsn, "SELECT relkind FROM pg_class WHERE oid = %s::regclass", table)[0][0]
+
+
+def test_plan_check_lists_partitions_and_the_key_change(db_dsn, tmp_path):
+    create_events(db_dsn)
+    r = mover(db_dsn, "plan", "check", plan_file(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    part = json.loads(r.stdout)["partitioning"]
+    assert part["key"] == ["id", "created_at"]
+    assert "(id) alone is no longer enforced unique" in part["key_change"]
+    names = [p["name"] for p in part["partitions"]]
+    # 24 months of rows, the current month, and 2 ahead: 25 or 26 months depending on the day.
+    assert 26 <= len(names) <= 28 and names == sorted(names)
+    (oldest,) = query(db_dsn, "SELECT to_char(min(created_at) AT TIME ZONE 'UTC', '\"events_p\"YYYY_MM')"
+                              " FROM events")[0]
+    assert names[0] == oldest
+    r = mover(db_dsn, "plan", "check", plan_file(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert f"{len(names)} partitions to create:" in r.stdout and f"  {oldest}  FROM " in r.stdout
+    assert "key change accepted ([target.partition] accept_key_change)" in r.stdout
+    assert relkind(db_dsn, "events") == "r"  # nothing created
+    assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
+
+
+def drain_and_compare(dsn: str, writer: EventWriter, a: str, b: str) -> tuple[int, int]:
+    writer.pause()
+    try:
+        r = mover(dsn, "run", "events_part")
+        assert r.returncode == 3, r.stderr
+        return differences(dsn, a, b, COLUMNS)
+    finally:
+        writer.resume()
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_path, default):
+    create_events(db_dsn)
+    plan = plan_file(tmp_path, MONTHLY + f"default = {str(default).lower()}\n")
+    writer = EventWriter(db_dsn, outside=True).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        if default:
+            assert r.returncode == 3, r.stderr
+            assert "mover cutover events_part" in r.stderr
+        writer.pause()
+        r = mover(db_dsn, "run", "events_part")
+        writer.resume()
+        st = status(db_dsn)
+        assert relkind(db_dsn, "events_new") == "p"
+        if not default:
+            # The rows dated 2100 have no partition: recorded, naming the value; never the writer's error.
+            assert st["divergences"] >= 1, st
+            rows = query(db_dsn, "SELECT columns::text FROM mover.divergences WHERE resolved_at IS NULL")
+            assert rows and all("no partition" in r[0] for r in rows), rows
+            assert "2100-01-15" in " ".join(r[0] for r in rows)
+            r = mover(db_dsn, "cutover", "events_part")
+            assert r.returncode != 0
+            # The application gives those rows up; repair re-syncs them (gone now) and clears them.
+            writer.pause()
+            query(db_dsn, "DELETE FROM events WHERE created_at > '2099-01-01' RETURNING 1")  # moved ones too
+            r = mover(db_dsn, "repair", "events_part")
+            assert r.returncode in (0, 3), r.stderr
+            writer.outside = False
+            writer.resume()
+            assert status(db_dsn)["divergences"] == 0, query(
+                db_dsn, "SELECT key, kind, columns::text FROM mover.divergences WHERE resolved_at IS NULL")
+        assert drain_and_compare(db_dsn, writer, "events", "events_new") == (0, 0)
+        if default:
+            assert query(db_dsn, "SELECT count(*) FROM events_default")[0][0] >= 1
+
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "p" and relkind(db_dsn, "events_old") == "r"
+        # The deferred indexes exist on the parent, valid, with one attached per partition.
+        valid = query(db_dsn, "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                              " WHERE i.indrelid = 'events'::regclass ORDER BY 1")
+        assert len(valid) == 3 and all(v for _, v in valid), valid
+        assert drain_and_compare(db_dsn, writer, "events", "events_old") == (0, 0)
+
+        r = mover(db_dsn, "rollback", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "r" and relkind(db_dsn, "events_new") == "p"
+        assert drain_and_compare(db_dsn, writer, "events", "events_new") == (0, 0)
+
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "p"
+        assert drain_and_compare(db_dsn, writer, "events", "events_old") == (0, 0)
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.moved > 10 and writer.ops > 100
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempotent(db_dsn, tmp_path, default):
+    """With a default partition, retention detaches under a short lock (PostgreSQL refuses
+    CONCURRENTLY then); without one, CONCURRENTLY."""
+    create_events(db_dsn)
+    drop = not default  # both policies, one per variant
+    text = PLAN.format(partition=MONTHLY + f"default = {str(default).lower()}\n") + (
+        f'\n[partitions]\npremake = 5\nretention = "12 months"\ndrop_detached = {str(drop).lower()}\n')
+    plan = write_plan(tmp_path / "events.toml", text)
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    r = mover(db_dsn, "cutover", "events_part")
+    assert r.returncode == 0, r.stderr
+    if default:
+        query(db_dsn, "INSERT INTO events (created_at, tenant_id, region) VALUES (%s, 1, 'us') RETURNING 1", OUTSIDE)
+        # In a month that maintain will create: the default holds it until then.
+        query(db_dsn, "INSERT INTO events (id, created_at, tenant_id, region, payload) VALUES (-1, date_trunc('month',"
+                      " now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '4 months 1 day', 1, 'us', 'early')"
+                      " RETURNING 1")
+    before = partitions_of(db_dsn, "events")
+    total = query(db_dsn, "SELECT count(*) FROM events")[0][0]
+
+    r = mover(db_dsn, "partitions", "maintain", "events", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    (dry,) = json.loads(r.stdout)
+    assert len(dry["create"]) == 3 and dry["created"] == [] and dry["default_rows"] == (2 if default else None)
+    assert len(dry["detach"]) >= 11 and dry["detached"] == []
+    assert partitions_of(db_dsn, "events") == before  # a dry run changes nothing
+
+    r = mover(db_dsn, "partitions", "maintain", "--all", "--json")
+    assert r.returncode == 0, r.stderr
+    (done,) = json.loads(r.stdout)
+    assert done["created"] == [p["name"] for p in dry["create"]] and done["blocked"] == []
+    if default:
+        # The early row was carved out of the default partition into its month's, in one transaction.
+        assert done.get("moved_from_default") == 1
+        (where,) = query(db_dsn, "SELECT tableoid::regclass::text FROM events WHERE id = -1")[0]
+        assert where == done["created"][1], (where, done["created"])
+        assert query(db_dsn, "SELECT count(*) FROM events_default")[0][0] == 1
+        # The move went through the reverse capture too (the default's delete logged the key).
+        r = mover(db_dsn, "run", "events_part")
+        assert r.returncode == 3, r.stderr
+        assert query(db_dsn, "SELECT payload FROM events_old WHERE id = -1") == [("early",)]
+    assert done["detached"] == dry["detach"] and done["dropped"] == (done["detached"] if drop else [])
+    after = partitions_of(db_dsn, "events")
+    assert set(after) == (set(before) | set(done["created"])) - set(done["detached"])
+    kept = query(db_dsn, "SELECT count(*) FROM events")[0][0]
+    if drop:
+        gone = query(db_dsn, "SELECT count(*) FROM unnest(%s::text[]) n WHERE to_regclass(n) IS NOT NULL",
+                     done["detached"])
+        assert gone[0][0] == 0
+        assert kept == query(db_dsn, "SELECT count(*) FROM events_old WHERE created_at >= date_trunc('month',"
+                                     " now() AT TIME ZONE 'UTC' - interval '12 months') AT TIME ZONE 'UTC'")[0][0]
+    else:
+        # Retention detaches, never deletes: every row is in the table or in a detached partition.
+        detached = sum(query(db_dsn, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))[0][0]
+                       for name in done["detached"])
+        assert kept + detached == total
+    assert query(db_dsn, "SELECT count(*) FROM events WHERE created_at < now() - interval '13 months'")[0][0] == 0
+    # The newest partition now reaches 5 months past the current one.
+    (ahead,) = query(db_dsn, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') + interval '5 months',"
+                             " '\"events_p\"YYYY_MM')")[0]
+    assert ahead in after
+
+    st = status(db_dsn)["partitions"]
+    assert st["table"] == '"public"."events"' and st["count"] == len(after)
+    assert st["newest_bound"].startswith(query(db_dsn, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC')"
+                                                       " + interval '6 months', 'YYYY-MM-DD')")[0][0])
+    r = mover(db_dsn, "partitions", "maintain", "events_part", "--json")  # again: nothing to do
+    assert r.returncode == 0, r.stderr
+    (again,) = json.loads(r.stdout)
+    assert (again["created"], again["detached"], again["blocked"]) == ([], [], [])
+    assert partitions_of(db_dsn, "events") == after
+
+
+@pytest.mark.parametrize("partition, expected", [
+    ('by = "hash"\ncolumn = "tenant_id"\nmodulus = 4\nname = "{table}_h{N}"\naccept_key_change = true\n',
+     ["events_h0", "events_h1", "events_h2", "events_h3"]),
+    ('by = "list"\ncolumn = "region"\nvalues = { eu = ["de", "fr"], us = ["us"] }\naccept_key_change = true\n',
+     ["events_eu", "events_us"]),
+], ids=["hash", "list"])
+def test_hash_and_list_conversions_under_writer(db_dsn, tmp_path, partition, expected):
+    create_events(db_dsn)
+    plan = plan_file(tmp_path, partition)
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        assert partitions_of(db_dsn, "events_new") == expected
+        assert drain_and_compare(db_dsn, writer, "events", "events_new") == (0, 0)
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "p"
+        assert drain_and_compare(db_dsn, writer, "events", "events_old") == (0, 0)
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.moved > 10
+
+
+def test_refusals_name_the_cause_and_create_nothing(db_dsn, tmp_path):
+    create_events(db_dsn)
+
+    def refused(partition: str) -> str:
+        plan = plan_file(tmp_path, partition)
+        for args in (("plan", "check", plan), ("run", plan)):
+            r = mover(db_dsn, *args)
+            assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
+        created = query(db_dsn, "SELECT count(*) FROM pg_class WHERE relname ~ '^events_(p[0-9]|default|h[0-9]|eu|us)'")
+        assert created[0][0] == 0
+        return " ".join(r.stderr.split())
+
+    # The key loses uniqueness: the plan must say it accepts that.
+    err = refused(MONTHLY.replace("accept_key_change = true\n", ""))
+    assert "primary key (id) becomes (id, created_at)" in err and "accept_key_change = true" in err
+    # A value no partition takes, and no default partition.
+    err = refused('by = "list"\ncolumn = "region"\nvalues = { eu = ["de", "fr"] }\naccept_key_change = true\n')
+    assert "'us'" in err and "no partition" in err and "default = true" in err
+    # An inbound foreign key on the key that will no longer be unique.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE clicks (id int PRIMARY KEY, event_id bigint REFERENCES events (id))")
+    err = refused(MONTHLY)
+    assert "clicks_event_id_fkey on clicks" in err and "no longer be unique" in err
+
+
+@pytest.mark.parametrize("point", ["after:create_target", "index_building", "index_built", "swap:locked"])
+def test_kill_9_during_the_conversion_then_resume(db_dsn, tmp_path, point):
+    create_events(db_dsn, 1500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    if point == "swap:locked":
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        r = mover(db_dsn, "cutover", "events_part", env={"MOVER_FAULT": f"kill@{point}"})
+    else:
+        r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": f"kill@{point}"})
+    assert r.returncode == -9, r.stderr
+    query(db_dsn, "UPDATE events SET created_at = created_at - interval '40 days' WHERE id %% 10 = 0 RETURNING 1")
+    r = mover(db_dsn, "run", "events_part")
+    assert r.returncode == 3, r.stderr
+    assert relkind(db_dsn, "events") == "r"  # a kill under the swap's lock rolled the swap back
+    r = mover(db_dsn, "cutover", "events_part")
+    assert r.returncode == 0, r.stderr
+    assert relkind(db_dsn, "events") == "p"
+    valid = query(db_dsn, "SELECT bool_and(i.indisvalid), count(*) FROM pg_index i"
+                          " WHERE i.indrelid = 'events'::regclass")
+    assert valid[0] == (True, 3)
+    assert differences(db_dsn, "events", "events_old", COLUMNS) == (0, 0)

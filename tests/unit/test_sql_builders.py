@@ -1,0 +1,136 @@
+"""The SQL builders rendered without a server: psycopg 3 quotes an Identifier without a
+connection (`as_string(None)`), so each builder's text is checked as PostgreSQL will receive it,
+with names that need quoting (spaces, capitals, quotes) to show nothing is pasted in raw."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from mover.introspect import Index
+from mover.names import QualifiedName
+from mover.sql import capture, compare, copy, ddl, mapping
+from mover.sql.mapping import MappedColumn, Mapping
+
+SRC = QualifiedName("Sales", "Order Items")
+DST = QualifiedName("Sales", "Order Items_new")
+
+
+def text(q: sql.Composable) -> str:
+    return q.as_string(None)
+
+
+def test_identifiers_are_quoted_without_a_connection():
+    assert text(sql.Identifier('we"ird', "t")) == '"we""ird"."t"'
+    assert text(QualifiedName(None, "Orders").ident) == '"Orders"'
+
+
+def test_create_target_takes_everything_but_indexes_triggers_and_foreign_keys():
+    assert text(ddl.create_target(DST, SRC)) == (
+        'CREATE TABLE "Sales"."Order Items_new" (LIKE "Sales"."Order Items" INCLUDING DEFAULTS INCLUDING CONSTRAINTS'
+        " INCLUDING GENERATED INCLUDING IDENTITY INCLUDING STORAGE INCLUDING COMMENTS INCLUDING COMPRESSION)")
+    unlogged = text(ddl.create_target(DST, SRC, unlogged=True))
+    assert unlogged.startswith('CREATE UNLOGGED TABLE "Sales"."Order Items_new"')
+
+
+def test_alter_column_type_with_and_without_a_collation():
+    assert text(ddl.alter_column_type(DST, "Item ID", "bigint")) == (
+        'ALTER TABLE "Sales"."Order Items_new" ALTER COLUMN "Item ID" TYPE bigint')
+    assert text(ddl.alter_column_type(DST, "name", "varchar(20)", ("pg_catalog", "C"))) == (
+        'ALTER TABLE "Sales"."Order Items_new" ALTER COLUMN "name" TYPE varchar(20) COLLATE "pg_catalog"."C"')
+
+
+def test_create_index_keeps_the_catalog_tail():
+    ix = Index(oid=1, name="ix", is_primary=False, is_unique=True, is_valid=True, is_exclusion=False,
+               definition_tail='USING btree ("Qty") WHERE ("Qty" > 0)')
+    assert text(ddl.create_index("Order Items_new_qty", DST, ix, concurrently=True)) == (
+        'CREATE UNIQUE INDEX CONCURRENTLY "Order Items_new_qty" ON "Sales"."Order Items_new"'
+        ' USING btree ("Qty") WHERE ("Qty" > 0)')
+    plain = Index(oid=1, name="ix", is_primary=False, is_unique=False, is_valid=True, is_exclusion=False,
+                  definition_tail="USING btree (a)")
+    assert text(ddl.create_index("i", DST, plain, concurrently=False)) == (
+        'CREATE INDEX "i" ON "Sales"."Order Items_new" USING btree (a)')
+
+
+def test_swap_statements():
+    assert text(ddl.lock_tables([SRC, DST])) == (
+        'LOCK TABLE "Sales"."Order Items", "Sales"."Order Items_new" IN ACCESS EXCLUSIVE MODE')
+    assert text(ddl.rename_table(SRC, "Order Items_old")) == (
+        'ALTER TABLE "Sales"."Order Items" RENAME TO "Order Items_old"')
+    assert text(ddl.add_primary_key_using(DST, "Order Items_pkey", "Order Items_new_pkey")) == (
+        'ALTER TABLE "Sales"."Order Items_new" ADD CONSTRAINT "Order Items_pkey"'
+        ' PRIMARY KEY USING INDEX "Order Items_new_pkey"')
+    assert text(ddl.drop_table(DST)) == 'DROP TABLE IF EXISTS "Sales"."Order Items_new"'
+    assert text(ddl.drop_index("Sales", "ix")) == 'DROP INDEX IF EXISTS "Sales"."ix"'
+    assert text(ddl.drop_constraint(DST, "c")) == 'ALTER TABLE "Sales"."Order Items_new" DROP CONSTRAINT "c"'
+
+
+def test_capture_triggers_fire_always_and_on_truncate():
+    function = QualifiedName("mover", "capture_fn_1")
+    statements = [text(s) for s in capture.create_trigger("mover_capture_1", SRC, function)]
+    assert statements == [
+        'CREATE TRIGGER "mover_capture_1" AFTER INSERT OR UPDATE OR DELETE ON "Sales"."Order Items"'
+        ' FOR EACH ROW EXECUTE FUNCTION "mover"."capture_fn_1"()',
+        'CREATE TRIGGER "mover_capture_1_truncate" BEFORE TRUNCATE ON "Sales"."Order Items"'
+        ' FOR EACH STATEMENT EXECUTE FUNCTION "mover"."capture_fn_1"()',
+        'ALTER TABLE "Sales"."Order Items" ENABLE ALWAYS TRIGGER "mover_capture_1"',
+        'ALTER TABLE "Sales"."Order Items" ENABLE ALWAYS TRIGGER "mover_capture_1_truncate"',
+    ]
+    assert text(capture.drop_trigger("mover_capture_1", SRC)) == (
+        'DROP TRIGGER IF EXISTS "mover_capture_1" ON "Sales"."Order Items"')
+    assert text(capture.drop_function(function)) == 'DROP FUNCTION IF EXISTS "mover"."capture_fn_1"()'
+
+
+def _mapping(collations=()) -> Mapping:
+    return Mapping(src=SRC, dst=DST, key=("Item ID", "line"), src_key_types=("integer", "text"),
+                   columns=(MappedColumn("Item ID", "bigint", False), MappedColumn("line", None, False),
+                            MappedColumn("Qty", None, False)),
+                   overriding=True, key_collations=collations)
+
+
+def test_range_predicate_bounds_are_parameters_cast_from_text():
+    m = _mapping()
+    where, params = mapping.range_predicate("s", m, ["10", "a"], ["20", "b"])
+    assert text(where) == ('("s"."Item ID", "s"."line") > (CAST(%s AS integer), CAST(%s AS text))'
+                           ' AND ("s"."Item ID", "s"."line") <= (CAST(%s AS integer), CAST(%s AS text))')
+    assert params == ["10", "a", "20", "b"]
+    assert mapping.range_predicate("s", m, None, None) == (sql.SQL("true"), [])
+
+
+def test_range_bounds_use_the_key_collation():
+    m = _mapping(collations=(None, ("pg_catalog", "C")))
+    where, params = mapping.range_predicate("s", m, None, ["20", "b"])
+    assert text(where) == ('("s"."Item ID", "s"."line") <= (CAST(%s AS integer), CAST(%s AS text)'
+                           ' COLLATE "pg_catalog"."C")')
+    assert params == ["20", "b"]
+
+
+def test_copy_range_inserts_with_assignment_semantics():
+    q, params = copy.copy_range(_mapping(), None, ["5", "x"])
+    assert text(q) == (
+        'INSERT INTO "Sales"."Order Items_new" ("Item ID", "line", "Qty") OVERRIDING SYSTEM VALUE'
+        ' SELECT "s"."Item ID", "s"."line", "s"."Qty" FROM "Sales"."Order Items" s'
+        ' WHERE ("s"."Item ID", "s"."line") <= (CAST(%s AS integer), CAST(%s AS text))')
+    assert params == ["5", "x"]
+
+
+def test_next_bound_casts_to_text_outside_the_offset():
+    q, params = copy.next_bound(_mapping(), ["1", "a"])
+    assert text(q) == (
+        'SELECT "s"."Item ID"::text, "s"."line"::text FROM (SELECT "s"."Item ID", "s"."line"'
+        ' FROM "Sales"."Order Items" s WHERE ("s"."Item ID", "s"."line") > (CAST(%s AS integer), CAST(%s AS text))'
+        ' ORDER BY "s"."Item ID", "s"."line" OFFSET %s LIMIT 1) s')
+    assert params == ["1", "a"]
+
+
+def test_fingerprint_adjusts_the_source_sum_by_the_differing_rows():
+    diffs = [{"src_hash": 5, "dst_hash": 7}, {"src_hash": None, "dst_hash": 3}, {"src_hash": 4, "dst_hash": None}]
+    assert compare.fingerprint(100, diffs) == (100, 100 - 5 - 4 + 7 + 3)
+    assert compare.fingerprint(None, []) == (0, 0)
+
+
+def test_signed64_wraps_like_a_bigint_sum():
+    assert compare.signed64(2**63 - 1) == 2**63 - 1
+    assert compare.signed64(2**63) == -(2**63)
+    assert compare.signed64(-1) == -1
+    assert compare.signed64(2**64 + 5) == 5
+    assert compare.fingerprint(2**63 - 1, [{"src_hash": -1, "dst_hash": None}]) == (2**63 - 1, -(2**63))

@@ -135,7 +135,7 @@ def init_schema(dsn: str) -> str:
         # SQLAlchemy wraps the driver's error; the CLI maps psycopg's own classes.
         if isinstance(exc.orig, psycopg.errors.InsufficientPrivilege):
             raise BadInput(f"`mover init` lacks a privilege: {str(exc.orig).strip().splitlines()[0]}",
-                           hint="see README.md \"Privileges\": let the migrating role own schema \"mover\" "
+                           hint="see docs/operating.md \"Privileges\": let the migrating role own schema \"mover\" "
                                 "(setup A), or run `mover init` as a superuser and grant what it lists (setup B)"
                            ) from exc.orig
         if isinstance(exc.orig, psycopg.Error):
@@ -160,7 +160,7 @@ def _check_init_privileges(dsn: str) -> None:
                 f"`mover init` cannot create schema \"mover\": role {who} lacks CREATE on database {db}",
                 hint=f"as a superuser run `GRANT CREATE ON DATABASE {db} TO {who}` (or `CREATE SCHEMA mover "
                      f"AUTHORIZATION {who}`), then `mover init`; or run `mover init` as a superuser and grant "
-                     f"what README.md \"Privileges\" (setup B) lists")
+                     f"what docs/operating.md \"Privileges\" (setup B) lists")
 
 
 def schema_ready(cur: psycopg.Cursor) -> bool:

@@ -139,4 +139,4 @@ def require_setup(cur: psycopg.Cursor, source: names.QualifiedName, target: name
             "the migrating role lacks privileges the migration needs: "
             + "; ".join(f"{m.role} lacks {m.what}" for m in missing),
             hint="as a superuser (or the objects' owners) run: " + "; ".join(m.grant for m in missing)
-            + "; README.md \"Privileges\" lists what each setup needs")
+            + "; docs/operating.md \"Privileges\" lists what each setup needs")

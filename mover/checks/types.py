@@ -40,7 +40,7 @@ def _check_cast(cur: psycopg.Cursor, source: QualifiedName, col: str, typ: str) 
     cur.execute("SAVEPOINT mover_cast_check")
     try:
         # EXPLAIN plans the cast without reading a row: a missing cast fails here, not mid-backfill.
-        # The type is the plan's text: trusted input, as the README says ([target] columns).
+        # The type is the plan's text: trusted input, as docs/plan.md says ([target] columns).
         cur.execute(sql.SQL("EXPLAIN SELECT CAST({c} AS {t}) FROM {s}").format(
             c=sql.Identifier(col), t=sql.SQL(typ), s=source.ident))
         cur.execute("RELEASE SAVEPOINT mover_cast_check")

@@ -29,7 +29,8 @@ def table_properties(s: Subject) -> None:
         unsupported.append(f"has rules ({', '.join(names.display_ident(r) for r in meta.rules)})")
     if unsupported:
         raise PlanError(f"[migration] source: {s.src} {'; '.join(unsupported)}: not supported yet",
-                        hint="mover refuses rather than lose this at the swap; see docs/operating.md, \"Known limitations\"")
+                        hint="mover refuses rather than lose this at the swap; see docs/operating.md,"
+                             " \"Known limitations\"")
 
 
 def views(s: Subject) -> None:

@@ -10,6 +10,7 @@ import pytest
 from mover import chunks, control, introspect
 from mover.names import QualifiedName
 from mover.sql.mapping import Mapping
+from tests.conftest import require_icu
 from tests.workload import mover, write_plan
 
 
@@ -74,6 +75,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_ranges_cover_every_key_once_and_are_never_empty(db_dsn, tmp_path, case):
     ddl, fill, total = CASES[case]
+    if "icu" in ddl:
+        require_icu(db_dsn)
     conn, mid, mapping = setup_table(db_dsn, ddl, fill, tmp_path)
     ranges = cut_all(conn, mid, mapping, 128)
     assert ranges[0].lo is None and ranges[-1].hi is None

@@ -350,7 +350,9 @@ def test_a_difference_in_any_column_of_any_type_is_found_naming_that_column(db_d
     values there, one row that differs in that column only: the source written through capture,
     the target changed behind mover's back. A pass over equal tables finds nothing; after the
     injection, each row is found, naming exactly its column."""
-    from tests.integration.test_reconcile_types import CASES
+    from tests.integration.test_reconcile_types import CASES, server_has_xml
+    # A server built without libxml (the pgserver wheel's 16) has no xml values: asked, not assumed.
+    CASES = [c for c in CASES if c[2] != "xml" or server_has_xml(db_dsn)]
     # text -> enum has no assignment cast (ALTER TABLE needs USING; the plan check refuses it):
     # that column is an enum on both sides here.
     CASES = [(c[0], c[1], c[3], *c[3:]) if c[0] == "text_to_enum" else c for c in CASES]

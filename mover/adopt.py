@@ -145,7 +145,7 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
         ctx.checkpoint()
 
         def resync_range(cur, lo: tuple | None) -> tuple[tuple | None, int]:
-            capture._lock_applier(cur, ctx.mid, reverse, wait=True)
+            capture.lock_applier(cur, ctx.mid, reverse)
             above = sql.SQL("{} > {}").format(t_key, bound) if lo is not None else sql.SQL("true")
             cur.execute(sql.SQL("SELECT {o} FROM {t} t WHERE {above} ORDER BY {o} OFFSET %s LIMIT 1").format(
                 o=sql.SQL(", ").join(sql.Identifier("t", k) for k in key), t=other.ident, above=above),

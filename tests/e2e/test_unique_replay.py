@@ -10,6 +10,7 @@ import threading
 import psycopg
 from psycopg import sql
 
+from tests import workload
 from tests.workload import finish, mover, spawn, write_plan
 
 ACCT_COLUMNS = ("id", "email", "handle", "note")
@@ -52,14 +53,8 @@ def status(dsn):
 
 
 def differences(dsn: str, a: str, b: str) -> tuple[int, int]:
-    """Independent of mover: EXCEPT ALL both ways in one snapshot."""
-    cols = sql.SQL(", ").join(sql.Identifier(c) for c in ACCT_COLUMNS)
-    q = "SELECT count(*) FROM (SELECT {c} FROM {x} EXCEPT ALL SELECT {c} FROM {y}) d"
-    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        ab = conn.execute(sql.SQL(q).format(c=cols, x=sql.Identifier(a), y=sql.Identifier(b))).fetchone()[0]
-        ba = conn.execute(sql.SQL(q).format(c=cols, x=sql.Identifier(b), y=sql.Identifier(a))).fetchone()[0]
-    return ab, ba
+    """Independent of mover: EXCEPT ALL both ways in one snapshot, over acct's columns."""
+    return workload.differences(dsn, a, b, columns=ACCT_COLUMNS)
 
 
 def rotate(conn: psycopg.Connection, ids: list[int], column: str = "email") -> None:

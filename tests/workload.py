@@ -159,8 +159,38 @@ def app_execute(conn: psycopg.Connection, statement: sql.Composable, params=None
                      (keys,))
 
 
+class WriterThread:
+    """Start, pause, resume and halt of a background application writer: the class provides
+    `_loop` (run in the thread) and the events `stop`, `paused` and `idle`."""
+
+    stop: threading.Event
+    paused: threading.Event
+    idle: threading.Event
+    thread: threading.Thread
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self
+
+    def pause(self) -> None:
+        """Stop writing (returns once the writer is idle between operations)."""
+        self.paused.set()
+        assert self.idle.wait(30), "writer did not pause"
+
+    def resume(self) -> None:
+        self.paused.clear()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
 @dataclass
-class Writer:
+class Writer(WriterThread):
     """A concurrent application: inserts, updates, deletes, key changes, and delete-then-reinsert
     of one key in one transaction, against the table by name (it follows the swap). Any error
     it sees is recorded: mover must never make the application fail."""
@@ -176,11 +206,6 @@ class Writer:
     mirror: str | None = None  # the oracle table (create_mirror); default "<table>_mirror", if it exists
     hot: tuple | None = None  # (lo, hi): only updates, only of keys in this id range
     delay: float = 0.0  # seconds between operations (a rate, for hot keys that must settle at times)
-
-    def start(self) -> Writer:
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-        return self
 
     def _loop(self) -> None:
         rnd = random.Random(self.seed)
@@ -257,18 +282,6 @@ class Writer:
                 if time.monotonic() > deadline:
                     raise
                 self.stop.wait(0.1)
-
-    def pause(self) -> None:
-        """Stop writing (returns once the writer is idle between operations)."""
-        self.paused.set()
-        assert self.idle.wait(30), "writer did not pause"
-
-    def resume(self) -> None:
-        self.paused.clear()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
 
 
 def differences(dsn: str, a: str, b: str, columns=ORDERS_COLUMNS) -> tuple[int, int]:

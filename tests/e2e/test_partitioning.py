@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import differences, mover, write_plan
+from tests.workload import WriterThread, differences, mover, write_plan
 
 COLUMNS = ("id", "created_at", "tenant_id", "region", "payload")
 ROWS = 3000
@@ -65,7 +65,7 @@ def plan_file(tmp_path, partition: str = MONTHLY) -> str:
 
 
 @dataclass
-class EventWriter:
+class EventWriter(WriterThread):
     """The application: inserts, updates that move a row to another month, deletes, and (with
     `outside`) a row dated where no partition exists. Any error it sees is recorded."""
 
@@ -79,10 +79,6 @@ class EventWriter:
     paused: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> EventWriter:
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-        return self
 
     def _loop(self) -> None:
         rnd = random.Random(7)
@@ -126,16 +122,6 @@ class EventWriter:
                 except psycopg.Error as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
-    def pause(self) -> None:
-        self.paused.set()
-        assert self.idle.wait(30), "writer did not pause"
-
-    def resume(self) -> None:
-        self.paused.clear()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
 
 
 def status(dsn: str) -> dict:

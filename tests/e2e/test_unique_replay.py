@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from tests import workload
-from tests.workload import finish, mover, spawn, write_plan
+from tests.workload import WriterThread, finish, mover, spawn, write_plan
 
 ACCT_COLUMNS = ("id", "email", "handle", "note")
 
@@ -131,7 +131,7 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     assert differences(db_dsn, "acct", "acct_new") == (0, 0)
 
 
-class SwapWriter:
+class SwapWriter(WriterThread):
     """An application that swaps unique values all the time: pairs and 3-cycles of random rows,
     on its own connection, against the table by name (it follows the swap). Stops by itself
     after `seconds`, or when told; pause() returns once it is idle between transactions."""
@@ -144,10 +144,6 @@ class SwapWriter:
         self.paused = threading.Event()
         self.idle = threading.Event()
 
-    def start(self) -> SwapWriter:
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-        return self
 
     def _loop(self) -> None:
         rnd = random.Random(self.seed)
@@ -167,16 +163,6 @@ class SwapWriter:
                 self.stop.wait(0.002)  # busy, not a tight loop: the machine is shared
             self.idle.set()
 
-    def pause(self) -> None:
-        self.paused.set()
-        assert self.idle.wait(30), "writer did not pause"
-
-    def resume(self) -> None:
-        self.paused.clear()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
 
 
 def test_continuous_swaps_through_every_step(db_dsn, tmp_path):

@@ -20,6 +20,7 @@ from mover import (
     control,
     partitions,
     runner,
+    samples,
     shape,
     steps,
 )
@@ -538,5 +539,49 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
                         report["dropped"].append(name)
             results.append(report)
         return results
+    finally:
+        db.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching and reporting (the views themselves: mover/watch.py, mover/report.py)
+
+WATCH_WINDOW_SECONDS = 600  # the sparklines' "last minutes"
+
+
+def watch(dsn: str, name: str, show, *, interval: float, stop: threading.Event) -> dict[str, Any]:
+    """Call show(snapshot) every `interval` seconds until the migration is done or aborted, or
+    `stop` is set; returns the last snapshot. A snapshot is the status (mover/status.py) plus the
+    live workers one by one and the samples of the last minutes."""
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        while True:
+            snap = db.transaction(bind(_watch_snapshot, name), label="watch")
+            show(snap)
+            if snap["state"] in ("done", "aborted") or stop.wait(interval):
+                return snap
+    finally:
+        db.close()
+
+
+def _watch_snapshot(cur, name: str) -> dict[str, Any]:
+    m = control.get(cur, name)
+    snap = status_mod.status_of(cur, m)
+    cur.execute("SELECT now() - make_interval(secs => %s)", (WATCH_WINDOW_SECONDS,))
+    snap["worker_list"] = status_mod.workers_of(cur, m)
+    snap["samples"] = samples.read(cur, m.id, since=cur.fetchone()[0])
+    snap["recent_events"] = [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, 6)]
+    return snap
+
+
+def report(dsn: str, name: str) -> dict[str, Any]:
+    """Everything `mover report` shows, in one snapshot: the plan, the status, the whole event story,
+    every sample, every divergence with its resolution."""
+    from mover import report as report_mod
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        return db.transaction(bind(report_mod.gather, name), label="report")
     finally:
         db.close()

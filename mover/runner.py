@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, shape, steps
+from mover import capture, chunks, control, faults, samples, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
@@ -32,14 +32,23 @@ WINDOW_POLL_SECONDS = 1.0
 def leased(db: Database, migration: control.Migration, owner: str, *, report: Reporter = log_reporter,
            stop: threading.Event | None = None) -> Iterator[Context]:
     """Hold the migration's lease for the duration; record how the work ended."""
-    db.transaction(lambda cur: control.acquire_lease(cur, migration, owner), label="acquire lease")
+    sample = samples.Sampler(migration.id, owner)
+
+    def acquire(cur) -> None:
+        control.acquire_lease(cur, migration, owner)
+        sample(cur, force=True)
+
+    db.transaction(acquire, label="acquire lease")
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
     def beat_once(cur) -> bool:
         if ctx.workers:
             chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
-        return control.heartbeat(cur, migration.id, owner)
+        alive = control.heartbeat(cur, migration.id, owner)
+        if alive:
+            sample(cur)  # what `mover watch` and `mover report` chart; never costs the lease
+        return alive
 
     beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
@@ -71,7 +80,11 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         beat.stop()
         if not ctx.lease_lost.is_set():
             try:
-                db.transaction(lambda cur: control.release_lease(cur, migration.id, owner), label="release lease")
+                def release(cur) -> None:
+                    sample(cur, force=True)
+                    control.release_lease(cur, migration.id, owner)
+
+                db.transaction(release, label="release lease")
             except psycopg.Error as exc:  # the lease expires by itself; say so and go on
                 log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
 

@@ -98,3 +98,35 @@ def _now(cur):
 
 def iso(value) -> str | None:
     return None if value is None else value.isoformat()
+
+
+def sample_of(cur, m: control.Migration) -> dict[str, Any]:
+    """What a periodic sample records (mover/samples.py): counters and gauges only, from the same
+    reads as status_of, so that a chart and the status never disagree on what a number means."""
+    pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
+    pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
+    workers, chunk_rows, waiting = _workers(cur, m)
+    return {"step": m.step, "backfill_rows": chunks.state(cur, m.id, "backfill")["rows"],
+            "reconcile_rows": chunks.state(cur, m.id, "reconcile")["rows"],
+            "pending_forward": pending_fwd, "lag_forward": lag_fwd,
+            "pending_reverse": pending_rev, "lag_reverse": lag_rev,
+            "workers": workers, "chunk_rows": chunk_rows,
+            "waiting_for": waiting if not m.paused or any(w.startswith("paused") for w in waiting)
+            else ["paused (mover unpause)", *waiting]}
+
+
+def workers_of(cur, m: control.Migration) -> list[dict[str, Any]]:
+    """The live range workers one by one (fresh heartbeats): where they run, the range each holds
+    now (lo exclusive, hi inclusive, NULL an open end), the range size they ask for, what they wait for."""
+    cur.execute(
+        """
+        SELECT w.worker_id, w.host, w.pid, w.chunk_rows, w.rows_done, w.waiting_for, c.kind, c.chunk_no, c.lo, c.hi
+        FROM mover.workers w
+        LEFT JOIN mover.chunks c ON c.migration_id = w.migration_id AND c.owner = w.worker_id AND c.status = 'running'
+        WHERE w.migration_id = %s AND w.heartbeat_at > now() - make_interval(secs => %s)
+        ORDER BY w.worker_id, c.chunk_no
+        """, (m.id, control.LEASE_SECONDS))
+    return [{"worker": wid, "host": host, "pid": pid, "chunk_rows": chunk_rows, "rows_done": rows_done,
+             "waiting_for": waiting, "range": None if kind is None else
+             {"kind": kind, "chunk_no": no, "lo": lo, "hi": hi}}
+            for wid, host, pid, chunk_rows, rows_done, waiting, kind, no, lo, hi in cur.fetchall()]

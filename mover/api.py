@@ -27,7 +27,7 @@ from mover import (
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind
+from mover.db import Database, bind, one
 from mover.db import open_database as _database
 from mover.errors import BadInput, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
@@ -568,9 +568,9 @@ def watch(dsn: str, name: str, show, *, interval: float, stop: threading.Event) 
 def _watch_snapshot(cur, name: str) -> dict[str, Any]:
     m = control.get(cur, name)
     snap = status_mod.status_of(cur, m)
-    cur.execute("SELECT now() - make_interval(secs => %s)", (WATCH_WINDOW_SECONDS,))
     snap["worker_list"] = status_mod.workers_of(cur, m)
-    snap["samples"] = samples.read(cur, m.id, since=cur.fetchone()[0])
+    cur.execute("SELECT now() - make_interval(secs => %s)", (WATCH_WINDOW_SECONDS,))
+    snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
     snap["recent_events"] = [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, 6)]
     return snap
 

@@ -552,12 +552,20 @@ WATCH_WINDOW_SECONDS = 600  # the sparklines' "last minutes"
 def watch(dsn: str, name: str, show, *, interval: float, stop: threading.Event) -> dict[str, Any]:
     """Call show(snapshot) every `interval` seconds until the migration is done or aborted, or
     `stop` is set; returns the last snapshot. A snapshot is the status (mover/status.py) plus the
-    live workers one by one and the samples of the last minutes."""
+    live workers one by one, the samples of the last minutes, and this watch's own readings (one per
+    interval: finer than the samples, which come every few seconds at best)."""
     db = _database(dsn)
+    readings: list[dict[str, Any]] = []
     try:
         _require_schema(db)
         while True:
             snap = db.transaction(bind(_watch_snapshot, name), label="watch")
+            now = datetime.now(UTC)
+            readings = [r for r in readings if (now - r["at"]).total_seconds() < WATCH_WINDOW_SECONDS]
+            readings.append({"at": now, "backfill_rows": snap["backfill"]["rows_copied"],
+                             "reconcile_rows": snap["reconcile"]["rows_compared"],
+                             "pending": snap["capture"]["pending"], "lag": snap["capture"]["lag_seconds"]})
+            snap["readings"] = readings
             show(snap)
             if snap["state"] in ("done", "aborted") or stop.wait(interval):
                 return snap

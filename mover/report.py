@@ -141,13 +141,14 @@ tr:nth-child(even) td { background: #f8fafc; } th { background: #e2e8f0; }
 """
 
 
-def _table(head: list[str], rows: list[list[Any]], row_class: list[str] | None = None) -> str:
+def _table(head: list[str] | None, rows: list[list[Any]], row_class: list[str] | None = None) -> str:
     esc = html.escape
     body = "".join(
         f'<tr{f" class={chr(34)}{esc(row_class[i])}{chr(34)}" if row_class else ""}>'
         + "".join(f"<td>{esc('' if c is None else str(c))}</td>" for c in r) + "</tr>"
         for i, r in enumerate(rows))
-    return f"<table><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>{body or ''}</table>" \
+    header = "" if head is None else f"<tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>"
+    return f"<table>{header}{body}</table>" \
         + ("" if rows else '<p class="nodata">none</p>')
 
 
@@ -193,7 +194,7 @@ def render_html(r: dict[str, Any]) -> str:
                    [[e["at"], e["actor"], e["step"], e["kind"], e["message"],
                      "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}"] for e in r["events"]])
     t = st["tables"]
-    summary = _table(["", ""], [
+    summary = _table(None, [
         ["step / state", f"{st['step']} / {st['state']}"],
         ["tables", f"source {t['source']}, target {t['target']}, old {t['old']}"],
         ["key", ", ".join(st["key"])],

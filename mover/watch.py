@@ -27,8 +27,21 @@ def sparkline(values: list[float], width: int = 40) -> str:
 
 
 def _rate(snap: dict[str, Any], kind: str) -> float | None:
-    r = samples.rates(snap["samples"], f"{kind}_rows")
+    """Rows/s now: between this watch's last two readings, else between the last two samples."""
+    readings = snap.get("readings") or []
+    r = samples.rates(readings[-2:] if len(readings) >= 2 else snap["samples"], f"{kind}_rows")
     return r[-1][1] if r else None
+
+
+def history(snap: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Capture backlog and lag over the last minutes: the recorded samples from before this watch
+    started, then its own readings."""
+    readings = snap.get("readings") or []
+    first = readings[0]["at"] if readings else None
+    older = [p for p in snap["samples"] if first is None or p["at"] < first]
+    backlog = [float((p.get("pending_forward") or 0) + (p.get("pending_reverse") or 0)) for p in older]
+    lag = [float(max(p.get("lag_forward") or 0, p.get("lag_reverse") or 0)) for p in older]
+    return backlog + [float(r["pending"]) for r in readings], lag + [float(r["lag"] or 0) for r in readings]
 
 
 def _waiting(snap: dict[str, Any]) -> list[str]:
@@ -101,16 +114,13 @@ def screen(snap: dict[str, Any]) -> RenderableType:
     progress.add_row("reconcile", f"{r['ranges_done']} ranges, {r['rows_compared']:,} rows", str(r["ranges_total"]),
                      f"{round(rrate or 0):,}", _eta(_reconcile_eta(snap, rrate)))
 
-    sm = snap["samples"]
+    backlog, lag = history(snap)
     capture = Table.grid(padding=(0, 2))
     capture.add_row("direction", c["direction"])
     capture.add_row("pending", f"{c['pending']:,} keys", "applied", f"{c['applied']:,}")
     capture.add_row("lag", "-" if c["lag_seconds"] is None else f"{c['lag_seconds']:.1f} s")
-    capture.add_row("backlog", Text(sparkline([(p.get("pending_forward") or 0) + (p.get("pending_reverse") or 0)
-                                               for p in sm]) or "(no samples yet)", "cyan"),
-                    "last", f"{len(sm)} samples")
-    capture.add_row("lag", Text(sparkline([max(p.get("lag_forward") or 0, p.get("lag_reverse") or 0)
-                                           for p in sm]) or "(no samples yet)", "magenta"))
+    capture.add_row("backlog", Text(sparkline(backlog, 60), "cyan"), "max", f"{max(backlog, default=0):,.0f} keys")
+    capture.add_row("lag", Text(sparkline(lag, 60), "magenta"), "max", f"{max(lag, default=0):.1f} s")
 
     workers = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
     for col in ("worker", "host/pid", "range", "range rows", "rows done", "waiting for"):

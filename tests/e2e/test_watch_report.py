@@ -45,7 +45,8 @@ window = "2s"
 
 def test_watch_lines_then_report_in_a_browser(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=5000))  # a backfill of some seconds: samples, waits
+    # A capped backfill of some seconds: several samples, and the cap shows as a wait.
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=5000))
     writer = Writer(db_dsn).start()
     try:
         r = mover(db_dsn, "step", plan)  # registered (watch needs a name to look up)
@@ -77,6 +78,10 @@ def test_watch_lines_then_report_in_a_browser(db_dsn, tmp_path):
     assert model["status"]["state"] == "done" and len(model["samples"]) >= 4
     assert [s["name"] for s in model["status"]["steps"]] == list(STEPS)
     assert any(e["step"] == "cutover" and e["duration_ms"] for e in model["locks"]), model["locks"]
+
+    r = mover(db_dsn, "events", NAME, "--json", "--limit", "1000")
+    kinds = {e["kind"] for e in json.loads(r.stdout)}
+    assert "step_done" in kinds and "sample" not in kinds  # the samples chart, they do not drown the story
 
     parsed = _parse(page.read_text())
     # Every chart but the lag one (a writer's log is applied within a beat, so lag may stay empty)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -549,7 +550,8 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
 WATCH_WINDOW_SECONDS = 600  # the sparklines' "last minutes"
 
 
-def watch(dsn: str, name: str, show, *, interval: float, stop: threading.Event) -> dict[str, Any]:
+def watch(dsn: str, name: str, show: Callable[[dict[str, Any]], None], *, interval: float,
+          stop: threading.Event) -> dict[str, Any]:
     """Call show(snapshot) every `interval` seconds until the migration is done or aborted, or
     `stop` is set; returns the last snapshot. A snapshot is the status (mover/status.py) plus the
     live workers one by one, the samples of the last minutes, and this watch's own readings (one per

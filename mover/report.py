@@ -47,7 +47,7 @@ def _event(e: dict[str, Any]) -> dict[str, Any]:
 def _lock_event(e: dict[str, Any]) -> bool:
     """Hold times: the swap (cutover step_done, its duration is the lock held) and the swap back;
     waits: an outcome that gave up on a lock (lock_timeout in every attempt)."""
-    if e["kind"] == "step_done" and e["step"] == "cutover" or e["kind"] == "rolled_back":
+    if (e["kind"] == "step_done" and e["step"] == "cutover") or e["kind"] == "rolled_back":
         return True
     return e["kind"] in ("waiting", "failed") and "lock" in (e["message"] or "")
 

@@ -244,3 +244,10 @@ class _Screen:
             self.changed.clear()
             self.changed.wait(1)
         return False
+
+
+def test_watch_and_report_of_an_unknown_migration_say_what_to_do(db_dsn):
+    for args in (("watch", "nosuch"), ("report", "nosuch", "--json"), ("status", "--watch")):
+        r = mover(db_dsn, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "next:" in r.stderr, (args, r.stderr)

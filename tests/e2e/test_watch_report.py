@@ -19,6 +19,7 @@ import time
 import zlib
 from html.parser import HTMLParser
 
+import psycopg
 import pytest
 
 from tests.workload import ROOT, Writer, assert_oracle, create_orders, finish, mover, spawn, write_plan
@@ -251,3 +252,35 @@ def test_watch_and_report_of_an_unknown_migration_say_what_to_do(db_dsn):
         r = mover(db_dsn, *args)
         assert r.returncode == 2, (args, r.stderr)
         assert "next:" in r.stderr, (args, r.stderr)
+
+
+def test_report_during_a_migration_shows_how_each_divergence_was_resolved(db_dsn, tmp_path):
+    create_orders(db_dsn, 3_000)
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=0))
+    assert mover(db_dsn, "run", plan).returncode == 3  # at the cutover gate
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("""INSERT INTO "Orders_new" (id, "Account", note) VALUES (-7, 7, 'kept on purpose')""")
+        conn.execute("""UPDATE "Orders_new" SET note = 'drifted' WHERE id = 42""")
+    assert mover(db_dsn, "reconcile", NAME, "--full").returncode == 3
+    assert mover(db_dsn, "accept", NAME, "--reason", "an <intended> row", "--id",
+                 str(_divergence_id(db_dsn, "extra_in_target"))).returncode == 0
+    r = mover(db_dsn, "repair", NAME)
+    assert r.returncode == 0, r.stderr
+
+    page = tmp_path / "report.html"
+    r = mover(db_dsn, "report", NAME, "--html", str(page), "--json")
+    assert r.returncode == 0, r.stderr
+    model = json.loads(r.stdout)
+    assert model["status"]["step"] == "cutover"
+    how = {d["kind"]: (d["resolved_how"], d["reason"]) for d in model["divergences"]}
+    assert how == {"extra_in_target": ("accepted", "an <intended> row"), "different": ("repaired", None)}
+    text = page.read_text()
+    divergences = text.split('id="divergences"', 1)[1].split("<h2", 1)[0]
+    assert "an &lt;intended&gt; row" in divergences and "repaired" in divergences and "OPEN" not in divergences
+    assert "<intended>" not in text  # escaped everywhere
+
+
+def _divergence_id(dsn: str, kind: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT id FROM mover.divergences WHERE kind = %s AND resolved_at IS NULL",
+                            (kind,)).fetchone()[0]

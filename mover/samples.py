@@ -50,9 +50,9 @@ class Sampler:
         try:
             with cur.connection.transaction():  # a savepoint: the beat around it commits whatever happens here
                 record(cur, self.mid, self.owner)
-        except psycopg.Error as exc:
-            log.warning("could not record a progress sample of migration %s (%s); the next beat tries again",
-                        self.mid, type(exc).__name__)
+        except Exception as exc:  # said in the log: whatever broke a sample must not stop the beat
+            log.warning("could not record a progress sample of migration %s (%s: %s); the next beat tries again",
+                        self.mid, type(exc).__name__, exc)
 
 
 def record(cur: psycopg.Cursor, mid: int, owner: str) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""Progress samples (mover/samples.py): what one records, that a run leaves some, and that a sample
+that fails inside the heartbeat's transaction leaves that transaction usable (a savepoint), so the
+lease is still extended."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+from mover import api, control, samples
+from tests.workload import create_orders, write_plan
+
+PLAN = """
+[migration]
+name = "orders_sampled"
+source = 'public."Orders"'
+
+[target]
+columns = { id = "bigint" }
+
+[rollback]
+window = "1h"
+"""
+
+FIELDS = {"at", "step", "backfill_rows", "reconcile_rows", "pending_forward", "lag_forward", "pending_reverse",
+          "lag_reverse", "workers", "chunk_rows", "waiting_for"}
+
+
+def test_a_run_records_samples_and_a_failed_sample_costs_nothing_else(db_dsn, tmp_path, caplog):
+    create_orders(db_dsn, 2_000)
+    plan = write_plan(tmp_path / "p.toml", PLAN)
+    api.run(db_dsn, plan, one_step=True)  # create_target: one short run, a sample at its start and end
+    with psycopg.connect(db_dsn) as conn:
+        cur = conn.cursor()
+        m = control.get(cur, "orders_sampled")
+        before = samples.read(cur, m.id)
+        assert len(before) == 2 and set(before[-1]) == FIELDS, before
+        assert before[-1]["backfill_rows"] == 0 and before[-1]["waiting_for"] == []
+        owner = control.new_owner_id()
+        control.acquire_lease(cur, m, owner)
+
+        sample = samples.Sampler(m.id, owner)
+        cur.execute("ALTER TABLE mover.workers RENAME TO workers_elsewhere")  # the sample's read fails
+        with caplog.at_level(logging.WARNING, logger="mover.samples"):
+            sample(cur)
+        assert "could not record a progress sample" in caplog.text and "UndefinedTable" in caplog.text
+        assert control.heartbeat(cur, m.id, owner)  # the transaction goes on: the beat commits
+        assert len(samples.read(cur, m.id)) == 2  # and nothing of the failed sample is left
+        cur.execute("ALTER TABLE mover.workers_elsewhere RENAME TO workers")
+
+        assert not sample.due()  # tried just now: the next beat, not this one
+        sample(cur, force=True)
+        after = samples.read(cur, m.id)
+        assert len(after) == 3 and after[-1]["step"] == "install_capture"
+        conn.commit()
+
+    # Samples chart; the story `mover events` tells leaves them out.
+    assert "sample" not in {e["kind"] for e in api.events(db_dsn, "orders_sampled", 1000)}

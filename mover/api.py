@@ -579,6 +579,7 @@ def _watch_snapshot(cur, name: str) -> dict[str, Any]:
     m = control.get(cur, name)
     snap = status_mod.status_of(cur, m)
     snap["worker_list"] = status_mod.workers_of(cur, m)
+    snap["lock_waits"] = status_mod.lock_waits(cur)
     cur.execute("SELECT now() - make_interval(secs => %s)", (WATCH_WINDOW_SECONDS,))
     snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
     snap["recent_events"] = [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, 6)]

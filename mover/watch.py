@@ -49,6 +49,10 @@ def _waiting(snap: dict[str, Any]) -> list[str]:
     waits = list(b["waiting_for"])
     if b["paused"] and not any(w.startswith("paused") for w in waits):
         waits.insert(0, "paused (mover unpause)")
+    for w in snap.get("lock_waits") or []:
+        who = f"mover pid {w['pid']}" if w["mover"] else f"{w['application_name'] or 'a session'} (pid {w['pid']})"
+        waits.append(f"lock: {who} waits {w['seconds'] or 0:.1f}s behind pid "
+                     f"{', '.join(map(str, w['blocked_by'])) or '?'}")
     if snap["state"] == "waiting" and snap["error"]:
         waits.append(snap["error"])  # e.g. the cutover gate, or a lock not had within lock_timeout
     return waits

@@ -159,6 +159,15 @@ def _duration(a: str | None, b: str | None) -> str:
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _lock_wait(w: dict[str, Any]) -> str:
+    who = "mover" if w["mover"] else (w["application_name"] or "a session")
+    return f"seen waiting: {who} (pid {w['pid']}) behind pid {', '.join(map(str, w['blocked_by'])) or '?'}"
+
+
 def render_html(r: dict[str, Any]) -> str:
     esc = html.escape
     st = r["status"]
@@ -187,7 +196,9 @@ def render_html(r: dict[str, Any]) -> str:
                     d.get("resolved_by"), d.get("reason")] for d in r["divergences"]])
     locks = _table(["at", "step", "what", "ms"],
                    [[e["at"], e["step"], e["message"], "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}"]
-                    for e in r["locks"]])
+                    for e in r["locks"]]
+                   + [[p["at"], p.get("step"), _lock_wait(w), _ms(w["seconds"])]
+                      for p in sm for w in p.get("lock_waits") or []])
     actors = _table(["who", "first", "last", "events", "what"],
                     [[a["actor"], a["first"], a["last"], a["events"], ", ".join(a["did"])] for a in r["actors"]])
     story = _table(["at", "who", "step", "kind", "message", "ms"],

@@ -110,7 +110,7 @@ def sample_of(cur, m: control.Migration) -> dict[str, Any]:
             "reconcile_rows": chunks.state(cur, m.id, "reconcile")["rows"],
             "pending_forward": pending_fwd, "lag_forward": lag_fwd,
             "pending_reverse": pending_rev, "lag_reverse": lag_rev,
-            "workers": workers, "chunk_rows": chunk_rows,
+            "workers": workers, "chunk_rows": chunk_rows, "lock_waits": lock_waits(cur)[:5],
             "waiting_for": waiting if not m.paused or any(w.startswith("paused") for w in waiting)
             else ["paused (mover unpause)", *waiting]}
 

@@ -10,7 +10,7 @@ import time
 
 import psycopg
 
-from mover import api, control, samples, status, watch
+from mover import api, control, report, samples, status, watch
 from mover.db import Database, bind
 from tests.workload import create_orders, write_plan
 
@@ -27,7 +27,7 @@ window = "1h"
 """
 
 FIELDS = {"at", "step", "backfill_rows", "reconcile_rows", "pending_forward", "lag_forward", "pending_reverse",
-          "lag_reverse", "workers", "chunk_rows", "waiting_for"}
+          "lag_reverse", "workers", "chunk_rows", "waiting_for", "lock_waits"}
 
 
 def test_a_run_records_samples_and_a_failed_sample_costs_nothing_else(db_dsn, tmp_path, caplog):
@@ -83,6 +83,7 @@ def test_watch_names_lock_waits_either_way(db_dsn, tmp_path):
                                          ("mover-cutover-test:h:1", "app-waiter")):
             with psycopg.connect(db_dsn, application_name=holder_name) as holder:
                 holder.execute('LOCK TABLE "Orders" IN ACCESS EXCLUSIVE MODE')
+                holder_pid = holder.info.backend_pid
                 waiter = threading.Thread(target=_read_orders, args=(db_dsn, waiter_name))
                 waiter.start()
                 pid = _waiting_pid(db_dsn, waiter_name)
@@ -90,10 +91,14 @@ def test_watch_names_lock_waits_either_way(db_dsn, tmp_path):
                 (w,) = [w for w in snap["lock_waits"] if w["pid"] == pid]
                 assert w["blocked_by"] == [holder.info.backend_pid] and w["mover"] == waiter_name.startswith("mover")
                 assert f"behind pid {holder.info.backend_pid}" in watch.line(snap)
+                mid = db.transaction(lambda cur: control.get(cur, "orders_sampled").id)
+                db.transaction(lambda cur, mid=mid: samples.record(cur, mid, "test"))  # the report keeps it
                 holder.rollback()
                 waiter.join(30)
                 assert not waiter.is_alive()
             assert db.transaction(status.lock_waits) == []
+            page = report.render_html(api.report(db_dsn, "orders_sampled"))
+            assert f"(pid {pid}) behind pid {holder_pid}" in page.split('id="locks"')[1]
     finally:
         db.close()
 

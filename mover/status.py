@@ -136,16 +136,17 @@ def lock_waits(cur) -> list[dict[str, Any]]:
     """Lock waits in this database that involve mover, now: a mover session waiting for a lock (the
     cutover behind a long transaction), or a session waiting behind a mover session (the
     application behind the swap). Seen through pg_stat_activity: without pg_read_all_stats, other
-    roles' sessions are not visible, and then neither are their waits."""
+    roles' sessions are not visible, and then neither are their waits. mover's sessions are those
+    named ROLE:HOST:PID with a role starting "mover" (mover.db.application_name)."""
     cur.execute(
         """
         WITH movers AS (SELECT pid FROM pg_stat_activity
-                        WHERE datname = current_database() AND application_name LIKE 'mover%')
-        SELECT a.pid, a.application_name, a.application_name LIKE 'mover%',
+                        WHERE datname = current_database() AND application_name ~ '^mover[^:]*:')
+        SELECT a.pid, a.application_name, a.application_name ~ '^mover[^:]*:',
                extract(epoch FROM clock_timestamp() - a.query_start), pg_blocking_pids(a.pid)
         FROM pg_stat_activity a
         WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' AND a.pid <> pg_backend_pid()
-          AND (a.application_name LIKE 'mover%' OR pg_blocking_pids(a.pid) && ARRAY(SELECT pid FROM movers))
+          AND (a.application_name ~ '^mover[^:]*:' OR pg_blocking_pids(a.pid) && ARRAY(SELECT pid FROM movers))
         ORDER BY a.query_start
         """)
     return [{"pid": pid, "application_name": app, "mover": bool(is_mover),

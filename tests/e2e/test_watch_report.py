@@ -284,3 +284,14 @@ def _divergence_id(dsn: str, kind: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute("SELECT id FROM mover.divergences WHERE kind = %s AND resolved_at IS NULL",
                             (kind,)).fetchone()[0]
+
+
+def test_watch_of_an_aborted_migration_prints_one_line_and_ends(db_dsn, tmp_path):
+    create_orders(db_dsn, 500)
+    assert mover(db_dsn, "step", write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=0))).returncode == 0
+    r = mover(db_dsn, "abort", NAME)
+    assert r.returncode == 0, r.stderr
+    r = mover(db_dsn, "watch", NAME, "--interval", "30", timeout=60)  # ends at once, not after 30 s
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if f" | {NAME} | " in ln]
+    assert "/aborted |" in line, line

@@ -16,9 +16,9 @@ from mover import adopt as adopt_engine
 from mover import backfill as backfill_engine
 from mover import (
     checks,
-    chunks,
     control,
     partitions,
+    ranges,
     runner,
     shape,
     steps,
@@ -348,7 +348,7 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
     values are parsed as TOML, validated like a plan file, recorded as an event."""
     import tomllib
 
-    from mover.plan import SETTABLE, parse_plan, to_document
+    from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, to_document
     db = _database(dsn)
     try:
         _require_schema(db)
@@ -360,6 +360,7 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
             for item in assignments:
                 key, sep, raw = item.partition("=")
                 section, _, field = key.strip().partition(".")
+                field = RENAMED_KEYS.get((section, field), field)
                 if not sep or field not in SETTABLE.get(section, ()):
                     allowed = ", ".join(f"{s}.{k}" for s, ks in SETTABLE.items() for k in sorted(ks))
                     raise BadInput(f"cannot set {key.strip()!r}", hint=f"settable: {allowed}")
@@ -404,7 +405,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
                     continue
                 break
             if kind == reconcile_engine.KIND:
-                st = db.transaction(bind(chunks.state, m.id, reconcile_engine.KIND))
+                st = db.transaction(bind(ranges.state, m.id, reconcile_engine.KIND))
                 if m.step == "reconcile" and not st["started"] and _orchestrated(db, m):
                     stop.wait(1.0)  # the orchestrator has yet to start the first pass
                     continue
@@ -433,26 +434,26 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
     registry: set[str] = set()
-    workers: list[chunks.RangeWorker]
+    workers: list[ranges.RangeWorker]
     if kind == backfill_engine.KIND:
-        workers = [backfill_engine.Worker(db.dsn, m, chunks.worker_id(i), stop=stop, lost=lost, registry=registry,
+        workers = [backfill_engine.Worker(db.dsn, m, ranges.worker_id(i), stop=stop, lost=lost, registry=registry,
                                           report=report, n_workers=threads) for i in range(threads)]
     else:
         ctx = Context(db=db, migration=m, owner=control.new_owner_id(), report=report, stop=stop, lease_lost=lost)
         spec = db.transaction(lambda cur: reconcile_engine.spec_for(cur, ctx.mapping(cur)))
         result = reconcile_engine.PassResult("helper")
-        workers = [reconcile_engine.Worker(db.dsn, m, chunks.worker_id(i), spec, result, stop=stop, lost=lost,
+        workers = [reconcile_engine.Worker(db.dsn, m, ranges.worker_id(i), spec, result, stop=stop, lost=lost,
                                            registry=registry, report=report, n_workers=threads)
                    for i in range(threads)]
 
     def keep(cur) -> bool:
-        chunks.keep_leases(cur, m.id, sorted(registry))
+        ranges.keep_leases(cur, m.id, sorted(registry))
         return True  # a worker's only lease is its ranges': losing one shows when it commits
 
     beat = heartbeat(db.dsn, keep, lost, name=f"worker-lease-{m.id}")
     beat.start()
     try:
-        chunks.run_workers(workers, f"helper-{kind}")
+        ranges.run_workers(workers, f"helper-{kind}")
     finally:
         beat.stop()
 

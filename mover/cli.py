@@ -125,9 +125,9 @@ def _show_status(st: dict[str, Any]) -> None:
     table.add_row("tables",
                   f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
     b = st["backfill"]
-    line = f"{b['rows_copied']:,} rows in {b['chunks_done']} ranges"
-    if b["chunks_failed"]:
-        line += f", {b['chunks_failed']} FAILED"
+    line = f"{b['rows_copied']:,} rows in {b['ranges_done']} ranges"
+    if b["ranges_failed"]:
+        line += f", {b['ranges_failed']} FAILED"
     if b["workers"]:
         line += f", {b['workers']} workers, {b['rows_per_second'] or 0:,} rows/s"
         if b["eta_seconds"] is not None:

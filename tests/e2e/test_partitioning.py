@@ -51,7 +51,7 @@ source = "events"
 {partition}
 
 [backfill]
-chunk_rows = 500
+range_rows = 500
 
 [rollback]
 window = "1h"

@@ -495,6 +495,9 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
             # The plan's cutover lock_timeout: the application waits at most this long behind
             # a partition being created or detached; a busy table is retried (db.transaction).
             lock = f"{plan.cutover.lock_timeout_ms}ms"
+            if plan.upkeep.manager == "pg_partman" and m.state == "done":
+                results.append(_partman_maintain(db, m, plan, premake, live, lock, dry_run))
+                continue
             todo = db.transaction(bind(partitions.maintain_plan, spec, premake, plan.upkeep.retention, live,
                                        m.source.name), label="partitions")
             report: dict[str, Any] = {"migration": m.name, "table": todo["table"], "partitions": todo["partitions"],
@@ -536,7 +539,43 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
                         db.transaction(bind(psycopg.Cursor.execute, ddl.drop_table(child)), lock_timeout=lock,
                                        label="drop partition")
                         report["dropped"].append(name)
+            if plan.upkeep.manager == "pg_partman":
+                report["manager"] = "mover (pg_partman takes over once the migration is retired)"
             results.append(report)
         return results
     finally:
         db.close()
+
+
+def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str, dry_run: bool) -> dict[str, Any]:
+    """maintain for a retired conversion with manager = "pg_partman": the first run hands the
+    table over (create_parent), every run defers to pg_partman's run_maintenance. Reports the
+    partitions it created and removed by comparing before and after."""
+    spec = plan.partition
+
+    def names_of(cur):
+        return {c.name for c, _, _, _ in partitions.children(cur, live)}
+
+    def registered(cur):
+        return partitions.partman_config(cur, partitions.check_partman(cur, live), live) is not None
+
+    before = db.transaction(names_of, label="partitions")
+    handed = db.transaction(registered, label="partitions")
+    report: dict[str, Any] = {"migration": m.name, "table": str(live), "manager": "pg_partman", "dry_run": dry_run,
+                              "partitions": len(before), "handed_over": False, "registered": handed,
+                              "create": [], "created": [], "blocked": [], "detach": [], "detached": [],
+                              "dropped": [], "default_rows": None}
+    if dry_run:
+        return report
+    # Under the parent's lock (hand-over) and pg_partman's DDL: bounded like a swap, retried whole.
+    report["handed_over"] = db.transaction(
+        bind(partitions.hand_over, spec, premake, plan.upkeep.retention, plan.upkeep.drop_detached, live),
+        lock_timeout=lock, statement_timeout="60s", label="pg_partman create_parent")
+    db.transaction(bind(partitions.partman_maintain, live), lock_timeout=lock, statement_timeout="60s",
+                   label="pg_partman run_maintenance")
+    after = db.transaction(names_of, label="partitions")
+    report["registered"] = True
+    report["partitions"] = len(after)
+    report["created"] = sorted(after - before)
+    report["detached"] = sorted(before - after)
+    return report

@@ -223,6 +223,11 @@ def partitions_maintain(table: str | None = typer.Argument(None, help="Migration
         made = [p["name"] for p in r["create"]] if dry_run else r["created"]
         out.print(f"{r['table']}: {r['partitions']} partitions; {verb} {len(made)}: {', '.join(made) or '-'}",
                   highlight=False, markup=False)
+        if r.get("manager"):
+            verb = "would defer" if dry_run else "deferred"
+            out.print(f"  managed by {r['manager']}" + (f"; {verb} to pg_partman run_maintenance" + (
+                ", after handing the table over (create_parent)" if not r["registered"] else "")
+                if r["manager"] == "pg_partman" else ""), highlight=False, markup=False)
         for b in r["blocked"]:
             out.print(f"  not created {b['name']}: {b['error']}", highlight=False, markup=False)
         if r["default_rows"]:

@@ -461,3 +461,114 @@ def carve_from_default(cur: psycopg.Cursor, parent: names.QualifiedName, part: P
     moved = cur.rowcount
     cur.execute(q.attach(parent, table, part.bound))
     return moved
+
+
+# ---------------------------------------------------------------------------------------------
+# pg_partman: `[partitions] manager = "pg_partman"` hands the parent over once the migration is
+# retired (during the rollback window mover keeps the partitions itself: a rollback renames the
+# tables, and pg_partman's part_config names the parent by text).
+
+PARTMAN_INTERVALS = {"day": "1 day", "month": "1 month", "year": "1 year"}
+
+
+def partman_package(cur: psycopg.Cursor) -> str:
+    cur.execute("SELECT current_setting('server_version_num')::int / 10000")
+    return f"postgresql-{one(cur)[0]}-partman"
+
+
+def partman_schema(cur: psycopg.Cursor) -> str | None:
+    """The schema pg_partman is installed in, or None when it is not installed in this database."""
+    cur.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+                " WHERE e.extname = 'pg_partman'")
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def check_partman(cur: psycopg.Cursor, table: names.QualifiedName) -> str:
+    """Plan check of manager = "pg_partman": the extension is installed (its schema), and the
+    table's name is one pg_partman can hold (it splits the parent's name at the dot)."""
+    schema = partman_schema(cur)
+    if schema is None:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_partman')")
+        if not one(cur)[0]:
+            package = partman_package(cur)
+            raise PlanError(f'[partitions] manager = "pg_partman": the server has no pg_partman extension '
+                            f"(Debian/Ubuntu package {package})",
+                            hint=f'apt-get install {package}, then CREATE EXTENSION pg_partman SCHEMA partman; '
+                                 f'or use manager = "mover"')
+        raise PlanError('[partitions] manager = "pg_partman": pg_partman is available on the server but not '
+                        'installed in this database',
+                        hint='CREATE EXTENSION pg_partman SCHEMA partman (CREATE SCHEMA partman first); '
+                             'or use manager = "mover"')
+    assert table.schema is not None
+    if "." in table.schema or "." in table.name:
+        raise PlanError(f'[partitions] manager = "pg_partman": pg_partman cannot manage {table}: it does not '
+                        f"support names with a period", hint='use manager = "mover"')
+    return schema
+
+
+def partman_parent(table: names.QualifiedName) -> str:
+    # pg_partman's own spelling of a parent: schema.table, unquoted (it quotes the parts itself).
+    return f"{table.schema}.{table.name}"
+
+
+def partman_config(cur: psycopg.Cursor, schema: str, table: names.QualifiedName) -> dict[str, Any] | None:
+    cur.execute(sql.SQL("SELECT partition_interval, premake, retention, retention_keep_table,"
+                        " infinite_time_partitions FROM {}.part_config WHERE parent_table = %s").format(
+        sql.Identifier(schema)), (partman_parent(table),))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip(("interval", "premake", "retention", "retention_keep_table", "infinite_time_partitions"), row,
+                    strict=True))
+
+
+def hand_over(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retention: str | None, drop_detached: bool,
+              table: names.QualifiedName) -> bool:
+    """Register `table` with pg_partman (create_parent with the plan's interval and premake, the
+    retention policy into part_config). False when it is registered already (idempotent).
+
+    create_parent always attaches a DEFAULT partition of its own making: a default partition
+    mover made is detached first and its rows put back through the parent (they land in their
+    partition, or in pg_partman's default), all under the parent's lock, so no write is lost.
+    Bounds are UTC (mover's): the session's time zone is UTC here, as pg_partman's must be."""
+    schema = check_partman(cur, table)
+    if partman_config(cur, schema, table) is not None:
+        return False
+    assert table.schema is not None and spec.by == "range"
+    cur.execute("SET LOCAL TimeZone = 'UTC'")
+    cur.execute(q.lock_parent(table))
+    old_default = next((c for c, _, d, _ in children(cur, table) if d), None)
+    if old_default is not None:
+        cur.execute(q.detach(table, old_default))
+        aside = names.QualifiedName(table.schema, names.derived(old_default.name, "_mover"))
+        cur.execute(q.rename_table(old_default, aside.name))
+        old_default = aside
+    col = spec.columns[0]
+    cur.execute(q.first_value(table, col, True))
+    row = cur.fetchone()
+    if spec.interval is not None:
+        interval = PARTMAN_INTERVALS[spec.interval]
+        cur.execute("SELECT now()")
+        start: Any = period_start(one(cur)[0], spec.interval).isoformat()
+    else:
+        assert spec.step is not None
+        interval = str(spec.step)
+        start = str(((row[0] if row and row[0] is not None else 0) // spec.step) * spec.step)
+    cur.execute(q.partman_create_parent(schema), {"parent": partman_parent(table), "control": col,
+                                                  "interval": interval, "premake": premake, "start": start})
+    cur.execute(sql.SQL("UPDATE {}.part_config SET retention = %s, retention_keep_table = %s,"
+                        " infinite_time_partitions = %s WHERE parent_table = %s").format(sql.Identifier(schema)),
+                (retention, not drop_detached, spec.interval is not None, partman_parent(table)))
+    if old_default is not None:
+        info = introspect.describe(cur, table)
+        cur.execute(q.move_all(old_default, table, tuple(c.name for c in info.copy_columns)))
+        cur.execute(sql.SQL("DROP TABLE {}").format(old_default.ident))
+    return True
+
+
+def partman_maintain(cur: psycopg.Cursor, table: names.QualifiedName) -> None:
+    """pg_partman's run_maintenance for `table` (UTC, as its bounds are)."""
+    schema = check_partman(cur, table)
+    cur.execute("SET LOCAL TimeZone = 'UTC'")
+    cur.execute(q.partman_run_maintenance(schema), {"parent": partman_parent(table)})

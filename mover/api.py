@@ -571,8 +571,10 @@ def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str,
     report["handed_over"] = db.transaction(
         bind(partitions.hand_over, spec, premake, plan.upkeep.retention, plan.upkeep.drop_detached, live),
         lock_timeout=lock, statement_timeout="60s", label="pg_partman create_parent")
-    db.transaction(bind(partitions.partman_maintain, live), lock_timeout=lock, statement_timeout="60s",
-                   label="pg_partman run_maintenance")
+    moved = db.transaction(bind(partitions.partman_maintain, spec, premake, live), lock_timeout=lock,
+                           statement_timeout="60s", label="pg_partman run_maintenance")
+    if moved:
+        report["moved_from_default"] = moved
     after = db.transaction(names_of, label="partitions")
     report["registered"] = True
     report["partitions"] = len(after)

@@ -528,7 +528,7 @@ def hand_over(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retention:
     """Register `table` with pg_partman (create_parent with the plan's interval and premake, the
     retention policy into part_config). False when it is registered already (idempotent).
 
-    create_parent always attaches a DEFAULT partition of its own making: a default partition
+    The table ends with a DEFAULT partition, as pg_partman makes its sets: a default partition
     mover made is detached first and its rows put back through the parent (they land in their
     partition, or in pg_partman's default), all under the parent's lock, so no write is lost.
     Bounds are UTC (mover's): the session's time zone is UTC here, as pg_partman's must be."""
@@ -557,9 +557,16 @@ def hand_over(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retention:
         start = str(((row[0] if row and row[0] is not None else 0) // spec.step) * spec.step)
     cur.execute(q.partman_create_parent(schema), {"parent": partman_parent(table), "control": col,
                                                   "interval": interval, "premake": premake, "start": start})
+    # ignore_default_data: rows no partition takes (dated 2100, say) must not make pg_partman
+    # create partitions up to them, nor fail its maintenance.
     cur.execute(sql.SQL("UPDATE {}.part_config SET retention = %s, retention_keep_table = %s,"
-                        " infinite_time_partitions = %s WHERE parent_table = %s").format(sql.Identifier(schema)),
+                        " infinite_time_partitions = %s, ignore_default_data = true"
+                        " WHERE parent_table = %s").format(sql.Identifier(schema)),
                 (retention, not drop_detached, spec.interval is not None, partman_parent(table)))
+    if not any(d for _, _, d, _ in children(cur, table)):
+        # create_parent returns before making its default when every partition it wanted existed.
+        cur.execute(q.create_partition(names.QualifiedName(table.schema, default_name(table.name)), table,
+                                       q.default_bound()))
     if old_default is not None:
         info = introspect.describe(cur, table)
         cur.execute(q.move_all(old_default, table, tuple(c.name for c in info.copy_columns)))
@@ -567,8 +574,22 @@ def hand_over(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retention:
     return True
 
 
-def partman_maintain(cur: psycopg.Cursor, table: names.QualifiedName) -> None:
-    """pg_partman's run_maintenance for `table` (UTC, as its bounds are)."""
+def partman_maintain(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, table: names.QualifiedName) -> int:
+    """pg_partman's run_maintenance for `table` (UTC, as its bounds are). pg_partman fails to
+    create a partition whose range has rows in the default partition ("updated partition
+    constraint for default partition would be violated"): mover carves those out first, under
+    the same names, so pg_partman finds them made. Returns the rows moved out of the default."""
     schema = check_partman(cur, table)
     cur.execute("SET LOCAL TimeZone = 'UTC'")
+    moved = 0
+    default = next((c for c, _, d, _ in children(cur, table) if d), None)
+    if default is not None:
+        col = spec.columns[0]
+        typ = column_type(introspect.describe(cur, table), col)
+        # One past premake: pg_partman counts ahead from the newest row, mover from now.
+        for p in maintain_plan(cur, spec, premake + 1, None, table, table.name)["create"]:
+            cur.execute(q.has_rows_between(default, col, p.lo, p.hi, typ))
+            if one(cur)[0]:
+                moved += carve_from_default(cur, table, p, col)
     cur.execute(q.partman_run_maintenance(schema), {"parent": partman_parent(table)})
+    return moved

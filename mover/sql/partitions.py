@@ -143,6 +143,11 @@ def move_range(default: QualifiedName, table: QualifiedName, column: str, lo, hi
         cols=cols, t=table.ident)
 
 
+def has_rows_between(table: QualifiedName, column: str, lo, hi, type_text: str) -> sql.Composed:
+    return sql.SQL("SELECT EXISTS (SELECT 1 FROM {t} WHERE {c} >= {lo} AND {c} < {hi})").format(
+        t=table.ident, c=sql.Identifier(column), lo=_typed(lo, type_text), hi=_typed(hi, type_text))
+
+
 def attach(parent: QualifiedName, table: QualifiedName, bound: sql.Composable) -> sql.Composed:
     return sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent.ident, table.ident, bound)
 

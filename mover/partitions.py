@@ -432,8 +432,35 @@ def status(cur: psycopg.Cursor, source: names.QualifiedName, target: names.Quali
         upper = _upper_bound(bound)
         if upper is not None:
             newest = upper if newest is None else max(newest, upper, key=_bound_order)
-    return {"table": str(table), "count": len(rows), "rows_estimate": rows, "default_rows_estimate": default_rows,
-            "newest_bound": newest}
+    out = {"table": str(table), "count": len(rows), "rows_estimate": rows, "default_rows_estimate": default_rows,
+           "newest_bound": newest, "next_boundary": None, "ahead": None}
+    cols = partition_columns(cur, table)
+    uppers = [u for _, b, _, _ in children(cur, table) if (u := _upper_bound(b)) is not None]
+    if len(cols) == 1 and uppers:
+        typ = column_type(introspect.describe(cur, table), cols[0])
+        if typ in TIME_TYPES:
+            # The boundary the table crosses next, and how far past now the newest partition reaches.
+            cur.execute(sql.SQL("SELECT min(b) FILTER (WHERE b > now()), max(b) - now() FROM"
+                                " (SELECT CAST(u AS {}) AS b FROM unnest(%s::text[]) u) x").format(sql.SQL(typ)),
+                        (uppers,))
+            nxt, ahead = one(cur)
+            out["next_boundary"] = None if nxt is None else str(nxt)
+            out["ahead"] = None if ahead is None else _words(ahead)
+        elif typ in INTEGER_TYPES:
+            cur.execute(q.first_value(table, cols[0], True))
+            row = cur.fetchone()
+            top = row[0] if row else None
+            bounds = sorted(int(u) for u in uppers)
+            out["next_boundary"] = next((b for b in bounds if top is None or b > top), None)
+            out["ahead"] = None if top is None else f"{bounds[-1] - top} values"
+    return out
+
+
+def _words(delta: Any) -> str:
+    if isinstance(delta, int):  # date - date: days
+        return f"{delta} days"
+    days = delta.total_seconds() / 86400
+    return f"{days:.1f} days" if days >= 0 else f"{days:.1f} days (behind now)"
 
 
 def _bound_order(text: str) -> Any:

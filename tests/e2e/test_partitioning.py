@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import WriterThread, differences, mismatches, mover, write_plan
+from tests.workload import Spawned, WriterThread, differences, mismatches, mover, write_plan
 
 COLUMNS = ("id", "created_at", "tenant_id", "region", "payload")
 ROWS = 3000
@@ -478,3 +479,60 @@ def test_kill_9_during_the_conversion_then_resume(db_dsn, tmp_path, point):
                           " WHERE i.indrelid = 'events'::regclass")
     assert valid[0] == (True, 3)
     assert differences(db_dsn, "events", "events_old", COLUMNS) == (0, 0)
+
+
+def wait_until(dsn: str, q: str, *params, timeout: float = 120):
+    """Polls `q` until it returns a row (a catalog state no event announces); returns the row."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = query(dsn, q, *params)
+        if rows:
+            return rows[0]
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for: {q} {params}")
+
+
+def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn, tmp_path):
+    """The process dies while a partition's CREATE INDEX CONCURRENTLY waits (the index is in the
+    catalog, invalid, and its backend orphaned): the resume stops the orphan, drops the invalid
+    index, rebuilds it, attaches every partition's index, and the data is what the writer committed."""
+    create_events(db_dsn, 1500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@after:create_target"})
+        assert r.returncode == -9, r.stderr
+        # A transaction holding a writer's lock on the partition built first (children come in
+        # name order: events_default): its CREATE INDEX CONCURRENTLY waits for it.
+        with psycopg.connect(db_dsn) as blocker:
+            blocker.execute("LOCK TABLE events_default IN ROW EXCLUSIVE MODE")
+            p = Spawned(db_dsn, "run", "events_part", env={})
+            (orphan,) = wait_until(db_dsn, "SELECT pid FROM pg_stat_progress_create_index WHERE relid ="
+                                           " 'events_default'::regclass AND phase LIKE 'waiting for writers%%'")
+            assert p.kill()
+            invalid = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                                    " WHERE i.indrelid = 'events_default'::regclass AND NOT i.indisvalid")
+            assert len(invalid) == 1, invalid
+            resume = Spawned(db_dsn, "run", "events_part", env={})
+            # The resume cancels the orphaned build; its own drop and rebuild then wait for the blocker.
+            wait_until(db_dsn, "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)", orphan)
+            blocker.rollback()
+        assert resume.proc.wait(300) == 3, "".join(resume.err)
+        assert "is invalid (a build was interrupted); rebuilding" in "".join(resume.err)
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        # Every index valid; a partitioned parent's index is valid only once every partition's is attached.
+        valid = query(db_dsn, "SELECT bool_and(i.indisvalid), count(*) FROM pg_index i"
+                              " WHERE i.indrelid = 'events'::regclass")
+        assert valid[0] == (True, 3)
+        assert query(db_dsn, "SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indrelid"
+                             " WHERE h.inhparent = 'events'::regclass AND NOT i.indisvalid") == [(0,)]
+        parts = len(partitions_of(db_dsn, "events"))
+        attached = query(db_dsn, "SELECT count(*) FROM pg_inherits h JOIN pg_index i ON i.indexrelid = h.inhparent"
+                                 " WHERE i.indrelid = 'events'::regclass")
+        assert attached == [(3 * parts,)], (attached, parts)
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+    finally:
+        writer.halt()
+    assert writer.errors == []

@@ -28,7 +28,7 @@ from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind
 from mover.db import open_database as _database
-from mover.errors import BadInput, NotFound, PlanError, Waiting
+from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
@@ -568,11 +568,19 @@ def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str,
     if dry_run:
         return report
     # Under the parent's lock (hand-over) and pg_partman's DDL: bounded like a swap, retried whole.
-    report["handed_over"] = db.transaction(
-        bind(partitions.hand_over, spec, premake, plan.upkeep.retention, plan.upkeep.drop_detached, live),
-        lock_timeout=lock, statement_timeout="60s", label="pg_partman create_parent")
-    moved = db.transaction(bind(partitions.partman_maintain, spec, premake, live), lock_timeout=lock,
-                           statement_timeout="60s", label="pg_partman run_maintenance")
+    step = "create_parent"
+    try:
+        report["handed_over"] = db.transaction(
+            bind(partitions.hand_over, spec, premake, plan.upkeep.retention, plan.upkeep.drop_detached, live),
+            lock_timeout=lock, statement_timeout="60s", label="pg_partman create_parent")
+        step = "run_maintenance"
+        moved = db.transaction(bind(partitions.partman_maintain, spec, premake, live), lock_timeout=lock,
+                               statement_timeout="60s", label="pg_partman run_maintenance")
+    except psycopg.Error as exc:
+        # Rolled back whole: the table is as it was (handed over or not).
+        raise Failed(f"pg_partman {step} for {live} failed: {exc.diag.message_primary or exc}",
+                     hint=f"fix the cause (pg_partman's part_config row for {partitions.partman_parent(live)}), "
+                          f"then `mover partitions maintain {m.name}` again") from exc
     if moved:
         report["moved_from_default"] = moved
     after = db.transaction(names_of, label="partitions")

@@ -108,3 +108,11 @@ def test_hand_over_to_pg_partman_after_retire(db_dsn, tmp_path):
     assert partitions_of(db_dsn, "events") == after
     r = mover(db_dsn, "partitions", "maintain", "events")
     assert r.returncode == 0 and "deferred to pg_partman run_maintenance" in r.stdout, r.stdout
+    # pg_partman failing is mover's failure, naming the table and what to do; nothing half done.
+    query(db_dsn, "UPDATE partman.part_config SET partition_interval = 'fortnightly' RETURNING 1")
+    r = mover(db_dsn, "partitions", "maintain", "events")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    err = " ".join(r.stderr.split())
+    assert 'pg_partman run_maintenance for "public"."events" failed' in err, err
+    assert "mover partitions maintain events_part" in err, err
+    assert partitions_of(db_dsn, "events") == after

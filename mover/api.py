@@ -26,7 +26,7 @@ from mover import (
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind
+from mover.db import Database, bind, one
 from mover.db import open_database as _database
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
@@ -551,10 +551,18 @@ def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str,
     """maintain for a retired conversion with manager = "pg_partman": the first run hands the
     table over (create_parent), every run defers to pg_partman's run_maintenance. Reports the
     partitions it created and removed by comparing before and after."""
+    from mover.sql import partitions as partition_sql
     spec = plan.partition
 
     def names_of(cur):
         return {c.name for c, _, _, _ in partitions.children(cur, live)}
+
+    def default_rows(cur):
+        default = next((c for c, _, d, _ in partitions.children(cur, live) if d), None)
+        if default is None:
+            return None
+        cur.execute(partition_sql.count_rows(default))
+        return one(cur)[0]
 
     def registered(cur):
         return partitions.partman_config(cur, partitions.check_partman(cur, live), live) is not None
@@ -586,6 +594,7 @@ def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str,
     after = db.transaction(names_of, label="partitions")
     report["registered"] = True
     report["partitions"] = len(after)
+    report["default_rows"] = db.transaction(default_rows, label="partitions")
     report["created"] = sorted(after - before)
     report["detached"] = sorted(before - after)
     return report

@@ -76,6 +76,12 @@ def test_hand_over_to_pg_partman_after_retire(db_dsn, tmp_path):
         conn.execute("CREATE TABLE snapshot AS SELECT * FROM events")
     before = partitions_of(db_dsn, "events")
 
+    r = mover(db_dsn, "partitions", "maintain", "--all", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    (dry,) = json.loads(r.stdout)
+    assert (dry["manager"], dry["registered"], dry["handed_over"]) == ("pg_partman", False, False), dry
+    assert query(db_dsn, "SELECT count(*) FROM partman.part_config")[0][0] == 0  # a dry run changes nothing
+    assert partitions_of(db_dsn, "events") == before
     r = mover(db_dsn, "partitions", "maintain", "--all", "--json")
     assert r.returncode == 0, r.stderr
     (done,) = json.loads(r.stdout)
@@ -100,6 +106,7 @@ def test_hand_over_to_pg_partman_after_retire(db_dsn, tmp_path):
     assert query(db_dsn, recent.format(a="snapshot", b="events")) == [(0,)]
     assert query(db_dsn, "SELECT count(*) FROM events WHERE created_at < now() - interval '13 months'") == [(0,)]
     assert done.get("moved_from_default") == 1, done  # the early row, carved out before pg_partman ran
+    assert done["default_rows"] == 1, done  # the row dated 2100
 
     r = mover(db_dsn, "partitions", "maintain", "events", "--json")  # again: handed over already, nothing to do
     assert r.returncode == 0, r.stderr

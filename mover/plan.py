@@ -111,6 +111,7 @@ class PartitionUpkeep:
     premake: int | None = None  # None: [target.partition] premake
     retention: str | None = None  # e.g. "12 months": partitions wholly older are detached
     drop_detached: bool = False
+    manager: str = "mover"  # or "pg_partman": handed over once retired (mover/partitions.py)
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
                   "settle_rounds": (int, False), "max_attempts": (int, False),
                   "max_rows_per_second": (int, False)},
-    "partitions": {"premake": (int, False), "retention": (str, False), "drop_detached": (bool, False)},
+    "partitions": {"premake": (int, False), "retention": (str, False), "drop_detached": (bool, False),
+                   "manager": (str, False)},
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
 _SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
@@ -408,8 +410,13 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
                        "= \"1 month\" etc.)")
         if not re.match(r"^\s*[1-9]\d*\s+(day|week|month|year)s?\s*$", p["retention"]):
             raise fail(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {p['retention']!r}")
+    manager = p.get("manager", "mover")
+    if manager not in ("mover", "pg_partman"):
+        raise fail(f"[partitions] manager must be \"mover\" or \"pg_partman\", got {manager!r}")
+    if manager == "pg_partman":
+        _check_partman_spec(partition, p, fail)
     upkeep = PartitionUpkeep(premake=p.get("premake"), retention=p.get("retention"),
-                             drop_detached=p.get("drop_detached", False))
+                             drop_detached=p.get("drop_detached", False), manager=manager)
 
     return Plan(
         partition=partition,
@@ -433,6 +440,25 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         ),
         document=doc,
     )
+
+
+def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail) -> None:
+    """pg_partman takes over only a layout it would have made itself: one range column, its own
+    child names (it skips a partition whose name exists and would collide with one named otherwise)."""
+    where = '[partitions] manager = "pg_partman"'
+    assert partition is not None  # [partitions] without [target.partition] is refused before
+    if partition.by != "range":
+        raise fail(f"{where}: pg_partman manages range partitioning only, not by = \"{partition.by}\"",
+                   'use manager = "mover" (the default)')
+    if partition.interval == "week":
+        raise fail(f"{where}: pg_partman names weekly partitions by ISO week (IYYYwIW), mover by date",
+                   'use interval = "1 day" or "1 month", or manager = "mover"')
+    if partition.name != DEFAULT_NAMES[partition.interval]:
+        raise fail(f"{where}: pg_partman names the partitions it creates {DEFAULT_NAMES[partition.interval]!r}; "
+                   f"[target.partition] name {partition.name!r} would differ",
+                   "remove [target.partition] name")
+    if p.get("premake", partition.premake) < 1:
+        raise fail(f"{where}: pg_partman needs premake of 1 or more")
 
 
 def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:

@@ -79,8 +79,17 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
         "error": error,
         "created_at": iso(m.created_at),
         "finished_at": iso(m.finished_at),
-        "partitions": partitions.status(cur, m.source, m.target) if m.plan.get("partition") else None,
+        "partitions": _partitions(cur, m),
     }
+
+
+def _partitions(cur, m: control.Migration) -> dict[str, Any] | None:
+    if not m.plan.get("partition"):
+        return None
+    out = partitions.status(cur, m.source, m.target)
+    if out is not None:
+        out["manager"] = (m.plan.get("partitions") or {}).get("manager", "mover")
+    return out
 
 
 def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:

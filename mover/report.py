@@ -209,7 +209,7 @@ def render_html(r: dict[str, Any]) -> str:
         ["step / state", f"{st['step']} / {st['state']}"],
         ["tables", f"source {t['source']}, target {t['target']}, old {t['old']}"],
         ["key", ", ".join(st["key"])],
-        ["rows copied", f"{st['backfill']['rows_copied']:,} in {st['backfill']['chunks_done']} ranges"],
+        ["rows copied", f"{st['backfill']['rows_copied']:,} in {st['backfill']['ranges_done']} ranges"],
         ["rows compared", f"{st['reconcile']['rows_compared']:,} in {st['reconcile']['ranges_done']} ranges"],
         ["capture applied", f"{st['capture']['applied']:,}"],
         ["cutover", "" if not st["cutover"] else

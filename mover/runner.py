@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, samples, shape, steps
+from mover import capture, control, faults, ranges, samples, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
@@ -44,7 +44,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
 
     def beat_once(cur) -> bool:
         if ctx.workers:
-            chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
+            ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
         alive = control.heartbeat(cur, migration.id, owner)
         if alive:
             sample(cur)  # what `mover watch` and `mover report` chart; never costs the lease
@@ -60,7 +60,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         _record(db, ctx, "waiting", str(exc))
         raise
     except (Interrupted, KeyboardInterrupt):
-        _record(db, ctx, "paused", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
+        _record(db, ctx, "interrupted", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
         raise
     except MoverError as exc:
         _record(db, ctx, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),

@@ -132,8 +132,8 @@ def screen(snap: dict[str, Any]) -> RenderableType:
     for w in snap["worker_list"]:
         rng = w["range"]
         where = "-" if rng is None else \
-            f"{rng['kind']} #{rng['chunk_no']} ({_bound(rng['lo'])} .. {_bound(rng['hi'])}]"
-        workers.add_row(w["worker"][-18:], f"{w['host']}/{w['pid']}", where, f"{w['chunk_rows'] or '-'}",
+            f"{rng['kind']} #{rng['range_no']} ({_bound(rng['lo'])} .. {_bound(rng['hi'])}]"
+        workers.add_row(w["worker"][-18:], f"{w['host']}/{w['pid']}", where, f"{w['range_rows'] or '-'}",
                         f"{w['rows_done']:,}", w["waiting_for"] or "")
     if not snap["worker_list"]:
         workers.add_row("(none running)", "", "", "", "", "")

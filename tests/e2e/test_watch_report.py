@@ -36,7 +36,7 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = 1000
+range_rows = 1000
 max_rows_per_second = {cap}
 
 [rollback]

@@ -27,7 +27,7 @@ window = "1h"
 """
 
 FIELDS = {"at", "step", "backfill_rows", "reconcile_rows", "pending_forward", "lag_forward", "pending_reverse",
-          "lag_reverse", "workers", "chunk_rows", "waiting_for", "lock_waits"}
+          "lag_reverse", "workers", "range_rows", "waiting_for", "lock_waits"}
 
 
 def test_a_run_records_samples_and_a_failed_sample_costs_nothing_else(db_dsn, tmp_path, caplog):

@@ -37,7 +37,7 @@ from mover.context import Context
 from mover.db import bind
 from mover.errors import Failed
 from mover.names import QualifiedName
-from mover.sql import ddl
+from mover.sql import ddl, trusted
 
 log = logging.getLogger("mover.adopt")
 
@@ -120,9 +120,9 @@ def _add_columns(ctx: Context, other: QualifiedName, columns: list[dict[str, Any
             # Type, collation and default are text the catalog printed for the live table's column
             # (format_type, pg_get_expr): trusted, and positions that take no bind parameter.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD COLUMN {c} {ty}{coll}{default}").format(
-                t=other.ident, c=sql.Identifier(c["name"]), ty=sql.SQL(c["type"]),
-                coll=sql.SQL(f" COLLATE {c['collation']}" if c.get("collation") else ""),
-                default=sql.SQL(f" DEFAULT {c['default']}" if c.get("default") is not None else "")))
+                t=other.ident, c=sql.Identifier(c["name"]), ty=trusted(c["type"], "format_type"),
+                coll=trusted(f" COLLATE {c['collation']}" if c.get("collation") else "", "pg_collation"),
+                default=trusted(f" DEFAULT {c['default']}" if c.get("default") is not None else "", "pg_get_expr")))
     ctx.db.transaction(add, label="adopt columns", **_lock_timeout(ctx))
 
 
@@ -134,8 +134,8 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
     key = tuple(ctx.migration.key_columns)
     key_types = ctx.db.transaction(lambda cur: {c.name: c.type for c in introspect.describe(cur, other).columns})
     # Key types are catalog text (format_type) of the other table's key columns.
-    bound = sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(key_types[k]))
-                                                      for k in key))
+    bound = sql.SQL("({})").format(sql.SQL(", ").join(
+        sql.SQL("CAST(%s AS {})").format(trusted(key_types[k], "format_type")) for k in key))
     t_key = sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier("t", k) for k in key))
     s_key = sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier("s", k) for k in key))
     lo: tuple | None = None
@@ -201,7 +201,7 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
             # The definition is pg_get_constraintdef() of the live table's constraint, NOT VALID
             # included when it is not validated there: the same validation state on both tables.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} {d}").format(
-                t=other.ident, c=sql.Identifier(name), d=sql.SQL(con["definition"])))
+                t=other.ident, c=sql.Identifier(name), d=trusted(con["definition"], "pg_get_constraintdef")))
     ctx.db.transaction(finish, label="adopt constraints", statement_timeout="300s", **_lock_timeout(ctx))
 
 

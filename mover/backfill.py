@@ -25,7 +25,7 @@ import psycopg
 
 from mover import capture, chunks, control, faults, introspect, names, partitions, throttle
 from mover.context import Context, Reporter
-from mover.db import bind
+from mover.db import bind, is_retryable
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
@@ -242,7 +242,6 @@ INDEX_ATTEMPTS = 6
 def _transient_ddl_error(exc: BaseException) -> bool:
     """Worth another try: a lock or deadlock timeout, or the catalog race of two backends that
     end and drop the same index at once ("tuple concurrently updated", SQLSTATE XX000)."""
-    from mover.db import is_retryable
     if isinstance(exc, psycopg.errors.InternalError_):
         return (exc.diag.message_primary or "") == "tuple concurrently updated"
     return is_retryable(exc)

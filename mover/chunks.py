@@ -31,8 +31,6 @@ from mover.errors import LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
 
-LEASE_SECONDS = control.LEASE_SECONDS  # one lease length for the orchestrator and the ranges
-
 
 def worker_id(n: int = 0) -> str:
     """A range worker's id: the process's owner id (host:pid:random, which
@@ -106,7 +104,7 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
             FROM c WHERE k.migration_id = %(mid)s AND k.kind = %(kind)s AND k.chunk_no = c.chunk_no
             RETURNING k.chunk_no, k.lo, k.hi, k.status
             """,
-            {"mid": mid, "kind": kind, "max": max_attempts, "worker": worker, "lease": LEASE_SECONDS},
+            {"mid": mid, "kind": kind, "max": max_attempts, "worker": worker, "lease": control.LEASE_SECONDS},
         )
         row = cur.fetchone()
         if row is None:
@@ -127,7 +125,7 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
     cur.execute(
         "INSERT INTO mover.chunks (migration_id, kind, chunk_no, lo, hi, status, owner, attempts, lease_expires_at)"
         " VALUES (%s, %s, %s, %s, %s, 'running', %s, 1, clock_timestamp() + make_interval(secs => %s))",
-        (mid, kind, chunk_no, lo, hi, worker, LEASE_SECONDS),
+        (mid, kind, chunk_no, lo, hi, worker, control.LEASE_SECONDS),
     )
     cur.execute("UPDATE mover.frontiers SET next_lo = %s, next_chunk_no = %s, exhausted = %s"
                 " WHERE migration_id = %s AND kind = %s", (hi, chunk_no + 1, hi is None, mid, kind))
@@ -238,7 +236,7 @@ def keep_leases(cur: psycopg.Cursor, mid: int, workers: list[str]) -> None:
             SELECT migration_id, kind, chunk_no FROM mover.chunks
             WHERE migration_id = %s AND owner = ANY(%s) AND status = 'running' FOR UPDATE SKIP LOCKED)
         """,
-        (LEASE_SECONDS, mid, workers),
+        (control.LEASE_SECONDS, mid, workers),
     )
     cur.execute("UPDATE mover.workers SET heartbeat_at = clock_timestamp() WHERE migration_id = %s"
                 " AND worker_id = ANY(%s)", (mid, workers))

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, privileges, reconcile, shape
+from mover import capture, chunks, control, faults, introspect, names, privileges, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -33,7 +34,13 @@ class _ReplayFailedUnderLock(Failed):
     """The drain under the swap's lock met a change it could not apply; the swap rolled back."""
 
 
-def preflight(ctx: Context) -> None:
+# The last check before the lock: a verifying pass over what changed since reconcile, returning the
+# divergences then open. Passed in by the cutover step (steps/cutover.py), so this engine does not
+# call the reconcile engine: the two are siblings over capture and control.
+LastCheck = Callable[[Context], int]
+
+
+def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
     def check(cur):
         problems = []
         n = control.open_divergences(cur, ctx.mid)
@@ -48,13 +55,13 @@ def preflight(ctx: Context) -> None:
     ctx.db.transaction(check)
     # Drain outside the lock so the locked transaction has little left to apply.
     capture.drain(ctx, reverse=False, backfill_done=True)
-    if ctx.plan.reconcile.before_cutover:
+    if ctx.plan.reconcile.before_cutover and last_check is not None:
         # The last check, outside the lock: re-verify every range that received an applied change
         # since reconcile verified it (mover/reconcile.py). What the lock's own drain applies after
         # this is the same state replay whose results this pass has just checked.
-        result = reconcile.run(ctx)
-        if result.open:
-            raise Waiting(f"the last reconcile before the cutover of {ctx.migration.name!r} found {result.open}"
+        still_open = last_check(ctx)
+        if still_open:
+            raise Waiting(f"the last reconcile before the cutover of {ctx.migration.name!r} found {still_open}"
                           f" unresolved divergences; cutover refused",
                           hint=f"see them with `mover divergences {ctx.migration.name}`")
 
@@ -319,8 +326,8 @@ def _record_replay_failures(ctx: Context, exc: _ReplayFailedUnderLock, *, revers
     return Waiting(exc.message, hint=f"see them with `mover divergences {ctx.migration.name}`")
 
 
-def swap_in(ctx: Context) -> float:
-    preflight(ctx)
+def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
+    preflight(ctx, last_check)
     try:
         held = _locked_swap(ctx, forward=True)
     except _Unapplied as exc:

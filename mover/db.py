@@ -218,7 +218,7 @@ class Database:
         retrying = Retrying(
             retry=retry_if_exception(is_retryable),
             stop=stop_after_attempt(attempts or self.attempts),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.2),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2),
             before_sleep=_retry_logger(label),
             reraise=True,
         )

@@ -28,6 +28,7 @@ from mover.db import one
 from mover.errors import PlanError
 from mover.plan import PartitionSpec
 from mover.sql import partitions as q
+from mover.sql import trusted
 
 log = logging.getLogger("mover.partitions")
 
@@ -396,8 +397,8 @@ def maintain_plan(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retent
             upper = _upper_bound(bound)
             if is_default or upper is None:
                 continue
-            cur.execute(sql.SQL("SELECT CAST(%s AS {}) <= now() - CAST(%s AS interval)").format(sql.SQL(typ)),
-                        (upper, retention))
+            cur.execute(sql.SQL("SELECT CAST(%s AS {}) <= now() - CAST(%s AS interval)").format(
+                trusted(typ, "format_type")), (upper, retention))
             if one(cur)[0] or pending:
                 detach.append(child.name)
     # A DETACH ... CONCURRENTLY that was interrupted leaves its partition pending: only FINALIZE

@@ -41,6 +41,7 @@ from mover.db import Database, bind, is_retryable, one
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
+from mover.sql import trusted
 from mover.sql.capture import replay_keys as replay_keys_sql
 from mover.sql.mapping import Mapping
 
@@ -118,7 +119,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
             cur.execute(q.hash_probe(t))
             # The equality operator, found by name as IS DISTINCT FROM will find it.
             cur.execute(psycopg.sql.SQL("SELECT CAST(NULL AS {0}) IS DISTINCT FROM CAST(NULL AS {0})").format(
-                psycopg.sql.SQL(t)))
+                trusted(t, "format_type")))
             usable[t] = True
         except psycopg.errors.Error as exc:
             if isinstance(exc, psycopg.OperationalError) or is_retryable(exc):

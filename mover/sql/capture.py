@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from mover.sql import trusted
 from mover.sql.mapping import Mapping, collated, ident_list, key_column_defs, key_equal, overriding, source_values
 
 
@@ -151,7 +152,7 @@ def replay_keys(m: Mapping) -> sql.Composed:
     """Replay a single key given as parameters (the fallback when a batch fails on data)."""
     keyrow = sql.SQL(", ").join(
         sql.SQL("{} AS {}").format(
-            collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(t)),
+            collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), trusted(t, "format_type")),
                      m.key_collations[i] if m.key_collations else None), sql.Identifier(c))
         for i, (c, t) in enumerate(zip(m.key, m.src_key_types, strict=True)))
     return sql.SQL("WITH keys AS (SELECT {keyrow}), {sync}\n"
@@ -206,8 +207,8 @@ def _key_set(m: Mapping) -> sql.Composed:
     """CTE `keys`: the keys given as one text array per key column (%(k_0)s, %(k_1)s...), cast to
     the source's key types."""
     arrays = sql.SQL(", ").join(sql.SQL("{}::text[]").format(sql.Placeholder(f"k_{i}")) for i in range(len(m.key)))
-    cols = sql.SQL(", ").join(sql.SQL("CAST(u.{} AS {}) AS {}").format(sql.Identifier(f"k_{i}"), sql.SQL(t),
-                                                                      sql.Identifier(c))
+    cols = sql.SQL(", ").join(sql.SQL("CAST(u.{} AS {}) AS {}").format(sql.Identifier(f"k_{i}"),
+                                                                      trusted(t, "format_type"), sql.Identifier(c))
                               for i, (c, t) in enumerate(zip(m.key, m.src_key_types, strict=True)))
     return sql.SQL("keys AS (SELECT {cols} FROM unnest({arrays}) AS u({names}))").format(
         cols=cols, arrays=arrays, names=ident_list(f"k_{i}" for i in range(len(m.key))))
@@ -228,7 +229,8 @@ def conflicting_keys(m: Mapping, indexes: list[list[str]], computed: tuple[str, 
     harmless."""
     dkey = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in m.key)
     parts = [sql.SQL("SELECT {dkey} FROM {dst} WHERE ({exprs}) IN (SELECT {exprs} FROM converted)").format(
-        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(sql.SQL(e) for e in exprs)) for exprs in indexes]
+        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(trusted(e, "pg_get_indexdef") for e in exprs))
+        for exprs in indexes]
     values = sql.SQL(", ").join([source_values("s", m), *(sql.Identifier("s", c) for c in computed)])
     return sql.SQL("WITH {keys}, converted AS MATERIALIZED (SELECT * FROM (SELECT {values} FROM {src} s"
                    " JOIN keys l ON {s_eq_l}) AS c ({cols}))\n{parts}").format(

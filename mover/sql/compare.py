@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from mover.sql import trusted
 from mover.sql.mapping import Mapping, bound_row, collated, key_column_defs, key_equal, key_row, range_predicate
 
 VALUE_CHARS = 200  # long values are truncated in divergence reports
@@ -100,7 +101,7 @@ class Spec:
 def hash_probe(type_text: str) -> sql.Composed:
     """Fails when PostgreSQL cannot hash the type (no extended hash function for it, or for a
     field or element of it). The lookup happens before the NULL check, so NULL is enough."""
-    return sql.SQL("SELECT hash_record_extended(ROW(CAST(NULL AS {})), 0)").format(sql.SQL(type_text))
+    return sql.SQL("SELECT hash_record_extended(ROW(CAST(NULL AS {})), 0)").format(trusted(type_text, "format_type"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,12 +110,14 @@ def hash_probe(type_text: str) -> sql.Composed:
 
 def _source(c: Compared, alias: str) -> sql.Composable:
     col = sql.Identifier(alias, c.name)
-    return sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.cast_to)) if c.cast_to and not c.back_to else col
+    if c.cast_to and not c.back_to:
+        return sql.SQL("CAST({} AS {})").format(col, trusted(c.cast_to, "format_type"))
+    return col
 
 
 def _target(c: Compared, alias: str) -> sql.Composable:
     col = sql.Identifier(alias, c.name)
-    return sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.back_to)) if c.back_to else col
+    return sql.SQL("CAST({} AS {})").format(col, trusted(c.back_to, "format_type")) if c.back_to else col
 
 
 def value(c: Compared, alias: str, side: str) -> sql.Composable:
@@ -180,7 +183,7 @@ def _column_detail(spec: Spec, s: str, t: str) -> sql.Composable:
 
 def _key_of(spec: Spec, i: int, element: str = "e") -> sql.Composable:
     return collated(sql.SQL("CAST({}.value ->> {} AS {})").format(sql.Identifier(element), sql.Literal(i),
-                                                                 sql.SQL(spec.dst_key_types[i])),
+                                                                 trusted(spec.dst_key_types[i], "format_type")),
                     _collation(spec.mapping, i))
 
 
@@ -204,8 +207,9 @@ def detail(spec: Spec, keys: sql.Composable, log) -> sql.Composed:
         # A hashed subplan: one pass over the log however many keys differ.
         # (The log may hold NULL keys: the capture trigger logs OLD's key on INSERT too. Without
         # the filter, IN would answer NULL rather than false for a key that is not pending.)
-        pending = sql.SQL("(ROW({keys}) IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))" if len(m.key) > 1 else
-                          "({keys} IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))").format(
+        template = (sql.SQL("(ROW({keys}) IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))") if len(m.key) > 1
+                    else sql.SQL("({keys} IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))"))
+        pending = template.format(
             keys=sql.SQL(", ").join(_key_of(spec, i) for i in range(len(m.key))),
             lkeys=sql.SQL(", ").join(sql.Identifier("l", k) for k in m.key), log=log.ident,
             notnull=sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("l", k)) for k in m.key))
@@ -342,15 +346,16 @@ def _in_chunk(alias: str, keys: Sequence[sql.Composable], types: tuple[str, ...]
 
     def bound(col: str) -> sql.Composed:
         return sql.SQL("ROW({})").format(sql.SQL(", ").join(
-            collated(sql.SQL("CAST(c.{}[{}] AS {})").format(sql.Identifier(col), sql.Literal(i + 1), sql.SQL(t)),
-                     _collation(m, i))
+            collated(sql.SQL("CAST(c.{}[{}] AS {})").format(sql.Identifier(col), sql.Literal(i + 1),
+                                                             trusted(t, "format_type")), _collation(m, i))
             for i, t in enumerate(types)))
     return sql.SQL("(c.lo IS NULL OR {row} > {lo}) AND (c.hi IS NULL OR {row} <= {hi})").format(
         row=row, lo=bound("lo"), hi=bound("hi"))
 
 
 def divergence_key(spec: Spec, alias: str = "d") -> list[sql.Composed]:
-    return [sql.SQL("CAST({}.key[{}] AS {})").format(sql.Identifier(alias), sql.Literal(i + 1), sql.SQL(t))
+    return [sql.SQL("CAST({}.key[{}] AS {})").format(sql.Identifier(alias), sql.Literal(i + 1),
+                                                     trusted(t, "format_type"))
             for i, t in enumerate(spec.dst_key_types)]
 
 

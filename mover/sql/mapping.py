@@ -14,6 +14,7 @@ from psycopg import sql
 from mover.conversion import lossy_reason
 from mover.introspect import TableInfo
 from mover.names import QualifiedName
+from mover.sql import trusted
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def key_column_defs(key: tuple[str, ...], key_types: tuple[str, ...],
                     collations: tuple[tuple[str, str] | None, ...] = ()) -> sql.Composed:
     """`k1 type [COLLATE c], ...`: key columns of a log or notes table, ordered like the key."""
     return sql.SQL(", ").join(
-        collated(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t)), collations[i] if collations else None)
+        collated(sql.SQL("{} {}").format(sql.Identifier(k), trusted(t, "format_type")),
+                 collations[i] if collations else None)
         for i, (k, t) in enumerate(zip(key, key_types, strict=True)))
 
 
@@ -98,7 +100,7 @@ def bound_row(key_types: tuple[str, ...], name: str | None = None,
     catalog: PostgreSQL takes no parameters in a type position."""
     return sql.SQL("({})").format(sql.SQL(", ").join(
         collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(f"{name}_{i}") if name else sql.Placeholder(),
-                                                   sql.SQL(t)), collations[i] if collations else None)
+                                                   trusted(t, "format_type")), collations[i] if collations else None)
         for i, t in enumerate(key_types)))
 
 

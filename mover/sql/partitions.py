@@ -10,18 +10,19 @@ from __future__ import annotations
 from psycopg import sql
 
 from mover.names import QualifiedName
+from mover.sql import trusted
 
 
 def partition_by(by: str, columns: tuple[str, ...]) -> sql.Composed:
     if by not in ("range", "list", "hash"):
         raise ValueError(f"unexpected partitioning {by!r}")
-    return sql.SQL("PARTITION BY {} ({})").format(sql.SQL(by.upper()),
+    return sql.SQL("PARTITION BY {} ({})").format(trusted(by.upper(), "keyword"),
                                                    sql.SQL(", ").join(sql.Identifier(c) for c in columns))
 
 
 def _typed(value, type_text: str) -> sql.Composed:
     # type_text is format_type() output from the catalog: trusted.
-    return sql.SQL("CAST({} AS {})").format(sql.Literal(value), sql.SQL(type_text))
+    return sql.SQL("CAST({} AS {})").format(sql.Literal(value), trusted(type_text, "format_type"))
 
 
 def range_bound(lo, hi, type_text: str) -> sql.Composed:
@@ -60,7 +61,8 @@ def create_index_on_only(name: str, parent: QualifiedName, unique: bool, tail: s
     """The parent's index, without building anything: invalid until every partition's is attached."""
     # tail is pg_get_indexdef() text of the source's index (`USING btree (a)`): from the catalog.
     return sql.SQL("CREATE {}INDEX IF NOT EXISTS {} ON ONLY {} {}").format(
-        sql.SQL("UNIQUE ") if unique else sql.SQL(""), sql.Identifier(name), parent.ident, sql.SQL(tail))
+        sql.SQL("UNIQUE ") if unique else sql.SQL(""), sql.Identifier(name), parent.ident,
+        trusted(tail, "pg_get_indexdef"))
 
 
 def attach_index(parent_index: QualifiedName, child_index: QualifiedName) -> sql.Composed:

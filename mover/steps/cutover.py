@@ -7,6 +7,7 @@ from mover.context import Context
 from mover.sql import ddl
 from mover.steps.base import Step
 from mover.steps.create_target import target_ddl
+from mover.steps.reconcile import last_check
 
 
 class Cutover(Step):
@@ -40,4 +41,4 @@ class Cutover(Step):
         return out
 
     def run(self, ctx: Context) -> None:
-        cutover.swap_in(ctx)
+        cutover.swap_in(ctx, last_check=last_check)

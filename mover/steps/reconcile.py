@@ -30,6 +30,12 @@ class Reconcile(Step):
         conclude(ctx, reconcile.run(ctx))
 
 
+def last_check(ctx: Context) -> int:
+    """The cutover's last check (cutover.LastCheck): the same pass this step runs, over what changed
+    since; returns the divergences open after it."""
+    return reconcile.run(ctx).open
+
+
 def conclude(ctx: Context, result: reconcile.PassResult) -> None:
     """After a pass at the reconcile step: wait for the operator, or move on to the cutover gate."""
     m = ctx.migration

@@ -30,6 +30,7 @@ import logging
 import time
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from mover import backfill, capture, chunks, control, faults, introspect, names, shape
@@ -75,7 +76,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
             _build_indexes(ctx, live, other, indexes)
     faults.point("adopt:before_record")
 
-    def record(cur):
+    def record(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         again, now2, left = shape.changes(cur, ctx.mid)
         if shape.fingerprint(now2[live_side]) != shape.fingerprint(now[live_side]):
@@ -109,7 +110,7 @@ def _add_columns(ctx: Context, other: QualifiedName, columns: list[dict[str, Any
     if not columns:
         return
 
-    def add(cur):
+    def add(cur: psycopg.Cursor) -> None:
         have = {c.name: c for c in introspect.describe(cur, other).columns}
         for c in columns:
             if c["name"] in have:
@@ -144,7 +145,7 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
     while True:
         ctx.checkpoint()
 
-        def resync_range(cur, lo: tuple | None) -> tuple[tuple | None, int]:
+        def resync_range(cur: psycopg.Cursor, lo: tuple | None) -> tuple[tuple | None, int]:
             capture.lock_applier(cur, ctx.mid, reverse)
             above = sql.SQL("{} > {}").format(t_key, bound) if lo is not None else sql.SQL("true")
             cur.execute(sql.SQL("SELECT {o} FROM {t} t WHERE {above} ORDER BY {o} OFFSET %s LIMIT 1").format(
@@ -179,7 +180,7 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
     if not any(c.get("not_null") for c in columns) and not checks and not validations:
         return
 
-    def finish(cur):
+    def finish(cur: psycopg.Cursor) -> None:
         info = introspect.describe(cur, other)
         have = {c.name: c for c in info.columns}
         for c in columns:
@@ -187,7 +188,7 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
                 cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
                     t=other.ident, c=sql.Identifier(c["name"])))
         cur.execute("SELECT conname, convalidated FROM pg_constraint WHERE conrelid = %s", (info.oid,))
-        existing = dict(cur.fetchall())
+        existing: dict[str, bool] = dict(cur.fetchall())
         for name in validations:
             if name not in existing:
                 raise Failed(f"constraint {names.display_ident(name)} was validated on the live table, but {other} has"

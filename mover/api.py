@@ -54,7 +54,7 @@ def init(dsn: str) -> str:
 # Plans against the live database (the checks themselves: mover/checks/)
 
 
-def resolve_plan(cur, plan: Plan) -> dict[str, Any]:
+def resolve_plan(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     """Check the plan against the catalog (every problem at once); return resolved names and the
     key. Changes nothing: the target's DDL is rehearsed inside a savepoint that is rolled back."""
     return checks.resolved(checks.run(cur, plan))
@@ -76,7 +76,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
     plan = load_plan(path)
     db = _database(dsn)
     try:
-        def check(cur):
+        def check(cur: psycopg.Cursor):
             if not control.schema_ready(cur):
                 raise BadInput("mover's control schema is not installed in this database",
                                hint="run `mover init` first")
@@ -115,7 +115,7 @@ def _same_shape(existing: control.Migration, plan: Plan) -> None:
 
 
 def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
-    def register(cur):
+    def register(cur: psycopg.Cursor):
         existing = control.find(cur, plan.name)
         if existing is not None and existing.state == "aborted":
             # Keep the aborted attempt's history under another name; start afresh.
@@ -210,7 +210,7 @@ def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any
     from mover.steps import reconcile as reconcile_step
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         at_step = ctx.migration.step == "reconcile"
         if at_step:
             ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "reconcile", ctx.owner))
@@ -233,7 +233,7 @@ def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw) -> di
     """`mover repair NAME`: re-sync the open divergences' rows from the source and check them again."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         out["repair"] = reconcile_engine.repair(ctx, divergence_id)
         if ctx.migration.step == "cutover":
             left = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid))
@@ -252,7 +252,7 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
     try:
         _require_schema(db)
 
-        def go(cur):
+        def go(cur: psycopg.Cursor):
             m = control.get(cur, name, lock=True)
             control.require_command(m, "accept")
             ids = reconcile_engine.accept(cur, m.id, reason.strip(), control.new_owner_id(), divergence_id)
@@ -272,7 +272,7 @@ def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
     any other change."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         out["adopted"] = adopt_engine.adopt(ctx)
     st = _operator_command(dsn, name, "adopt", go, **kw)
     return {"adopted": out.get("adopted", []), "status": st}
@@ -292,7 +292,7 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     try:
         _require_schema(db)
 
-        def read(cur):
+        def read(cur: psycopg.Cursor):
             if name is not None:
                 return status_mod.status_of(cur, control.get(cur, name))
             return [status_mod.status_of(cur, m) for m in control.list_all(cur)]
@@ -307,7 +307,7 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
     try:
         _require_schema(db)
 
-        def read(cur):
+        def read(cur: psycopg.Cursor):
             m = control.get(cur, name)
             return [{**d, "found_at": status_mod.iso(d["found_at"]), "resolved_at": status_mod.iso(d["resolved_at"]),
                      "checked_at": status_mod.iso(d["checked_at"])}
@@ -320,7 +320,7 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
 def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
     db = _database(dsn)
     try:
-        def read(cur):
+        def read(cur: psycopg.Cursor):
             m = control.get(cur, name)
             return [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, limit)]
         return db.transaction(read)
@@ -353,7 +353,7 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
     try:
         _require_schema(db)
 
-        def apply(cur):
+        def apply(cur: psycopg.Cursor) -> None:
             m = control.get(cur, name, lock=True)
             doc = to_document(plan_from_canonical(m.plan))
             changes = {}
@@ -420,7 +420,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
 def _orchestrated(db: Database, m: control.Migration) -> bool:
     """Whether a live process holds the migration's lease: only then is a next phase coming for a
     helper to wait for (with none, it would wait for ever)."""
-    def live(cur) -> bool:
+    def live(cur: psycopg.Cursor) -> bool:
         cur.execute("SELECT lease_expires_at > clock_timestamp() FROM mover.migrations WHERE id = %s", (m.id,))
         row = cur.fetchone()
         return bool(row and row[0])
@@ -445,7 +445,7 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
                                            registry=registry, report=report, n_workers=threads)
                    for i in range(threads)]
 
-    def keep(cur) -> bool:
+    def keep(cur: psycopg.Cursor) -> bool:
         chunks.keep_leases(cur, m.id, sorted(registry))
         return True  # a worker's only lease is its ranges': losing one shows when it commits
 
@@ -471,7 +471,7 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
     try:
         _require_schema(db)
 
-        def find(cur):
+        def find(cur: psycopg.Cursor):
             out = []
             for m in control.list_all(cur):
                 plan = plan_from_canonical(m.plan)

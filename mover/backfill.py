@@ -140,7 +140,7 @@ class Worker(chunks.RangeWorker):
         finally:
             self._leave()
 
-    def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
+    def _copy(self, cur: psycopg.Cursor, mapping, chunk: chunks.Chunk) -> int:
         rows = copy_range(cur, self.ctx, mapping, chunk.lo, chunk.hi)
         # After the copy, in its transaction: the copy holds a lock that keeps ALTER TABLE out
         # until commit, so a shape seen unchanged here is the shape the range was copied under.
@@ -161,7 +161,7 @@ def _fails_on_data(exc: psycopg.Error) -> bool:
         and not isinstance(exc, psycopg.errors.UniqueViolation)
 
 
-def _try_copy(cur, m, lo, hi) -> tuple[int, psycopg.Error | None]:
+def _try_copy(cur: psycopg.Cursor, m, lo, hi) -> tuple[int, psycopg.Error | None]:
     stmt, params = q.copy_range(m, lo, hi)
     cur.execute("SAVEPOINT mover_copy")
     try:
@@ -176,7 +176,7 @@ def _try_copy(cur, m, lo, hi) -> tuple[int, psycopg.Error | None]:
     return rows, None
 
 
-def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None) -> int:
+def copy_range(cur: psycopg.Cursor, ctx: Context, m, lo: list[str] | None, hi: list[str] | None) -> int:
     """Copy the range lo < key <= hi in the caller's transaction. When it fails on a row's data,
     split it in halves by its current keys (savepoints), copy what converts, and record each row
     that does not as an apply_error divergence in the same transaction: the range is done, the
@@ -209,7 +209,7 @@ def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None)
 def copy_all(ctx: Context) -> None:
     """Run [backfill] workers in this process until every range is copied."""
     settings = ctx.plan.backfill
-    def prepare(cur):
+    def prepare(cur: psycopg.Cursor):
         chunks.ensure_frontier(cur, ctx.mid, KIND)
         chunks.retry_failed(cur, ctx.mid, KIND)
         chunks.release_dead_local_owners(cur, ctx.mid)
@@ -229,7 +229,7 @@ def deferred_index_name(mid: int, source_index: str) -> str:
     return names.derived(source_index, f"_m{mid}")
 
 
-def deferred_indexes(cur, ctx: Context):
+def deferred_indexes(cur: psycopg.Cursor, ctx: Context):
     """(name in the new table, source index) for every index still to build."""
     original = introspect.describe(cur, ctx.original)
     return [(deferred_index_name(ctx.mid, ix.name), ix) for ix in original.indexes
@@ -251,7 +251,7 @@ def _stop_orphaned_build(ctx: Context, index_oid: int) -> None:
     """A process killed during CREATE INDEX CONCURRENTLY leaves its backend building on (it only
     notices the lost client at the end). Only the lease holder builds these indexes, so such a
     backend is an orphan: cancel it and wait until it is gone, rather than drop its index under it."""
-    def builders(cur) -> list[int]:
+    def builders(cur: psycopg.Cursor) -> list[int]:
         cur.execute("SELECT pid FROM pg_stat_progress_create_index WHERE index_relid = %s"
                     " AND pid <> pg_backend_pid()", (index_oid,))
         return [r[0] for r in cur.fetchall()]
@@ -268,7 +268,7 @@ def _stop_orphaned_build(ctx: Context, index_oid: int) -> None:
 
 
 def _copy_index_comment(ctx: Context, name: str, ix) -> None:
-    def copy(cur):
+    def copy(cur: psycopg.Cursor) -> None:
         comment, _ = introspect.index_comments(cur, ix.oid)
         if comment is not None:
             cur.execute(ddl.comment_on_index(names.QualifiedName(ctx.new.schema, name), comment))

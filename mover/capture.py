@@ -142,7 +142,7 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
     return _apply_key_by_key(cur, ctx, m, log_table, covered, params, limit)
 
 
-def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params, limit) -> Applied:
+def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table, covered, params, limit) -> Applied:
     cur.execute(q.claim_keys(log_table, covered, m.key), {**params, "limit": limit})
     keys = list(dict.fromkeys(tuple(r) for r in cur.fetchall()))
     result = Applied(claimed=len(keys))
@@ -320,7 +320,7 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
     while max_rounds is None or rounds < max_rounds:
         ctx.checkpoint()
 
-        def one(cur):
+        def one(cur: psycopg.Cursor):
             return apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=backfill_done)
 
         got = ctx.db.transaction(one, statement_timeout="120s", label="apply")

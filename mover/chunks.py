@@ -163,7 +163,7 @@ def work(db, mid: int, chunk: Chunk, worker: str, fn: Callable[[psycopg.Cursor],
          synchronous_commit: bool, statement_timeout: str = "300s") -> tuple[int, float]:
     """Run fn(cur) -> rows for the chunk and mark it done, all in one transaction."""
 
-    def tx(cur):
+    def tx(cur: psycopg.Cursor):
         hold(cur, mid, chunk, worker)
         started = time.monotonic()
         rows = fn(cur)
@@ -248,7 +248,7 @@ class RangeWorker:
 
     role = "mover-worker"
 
-    def __init__(self, dsn: str, migration, wid: str, *, stop, lost, registry: set[str], report):
+    def __init__(self, dsn: str, migration, wid: str, *, stop, lost, registry: set[str], report) -> None:
         from mover.context import Context
         from mover.db import Database
         self.db = Database(dsn, role=self.role)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -41,7 +42,7 @@ LastCheck = Callable[[Context], int]
 
 
 def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
-    def check(cur):
+    def check(cur: psycopg.Cursor) -> None:
         problems = []
         n = control.open_divergences(cur, ctx.mid)
         if n:
@@ -81,7 +82,7 @@ def _direction(d: dict) -> str:
     return "forward"
 
 
-def rows_only_on(cur, ctx: Context, side: str) -> list[dict]:
+def rows_only_on(cur: psycopg.Cursor, ctx: Context, side: str) -> list[dict]:
     """Open divergences whose row exists only on `side`: "new" (the new table; reverse replays
     that failed) or "original" (the original; forward divergences, the new table lacks them)."""
     want = "reverse" if side == "new" else "forward"
@@ -99,7 +100,7 @@ def describe_rows(rows: list[dict]) -> str:
     return shown + (f"; and {len(why) - SHOWN_ROWS} more" if len(why) > SHOWN_ROWS else "")
 
 
-def retry_unapplied(cur, ctx: Context, *, reverse: bool) -> list[dict]:
+def retry_unapplied(cur: psycopg.Cursor, ctx: Context, *, reverse: bool) -> list[dict]:
     """Replay again the keys whose replay in this direction failed (the application may have fixed
     the row since); resolve those that now go through. Returns the divergences still open."""
     capture.lock_applier(cur, ctx.mid, reverse)
@@ -113,7 +114,7 @@ def retry_unapplied(cur, ctx: Context, *, reverse: bool) -> list[dict]:
     return [d for d in rows if d["id"] not in done]
 
 
-def give_up(cur, ctx: Context, rows: list[dict], command: str) -> None:
+def give_up(cur: psycopg.Cursor, ctx: Context, rows: list[dict], command: str) -> None:
     """The operator gave these rows up: close them as accepted, and record exactly which."""
     if not rows:
         return
@@ -150,15 +151,15 @@ class _Unapplied(Exception):
 
 
 # A statement of the swap: its SQL, or its SQL and the parameters it runs with.
-Statement = sql.Composable | tuple[sql.Composable, tuple]
+Statement = sql.SQL | sql.Composed | tuple[sql.SQL | sql.Composed, tuple[Any, ...]]
 
 
-def render(cur, stmt: Statement) -> sql.Composable | str:
+def render(cur: psycopg.Cursor, stmt: Statement) -> sql.Composable | str:
     """A statement as `plan check` prints it: parameters (known when it runs) stay %s."""
     return stmt[0].as_string(cur) if isinstance(stmt, tuple) else stmt
 
 
-def execute_all(cur, stmts: list[Statement]) -> None:
+def execute_all(cur: psycopg.Cursor, stmts: list[Statement]) -> None:
     for stmt in stmts:
         if isinstance(stmt, tuple):
             cur.execute(*stmt)
@@ -166,7 +167,7 @@ def execute_all(cur, stmts: list[Statement]) -> None:
             cur.execute(stmt)
 
 
-def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.QualifiedName,
+def _hand_over_sequences(cur: psycopg.Cursor, from_table: names.QualifiedName, to_table: names.QualifiedName,
                          to_renamed: names.QualifiedName) -> list[Statement]:
     """Serial sequences change owner (so dropping the old table keeps them); identity columns
     have one sequence per table, so the receiving one continues where the other stands.
@@ -200,7 +201,8 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
     return out
 
 
-def _copy_sequence_grants(cur, from_seq: names.QualifiedName, to_seq: names.QualifiedName) -> list[Statement]:
+def _copy_sequence_grants(cur: psycopg.Cursor, from_seq: names.QualifiedName,
+                          to_seq: names.QualifiedName) -> list[Statement]:
     """With the name goes what the application may do with it (currval() needs USAGE or SELECT)."""
     cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
                 " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
@@ -220,7 +222,8 @@ def _swap_sequence_names(a: names.QualifiedName, b: names.QualifiedName) -> list
                                                              sql.Identifier(b.name))]
 
 
-def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> list[Statement]:
+def _carry_unvalidated_checks(cur: psycopg.Cursor, from_table: names.QualifiedName,
+                              to_table: names.QualifiedName) -> list[Statement]:
     """CHECK constraints the source has NOT VALID were left off the new table so the backfill could
     copy the rows that break them (steps/create_target.py); they are added NOT VALID now (no scan,
     under the lock already held), so writes after the swap are checked as before."""
@@ -237,7 +240,7 @@ def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: na
     return out
 
 
-def swap_sql(cur, ctx: Context, *, forward: bool) -> list[Statement]:
+def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statement]:
     """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
     of it runs: what `plan check` prints is what the swap executes. The live table gives up the
     name and its capture; the other takes the name, the sequences and the capture the other way."""
@@ -260,7 +263,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     m = ctx.migration
     lock_timeout = f"{ctx.plan.cutover.lock_timeout_ms}ms"
 
-    def swap(cur) -> float:
+    def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
         cur.execute(ddl.lock_tables([live, other]))
@@ -366,7 +369,7 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
     return held
 
 
-def retire_sql(cur, ctx: Context) -> list[Statement]:
+def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     """What retire drops: the reverse capture on the live table, what is left of the forward one,
     and the old table unless [rollback] keep_old."""
     m = ctx.migration
@@ -381,7 +384,7 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
     keep = ctx.plan.rollback.keep_old
 
-    def drop(cur):
+    def drop(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, "retire", ctx.owner)
         if not keep:
             # Rows the new table never took exist only in the old one, which is about to go.
@@ -402,7 +405,7 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
     ctx.refresh()
 
 
-def abort_sql(cur, ctx: Context) -> list[Statement]:
+def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     """What abort drops (before the swap, or after swapping back): the capture and the new table."""
     m = ctx.migration
     # Under its current name: a source renamed during the migration keeps no capture trigger.
@@ -413,7 +416,7 @@ def abort_sql(cur, ctx: Context) -> list[Statement]:
 def abort(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
 
-    def undo(cur):
+    def undo(cur: psycopg.Cursor) -> None:
         # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
         # cannot leave any; an older release could): dropping the new table would lose them.
         left = rows_only_on(cur, ctx, "new")

@@ -143,12 +143,13 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
 # One range
 
 
-def _rows(cur) -> list[dict[str, Any]]:
-    names_ = [d.name for d in cur.description]
+def _rows(cur: psycopg.Cursor) -> list[dict[str, Any]]:
+    names_ = [d.name for d in cur.description or ()]
     return [dict(zip(names_, r, strict=True)) for r in cur.fetchall()]
 
 
-def _compare(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _compare(cur: psycopg.Cursor, spec: q.Spec, mid: int,
+             chunk: chunks.Chunk) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     stmt, params = q.compare_range(spec, names.change_log(mid), names.applied_notes(mid), chunk.lo, chunk.hi)
     cur.execute(stmt, params)
     rows = _rows(cur)
@@ -156,14 +157,14 @@ def _compare(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk) -> tuple[dict[str
     return agg, [r for r in rows if r["key"] is not None]
 
 
-def _recheck(cur, spec: q.Spec, mid: int, keys: list[list[str]]) -> list[dict[str, Any]]:
+def _recheck(cur: psycopg.Cursor, spec: q.Spec, mid: int, keys: list[list[str]]) -> list[dict[str, Any]]:
     if not keys:
         return []
     cur.execute(q.recheck_keys(spec, names.change_log(mid)), (json.dumps(keys),))
     return _rows(cur)
 
 
-def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: dict[str, Any],
+def _record(cur: psycopg.Cursor, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: dict[str, Any],
             first_diffs: list[dict[str, Any]], settled: list[dict[str, Any]],
             unsettled: list[dict[str, Any]]) -> dict[str, int]:
     """What a verified range leaves behind, in the transaction of its done mark: divergences
@@ -213,7 +214,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
     mid = ctx.mid
     started = time.monotonic()
 
-    def first(cur):
+    def first(cur: psycopg.Cursor):
         chunks.hold(cur, mid, chunk, worker)
         agg, diffs = _compare(cur, spec, mid, chunk)
         ctx.check_shape(cur)  # nothing is compared across a change of either table's shape
@@ -241,7 +242,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
             # Another worker may hold the applier: give it a moment (no transaction is open here).
             ctx.stop.wait(min(0.02 * (round_no + 1), 0.5))
 
-        def final(cur):
+        def final(cur: psycopg.Cursor):
             chunks.hold(cur, mid, chunk, worker)
             now = _recheck(cur, spec, mid, keys)
             ctx.check_shape(cur)
@@ -353,7 +354,7 @@ def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
     mid = ctx.mid
     notes, log_table = names.applied_notes(mid), names.change_log(mid)
 
-    def start(cur) -> str:
+    def start(cur: psycopg.Cursor) -> str:
         if not introspect.exists(cur, notes):
             # Nothing noted the changes applied since an earlier pass (if any): compare everything.
             for stmt in q.create_notes(notes, names.notes_function(mid), names.notes_trigger(mid), log_table,
@@ -397,7 +398,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     mode = _start_pass(ctx, spec, full)
     result = PassResult(mode)
 
-    def todo(cur):
+    def todo(cur: psycopg.Cursor):
         st = chunks.state(cur, ctx.mid, KIND)
         estimate = introspect.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
         return st, estimate
@@ -412,7 +413,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     chunks.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover reconcile")
     result.seconds = time.monotonic() - started
 
-    def finish(cur):
+    def finish(cur: psycopg.Cursor) -> None:
         result.open = control.open_divergences(cur, ctx.mid)
         summary = (f"reconcile pass ({mode}): {result.ranges} ranges, {result.rows} rows in {result.seconds:.1f}s;"
                    f" {result.found} new divergences, {result.resolved} resolved, {result.open} open")
@@ -449,7 +450,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
 
-        def tx(cur, batch: list[dict]):
+        def tx(cur: psycopg.Cursor, batch: list[dict]):
             errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []
@@ -480,7 +481,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
     return out
 
 
-def accept(cur, mid: int, reason: str, actor: str, did: int | None = None) -> list[int]:
+def accept(cur: psycopg.Cursor, mid: int, reason: str, actor: str, did: int | None = None) -> list[int]:
     rows = control.open_divergence_rows(cur, mid, did)
     ids = control.resolve_divergences_as(cur, mid, [r["id"] for r in rows], "accepted",
                                          f"accepted by the operator: {reason}", actor, reason)

@@ -36,7 +36,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
-    def beat_once(cur) -> bool:
+    def beat_once(cur: psycopg.Cursor) -> bool:
         if ctx.workers:
             chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)

@@ -3,20 +3,23 @@ control schema and the catalog in one transaction. Reads only."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+
+import psycopg
 
 from mover import capture, chunks, control, introspect, partitions
 from mover.db import one
 
 
-def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
+def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     st = chunks.state(cur, m.id, "backfill")
     workers, chunk_rows, waiting = _workers(cur, m)
     # Speed over the last 30 s of finished ranges: what the copy does now, not on average.
     cur.execute("SELECT sum(rows) / nullif(extract(epoch FROM now() - min(finished_at)), 0) FROM mover.chunks"
                 " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
                 " AND finished_at > now() - interval '30 seconds'", (m.id,))
-    rate = cur.fetchone()[0]
+    rate = one(cur)[0]
     estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
         introspect.estimate_rows(cur, m.source)
     eta = None
@@ -29,7 +32,7 @@ def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
             "paused": m.paused}
 
 
-def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
+def _workers(cur: psycopg.Cursor, m: control.Migration) -> tuple[int, int | None, list[str]]:
     """Live range workers (fresh heartbeats), the range size they ask for, what they wait for."""
     cur.execute(
         """
@@ -41,11 +44,11 @@ def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
     return workers, chunk_rows, waiting or []
 
 
-def status_of(cur, m: control.Migration) -> dict[str, Any]:
+def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
-    applied = int(cur.fetchone()[0])
+    applied = int(one(cur)[0])
     step = "retire" if m.step == "finished" else m.step
     state, error = m.state, m.error
     if state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
@@ -76,7 +79,7 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
     }
 
 
-def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
+def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     ranges = control.reconcile_ranges(cur, m.id)
     counts = control.divergence_counts(cur, m.id)
     return {"ranges_done": ranges["ranges_done"], "ranges_total": ranges["ranges_total"],
@@ -91,9 +94,10 @@ def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
             "skipped_on_conflict": 0}
 
 
-def _now(cur):
+def _now(cur: psycopg.Cursor) -> datetime:
     cur.execute("SELECT clock_timestamp()")
-    return cur.fetchone()[0]
+    now: datetime = one(cur)[0]
+    return now
 
 
 def iso(value) -> str | None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import psycopg
 from psycopg import sql
 
 from mover import cutover, introspect
@@ -14,7 +15,7 @@ class Cutover(Step):
     name = "cutover"
     gate = True
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor):
         m = ctx.migration
         out: list[sql.Composable | str] = [
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "

@@ -10,14 +10,14 @@ from mover.steps.base import Step
 class InstallCapture(Step):
     name = "install_capture"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor):
         m = ctx.migration
         return capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name)
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
 
-        def install(cur):
+        def install(cur: psycopg.Cursor) -> None:
             control.guard(cur, m.id, self.name, ctx.owner)
             capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name)
             control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import psycopg
 from psycopg import sql
 
 from mover import control, introspect, names, reconcile
@@ -12,7 +13,7 @@ from mover.steps.base import Step
 class Reconcile(Step):
     name = "reconcile"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor):
         m = ctx.migration
         s = ctx.plan.reconcile
         out: list[sql.Composable | str]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import psycopg
+
 from mover import capture, control, cutover
 from mover.context import Context
 from mover.db import bind
@@ -10,7 +12,7 @@ from mover.steps.base import Step
 class RollbackWindow(Step):
     name = "rollback_window"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor):
         return [f"-- until the window ({ctx.plan.rollback.window_ms} ms) ends, apply the reverse change log to "
                 f"{ctx.migration.old}; `mover rollback {ctx.migration.name}` swaps back"]
 

@@ -36,7 +36,7 @@ from psycopg import sql
 from mover import backfill, capture, chunks, control, faults, introspect, names, shape
 from mover.context import Context
 from mover.db import bind
-from mover.errors import Failed
+from mover.errors import Failed, ShapeChanged
 from mover.names import QualifiedName
 from mover.sql import ddl, trusted
 
@@ -59,7 +59,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
     refused += [c for c in found if c.side == other_side and not shape.mirrors(c, live_changes, ctx.mid)]
     if refused:
         exc = shape.explain(m.name, refused, ctx.swapped, ctx.mid)
-        raise shape.ShapeChanged(f"cannot adopt the change to the shape of migration {m.name!r}: "
+        raise ShapeChanged(f"cannot adopt the change to the shape of migration {m.name!r}: "
                                  f"{'; '.join(c.message for c in refused)}", hint=exc.hint, changes=refused)
     built = ctx.swapped or before[other_side] is not None
     exists = ctx.db.transaction(lambda cur: introspect.exists(cur, other))
@@ -139,13 +139,13 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
         sql.SQL("CAST(%s AS {})").format(trusted(key_types[k], "format_type")) for k in key))
     t_key = sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier("t", k) for k in key))
     s_key = sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier("s", k) for k in key))
-    lo: tuple | None = None
+    lo: tuple[Any, ...] | None = None
     total = 0
     started = time.monotonic()
     while True:
         ctx.checkpoint()
 
-        def resync_range(cur: psycopg.Cursor, lo: tuple | None) -> tuple[tuple | None, int]:
+        def resync_range(cur: psycopg.Cursor, lo: tuple[Any, ...] | None) -> tuple[tuple[Any, ...] | None, int]:
             capture.lock_applier(cur, ctx.mid, reverse)
             above = sql.SQL("{} > {}").format(t_key, bound) if lo is not None else sql.SQL("true")
             cur.execute(sql.SQL("SELECT {o} FROM {t} t WHERE {above} ORDER BY {o} OFFSET %s LIMIT 1").format(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -88,7 +89,7 @@ class Applied:
     deleted: int = 0
     upserted: int = 0
     failed: int = 0
-    failures: dict = field(default_factory=dict)  # key -> the error that stopped its replay
+    failures: dict[tuple[Any, ...], str] = field(default_factory=dict)  # key -> the error that stopped its replay
 
 
 def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> bool:
@@ -178,7 +179,7 @@ CLOSURE_MAX_KEYS = 50_000
 CLOSURE_ATTEMPTS = 3
 
 
-def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple, psycopg.Error]:
+def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], psycopg.Error]:
     """Bring the destination rows of `keys` (text, in m's source key types) to their source state,
     within the caller's transaction and applier lock. The whole set is replayed as one closure; a
     set that fails on data is split in halves, each replayed the same way, down to the single keys
@@ -197,7 +198,7 @@ def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple
 
 
 def _bisect(cur: psycopg.Cursor, m: Mapping, unique: tuple[list[list[str]], tuple[str, ...]],
-            keys: list[tuple]) -> dict[tuple, psycopg.Error]:
+            keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], psycopg.Error]:
     try:
         _replay_closure(cur, m, keys, unique)
         return {}
@@ -219,7 +220,7 @@ def _bisect(cur: psycopg.Cursor, m: Mapping, unique: tuple[list[list[str]], tupl
         return {keys[0]: own}
 
 
-def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple],
+def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]],
                     unique: tuple[list[list[str]], tuple[str, ...]] | None = None) -> None:
     """Race 7: replaying keys one at a time can pass through states the destination's unique
     indexes reject though the source never held them (two rows swap a value, or a longer cycle).
@@ -247,7 +248,7 @@ def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple],
 
 
 def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], computed: tuple[str, ...],
-             keys: list[tuple]) -> list[tuple]:
+             keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     closure = dict.fromkeys(keys)
     if not indexes:
         return list(closure)
@@ -262,7 +263,7 @@ def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], computed
     return list(closure)
 
 
-def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
+def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]]) -> None:
     params = q.key_params(keys, len(m.key))
     cur.execute(q.delete_keys(m), params)
     cur.execute(q.insert_keys(m), params)
@@ -337,14 +338,14 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
 
 
 def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composed,
-                keys: list[list[str]], mapping: Mapping | None = None) -> dict[tuple, str]:
+                keys: list[list[str]], mapping: Mapping | None = None) -> dict[tuple[Any, ...], str]:
     """Replay the given keys by state now (`mover repair`), in the caller's transaction, holding
     the forward applier's lock so no batch replays the same keys from another snapshot (race 2).
     `statement` is sql.capture.replay_keys() for `mapping`, the mapping whose key types the keys
     are in; with the mapping, a key that fails alone is replayed with the keys it conflicts with
     (race 7). Returns the keys that failed on data (class 22 or 23), with the error."""
     _lock_applier(cur, ctx.mid, False, wait=True)
-    failed: dict[tuple, str] = {}
+    failed: dict[tuple[Any, ...], str] = {}
     for key in dict.fromkeys(tuple(k) for k in keys):
         cur.execute("SAVEPOINT mover_key")
         try:

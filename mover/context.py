@@ -39,7 +39,7 @@ class Context:
     lease_lost: threading.Event = field(default_factory=threading.Event)
     workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
     give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
-    _mappings: dict = field(default_factory=dict, repr=False)
+    _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
 
     @property
     def plan(self) -> Plan:

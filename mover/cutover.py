@@ -75,23 +75,23 @@ GIVE_UP_FLAG = "--give-up-rows"
 SHOWN_ROWS = 20
 
 
-def _direction(d: dict) -> str:
+def _direction(d: dict[str, Any]) -> str:
     columns = d.get("columns")
     if d["kind"] == "apply_error" and isinstance(columns, dict) and columns.get("direction") == "reverse":
         return "reverse"
     return "forward"
 
 
-def rows_only_on(cur: psycopg.Cursor, ctx: Context, side: str) -> list[dict]:
+def rows_only_on(cur: psycopg.Cursor, ctx: Context, side: str) -> list[dict[str, Any]]:
     """Open divergences whose row exists only on `side`: "new" (the new table; reverse replays
     that failed) or "original" (the original; forward divergences, the new table lacks them)."""
     want = "reverse" if side == "new" else "forward"
     return [d for d in control.open_divergence_rows(cur, ctx.mid) if _direction(d) == want]
 
 
-def describe_rows(rows: list[dict]) -> str:
+def describe_rows(rows: list[dict[str, Any]]) -> str:
     """Each key once (a key whose replay failed repeatedly has a divergence per failure), with why."""
-    why: dict[tuple, str] = {}
+    why: dict[tuple[Any, ...], str] = {}
     for d in rows:
         columns = d.get("columns")
         error = columns.get("error") if isinstance(columns, dict) else None
@@ -100,7 +100,7 @@ def describe_rows(rows: list[dict]) -> str:
     return shown + (f"; and {len(why) - SHOWN_ROWS} more" if len(why) > SHOWN_ROWS else "")
 
 
-def retry_unapplied(cur: psycopg.Cursor, ctx: Context, *, reverse: bool) -> list[dict]:
+def retry_unapplied(cur: psycopg.Cursor, ctx: Context, *, reverse: bool) -> list[dict[str, Any]]:
     """Replay again the keys whose replay in this direction failed (the application may have fixed
     the row since); resolve those that now go through. Returns the divergences still open."""
     capture.lock_applier(cur, ctx.mid, reverse)
@@ -114,7 +114,7 @@ def retry_unapplied(cur: psycopg.Cursor, ctx: Context, *, reverse: bool) -> list
     return [d for d in rows if d["id"] not in done]
 
 
-def give_up(cur: psycopg.Cursor, ctx: Context, rows: list[dict], command: str) -> None:
+def give_up(cur: psycopg.Cursor, ctx: Context, rows: list[dict[str, Any]], command: str) -> None:
     """The operator gave these rows up: close them as accepted, and record exactly which."""
     if not rows:
         return
@@ -125,7 +125,7 @@ def give_up(cur: psycopg.Cursor, ctx: Context, rows: list[dict], command: str) -
                   f"{command}: {len(rows)} rows given up: {describe_rows(rows)}", {"rows": detail})
 
 
-def refuse_losing(ctx: Context, rows: list[dict], command: str, side: str) -> Waiting:
+def refuse_losing(ctx: Context, rows: list[dict[str, Any]], command: str, side: str) -> Waiting:
     m = ctx.migration
     where = {"new": f"the new table ({ctx.new})", "original": f"the original table ({ctx.original})"}[side]
     n = len({tuple(d["key"]) for d in rows})
@@ -138,7 +138,7 @@ def refuse_losing(ctx: Context, rows: list[dict], command: str, side: str) -> Wa
 class _Unapplied(Exception):
     """Changes that could not be applied under the swap's lock; the swap's transaction rolls back."""
 
-    def __init__(self, failures: dict, rows: list[dict] | None = None):
+    def __init__(self, failures: dict[str, Any], rows: list[dict[str, Any]] | None = None):
         super().__init__(f"{len(failures) + len(rows or [])} rows could not be applied")
         self.failures = failures
         self.rows = rows or []
@@ -272,7 +272,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         # both tables' shapes under the lock: a change committed since the preflight aborts the
         # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
-        failures: dict = {}
+        failures: dict[str, Any] = {}
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)

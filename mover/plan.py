@@ -464,7 +464,7 @@ def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
         raw_values = d.get("values")
         if not raw_values:
             raise fail(f"{where} values is required for by = \"list\"", 'e.g. values = { eu = ["de", "fr"] }')
-        seen: set = set()
+        seen: set[Any] = set()
         out = []
         for suffix, vals in raw_values.items():
             if not isinstance(vals, list) or not vals:

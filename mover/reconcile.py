@@ -173,15 +173,15 @@ def _record(cur: psycopg.Cursor, spec: q.Spec, mid: int, chunk: chunks.Chunk, ac
     cur.execute(stmt, [mid, *params])
     # A key may hold several open divergences: apply_errors (one per failed copy or replay) and
     # the one reconcile keeps up to date.
-    open_by_key: dict[tuple, list[tuple]] = {}
-    accepted: dict[tuple, list[tuple]] = {}
+    open_by_key: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    accepted: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for did, key, kind, columns, is_open, _how in cur.fetchall():
         if is_open:
             open_by_key.setdefault(tuple(key), []).append((did, kind, columns))
         else:
             accepted.setdefault(tuple(key), []).append((kind, columns))
     found = again = 0
-    seen: set[tuple] = set()
+    seen: set[tuple[Any, ...]] = set()
     for d in settled:
         key = tuple(d["key"])
         seen.add(key)
@@ -450,7 +450,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
 
-        def tx(cur: psycopg.Cursor, batch: list[dict]):
+        def tx(cur: psycopg.Cursor, batch: list[dict[str, Any]]):
             errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []

@@ -7,7 +7,9 @@ catalog descriptions, so after create_target no plan is needed to rebuild it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from psycopg import sql
 
@@ -63,7 +65,7 @@ class Mapping:
         return tuple(c for c in self.columns if c.name not in self.key)
 
 
-def ident_list(names) -> sql.Composed:
+def ident_list(names: Iterable[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
 
 
@@ -108,10 +110,11 @@ def named_bound(name: str, values: list[str]) -> dict[str, str]:
     return {f"{name}_{i}": v for i, v in enumerate(values)}
 
 
-def range_predicate(alias: str, m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composable, list]:
+def range_predicate(alias: str, m: Mapping, lo: list[str] | None,
+                    hi: list[str] | None) -> tuple[sql.Composable, list[Any]]:
     """`lo < key <= hi` on `alias`; a None bound is open."""
     parts: list[sql.Composable] = []
-    params: list = []
+    params: list[Any] = []
     if lo is not None:
         parts.append(sql.SQL("{} > {}").format(key_row(alias, m.key), bound_row(m.src_key_types, None,
                                                                                 m.key_collations)))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 from psycopg import sql
 
@@ -16,7 +18,7 @@ class Backfill(Step):
 
     def describe(self, ctx: Context, cur: psycopg.Cursor):
         m = ctx.migration
-        out: list = [f"-- each chunk of {ctx.plan.backfill.chunk_rows} keys in its own transaction"
+        out: list[Any] = [f"-- each chunk of {ctx.plan.backfill.chunk_rows} keys in its own transaction"
                      " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]
         if introspect.exists(cur, m.target):
             mapping = ctx.mapping(cur)

@@ -106,7 +106,8 @@ def lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool) -> None:
     _lock_applier(cur, mid, reverse, wait=True)
 
 
-def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping, backfill_done: bool):
+def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping,
+                      backfill_done: bool) -> tuple[sql.Composable, dict[str, Any]] | None:
     """Which log rows may be replayed now: all once the backfill is done, else the keys at or
     below the done prefix of the backfill's ranges; None when nothing is covered yet."""
     if backfill_done:
@@ -143,7 +144,8 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
     return _apply_key_by_key(cur, ctx, m, log_table, covered, params, limit)
 
 
-def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table, covered, params, limit) -> Applied:
+def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: names.QualifiedName,
+                      covered: sql.Composable, params: dict[str, Any], limit: int) -> Applied:
     cur.execute(q.claim_keys(log_table, covered, m.key), {**params, "limit": limit})
     keys = list(dict.fromkeys(tuple(r) for r in cur.fetchall()))
     result = Applied(claimed=len(keys))
@@ -321,7 +323,7 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
     while max_rounds is None or rounds < max_rounds:
         ctx.checkpoint()
 
-        def one(cur: psycopg.Cursor):
+        def one(cur: psycopg.Cursor) -> Applied:
             return apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=backfill_done)
 
         got = ctx.db.transaction(one, statement_timeout="120s", label="apply")

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -30,6 +31,10 @@ from mover.db import one
 from mover.errors import LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
+
+if TYPE_CHECKING:  # both import this module's neighbours; only the annotations need them
+    from mover.context import Reporter
+    from mover.db import Database
 
 
 def worker_id(n: int = 0) -> str:
@@ -159,11 +164,11 @@ def mark_failed_attempt(cur: psycopg.Cursor, mid: int, chunk: Chunk, worker: str
     return row[0] if row else "lost"
 
 
-def work(db, mid: int, chunk: Chunk, worker: str, fn: Callable[[psycopg.Cursor], int], *,
+def work(db: Database, mid: int, chunk: Chunk, worker: str, fn: Callable[[psycopg.Cursor], int], *,
          synchronous_commit: bool, statement_timeout: str = "300s") -> tuple[int, float]:
     """Run fn(cur) -> rows for the chunk and mark it done, all in one transaction."""
 
-    def tx(cur: psycopg.Cursor):
+    def tx(cur: psycopg.Cursor) -> tuple[int, float]:
         hold(cur, mid, chunk, worker)
         started = time.monotonic()
         rows = fn(cur)
@@ -248,7 +253,8 @@ class RangeWorker:
 
     role = "mover-worker"
 
-    def __init__(self, dsn: str, migration, wid: str, *, stop, lost, registry: set[str], report) -> None:
+    def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
+                 lost: threading.Event, registry: set[str], report: Reporter) -> None:
         from mover.context import Context
         from mover.db import Database
         self.db = Database(dsn, role=self.role)
@@ -308,7 +314,7 @@ def run_workers(workers: Sequence[RangeWorker], name: str) -> None:
         raise errors[0]
 
 
-def require_finished(db, mid: int, kind: str, migration: str, command: str) -> None:
+def require_finished(db: Database, mid: int, kind: str, migration: str, command: str) -> None:
     """After the workers stopped: every range done, or say which failed and what resumes."""
     from mover.errors import Failed
     st = db.transaction(lambda cur: state(cur, mid, kind))
@@ -323,7 +329,7 @@ def require_finished(db, mid: int, kind: str, migration: str, command: str) -> N
                      hint=f"`{command} {migration}` continues")
 
 
-def record_failure(db, mid: int, chunk: Chunk, worker: str, exc: BaseException, max_attempts: int) -> str:
+def record_failure(db: Database, mid: int, chunk: Chunk, worker: str, exc: BaseException, max_attempts: int) -> str:
     """A range's work failed on data or SQL: count the attempt (back to pending, or failed
     once out of attempts) and record an event; the worker goes on with other ranges."""
     from mover.db import mask

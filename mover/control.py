@@ -165,7 +165,7 @@ def _check_init_privileges(dsn: str) -> None:
 
 def schema_ready(cur: psycopg.Cursor) -> bool:
     cur.execute("SELECT to_regclass('mover.migrations') IS NOT NULL")
-    return one(cur)[0]
+    return bool(one(cur)[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,7 +572,7 @@ def record_divergence(cur: psycopg.Cursor, mid: int, key: list[str], kind: str, 
 
 def open_divergences(cur: psycopg.Cursor, mid: int) -> int:
     cur.execute("SELECT count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL", (mid,))
-    return one(cur)[0]
+    return int(one(cur)[0])
 
 
 def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = False) -> list[dict[str, Any]]:

@@ -312,7 +312,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     return held
 
 
-def lock_not_granted(ctx: Context, table, what: str, retry: str) -> Waiting:
+def lock_not_granted(ctx: Context, table: names.QualifiedName, what: str, retry: str) -> Waiting:
     """Every lock on the live table waits at most lock_timeout per attempt; once the attempts
     are spent the operator decides (exit 3), rather than a bare database error (exit 1)."""
     c = ctx.plan.cutover

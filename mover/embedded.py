@@ -144,7 +144,8 @@ def _free_port() -> int:
     # it before postgres binds it; start() sees that as an early exit and retries.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass(frozen=True)

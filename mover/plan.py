@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,7 @@ class Plan:
         """Hash of what defines the migration: source, target, columns and the old table's name.
         Tunables (backfill, cutover and window settings) may change between runs. Unqualified
         names count as in `schema` (the source's), so `orders` and `public.orders` agree."""
-        def qualified(name: QualifiedName | None):
+        def qualified(name: QualifiedName | None) -> list[str | None] | None:
             if name is None:
                 return None
             return [name.schema or schema or self.source.schema, name.name]
@@ -221,7 +222,7 @@ def _qn(name: QualifiedName | None) -> list[str | None] | None:
 
 
 def plan_from_canonical(doc: dict[str, Any]) -> Plan:
-    def qn(v):
+    def qn(v: Any) -> Any:  # a QualifiedName, or None where the document has none
         return None if v is None else QualifiedName(v[0], v[1])
 
     return Plan(
@@ -334,7 +335,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
                        "list the columns whose type change plan check reported as lossy")
 
     def bounded(section: str, key: str, default: int, lo: int, hi: int) -> int:
-        value = doc.get(section, {}).get(key, default)
+        value: int = doc.get(section, {}).get(key, default)
         if not lo <= value <= hi:
             raise fail(f"[{section}] {key} must be between {lo} and {hi}, got {value}")
         return value
@@ -417,7 +418,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     )
 
 
-def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
+def _partition_spec(d: dict[str, Any], fail: Callable[..., PlanError]) -> PartitionSpec:
     """[target.partition], checked without the database (resolve_plan checks it against the source)."""
     where = "[target.partition]"
     for key, item in d.items():
@@ -503,7 +504,7 @@ def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
                          accept_key_change=d.get("accept_key_change", False))
 
 
-def _type_word(t) -> str:
+def _type_word(t: Any) -> str:
     words = {str: "a string", int: "an integer", bool: "a boolean (true or false)", dict: "a table { ... }",
              float: "a number", list: "an array"}
-    return words.get(t, t.__name__ if isinstance(t, type) else str(t))
+    return words.get(t) or (t.__name__ if isinstance(t, type) else str(t))

@@ -214,7 +214,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
     mid = ctx.mid
     started = time.monotonic()
 
-    def first(cur: psycopg.Cursor):
+    def first(cur: psycopg.Cursor) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, int] | None]:
         chunks.hold(cur, mid, chunk, worker)
         agg, diffs = _compare(cur, spec, mid, chunk)
         ctx.check_shape(cur)  # nothing is compared across a change of either table's shape
@@ -242,7 +242,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
             # Another worker may hold the applier: give it a moment (no transaction is open here).
             ctx.stop.wait(min(0.02 * (round_no + 1), 0.5))
 
-        def final(cur: psycopg.Cursor):
+        def final(cur: psycopg.Cursor) -> dict[str, int]:
             chunks.hold(cur, mid, chunk, worker)
             now = _recheck(cur, spec, mid, keys)
             ctx.check_shape(cur)
@@ -398,7 +398,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     mode = _start_pass(ctx, spec, full)
     result = PassResult(mode)
 
-    def todo(cur: psycopg.Cursor):
+    def todo(cur: psycopg.Cursor) -> tuple[dict[str, Any], int | None]:
         st = chunks.state(cur, ctx.mid, KIND)
         estimate = introspect.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
         return st, estimate
@@ -445,12 +445,12 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
     m = dataclasses.replace(spec.mapping, src_key_types=spec.dst_key_types)
     stmt = replay_keys_sql(m)
     rows = ctx.db.transaction(lambda cur: control.open_divergence_rows(cur, ctx.mid, did))
-    out = {"repaired": 0, "still_open": 0, "failed": 0, "errors": []}
+    out: dict[str, Any] = {"repaired": 0, "still_open": 0, "failed": 0, "errors": []}
     for i in range(0, len(rows), REPAIR_BATCH):
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
 
-        def tx(cur: psycopg.Cursor, batch: list[dict[str, Any]]):
+        def tx(cur: psycopg.Cursor, batch: list[dict[str, Any]]) -> tuple[int, int, int, list[str]]:
             errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []

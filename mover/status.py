@@ -100,5 +100,5 @@ def _now(cur: psycopg.Cursor) -> datetime:
     return now
 
 
-def iso(value) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()

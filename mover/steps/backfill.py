@@ -16,7 +16,7 @@ from mover.steps.base import Step
 class Backfill(Step):
     name = "backfill"
 
-    def describe(self, ctx: Context, cur: psycopg.Cursor):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         out: list[Any] = [f"-- each chunk of {ctx.plan.backfill.chunk_rows} keys in its own transaction"
                      " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import psycopg
+from psycopg import sql
 
 from mover import control, introspect, names, partitions
 from mover.context import Context
@@ -11,7 +12,8 @@ from mover.sql import partitions as sql_partitions
 from mover.steps.base import Step
 
 
-def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName, target: names.QualifiedName):
+def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
+               target: names.QualifiedName) -> list[sql.Composed]:
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
     spec = plan.partition
@@ -71,8 +73,8 @@ def _kept_collation(cur: psycopg.Cursor, column: introspect.Column, type_text: s
 class CreateTarget(Step):
     name = "create_target"
 
-    def describe(self, ctx: Context, cur: psycopg.Cursor):
-        return target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target)
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
+        return list(target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target))
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration

@@ -15,7 +15,7 @@ class Cutover(Step):
     name = "cutover"
     gate = True
 
-    def describe(self, ctx: Context, cur: psycopg.Cursor):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         out: list[sql.Composable | str] = [
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "

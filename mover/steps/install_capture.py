@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import psycopg
+from psycopg import sql
 
 from mover import capture, control, cutover
 from mover.context import Context
@@ -10,9 +11,9 @@ from mover.steps.base import Step
 class InstallCapture(Step):
     name = "install_capture"
 
-    def describe(self, ctx: Context, cur: psycopg.Cursor):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
-        return capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name)
+        return list(capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name))
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration

@@ -13,7 +13,7 @@ from mover.steps.base import Step
 class Reconcile(Step):
     name = "reconcile"
 
-    def describe(self, ctx: Context, cur: psycopg.Cursor):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         s = ctx.plan.reconcile
         out: list[sql.Composable | str]

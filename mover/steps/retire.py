@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import psycopg
+from psycopg import sql
 
 from mover import cutover
 from mover.context import Context
@@ -10,7 +11,7 @@ from mover.steps.base import Step
 class Retire(Step):
     name = "retire"
 
-    def describe(self, ctx: Context, cur: psycopg.Cursor):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         return [cutover.render(cur, s) for s in cutover.retire_sql(cur, ctx)]
 
     def run(self, ctx: Context) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 
@@ -32,6 +33,9 @@ from mover.errors import BadInput, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
+
+if TYPE_CHECKING:  # imported where the workers start (api.work); only the annotation needs it here
+    from mover.heartbeat import Heartbeat
 
 log = logging.getLogger("mover")
 
@@ -76,7 +80,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
     plan = load_plan(path)
     db = _database(dsn)
     try:
-        def check(cur: psycopg.Cursor):
+        def check(cur: psycopg.Cursor) -> dict[str, Any]:
             if not control.schema_ready(cur):
                 raise BadInput("mover's control schema is not installed in this database",
                                hint="run `mover init` first")
@@ -115,7 +119,7 @@ def _same_shape(existing: control.Migration, plan: Plan) -> None:
 
 
 def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
-    def register(cur: psycopg.Cursor):
+    def register(cur: psycopg.Cursor) -> control.Migration:
         existing = control.find(cur, plan.name)
         if existing is not None and existing.state == "aborted":
             # Keep the aborted attempt's history under another name; start afresh.
@@ -168,7 +172,7 @@ def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = Fal
         db.close()
 
 
-def _operator_command(dsn: str, name: str, command: str, action,
+def _operator_command(dsn: str, name: str, command: str, action: Callable[[Context], object],
                       report: Reporter = log_reporter, stop: threading.Event | None = None) -> dict[str, Any]:
     """Run one operator command under the lease; control.COMMANDS says at which steps it is legal
     (checked here to refuse early, and again under the lease)."""
@@ -189,21 +193,21 @@ def _operator_command(dsn: str, name: str, command: str, action,
         db.close()
 
 
-def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
+def cutover_now(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "cutover", runner.cutover, **kw)
 
 
-def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "rollback", lambda ctx: runner.rollback(ctx, give_up_rows=give_up_rows),
                              **kw)
 
 
-def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "retire",
                              lambda ctx: runner.retire(ctx, force=force, give_up_rows=give_up_rows), **kw)
 
 
-def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any]:
+def reconcile(dsn: str, name: str, *, full: bool = False, **kw: Any) -> dict[str, Any]:
     """`mover reconcile NAME`: a reconcile pass now. At the reconcile step it is that step (the
     migration moves to the cutover gate when the tables are equal); at the gate it is an extra
     pass over the ranges changed since the last one (all of them with `full`)."""
@@ -229,7 +233,7 @@ def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any
     return {"pass": out.get("pass"), "status": st}
 
 
-def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw) -> dict[str, Any]:
+def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw: Any) -> dict[str, Any]:
     """`mover repair NAME`: re-sync the open divergences' rows from the source and check them again."""
     out: dict[str, Any] = {}
 
@@ -252,7 +256,7 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
     try:
         _require_schema(db)
 
-        def go(cur: psycopg.Cursor):
+        def go(cur: psycopg.Cursor) -> list[int]:
             m = control.get(cur, name, lock=True)
             control.require_command(m, "accept")
             ids = reconcile_engine.accept(cur, m.id, reason.strip(), control.new_owner_id(), divergence_id)
@@ -266,7 +270,7 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
         db.close()
 
 
-def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
+def adopt(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
     """`mover adopt NAME`: apply an additive change of the live table's shape (a column, a CHECK, an
     index) to the other table, re-sync what it touched, record the new shapes; refused (exit 2) for
     any other change."""
@@ -278,12 +282,21 @@ def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
     return {"adopted": out.get("adopted", []), "status": st}
 
 
-def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "abort", lambda ctx: runner.abort(ctx, give_up_rows=give_up_rows), **kw)
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading
+
+
+# One migration's status for a name, every migration's without: typed per call for the callers.
+@overload
+def status(dsn: str, name: str, *, db: Database | None = None) -> dict[str, Any]: ...
+@overload
+def status(dsn: str, name: None = None, *, db: Database | None = None) -> list[dict[str, Any]]: ...
+@overload
+def status(dsn: str, name: str | None, *, db: Database | None = None) -> dict[str, Any] | list[dict[str, Any]]: ...
 
 
 def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> Any:
@@ -292,7 +305,7 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     try:
         _require_schema(db)
 
-        def read(cur: psycopg.Cursor):
+        def read(cur: psycopg.Cursor) -> dict[str, Any] | list[dict[str, Any]]:
             if name is not None:
                 return status_mod.status_of(cur, control.get(cur, name))
             return [status_mod.status_of(cur, m) for m in control.list_all(cur)]
@@ -307,7 +320,7 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
     try:
         _require_schema(db)
 
-        def read(cur: psycopg.Cursor):
+        def read(cur: psycopg.Cursor) -> list[dict[str, Any]]:
             m = control.get(cur, name)
             return [{**d, "found_at": status_mod.iso(d["found_at"]), "resolved_at": status_mod.iso(d["resolved_at"]),
                      "checked_at": status_mod.iso(d["checked_at"])}
@@ -320,7 +333,7 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
 def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
     db = _database(dsn)
     try:
-        def read(cur: psycopg.Cursor):
+        def read(cur: psycopg.Cursor) -> list[dict[str, Any]]:
             m = control.get(cur, name)
             return [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, limit)]
         return db.transaction(read)
@@ -428,7 +441,7 @@ def _orchestrated(db: Database, m: control.Migration) -> bool:
 
 
 def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: Reporter,
-           stop: threading.Event, heartbeat) -> None:
+           stop: threading.Event, heartbeat: Callable[..., Heartbeat]) -> None:
     """Run `threads` workers of one engine on this migration's ranges until none is left, under a
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
@@ -471,7 +484,7 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
     try:
         _require_schema(db)
 
-        def find(cur: psycopg.Cursor):
+        def find(cur: psycopg.Cursor) -> list[tuple[control.Migration, Plan, QualifiedName]]:
             out = []
             for m in control.list_all(cur):
                 plan = plan_from_canonical(m.plan)

@@ -10,8 +10,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import typer
@@ -46,12 +48,16 @@ class State:
     dsn: str | None = None
 
 
-def _exits(fn):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _exits(fn: Callable[P, R]) -> Callable[P, R]:
     """The one place errors become exit codes: 0 done, 1 failed, 2 bad input (nothing changed),
     3 waiting for the operator, 130 interrupted. No traceback unless --debug."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except MoverError as exc:
@@ -103,12 +109,12 @@ def _print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
 
 
-def _interruptible():
+def _interruptible() -> threading.Event:
     """First Ctrl-C: stop at the next safe point. A second one interrupts at once (the open
     transaction is rolled back; the migration stays resumable)."""
     stop = threading.Event()
 
-    def handler(signum, frame) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
@@ -234,7 +240,7 @@ def partitions_maintain(table: str | None = typer.Argument(None, help="Migration
                       highlight=False, markup=False)
 
 
-def _run(dsn, target, one_step, wait) -> None:
+def _run(dsn: str | None, target: str, one_step: bool, wait: bool) -> None:
     reporter = ProgressReporter(err)
     try:
         st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())

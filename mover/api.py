@@ -1,6 +1,7 @@
-"""The commands as plain functions (used by the CLI, the demo and the tests): connection
-bootstrap, the plan's checks against the live database, registration, the operator commands
-(which check control.COMMANDS and run through mover/runner.py) and the status read model."""
+"""The commands as plain functions (used by the CLI, the demo and the tests): each opens the
+database and hands over: plan checks to mover/checks/, registration and transitions to
+mover/control.py, the steps and the operator commands (legal per control.COMMANDS) to
+mover/runner.py, the reads to mover/status.py, range workers to chunks.run_workers."""
 
 from __future__ import annotations
 

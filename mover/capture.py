@@ -34,10 +34,6 @@ log = logging.getLogger("mover.capture")
 BATCH = 5000
 
 
-def log_name(ctx: Context, reverse: bool = False) -> names.QualifiedName:
-    return names.change_log(ctx.mid, reverse)
-
-
 def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
                 migration: str, reverse: bool = False, *, renamed: names.QualifiedName | None = None
                 ) -> list[sql.Composed]:

@@ -31,10 +31,6 @@ log = logging.getLogger("mover.cutover")
 LOCK_STATEMENT_TIMEOUT = "30s"
 
 
-class _ReplayFailedUnderLock(Failed):
-    """The drain under the swap's lock met a change it could not apply; the swap rolled back."""
-
-
 # The last check before the lock: a verifying pass over what changed since reconcile, returning the
 # divergences then open. Passed in by the cutover step (steps/cutover.py), so this engine does not
 # call the reconcile engine: the two are siblings over capture and control.
@@ -320,13 +316,6 @@ def lock_not_granted(ctx: Context, table: names.QualifiedName, what: str, retry:
                    f" migration {ctx.migration.name!r}; nothing was changed",
                    hint=f"retry `{retry}` when the table is quieter, or raise [cutover] lock_timeout / attempts"
                         f" (`mover set {ctx.migration.name} cutover.attempts=...`)")
-
-
-def _record_replay_failures(ctx: Context, exc: _ReplayFailedUnderLock, *, reverse: bool) -> Waiting:
-    """The apply_error divergences of the failed drain rolled back with the swap: replay again
-    outside the lock, which records them for good, and leave the decision to the operator."""
-    capture.drain(ctx, reverse=reverse, backfill_done=True)
-    return Waiting(exc.message, hint=f"see them with `mover divergences {ctx.migration.name}`")
 
 
 def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:

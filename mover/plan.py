@@ -1,7 +1,8 @@
 """Plan files: TOML -> validated dataclasses, a canonical form and its hash.
 
 Validation here needs no database (shape, types, names); the checks against the live catalog
-(`mover plan check`, and again at registration) are done by the API layer. Every error names the key as `[section] key`.
+(`mover plan check`, and again at registration) are the registry in mover/checks/. Every error
+names the key as `[section] key`.
 """
 
 from __future__ import annotations

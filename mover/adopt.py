@@ -60,7 +60,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
     if refused:
         exc = shape.explain(m.name, refused, ctx.swapped, ctx.mid)
         raise ShapeChanged(f"cannot adopt the change to the shape of migration {m.name!r}: "
-                                 f"{'; '.join(c.message for c in refused)}", hint=exc.hint, changes=refused)
+                           f"{'; '.join(c.message for c in refused)}", hint=exc.hint, changes=refused)
     built = ctx.swapped or before[other_side] is not None
     exists = ctx.db.transaction(lambda cur: introspect.exists(cur, other))
     columns = [c.detail["column"] for c in live_changes if c.kind == "column_added"]
@@ -122,8 +122,10 @@ def _add_columns(ctx: Context, other: QualifiedName, columns: list[dict[str, Any
             # (format_type, pg_get_expr): trusted, and positions that take no bind parameter.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD COLUMN {c} {ty}{coll}{default}").format(
                 t=other.ident, c=sql.Identifier(c["name"]), ty=trusted(c["type"], "format_type"),
-                coll=trusted(f" COLLATE {c['collation']}" if c.get("collation") else "", "pg_collation"),
-                default=trusted(f" DEFAULT {c['default']}" if c.get("default") is not None else "", "pg_get_expr")))
+                coll=sql.SQL(" COLLATE {}").format(trusted(c["collation"], "pg_collation")) if c.get("collation")
+                else sql.SQL(""),
+                default=sql.SQL(" DEFAULT {}").format(trusted(c["default"], "pg_get_expr"))
+                if c.get("default") is not None else sql.SQL("")))
     ctx.db.transaction(add, label="adopt columns", **_lock_timeout(ctx))
 
 

@@ -14,13 +14,15 @@ import json
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
 from mover import control, samples, status
 
 # ---------------------------------------------------------------------------------------------
 # The model (also what `mover report --json` prints)
 
 
-def gather(cur, name: str) -> dict[str, Any]:
+def gather(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
     m = control.get(cur, name)
     story = control.story(cur, m.id)
     points = samples.read(cur, m.id)

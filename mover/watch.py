@@ -74,7 +74,7 @@ def _reconcile_eta(snap: dict[str, Any], rate: float | None) -> float | None:
     if not rate or not r["ranges_done"] or r["ranges_done"] >= r["ranges_total"]:
         return None
     per_range = r["rows_compared"] / r["ranges_done"]
-    return (r["ranges_total"] - r["ranges_done"]) * per_range / rate
+    return float((r["ranges_total"] - r["ranges_done"]) * per_range / rate)
 
 
 def line(snap: dict[str, Any]) -> str:

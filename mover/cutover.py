@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, privileges, reconcile, shape
+from mover import capture, carry, chunks, control, faults, introspect, names, privileges, reconcile, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -34,6 +34,8 @@ class _ReplayFailedUnderLock(Failed):
 
 
 def preflight(ctx: Context) -> None:
+    carry.validate(ctx)  # what a swap back left NOT VALID before a crash
+
     def check(cur):
         problems = []
         n = control.open_divergences(cur, ctx.mid)
@@ -230,10 +232,11 @@ def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: na
     return out
 
 
-def swap_sql(cur, ctx: Context, *, forward: bool) -> list[Statement]:
+def swap_plan(cur, ctx: Context, *, forward: bool) -> tuple[list[Statement], carry.Carried]:
     """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
     of it runs: what `plan check` prints is what the swap executes. The live table gives up the
-    name and its capture; the other takes the name, the sequences and the capture the other way."""
+    name, its capture and the application's objects (mover/carry.py); the other takes the name,
+    the sequences, those objects and the capture the other way."""
     m = ctx.migration
     if forward:
         live, other, live_renamed = m.source, m.target, m.old
@@ -242,10 +245,17 @@ def swap_sql(cur, ctx: Context, *, forward: bool) -> list[Statement]:
     out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
+    carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
+    out += carried.before
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
+    out += carried.after
     out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source)
-    return out
+    return out, carried
+
+
+def swap_sql(cur, ctx: Context, *, forward: bool) -> list[Statement]:
+    return swap_plan(cur, ctx, forward=forward)[0]
 
 
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback") -> float:
@@ -278,7 +288,9 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
-        execute_all(cur, swap_sql(cur, ctx, forward=forward))
+        stmts, carried = swap_plan(cur, ctx, forward=forward)
+        execute_all(cur, stmts)
+        carry.record_validation(cur, ctx, carried.to_validate)
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
@@ -337,6 +349,8 @@ def swap_in(ctx: Context) -> float:
                            f"[cutover] lock_timeout / attempts") from exc
     ctx.refresh()
     ctx.report("cutover", lock_ms=round(held, 1))
+    # After the lock: VALIDATE scans with writes going on (the rollback window resumes it after a crash).
+    carry.validate(ctx)
     return held
 
 
@@ -356,6 +370,7 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
         raise Waiting(f"could not lock {ctx.migration.source} for the rollback; nothing was swapped",
                       hint=f"retry `mover rollback {ctx.migration.name}`") from exc
     ctx.refresh()
+    carry.validate(ctx)  # the next cutover's preflight resumes it after a crash
     return held
 
 

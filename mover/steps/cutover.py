@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from mover import cutover, introspect
+from mover import cutover, introspect, names
+from mover.checks import foreign_keys
 from mover.context import Context
 from mover.sql import ddl
 from mover.steps.base import Step
@@ -22,18 +23,28 @@ class Cutover(Step):
             "-- apply the last logged changes, then:",
         ]
         if introspect.exists(cur, m.target):
-            out += [cutover.render(cur, s) for s in cutover.swap_sql(cur, ctx, forward=True)]
+            stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
         else:
             # Not created yet (`plan check`): the swap's statements are read from a rehearsed
-            # target, rolled back with its savepoint.
+            # target, rolled back with its savepoint. (Its other indexes are built after the
+            # backfill, so their renames are not listed here yet.)
             cur.execute("SAVEPOINT mover_describe_cutover")
             try:
                 for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
                     cur.execute(stmt)
-                out += [cutover.render(cur, s) for s in cutover.swap_sql(cur, ctx, forward=True)]
+                stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
             finally:
                 cur.execute("ROLLBACK TO SAVEPOINT mover_describe_cutover")
+        out += [cutover.render(cur, s) for s in stmts]
         out.append(sql.SQL("COMMIT"))
+        out += [f"-- after the lock, one transaction each (SHARE UPDATE EXCLUSIVE, writes go on): ALTER TABLE "
+                f"{names.QualifiedName(schema, table)} VALIDATE CONSTRAINT {names.display_ident(name)}"
+                for schema, table, name in carried.to_validate]
+        out += [f"-- {note}" for note in carried.notes if "no partner" not in note or introspect.exists(cur, m.target)]
+        source_oid = introspect.table_oid(cur, m.source)
+        if source_oid is not None:
+            out += [f"-- warning: {w}" for w in
+                    foreign_keys.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
         if ctx.plan.drop_foreign_keys:
             out.append(f"-- foreign keys not carried over (acknowledged in [target] drop_foreign_keys): "
                        f"{', '.join(ctx.plan.drop_foreign_keys)}")

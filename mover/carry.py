@@ -302,6 +302,10 @@ def pending_validation(cur, mid: int) -> list[tuple[str, str, str]]:
     return out
 
 
+def validate_sql(schema: str, table: str, name: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(sql.Identifier(schema, table), sql.Identifier(name))
+
+
 def validate(ctx) -> list[tuple[str, str, str]]:
     """VALIDATE each foreign key the last swap added NOT VALID, one transaction each: it takes
     only SHARE UPDATE EXCLUSIVE on the table (writes go on) while it scans. Returns what it validated."""
@@ -310,8 +314,7 @@ def validate(ctx) -> list[tuple[str, str, str]]:
     for schema, table, name in ctx.db.transaction(lambda cur: pending_validation(cur, ctx.mid),
                                                   label="pending validation"):
         def one_constraint(cur, schema=schema, table=table, name=name):
-            cur.execute(sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(
-                sql.Identifier(schema, table), sql.Identifier(name)))
+            cur.execute(validate_sql(schema, table, name))
             # a validated constraint of the migrated table changes its recorded shape
             shape.rerecord(cur, ctx.mid)
         ctx.db.transaction(one_constraint, statement_timeout="0", label="validate foreign key")

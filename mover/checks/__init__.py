@@ -75,6 +75,7 @@ class Check:
 def _registry() -> list[Check]:
     # Imported here: each module's checks import this package for Subject.
     from mover.checks import (
+        carried,
         foreign_keys,
         key,
         names,
@@ -99,6 +100,7 @@ def _registry() -> list[Check]:
         Check("partitioning", partitioning.plan),
         Check("outbound foreign keys", foreign_keys.outbound),
         Check("inheritance", refused_objects.table_properties),
+        Check("dependents the swap moves are owned", carried.owned),
         Check("privileges", privileges.setup),
         Check("target DDL", rehearsal.create_target, clean=True),
         Check("lossy type changes", types.lossy, clean=True),

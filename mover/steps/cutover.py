@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from mover import cutover, introspect, names
+from mover import carry, cutover, introspect
 from mover.checks import foreign_keys
 from mover.context import Context
 from mover.sql import ddl
@@ -37,9 +37,9 @@ class Cutover(Step):
                 cur.execute("ROLLBACK TO SAVEPOINT mover_describe_cutover")
         out += [cutover.render(cur, s) for s in stmts]
         out.append(sql.SQL("COMMIT"))
-        out += [f"-- after the lock, one transaction each (SHARE UPDATE EXCLUSIVE, writes go on): ALTER TABLE "
-                f"{names.QualifiedName(schema, table)} VALIDATE CONSTRAINT {names.display_ident(name)}"
-                for schema, table, name in carried.to_validate]
+        if carried.to_validate:
+            out.append("-- after the lock, one transaction each (SHARE UPDATE EXCLUSIVE: writes go on):")
+            out += [carry.validate_sql(schema, table, name) for schema, table, name in carried.to_validate]
         out += [f"-- {note}" for note in carried.notes if "no partner" not in note or introspect.exists(cur, m.target)]
         source_oid = introspect.table_oid(cur, m.source)
         if source_oid is not None:

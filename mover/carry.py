@@ -309,10 +309,11 @@ def validate_sql(schema: str, table: str, name: str) -> sql.Composed:
 def validate(ctx) -> list[tuple[str, str, str]]:
     """VALIDATE each foreign key the last swap added NOT VALID, one transaction each: it takes
     only SHARE UPDATE EXCLUSIVE on the table (writes go on) while it scans. Returns what it validated."""
-    from mover import shape
+    from mover import faults, shape
     done = []
     for schema, table, name in ctx.db.transaction(lambda cur: pending_validation(cur, ctx.mid),
                                                   label="pending validation"):
+        faults.point("validate")
         def one_constraint(cur, schema=schema, table=table, name=name):
             cur.execute(validate_sql(schema, table, name))
             # a validated constraint of the migrated table changes its recorded shape

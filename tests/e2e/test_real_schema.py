@@ -182,6 +182,9 @@ def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario
         r = mover(dsn, "cutover", "orders_wide")
         assert r.returncode == 0, r.stderr
         writer.pause()
+        lock_ms = scalar(dsn, "SELECT (detail->>'lock_ms')::float FROM mover.events WHERE detail ? 'lock_ms'"
+                              " ORDER BY id DESC LIMIT 1")
+        print(f"scenario swap held the lock {lock_ms:.1f} ms")  # shown with -s; docs/operating.md quotes it
         assert_oracle(dsn, "Orders")
         assert id_type(dsn) == "bigint" and id_type(dsn, '"Orders_old"') == "integer"
         assert objects(dsn) == before  # every name, trigger state, policy, grant, view option
@@ -237,3 +240,23 @@ def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario
     finally:
         writer.halt()
     assert writer.errors == [], writer.errors[:5]
+
+
+def test_validation_after_the_lock_resumes_after_a_crash(scenario, tmp_path):
+    """Killed after the swap committed but before its foreign keys were validated: they are
+    NOT VALID (still checking every new write), and the next `mover run` validates them."""
+    dsn = scenario
+    plan = write_plan(tmp_path / "orders.toml", PLAN.format(name="orders_crash", columns='id = "bigint"'))
+    assert mover(dsn, "run", plan).returncode == 3
+    r = mover(dsn, "cutover", "orders_crash", env={"MOVER_FAULT": "kill@validate"})
+    assert r.returncode != 0
+    unvalidated = "SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND NOT convalidated"
+    assert scalar(dsn, unvalidated) == 2  # the inbound and the outbound one
+    assert id_type(dsn) == "bigint"
+    with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(psycopg.errors.ForeignKeyViolation):
+        conn.execute("INSERT INTO order_lines (order_id) VALUES (2000000000)")
+    assert mover(dsn, "run", "orders_crash").returncode == 3  # the window is open
+    assert scalar(dsn, unvalidated) == 0
+    r = mover(dsn, "retire", "orders_crash", "--force")
+    assert r.returncode == 0, r.stderr
+    assert scalar(dsn, unvalidated) == 0

@@ -288,8 +288,13 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
+        # Where the lock's time goes (in the cutover event): the drain, reading the catalog, the DDL.
+        drained_at = time.monotonic()
         stmts, carried = swap_plan(cur, ctx, forward=forward)
+        read_at = time.monotonic()
         execute_all(cur, stmts)
+        phases = {"drain_ms": (drained_at - locked_at) * 1000, "catalog_ms": (read_at - drained_at) * 1000,
+                  "ddl_ms": (time.monotonic() - read_at) * 1000, "statements": len(stmts)}
         carry.record_validation(cur, ctx, carried.to_validate)
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
@@ -300,7 +305,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
-                                 detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
+                                 detail={"lock_ms": held_ms, **phases, **({"foreign_keys_not_carried": list(
                                      ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
         else:
             control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)

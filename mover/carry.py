@@ -222,7 +222,6 @@ def _views(cur, oid: int, out: Carried) -> None:
     catalog printed, with its owner, options, grants, comment, triggers and (materialized) indexes.
     A materialized view is refreshed inside the swap: the application never reads one that is
     not populated (it costs the lock what the refresh takes; see docs/operating.md)."""
-    from mover import introspect
     cur.execute(DEPENDENT_VIEWS, {"oid": oid})
     views = cur.fetchall()
     creates: list[Statement] = []
@@ -236,9 +235,15 @@ def _views(cur, oid: int, out: Carried) -> None:
         creates.append(sql.SQL("CREATE {} {}{} AS {}{}").format(
             what, view.ident, with_opts, sql.SQL(body), sql.SQL(" WITH NO DATA") if kind == "m" else sql.SQL("")))
         creates.append(sql.SQL("ALTER {} {} OWNER TO {}").format(what, view.ident, sql.Identifier(owner)))
-        meta = introspect.metadata(cur, voids)
-        creates += [_grant(view, priv, role, grantable) for role, priv, grantable in meta.grants]
-        creates += [_grant(view, priv, role, grantable, col) for col, role, priv, grantable in meta.column_grants]
+        # Table and column grants in one query (the lock is held while the catalog is read).
+        cur.execute("SELECT NULL::name, CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END,"
+                    " a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
+                    " WHERE c.oid = %(v)s AND a.grantee <> c.relowner"
+                    " UNION ALL SELECT att.attname, CASE WHEN a.grantee = 0 THEN NULL"
+                    " ELSE pg_get_userbyid(a.grantee) END, a.privilege_type, a.is_grantable"
+                    " FROM pg_attribute att, aclexplode(att.attacl) a WHERE att.attrelid = %(v)s AND att.attnum > 0"
+                    " AND NOT att.attisdropped AND att.attacl IS NOT NULL ORDER BY 1 NULLS FIRST, 2, 3", {"v": voids})
+        creates += [_grant(view, priv, role, grantable, col) for col, role, priv, grantable in cur.fetchall()]
         if comment is not None:
             creates.append(sql.SQL("COMMENT ON {} {} IS {}").format(what, view.ident, sql.Literal(comment)))
         if kind == "m":

@@ -281,6 +281,23 @@ def carry_sql(cur, ctx, live: QualifiedName, other: QualifiedName, after_name: Q
     return out
 
 
+def also_locked(cur, table: QualifiedName) -> list[QualifiedName]:
+    """The tables whose foreign keys reference `table` and the views that read it: the swap
+    changes them, so its first statement locks them with the two tables, all under the
+    cutover's lock_timeout, before the drain (a lock taken later, holding the table's, could
+    only deadlock with an application transaction that holds one of them)."""
+    cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
+    oid = one(cur)[0]
+    if oid is None:
+        return []
+    cur.execute(DEPENDENT_VIEWS, {"oid": oid})
+    views = [QualifiedName(r[1], r[2]) for r in cur.fetchall() if r[3] == "v"]  # LOCK takes no materialized view
+    cur.execute("SELECT DISTINCT n.nspname, c.relname FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE k.contype = 'f' AND k.conparentid = 0"
+                " AND k.confrelid = %s AND k.conrelid <> %s ORDER BY 1, 2", (oid, oid))
+    return [QualifiedName(s, n) for s, n in cur.fetchall()] + views
+
+
 def record_validation(cur, ctx, to_validate: list[tuple[str, str, str]]) -> None:
     """The constraints the swap added NOT VALID: `validate` works through them after the lock,
     and again (from this record) after a crash in between."""

@@ -266,7 +266,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     def swap(cur) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
-        cur.execute(ddl.lock_tables([live, other]))
+        cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
         locked_at = time.monotonic()
         # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
         # both tables' shapes under the lock: a change committed since the preflight aborts the

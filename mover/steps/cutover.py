@@ -19,7 +19,7 @@ class Cutover(Step):
         out: list[sql.Composable | str] = [
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
-            ddl.lock_tables([m.source, m.target]),
+            ddl.lock_tables([m.source, m.target, *carry.also_locked(cur, m.source)]),
             "-- apply the last logged changes, then:",
         ]
         if introspect.exists(cur, m.target):

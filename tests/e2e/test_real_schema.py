@@ -191,6 +191,8 @@ def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario
         assert objects(dsn) == before  # every name, trigger state, policy, grant, view option
         # the foreign keys were validated after the lock
         assert scalar(dsn, "SELECT bool_and(convalidated) FROM pg_constraint WHERE contype = 'f'") is True
+        r = mover(dsn, "plan", "check", plan)  # a registered plan in its window still checks
+        assert r.returncode == 0, r.stderr
         audited = scalar(dsn, "SELECT count(*) FROM row_audit")
         assert mover(dsn, "run", "orders_wide").returncode == 3  # window: the reverse replay into the old table
         assert scalar(dsn, "SELECT count(*) FROM row_audit") == audited  # ... fired no trigger of the application

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 from psycopg import sql
 
-from mover import control, names
+from mover import control, faults, introspect, names, shape
 from mover.db import one
 from mover.names import QualifiedName
+from mover.sql import ddl
 
 # A statement of the swap: its SQL, or its SQL and the parameters it runs with.
 Statement = sql.Composable | tuple[sql.Composable, tuple]
@@ -58,12 +59,11 @@ def _names(cur, ctx, live: QualifiedName, other: QualifiedName, out: Carried) ->
     """Index (and so primary key and unique constraint) names change sides: the table taking the
     table's name takes its index names, the other takes the names its partners were built with.
     Swapped through a parking name, so the same statements serve the swap back."""
-    from mover import introspect
     m = ctx.migration
     live_oid, other_oid = _oid(cur, live), _oid(cur, other)
     cur.execute("SELECT relkind FROM pg_class WHERE oid = %s", (other_oid,))
     partitioned = one(cur)[0] == "p"
-    key_index = introspect.describe(cur, live).key_index
+    key_index = introspect.key_index(cur, live_oid, live)  # one query: the lock is held
     cur.execute("""
         SELECT ic.relname, i.indisprimary, k.contype, coalesce(k.condeferrable, false),
                coalesce(k.condeferred, false)
@@ -262,7 +262,6 @@ def _views(cur, oid: int, out: Carried) -> None:
 
 def _grant(view: QualifiedName, privilege: str, role: str | None, grantable: bool,
            column: str | None = None) -> sql.Composed:
-    from mover.sql import ddl
     return ddl.grant(view, privilege, role, grantable, column=column)
 
 
@@ -331,7 +330,6 @@ def validate_sql(schema: str, table: str, name: str) -> sql.Composed:
 def validate(ctx) -> list[tuple[str, str, str]]:
     """VALIDATE each foreign key the last swap added NOT VALID, one transaction each: it takes
     only SHARE UPDATE EXCLUSIVE on the table (writes go on) while it scans. Returns what it validated."""
-    from mover import faults, shape
     done = []
     for schema, table, name in ctx.db.transaction(lambda cur: pending_validation(cur, ctx.mid),
                                                   label="pending validation"):

@@ -17,7 +17,9 @@ released (`validate`), each one recorded so that a crash in between resumes the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+import psycopg
 from psycopg import sql
 
 from mover import control, faults, introspect, names, shape
@@ -25,8 +27,11 @@ from mover.db import one
 from mover.names import QualifiedName
 from mover.sql import ddl
 
+if TYPE_CHECKING:
+    from mover.context import Context
+
 # A statement of the swap: its SQL, or its SQL and the parameters it runs with.
-Statement = sql.Composable | tuple[sql.Composable, tuple]
+Statement = sql.SQL | sql.Composed | tuple[sql.SQL | sql.Composed, tuple[Any, ...]]
 
 VALIDATE_EVENT = "constraints_to_validate"
 
@@ -40,11 +45,11 @@ class Carried:
     notes: list[str] = field(default_factory=list)  # what plan check says about the swap
 
 
-def _oid(cur, table: QualifiedName) -> int:
+def _oid(cur: psycopg.Cursor, table: QualifiedName) -> int:
     cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
     oid = one(cur)[0]
     assert oid is not None  # both tables are locked by the swap (or rehearsed by plan check)
-    return oid
+    return int(oid)
 
 
 def partner_index(mid: int, target: QualifiedName, index: str, key_index: str, primary: bool) -> str:
@@ -55,7 +60,7 @@ def partner_index(mid: int, target: QualifiedName, index: str, key_index: str, p
     return names.derived(index, f"_m{mid}")
 
 
-def _names(cur, ctx, live: QualifiedName, other: QualifiedName, out: Carried) -> None:
+def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName, out: Carried) -> None:
     """Index (and so primary key and unique constraint) names change sides: the table taking the
     table's name takes its index names, the other takes the names its partners were built with.
     Swapped through a parking name, so the same statements serve the swap back."""
@@ -75,7 +80,7 @@ def _names(cur, ctx, live: QualifiedName, other: QualifiedName, out: Carried) ->
     cur.execute("SELECT ic.relname, EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid"
                 " AND k.conrelid = i.indrelid) FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
                 " WHERE i.indrelid = %s", (other_oid,))
-    theirs_backs_constraint = dict(cur.fetchall())
+    theirs_backs_constraint: dict[str, bool] = dict(cur.fetchall())
     assert live.schema is not None
     # The names the application knows are those on `live`; its partners' names are derived from
     # them the same way in both directions (the swap back finds the same pairs).
@@ -100,7 +105,7 @@ def _names(cur, ctx, live: QualifiedName, other: QualifiedName, out: Carried) ->
         ]
 
 
-def _foreign_keys(cur, live_oid: int, live: QualifiedName, skip: tuple[str, ...], out: Carried,
+def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip: tuple[str, ...], out: Carried,
                   after_name: QualifiedName) -> None:
     """Outbound (the table's own, self-references included) and inbound (other tables' that
     reference it) foreign keys move to the table taking the name, NOT VALID, validated after.
@@ -136,7 +141,7 @@ ENABLE = {"D": "DISABLE TRIGGER", "R": "ENABLE REPLICA TRIGGER", "A": "ENABLE AL
 ENABLE_RULE = {"D": "DISABLE RULE", "R": "ENABLE REPLICA RULE", "A": "ENABLE ALWAYS RULE"}
 
 
-def _triggers(cur, oid: int, table: sql.Composable, after_table: sql.Composable, out: Carried,
+def _triggers(cur: psycopg.Cursor, oid: int, table: sql.Composable, after_table: sql.Composable, out: Carried,
               drop: bool = True) -> None:
     """The application's triggers (mover's capture triggers stay mover's), same names (so the same
     firing order) and enabled state."""
@@ -155,7 +160,7 @@ def _triggers(cur, oid: int, table: sql.Composable, after_table: sql.Composable,
                 sql.Identifier(name), after_table, sql.Literal(comment)))
 
 
-def _rules(cur, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
+def _rules(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
     cur.execute("SELECT rulename, pg_get_ruledef(oid), ev_enabled FROM pg_rewrite"
                 " WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY rulename", (oid,))
     for name, definition, enabled in cur.fetchall():
@@ -166,7 +171,7 @@ def _rules(cur, oid: int, live: QualifiedName, after_name: QualifiedName, out: C
                                                                     sql.Identifier(name)))
 
 
-def _row_security(cur, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
+def _row_security(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
     """RLS and its policies move; the other table gets neither, so the replay into it is never
     filtered (with RLS on and no policy, everything but the owner would see no row)."""
     cur.execute("SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = %s", (oid,))
@@ -216,7 +221,7 @@ ORDER BY max(dep.depth), n.nspname, c.relname
 """
 
 
-def _views(cur, oid: int, out: Carried) -> None:
+def _views(cur: psycopg.Cursor, oid: int, out: Carried) -> None:
     """Views bind to the table by oid: each one that reads it (or reads a view that does) is
     dropped (dependents first) and created again after the renames, from the definition the
     catalog printed, with its owner, options, grants, comment, triggers and (materialized) indexes.
@@ -265,8 +270,8 @@ def _grant(view: QualifiedName, privilege: str, role: str | None, grantable: boo
     return ddl.grant(view, privilege, role, grantable, column=column)
 
 
-def carry_sql(cur, ctx, live: QualifiedName, other: QualifiedName, after_name: QualifiedName, *,
-              forward: bool) -> Carried:
+def carry_sql(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName,
+              after_name: QualifiedName, *, forward: bool) -> Carried:
     """Everything the swap moves from `live` to `other` (which is called `after_name` once the
     tables are renamed). Read now, run later in the same transaction."""
     out = Carried()
@@ -280,7 +285,7 @@ def carry_sql(cur, ctx, live: QualifiedName, other: QualifiedName, after_name: Q
     return out
 
 
-def also_locked(cur, table: QualifiedName) -> list[QualifiedName]:
+def also_locked(cur: psycopg.Cursor, table: QualifiedName) -> list[QualifiedName]:
     """The tables whose foreign keys reference `table` and the views that read it: the swap
     changes them, so its first statement locks them with the two tables, all under the
     cutover's lock_timeout, before the drain (a lock taken later, holding the table's, could
@@ -297,7 +302,7 @@ def also_locked(cur, table: QualifiedName) -> list[QualifiedName]:
     return [QualifiedName(s, n) for s, n in cur.fetchall()] + views
 
 
-def record_validation(cur, ctx, to_validate: list[tuple[str, str, str]]) -> None:
+def record_validation(cur: psycopg.Cursor, ctx: Context, to_validate: list[tuple[str, str, str]]) -> None:
     """The constraints the swap added NOT VALID: `validate` works through them after the lock,
     and again (from this record) after a crash in between."""
     control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, VALIDATE_EVENT,
@@ -305,7 +310,7 @@ def record_validation(cur, ctx, to_validate: list[tuple[str, str, str]]) -> None
                   {"constraints": [list(c) for c in to_validate]})
 
 
-def pending_validation(cur, mid: int) -> list[tuple[str, str, str]]:
+def pending_validation(cur: psycopg.Cursor, mid: int) -> list[tuple[str, str, str]]:
     """(schema, table, constraint) of the last swap's record that exist and are still NOT VALID."""
     cur.execute("SELECT detail FROM mover.events WHERE migration_id = %s AND kind = %s ORDER BY id DESC LIMIT 1",
                 (mid, VALIDATE_EVENT))
@@ -327,14 +332,14 @@ def validate_sql(schema: str, table: str, name: str) -> sql.Composed:
     return sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(sql.Identifier(schema, table), sql.Identifier(name))
 
 
-def validate(ctx) -> list[tuple[str, str, str]]:
+def validate(ctx: Context) -> list[tuple[str, str, str]]:
     """VALIDATE each foreign key the last swap added NOT VALID, one transaction each: it takes
     only SHARE UPDATE EXCLUSIVE on the table (writes go on) while it scans. Returns what it validated."""
     done = []
     for schema, table, name in ctx.db.transaction(lambda cur: pending_validation(cur, ctx.mid),
                                                   label="pending validation"):
         faults.point("validate")
-        def one_constraint(cur, schema=schema, table=table, name=name):
+        def one_constraint(cur: psycopg.Cursor, schema: str = schema, table: str = table, name: str = name) -> None:
             cur.execute(validate_sql(schema, table, name))
             # a validated constraint of the migrated table changes its recorded shape
             shape.rerecord(cur, ctx.mid)

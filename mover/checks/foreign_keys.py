@@ -4,12 +4,15 @@ new table; the source's own (outbound) ones move to it, except those the plan li
 
 from __future__ import annotations
 
+import psycopg
+
 from mover import introspect, names
 from mover.checks import Subject
+from mover.db import one
 from mover.errors import PlanError
 
 
-def narrower_referencing_columns(cur, source_oid: int, new_types: dict[str, str]) -> list[str]:
+def narrower_referencing_columns(cur: psycopg.Cursor, source_oid: int, new_types: dict[str, str]) -> list[str]:
     """Referencing columns of inbound foreign keys narrower than the key column they reference
     becomes (an int column referencing a key widened to bigint): fine today, but the key's new
     values beyond the column's range cannot be referenced. One line each, naming the column."""
@@ -27,7 +30,7 @@ def narrower_referencing_columns(cur, source_oid: int, new_types: dict[str, str]
         if new_type is None:
             continue
         cur.execute("SELECT format_type(to_regtype(%s), NULL)", (new_type,))
-        canonical = cur.fetchone()[0]
+        canonical = one(cur)[0]
         if introspect.INTEGER_MAX.get(canonical, 0) > introspect.INTEGER_MAX.get(child_type, 2 ** 63):
             out.append(f"column {names.display_ident(column)} of {child} ({child_type}) references "
                        f"{names.display_ident(key_column)}, which becomes {canonical}: once the key passes the "

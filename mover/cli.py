@@ -63,7 +63,9 @@ def _exits(fn):
                 _print_traceback(exc)
             raise typer.Exit(exc.exit_code) from exc
         except KeyboardInterrupt:
-            err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
+            err.print("[yellow]interrupted; the open transaction was rolled back[/yellow]")
+            err.print("next: `mover run NAME` resumes (`mover status` shows where it stopped)", highlight=False,
+                      markup=False)
             raise typer.Exit(130) from None
         except psycopg.Error as exc:
             err.print(f"database error: {mask(str(exc).strip())}", highlight=False, markup=False)
@@ -104,15 +106,18 @@ def _print_json(value: Any) -> None:
 
 
 def _interruptible():
-    """First Ctrl-C: stop at the next safe point. A second one interrupts at once (the open
-    transaction is rolled back; the migration stays resumable)."""
+    """First Ctrl-C (or SIGTERM): stop at the next safe point. A second one interrupts at once (the
+    open transaction is rolled back; the migration stays resumable). The stop event carries the
+    signal's name, so that the events say what stopped the run."""
     stop = threading.Event()
 
     def handler(signum, frame):
         if stop.is_set():
             raise KeyboardInterrupt
+        word = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        stop.reason = word  # type: ignore[attr-defined]
         stop.set()
-        err.print("[yellow]stopping at the next safe point (Ctrl-C again to stop now)[/yellow]")
+        err.print(f"[yellow]{word}: stopping at the next safe point ({word} again to stop now)[/yellow]")
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
@@ -120,10 +125,13 @@ def _interruptible():
 
 
 def _show_status(st: dict[str, Any]) -> None:
-    table = Table(title=f"migration {st['name']}", show_header=False)
-    table.add_row("step / state", f"{st['step']} / {st['state']}")
-    table.add_row("tables",
-                  f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
+    # Every value is escaped: rich would take "[cutover]" in a hint for markup and drop it.
+    table = Table(title=escape(f"migration {st['name']}"), show_header=False)
+    step = "retire" if st["step"] == "finished" else st["step"]
+    table.add_row("step / state", escape(f"{step} / {st['state']}"))
+    present = st.get("tables_present", list(st["tables"]))
+    table.add_row("tables", escape(", ".join(f"{role} {st['tables'][role]}" for role in ("source", "target", "old")
+                                             if role in present) or "none left"))
     b = st["backfill"]
     line = f"{b['rows_copied']:,} rows in {b['chunks_done']} ranges"
     if b["chunks_failed"]:
@@ -132,9 +140,9 @@ def _show_status(st: dict[str, Any]) -> None:
         line += f", {b['workers']} workers, {b['rows_per_second'] or 0:,} rows/s"
         if b["eta_seconds"] is not None:
             line += f", ETA {b['eta_seconds']}s"
-    if b["paused"] or b["waiting_for"]:
+    if (b["paused"] or b["waiting_for"]) and st["step"] in _RANGE_STEPS:
         line += f" (waiting: {', '.join(b['waiting_for']) or 'paused'})"
-    table.add_row("backfill", line)
+    table.add_row("backfill", escape(line))
     c = st["capture"]
     table.add_row("capture", f"{c['pending']} pending, {c['applied']:,} applied ({c['direction']})")
     r = st.get("reconcile")
@@ -149,8 +157,12 @@ def _show_status(st: dict[str, Any]) -> None:
     if st["rollback_window_ends_at"]:
         table.add_row("rollback window ends", st["rollback_window_ends_at"])
     if st["error"]:
-        table.add_row("error", st["error"])
+        table.add_row("error", escape(st["error"]))
     out.print(table)
+
+
+# The steps at which range workers run (and a pause or a cap can hold them).
+_RANGE_STEPS = ("create_target", "install_capture", "backfill", "reconcile")
 
 
 @app.callback()
@@ -493,5 +505,48 @@ def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample ta
     demo_mod.main(rows=rows, keep=keep, console=err)
 
 
+# Flags take no value: help shows none (typer prints "<bool>" for them otherwise). Patched here,
+# the one module that builds the command line, so that `--help` itself is covered too.
+_display_type_rich = typer.core.TyperOption.display_type_rich
+
+
+def _flag_type(self, ctx):
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+_GLOBAL_FLAGS = {"--debug", "-v", "--verbose"}
+
+
+def normalise_argv(argv: list[str]) -> list[str]:
+    """Global options on either side of the command name: `mover status --debug` is `mover --debug
+    status`, and `mover --json status` is `mover status --json` (--dsn is on both sides already)."""
+    head, rest = [], []
+    json_early = False
+    command_seen = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest.extend(argv[i:])
+            break
+        if a in _GLOBAL_FLAGS:
+            head.append(a)
+        elif a == "--json" and not command_seen:
+            json_early = True
+        elif not command_seen and a in ("--dsn",) and i + 1 < len(argv):
+            head.extend(argv[i:i + 2])
+            i += 1
+        else:
+            if not a.startswith("-"):
+                command_seen = True
+            (rest if command_seen else head).append(a)
+        i += 1
+    if json_early:
+        rest.insert(min(len(rest), 1 + (rest[:1] == ["plan"] or rest[:1] == ["partitions"])), "--json")
+    return head + rest
+
+
 def main() -> None:
-    app()
+    app(args=normalise_argv(sys.argv[1:]), prog_name="mover")

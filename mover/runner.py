@@ -51,7 +51,8 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         _record(db, ctx, "waiting", str(exc))
         raise
     except (Interrupted, KeyboardInterrupt):
-        _record(db, ctx, "paused", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
+        how = getattr(ctx.stop, "reason", None) or "Ctrl-C"
+        _record(db, ctx, "paused", None, kind="interrupted", message=f"stopped by the operator ({how})")
         raise
     except MoverError as exc:
         _record(db, ctx, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),

@@ -3,6 +3,7 @@ control schema and the catalog in one transaction. Reads only."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from mover import capture, chunks, control, introspect, partitions
@@ -48,7 +49,16 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
     applied = int(cur.fetchone()[0])
     step = "retire" if m.step == "finished" else m.step
     state, error = m.state, m.error
-    if state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
+    if state in control.TERMINAL:
+        # An error recorded on the way ("ready for cutover", "window is open") is history once the
+        # migration ended: the events keep it.
+        error = None
+    if state == "running" and m.lease_host == socket.gethostname() and m.lease_pid is not None \
+            and not control.process_alive(m.lease_pid):
+        # The lease holder ran here and its process is gone (kill -9): failed now, not when the
+        # lease runs out.
+        state, error = "failed", f"process {m.lease_pid} died; `mover run {m.name}` resumes"
+    elif state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
         # The row says running, but no live process holds the lease: it died mid-step.
         state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
     return {
@@ -59,6 +69,9 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
                    "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])}
                   for s in control.steps(cur, m.id)],
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
+        # Which of those names exist now (after retire or abort some are gone).
+        "tables_present": [role for role, qn in (("source", m.source), ("target", m.target), ("old", m.old))
+                           if _exists(cur, qn)],
         "key": m.key_columns,
         "backfill": _backfill_status(cur, m),
         "capture": {"pending": pending_fwd + pending_rev, "applied": applied,
@@ -89,6 +102,12 @@ def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
             # range instead of skipping a row, so nothing is ever skipped silently. Kept as a field
             # so that scripts need not change if a conflict policy is ever added.
             "skipped_on_conflict": 0}
+
+
+def _exists(cur, qn) -> bool:
+    cur.execute("SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = coalesce(%s, current_schema()) AND c.relname = %s)", (qn.schema, qn.name))
+    return bool(one(cur)[0])
 
 
 def _now(cur):

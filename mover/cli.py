@@ -192,15 +192,28 @@ def init(dsn: str | None = DsnOption):
 def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: str | None = DsnOption,
                as_json: bool = JsonOption):
     """Validate a plan against the live database; print each step and the SQL it will run."""
-    result = api.check_plan(_dsn(dsn), plan)
+    try:
+        result = api.check_plan(_dsn(dsn), plan)
+    except MoverError as exc:
+        if not as_json:
+            raise
+        # --json stays JSON when the plan is invalid: every problem listed, the exit code kept.
+        problems = getattr(exc, "problems", [exc])
+        _print_json({"plan": str(plan), "ok": False, "exit_code": exc.exit_code,
+                     "problems": [{"message": mask(p.message), "next": p.hint} for p in problems]})
+        raise typer.Exit(exc.exit_code) from exc
     if as_json:
         _print_json(result)
         return
     if result["registered"]:
-        out.print(f"plan {plan} is registered as migration {result['name']!r}:")
+        out.print(f"plan {plan} is registered as migration {result['name']!r}:", highlight=False, markup=False)
         _show_status(result["status"])
         return
-    out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
+    t = result["tables"]
+    out.print(f"plan {plan}: OK. migration {result['name']!r} (id {result['migration_id']} when registered now)",
+              highlight=False, markup=False)
+    out.print(f"  copies {t['source']} into {t['target']}, keyed by ({', '.join(result['key'])}); after the "
+              f"cutover the original is kept as {t['old']}", highlight=False, markup=False)
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
     part = result.get("partitioning")
@@ -287,6 +300,35 @@ def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption,
             _show_status(one)
     else:
         _show_status(st)
+
+
+@app.command()
+@_exits
+def history(name: str | None = typer.Argument(None, help="One migration and its aborted attempts."),
+            dsn: str | None = DsnOption, as_json: bool = JsonOption):
+    """Every migration with its outcome and how long each step took, aborted attempts included."""
+    rows = api.history(_dsn(dsn), name)
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        out.print("no migrations")
+    for h in rows:
+        took = "" if h["seconds"] is None else f" in {_seconds(h['seconds'])}"
+        extra = "".join([f", {h['rollbacks']} rollbacks" if h["rollbacks"] else "",
+                         f", {h['failures']} failures" if h["failures"] else "",
+                         "" if h["cutover_lock_ms"] is None else f", cutover lock {h['cutover_lock_ms']:.1f} ms"])
+        out.print(f"{h['name']}  {h['outcome']}{took} (source {h['source']}, started {h['created_at']}{extra})",
+                  highlight=False, markup=False)
+        for s in h["steps"]:
+            if s["started_at"] is None:
+                continue
+            took = "running" if s["seconds"] is None else _seconds(s["seconds"])
+            out.print(f"  {s['name']:<16} {s['status']:<8} {took}", highlight=False, markup=False)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
 
 
 @app.command()

@@ -26,6 +26,11 @@ class Failed(MoverError):
     exit_code = 1
 
 
+class ServerGone(Failed):
+    """The database server went away (shutdown, restart, network) in the middle of a command: the
+    migration is resumable once the server is back."""
+
+
 class BadInput(MoverError):
     """The plan, the command line or the database state makes the request invalid; nothing was changed."""
 

@@ -71,6 +71,7 @@ class Worker(chunks.RangeWorker):
         chunk_rows = settings.chunk_rows
         pacer = throttle.Throttle(limits(settings), self.n_workers)
         waiting: str | None = None
+        owed = 0.0  # monotonic time before which no further range may start (the cap's budget)
         try:
             while True:
                 ctx.checkpoint()
@@ -96,6 +97,9 @@ class Worker(chunks.RangeWorker):
                     settings.max_attempts), label="claim")
                 if chunk is not None:
                     faults.point("claimed")  # between building the mapping and copying with it
+                    if owed > time.monotonic():
+                        waiting = pacer.cap_reason()
+                        self._wait(waiting, owed - time.monotonic())
                 if chunk is None:
                     st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
                     if st["open"] == 0:
@@ -135,8 +139,14 @@ class Worker(chunks.RangeWorker):
                 self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1),
                             chunk_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
                 pause = pacer.pace(rows, time.monotonic() - started)
-                if pause:
-                    self._wait(pacer.cap_reason(), pause)
+                if pause and chunk.hi is None:
+                    # The key space's last range: no new one follows, so no "waiting: rows/s cap"
+                    # with nothing left to copy. A retried range claimed after it still waits
+                    # out this budget first (below).
+                    owed = time.monotonic() + pause
+                elif pause:
+                    waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
+                    self._wait(waiting, pause)
         finally:
             self._leave()
 

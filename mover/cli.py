@@ -24,7 +24,7 @@ from mover.db import mask, remember_secrets
 from mover.errors import MoverError, Waiting
 from mover.progress import ProgressReporter
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
 plan_app = typer.Typer(no_args_is_help=True, help="Work with plan files.")
 app.add_typer(plan_app, name="plan")
@@ -36,6 +36,27 @@ out = Console()
 
 DsnOption = typer.Option(None, "--dsn", help="libpq DSN or URL; default $DATABASE_URL, else the PG* variables.")
 JsonOption = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _complete_names(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Migration names for shell completion, from the control schema when it is reachable (the
+    --dsn given so far, else $DATABASE_URL / PG*); silently none otherwise: a completion that
+    hangs or prints an error is worse than none."""
+    dsn = (ctx.params.get("dsn") or (ctx.parent.params.get("dsn") if ctx.parent else None)
+           or os.environ.get("DATABASE_URL", ""))
+    try:
+        with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as conn:
+            prefix = incomplete.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
+            rows = conn.execute("SELECT name FROM mover.migrations WHERE name LIKE %s || '%%' AND name NOT LIKE "
+                                "'%%#%%' ORDER BY name", (prefix,))
+            return [r[0] for r in rows]
+    except (psycopg.Error, OSError):
+        return []
+
+
+NameArgument = typer.Argument(..., help="Migration name.", autocompletion=_complete_names, show_default=False)
+TargetArgument = typer.Argument(..., help="Migration name, or a plan file to register.",
+                                autocompletion=_complete_names, show_default=False)
 GiveUpRowsOption = typer.Option(False, "--give-up-rows",
                                 help="Go ahead although rows exist only on the side left behind; they are given up "
                                      "and listed in the events.")
@@ -181,10 +202,12 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
 
 @app.command()
 @_exits
-def init(dsn: str | None = DsnOption):
+def init(dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Create or upgrade mover's control schema (idempotent)."""
     rev = api.init(_dsn(dsn))
     err.print(f"control schema at revision {rev}")
+    if as_json:
+        _print_json({"revision": rev})
 
 
 @plan_app.command("check")
@@ -259,36 +282,47 @@ def partitions_maintain(table: str | None = typer.Argument(None, help="Migration
                       highlight=False, markup=False)
 
 
-def _run(dsn, target, one_step, wait):
+def _result(st: dict[str, Any], as_json: bool) -> None:
+    """A command's result: the migration's status, as a table or (--json) as `mover status --json`."""
+    if as_json:
+        _print_json(st)
+    else:
+        _show_status(st)
+
+
+def _run(dsn, target, one_step, wait, as_json=False):
     reporter = ProgressReporter(err)
     try:
         st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())
     finally:
         reporter.close()
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def run(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
+def run(target: str = TargetArgument,
         dsn: str | None = DsnOption,
         wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
-                                                          "then retire.")):
+                                                          "then retire."),
+        as_json: bool = JsonOption):
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
-    _run(dsn, target, False, wait)
+    _run(dsn, target, False, wait, as_json)
 
 
 @app.command()
 @_exits
-def step(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
-         dsn: str | None = DsnOption):
+def step(target: str = TargetArgument,
+         dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Run exactly the next step."""
-    _run(dsn, target, True, False)
+    _run(dsn, target, True, False, as_json)
 
 
 @app.command()
 @_exits
-def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def status(name: str | None = typer.Argument(None, help="One migration (default: every one).",
+                                             autocompletion=_complete_names),
+           dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Where every migration (or one) stands."""
     st = api.status(_dsn(dsn), name)
     if as_json:
@@ -304,7 +338,8 @@ def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption,
 
 @app.command()
 @_exits
-def history(name: str | None = typer.Argument(None, help="One migration and its aborted attempts."),
+def history(name: str | None = typer.Argument(None, help="One migration and its aborted attempts.",
+                                              autocompletion=_complete_names),
             dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Every migration with its outcome and how long each step took, aborted attempts included."""
     rows = api.history(_dsn(dsn), name)
@@ -333,39 +368,43 @@ def _seconds(value: float) -> str:
 
 @app.command()
 @_exits
-def cutover(name: str, dsn: str | None = DsnOption):
+def cutover(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Swap the new table in; the rollback window starts."""
     reporter = ProgressReporter(err)
     try:
         st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
     finally:
         reporter.close()  # also on error: a live bar would hide the message and leave the terminal askew
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def rollback(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+def rollback(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+             give_up_rows: bool = GiveUpRowsOption):
     """During the rollback window: swap the original table back, losing nothing."""
     st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def retire(name: str, dsn: str | None = DsnOption,
+def retire(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
            force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends."),
            give_up_rows: bool = GiveUpRowsOption):
     """After the rollback window: drop the old table and everything mover created."""
     st = api.retire(_dsn(dsn), name, force=force, give_up_rows=give_up_rows, stop=_interruptible())
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def adopt(name: str, dsn: str | None = DsnOption):
+def adopt(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """After a shape change: apply an added column, CHECK or index to the other table too, and go on."""
     out = api.adopt(_dsn(dsn), name, stop=_interruptible())
+    if as_json:
+        _print_json({"adopted": out["adopted"], "status": out["status"]})
+        return
     for change in out["adopted"]:
         err.print(f"adopted: {change['message']}")
     if not out["adopted"]:
@@ -375,38 +414,40 @@ def adopt(name: str, dsn: str | None = DsnOption):
 
 @app.command()
 @_exits
-def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+def abort(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+          give_up_rows: bool = GiveUpRowsOption):
     """Before cutover (or after a rollback): remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def pause(name: str, dsn: str | None = DsnOption):
+def pause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Pause the backfill workers at their next range boundary."""
-    _show_status(api.set_paused(_dsn(dsn), name, True))
+    _result(api.set_paused(_dsn(dsn), name, True), as_json)
 
 
 @app.command()
 @_exits
-def unpause(name: str, dsn: str | None = DsnOption):
+def unpause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Let paused workers go on."""
-    _show_status(api.set_paused(_dsn(dsn), name, False))
+    _result(api.set_paused(_dsn(dsn), name, False), as_json)
 
 
 @app.command("set")
 @_exits
-def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
+def set_(name: str = NameArgument,
+         assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
                                                                        "backfill.max_rows_per_second=50000"),
-         dsn: str | None = DsnOption):
+         dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Change settings of a running migration (recorded as an event; workers pick them up)."""
-    _show_status(api.set_settings(_dsn(dsn), name, assignments))
+    _result(api.set_settings(_dsn(dsn), name, assignments), as_json)
 
 
 @app.command()
 @_exits
-def worker(name: str, dsn: str | None = DsnOption,
+def worker(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
            threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
     """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
     reporter = ProgressReporter(err)
@@ -414,12 +455,12 @@ def worker(name: str, dsn: str | None = DsnOption,
         st = api.work(_dsn(dsn), name, threads=threads, report=reporter, stop=_interruptible())
     finally:
         reporter.close()
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def divergences(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+def divergences(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
                 all_: bool = typer.Option(False, "--all", help="Include resolved ones.")):
     """Rows that differ between the tables, as reconcile found them."""
     rows = api.divergences(_dsn(dsn), name, include_resolved=all_)
@@ -465,7 +506,7 @@ def _still_open(st: dict[str, Any]) -> None:
 
 @app.command("reconcile")
 @_exits
-def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
                   full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
                                                                    "since the last pass.")):
     """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
@@ -493,7 +534,7 @@ def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOp
 
 @app.command()
 @_exits
-def repair(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+def repair(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
            divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")):
     """Re-sync the divergent rows from the source's current state, check them again, resolve them."""
     result = api.repair(_dsn(dsn), name, divergence_id=divergence_id, stop=_interruptible())
@@ -509,8 +550,9 @@ def repair(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
 
 @app.command()
 @_exits
-def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with "
-                                                                          "the divergence)."),
+def accept(name: str = NameArgument,
+           reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with the "
+                                                            "divergence)."),
            divergence_id: int | None = typer.Option(None, "--id", help="Accept this divergence only."),
            dsn: str | None = DsnOption, as_json: bool = JsonOption):
     """Accept open divergences as intended: they stay in the history, and no longer block the cutover."""
@@ -524,7 +566,7 @@ def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the 
 
 @app.command()
 @_exits
-def events(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
            limit: int = typer.Option(50, "--limit")):
     """The migration's recent events (who, when, what, how long)."""
     rows = api.events(_dsn(dsn), name, limit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,6 +27,7 @@ from mover.steps import rollback_window
 log = logging.getLogger("mover.runner")
 
 WINDOW_POLL_SECONDS = 1.0
+WINDOW_REPORT_SECONDS = 10.0
 
 
 @contextmanager
@@ -130,6 +132,7 @@ def _clear_error(db: Database, ctx: Context) -> None:
 def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,
             wait_window: bool = False) -> control.Migration:
     """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
+    reported = float("-inf")
     while True:
         ctx.checkpoint()
         m = ctx.refresh()
@@ -162,6 +165,13 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
             step.run(ctx)
         except Waiting:
             if step.name == "rollback_window" and wait_window:
+                if time.monotonic() - reported >= WINDOW_REPORT_SECONDS:
+                    # `run --wait` may wait for days: say now and then that it keeps the old table in step.
+                    reported = time.monotonic()
+                    pending, lag = ctx.db.transaction(lambda cur: capture.pending(cur, ctx.mid, reverse=True))
+                    ends = ctx.refresh().window_ends_at
+                    ctx.report("window_sync", name=m.name, ends_at=None if ends is None else ends.isoformat(),
+                               pending=pending, lag_seconds=lag)
                 ctx.stop.wait(WINDOW_POLL_SECONDS)
                 continue
             raise

@@ -156,7 +156,9 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
     try:
         return db.transaction(register, label="register")
     except psycopg.errors.UniqueViolation as exc:
-        raise PlanError(f"another migration of the same table or name was registered concurrently: {exc}") from exc
+        raise PlanError(f"another migration of the same table or name was registered concurrently: {exc}",
+                        hint="`mover status` shows it; run this plan again once that one is done, or rename it") \
+            from exc
 
 
 def _locate(db: Database, name_or_plan: str, actor: str) -> control.Migration:

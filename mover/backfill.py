@@ -157,7 +157,7 @@ class Worker(chunks.RangeWorker):
         if self.ctx.mapping(cur) is not mapping:
             # `mover adopt` recorded a new shape since this worker built its mapping: copy again.
             raise LeaseLost(f"the shape of {mapping.src} was adopted while range {chunk.chunk_no} was copied;"
-                            f" copying it again")
+                            f" copying it again", hint="nothing to do: the range is copied again with the new shape")
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
         faults.point(f"chunk_copied:{chunk.chunk_no}")
         faults.point("chunk_copied")  # whichever range this process copies first

@@ -139,7 +139,8 @@ def hold(cur: psycopg.Cursor, mid: int, chunk: Chunk, worker: str) -> None:
     cur.execute("SELECT 1 FROM mover.chunks WHERE migration_id = %s AND kind = %s AND chunk_no = %s"
                 " AND owner = %s AND status = 'running' FOR UPDATE", (mid, chunk.kind, chunk.chunk_no, worker))
     if cur.fetchone() is None:
-        raise LeaseLost(f"{chunk.kind} range {chunk.chunk_no} was taken over by another worker; not committing")
+        raise LeaseLost(f"{chunk.kind} range {chunk.chunk_no} was taken over by another worker; not committing",
+                        hint="nothing to do: that worker copies it")
 
 
 def mark_done(cur: psycopg.Cursor, mid: int, chunk: Chunk, rows: int, ms: float) -> None:

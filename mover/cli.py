@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mover import api
-from mover.db import mask, remember_secrets
+from mover.db import is_connection_lost, mask, remember_secrets
 from mover.errors import MoverError, Waiting
 from mover.progress import ProgressReporter
 
@@ -62,6 +62,9 @@ GiveUpRowsOption = typer.Option(False, "--give-up-rows",
                                      "and listed in the events.")
 
 
+_GENERAL_NEXT = "fix the cause, then run the same command again; `mover status` shows where things stand"
+
+
 class State:
     debug = False
     dsn: str | None = None
@@ -78,8 +81,8 @@ def _exits(fn):
         except MoverError as exc:
             style = {3: "yellow", 130: "yellow"}.get(exc.exit_code, "red")
             err.print(f"[{style}]{escape(mask(exc.message))}[/{style}]", highlight=False)
-            if exc.hint:
-                err.print(f"next: {mask(exc.hint)}", highlight=False, markup=False)
+            # Every message ends with what to do next; an error raised without a hint gets the general one.
+            err.print(f"next: {mask(exc.hint or _GENERAL_NEXT)}", highlight=False, markup=False)
             if State.debug:
                 _print_traceback(exc)
             raise typer.Exit(exc.exit_code) from exc
@@ -89,6 +92,12 @@ def _exits(fn):
                       markup=False)
             raise typer.Exit(130) from None
         except psycopg.Error as exc:
+            if is_connection_lost(exc):
+                err.print(f"lost the connection to the database server: {mask(str(exc).strip())}", highlight=False,
+                          markup=False)
+                err.print("next: once the server is back, run the same command again", highlight=False,
+                          markup=False)
+                raise typer.Exit(1) from exc
             err.print(f"database error: {mask(str(exc).strip())}", highlight=False, markup=False)
             err.print("next: fix the cause, then run the same command again (mover resumes where it stopped; "
                       "`mover status` shows where that is)", highlight=False, markup=False)
@@ -100,6 +109,8 @@ def _exits(fn):
         except Exception as exc:
             # A bug: its traceback, masked like everything else printed (its text may quote a DSN).
             _print_traceback(exc)
+            err.print("next: this is a bug in mover; report it with the traceback above. The migration stays "
+                      "resumable: `mover status` shows where it stopped", highlight=False, markup=False)
             raise typer.Exit(1) from exc
 
     return wrapper

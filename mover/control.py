@@ -390,11 +390,13 @@ def guard(cur: psycopg.Cursor, mid: int, step: str, owner: str) -> None:
         (mid, step, owner),
     )
     if cur.fetchone() is None:
-        cur.execute("SELECT step, lease_owner FROM mover.migrations WHERE id = %s", (mid,))
+        cur.execute("SELECT step, lease_owner, name FROM mover.migrations WHERE id = %s", (mid,))
         row = cur.fetchone()
+        name = row[2] if row else mid
         if row and row[1] == owner and row[0] != step:
-            raise Failed(f"migration {mid} is at step {row[0]!r}, not {step!r}")
-        raise LeaseLost(f"lost the lease on migration {mid} (now held by {row[1] if row else None!r})",
+            raise Failed(f"migration {name!r} is at step {row[0]!r}, not {step!r}",
+                         hint=f"`mover status {name}` shows where it stands; `mover run {name}` goes on from there")
+        raise LeaseLost(f"lost the lease on migration {name!r} (now held by {row[1] if row else None!r})",
                         hint="another process took over; nothing was written by this one")
 
 

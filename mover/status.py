@@ -21,7 +21,7 @@ def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
     estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
         introspect.estimate_rows(cur, m.source)
     eta = None
-    if rate and estimate and not st["finished"]:
+    if rate and estimate and not st["finished"] and workers:  # no ETA when nobody copies
         eta = max(estimate - st["rows"], 0) / float(rate)
     return {"rows_copied": st["rows"], "chunks_done": st["done"], "chunks_total": st["total"],
             "chunks_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
@@ -31,15 +31,17 @@ def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
 
 
 def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
-    """Live range workers (fresh heartbeats), the range size they ask for, what they wait for."""
-    cur.execute(
-        """
-        SELECT count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %s)),
-               max(chunk_rows), array_remove(array_agg(DISTINCT waiting_for), NULL)
-        FROM mover.workers WHERE migration_id = %s
-        """, (control.LEASE_SECONDS, m.id))
-    workers, chunk_rows, waiting = one(cur)
-    return workers, chunk_rows, waiting or []
+    """Live range workers (fresh heartbeats, and on this host a process that still exists: a
+    worker killed with -9 keeps a fresh heartbeat for a while), the range size they ask for, what
+    they wait for."""
+    cur.execute("SELECT host, pid, chunk_rows, waiting_for FROM mover.workers WHERE migration_id = %s"
+                " AND heartbeat_at > now() - make_interval(secs => %s)", (m.id, control.LEASE_SECONDS))
+    here = socket.gethostname()
+    live = [(rows, waiting) for host, pid, rows, waiting in cur.fetchall()
+            if not (host == here and pid is not None and not control.process_alive(pid))]
+    sizes = [rows for rows, _ in live if rows is not None]
+    waiting = sorted({w for _, w in live if w is not None})
+    return len(live), max(sizes) if sizes else None, waiting
 
 
 def status_of(cur, m: control.Migration) -> dict[str, Any]:

@@ -120,8 +120,8 @@ def _same_shape(existing: control.Migration, plan: Plan) -> None:
     if existing.plan_hash != plan.shape_hash(existing.source.schema):
         # The hint names what works at the migration's step: abort only before the cutover.
         if existing.state == "done" or existing.step == "finished":
-            how = (f"migration {plan.name!r} is finished; give the changed plan a new [migration] name to run it "
-                   f"as a new migration")
+            how = (f"migration {plan.name!r} is done (retired); give the changed plan a new [migration] name to run "
+                   f"it as a new migration")
         elif existing.step in control.COMMANDS["abort"]:
             how = f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name"
         elif existing.step == "rollback_window":

@@ -320,7 +320,9 @@ def require_command(m: Migration, command: str) -> None:
                        hint=f"nothing to pause; `mover status {m.name}` shows what it waits for")
     if m.state in TERMINAL or m.step not in COMMANDS[command]:
         allowed = ", ".join(s for s in STEPS if s in COMMANDS[command])
-        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {m.step!r}, "
+        # One word for the end everywhere the operator reads it: step "retire", state "done".
+        step = STEPS[-1] if m.step == FINISHED else m.step
+        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {step!r}, "
                        f"state {m.state!r} (allowed at: {allowed})",
                        hint=f"`mover status {m.name}` shows where it stands")
 

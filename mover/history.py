@@ -1,4 +1,4 @@
-"""The history read model: every migration, finished, aborted or under way, with its outcome and
+"""The history read model: every migration, done, aborted or under way, with its outcome and
 how long each step took (`mover history`). Reads only."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from mover.status import iso
 
 
 def outcome(m: control.Migration) -> str:
-    """One word for how the migration ended, or where it stands: finished, aborted, or the state."""
-    if m.state == "done" or m.step == control.FINISHED:
-        return "finished"
-    return m.state
+    """How the migration ended, or where it stands: its state (`done`, `aborted`, ...), the words
+    `mover status` uses."""
+    return "done" if m.step == control.FINISHED else m.state
 
 
 def history(cur, name: str | None = None) -> list[dict[str, Any]]:
@@ -36,7 +35,8 @@ def history(cur, name: str | None = None) -> list[dict[str, Any]]:
                           "finished_at": iso(s["finished_at"]), "seconds": seconds})
         total = None if m.finished_at is None else round((m.finished_at - m.created_at).total_seconds(), 3)
         rolled_back, failures = counts.get(m.id, (0, 0))
-        result.append({"name": m.name, "id": m.id, "outcome": outcome(m), "step": m.step, "state": m.state,
+        result.append({"name": m.name, "id": m.id, "outcome": outcome(m),
+                       "step": control.STEPS[-1] if m.step == control.FINISHED else m.step, "state": m.state,
                        "source": str(m.source), "created_at": iso(m.created_at), "finished_at": iso(m.finished_at),
                        "seconds": total, "cutover_lock_ms": m.cutover_lock_ms, "rollbacks": rolled_back,
                        "failures": failures, "steps": steps})

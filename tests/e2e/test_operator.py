@@ -249,7 +249,7 @@ def test_plan_check_names_wait_progress_and_finished_migration(db_dsn, tmp_path)
     r = mover(db_dsn, "--json", "history", "whole")
     assert r.returncode == 0, r.stderr
     (h,) = json.loads(r.stdout)
-    assert h["outcome"] == "finished" and all(s["seconds"] is not None for s in h["steps"]), h
+    assert h["outcome"] == "done" and h["step"] == "retire" and all(s["seconds"] is not None for s in h["steps"]), h
 
 
 # ---------------------------------------------------------------------------------------------

@@ -368,3 +368,22 @@ def test_every_result_command_takes_json(command):
     r = subprocess.run([sys.executable, "-m", "mover", command, "--help"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0 and "--json" in r.stdout, r.stdout
+
+
+def test_after_a_rollback_the_error_no_longer_says_the_window_is_open(db_dsn, tmp_path):
+    create_orders(db_dsn, 500)
+    plan = plan_file(tmp_path, "back")
+    assert mover(db_dsn, "run", plan).returncode == 3
+    assert mover(db_dsn, "cutover", "back").returncode == 0
+    r = mover(db_dsn, "run", "back")
+    assert r.returncode == 3 and "rollback window of 'back' is open" in r.stderr and has_next(r.stderr), r.stderr
+    assert "is open" in status(db_dsn, "back")["error"]
+    r = mover(db_dsn, "rollback", "back", "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["step"] == "reconcile" and st["error"] is None, st
+    assert "window" not in mover(db_dsn, "status", "back").stdout
+    # The original is back under its name, with every row.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute('SELECT count(*) FROM "Orders"').fetchone()[0] == 500
+        assert conn.execute("SELECT to_regclass('public.\"Orders_old\"') IS NULL").fetchone()[0]

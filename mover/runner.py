@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, shape, steps
+from mover import capture, control, faults, ranges, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, is_connection_lost, mask
@@ -42,7 +42,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
 
     def beat_once(cur) -> bool:
         if ctx.workers:
-            chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
+            ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)
 
     beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
@@ -57,7 +57,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         raise
     except (Interrupted, KeyboardInterrupt):
         how = getattr(ctx.stop, "reason", None) or "Ctrl-C"
-        _record(db, ctx, "paused", None, kind="interrupted", message=f"stopped by the operator ({how})",
+        _record(db, ctx, "interrupted", None, kind="interrupted", message=f"stopped by the operator ({how})",
                 command=command)
         raise
     except MoverError as exc:

@@ -30,7 +30,7 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = {chunk_rows}
+range_rows = {range_rows}
 min_rows = 100
 max_rows_per_second = {cap}
 
@@ -39,9 +39,9 @@ window = "{window}"
 """
 
 
-def plan_file(tmp_path: Path, name: str = "op", *, chunk_rows: int = 1_000, cap: int = 0, window: str = "1h",
+def plan_file(tmp_path: Path, name: str = "op", *, range_rows: int = 1_000, cap: int = 0, window: str = "1h",
               columns: str | None = None) -> str:
-    text = PLAN.format(name=name, chunk_rows=chunk_rows, cap=cap, window=window)
+    text = PLAN.format(name=name, range_rows=range_rows, cap=cap, window=window)
     if columns is not None:
         text = text.replace('columns = { id = "bigint" }', f"columns = {{ {columns} }}")
     return write_plan(tmp_path / f"{name}-{abs(hash(text))}.toml", text)
@@ -72,7 +72,7 @@ name = "bad name!"
 source = 'public."Orders"'
 
 [backfill]
-chunk_row = 5
+range_row = 5
 workers = "4"
 """
 
@@ -82,7 +82,7 @@ def test_plan_file_problems_are_reported_together_each_with_a_next_step(db_dsn, 
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 2, r.stderr
     assert "the plan has 4 problems" in r.stderr, r.stderr
-    for what in ("unknown key [backfill] chunk_row", "[backfill] workers must be an integer",
+    for what in ("unknown key [backfill] range_row", "[backfill] workers must be an integer",
                  "[migration] name 'bad name!'", "missing required key [rollback] window"):
         line = next((ln for ln in r.stderr.splitlines() if what in ln), None)
         assert line is not None and "(next: " in line, (what, r.stderr)
@@ -258,7 +258,7 @@ def test_plan_check_names_wait_progress_and_finished_migration(db_dsn, tmp_path)
 
 def copied_ranges(dsn: str, name: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM mover.chunks c JOIN mover.migrations m ON m.id = c.migration_id"
+        return conn.execute("SELECT count(*) FROM mover.ranges c JOIN mover.migrations m ON m.id = c.migration_id"
                             " WHERE m.name = %s AND c.status = 'done'", (name,)).fetchone()[0]
 
 
@@ -277,7 +277,7 @@ def wait_until_backfilling(dsn: str, name: str, proc: Spawned, before: int = 0) 
 
 def test_kill_9_reads_failed_at_once_and_sigterm_is_named(db_dsn, tmp_path):
     create_orders(db_dsn, 5_000)
-    plan = plan_file(tmp_path, "slow", chunk_rows=200, cap=400)
+    plan = plan_file(tmp_path, "slow", range_rows=200, cap=400)
     p = Spawned(db_dsn, "run", plan, env={})
     wait_until_backfilling(db_dsn, "slow", p)
     pid = p.proc.pid
@@ -312,7 +312,7 @@ def test_server_going_away_names_the_migration_and_the_next_command(tmp_path):
     try:
         assert mover(dsn, "init").returncode == 0
         create_orders(dsn, 20_000)
-        plan = plan_file(tmp_path, "downed", chunk_rows=200, cap=1_000)
+        plan = plan_file(tmp_path, "downed", range_rows=200, cap=1_000)
         p = Spawned(dsn, "run", plan, env={})
         wait_until_backfilling(dsn, "downed", p)
         server.stop()

@@ -10,8 +10,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import typer
@@ -70,12 +72,16 @@ class State:
     dsn: str | None = None
 
 
-def _exits(fn):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _exits(fn: Callable[P, R]) -> Callable[P, R]:
     """The one place errors become exit codes: 0 done, 1 failed, 2 bad input (nothing changed),
     3 waiting for the operator, 130 interrupted. No traceback unless --debug."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except MoverError as exc:
@@ -137,13 +143,13 @@ def _print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
 
 
-def _interruptible():
+def _interruptible() -> threading.Event:
     """First Ctrl-C (or SIGTERM): stop at the next safe point. A second one interrupts at once (the
     open transaction is rolled back; the migration stays resumable). The stop event carries the
     signal's name, so that the events say what stopped the run."""
     stop = threading.Event()
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         word = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -210,7 +216,7 @@ _RANGE_STEPS = ("create_target", "install_capture", "backfill", "reconcile")
 @app.callback()
 def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks and debug logs."),
                  verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry."),
-                 dsn: str | None = DsnOption):
+                 dsn: str | None = DsnOption) -> None:
     State.debug = debug
     State.dsn = dsn
     remember_secrets(dsn)
@@ -223,7 +229,7 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
 
 @app.command()
 @_exits
-def init(dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def init(dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Create or upgrade mover's control schema (idempotent)."""
     rev = api.init(_dsn(dsn))
     err.print(f"control schema at revision {rev}")
@@ -234,7 +240,7 @@ def init(dsn: str | None = DsnOption, as_json: bool = JsonOption):
 @plan_app.command("check")
 @_exits
 def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: str | None = DsnOption,
-               as_json: bool = JsonOption):
+               as_json: bool = JsonOption) -> None:
     """Validate a plan against the live database; print each step and the SQL it will run."""
     try:
         result = api.check_plan(_dsn(dsn), plan)
@@ -281,7 +287,7 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
 def partitions_maintain(table: str | None = typer.Argument(None, help="Migration name or source table."),
                         all_tables: bool = typer.Option(False, "--all", help="Every partitioned conversion."),
                         dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done only."),
-                        dsn: str | None = DsnOption, as_json: bool = JsonOption):
+                        dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Create partitions `premake` ahead, report default-partition rows, apply retention. Idempotent."""
     results = api.maintain_partitions(_dsn(dsn), table, all_tables=all_tables, dry_run=dry_run)
     if as_json:
@@ -316,7 +322,7 @@ def _result(st: dict[str, Any], as_json: bool) -> None:
         _show_status(st)
 
 
-def _run(dsn, target, one_step, wait, as_json=False):
+def _run(dsn: str | None, target: str, one_step: bool, wait: bool, as_json: bool = False) -> None:
     reporter = ProgressReporter(err)
     try:
         st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())
@@ -331,7 +337,7 @@ def run(target: str = TargetArgument,
         dsn: str | None = DsnOption,
         wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
                                                           "then retire."),
-        as_json: bool = JsonOption):
+        as_json: bool = JsonOption) -> None:
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
     _run(dsn, target, False, wait, as_json)
 
@@ -339,7 +345,7 @@ def run(target: str = TargetArgument,
 @app.command()
 @_exits
 def step(target: str = TargetArgument,
-         dsn: str | None = DsnOption, as_json: bool = JsonOption):
+         dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Run exactly the next step."""
     _run(dsn, target, True, False, as_json)
 
@@ -348,7 +354,7 @@ def step(target: str = TargetArgument,
 @_exits
 def status(name: str | None = typer.Argument(None, help="One migration (default: every one).",
                                              autocompletion=_complete_names),
-           dsn: str | None = DsnOption, as_json: bool = JsonOption):
+           dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Where every migration (or one) stands."""
     st = api.status(_dsn(dsn), name)
     if as_json:
@@ -366,7 +372,7 @@ def status(name: str | None = typer.Argument(None, help="One migration (default:
 @_exits
 def history(name: str | None = typer.Argument(None, help="One migration and its aborted attempts.",
                                               autocompletion=_complete_names),
-            dsn: str | None = DsnOption, as_json: bool = JsonOption):
+            dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Every migration with its outcome and how long each step took, aborted attempts included."""
     rows = api.history(_dsn(dsn), name)
     if as_json:
@@ -394,7 +400,7 @@ def _seconds(value: float) -> str:
 
 @app.command()
 @_exits
-def cutover(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def cutover(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Swap the new table in; the rollback window starts."""
     reporter = ProgressReporter(err)
     try:
@@ -407,7 +413,7 @@ def cutover(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool
 @app.command()
 @_exits
 def rollback(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-             give_up_rows: bool = GiveUpRowsOption):
+             give_up_rows: bool = GiveUpRowsOption) -> None:
     """During the rollback window: swap the original table back, losing nothing."""
     st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _result(st, as_json)
@@ -417,7 +423,7 @@ def rollback(name: str = NameArgument, dsn: str | None = DsnOption, as_json: boo
 @_exits
 def retire(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
            force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends."),
-           give_up_rows: bool = GiveUpRowsOption):
+           give_up_rows: bool = GiveUpRowsOption) -> None:
     """After the rollback window: drop the old table and everything mover created."""
     st = api.retire(_dsn(dsn), name, force=force, give_up_rows=give_up_rows, stop=_interruptible())
     _result(st, as_json)
@@ -425,7 +431,7 @@ def retire(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
 
 @app.command()
 @_exits
-def adopt(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def adopt(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """After a shape change: apply an added column, CHECK or index to the other table too, and go on."""
     out = api.adopt(_dsn(dsn), name, stop=_interruptible())
     if as_json:
@@ -441,7 +447,7 @@ def adopt(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool =
 @app.command()
 @_exits
 def abort(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-          give_up_rows: bool = GiveUpRowsOption):
+          give_up_rows: bool = GiveUpRowsOption) -> None:
     """Before cutover (or after a rollback): remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _result(st, as_json)
@@ -449,14 +455,14 @@ def abort(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool =
 
 @app.command()
 @_exits
-def pause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def pause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Pause the backfill workers at their next range boundary."""
     _result(api.set_paused(_dsn(dsn), name, True), as_json)
 
 
 @app.command()
 @_exits
-def unpause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def unpause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Let paused workers go on."""
     _result(api.set_paused(_dsn(dsn), name, False), as_json)
 
@@ -466,7 +472,7 @@ def unpause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool
 def set_(name: str = NameArgument,
          assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
                                                                        "backfill.max_rows_per_second=50000"),
-         dsn: str | None = DsnOption, as_json: bool = JsonOption):
+         dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Change settings of a running migration (recorded as an event; workers pick them up)."""
     _result(api.set_settings(_dsn(dsn), name, assignments), as_json)
 
@@ -474,7 +480,7 @@ def set_(name: str = NameArgument,
 @app.command()
 @_exits
 def worker(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
+           threads: int = typer.Option(1, "--threads", help="Workers in this process.")) -> None:
     """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
     reporter = ProgressReporter(err)
     try:
@@ -487,7 +493,7 @@ def worker(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
 @app.command()
 @_exits
 def divergences(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-                all_: bool = typer.Option(False, "--all", help="Include resolved ones.")):
+                all_: bool = typer.Option(False, "--all", help="Include resolved ones.")) -> None:
     """Rows that differ between the tables, as reconcile found them."""
     rows = api.divergences(_dsn(dsn), name, include_resolved=all_)
     if as_json:
@@ -534,7 +540,7 @@ def _still_open(st: dict[str, Any]) -> None:
 @_exits
 def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
                   full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
-                                                                   "since the last pass.")):
+                                                                   "since the last pass.")) -> None:
     """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
     reporter = ProgressReporter(err)
     try:
@@ -561,7 +567,7 @@ def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json
 @app.command()
 @_exits
 def repair(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")):
+           divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")) -> None:
     """Re-sync the divergent rows from the source's current state, check them again, resolve them."""
     result = api.repair(_dsn(dsn), name, divergence_id=divergence_id, stop=_interruptible())
     if as_json:
@@ -580,7 +586,7 @@ def accept(name: str = NameArgument,
            reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with the "
                                                             "divergence)."),
            divergence_id: int | None = typer.Option(None, "--id", help="Accept this divergence only."),
-           dsn: str | None = DsnOption, as_json: bool = JsonOption):
+           dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Accept open divergences as intended: they stay in the history, and no longer block the cutover."""
     result = api.accept(_dsn(dsn), name, reason, divergence_id=divergence_id)
     if as_json:
@@ -593,7 +599,7 @@ def accept(name: str = NameArgument,
 @app.command()
 @_exits
 def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           limit: int = typer.Option(50, "--limit")):
+           limit: int = typer.Option(50, "--limit")) -> None:
     """The migration's recent events (who, when, what, how long)."""
     rows = api.events(_dsn(dsn), name, limit)
     if as_json:
@@ -609,7 +615,8 @@ def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
 @app.command()
 @_exits
 def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample table."),
-         keep: bool = typer.Option(False, "--keep", help="Leave the server running at the end (prints its DSN).")):
+         keep: bool = typer.Option(False, "--keep",
+                                   help="Leave the server running at the end (prints its DSN).")) -> None:
     """Start an embedded PostgreSQL, a live writer, and migrate a table through every step."""
     from mover import demo as demo_mod
     demo_mod.main(rows=rows, keep=keep, console=err)
@@ -620,7 +627,7 @@ def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample ta
 _display_type_rich = typer.core.TyperOption.display_type_rich
 
 
-def _flag_type(self, ctx):
+def _flag_type(self: typer.core.TyperOption, ctx: Any) -> str | None:
     return None if self.is_flag else _display_type_rich(self, ctx)
 
 

@@ -5,6 +5,8 @@ Exit codes: 0 done, 1 failed, 2 bad input and nothing changed, 3 waiting for the
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MoverError(Exception):
     """Something went wrong; the migration stays resumable."""
@@ -71,7 +73,7 @@ class ShapeChanged(BadInput):
 
     event_kind = "shape_changed"
 
-    def __init__(self, message: str, *, hint: str | None = None, changes: list | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, changes: list[Any] | None = None):
         super().__init__(message, hint=hint)
         self.changes = changes or []
         self.detail = {"changes": [c.as_dict() for c in self.changes]}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+
 from mover import control
 from mover.status import iso
 
@@ -15,7 +17,7 @@ def outcome(m: control.Migration) -> str:
     return "done" if m.step == control.FINISHED else m.state
 
 
-def history(cur, name: str | None = None) -> list[dict[str, Any]]:
+def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]]:
     """The migrations (one name: it and its aborted attempts, which registration set aside as
     NAME#id), oldest first."""
     migrations = control.list_all(cur)

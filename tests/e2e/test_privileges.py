@@ -212,6 +212,8 @@ def test_dependents_the_migrating_role_cannot_recreate_are_refused_up_front(role
     r.su(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(A),  # setup B, as above
          sql.SQL("GRANT USAGE, CREATE ON SCHEMA mover TO {}").format(A),
          sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mover TO {}").format(A),
+         # plan check peeks at the next migration id (api._next_id)
+         sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA mover TO {}").format(A),
          "GRANT USAGE ON SCHEMA mover TO PUBLIC",
          'CREATE TABLE lines (id int PRIMARY KEY, order_id int REFERENCES "Orders")',
          'CREATE VIEW orders_v AS SELECT id FROM "Orders"')

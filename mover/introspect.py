@@ -104,7 +104,7 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
     )
     row = cur.fetchone()
     if row is None:
-        raise NotFound(f"table {name} does not exist")
+        raise NotFound(f"table {name} does not exist", hint="check the table's name and schema in the plan")
     oid, relkind = row
     cur.execute(
         """
@@ -127,6 +127,11 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
                     for r in cur.fetchall())
     key, key_index = _key(cur, oid, name)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
+
+
+def key_index(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> str:
+    """The name of the index describe() takes as the table's key."""
+    return _key(cur, oid, name)[1]
 
 
 def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str, ...], str]:

@@ -18,6 +18,7 @@ from mover import (
     checks,
     chunks,
     control,
+    parity,
     partitions,
     runner,
     shape,
@@ -300,6 +301,20 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     finally:
         if own:
             db.close()
+
+
+def parity_report(dsn: str, name: str) -> dict[str, Any]:
+    """`mover parity NAME`: the metadata differences (mover/parity.py), read-only."""
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def read(cur):
+            m = control.get(cur, name)
+            return parity.report(cur, Context(db=db, migration=m, owner="parity"))
+        return db.transaction(read, label="parity")
+    finally:
+        db.close()
 
 
 def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[dict[str, Any]]:

@@ -409,6 +409,30 @@ def _still_open(st: dict[str, Any]) -> None:
                            f"source; `mover accept {name} --reason TEXT` accepts intended ones")
 
 
+@app.command("parity")
+@_exits
+def parity(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption):
+    """Compare the live table's metadata before and after the swap (or the two tables before it);
+    exit 3 on a difference that is neither planned nor accepted in the plan."""
+    result = api.parity_report(_dsn(dsn), name)
+    if as_json:
+        _print_json(result)
+    else:
+        for c in result["comparisons"]:
+            out.print(f"{c['mode']}: {c['before']} -> {c['after']}: {'equal' if c['equal'] else 'DIFFERENT'}",
+                      highlight=False, markup=False)
+            for d in c["differences"]:
+                why = f" ({d['reason']})" if d["reason"] else ""
+                out.print(f"  {d['status']:<9} {d['key']}: {d['before']} -> {d['after']}{why}",
+                          highlight=False, markup=False)
+    if not result["equal"]:
+        keys = ", ".join(f'"{d["key"]}"' for c in result["comparisons"] for d in c["differences"]
+                         if d["status"] == "unplanned")
+        raise Waiting(f"the metadata of migration {name!r} differs where nothing planned it: {keys}",
+                      hint=f"undo the change, or accept it in the plan: [cutover] accept_parity = [{keys}]"
+                           f" (`mover set` cannot change it: edit the plan, then `mover run PLAN`)")
+
+
 @app.command("reconcile")
 @_exits
 def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,

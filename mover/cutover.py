@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, privileges, reconcile, shape
+from mover import capture, carry, chunks, control, faults, introspect, names, parity, privileges, reconcile, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -242,6 +242,7 @@ def swap_sql(cur, ctx: Context, *, forward: bool) -> list[Statement]:
     out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
+    out += carry.swap_sql(cur, live, other)
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
     out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source)
@@ -256,6 +257,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     def swap(cur) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
+        key_index = introspect.describe(cur, ctx.original).key_index  # read before the lock: fixed (shape)
         cur.execute(ddl.lock_tables([live, other]))
         locked_at = time.monotonic()
         # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
@@ -278,7 +280,10 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
+        parity_before = parity.live_description(cur, ctx.mid, forward)
         execute_all(cur, swap_sql(cur, ctx, forward=forward))
+        # The table that now carries the name must look to the application as the other did.
+        parity.check_swap(cur, ctx, parity_before, key_index, forward=forward)
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)

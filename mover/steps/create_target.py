@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from mover import control, introspect, names, partitions
+from mover import carry, control, introspect, names, partitions
 from mover.context import Context
 from mover.errors import Failed
 from mover.plan import Plan
@@ -53,6 +53,8 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
         stmts.append(ddl.set_reloptions(target, meta.reloptions))
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))
+    # Statistics targets, storage, compression, extended statistics, security labels.
+    stmts += carry.create_sql(cur, info.oid, target, plan.columns)
     return stmts
 
 

@@ -201,13 +201,16 @@ def _planned_reason(d: Difference, p: Planned) -> str:
     if p.partitioned and d.kind in ("kind", "reloptions", "constraint", "index", "index_name", "constraint_name",
                                     "replica_identity"):
         return "[target.partition]: a partitioned table's key holds the partition columns and it stores no rows"
-    if d.kind in ("index_name", "constraint_name", "statistics_name", "index_comment", "constraint_comment") \
-            and d.item in p.renames.values():
+    if d.kind in ("index_name", "constraint_name") and d.item in p.renames.values():
         return "the new table's objects carry mover's names"
-    if d.kind == "constraint" and d.item in p.dropped_foreign_keys and d.after is None:
+    # Both ways: the swap back (rollback) compares the new table "before" with the original "after".
+    if d.kind == "constraint" and d.item in p.dropped_foreign_keys and None in (d.before, d.after):
         return "[target] drop_foreign_keys"
-    if d.kind == "constraint" and d.after is None and d.item in p.renames.values():
+    if d.kind == "constraint" and None in (d.before, d.after) and (d.item in p.renames.values()
+                                                                    or d.item in p.renames):
         return "carried as a unique index under mover's name"
+    if p.at_swap and d.kind == "index" and d.after is None:
+        return "built after the backfill"
     if p.at_swap and (d.kind in SWAP_SET or d.kind in SWAP_MADE and d.after is None):
         return "made at the swap"
     return ""

@@ -96,6 +96,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                    "metadata": r["metadata"],
                     "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)

@@ -134,3 +134,63 @@ def _swap_statistics_names(cur: psycopg.Cursor, live_oid: int, other_oid: int) -
         out += [ddl.rename_statistics(mine, parking.name), ddl.rename_statistics(theirs, name),
                 ddl.rename_statistics(parking, theirs.name)]
     return out
+
+
+def plan_notes(cur: psycopg.Cursor, source_oid: int, changed_columns: dict[str, str],
+               partitioned: bool) -> dict[str, list[str]]:
+    """For `plan check`: what is carried when, and what cannot be (the operator decides, recorded
+    in the plan as [cutover] accept_parity)."""
+    at_create: list[str] = []
+    at_swap: list[str] = []
+    not_carried: list[str] = []
+    cur.execute("SELECT a.attname, nullif(a.attstattarget::int, -1), a.attstorage <> t.typstorage,"
+                " a.attcompression::text <> ''"
+                " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+                " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (source_oid,))
+    for column, stattarget, storage, compression in cur.fetchall():
+        col = names.display_ident(column)
+        if stattarget is not None:
+            at_create.append(f"statistics target {stattarget} of column {col}")
+        if not (storage or compression):
+            continue
+        what = " and ".join(w for w, on in (("storage", storage), ("compression", compression)) if on)
+        if column in changed_columns:
+            cur.execute("SELECT typstorage FROM pg_type WHERE oid = to_regtype(%s)", (changed_columns[column],))
+            row = cur.fetchone()
+            if row is None or row[0] == "p":
+                not_carried.append(f"the {what} setting of column {col}: its new type "
+                                   f"{changed_columns[column]} is stored inline (planned with the type change)")
+                continue
+        at_create.append(f"the {what} setting of column {col}")
+    for name, _, cols, stattarget, _ in _statistics(cur, source_oid):
+        at_create.append(f"extended statistics {names.display_ident(name)} on {cols}"
+                         + (f" (target {stattarget})" if stattarget is not None else "")
+                         + "; its name at the swap")
+    cur.execute("SELECT l.provider, count(*) FROM pg_seclabel l WHERE l.classoid = 'pg_class'::regclass"
+                " AND l.objoid = %s GROUP BY 1 ORDER BY 1", (source_oid,))
+    at_create += [f"{n} security labels of provider {p} (the provider must be loaded)" for p, n in cur.fetchall()]
+    cur.execute("SELECT c.relreplident, (SELECT ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+                " WHERE i.indrelid = c.oid AND i.indisreplident) FROM pg_class c WHERE c.oid = %s", (source_oid,))
+    row = cur.fetchone()
+    assert row is not None
+    mode, index = row
+    if mode == "i" and partitioned:
+        not_carried.append(f"replica identity USING INDEX {names.display_ident(index)}: the partitioned target's"
+                           f" key holds the partition columns")
+    elif mode != "d":
+        at_swap.append("replica identity " + (f"USING INDEX {names.display_ident(index)} (the new table's copy)"
+                                              if mode == "i" else ddl.REPLICA_IDENTITY[mode]))
+    cur.execute("SELECT p.pubname FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
+                " WHERE pr.prrelid = %s ORDER BY 1", (source_oid,))
+    at_swap += [f"membership of publication {names.display_ident(p)} (with its column list and row filter;"
+                f" the old table leaves it)" for (p,) in cur.fetchall()]
+    return {"at_create_target": at_create, "at_swap": at_swap, "not_carried": not_carried}
+
+
+def publications_not_owned(cur: psycopg.Cursor, source_oid: int) -> list[tuple[str, str]]:
+    """(publication, owner) the table belongs to that the current role cannot alter."""
+    cur.execute("SELECT p.pubname, pg_get_userbyid(p.pubowner) FROM pg_publication_rel pr"
+                " JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = %s"
+                " AND NOT pg_has_role(current_user, p.pubowner, 'USAGE')"
+                " AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) ORDER BY 1", (source_oid,))
+    return [(p, o) for p, o in cur.fetchall()]

@@ -201,6 +201,14 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         out.print(f"{len(part['partitions'])} partitions to create:", highlight=False, markup=False)
         for p in part["partitions"]:
             out.print(f"  {p['name']}  {p['bound']}", highlight=False, markup=False)
+    meta = result.get("metadata") or {}
+    for key, title in (("at_create_target", "carried to the new table at create_target"),
+                       ("at_swap", "carried over at the swap"),
+                       ("not_carried", "not carried over (`mover parity` lists it as planned)")):
+        if meta.get(key):
+            out.print(f"{title}:", highlight=False, markup=False)
+            for line in meta[key]:
+                out.print(f"  {line}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:

@@ -26,7 +26,7 @@ import psycopg
 
 from mover import control, names, shape
 from mover.backfill import deferred_index_name
-from mover.errors import Waiting
+from mover.errors import BadInput, Waiting
 from mover.plan import Plan
 
 BASELINE_EVENT = "parity_baseline"
@@ -393,7 +393,10 @@ def report(cur: psycopg.Cursor, ctx: Any) -> dict[str, Any]:
     key_index = introspect.describe(cur, ctx.original).key_index
     comparisons: list[dict[str, Any]] = []
     if ctx.swapped:
-        assert baseline is not None and target is not None  # stored by the swap
+        if baseline is None or target is None:
+            raise BadInput(f"migration {ctx.migration.name!r} was swapped without a parity baseline (by a mover"
+                           f" release before `mover parity`); there is nothing to compare the live table with",
+                           hint=f"compare by hand with the old table, `{ctx.migration.old}`")
         renamed = renames(ctx.mid, baseline, ctx.migration.target.name, key_index)
         comparisons.append(_comparison("after_swap", "the original table before the swap",
                                        f"{ctx.migration.source} now", baseline, target,

@@ -88,7 +88,7 @@ def test_metadata_survives_swap_and_rollback_under_writer(db_dsn, tmp_path):
     assert r.returncode == 0, r.stderr
     notes = json.loads(r.stdout)["metadata"]
     assert notes["at_swap"] == ['replica identity USING INDEX "Orders_pkey" (the new table\'s copy)',
-                                "membership of publication orders_pub (with its column list and row filter;"
+                                'membership of publication "orders_pub" (with its column list and row filter;'
                                 " the old table leaves it)"]
     assert [n.split(" of column")[0] for n in notes["at_create_target"][:3]] == [
         "statistics target 500", "the compression setting", "the storage setting"]

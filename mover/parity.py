@@ -333,13 +333,14 @@ def planned(plan: Plan, renamed: dict[str, str], *, at_swap: bool) -> Planned:
                    accepted=frozenset(plan.cutover.accept_parity))
 
 
-def refusal(name: str, diffs: list[Difference], when: str) -> Waiting:
+def refusal(name: str, diffs: list[Difference], when: str, command: str = "cutover") -> Waiting:
     listed = "; ".join(d.message for d in diffs)
     keys = ", ".join(f'"{d.key}"' for d in diffs)
     return Waiting(f"{len(diffs)} unplanned metadata differences {when} of migration {name!r}: {listed};"
                    f" nothing was swapped",
                    hint=f"undo the change on the new table (see `mover parity {name}`), or accept them in the plan:"
-                        f" [cutover] accept_parity = [{keys}], then `mover cutover {name}`")
+                        f" [cutover] accept_parity = [{keys}] (edit the plan, `mover run PLAN`), then"
+                        f" `mover {command} {name}`")
 
 
 def store_baseline(cur: psycopg.Cursor, mid: int, actor: str, step: str, description: dict[str, Any]) -> None:
@@ -375,7 +376,8 @@ def check_swap(cur: psycopg.Cursor, ctx: Any, before: dict[str, Any], key_index:
     diffs = compare(before, after, planned(ctx.plan, renamed, at_swap=False))
     bad = unplanned(diffs)
     if bad:
-        raise refusal(ctx.migration.name, bad, "the swap would make" if forward else "the swap back would make")
+        raise refusal(ctx.migration.name, bad, "the swap would make" if forward else "the swap back would make",
+                      "cutover" if forward else "rollback")
     if forward:
         store_baseline(cur, ctx.mid, ctx.owner, "cutover", before)
 

@@ -33,13 +33,15 @@ def _statistics(cur: psycopg.Cursor, oid: int) -> list[tuple[str, list[str], str
     return [(n, list(k), c, t, cm) for n, k, c, t, cm in cur.fetchall()]
 
 
-def statistics_name(target: QualifiedName, name: str) -> str:
-    """The new table's statistics object's name until the swap gives it the source's."""
-    return names.derived(name, f"_{target.name}")
+def statistics_name(mid: int, name: str) -> str:
+    """The new table's statistics object's name until the swap gives it the source's (then the
+    old table's: per migration, like the deferred indexes' names, so a kept old table's do not
+    collide with a later migration's)."""
+    return names.derived(name, f"_m{mid}")
 
 
 def create_sql(cur: psycopg.Cursor, source_oid: int, target: QualifiedName,
-               changed_columns: dict[str, str]) -> list[Statement]:
+               changed_columns: dict[str, str], mid: int) -> list[Statement]:
     out: list[Statement] = []
     cur.execute("SELECT a.attname, nullif(a.attstattarget::int, -1), a.attstorage, t.typstorage,"
                 " nullif(a.attcompression::text, '')"
@@ -59,7 +61,7 @@ def create_sql(cur: psycopg.Cursor, source_oid: int, target: QualifiedName,
             if compression:
                 out.append(ddl.set_compression(target, column, compression))
     for name, kinds, cols, stattarget, comment in _statistics(cur, source_oid):
-        parked = QualifiedName(target.schema, statistics_name(target, name))
+        parked = QualifiedName(target.schema, statistics_name(mid, name))
         out.append(ddl.create_statistics(parked, kinds, cols, target))
         if stattarget is not None:
             out.append(ddl.set_statistics_target(parked, stattarget))

@@ -9,7 +9,7 @@ from mover.sql import partitions as sql_partitions
 from mover.steps.base import Step
 
 
-def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.QualifiedName):
+def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.QualifiedName, mid: int = 0):
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
     spec = plan.partition
@@ -54,7 +54,7 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))
     # Statistics targets, storage, compression, extended statistics, security labels.
-    stmts += carry.create_sql(cur, info.oid, target, plan.columns)
+    stmts += carry.create_sql(cur, info.oid, target, plan.columns, mid)
     return stmts
 
 
@@ -72,7 +72,7 @@ class CreateTarget(Step):
     name = "create_target"
 
     def describe(self, ctx: Context, cur):
-        return target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target)
+        return target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target, ctx.mid)
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
@@ -82,7 +82,7 @@ class CreateTarget(Step):
             if introspect.exists(cur, m.target):
                 raise Failed(f"table {m.target} exists, but mover has no record of creating it",
                              hint=f"drop or rename it, then `mover run {m.name}`; or `mover abort {m.name}`")
-            for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
+            for stmt in target_ddl(cur, ctx.plan, m.source, m.target, m.id):
                 cur.execute(stmt)
             control.finish_step(cur, m, self.name, ctx.owner, message=f"created {m.target}")
 

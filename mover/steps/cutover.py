@@ -28,7 +28,7 @@ class Cutover(Step):
             # target, rolled back with its savepoint.
             cur.execute("SAVEPOINT mover_describe_cutover")
             try:
-                for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
+                for stmt in target_ddl(cur, ctx.plan, m.source, m.target, m.id):
                     cur.execute(stmt)
                 out += [cutover.render(cur, s) for s in cutover.swap_sql(cur, ctx, forward=True)]
             finally:

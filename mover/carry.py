@@ -182,10 +182,15 @@ def plan_notes(cur: psycopg.Cursor, source_oid: int, changed_columns: dict[str, 
     elif mode != "d":
         at_swap.append("replica identity " + (f"USING INDEX {names.display_ident(index)} (the new table's copy)"
                                               if mode == "i" else ddl.REPLICA_IDENTITY[mode]))
-    cur.execute("SELECT p.pubname FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
-                " WHERE pr.prrelid = %s ORDER BY 1", (source_oid,))
-    at_swap += [f"membership of publication {names.display_ident(p)} (with its column list and row filter;"
-                f" the old table leaves it)" for (p,) in cur.fetchall()]
+    cur.execute("SELECT p.pubname, p.pubviaroot FROM pg_publication_rel pr JOIN pg_publication p"
+                " ON p.oid = pr.prpubid WHERE pr.prrelid = %s ORDER BY 1", (source_oid,))
+    for pub, via_root in cur.fetchall():
+        at_swap.append(f"membership of publication {names.display_ident(pub)} (with its column list and row"
+                       f" filter; the old table leaves it)")
+        if partitioned and not via_root:
+            # Subscribers would receive the partitions' names, which they do not have.
+            not_carried.append(f"the table name in publication {names.display_ident(pub)}: without"
+                               f" publish_via_partition_root its changes are published as the partitions'")
     return {"at_create_target": at_create, "at_swap": at_swap, "not_carried": not_carried}
 
 

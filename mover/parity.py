@@ -32,7 +32,7 @@ from mover.plan import Plan
 BASELINE_EVENT = "parity_baseline"
 
 # What shape.DESCRIBE leaves out. "<table>" stands for the table in definitions that print its
-# name (triggers, rules), so the two tables' definitions compare equal. mover's own capture
+# name (triggers, rules: the non-pretty forms always qualify it), so the two tables' compare equal. mover's own capture
 # triggers (mover_m<id>_...) are not the application's.
 DESCRIBE_METADATA = """
 SELECT jsonb_build_object(
@@ -85,11 +85,13 @@ SELECT jsonb_build_object(
             'comment', obj_description(s.oid, 'pg_statistic_ext'))), '{}')
         FROM pg_statistic_ext s WHERE s.stxrelid = c.oid),
     'triggers', (SELECT coalesce(jsonb_object_agg(t.tgname, jsonb_build_object(
-            'definition', replace(pg_get_triggerdef(t.oid), ' ON ' || c.oid::regclass::text || ' ', ' ON <table> '),
+            'definition', replace(pg_get_triggerdef(t.oid), format(' ON %%I.%%I ', n.nspname, c.relname),
+                                  ' ON <table> '),
             'enabled', t.tgenabled)), '{}')
         FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgname !~ '^mover_m[0-9]+_'),
     'rules', (SELECT coalesce(jsonb_object_agg(r.rulename, jsonb_build_object(
-            'definition', replace(pg_get_ruledef(r.oid), ' TO ' || c.oid::regclass::text || ' ', ' TO <table> '),
+            'definition', replace(pg_get_ruledef(r.oid), format(' TO %%I.%%I ', n.nspname, c.relname),
+                                  ' TO <table> '),
             'enabled', r.ev_enabled)), '{}')
         FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN'),
     'policies', (SELECT coalesce(jsonb_object_agg(p.policyname, jsonb_build_object(

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from mover import control, names, shape
+from mover import control, introspect, names, shape
 from mover.backfill import deferred_index_name
 from mover.errors import BadInput, Waiting
 from mover.plan import Plan
@@ -345,10 +345,11 @@ def refusal(name: str, diffs: list[Difference], when: str, command: str = "cutov
                         f" `mover {command} {name}`")
 
 
-def store_baseline(cur: psycopg.Cursor, mid: int, actor: str, step: str, description: dict[str, Any]) -> None:
+def store_baseline(cur: psycopg.Cursor, mid: int, actor: str, step: str, description: dict[str, Any],
+                   key_index: str) -> None:
     control.event(cur, mid, actor, step, BASELINE_EVENT,
                   "the live table's metadata before the swap, for `mover parity`",
-                  {"description": description})
+                  {"description": description, "key_index": key_index})
 
 
 def _oids(cur: psycopg.Cursor, mid: int) -> tuple[int, int | None]:
@@ -381,27 +382,26 @@ def check_swap(cur: psycopg.Cursor, ctx: Any, before: dict[str, Any], key_index:
         raise refusal(ctx.migration.name, bad, "the swap would make" if forward else "the swap back would make",
                       "cutover" if forward else "rollback")
     if forward:
-        store_baseline(cur, ctx.mid, ctx.owner, "cutover", before)
+        store_baseline(cur, ctx.mid, ctx.owner, "cutover", before, key_index)
 
 
 def report(cur: psycopg.Cursor, ctx: Any) -> dict[str, Any]:
     """`mover parity NAME`: before the swap, the new table against the original modulo what is
     planned and what the swap makes; after it, the stored baseline against the live table; after a
     rollback, also the baseline against the original again."""
-    from mover import introspect  # the catalog reader; kept local like mover/checks does
-
     original, new = _oids(cur, ctx.mid)
     source = describe(cur, original)
     target = describe(cur, new) if new is not None else None
-    baseline = _last_baseline(cur, ctx.mid)
-    key_index = introspect.describe(cur, ctx.original).key_index
+    stored = _last_baseline(cur, ctx.mid)
+    baseline = stored["description"] if stored else None
     comparisons: list[dict[str, Any]] = []
     if ctx.swapped:
         if baseline is None or target is None:
             raise BadInput(f"migration {ctx.migration.name!r} was swapped without a parity baseline (by a mover"
                            f" release before `mover parity`); there is nothing to compare the live table with",
                            hint=f"compare by hand with the old table, `{ctx.migration.old}`")
-        renamed = renames(ctx.mid, baseline, ctx.migration.target.name, key_index)
+        # From the baseline: after retire the original table may be gone.
+        renamed = renames(ctx.mid, baseline, ctx.migration.target.name, stored["key_index"] if stored else "")
         comparisons.append(_comparison("after_swap", "the original table before the swap",
                                        f"{ctx.migration.source} now", baseline, target,
                                        planned(ctx.plan, renamed, at_swap=False)))
@@ -410,6 +410,7 @@ def report(cur: psycopg.Cursor, ctx: Any) -> dict[str, Any]:
             raise Waiting(f"the new table of migration {ctx.migration.name!r} is not created yet; nothing to compare",
                           hint=f"`mover run {ctx.migration.name}`")
         assert source is not None
+        key_index = introspect.describe(cur, ctx.original).key_index
         renamed = renames(ctx.mid, source, ctx.migration.target.name, key_index)
         comparisons.append(_comparison("before_swap", str(ctx.migration.source), str(ctx.migration.target),
                                        source, target, planned(ctx.plan, renamed, at_swap=True)))
@@ -430,7 +431,7 @@ def _comparison(mode: str, before_label: str, after_label: str, before: dict[str
 
 
 def _last_baseline(cur: psycopg.Cursor, mid: int) -> dict[str, Any] | None:
-    cur.execute("SELECT detail -> 'description' FROM mover.events WHERE migration_id = %s AND kind = %s"
+    cur.execute("SELECT detail FROM mover.events WHERE migration_id = %s AND kind = %s"
                 " ORDER BY id DESC LIMIT 1", (mid, BASELINE_EVENT))
     row = cur.fetchone()
     return row[0] if row else None

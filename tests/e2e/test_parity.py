@@ -167,3 +167,7 @@ def test_unplanned_difference_refuses_cutover_until_accepted(db_dsn, tmp_path):
     assert code == 0 and [d["status"] for c in report["comparisons"] for d in c["differences"]
                           if d["kind"] == "grant"] == ["accepted"]
     assert_oracle(db_dsn, "Orders")
+    # After retire the old table is gone; the baseline the swap stored still answers.
+    assert mover(db_dsn, "retire", "parity", "--force").returncode == 0
+    code, report = parity(db_dsn)
+    assert code == 0 and report["comparisons"][0]["mode"] == "after_swap"

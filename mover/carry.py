@@ -96,7 +96,7 @@ def _oid(cur: psycopg.Cursor, table: QualifiedName) -> int:
     cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
     row = cur.fetchone()
     assert row is not None and row[0] is not None, f"{table} exists under the swap's lock"
-    return row[0]
+    return int(row[0])
 
 
 def _replica_identity(cur: psycopg.Cursor, live_oid: int, other_oid: int, other: QualifiedName) -> list[Statement]:

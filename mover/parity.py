@@ -287,7 +287,8 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
 
 
 def _index_text(ix: dict[str, Any]) -> str:
-    return ("UNIQUE " if ix.get("unique") else "") + ix["definition"] + ("" if ix.get("valid", True) else " INVALID")
+    return ("UNIQUE " if ix.get("unique") else "") + str(ix["definition"]) + (
+        "" if ix.get("valid", True) else " INVALID")
 
 
 def _compare_statistics(before: dict[str, Any], after: dict[str, Any]) -> list[Difference]:

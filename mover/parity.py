@@ -94,10 +94,13 @@ SELECT jsonb_build_object(
                                   ' TO <table> '),
             'enabled', r.ev_enabled)), '{}')
         FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN'),
-    'policies', (SELECT coalesce(jsonb_object_agg(p.policyname, jsonb_build_object(
-            'command', p.cmd, 'permissive', p.permissive, 'roles', to_jsonb(p.roles), 'using', p.qual,
-            'with_check', p.with_check)), '{}')
-        FROM pg_policies p WHERE p.schemaname = n.nspname AND p.tablename = c.relname),
+    'policies', (SELECT coalesce(jsonb_object_agg(p.polname, jsonb_build_object(
+            'command', p.polcmd, 'permissive', p.polpermissive,
+            'roles', (SELECT jsonb_agg(x ORDER BY x) FROM (
+                SELECT CASE WHEN r = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(r) END AS x FROM unnest(p.polroles) r) q),
+            'using', pg_get_expr(p.polqual, p.polrelid), 'with_check', pg_get_expr(p.polwithcheck, p.polrelid))),
+            '{}')
+        FROM pg_policy p WHERE p.polrelid = c.oid),
     'views', (SELECT coalesce(jsonb_agg(DISTINCT format('%%I.%%I', vn.nspname, v.relname)), '[]')
         FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class v ON v.oid = r.ev_class
         JOIN pg_namespace vn ON vn.oid = v.relnamespace

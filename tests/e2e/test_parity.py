@@ -171,3 +171,26 @@ def test_unplanned_difference_refuses_cutover_until_accepted(db_dsn, tmp_path):
     assert mover(db_dsn, "retire", "parity", "--force").returncode == 0
     code, report = parity(db_dsn)
     assert code == 0 and report["comparisons"][0]["mode"] == "after_swap"
+
+
+def test_swap_back_checks_parity_too(db_dsn, tmp_path):
+    """In the window someone changes the old table; the rollback would hand the application a table
+    that differs from the one it uses, so it refuses (exit 3) naming `mover rollback`."""
+    create_orders(db_dsn, 1_000)
+    plan = plan_file(tmp_path)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    r = mover(db_dsn, "cutover", "parity")
+    assert r.returncode == 0, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('''COMMENT ON TABLE "Orders_old" IS 'changed in the window' ''')
+    r = mover(db_dsn, "rollback", "parity")
+    assert r.returncode == 3, r.stderr
+    said = " ".join(r.stderr.split())  # the console wraps long lines
+    assert '"comment:table"' in said and "`mover rollback parity`" in said
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # nothing was swapped back
+        assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                            " WHERE attrelid = '\"Orders\"'::regclass AND attname = 'id'").fetchone() == ("bigint",)
+        conn.execute('COMMENT ON TABLE "Orders_old" IS NULL')
+    r = mover(db_dsn, "rollback", "parity")
+    assert r.returncode == 0, r.stderr
+    assert_oracle(db_dsn, "Orders", "Orders_new")

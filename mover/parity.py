@@ -342,7 +342,8 @@ def planned(plan: Plan, renamed: dict[str, str], *, at_swap: bool) -> Planned:
 def refusal(name: str, diffs: list[Difference], when: str, command: str = "cutover") -> Waiting:
     listed = "; ".join(d.message for d in diffs)
     keys = ", ".join(f'"{d.key}"' for d in diffs)
-    return Waiting(f"{len(diffs)} unplanned metadata differences {when} of migration {name!r}: {listed};"
+    plural = "s" if len(diffs) != 1 else ""
+    return Waiting(f"{len(diffs)} unplanned metadata difference{plural} {when} of migration {name!r}: {listed};"
                    f" nothing was swapped",
                    hint=f"undo the change on the new table (see `mover parity {name}`), or accept them in the plan:"
                         f" [cutover] accept_parity = [{keys}] (edit the plan, `mover run PLAN`), then"

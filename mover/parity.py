@@ -171,7 +171,7 @@ class Planned:
     accepted: frozenset[str] = frozenset()  # [cutover] accept_parity
 
 
-# Aspects the swap transaction makes or moves (mover/cutover.py, mover/carry.py): before the swap
+# Aspects the swap transaction makes or moves (mover/cutover.py, mover/carry.py, mover/metadata.py): before the swap
 # the new table lacks them on purpose.
 SWAP_MADE = frozenset({"publication", "constraint", "trigger", "rule", "policy", "view", "referenced_by"})
 # ... and what it sets, whatever the new table has before.
@@ -209,6 +209,8 @@ def _planned_reason(d: Difference, p: Planned) -> str:
     if d.kind in ("index_name", "constraint_name") and d.item in p.renames.values():
         return "the new table's objects carry mover's names"
     # Both ways: the swap back (rollback) compares the new table "before" with the original "after".
+    if d.kind == "constraint_validated" and d.before and not d.after:
+        return "added NOT VALID at the swap and validated after the lock is released"
     if d.kind == "constraint" and d.item in p.dropped_foreign_keys and None in (d.before, d.after):
         return "[target] drop_foreign_keys"
     if d.kind == "constraint" and None in (d.before, d.after) and (d.item in p.renames.values()
@@ -244,13 +246,21 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
         bm, am = b_meta.get("columns", {}).get(name, {}), a_meta.get("columns", {}).get(name, {})
         for key in ("storage", "compression", "statistics", "comment", "grants", "security_labels"):
             same(f"column_{key}", name, bm.get(key), am.get(key))
-    # Constraints and indexes, by name once the planned renames are undone.
-    rn = p.renames
+    # Constraints and indexes, by name once the planned renames are undone: only where one side has
+    # mover's name and the other the original (the swap gives the original names over, both ways).
+    b_names = before["constraints"].keys() | before["indexes"].keys()
+    a_names = after["constraints"].keys() | after["indexes"].keys()
+    rn = {a: b for a, b in p.renames.items() if a in a_names and a not in b_names and b in b_names
+          and b not in a_names}
     b_con, a_con = before["constraints"], {rn.get(k, k): v for k, v in after["constraints"].items()}
     for name in sorted(b_con.keys() | a_con.keys()):
-        bd, ad = (b_con.get(name) or {}).get("definition"), (a_con.get(name) or {}).get("definition")
+        # Validation is compared on its own: the swap adds foreign keys NOT VALID and validates
+        # them after the lock is released (mover/carry.py).
+        bd, ad = (_valid_text((b_con.get(name) or {}).get("definition")),
+                  _valid_text((a_con.get(name) or {}).get("definition")))
         same("constraint", name, bd, ad)
         if bd is not None and ad is not None:
+            same("constraint_validated", name, b_con[name]["validated"], a_con[name]["validated"])
             same("constraint_deferral", name, (b_con[name]["deferrable"], b_con[name]["deferred"]),
                  (a_con[name]["deferrable"], a_con[name]["deferred"]))
     b_ix, a_ix = before["indexes"], {rn.get(k, k): v for k, v in after["indexes"].items()}
@@ -280,6 +290,8 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
     for kind, key in (("publication", "publications"), ("trigger", "triggers"), ("rule", "rules"),
                       ("policy", "policies"), ("referenced_by", "referenced_by")):
         bmap, amap = b_meta.get(key, {}), a_meta.get(key, {})
+        if kind == "referenced_by":  # re-created NOT VALID at the swap, validated after it
+            bmap, amap = ({k: _valid_text(v) for k, v in m.items()} for m in (bmap, amap))
         for name in sorted(bmap.keys() | amap.keys()):
             same(kind, name, bmap.get(name), amap.get(name))
     out += _compare_statistics(b_meta.get("statistics", {}), a_meta.get("statistics", {}))
@@ -287,6 +299,10 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
     out += [Difference("view", v, v, None) for v in sorted(b_v - a_v)]
     out += [Difference("view", v, None, v) for v in sorted(a_v - b_v)]
     return out
+
+
+def _valid_text(definition: str | None) -> str | None:
+    return definition.removesuffix(" NOT VALID") if definition is not None else None
 
 
 def _index_text(ix: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import carry, control, introspect, names, partitions
+from mover import control, introspect, metadata, names, partitions
 from mover.context import Context
 from mover.errors import Failed
 from mover.plan import Plan
@@ -58,7 +58,7 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))
     # Statistics targets, storage, compression, extended statistics, security labels.
-    stmts += carry.create_sql(cur, info.oid, target, plan.columns, mid)
+    stmts += metadata.create_sql(cur, info.oid, target, plan.columns, mid)
     return stmts
 
 

@@ -252,8 +252,10 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
     carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
-    out += carried.before
+    # Before carry's: they name indexes as they are now (the replica identity's follows its index
+    # through carry's renames).
     out += metadata.swap_sql(cur, live, other)
+    out += carried.before
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
     out += carried.after

@@ -194,3 +194,41 @@ def test_swap_back_checks_parity_too(db_dsn, tmp_path):
     r = mover(db_dsn, "rollback", "parity")
     assert r.returncode == 0, r.stderr
     assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
+SWAPPED_OBJECTS = """
+CREATE TABLE customers_ref (id bigint PRIMARY KEY, order_id integer REFERENCES "Orders" (id) ON DELETE CASCADE);
+ALTER TABLE "Orders" ADD CONSTRAINT orders_note_key UNIQUE (note);
+CREATE FUNCTION orders_touch() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;
+CREATE TRIGGER orders_touch BEFORE UPDATE ON "Orders" FOR EACH ROW EXECUTE FUNCTION orders_touch();
+ALTER TABLE "Orders" ENABLE ROW LEVEL SECURITY;
+CREATE POLICY orders_all ON "Orders" USING (true);
+CREATE VIEW orders_paid AS SELECT id, amount FROM "Orders" WHERE status = 'paid';
+"""
+
+
+def test_what_the_swap_moves_is_compared_too(db_dsn, tmp_path):
+    """Triggers, policies, views, inbound foreign keys and a unique constraint (moved by the swap,
+    mover/carry.py) are part of the comparison: the swap's own check passes, and so does
+    `mover parity` after the swap and after the rollback, with no name left different."""
+    create_orders(db_dsn, 1_000)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('UPDATE "Orders" SET note = id::text')
+        conn.execute(SWAPPED_OBJECTS)
+    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    code, before = parity(db_dsn)
+    made = {d["kind"] for d in before["comparisons"][0]["differences"] if d["reason"] == "made at the swap"}
+    assert code == 0 and {"trigger", "policy", "view", "referenced_by", "row_security"} <= made, before
+    r = mover(db_dsn, "cutover", "parity")
+    assert r.returncode == 0, r.stderr
+    code, after = parity(db_dsn)
+    assert code == 0, after
+    kinds = {d["kind"] for c in after["comparisons"] for d in c["differences"] if d["status"] != "planned"}
+    assert kinds == set(), kinds
+    planned = {d["kind"] for c in after["comparisons"] for d in c["differences"]}
+    assert planned <= {"column_type", "constraint_validated"}, planned  # no index or constraint name differs
+    r = mover(db_dsn, "rollback", "parity")
+    assert r.returncode == 0, r.stderr
+    code, back = parity(db_dsn)
+    assert code == 0 and back["comparisons"][-1]["mode"] == "after_rollback"
+    assert [d for d in back["comparisons"][-1]["differences"] if d["status"] != "planned"] == []

@@ -23,12 +23,13 @@ from mover import (
     shape,
     steps,
 )
+from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind
 from mover.db import open_database as _database
-from mover.errors import BadInput, NotFound, PlanError, Waiting
+from mover.errors import BadInput, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
@@ -157,15 +158,72 @@ def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = Fal
         m = _locate(db, name_or_plan, owner)
         if m.state == "aborted":
             raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
-        if m.state != "done":
+        if wait:
+            _follow(db, m, owner, report=report, stop=stop or threading.Event())
+        elif m.state != "done":
             with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
                 if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
                     raise Waiting(f"the next step of {m.name!r} is the cutover",
                                   hint=f"run `mover cutover {m.name}` to swap")
-                runner.advance(ctx, one_step=one_step, wait_window=wait)
+                runner.advance(ctx, one_step=one_step)
         return status(dsn, m.name, db=db)
     finally:
         db.close()
+
+
+def follow(dsn: str, name_or_plan: str, *, report: Reporter = log_reporter, stop: threading.Event | None = None,
+           interval: float = follow_engine.INTERVAL_SECONDS) -> dict[str, Any]:
+    """`mover follow NAME` (= `mover run NAME --wait`): run the steps that need no decision, then
+    keep the log drained at the gate and in the window until the operator decides elsewhere."""
+    db = _database(dsn)
+    owner = control.new_owner_id()
+    try:
+        m = _locate(db, name_or_plan, owner)
+        if m.state == "aborted":
+            raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+        _follow(db, m, owner, report=report, stop=stop or threading.Event(), interval=interval)
+        return status(dsn, m.name, db=db)
+    finally:
+        db.close()
+
+
+def _follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, stop: threading.Event,
+            interval: float = follow_engine.INTERVAL_SECONDS) -> None:
+    """Steps under the lease; the gate and the window without it (the operator's commands take it).
+    Ends when the migration is done or aborted, when the operator took it elsewhere than the window
+    (a rollback, a retire, an abort), or on SIGTERM / Ctrl-C."""
+    ctx = Context(db=db, migration=m, owner=owner, report=report, stop=stop)
+    followed = False
+    while not stop.is_set():
+        m = ctx.refresh()
+        if m.state in control.TERMINAL or m.step == control.FINISHED:
+            return
+        if follow_engine.following(m):
+            followed = True
+            why = follow_engine.follow(ctx, interval=interval)
+            if why == "stopped":
+                report("follow_stopped", step=ctx.migration.step, reason="signal")
+                return
+            if why == "left" and not follow_engine.following(ctx.refresh()):
+                report("follow_done", step=ctx.migration.step, state=ctx.migration.state)
+                return  # a rollback, retire or abort from another terminal: the operator decides what next
+            if why != "window_over":
+                continue
+        elif followed:
+            return
+        # A step to run (or the window is over: close it and retire), under the lease.
+        try:
+            with runner.leased(db, m, owner, report=report, stop=stop) as leased_ctx:
+                runner.advance(leased_ctx)
+        except Waiting:
+            if not follow_engine.following(ctx.refresh()):
+                raise  # waiting for something else than the gate or window (divergences are at the gate)
+        except LeaseHeld:
+            # An operator command runs now; look again shortly.
+            if stop.wait(interval):
+                return
+        except Interrupted:
+            return
 
 
 def _operator_command(dsn: str, name: str, command: str, action,

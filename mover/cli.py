@@ -247,10 +247,27 @@ def _run(dsn, target, one_step, wait):
 @_exits
 def run(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
         dsn: str | None = DsnOption,
-        wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
-                                                          "then retire.")):
+        wait: bool = typer.Option(False, "--wait", help="Do not stop at the gate or in the window: keep the change "
+                                                          "log drained (same as `mover follow`).")):
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
     _run(dsn, target, False, wait)
+
+
+@app.command()
+@_exits
+def follow(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
+           dsn: str | None = DsnOption,
+           interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between rounds (and backlog "
+                                                                            "lines).")):
+    """Run the steps that need no decision, then keep the change log drained at the cutover gate and
+    in the rollback window (retiring when it ends) until the operator cuts over, rolls back, retires or
+    aborts from another terminal. Holds no lease while it waits. Exit 0; SIGTERM stops it cleanly."""
+    reporter = ProgressReporter(err)
+    try:
+        st = api.follow(_dsn(dsn), target, report=reporter, stop=_interruptible(), interval=interval)
+    finally:
+        reporter.close()
+    _show_status(st)
 
 
 @app.command()

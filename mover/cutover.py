@@ -263,10 +263,12 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
         failures: dict = {}
+        drained = 0  # changes applied under the lock: what a follower (mover/follow.py) keeps small
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)
             failures.update(got.failures)
+            drained += got.claimed
             if got.claimed == 0:
                 break
         if forward and failures:
@@ -288,7 +290,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
-                                 detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
+                                 detail={"lock_ms": held_ms, "drained": drained, **({"foreign_keys_not_carried": list(
                                      ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
         else:
             control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)

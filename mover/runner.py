@@ -25,8 +25,6 @@ from mover.steps import rollback_window
 
 log = logging.getLogger("mover.runner")
 
-WINDOW_POLL_SECONDS = 1.0
-
 
 @contextmanager
 def leased(db: Database, migration: control.Migration, owner: str, *, report: Reporter = log_reporter,
@@ -108,8 +106,7 @@ def _clear_error(db: Database, ctx: Context) -> None:
         log.warning("could not clear the recorded error of migration %s: %s", ctx.mid, exc)
 
 
-def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,
-            wait_window: bool = False) -> control.Migration:
+def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False) -> control.Migration:
     """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
     while True:
         ctx.checkpoint()
@@ -139,13 +136,7 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
         ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))
-        try:
-            step.run(ctx)
-        except Waiting:
-            if step.name == "rollback_window" and wait_window:
-                ctx.stop.wait(WINDOW_POLL_SECONDS)
-                continue
-            raise
+        step.run(ctx)
         faults.point(f"after:{step.name}")
         if one_step or (through_cutover and step.name == "cutover"):
             return ctx.refresh()

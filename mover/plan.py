@@ -60,6 +60,10 @@ class CutoverSettings:
     auto: bool = False
     lock_timeout_ms: int = 200
     attempts: int = 30
+    # Sessions still holding a lock on the tables once the attempts are spent: cancelled, then
+    # terminated after blocker_grace, and the lock tried once more (mover/lockwatch.py). Off by default.
+    terminate_blockers: bool = False
+    blocker_grace_ms: int = 5000
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ class Plan:
                 "auto": self.cutover.auto,
                 "lock_timeout_ms": self.cutover.lock_timeout_ms,
                 "attempts": self.cutover.attempts,
+                "terminate_blockers": self.cutover.terminate_blockers,
+                "blocker_grace_ms": self.cutover.blocker_grace_ms,
             },
             "rollback": {
                 "window_ms": self.rollback.window_ms,
@@ -177,7 +183,8 @@ def to_document(plan: Plan) -> dict[str, Any]:
                      "max_replica_lag": f"{b.max_replica_lag_ms}ms", "max_attempts": b.max_attempts,
                      "synchronous_commit": b.synchronous_commit},
         "cutover": {"auto": plan.cutover.auto, "lock_timeout": f"{plan.cutover.lock_timeout_ms}ms",
-                    "attempts": plan.cutover.attempts},
+                    "attempts": plan.cutover.attempts, "terminate_blockers": plan.cutover.terminate_blockers,
+                    "blocker_grace": f"{plan.cutover.blocker_grace_ms}ms"},
         "rollback": {"window": f"{plan.rollback.window_ms}ms", "keep_old": plan.rollback.keep_old},
         "reconcile": asdict(plan.reconcile),
     }
@@ -210,7 +217,7 @@ def to_document(plan: Plan) -> dict[str, Any]:
 SETTABLE = {
     "backfill": {"target_chunk_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
                  "max_attempts", "workers", "chunk_rows"},
-    "cutover": {"auto", "lock_timeout", "attempts"},
+    "cutover": {"auto", "lock_timeout", "attempts", "terminate_blockers", "blocker_grace"},
     "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts",
                   "max_rows_per_second"},
 }
@@ -257,7 +264,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                  "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
                  "synchronous_commit": (bool, False)},
-    "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
+    "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False),
+                "terminate_blockers": (bool, False), "blocker_grace": (str, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
                   "settle_rounds": (int, False), "max_attempts": (int, False),
@@ -360,6 +368,9 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     attempts = c.get("attempts", CutoverSettings.attempts)
     if not 1 <= attempts <= 1000:
         raise fail(f"[cutover] attempts must be between 1 and 1000, got {attempts}")
+    blocker_grace_ms = duration("cutover", "blocker_grace", CutoverSettings.blocker_grace_ms)
+    if not 0 <= blocker_grace_ms <= 600_000:
+        raise fail(f"[cutover] blocker_grace must be between 0 and 10 minutes, got {c['blocker_grace']!r}")
     window_ms = duration("rollback", "window", RollbackSettings.window_ms)
     backfill = BackfillSettings(
         chunk_rows=chunk_rows,
@@ -403,7 +414,9 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         columns=columns,
         accept_lossy=tuple(dict.fromkeys(accept_lossy)),
         backfill=backfill,
-        cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
+        cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts,
+                                terminate_blockers=c.get("terminate_blockers", False),
+                                blocker_grace_ms=blocker_grace_ms),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
         reconcile=ReconcileSettings(
             workers=bounded("reconcile", "workers", ReconcileSettings.workers, 1, 64),

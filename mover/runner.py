@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, shape, steps
+from mover import capture, chunks, control, faults, lockwatch, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
@@ -42,6 +42,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
     try:
+        lockwatch.restore_pending(ctx)  # a crash between pausing autovacuum and restoring it
         yield ctx
     except (LeaseLost, LeaseHeld):
         raise

@@ -85,7 +85,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
                 return {"plan": str(path), "name": plan.name, "registered": True,
-                        "status": status_mod.status_of(cur, existing), "steps": []}
+                        "status": status_mod.status_of(cur, existing), "steps": [], **_hooks_and_warnings(plan)}
             r = resolve_plan(cur, plan)
             ctx = Context(db=db, migration=_provisional(plan, r), owner="plan-check")
             out_steps = []
@@ -96,7 +96,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             return {"plan": str(path), "name": plan.name, "registered": False,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
-                    "steps": out_steps}
+                    "steps": out_steps, **_hooks_and_warnings(plan)}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
@@ -105,6 +105,25 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             return check(cur)
     finally:
         db.close()
+
+
+def _hooks_and_warnings(plan: Plan) -> dict[str, Any]:
+    """The plan's hooks, and what the operator should know before the swap."""
+    warnings = []
+    if plan.columns:
+        # PostgreSQL re-plans a prepared statement after the swap, and refuses one whose result
+        # type changed: every execution fails until the application prepares it again.
+        hooked = [e for e in ("after_cutover", "after_rollback") if e in plan.hooks]
+        warnings.append(
+            f"the type change of {', '.join(repr(c) for c in sorted(plan.columns))} changes the result type of "
+            f"statements that return {'it' if len(plan.columns) == 1 else 'them'}: a server-side prepared statement "
+            f"prepared before the swap (or the rollback) fails with SQLSTATE 0A000 \"cached plan must not change "
+            f"result type\" on every execution until the application prepares it again"
+            + (f"; hooks configured: {', '.join(hooked)}" if hooked else
+               "; add [hooks.after_cutover] and [hooks.after_rollback] that make the application re-prepare (e.g. "
+               "PgBouncer's RECONNECT, DEALLOCATE ALL on its sessions, or a pg_notify it listens to); see "
+               "docs/operating.md"))
+    return {"hooks": {event: h.describe() for event, h in plan.hooks.items()}, "warnings": warnings}
 
 
 def _same_shape(existing: control.Migration, plan: Plan) -> None:

@@ -187,8 +187,10 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
     if result["registered"]:
         out.print(f"plan {plan} is registered as migration {result['name']!r}:")
         _show_status(result["status"])
+        _show_hooks(result)
         return
     out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
+    _show_hooks(result)
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
     part = result.get("partitioning")
@@ -205,6 +207,13 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
+
+
+def _show_hooks(result: dict[str, Any]) -> None:
+    for event, hook in result["hooks"].items():
+        out.print(f"hook {event}: {hook}", highlight=False, markup=False)
+    for warning in result["warnings"]:
+        out.print(f"warning: {warning}", highlight=False, markup=False)
 
 
 @partitions_app.command("maintain")

@@ -66,6 +66,23 @@ class CutoverSettings:
     blocker_grace_ms: int = 5000
 
 
+HOOK_EVENTS = ("before_cutover", "after_cutover", "before_rollback", "after_rollback", "before_retire",
+               "after_retire")
+HOOK_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class Hook:
+    """[hooks.<event>]: a shell command or SQL (exactly one), run by mover/hooks.py."""
+    sql: str | None = None
+    command: str | None = None
+    timeout_ms: int = HOOK_TIMEOUT_MS
+
+    def describe(self) -> str:
+        what = f"sql = {self.sql!r}" if self.sql is not None else f"command = {self.command!r}"
+        return f"{what}, timeout {self.timeout_ms} ms"
+
+
 @dataclass(frozen=True)
 class RollbackSettings:
     window_ms: int = 24 * 3_600_000
@@ -131,6 +148,7 @@ class Plan:
     drop_foreign_keys: tuple[str, ...] = ()
     partition: PartitionSpec | None = None
     upkeep: PartitionUpkeep = PartitionUpkeep()
+    hooks: dict[str, Hook] = field(default_factory=dict)
 
     def canonical(self) -> dict[str, Any]:
         """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
@@ -155,6 +173,7 @@ class Plan:
             "drop_foreign_keys": list(self.drop_foreign_keys),
             "partition": self.partition.as_dict() if self.partition else None,
             "partitions": asdict(self.upkeep),
+            "hooks": {event: asdict(h) for event, h in sorted(self.hooks.items())},
         }
 
     def shape_hash(self, schema: str | None = None) -> str:
@@ -210,6 +229,9 @@ def to_document(plan: Plan) -> dict[str, Any]:
         doc["target"]["partition"] = part
         upkeep = {k: v for k, v in asdict(plan.upkeep).items() if v is not None}
         doc["partitions"] = upkeep
+    if plan.hooks:
+        doc["hooks"] = {event: {**({"sql": h.sql} if h.sql is not None else {"command": h.command}),
+                                "timeout": f"{h.timeout_ms}ms"} for event, h in plan.hooks.items()}
     return doc
 
 
@@ -250,6 +272,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         drop_foreign_keys=tuple(doc.get("drop_foreign_keys", ())),
         partition=PartitionSpec.from_dict(doc["partition"]) if doc.get("partition") else None,
         upkeep=PartitionUpkeep(**doc.get("partitions", {})),
+        hooks={event: Hook(**h) for event, h in doc.get("hooks", {}).items()},
     )
 
 
@@ -271,6 +294,7 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                   "settle_rounds": (int, False), "max_attempts": (int, False),
                   "max_rows_per_second": (int, False)},
     "partitions": {"premake": (int, False), "retention": (str, False), "drop_detached": (bool, False)},
+    "hooks": {event: (dict, False) for event in HOOK_EVENTS},  # each [hooks.<event>], checked by _hook
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
 _SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
@@ -403,10 +427,12 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
             raise fail(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {p['retention']!r}")
     upkeep = PartitionUpkeep(premake=p.get("premake"), retention=p.get("retention"),
                              drop_detached=p.get("drop_detached", False))
+    hooks = {event: _hook(event, spec, fail) for event, spec in doc.get("hooks", {}).items()}
 
     return Plan(
         partition=partition,
         upkeep=upkeep,
+        hooks=hooks,
         drop_foreign_keys=tuple(drop_fks),
         name=name,
         source=source,
@@ -520,3 +546,24 @@ def _type_word(t) -> str:
     words = {str: "a string", int: "an integer", bool: "a boolean (true or false)", dict: "a table { ... }",
              float: "a number", list: "an array"}
     return words.get(t, t.__name__ if isinstance(t, type) else str(t))
+
+
+def _hook(event: str, spec: dict[str, Any], fail) -> Hook:
+    where = f"[hooks.{event}]"
+    for key, value in spec.items():
+        if key not in ("sql", "command", "timeout"):
+            raise fail(f"unknown key {where} {key}", "known keys: sql, command, timeout")
+        if not isinstance(value, str) or not value.strip():
+            raise fail(f"{where} {key} must be a non-empty string, got {value!r}")
+    if ("sql" in spec) == ("command" in spec):
+        raise fail(f"{where} needs exactly one of sql or command",
+                   'e.g. command = "curl -fsS -X POST https://deploys.example/pause" or sql = "SELECT pg_notify(...)"')
+    timeout = HOOK_TIMEOUT_MS
+    if "timeout" in spec:
+        try:
+            timeout = parse_duration_ms(spec["timeout"])
+        except ValueError as exc:
+            raise fail(f"{where} timeout: {exc}") from None
+        if not 1 <= timeout <= 3_600_000:
+            raise fail(f"{where} timeout must be between 1ms and 1h, got {spec['timeout']!r}")
+    return Hook(sql=spec.get("sql"), command=spec.get("command"), timeout_ms=timeout)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, lockwatch, shape, steps
+from mover import capture, chunks, control, faults, hooks, lockwatch, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
@@ -163,7 +163,9 @@ def cutover(ctx: Context) -> control.Migration:
 def rollback(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
     """`mover rollback`: swap back within the window; the migration returns to reconcile."""
     control.require_command(ctx.refresh(), "rollback")
+    hooks.run(ctx, "before_rollback")
     cutover_engine.swap_back(ctx, give_up_rows)
+    hooks.run(ctx, "after_rollback")
     return ctx.migration
 
 

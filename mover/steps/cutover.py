@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from mover import cutover, introspect
+from mover import cutover, hooks, introspect
 from mover.context import Context
 from mover.sql import ddl
 from mover.steps.base import Step
@@ -40,4 +40,6 @@ class Cutover(Step):
         return out
 
     def run(self, ctx: Context) -> None:
+        hooks.run(ctx, "before_cutover")
         cutover.swap_in(ctx)
+        hooks.run(ctx, "after_cutover")

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from mover import cutover
+from mover import cutover, hooks
 from mover.context import Context
 from mover.steps.base import Step
 
@@ -12,4 +12,6 @@ class Retire(Step):
         return [cutover.render(cur, s) for s in cutover.retire_sql(cur, ctx)]
 
     def run(self, ctx: Context) -> None:
+        hooks.run(ctx, "before_retire")
         cutover.retire(ctx, ctx.give_up_rows)
+        hooks.run(ctx, "after_retire")

@@ -44,7 +44,6 @@ class Blocker:
     query_start: str | None
     backend_type: str | None
     tables: tuple[str, ...]
-    query: str | None
 
     @property
     def autovacuum(self) -> bool:
@@ -65,12 +64,12 @@ _BLOCKERS = """
 SELECT a.pid, a.usename, a.application_name, a.state,
        extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
        to_char(a.query_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC'), a.backend_type,
-       array_agg(DISTINCT l.relation::regclass::text ORDER BY l.relation::regclass::text), left(a.query, 200)
+       array_agg(DISTINCT l.relation::regclass::text ORDER BY l.relation::regclass::text)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'relation' AND l.granted AND l.relation = ANY(%(oids)s)
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.pid <> pg_backend_pid()
-GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start, a.query_start, a.backend_type, a.query
+GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start, a.query_start, a.backend_type
 ORDER BY a.xact_start NULLS LAST
 """
 
@@ -82,7 +81,8 @@ def blockers(cur: psycopg.Cursor, tables: Sequence[QualifiedName], *, min_age_s:
     if not oids:
         return []
     cur.execute(_BLOCKERS, {"oids": oids})
-    out = [Blocker(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7]), r[8]) for r in cur.fetchall()]
+    # Not the query text: it may carry the application's data, and it would land in the events.
+    out = [Blocker(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7])) for r in cur.fetchall()]
     return [b for b in out if b.autovacuum or (b.xact_age_s or 0.0) >= min_age_s]
 
 
@@ -157,8 +157,9 @@ def restore(cur: psycopg.Cursor, ctx: Context) -> list[str]:
     return done
 
 
-def restore_pending(ctx: Context) -> None:
-    """At the start of a run: a pause a crashed process recorded is undone."""
+def restore_pending(ctx: Context, *, after_crash: bool = True) -> None:
+    """Undo a recorded pause: after the locked transaction, and at the start of a run (a pause
+    a crashed process left, which is then reported)."""
     lock_timeout = f"{ctx.plan.cutover.lock_timeout_ms}ms"
     try:
         done = ctx.db.transaction(bind(restore, ctx), lock_timeout=lock_timeout, attempts=ctx.plan.cutover.attempts,
@@ -167,8 +168,8 @@ def restore_pending(ctx: Context) -> None:
         log.warning("could not restore autovacuum on the tables of %s yet (lock busy); the next run retries",
                     ctx.migration.name)
         return
-    if done:
-        ctx.report("autovacuum_restored", tables=", ".join(done))
+    if done and after_crash:
+        ctx.report("autovacuum_restored", tables=", ".join(done), why="left paused by an interrupted run")
 
 
 def _cancel(cur: psycopg.Cursor, pid: int, terminate: bool) -> bool:
@@ -275,7 +276,7 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
             found = ctx.db.transaction(bind(blockers, watched), label="blockers")
             raise _blocked(ctx, tables[0], what, retry, found) from exc
     finally:
-        restore_pending(ctx)
+        restore_pending(ctx, after_crash=False)
 
 
 def _blocked(ctx: Context, table: QualifiedName, what: str, retry: str, found: list[Blocker]) -> LockBlocked:

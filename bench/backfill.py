@@ -5,7 +5,7 @@
 1. the physical limit: INSERT INTO copy SELECT * FROM source (primary key only), then the two
    secondary index builds;
 2. mover's backfill step (copy + deferred index builds + ANALYZE) with 1 and 2 workers, and
-   with synchronous_commit on for its chunk transactions (it is off by default);
+   with synchronous_commit on for its range transactions (it is off by default);
 3. the same while pgbench writes to the source: the backfill's rate, and the writers' TPS
    against their TPS with no migration;
 4. capture overhead alone: pgbench tpcb-like and simple-update on pgbench_accounts, with and
@@ -75,16 +75,16 @@ def mover_backfill(dsn: str, workdir: Path, name: str, workers: int, sync: bool 
     assert proc.returncode == 0, proc.stderr
     with connect(dsn) as conn:
         rows, copy_ms = conn.execute(
-            "SELECT sum(c.rows), extract(epoch FROM max(c.finished_at) - min(c.finished_at)) * 1000 FROM mover.chunks c"
+            "SELECT sum(c.rows), extract(epoch FROM max(c.finished_at) - min(c.finished_at)) * 1000 FROM mover.ranges c"
             " JOIN mover.migrations m ON m.id = c.migration_id WHERE m.name = %s AND c.kind = 'backfill'",
             (name,)).fetchone()
-        chunks = conn.execute("SELECT count(*), avg(c.rows)::int FROM mover.chunks c JOIN mover.migrations m"
+        ranges = conn.execute("SELECT count(*), avg(c.rows)::int FROM mover.ranges c JOIN mover.migrations m"
                               " ON m.id = c.migration_id WHERE m.name = %s AND c.kind = 'backfill'", (name,)).fetchone()
     proc, _ = mover_cli(dsn, "abort", name)
     assert proc.returncode == 0, proc.stderr
     with connect(dsn) as conn:
         conn.execute("CHECKPOINT")
-    return {"step_s": seconds, "rows": int(rows), "rss_kib": rss, "chunks": chunks[0], "avg_chunk_rows": chunks[1]}
+    return {"step_s": seconds, "rows": int(rows), "rss_kib": rss, "ranges": ranges[0], "avg_range_rows": ranges[1]}
 
 
 WRITE_SCRIPTS = {
@@ -258,7 +258,7 @@ def report(r: dict) -> str:
         if key in r:
             m = r[key]
             line(label, m["step_s"],
-                 f"{m['chunks']:.0f} ranges of ~{m['avg_chunk_rows']:,.0f} rows, RSS {m['rss_kib'] / 1024:.0f} MiB")
+                 f"{m['ranges']:.0f} ranges of ~{m['avg_range_rows']:,.0f} rows, RSS {m['rss_kib'] / 1024:.0f} MiB")
     if "writes" in r:
         w = r["writes"]
         line("mover backfill, 1 worker, pgbench writing", w["step_s"],

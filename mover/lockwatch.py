@@ -86,6 +86,19 @@ def blockers(cur: psycopg.Cursor, tables: Sequence[QualifiedName], *, min_age_s:
     return [b for b in out if b.autovacuum or (b.xact_age_s or 0.0) >= min_age_s]
 
 
+def referencing_tables(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list[QualifiedName]:
+    """Tables (other than `tables`) whose foreign keys reference one of `tables`: a swap that
+    re-points those keys locks them too, so their blockers are watched as well."""
+    oids = [oid for t in tables if (oid := introspect.table_oid(cur, t)) is not None]
+    if not oids:
+        return []
+    cur.execute("SELECT DISTINCT n.nspname, c.relname FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE k.contype = 'f' AND k.confrelid = ANY(%(oids)s) AND NOT k.conrelid = ANY(%(oids)s)"
+                " ORDER BY 1, 2", {"oids": oids})
+    return [QualifiedName(schema, name) for schema, name in cur.fetchall()]
+
+
 def describe_all(found: Sequence[Blocker]) -> str:
     shown = "; ".join(b.describe() for b in found[:SHOWN])
     return shown + (f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else "")
@@ -242,10 +255,12 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
                retry: str, label: str, statement_timeout: str = "60s",
                extra_tables: Sequence[QualifiedName] = ()) -> T:
     """Run `fn`, a transaction that takes a strong lock on `tables` (the live table first), under
-    the plan's lock_timeout and attempts, with the discipline above. `extra_tables` are watched
-    for blockers too (tables whose foreign keys the transaction re-points), not paused."""
+    the plan's lock_timeout and attempts, with the discipline above. Tables whose foreign keys
+    reference `tables` are watched for blockers too, and so are `extra_tables` (any other table
+    the transaction locks); neither has its autovacuum paused."""
     c = ctx.plan.cutover
-    watched = [*tables, *extra_tables]
+    referencing = ctx.db.transaction(bind(referencing_tables, tables), label="referencing tables")
+    watched = list(dict.fromkeys([*tables, *extra_tables, *referencing]))
     restore_pending(ctx)
     try:
         ctx.db.transaction(bind(pause_autovacuum, ctx, tables), lock_timeout=f"{c.lock_timeout_ms}ms",

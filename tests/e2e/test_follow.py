@@ -91,3 +91,23 @@ def test_follower_exits_when_the_operator_rolls_back(db_dsn, tmp_path):
             proc.wait(30)
     assert status(db_dsn)["step"] == "reconcile"
     assert sql(db_dsn, """SELECT count(*) FROM "Orders" WHERE note = 'in the window'""")[0][0] == 1
+
+
+def test_follower_at_the_gate_exits_when_the_operator_aborts(db_dsn, tmp_path):
+    create_orders(db_dsn, 1_000)
+    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    proc = spawn(db_dsn, "follow", "promise", "--interval", "0.2")
+    try:
+        sql(db_dsn, """INSERT INTO "Orders" ("Account", note) VALUES (8, 'at the gate')""")
+        wait_for(lambda: sql(db_dsn, """SELECT count(*) FROM "Orders_new" WHERE note = 'at the gate'""")[0][0] == 1,
+                 "the follower applying the log at the gate", proc)
+        r = mover(db_dsn, "abort", "promise")
+        assert r.returncode == 0, r.stderr
+        code, err = finish(proc, 30)
+        assert code == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert status(db_dsn)["state"] == "aborted"
+    assert sql(db_dsn, "SELECT to_regclass('\"Orders_new\"')")[0][0] is None

@@ -265,9 +265,11 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
     try:
         ctx.db.transaction(bind(pause_autovacuum, ctx, tables), lock_timeout=f"{c.lock_timeout_ms}ms",
                            attempts=3, label="pause autovacuum")
-    except psycopg.errors.LockNotAvailable:
-        # ALTER TABLE SET takes SHARE UPDATE EXCLUSIVE: a running VACUUM or index build holds it.
-        log.warning("could not pause autovacuum on %s (lock busy); going on without", ", ".join(map(str, tables)))
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as exc:
+        # ALTER TABLE SET takes SHARE UPDATE EXCLUSIVE (a running VACUUM or index build holds it)
+        # and needs ownership: without the pause, the lock attempt goes on as before.
+        log.warning("could not pause autovacuum on %s (%s); going on without", ", ".join(map(str, tables)),
+                    type(exc).__name__)
     try:
         faults.point("lock:paused")
         cancel_autovacuum(ctx, tables)

@@ -232,8 +232,12 @@ def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: lis
     if still:
         terminated = ctx.db.transaction(
             lambda cur: [pid for pid in still if _cancel(cur, pid, terminate=True)], label="terminate blockers")
-    report = [{**asdict(b), "action": "terminated" if pid in terminated else "cancelled"}
-              for pid, b in targets.items()]
+    def action(pid: int) -> str:
+        if pid in terminated:
+            return "terminated"
+        # Still there after the terminate: the role may not signal it (pg_signal_backend, superuser).
+        return "could not signal" if pid in still else "cancelled"
+    report = [{**asdict(b), "action": action(pid)} for pid, b in targets.items()]
     ctx.db.transaction(lambda cur: control.event(
         cur, ctx.mid, ctx.owner, ctx.migration.step, "blockers_cancelled",
         "[cutover] terminate_blockers: " + "; ".join(f"{r['action']} pid {r['pid']}" for r in report),

@@ -1,14 +1,16 @@
-"""The commands as plain functions (used by the CLI, the demo and the tests): connection
-bootstrap, the plan's checks against the live database, registration, the operator commands
-(which check control.COMMANDS and run through mover/runner.py) and the status read model."""
+"""The commands as plain functions (used by the CLI, the demo and the tests): each opens the
+database and hands over: plan checks to mover/checks/, registration and transitions to
+mover/control.py, the steps and the operator commands (legal per control.COMMANDS) to
+mover/runner.py, the reads to mover/status.py, range workers to chunks.run_workers."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 
@@ -34,6 +36,9 @@ from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
 
+if TYPE_CHECKING:  # imported where the workers start (api.work); only the annotation needs it here
+    from mover.heartbeat import Heartbeat
+
 log = logging.getLogger("mover")
 
 
@@ -55,7 +60,7 @@ def init(dsn: str) -> str:
 # Plans against the live database (the checks themselves: mover/checks/)
 
 
-def resolve_plan(cur, plan: Plan) -> dict[str, Any]:
+def resolve_plan(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     """Check the plan against the catalog (every problem at once); return resolved names and the
     key. Changes nothing: the target's DDL is rehearsed inside a savepoint that is rolled back."""
     return checks.resolved(checks.run(cur, plan))
@@ -77,7 +82,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
     plan = load_plan(path)
     db = _database(dsn)
     try:
-        def check(cur):
+        def check(cur: psycopg.Cursor) -> dict[str, Any]:
             if not control.schema_ready(cur):
                 raise BadInput("mover's control schema is not installed in this database",
                                hint="run `mover init` first")
@@ -135,7 +140,7 @@ def _same_shape(existing: control.Migration, plan: Plan) -> None:
 
 
 def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
-    def register(cur):
+    def register(cur: psycopg.Cursor) -> control.Migration:
         existing = control.find(cur, plan.name)
         if existing is not None and existing.state == "aborted":
             # Keep the aborted attempt's history under another name; start afresh.
@@ -245,7 +250,7 @@ def _follow(db: Database, m: control.Migration, owner: str, *, report: Reporter,
             return
 
 
-def _operator_command(dsn: str, name: str, command: str, action,
+def _operator_command(dsn: str, name: str, command: str, action: Callable[[Context], object],
                       report: Reporter = log_reporter, stop: threading.Event | None = None) -> dict[str, Any]:
     """Run one operator command under the lease; control.COMMANDS says at which steps it is legal
     (checked here to refuse early, and again under the lease)."""
@@ -266,28 +271,28 @@ def _operator_command(dsn: str, name: str, command: str, action,
         db.close()
 
 
-def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
+def cutover_now(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "cutover", runner.cutover, **kw)
 
 
-def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "rollback", lambda ctx: runner.rollback(ctx, give_up_rows=give_up_rows),
                              **kw)
 
 
-def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "retire",
                              lambda ctx: runner.retire(ctx, force=force, give_up_rows=give_up_rows), **kw)
 
 
-def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any]:
+def reconcile(dsn: str, name: str, *, full: bool = False, **kw: Any) -> dict[str, Any]:
     """`mover reconcile NAME`: a reconcile pass now. At the reconcile step it is that step (the
     migration moves to the cutover gate when the tables are equal); at the gate it is an extra
     pass over the ranges changed since the last one (all of them with `full`)."""
     from mover.steps import reconcile as reconcile_step
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         at_step = ctx.migration.step == "reconcile"
         if at_step:
             ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "reconcile", ctx.owner))
@@ -306,11 +311,11 @@ def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any
     return {"pass": out.get("pass"), "status": st}
 
 
-def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw) -> dict[str, Any]:
+def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw: Any) -> dict[str, Any]:
     """`mover repair NAME`: re-sync the open divergences' rows from the source and check them again."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         out["repair"] = reconcile_engine.repair(ctx, divergence_id)
         if ctx.migration.step == "cutover":
             left = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid))
@@ -329,7 +334,7 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
     try:
         _require_schema(db)
 
-        def go(cur):
+        def go(cur: psycopg.Cursor) -> list[int]:
             m = control.get(cur, name, lock=True)
             control.require_command(m, "accept")
             ids = reconcile_engine.accept(cur, m.id, reason.strip(), control.new_owner_id(), divergence_id)
@@ -343,24 +348,33 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
         db.close()
 
 
-def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
+def adopt(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
     """`mover adopt NAME`: apply an additive change of the live table's shape (a column, a CHECK, an
     index) to the other table, re-sync what it touched, record the new shapes; refused (exit 2) for
     any other change."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         out["adopted"] = adopt_engine.adopt(ctx)
     st = _operator_command(dsn, name, "adopt", go, **kw)
     return {"adopted": out.get("adopted", []), "status": st}
 
 
-def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "abort", lambda ctx: runner.abort(ctx, give_up_rows=give_up_rows), **kw)
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading
+
+
+# One migration's status for a name, every migration's without: typed per call for the callers.
+@overload
+def status(dsn: str, name: str, *, db: Database | None = None) -> dict[str, Any]: ...
+@overload
+def status(dsn: str, name: None = None, *, db: Database | None = None) -> list[dict[str, Any]]: ...
+@overload
+def status(dsn: str, name: str | None, *, db: Database | None = None) -> dict[str, Any] | list[dict[str, Any]]: ...
 
 
 def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> Any:
@@ -369,7 +383,7 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     try:
         _require_schema(db)
 
-        def read(cur):
+        def read(cur: psycopg.Cursor) -> dict[str, Any] | list[dict[str, Any]]:
             if name is not None:
                 return status_mod.status_of(cur, control.get(cur, name))
             return [status_mod.status_of(cur, m) for m in control.list_all(cur)]
@@ -384,7 +398,7 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
     try:
         _require_schema(db)
 
-        def read(cur):
+        def read(cur: psycopg.Cursor) -> list[dict[str, Any]]:
             m = control.get(cur, name)
             return [{**d, "found_at": status_mod.iso(d["found_at"]), "resolved_at": status_mod.iso(d["resolved_at"]),
                      "checked_at": status_mod.iso(d["checked_at"])}
@@ -397,7 +411,7 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
 def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
     db = _database(dsn)
     try:
-        def read(cur):
+        def read(cur: psycopg.Cursor) -> list[dict[str, Any]]:
             m = control.get(cur, name)
             return [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, limit)]
         return db.transaction(read)
@@ -430,7 +444,7 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
     try:
         _require_schema(db)
 
-        def apply(cur):
+        def apply(cur: psycopg.Cursor) -> None:
             m = control.get(cur, name, lock=True)
             doc = to_document(plan_from_canonical(m.plan))
             changes = {}
@@ -498,7 +512,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
 def _orchestrated(db: Database, m: control.Migration) -> bool:
     """Whether a live process holds the migration's lease: only then is a next phase coming for a
     helper to wait for (with none, it would wait for ever)."""
-    def live(cur) -> bool:
+    def live(cur: psycopg.Cursor) -> bool:
         cur.execute("SELECT lease_expires_at > clock_timestamp() FROM mover.migrations WHERE id = %s", (m.id,))
         row = cur.fetchone()
         return bool(row and row[0])
@@ -506,7 +520,7 @@ def _orchestrated(db: Database, m: control.Migration) -> bool:
 
 
 def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: Reporter,
-           stop: threading.Event, heartbeat) -> None:
+           stop: threading.Event, heartbeat: Callable[..., Heartbeat]) -> None:
     """Run `threads` workers of one engine on this migration's ranges until none is left, under a
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
@@ -523,7 +537,7 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
                                            registry=registry, report=report, n_workers=threads)
                    for i in range(threads)]
 
-    def keep(cur) -> bool:
+    def keep(cur: psycopg.Cursor) -> bool:
         ranges.keep_leases(cur, m.id, sorted(registry))
         return True  # a worker's only lease is its ranges': losing one shows when it commits
 
@@ -549,7 +563,7 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
     try:
         _require_schema(db)
 
-        def find(cur):
+        def find(cur: psycopg.Cursor) -> list[tuple[control.Migration, Plan, QualifiedName]]:
             out = []
             for m in control.list_all(cur):
                 plan = plan_from_canonical(m.plan)
@@ -625,24 +639,27 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
         db.close()
 
 
-def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str, dry_run: bool) -> dict[str, Any]:
+def _partman_maintain(db: Database, m: control.Migration, plan: Plan, premake: int, live: QualifiedName, lock: str,
+                      dry_run: bool) -> dict[str, Any]:
     """maintain for a retired conversion with manager = "pg_partman": the first run hands the
     table over (create_parent), every run defers to pg_partman's run_maintenance. Reports the
     partitions it created and removed by comparing before and after."""
     from mover.sql import partitions as partition_sql
     spec = plan.partition
+    assert spec is not None  # only partitioned conversions reach maintain
 
-    def names_of(cur):
+    def names_of(cur: psycopg.Cursor) -> set[str]:
         return {c.name for c, _, _, _ in partitions.children(cur, live)}
 
-    def default_rows(cur):
+    def default_rows(cur: psycopg.Cursor) -> int | None:
         default = next((c for c, _, d, _ in partitions.children(cur, live) if d), None)
         if default is None:
             return None
         cur.execute(partition_sql.count_rows(default))
-        return one(cur)[0]
+        rows: int = one(cur)[0]
+        return rows
 
-    def registered(cur):
+    def registered(cur: psycopg.Cursor) -> bool:
         return partitions.partman_config(cur, partitions.check_partman(cur, live), live) is not None
 
     before = db.transaction(names_of, label="partitions")

@@ -10,8 +10,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import typer
@@ -46,12 +48,16 @@ class State:
     dsn: str | None = None
 
 
-def _exits(fn):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _exits(fn: Callable[P, R]) -> Callable[P, R]:
     """The one place errors become exit codes: 0 done, 1 failed, 2 bad input (nothing changed),
     3 waiting for the operator, 130 interrupted. No traceback unless --debug."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except MoverError as exc:
@@ -103,12 +109,12 @@ def _print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
 
 
-def _interruptible():
+def _interruptible() -> threading.Event:
     """First Ctrl-C: stop at the next safe point. A second one interrupts at once (the open
     transaction is rolled back; the migration stays resumable)."""
     stop = threading.Event()
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
@@ -166,7 +172,7 @@ def _show_status(st: dict[str, Any]) -> None:
 @app.callback()
 def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks and debug logs."),
                  verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry."),
-                 dsn: str | None = DsnOption):
+                 dsn: str | None = DsnOption) -> None:
     State.debug = debug
     State.dsn = dsn
     remember_secrets(dsn)
@@ -179,7 +185,7 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
 
 @app.command()
 @_exits
-def init(dsn: str | None = DsnOption):
+def init(dsn: str | None = DsnOption) -> None:
     """Create or upgrade mover's control schema (idempotent)."""
     rev = api.init(_dsn(dsn))
     err.print(f"control schema at revision {rev}")
@@ -188,7 +194,7 @@ def init(dsn: str | None = DsnOption):
 @plan_app.command("check")
 @_exits
 def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: str | None = DsnOption,
-               as_json: bool = JsonOption):
+               as_json: bool = JsonOption) -> None:
     """Validate a plan against the live database; print each step and the SQL it will run."""
     result = api.check_plan(_dsn(dsn), plan)
     if as_json:
@@ -231,7 +237,7 @@ def _show_hooks(result: dict[str, Any]) -> None:
 def partitions_maintain(table: str | None = typer.Argument(None, help="Migration name or source table."),
                         all_tables: bool = typer.Option(False, "--all", help="Every partitioned conversion."),
                         dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done only."),
-                        dsn: str | None = DsnOption, as_json: bool = JsonOption):
+                        dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Create partitions `premake` ahead, report default-partition rows, apply retention. Idempotent."""
     results = api.maintain_partitions(_dsn(dsn), table, all_tables=all_tables, dry_run=dry_run)
     if as_json:
@@ -258,7 +264,7 @@ def partitions_maintain(table: str | None = typer.Argument(None, help="Migration
                       highlight=False, markup=False)
 
 
-def _run(dsn, target, one_step, wait):
+def _run(dsn: str | None, target: str, one_step: bool, wait: bool) -> None:
     reporter = ProgressReporter(err)
     try:
         st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())
@@ -272,7 +278,7 @@ def _run(dsn, target, one_step, wait):
 def run(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
         dsn: str | None = DsnOption,
         wait: bool = typer.Option(False, "--wait", help="Do not stop at the gate or in the window: keep the change "
-                                                          "log drained (same as `mover follow`).")):
+                                                          "log drained (same as `mover follow`).")) -> None:
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
     _run(dsn, target, False, wait)
 
@@ -282,7 +288,7 @@ def run(target: str = typer.Argument(..., help="Migration name, or a plan file t
 def follow(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
            dsn: str | None = DsnOption,
            interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between rounds (and backlog "
-                                                                            "lines).")):
+                                                                            "lines).")) -> None:
     """Run the steps that need no decision, then keep the change log drained at the cutover gate and
     in the rollback window (retiring when it ends) until the operator cuts over, rolls back, retires or
     aborts from another terminal. Holds no lease while it waits. Exit 0; SIGTERM stops it cleanly."""
@@ -297,14 +303,14 @@ def follow(target: str = typer.Argument(..., help="Migration name, or a plan fil
 @app.command()
 @_exits
 def step(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
-         dsn: str | None = DsnOption):
+         dsn: str | None = DsnOption) -> None:
     """Run exactly the next step."""
     _run(dsn, target, True, False)
 
 
 @app.command()
 @_exits
-def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Where every migration (or one) stands."""
     st = api.status(_dsn(dsn), name)
     if as_json:
@@ -320,7 +326,7 @@ def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption,
 
 @app.command()
 @_exits
-def cutover(name: str, dsn: str | None = DsnOption):
+def cutover(name: str, dsn: str | None = DsnOption) -> None:
     """Swap the new table in; the rollback window starts."""
     reporter = ProgressReporter(err)
     try:
@@ -332,7 +338,7 @@ def cutover(name: str, dsn: str | None = DsnOption):
 
 @app.command()
 @_exits
-def rollback(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+def rollback(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption) -> None:
     """During the rollback window: swap the original table back, losing nothing."""
     st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
@@ -342,7 +348,7 @@ def rollback(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUp
 @_exits
 def retire(name: str, dsn: str | None = DsnOption,
            force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends."),
-           give_up_rows: bool = GiveUpRowsOption):
+           give_up_rows: bool = GiveUpRowsOption) -> None:
     """After the rollback window: drop the old table and everything mover created."""
     st = api.retire(_dsn(dsn), name, force=force, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
@@ -350,7 +356,7 @@ def retire(name: str, dsn: str | None = DsnOption,
 
 @app.command()
 @_exits
-def adopt(name: str, dsn: str | None = DsnOption):
+def adopt(name: str, dsn: str | None = DsnOption) -> None:
     """After a shape change: apply an added column, CHECK or index to the other table too, and go on."""
     out = api.adopt(_dsn(dsn), name, stop=_interruptible())
     for change in out["adopted"]:
@@ -362,7 +368,7 @@ def adopt(name: str, dsn: str | None = DsnOption):
 
 @app.command()
 @_exits
-def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption) -> None:
     """Before cutover (or after a rollback): remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _show_status(st)
@@ -370,14 +376,14 @@ def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRow
 
 @app.command()
 @_exits
-def pause(name: str, dsn: str | None = DsnOption):
+def pause(name: str, dsn: str | None = DsnOption) -> None:
     """Pause the backfill workers at their next range boundary."""
     _show_status(api.set_paused(_dsn(dsn), name, True))
 
 
 @app.command()
 @_exits
-def unpause(name: str, dsn: str | None = DsnOption):
+def unpause(name: str, dsn: str | None = DsnOption) -> None:
     """Let paused workers go on."""
     _show_status(api.set_paused(_dsn(dsn), name, False))
 
@@ -386,7 +392,7 @@ def unpause(name: str, dsn: str | None = DsnOption):
 @_exits
 def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
                                                                        "backfill.max_rows_per_second=50000"),
-         dsn: str | None = DsnOption):
+         dsn: str | None = DsnOption) -> None:
     """Change settings of a running migration (recorded as an event; workers pick them up)."""
     _show_status(api.set_settings(_dsn(dsn), name, assignments))
 
@@ -394,7 +400,7 @@ def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.k
 @app.command()
 @_exits
 def worker(name: str, dsn: str | None = DsnOption,
-           threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
+           threads: int = typer.Option(1, "--threads", help="Workers in this process.")) -> None:
     """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
     reporter = ProgressReporter(err)
     try:
@@ -407,7 +413,7 @@ def worker(name: str, dsn: str | None = DsnOption,
 @app.command()
 @_exits
 def divergences(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-                all_: bool = typer.Option(False, "--all", help="Include resolved ones.")):
+                all_: bool = typer.Option(False, "--all", help="Include resolved ones.")) -> None:
     """Rows that differ between the tables, as reconcile found them."""
     rows = api.divergences(_dsn(dsn), name, include_resolved=all_)
     if as_json:
@@ -454,7 +460,7 @@ def _still_open(st: dict[str, Any]) -> None:
 @_exits
 def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
                   full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
-                                                                   "since the last pass.")):
+                                                                   "since the last pass.")) -> None:
     """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
     reporter = ProgressReporter(err)
     try:
@@ -481,7 +487,7 @@ def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOp
 @app.command()
 @_exits
 def repair(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")):
+           divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")) -> None:
     """Re-sync the divergent rows from the source's current state, check them again, resolve them."""
     result = api.repair(_dsn(dsn), name, divergence_id=divergence_id, stop=_interruptible())
     if as_json:
@@ -499,7 +505,7 @@ def repair(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
 def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with "
                                                                           "the divergence)."),
            divergence_id: int | None = typer.Option(None, "--id", help="Accept this divergence only."),
-           dsn: str | None = DsnOption, as_json: bool = JsonOption):
+           dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Accept open divergences as intended: they stay in the history, and no longer block the cutover."""
     result = api.accept(_dsn(dsn), name, reason, divergence_id=divergence_id)
     if as_json:
@@ -512,7 +518,7 @@ def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the 
 @app.command()
 @_exits
 def events(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           limit: int = typer.Option(50, "--limit")):
+           limit: int = typer.Option(50, "--limit")) -> None:
     """The migration's recent events (who, when, what, how long)."""
     rows = api.events(_dsn(dsn), name, limit)
     if as_json:
@@ -528,7 +534,8 @@ def events(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
 @app.command()
 @_exits
 def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample table."),
-         keep: bool = typer.Option(False, "--keep", help="Leave the server running at the end (prints its DSN).")):
+         keep: bool = typer.Option(False, "--keep",
+                                   help="Leave the server running at the end (prints its DSN).")) -> None:
     """Start an embedded PostgreSQL, a live writer, and migrate a table through every step."""
     from mover import demo as demo_mod
     demo_mod.main(rows=rows, keep=keep, console=err)

@@ -165,14 +165,14 @@ def _check_init_privileges(dsn: str) -> None:
 
 def schema_ready(cur: psycopg.Cursor) -> bool:
     cur.execute("SELECT to_regclass('mover.migrations') IS NOT NULL")
-    return one(cur)[0]
+    return bool(one(cur)[0])
 
 
 # ---------------------------------------------------------------------------------------------
 # Migrations
 
 
-def _fetch(cur: psycopg.Cursor, where: sql.Composable, params: tuple, lock: bool = False) -> list[Migration]:
+def _fetch(cur: psycopg.Cursor, where: sql.Composable, params: tuple[Any, ...], lock: bool = False) -> list[Migration]:
     q = sql.SQL("SELECT * FROM mover.migrations WHERE {} ORDER BY id{}").format(
         where, sql.SQL(" FOR UPDATE") if lock else sql.SQL(""))
     with cur.connection.cursor(row_factory=dict_row) as dcur:
@@ -206,7 +206,7 @@ def active_on_source(cur: psycopg.Cursor, source: QualifiedName) -> Migration | 
     return rows[0] if rows else None
 
 
-def register(cur: psycopg.Cursor, *, name: str, plan: dict, plan_hash: str, source: QualifiedName,
+def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash: str, source: QualifiedName,
              target: QualifiedName, old: QualifiedName, key: list[str], actor: str) -> Migration:
     cur.execute(
         """
@@ -224,7 +224,7 @@ def register(cur: psycopg.Cursor, *, name: str, plan: dict, plan_hash: str, sour
     return get_by_id(cur, mid)
 
 
-def update_plan(cur: psycopg.Cursor, mid: int, plan: dict, actor: str) -> None:
+def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str) -> None:
     """Tunables changed between runs (the shape hash is the same): keep the new values."""
     cur.execute("UPDATE mover.migrations SET plan = %s, updated_at = now() WHERE id = %s", (json.dumps(plan), mid))
     event(cur, mid, actor, None, "plan_updated", "tunable settings changed", {"plan": plan})
@@ -246,7 +246,7 @@ def store_shape(cur: psycopg.Cursor, mid: int, side: str, description: dict[str,
 
 
 def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str, message: str,
-          detail: dict | None = None, duration_ms: float | None = None) -> None:
+          detail: dict[str, Any] | None = None, duration_ms: float | None = None) -> None:
     cur.execute(
         "INSERT INTO mover.events (migration_id, actor, step, kind, message, detail, duration_ms)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -338,7 +338,7 @@ def set_state(cur: psycopg.Cursor, mid: int, state: str, *, owner: str, error: s
 
 
 def record_outcome(cur: psycopg.Cursor, mid: int, owner: str, step: str, state: str, error: str | None,
-                   kind: str | None = None, message: str | None = None, detail: dict | None = None) -> bool:
+                   kind: str | None = None, message: str | None = None, detail: dict[str, Any] | None = None) -> bool:
     """How a command ended (waiting, paused, failed); a step left running goes back to pending.
     False when the migration already ended or changed hands (nothing to record then)."""
     cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
@@ -392,7 +392,7 @@ def guard(cur: psycopg.Cursor, mid: int, step: str, owner: str) -> None:
 
 
 def finish_step(cur: psycopg.Cursor, m: Migration, step: str, owner: str,
-                *, state: str = "running", message: str | None = None, detail: dict | None = None,
+                *, state: str = "running", message: str | None = None, detail: dict[str, Any] | None = None,
                 duration_ms: float | None = None) -> None:
     """Mark `step` done and move to the next one — in the caller's transaction, which also holds
     the step's effect wherever PostgreSQL allows it."""
@@ -408,7 +408,7 @@ def finish_step(cur: psycopg.Cursor, m: Migration, step: str, owner: str,
 
 
 def mark_swapped(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float, window_ms: int,
-                 detail: dict) -> None:
+                 detail: dict[str, Any]) -> None:
     """The cutover committed: the rollback window opens now."""
     finish_step(cur, m, "cutover", owner, state="waiting",
                 message=f"swapped {m.source} in; lock held {lock_ms:.1f} ms", detail=detail, duration_ms=lock_ms)
@@ -461,7 +461,7 @@ def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
 
 
 def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool, message: str,
-                 detail: dict) -> None:
+                 detail: dict[str, Any]) -> None:
     """`mover adopt` applied a change of the live table's shape; with `recheck` (a column added
     before the swap) a migration at the cutover gate goes back to reconcile for a full pass."""
     if recheck and m.step == "cutover":
@@ -572,7 +572,7 @@ def record_divergence(cur: psycopg.Cursor, mid: int, key: list[str], kind: str, 
 
 def open_divergences(cur: psycopg.Cursor, mid: int) -> int:
     cur.execute("SELECT count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL", (mid,))
-    return one(cur)[0]
+    return int(one(cur)[0])
 
 
 def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = False) -> list[dict[str, Any]]:

@@ -3,6 +3,8 @@
 Exit codes: 0 done, 1 failed, 2 bad input and nothing changed, 3 waiting for the operator.
 """
 
+from typing import Any
+
 
 class MoverError(Exception):
     """Something went wrong; the migration stays resumable."""
@@ -44,7 +46,7 @@ class ShapeChanged(BadInput):
 
     event_kind = "shape_changed"
 
-    def __init__(self, message: str, *, hint: str | None = None, changes: list | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, changes: list[Any] | None = None):
         super().__init__(message, hint=hint)
         self.changes = changes or []
         self.detail = {"changes": [c.as_dict() for c in self.changes]}

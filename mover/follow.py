@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -55,7 +56,7 @@ def _batch(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> capture.Applied 
     return capture.apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=True)
 
 
-def drain_round(ctx: Context) -> dict:
+def drain_round(ctx: Context) -> dict[str, Any]:
     """Apply what is logged now (a few batches at most) in the direction the migration's step
     calls for; return the backlog left, for the report."""
     m = ctx.migration

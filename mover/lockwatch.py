@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -129,10 +129,10 @@ def _set_autovacuum(cur: psycopg.Cursor, oid: int, value: bool | None) -> None:
             table, sql.SQL("true" if value else "false")))
 
 
-def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[QualifiedName]) -> list[dict]:
+def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[QualifiedName]) -> list[dict[str, Any]]:
     """Turn autovacuum off on `tables` and record what each had, in one transaction: a crash
     after the commit leaves the record that `restore_pending` reads."""
-    paused: list[dict] = []
+    paused: list[dict[str, Any]] = []
     for t in tables:
         oid = introspect.table_oid(cur, t)
         if oid is None:
@@ -149,7 +149,7 @@ def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[Qualifi
     return paused
 
 
-def _pending_pause(cur: psycopg.Cursor, mid: int) -> list[dict]:
+def _pending_pause(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
     cur.execute("SELECT detail FROM mover.events WHERE migration_id = %s AND kind = 'autovacuum_paused'"
                 " AND id > coalesce((SELECT max(id) FROM mover.events WHERE migration_id = %s"
                 " AND kind = 'autovacuum_restored'), 0) ORDER BY id", (mid, mid))
@@ -200,7 +200,7 @@ def _cancel(cur: psycopg.Cursor, pid: int, terminate: bool) -> bool:
 def cancel_autovacuum(ctx: Context, tables: Sequence[QualifiedName]) -> list[int]:
     """Cancel autovacuum workers on `tables`: one would make our lock wait until the deadlock
     detector makes it yield anyway; with autovacuum paused it does not come back meanwhile."""
-    def go(cur):
+    def go(cur: psycopg.Cursor) -> list[int]:
         found = [b for b in blockers(cur, tables) if b.autovacuum]
         return [b.pid for b in found if _cancel(cur, b.pid, terminate=False)]
     pids = ctx.db.transaction(go, label="cancel autovacuum")
@@ -213,7 +213,7 @@ def cancel_autovacuum(ctx: Context, tables: Sequence[QualifiedName]) -> list[int
     return pids
 
 
-def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: list[Blocker]) -> list[dict]:
+def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: list[Blocker]) -> list[dict[str, Any]]:
     """Cancel the blockers' statements; terminate the sessions still holding a lock after
     blocker_grace (an idle transaction ignores a cancel). mover's own sessions are left alone."""
     grace = ctx.plan.cutover.blocker_grace_ms / 1000

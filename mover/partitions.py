@@ -28,6 +28,7 @@ from mover.db import one
 from mover.errors import PlanError
 from mover.plan import PartitionSpec
 from mover.sql import partitions as q
+from mover.sql import trusted
 
 log = logging.getLogger("mover.partitions")
 
@@ -396,8 +397,8 @@ def maintain_plan(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retent
             upper = _upper_bound(bound)
             if is_default or upper is None:
                 continue
-            cur.execute(sql.SQL("SELECT CAST(%s AS {}) <= now() - CAST(%s AS interval)").format(sql.SQL(typ)),
-                        (upper, retention))
+            cur.execute(sql.SQL("SELECT CAST(%s AS {}) <= now() - CAST(%s AS interval)").format(
+                trusted(typ, "format_type")), (upper, retention))
             if one(cur)[0] or pending:
                 detach.append(child.name)
     # A DETACH ... CONCURRENTLY that was interrupted leaves its partition pending: only FINALIZE
@@ -441,7 +442,8 @@ def status(cur: psycopg.Cursor, source: names.QualifiedName, target: names.Quali
         if typ in TIME_TYPES:
             # The boundary the table crosses next, and how far past now the newest partition reaches.
             cur.execute(sql.SQL("SELECT min(b) FILTER (WHERE b > now()), max(b) - now() FROM"
-                                " (SELECT CAST(u AS {}) AS b FROM unnest(%s::text[]) u) x").format(sql.SQL(typ)),
+                                " (SELECT CAST(u AS {}) AS b FROM unnest(%s::text[]) u) x").format(
+                                trusted(typ, "format_type")),
                         (uppers,))
             nxt, ahead = one(cur)
             out["next_boundary"] = None if nxt is None else str(nxt)

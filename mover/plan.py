@@ -1,7 +1,8 @@
 """Plan files: TOML -> validated dataclasses, a canonical form and its hash.
 
 Validation here needs no database (shape, types, names); the checks against the live catalog
-(`mover plan check`, and again at registration) are done by the API layer. Every error names the key as `[section] key`.
+(`mover plan check`, and again at registration) are the registry in mover/checks/. Every error
+names the key as `[section] key`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import logging
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +186,7 @@ class Plan:
         """Hash of what defines the migration: source, target, columns and the old table's name.
         Tunables (backfill, cutover and window settings) may change between runs. Unqualified
         names count as in `schema` (the source's), so `orders` and `public.orders` agree."""
-        def qualified(name: QualifiedName | None):
+        def qualified(name: QualifiedName | None) -> list[str | None] | None:
             if name is None:
                 return None
             return [name.schema or schema or self.source.schema, name.name]
@@ -268,7 +270,7 @@ def _qn(name: QualifiedName | None) -> list[str | None] | None:
 
 
 def plan_from_canonical(doc: dict[str, Any]) -> Plan:
-    def qn(v):
+    def qn(v: Any) -> Any:  # a QualifiedName, or None where the document has none
         return None if v is None else QualifiedName(v[0], v[1])
 
     return Plan(
@@ -386,7 +388,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
                        "list the columns whose type change plan check reported as lossy")
 
     def bounded(section: str, key: str, default: int, lo: int, hi: int) -> int:
-        value = doc.get(section, {}).get(key, default)
+        value: int = doc.get(section, {}).get(key, default)
         if not lo <= value <= hi:
             raise fail(f"[{section}] {key} must be between {lo} and {hi}, got {value}")
         return value
@@ -481,7 +483,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     )
 
 
-def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail) -> None:
+def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail: Callable[..., PlanError]) -> None:
     """pg_partman takes over only a layout it would have made itself: one range column, its own
     child names (it skips a partition whose name exists and would collide with one named otherwise)."""
     where = '[partitions] manager = "pg_partman"'
@@ -500,7 +502,7 @@ def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail
         raise fail(f"{where}: pg_partman needs premake of 1 or more")
 
 
-def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
+def _partition_spec(d: dict[str, Any], fail: Callable[..., PlanError]) -> PartitionSpec:
     """[target.partition], checked without the database (resolve_plan checks it against the source)."""
     where = "[target.partition]"
     for key, item in d.items():
@@ -547,7 +549,7 @@ def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
         raw_values = d.get("values")
         if not raw_values:
             raise fail(f"{where} values is required for by = \"list\"", 'e.g. values = { eu = ["de", "fr"] }')
-        seen: set = set()
+        seen: set[Any] = set()
         out = []
         for suffix, vals in raw_values.items():
             if not isinstance(vals, list) or not vals:
@@ -586,13 +588,14 @@ def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
                          accept_key_change=d.get("accept_key_change", False))
 
 
-def _type_word(t) -> str:
+def _type_word(t: Any) -> str:
     words = {str: "a string", int: "an integer", bool: "a boolean (true or false)", dict: "a table { ... }",
              float: "a number", list: "an array"}
-    return words.get(t, t.__name__ if isinstance(t, type) else str(t))
+    return words.get(t) or (t.__name__ if isinstance(t, type) else str(t))
 
 
-def _hook(event: str, spec: dict[str, Any], fail) -> Hook:
+
+def _hook(event: str, spec: dict[str, Any], fail: Callable[..., PlanError]) -> Hook:
     where = f"[hooks.{event}]"
     for key, value in spec.items():
         if key not in ("sql", "command", "timeout"):

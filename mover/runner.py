@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
@@ -19,7 +20,7 @@ from mover import capture, control, faults, hooks, lockwatch, ranges, shape, ste
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
-from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
+from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, ShapeChanged, Waiting
 from mover.heartbeat import Heartbeat
 from mover.steps import rollback_window
 
@@ -34,7 +35,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
-    def beat_once(cur) -> bool:
+    def beat_once(cur: psycopg.Cursor) -> bool:
         if ctx.workers:
             ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)
@@ -75,11 +76,11 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
                 log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
 
 
-def _shape_change(ctx: Context) -> shape.ShapeChanged | None:
+def _shape_change(ctx: Context) -> ShapeChanged | None:
     """After an unexpected error: the shape change behind it, if a table's shape changed."""
     try:
         ctx.db.transaction(ctx.check_shape, label="shape check")
-    except shape.ShapeChanged as exc:
+    except ShapeChanged as exc:
         return exc
     except psycopg.Error:
         pass  # the original error is the one to report
@@ -87,7 +88,7 @@ def _shape_change(ctx: Context) -> shape.ShapeChanged | None:
 
 
 def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
-            message: str | None = None, detail: dict | None = None) -> None:
+            message: str | None = None, detail: dict[str, Any] | None = None) -> None:
     if error is not None:
         error = mask(error)  # stored and shown by `status`: no password, whatever raised it
     if message is not None:

@@ -3,20 +3,23 @@ control schema and the catalog in one transaction. Reads only."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+
+import psycopg
 
 from mover import capture, control, introspect, partitions, ranges
 from mover.db import one
 
 
-def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
+def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     st = ranges.state(cur, m.id, "backfill")
     workers, range_rows, waiting = _workers(cur, m)
     # Speed over the last 30 s of finished ranges: what the copy does now, not on average.
     cur.execute("SELECT sum(rows) / nullif(extract(epoch FROM now() - min(finished_at)), 0) FROM mover.ranges"
                 " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
                 " AND finished_at > now() - interval '30 seconds'", (m.id,))
-    rate = cur.fetchone()[0]
+    rate = one(cur)[0]
     estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
         introspect.estimate_rows(cur, m.source)
     eta = None
@@ -36,7 +39,7 @@ def _old_backfill_keys(st: dict[str, Any], range_rows: int | None) -> dict[str, 
             "chunk_rows": range_rows}
 
 
-def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
+def _workers(cur: psycopg.Cursor, m: control.Migration) -> tuple[int, int | None, list[str]]:
     """Live range workers (fresh heartbeats), the range size they ask for, what they wait for."""
     cur.execute(
         """
@@ -48,11 +51,11 @@ def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
     return workers, range_rows, waiting or []
 
 
-def status_of(cur, m: control.Migration) -> dict[str, Any]:
+def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
-    applied = int(cur.fetchone()[0])
+    applied = int(one(cur)[0])
     step = "retire" if m.step == "finished" else m.step
     state, error = m.state, m.error
     if state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
@@ -83,7 +86,7 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
     }
 
 
-def _partitions(cur, m: control.Migration) -> dict[str, Any] | None:
+def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:
     if not m.plan.get("partition"):
         return None
     out = partitions.status(cur, m.source, m.target)
@@ -92,7 +95,7 @@ def _partitions(cur, m: control.Migration) -> dict[str, Any] | None:
     return out
 
 
-def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
+def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     verified = control.reconcile_ranges(cur, m.id)
     counts = control.divergence_counts(cur, m.id)
     return {"ranges_done": verified["ranges_done"], "ranges_total": verified["ranges_total"],
@@ -107,10 +110,11 @@ def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
             "skipped_on_conflict": 0}
 
 
-def _now(cur):
+def _now(cur: psycopg.Cursor) -> datetime:
     cur.execute("SELECT clock_timestamp()")
-    return cur.fetchone()[0]
+    now: datetime = one(cur)[0]
+    return now
 
 
-def iso(value) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()

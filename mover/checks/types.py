@@ -11,6 +11,7 @@ from mover.checks import Subject
 from mover.errors import PlanError
 from mover.names import QualifiedName
 from mover.plan import Plan
+from mover.sql import trusted
 
 
 def columns(s: Subject) -> None:
@@ -42,7 +43,7 @@ def _check_cast(cur: psycopg.Cursor, source: QualifiedName, col: str, typ: str) 
         # EXPLAIN plans the cast without reading a row: a missing cast fails here, not mid-backfill.
         # The type is the plan's text: trusted input, as docs/plan.md says ([target] columns).
         cur.execute(sql.SQL("EXPLAIN SELECT CAST({c} AS {t}) FROM {s}").format(
-            c=sql.Identifier(col), t=sql.SQL(typ), s=source.ident))
+            c=sql.Identifier(col), t=trusted(typ, "plan type"), s=source.ident))
         cur.execute("RELEASE SAVEPOINT mover_cast_check")
     except psycopg.errors.Error as exc:
         cur.execute("ROLLBACK TO SAVEPOINT mover_cast_check")

@@ -13,13 +13,13 @@ import os
 import subprocess
 
 import psycopg
-from psycopg import sql
 
 from mover import control
 from mover.context import Context
 from mover.db import mask
 from mover.errors import Failed
 from mover.plan import Hook
+from mover.sql import trusted
 
 log = logging.getLogger("mover.hooks")
 
@@ -56,8 +56,7 @@ def _run_command(ctx: Context, hook: Hook, event: str) -> str:
 
 def _run_sql(ctx: Context, hook: Hook) -> str:
     def go(cur: psycopg.Cursor) -> str:
-        # The operator's own statement from the plan, run as written (it is not built from values).
-        cur.execute(sql.SQL(hook.sql or ""))
+        cur.execute(trusted(hook.sql or "", "plan hook"))
         rows = cur.fetchmany(20) if cur.description else []
         return "; ".join([cur.statusmessage or "", *(" | ".join(map(str, r)) for r in rows)])
     try:

@@ -126,7 +126,7 @@ def _set_autovacuum(cur: psycopg.Cursor, oid: int, value: bool | None) -> None:
         cur.execute(sql.SQL("ALTER TABLE {} RESET (autovacuum_enabled)").format(table))
     else:
         cur.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = {})").format(
-            table, sql.SQL("true" if value else "false")))
+            table, sql.SQL("true") if value else sql.SQL("false")))
 
 
 def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[QualifiedName]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, one
+from mover.db import Database, bind, is_connection_lost, one
 from mover.db import open_database as _database
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
@@ -66,11 +66,20 @@ def resolve_plan(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     return checks.resolved(checks.run(cur, plan))
 
 
-def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
+def _next_id(cur: psycopg.Cursor) -> int:
+    """The id registration gives the next migration, so that `plan check` shows the names (which
+    carry it: mover.m7_changes...) the run will use. Peeked, not taken: a registration by someone
+    else in between would take it, and the names shift by one."""
+    cur.execute("SELECT pg_sequence_last_value(pg_get_serial_sequence('mover.migrations', 'id'))")
+    last = one(cur)[0]
+    return 1 if last is None else int(last) + 1
+
+
+def _provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
     now = datetime.now(UTC)
     return control.Migration(
-        id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
+        id=mid, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
         source=r["source"],
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
@@ -89,16 +98,17 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             existing = control.find(cur, plan.name)
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
-                return {"plan": str(path), "name": plan.name, "registered": True,
+                return {"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                         "status": status_mod.status_of(cur, existing), "steps": [], **_hooks_and_warnings(plan)}
             r = resolve_plan(cur, plan)
-            ctx = Context(db=db, migration=_provisional(plan, r), owner="plan-check")
+            mid = _next_id(cur)
+            ctx = Context(db=db, migration=_provisional(plan, r, mid), owner="plan-check")
             out_steps = []
             for step in steps.ALL:
                 out_steps.append({"name": step.name,
                                   "sql": [s if isinstance(s, str) else s.as_string(cur)
                                           for s in step.describe(ctx, cur)]})
-            return {"plan": str(path), "name": plan.name, "registered": False,
+            return {"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
                     "steps": out_steps, **_hooks_and_warnings(plan)}
@@ -133,10 +143,21 @@ def _hooks_and_warnings(plan: Plan) -> dict[str, Any]:
 
 def _same_shape(existing: control.Migration, plan: Plan) -> None:
     if existing.plan_hash != plan.shape_hash(existing.source.schema):
+        # The hint names what works at the migration's step: abort only before the cutover.
+        if existing.state == "done" or existing.step == "finished":
+            how = (f"migration {plan.name!r} is done (retired); give the changed plan a new [migration] name to run "
+                   f"it as a new migration")
+        elif existing.step in control.COMMANDS["abort"]:
+            how = f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name"
+        elif existing.step == "rollback_window":
+            how = (f"restore the plan; or `mover retire {plan.name}` (after its window) and run the changed plan "
+                   f"under a new [migration] name; or `mover rollback {plan.name}` then `mover abort {plan.name}`")
+        else:
+            how = f"restore the plan, or let `mover run {plan.name}` finish it, then use a new [migration] name"
         raise PlanError(
             f"plan for {plan.name!r} differs from the one registered (source, target, columns and "
             f"[rollback] old_name define a migration; only the other settings may change between runs)",
-            hint=f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name")
+            hint=how)
 
 
 def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
@@ -160,7 +181,9 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
     try:
         return db.transaction(register, label="register")
     except psycopg.errors.UniqueViolation as exc:
-        raise PlanError(f"another migration of the same table or name was registered concurrently: {exc}") from exc
+        raise PlanError(f"another migration of the same table or name was registered concurrently: {exc}",
+                        hint="`mover status` shows it; run this plan again once that one is done, or rename it") \
+            from exc
 
 
 def _locate(db: Database, name_or_plan: str, actor: str) -> control.Migration:
@@ -179,18 +202,11 @@ def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = Fal
     db = _database(dsn)
     owner = control.new_owner_id()
     try:
-        m = _locate(db, name_or_plan, owner)
-        if m.state == "aborted":
-            raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
-        if wait:
-            _follow(db, m, owner, report=report, stop=stop or threading.Event())
-        elif m.state != "done":
-            with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
-                if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
-                    raise Waiting(f"the next step of {m.name!r} is the cutover",
-                                  hint=f"run `mover cutover {m.name}` to swap")
-                runner.advance(ctx, one_step=one_step)
-        return status(dsn, m.name, db=db)
+        return _run(db, dsn, name_or_plan, owner, one_step, wait, report, stop)
+    except psycopg.Error as exc:
+        if is_connection_lost(exc):
+            raise runner.server_gone(name_or_plan, exc) from exc
+        raise
     finally:
         db.close()
 
@@ -207,8 +223,28 @@ def follow(dsn: str, name_or_plan: str, *, report: Reporter = log_reporter, stop
             raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
         _follow(db, m, owner, report=report, stop=stop or threading.Event(), interval=interval)
         return status(dsn, m.name, db=db)
+    except psycopg.Error as exc:
+        if is_connection_lost(exc):
+            raise runner.server_gone(name_or_plan, exc) from exc
+        raise
     finally:
         db.close()
+
+
+def _run(db: Database, dsn: str, name_or_plan: str, owner: str, one_step: bool, wait: bool, report: Reporter,
+         stop: threading.Event | None) -> dict[str, Any]:
+    m = _locate(db, name_or_plan, owner)
+    if m.state == "aborted":
+        raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+    if wait:
+        _follow(db, m, owner, report=report, stop=stop or threading.Event())
+    elif m.state != "done":
+        with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
+            if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
+                raise Waiting(f"the next step of {m.name!r} is the cutover",
+                              hint=f"run `mover cutover {m.name}` to swap")
+            runner.advance(ctx, one_step=one_step)
+    return status(dsn, m.name, db=db)
 
 
 def _follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, stop: threading.Event,
@@ -260,13 +296,17 @@ def _operator_command(dsn: str, name: str, command: str, action: Callable[[Conte
         _require_schema(db)
         m = db.transaction(lambda cur: control.get(cur, name))
         control.require_command(m, command)
-        with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
+        with runner.leased(db, m, owner, report=report, stop=stop, command=command) as ctx:
             control.require_command(ctx.refresh(), command)
             if command not in ("abort", "adopt"):  # the two ways out of a changed shape
                 ctx.db.transaction(lambda cur: shape.verify_at_step(cur, ctx.migration, ctx.swapped),
                                    label="shape check")
             action(ctx)
         return status(dsn, name, db=db)
+    except psycopg.Error as exc:
+        if is_connection_lost(exc):
+            raise runner.server_gone(name, exc) from exc
+        raise
     finally:
         db.close()
 
@@ -391,6 +431,22 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     finally:
         if own:
             db.close()
+
+
+def history(dsn: str, name: str | None = None) -> list[dict[str, Any]]:
+    """`mover history [NAME]`: every migration (or NAME and its aborted attempts) with its outcome
+    and step durations."""
+    from mover import history as history_mod
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        found = db.transaction(lambda cur: history_mod.history(cur, name), label="history")
+        if name is not None and not found:
+            raise NotFound(f"no migration named {name!r}, now or in the past",
+                           hint="`mover history` lists every migration")
+        return found
+    finally:
+        db.close()
 
 
 def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[dict[str, Any]]:

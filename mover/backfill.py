@@ -72,6 +72,7 @@ class Worker(ranges.RangeWorker):
         range_rows = settings.range_rows
         pacer = throttle.Throttle(limits(settings), self.n_workers)
         waiting: str | None = None
+        owed = 0.0  # monotonic time before which no further range may start (the cap's budget)
         try:
             while True:
                 ctx.checkpoint()
@@ -97,6 +98,9 @@ class Worker(ranges.RangeWorker):
                     settings.max_attempts), label="claim")
                 if key_range is not None:
                     faults.point("claimed")  # between building the mapping and copying with it
+                    if owed > time.monotonic():
+                        waiting = pacer.cap_reason()
+                        self._wait(waiting, owed - time.monotonic())
                 if key_range is None:
                     st = self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))
                     if st["open"] == 0:
@@ -136,8 +140,14 @@ class Worker(ranges.RangeWorker):
                 self.report("backfill", range_no=key_range.range_no, rows=rows, ms=round(ms, 1),
                             range_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
                 pause = pacer.pace(rows, time.monotonic() - started)
-                if pause:
-                    self._wait(pacer.cap_reason(), pause)
+                if pause and key_range.hi is None:
+                    # The key space's last range: no new one follows, so no "waiting: rows/s cap"
+                    # with nothing left to copy. A retried range claimed after it still waits
+                    # out this budget first (below).
+                    owed = time.monotonic() + pause
+                elif pause:
+                    waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
+                    self._wait(waiting, pause)
         finally:
             self._leave()
 
@@ -148,7 +158,7 @@ class Worker(ranges.RangeWorker):
         if self.ctx.mapping(cur) is not mapping:
             # `mover adopt` recorded a new shape since this worker built its mapping: copy again.
             raise LeaseLost(f"the shape of {mapping.src} was adopted while range {key_range.range_no} was copied;"
-                            f" copying it again")
+                            f" copying it again", hint="nothing to do: the range is copied again with the new shape")
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
         faults.point(f"range_copied:{key_range.range_no}")
         faults.point("range_copied")  # whichever range this process copies first

@@ -301,7 +301,9 @@ COMMANDS: dict[str, frozenset[str]] = {
     "accept": frozenset(STEPS),
     # A change of the live table's shape is adopted on the other table up to the end of the window.
     "adopt": _through(STEPS[0], "rollback_window"),
-    "pause": frozenset(STEPS),
+    # Pause holds the range workers (backfill, reconcile) at a range boundary; later steps have none.
+    "pause": _through(STEPS[0], "reconcile"),
+    "unpause": frozenset(STEPS),
     "set": frozenset(STEPS),
 }
 VERBS = {"cutover": "cut over", "rollback": "roll back"}
@@ -312,19 +314,26 @@ def require_command(m: Migration, command: str) -> None:
     if command == "abort" and m.step == "rollback_window" and m.state not in TERMINAL:
         raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
                        hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
+    if command == "pause" and m.state not in TERMINAL and m.step not in COMMANDS[command]:
+        raise BadInput(f"cannot pause migration {m.name!r} at step {m.step!r}: pause holds the backfill and "
+                       f"reconcile workers, and none run from the cutover on",
+                       hint=f"nothing to pause; `mover status {m.name}` shows what it waits for")
     if m.state in TERMINAL or m.step not in COMMANDS[command]:
         allowed = ", ".join(s for s in STEPS if s in COMMANDS[command])
-        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {m.step!r}, "
+        # One word for the end everywhere the operator reads it: step "retire", state "done".
+        step = STEPS[-1] if m.step == FINISHED else m.step
+        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {step!r}, "
                        f"state {m.state!r} (allowed at: {allowed})",
                        hint=f"`mover status {m.name}` shows where it stands")
 
 
 def _one_row(cur: psycopg.Cursor, mid: int, what: str) -> None:
     if cur.rowcount != 1:
-        cur.execute("SELECT step, state, lease_owner FROM mover.migrations WHERE id = %s", (mid,))
+        cur.execute("SELECT step, state, lease_owner, name FROM mover.migrations WHERE id = %s", (mid,))
         row = cur.fetchone()
-        raise LeaseLost(f"migration {mid} cannot {what}: it is at step {row[0] if row else None!r}, state "
-                        f"{row[1] if row else None!r}, lease held by {row[2] if row else None!r}",
+        step, state, holder, name = row if row else (None, None, None, mid)
+        raise LeaseLost(f"migration {name!r} cannot {what}: it is at step {step!r}, state {state!r}, "
+                        f"lease held by {holder!r}",
                         hint="another process took over or the migration moved on; nothing was written by this one")
 
 
@@ -383,11 +392,13 @@ def guard(cur: psycopg.Cursor, mid: int, step: str, owner: str) -> None:
         (mid, step, owner),
     )
     if cur.fetchone() is None:
-        cur.execute("SELECT step, lease_owner FROM mover.migrations WHERE id = %s", (mid,))
+        cur.execute("SELECT step, lease_owner, name FROM mover.migrations WHERE id = %s", (mid,))
         row = cur.fetchone()
+        name = row[2] if row else mid
         if row and row[1] == owner and row[0] != step:
-            raise Failed(f"migration {mid} is at step {row[0]!r}, not {step!r}")
-        raise LeaseLost(f"lost the lease on migration {mid} (now held by {row[1] if row else None!r})",
+            raise Failed(f"migration {name!r} is at step {row[0]!r}, not {step!r}",
+                         hint=f"`mover status {name}` shows where it stands; `mover run {name}` goes on from there")
+        raise LeaseLost(f"lost the lease on migration {name!r} (now held by {row[1] if row else None!r})",
                         hint="another process took over; nothing was written by this one")
 
 
@@ -420,7 +431,7 @@ def mark_swapped(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: floa
 
 def mark_swapped_back(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float) -> None:
     """The swap back committed: the migration is at reconcile again, before the cutover gate."""
-    cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', cutover_at = NULL,"
+    cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', error = NULL, cutover_at = NULL,"
                 " cutover_lock_ms = NULL, window_ends_at = NULL, updated_at = now()"
                 " WHERE id = %s AND step = 'rollback_window' AND lease_owner = %s", (m.id, owner))
     _one_row(cur, m.id, "swap back")
@@ -451,7 +462,7 @@ def mark_retired(cur: psycopg.Cursor, m: Migration, owner: str, *, message: str)
 
 def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
     """Everything mover created is gone: the migration ends, its steps undone."""
-    cur.execute("UPDATE mover.migrations SET state = 'aborted', finished_at = now(), lease_owner = NULL,"
+    cur.execute("UPDATE mover.migrations SET state = 'aborted', error = NULL, finished_at = now(), lease_owner = NULL,"
                 " lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL, updated_at = now()"
                 " WHERE id = %s AND lease_owner = %s AND step = ANY(%s) AND state NOT IN ('done', 'aborted')",
                 (m.id, owner, sorted(COMMANDS["abort"])))
@@ -479,7 +490,7 @@ def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool
 def set_paused(cur: psycopg.Cursor, name: str, paused: bool, actor: str) -> Migration:
     """`mover pause` / `unpause`: a flag the workers read; no lease needed, the row lock orders it."""
     m = get(cur, name, lock=True)
-    require_command(m, "pause")
+    require_command(m, "pause" if paused else "unpause")
     cur.execute("UPDATE mover.migrations SET paused = %s, updated_at = now() WHERE id = %s"
                 " AND state NOT IN ('done', 'aborted')", (paused, m.id))
     _one_row(cur, m.id, "pause" if paused else "unpause")

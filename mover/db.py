@@ -178,7 +178,11 @@ def _retry_logger(label: str | None) -> Callable[[RetryCallState], None]:
     def log_retry(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         sqlstate = getattr(exc, "sqlstate", None)
-        log.warning("retrying %s (attempt %d) after %s%s", label or "transaction", state.attempt_number,
+        # A server that went away fails every retry the same way: said once per transaction, the
+        # further attempts only with -v (the command's own error names the migration at the end).
+        level = logging.INFO if exc is not None and is_connection_lost(exc) and state.attempt_number > 1 \
+            else logging.WARNING
+        log.log(level, "retrying %s (attempt %d) after %s%s", label or "transaction", state.attempt_number,
                     type(exc).__name__, f" [{sqlstate}]" if sqlstate else "")
     return log_retry
 

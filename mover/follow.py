@@ -93,8 +93,13 @@ def follow(ctx: Context, *, interval: float = INTERVAL_SECONDS) -> str:
             ctx._mappings.clear()  # the tables may have changed names
             seen = where
         try:
-            ctx.report("follow", step=m.step, **drain_round(ctx))
+            got = drain_round(ctx)
         except Interrupted:
             return "stopped"
+        if m.step == "rollback_window":  # the line `run --wait` always printed in the window
+            ctx.report("window_sync", name=m.name, ends_at=m.window_ends_at.isoformat() if m.window_ends_at else None,
+                       pending=got["backlog"], lag_seconds=got["lag_s"])
+        else:
+            ctx.report("follow", step=m.step, **got)
         if ctx.stop.wait(interval):
             return "stopped"

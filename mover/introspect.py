@@ -104,7 +104,7 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
     )
     row = cur.fetchone()
     if row is None:
-        raise NotFound(f"table {name} does not exist")
+        raise NotFound(f"table {name} does not exist", hint="check the table's name and schema in the plan")
     oid, relkind = row
     cur.execute(
         """

@@ -191,7 +191,8 @@ def layout(cur: psycopg.Cursor, spec: PartitionSpec, source: names.QualifiedName
                 missing.append(f"NULL in column {names.display_ident(col)} (a range partition takes no NULL)")
     elif spec.by == "list":
         if len(spec.columns) != 1:
-            raise PlanError("[target.partition] columns: PostgreSQL partitions a list by one column only")
+            raise PlanError("[target.partition] columns: PostgreSQL partitions a list by one column only",
+                            hint="name one column, or partition by hash")
         col, typ = spec.columns[0], types[0]
         for suffix, values in spec.values:
             parts.append(Partition(partition_name(spec, table, n=suffix), q.list_bound(values, types),
@@ -261,7 +262,7 @@ def check_plan(cur: psycopg.Cursor, spec: PartitionSpec, source: names.Qualified
                             hint=f"columns are: {', '.join(c.name for c in info.columns)}")
         if have[col].generated:
             raise PlanError(f"[target.partition] columns: {names.display_ident(col)} is a generated column; "
-                            f"PostgreSQL cannot partition by one")
+                            f"PostgreSQL cannot partition by one", hint="partition by a stored column")
         if col in columns:
             # Replay matches a row's partition by comparing the source's value with the target's.
             raise PlanError(f"[target] columns: {names.display_ident(col)} is a partition column; mover does "

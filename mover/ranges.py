@@ -142,7 +142,8 @@ def hold(cur: psycopg.Cursor, mid: int, key_range: KeyRange, worker: str) -> Non
     cur.execute("SELECT 1 FROM mover.ranges WHERE migration_id = %s AND kind = %s AND range_no = %s"
                 " AND owner = %s AND status = 'running' FOR UPDATE", (mid, key_range.kind, key_range.range_no, worker))
     if cur.fetchone() is None:
-        raise LeaseLost(f"{key_range.kind} range {key_range.range_no} was taken over by another worker; not committing")
+        raise LeaseLost(f"{key_range.kind} range {key_range.range_no} was taken over by another worker; not "
+                        f"committing", hint="nothing to do: that worker copies it")
 
 
 def mark_done(cur: psycopg.Cursor, mid: int, key_range: KeyRange, rows: int, ms: float) -> None:

@@ -337,8 +337,9 @@ class Worker(ranges.RangeWorker):
             # Keep the log short between ranges, so few keys are pending when the next one is read.
             capture.drain(ctx, reverse=False, backfill_done=True, max_rounds=1)
             pause = pacer.pace(got["rows"], got["ms"] / 1000)
-            if pause:
-                self._wait(pacer.cap_reason(), pause)
+            if pause and key_range.hi is not None:  # after the last range there is nothing to pace
+                waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
+                self._wait(waiting, pause)
 
 
 def limits(plan: Plan) -> throttle.Limits:

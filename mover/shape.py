@@ -302,7 +302,7 @@ def describe_table(cur: psycopg.Cursor, table: QualifiedName) -> dict[str, Any]:
     cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
     oid = one(cur)[0]
     if oid is None:
-        raise BadInput(f"table {table} does not exist")
+        raise BadInput(f"table {table} does not exist", hint="`mover status` shows which tables the migration has")
     return describe(cur, [oid])[oid]
 
 

@@ -3,6 +3,7 @@ control schema and the catalog in one transaction. Reads only."""
 
 from __future__ import annotations
 
+import socket
 from datetime import datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ import psycopg
 
 from mover import capture, control, introspect, partitions, ranges
 from mover.db import one
+from mover.names import QualifiedName
 
 
 def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
@@ -23,7 +25,7 @@ def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any
     estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
         introspect.estimate_rows(cur, m.source)
     eta = None
-    if rate and estimate and not st["finished"]:
+    if rate and estimate and not st["finished"] and workers:  # no ETA when nobody copies
         eta = max(estimate - st["rows"], 0) / float(rate)
     return {"rows_copied": st["rows"], "ranges_done": st["done"], "ranges_total": st["total"],
             "ranges_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
@@ -40,15 +42,17 @@ def _old_backfill_keys(st: dict[str, Any], range_rows: int | None) -> dict[str, 
 
 
 def _workers(cur: psycopg.Cursor, m: control.Migration) -> tuple[int, int | None, list[str]]:
-    """Live range workers (fresh heartbeats), the range size they ask for, what they wait for."""
-    cur.execute(
-        """
-        SELECT count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %s)),
-               max(range_rows), array_remove(array_agg(DISTINCT waiting_for), NULL)
-        FROM mover.workers WHERE migration_id = %s
-        """, (control.LEASE_SECONDS, m.id))
-    workers, range_rows, waiting = one(cur)
-    return workers, range_rows, waiting or []
+    """Live range workers (fresh heartbeats, and on this host a process that still exists: a
+    worker killed with -9 keeps a fresh heartbeat for a while), the range size they ask for, what
+    they wait for."""
+    cur.execute("SELECT host, pid, range_rows, waiting_for FROM mover.workers WHERE migration_id = %s"
+                " AND heartbeat_at > now() - make_interval(secs => %s)", (m.id, control.LEASE_SECONDS))
+    here = socket.gethostname()
+    live = [(rows, waiting) for host, pid, rows, waiting in cur.fetchall()
+            if not (host == here and pid is not None and not control.process_alive(pid))]
+    sizes = [rows for rows, _ in live if rows is not None]
+    waiting = sorted({w for _, w in live if w is not None})
+    return len(live), max(sizes) if sizes else None, waiting
 
 
 def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
@@ -58,7 +62,16 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     applied = int(one(cur)[0])
     step = "retire" if m.step == "finished" else m.step
     state, error = m.state, m.error
-    if state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
+    if state in control.TERMINAL:
+        # An error recorded on the way ("ready for cutover", "window is open") is history once the
+        # migration ended: the events keep it.
+        error = None
+    if state == "running" and m.lease_host == socket.gethostname() and m.lease_pid is not None \
+            and not control.process_alive(m.lease_pid):
+        # The lease holder ran here and its process is gone (kill -9): failed now, not when the
+        # lease runs out.
+        state, error = "failed", f"process {m.lease_pid} died; `mover run {m.name}` resumes"
+    elif state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
         # The row says running, but no live process holds the lease: it died mid-step.
         state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
     return {
@@ -69,6 +82,9 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
                    "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])}
                   for s in control.steps(cur, m.id)],
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
+        # Which of those names exist now (after retire or abort some are gone).
+        "tables_present": [role for role, qn in (("source", m.source), ("target", m.target), ("old", m.old))
+                           if _exists(cur, qn)],
         "key": m.key_columns,
         "backfill": _backfill_status(cur, m),
         "capture": {"pending": pending_fwd + pending_rev, "applied": applied,
@@ -108,6 +124,12 @@ def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, An
             # range instead of skipping a row, so nothing is ever skipped silently. Kept as a field
             # so that scripts need not change if a conflict policy is ever added.
             "skipped_on_conflict": 0}
+
+
+def _exists(cur: psycopg.Cursor, qn: QualifiedName) -> bool:
+    cur.execute("SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = coalesce(%s, current_schema()) AND c.relname = %s)", (qn.schema, qn.name))
+    return bool(one(cur)[0])
 
 
 def _now(cur: psycopg.Cursor) -> datetime:

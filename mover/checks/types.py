@@ -25,11 +25,14 @@ def columns(s: Subject) -> None:
             continue
         if column.generated:
             s.report(PlanError(f"[target] columns: {names.display_ident(col)} is a generated column; change its "
-                               f"expression's type instead"))
+                               f"expression's type instead",
+                               hint=f"remove {col} from [target] columns"))
             continue
         if not introspect.type_exists(s.cur, typ):
             s.report(PlanError(f"[target] columns: {typ!r} (for column {names.display_ident(col)}) is not a type "
-                               f"this database knows"))
+                               f"this database knows",
+                               hint="fix the type's spelling (e.g. \"bigint\", \"numeric(12,2)\"); `\\dT` in psql "
+                                    "lists the types, then `mover plan check PLAN` again"))
             continue
         try:
             _check_cast(s.cur, s.src, col, typ)
@@ -48,7 +51,9 @@ def _check_cast(cur: psycopg.Cursor, source: QualifiedName, col: str, typ: str) 
     except psycopg.errors.Error as exc:
         cur.execute("ROLLBACK TO SAVEPOINT mover_cast_check")
         raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: "
-                        f"{str(exc).splitlines()[0]}") from None
+                        f"{str(exc).splitlines()[0]}",
+                        hint="choose a type the column's values cast to, or change the column in the application "
+                             "first") from None
 
 
 def lossy_columns(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:

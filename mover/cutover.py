@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, faults, introspect, lockwatch, names, privileges, ranges, shape
+from mover import capture, carry, control, faults, introspect, lockwatch, names, privileges, ranges, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.names import QualifiedName
@@ -39,6 +39,8 @@ LastCheck = Callable[[Context], int]
 
 
 def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
+    carry.validate(ctx)  # what a swap back left NOT VALID before a crash
+
     def check(cur: psycopg.Cursor) -> None:
         problems = []
         n = control.open_divergences(cur, ctx.mid)
@@ -237,10 +239,11 @@ def _carry_unvalidated_checks(cur: psycopg.Cursor, from_table: names.QualifiedNa
     return out
 
 
-def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statement]:
+def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list[Statement], carry.Carried]:
     """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
     of it runs: what `plan check` prints is what the swap executes. The live table gives up the
-    name and its capture; the other takes the name, the sequences and the capture the other way."""
+    name, its capture and the application's objects (mover/carry.py); the other takes the name,
+    the sequences, those objects and the capture the other way."""
     m = ctx.migration
     if forward:
         live, other, live_renamed = m.source, m.target, m.old
@@ -249,10 +252,17 @@ def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statem
     out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
+    carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
+    out += carried.before
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
+    out += carried.after
     out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source)
-    return out
+    return out, carried
+
+
+def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statement]:
+    return swap_plan(cur, ctx, forward=forward)[0]
 
 
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
@@ -265,7 +275,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
-        cur.execute(ddl.lock_tables([live, other]))
+        cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
         locked_at = time.monotonic()
         # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
         # both tables' shapes under the lock: a change committed since the preflight aborts the
@@ -289,7 +299,14 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
-        execute_all(cur, swap_sql(cur, ctx, forward=forward))
+        # Where the lock's time goes (in the cutover event): the drain, reading the catalog, the DDL.
+        drained_at = time.monotonic()
+        stmts, carried = swap_plan(cur, ctx, forward=forward)
+        read_at = time.monotonic()
+        execute_all(cur, stmts)
+        phases = {"drain_ms": (drained_at - locked_at) * 1000, "catalog_ms": (read_at - drained_at) * 1000,
+                  "ddl_ms": (time.monotonic() - read_at) * 1000, "statements": len(stmts)}
+        carry.record_validation(cur, ctx, carried.to_validate)
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
@@ -299,8 +316,9 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
-                                 detail={"lock_ms": held_ms, "drained": drained, **({"foreign_keys_not_carried": list(
-                                     ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
+                                 detail={"lock_ms": held_ms, "drained": drained, **phases,
+                                         **({"foreign_keys_not_carried": list(ctx.plan.drop_foreign_keys)}
+                                            if ctx.plan.drop_foreign_keys else {})})
         else:
             control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)
             ranges.reset(cur, ctx.mid, "reconcile")
@@ -308,10 +326,12 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
 
     faults.point("swap:before_lock" if forward else "swap_back:before_lock")
     live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
+    # The referencing tables and views the swap locks too: their blockers are named as well.
+    also = ctx.db.transaction(lambda cur: carry.also_locked(cur, live), label="tables the swap locks")
     held = lockwatch.run_locked(ctx, swap, tables=[live, other], what="swap in" if forward else "swap back",
                                 retry=f"mover {'cutover' if forward else command} {m.name}",
                                 label="cutover" if forward else "rollback", statement_timeout=LOCK_STATEMENT_TIMEOUT,
-                                extra_tables=extra_tables)
+                                extra_tables=[*also, *extra_tables])
     ctx._mappings.clear()  # the tables changed names
     return held
 
@@ -339,6 +359,8 @@ def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
                            f"once the rows fit") from None
     ctx.refresh()
     ctx.report("cutover", lock_ms=round(held, 1))
+    # After the lock: VALIDATE scans with writes going on (the rollback window resumes it after a crash).
+    carry.validate(ctx)
     return held
 
 
@@ -355,6 +377,7 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
         left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
         raise refuse_losing(ctx, left or exc.rows, command, "new") from None
     ctx.refresh()
+    carry.validate(ctx)  # the next cutover's preflight resumes it after a crash
     return held
 
 

@@ -134,3 +134,15 @@ def test_signed64_wraps_like_a_bigint_sum():
     assert compare.signed64(-1) == -1
     assert compare.signed64(2**64 + 5) == 5
     assert compare.fingerprint(2**63 - 1, [{"src_hash": -1, "dst_hash": None}]) == (2**63 - 1, -(2**63))
+
+
+def test_swap_partner_index_names_and_validation_are_quoted():
+    from mover import carry
+    # The key's partner is the target's key index; every other index's is its _m<ID> build name.
+    assert carry.partner_index(7, DST, "Order Items_pkey", "Order Items_pkey", True) == "Order Items_new_pkey"
+    assert carry.partner_index(7, DST, "by id", "by id", False) == "Order Items_new_key"
+    assert carry.partner_index(7, DST, 'idx "x"', "Order Items_pkey", True) == 'idx "x"_m7'
+    long = "i" * 63
+    assert len(carry.partner_index(7, DST, long, "k", True).encode()) <= 63
+    assert text(carry.validate_sql("Sales", "Order Lines", 'fk "1"')) == (
+        'ALTER TABLE "Sales"."Order Lines" VALIDATE CONSTRAINT "fk ""1"""')

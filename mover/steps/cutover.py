@@ -19,6 +19,8 @@ class Cutover(Step):
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         out: list[sql.Composable | str] = [
+            "-- before: autovacuum paused on both tables (restored after), blocking sessions named"
+            + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
             ddl.lock_tables([m.source, m.target, *carry.also_locked(cur, m.source)]),

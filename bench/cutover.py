@@ -144,7 +144,9 @@ def one_run(dsn: str, workdir: Path, name: str, args) -> dict:
         bench_out, bench_err = bench.communicate(timeout=args.seconds + 120)
     st = json.loads(mover(dsn, "status", name, "--json").stdout)
     with connect(dsn) as conn:
-        row = conn.execute("SELECT (detail->>'drained')::int, extract(epoch FROM e.at)::float8"
+        row = conn.execute("SELECT (detail->>'drained')::int, extract(epoch FROM e.at)::float8,"
+                           " (detail->>'drain_ms')::float8, (detail->>'catalog_ms')::float8,"
+                           " (detail->>'ddl_ms')::float8"
                            " FROM mover.events e JOIN mover.migrations m"
                            " ON m.id = e.migration_id WHERE m.name = %s AND e.detail ? 'drained'"
                            " ORDER BY e.id DESC LIMIT 1", (name,)).fetchone()
@@ -167,6 +169,9 @@ def one_run(dsn: str, workdir: Path, name: str, args) -> dict:
         "cutover_wall_ms": round((ended - started) * 1000, 1),
         "lock_ms": round(lock_ms, 1) if lock_ms is not None else None,
         "drained_under_lock": row[0] if row else None,
+        # Where the hold went (the swap records it): the drain, reading the catalog, the DDL.
+        "lock_phases_ms": {k: round(v, 1) for k, v in zip(("drain", "catalog", "ddl"), row[2:], strict=True)
+                           if v is not None} if row else None,
         "transactions": len(txns), "transactions_after_swap": after,
         "p50_ms": p50, "p99_ms": p99, "worst_during_ms": worst,
         "worst_beyond_p99_ms": round(worst - p99, 1) if worst is not None and p99 is not None else None,

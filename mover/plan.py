@@ -69,6 +69,9 @@ class CutoverSettings:
     # terminated after blocker_grace, and the lock tried once more (mover/lockwatch.py). Off by default.
     terminate_blockers: bool = False
     blocker_grace_ms: int = 5000
+    # Metadata differences the operator lets through the swap's parity check (mover/parity.py):
+    # "kind:item" keys as `mover parity NAME` prints them, or a bare kind.
+    accept_parity: tuple[str, ...] = ()
 
 
 HOOK_EVENTS = ("before_cutover", "after_cutover", "before_rollback", "after_rollback", "before_retire",
@@ -169,6 +172,8 @@ class Plan:
                 "attempts": self.cutover.attempts,
                 "terminate_blockers": self.cutover.terminate_blockers,
                 "blocker_grace_ms": self.cutover.blocker_grace_ms,
+                # Only when set: the canonical form of plans registered before stays the same.
+                **({"accept_parity": list(self.cutover.accept_parity)} if self.cutover.accept_parity else {}),
             },
             "rollback": {
                 "window_ms": self.rollback.window_ms,
@@ -209,7 +214,8 @@ def to_document(plan: Plan) -> dict[str, Any]:
                      "synchronous_commit": b.synchronous_commit},
         "cutover": {"auto": plan.cutover.auto, "lock_timeout": f"{plan.cutover.lock_timeout_ms}ms",
                     "attempts": plan.cutover.attempts, "terminate_blockers": plan.cutover.terminate_blockers,
-                    "blocker_grace": f"{plan.cutover.blocker_grace_ms}ms"},
+                    "blocker_grace": f"{plan.cutover.blocker_grace_ms}ms",
+                    **({"accept_parity": list(plan.cutover.accept_parity)} if plan.cutover.accept_parity else {})},
         "rollback": {"window": f"{plan.rollback.window_ms}ms", "keep_old": plan.rollback.keep_old},
         "reconcile": asdict(plan.reconcile),
     }
@@ -280,7 +286,8 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         columns=dict(doc["target"]["columns"]),
         accept_lossy=tuple(doc["target"].get("accept_lossy", ())),
         backfill=BackfillSettings(**{**asdict(BackfillSettings()), **renamed("backfill", doc["backfill"])}),
-        cutover=CutoverSettings(**doc["cutover"]),
+        cutover=CutoverSettings(**{**doc["cutover"],
+                                   "accept_parity": tuple(doc["cutover"].get("accept_parity", ()))}),
         rollback=RollbackSettings(
             window_ms=doc["rollback"]["window_ms"],
             old_name=qn(doc["rollback"]["old_name"]),
@@ -308,7 +315,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
                  "synchronous_commit": (bool, False)},
     "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False),
-                "terminate_blockers": (bool, False), "blocker_grace": (str, False)},
+                "terminate_blockers": (bool, False), "blocker_grace": (str, False),
+                "accept_parity": (list, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
                   "settle_rounds": (int, False), "max_attempts": (int, False),
@@ -436,6 +444,10 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     if not 1 <= lock_timeout_ms <= 60_000:
         problem(f"[cutover] lock_timeout must be between 1ms and 60s, got {c['lock_timeout']!r}",
                 "the application waits up to this long for each attempt; keep it short")
+    accept_parity = c.get("accept_parity", [])
+    if not all(isinstance(k, str) and k for k in accept_parity):
+        problem("[cutover] accept_parity must list the differences `mover parity NAME` names",
+                'e.g. accept_parity = ["grant:SELECT TO reporting"]')
     attempts = c.get("attempts", CutoverSettings.attempts)
     if not 1 <= attempts <= 1000:
         problem(f"[cutover] attempts must be between 1 and 1000, got {attempts}", "e.g. attempts = 30")
@@ -524,7 +536,8 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         backfill=backfill,
         cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts,
                                 terminate_blockers=c.get("terminate_blockers", False),
-                                blocker_grace_ms=blocker_grace_ms),
+                                blocker_grace_ms=blocker_grace_ms,
+                                accept_parity=tuple(dict.fromkeys(accept_parity))),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
         reconcile=reconcile,
         document=doc,

@@ -73,7 +73,8 @@ def _run_and_compare(ctx, name, run) -> list[str]:
     Recording.sent = []
     run()
     got = ddl_only(Recording.sent)
-    assert joined(got) == joined(want), f"{name}: describe() printed\n" + "\n".join(want) + "\nbut ran\n" + "\n".join(got)
+    assert joined(got) == joined(want), \
+        f"{name}: describe() printed\n" + "\n".join(want) + "\nbut ran\n" + "\n".join(got)
     return got
 
 

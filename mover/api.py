@@ -19,6 +19,7 @@ from mover import backfill as backfill_engine
 from mover import (
     checks,
     control,
+    parity,
     partitions,
     ranges,
     runner,
@@ -110,6 +111,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             return {"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                    "metadata": r["metadata"],
                     "steps": out_steps}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
@@ -350,6 +352,20 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     finally:
         if own:
             db.close()
+
+
+def parity_report(dsn: str, name: str) -> dict[str, Any]:
+    """`mover parity NAME`: the metadata differences (mover/parity.py), read-only."""
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def read(cur: psycopg.Cursor) -> dict[str, Any]:
+            m = control.get(cur, name)
+            return parity.report(cur, Context(db=db, migration=m, owner="parity"))
+        return db.transaction(read, label="parity")
+    finally:
+        db.close()
 
 
 def history(dsn: str, name: str | None = None) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from psycopg import sql
 from mover import control, faults, introspect, names, shape
 from mover.db import one
 from mover.names import QualifiedName
-from mover.sql import ddl
+from mover.sql import ddl, trusted
 
 if TYPE_CHECKING:
     from mover.context import Context
@@ -95,7 +95,8 @@ def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qualif
             # is built already, so this checks nothing and scans nothing.
             out.before.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} UNIQUE USING INDEX {}{}").format(
                 other.ident, sql.Identifier(theirs), sql.Identifier(theirs),
-                sql.SQL(" DEFERRABLE INITIALLY DEFERRED" if deferred else " DEFERRABLE" if deferrable else "")))
+                sql.SQL(" DEFERRABLE INITIALLY DEFERRED") if deferred
+                else sql.SQL(" DEFERRABLE") if deferrable else sql.SQL("")))
         parking = names.derived(mine, f"_m{m.id}_swap")
         out.before += [
             sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(live.schema, mine), sql.Identifier(parking)),
@@ -128,7 +129,7 @@ def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip:
         # pg_get_constraintdef() text; the referenced table's name resolves after the renames
         text = definition if definition.endswith(" NOT VALID") else definition + " NOT VALID"
         out.after.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(table.ident, sql.Identifier(name),
-                                                                               sql.SQL(text)))
+                                                                               trusted(text, "pg_get_constraintdef")))
         if comment is not None:
             out.after.append(sql.SQL("COMMENT ON CONSTRAINT {} ON {} IS {}").format(
                 sql.Identifier(name), table.ident, sql.Literal(comment)))
@@ -151,9 +152,9 @@ def _triggers(cur: psycopg.Cursor, oid: int, table: sql.Composable, after_table:
     for name, definition, enabled, comment in cur.fetchall():
         if drop:
             out.before.append(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(name), table))
-        out.after.append(sql.SQL(definition))  # pg_get_triggerdef(): the catalog's text
+        out.after.append(trusted(definition, "pg_get_triggerdef"))
         if enabled in ENABLE:
-            out.after.append(sql.SQL("ALTER TABLE {} {} {}").format(after_table, sql.SQL(ENABLE[enabled]),
+            out.after.append(sql.SQL("ALTER TABLE {} {} {}").format(after_table, trusted(ENABLE[enabled], "keyword"),
                                                                     sql.Identifier(name)))
         if comment is not None:
             out.after.append(sql.SQL("COMMENT ON TRIGGER {} ON {} IS {}").format(
@@ -165,10 +166,10 @@ def _rules(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name: Quali
                 " WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY rulename", (oid,))
     for name, definition, enabled in cur.fetchall():
         out.before.append(sql.SQL("DROP RULE {} ON {}").format(sql.Identifier(name), live.ident))
-        out.after.append(sql.SQL(definition.rstrip(";")))  # pg_get_ruledef(): the catalog's text
+        out.after.append(trusted(definition.rstrip(";"), "pg_get_ruledef"))
         if enabled in ENABLE_RULE:
-            out.after.append(sql.SQL("ALTER TABLE {} {} {}").format(after_name.ident, sql.SQL(ENABLE_RULE[enabled]),
-                                                                    sql.Identifier(name)))
+            out.after.append(sql.SQL("ALTER TABLE {} {} {}").format(
+                after_name.ident, trusted(ENABLE_RULE[enabled], "keyword"), sql.Identifier(name)))
 
 
 def _row_security(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
@@ -187,11 +188,11 @@ def _row_security(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name
         out.before.append(sql.SQL("DROP POLICY {} ON {}").format(sql.Identifier(name), live.ident))
         role_list = sql.SQL(", ").join(sql.SQL("PUBLIC") if r is None else sql.Identifier(r) for r in roles or [None])
         out.after.append(sql.SQL("CREATE POLICY {} ON {} AS {} FOR {} TO {}{}{}").format(
-            sql.Identifier(name), after_name.ident, sql.SQL("PERMISSIVE" if permissive else "RESTRICTIVE"),
-            sql.SQL(commands[cmd]), role_list,
+            sql.Identifier(name), after_name.ident, sql.SQL("PERMISSIVE") if permissive else sql.SQL("RESTRICTIVE"),
+            trusted(commands[cmd], "keyword"), role_list,
             # pg_get_expr() text: the catalog's rendering of the policy's expressions
-            sql.SQL(" USING ({})").format(sql.SQL(qual)) if qual is not None else sql.SQL(""),
-            sql.SQL(" WITH CHECK ({})").format(sql.SQL(check)) if check is not None else sql.SQL("")))
+            sql.SQL(" USING ({})").format(trusted(qual, "pg_get_expr")) if qual is not None else sql.SQL(""),
+            sql.SQL(" WITH CHECK ({})").format(trusted(check, "pg_get_expr")) if check is not None else sql.SQL("")))
     if forced:
         out.before.append(sql.SQL("ALTER TABLE {} NO FORCE ROW LEVEL SECURITY").format(live.ident))
         out.after.append(sql.SQL("ALTER TABLE {} FORCE ROW LEVEL SECURITY").format(after_name.ident))
@@ -232,13 +233,14 @@ def _views(cur: psycopg.Cursor, oid: int, out: Carried) -> None:
     creates: list[Statement] = []
     for voids, schema, name, kind, _, definition, owner, options, comment, populated in views:
         view = QualifiedName(schema, name)
-        what = sql.SQL("MATERIALIZED VIEW" if kind == "m" else "VIEW")
+        what = sql.SQL("MATERIALIZED VIEW") if kind == "m" else sql.SQL("VIEW")
         out.before.insert(0, sql.SQL("DROP {} {}").format(what, view.ident))  # dependents first
-        with_opts = sql.SQL(" WITH ({})").format(sql.SQL(", ").join(sql.SQL(o) for o in options)) \
+        with_opts = sql.SQL(" WITH ({})").format(sql.SQL(", ").join(trusted(o, "reloptions") for o in options)) \
             if options else sql.SQL("")  # reloptions text: the catalog's rendering
         body = definition.rstrip().rstrip(";")  # pg_get_viewdef(): the catalog's text
         creates.append(sql.SQL("CREATE {} {}{} AS {}{}").format(
-            what, view.ident, with_opts, sql.SQL(body), sql.SQL(" WITH NO DATA") if kind == "m" else sql.SQL("")))
+            what, view.ident, with_opts, trusted(body, "pg_get_viewdef"),
+            sql.SQL(" WITH NO DATA") if kind == "m" else sql.SQL("")))
         creates.append(sql.SQL("ALTER {} {} OWNER TO {}").format(what, view.ident, sql.Identifier(owner)))
         # Table and column grants in one query (the lock is held while the catalog is read).
         cur.execute("SELECT NULL::name, CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END,"
@@ -254,7 +256,7 @@ def _views(cur: psycopg.Cursor, oid: int, out: Carried) -> None:
         if kind == "m":
             cur.execute("SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s ORDER BY indexrelid",
                         (voids,))
-            creates += [sql.SQL(r[0]) for r in cur.fetchall()]  # pg_get_indexdef(): the catalog's text
+            creates += [trusted(r[0], "pg_get_indexdef") for r in cur.fetchall()]
             if populated:
                 creates.append(sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view.ident))
         view_out = Carried()
@@ -352,9 +354,10 @@ def validate(ctx: Context) -> list[tuple[str, str, str]]:
     return done
 
 
-# What the swap's statements are built from (swap_plan and carry_sql read nothing else): the two
-# tables and, recursively, the views that read them; their indexes, sequences and the tables whose
-# foreign keys reference them; and of each, the catalog rows read. A row's xmin changes with every
+# What the swap's statements are built from (cutover.swap_plan with carry_sql and metadata.swap_sql
+# read nothing else): the two tables and, recursively, the views that read them; their indexes,
+# sequences, publications, extended statistics and the tables whose foreign keys reference them;
+# and of each, the catalog rows read. A row's xmin changes with every
 # transactional update of it, so an equal digest means the statements built then are still what
 # the catalog would build now. pg_class is compared by content instead: VACUUM's in-place updates
 # keep xmin anyway, but an ALTER TABLE SET (autovacuum_enabled = ...) before the lock would change
@@ -387,7 +390,7 @@ WITH RECURSIVE tab AS (
 )
 SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     SELECT concat_ws(':', 'c', c.oid, c.relname, c.relnamespace, n.xmin, c.relowner, c.relkind, c.relacl,
-                     c.relrowsecurity, c.relforcerowsecurity, c.relispopulated,
+                     c.relrowsecurity, c.relforcerowsecurity, c.relispopulated, c.relreplident,
                      CASE WHEN c.relkind IN ('v', 'm') THEN c.reloptions END) AS x
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'a', attrelid, attnum, xmin) FROM pg_attribute
@@ -399,6 +402,9 @@ SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     UNION ALL SELECT concat_ws(':', 'r', oid, xmin) FROM pg_rewrite WHERE ev_class IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'p', oid, xmin) FROM pg_policy WHERE polrelid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 's', seqrelid, xmin) FROM pg_sequence WHERE seqrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'u', pr.oid, pr.xmin, p.xmin) FROM pg_publication_rel pr
+        JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'x', oid, xmin) FROM pg_statistic_ext WHERE stxrelid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'd', classid, objid, objsubid, refobjid, refobjsubid, deptype) FROM pg_depend
         WHERE refclassid = 'pg_class'::regclass AND refobjid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'm', objoid, classoid, objsubid, xmin) FROM pg_description

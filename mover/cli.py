@@ -276,6 +276,14 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         out.print(f"{len(part['partitions'])} partitions to create:", highlight=False, markup=False)
         for p in part["partitions"]:
             out.print(f"  {p['name']}  {p['bound']}", highlight=False, markup=False)
+    meta = result.get("metadata") or {}
+    for key, title in (("at_create_target", "carried to the new table at create_target"),
+                       ("at_swap", "carried over at the swap"),
+                       ("not_carried", "not carried over (`mover parity` lists it as planned)")):
+        if meta.get(key):
+            out.print(f"{title}:", highlight=False, markup=False)
+            for line in meta[key]:
+                out.print(f"  {line}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
@@ -534,6 +542,30 @@ def _still_open(st: dict[str, Any]) -> None:
         raise Waiting(f"migration {name!r} has {n} open divergences; cutover is refused until none remain",
                       hint=f"see them with `mover divergences {name}`; `mover repair {name}` re-syncs them from the "
                            f"source; `mover accept {name} --reason TEXT` accepts intended ones")
+
+
+@app.command("parity")
+@_exits
+def parity(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
+    """Compare the live table's metadata before and after the swap (or the two tables before it);
+    exit 3 on a difference that is neither planned nor accepted in the plan."""
+    result = api.parity_report(_dsn(dsn), name)
+    if as_json:
+        _print_json(result)
+    else:
+        for c in result["comparisons"]:
+            out.print(f"{c['mode']}: {c['before']} -> {c['after']}: {'equal' if c['equal'] else 'DIFFERENT'}",
+                      highlight=False, markup=False)
+            for d in c["differences"]:
+                why = f" ({d['reason']})" if d["reason"] else ""
+                out.print(f"  {d['status']:<9} {d['key']}: {d['before']} -> {d['after']}{why}",
+                          highlight=False, markup=False)
+    if not result["equal"]:
+        keys = ", ".join(f'"{d["key"]}"' for c in result["comparisons"] for d in c["differences"]
+                         if d["status"] == "unplanned")
+        raise Waiting(f"the metadata of migration {name!r} differs where nothing planned it: {keys}",
+                      hint=f"undo the change, or accept it in the plan: [cutover] accept_parity = [{keys}]"
+                           f" (`mover set` cannot change it: edit the plan, then `mover run PLAN`)")
 
 
 @app.command("reconcile")

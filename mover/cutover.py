@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import capture, carry, control, faults, introspect, names, privileges, ranges, shape
+from mover import capture, carry, control, faults, introspect, metadata, names, parity, privileges, ranges, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -273,6 +273,9 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
     carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
+    # Before carry's: they name indexes as they are now (the replica identity's follows its index
+    # through carry's renames).
+    out += metadata.swap_sql(cur, live, other)
     out += carried.before
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
@@ -319,6 +322,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = _swap_tables(ctx, forward)
+        key_index = introspect.describe(cur, ctx.original).key_index  # read before the lock: fixed (shape)
         cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
         locked_at = time.monotonic()
         # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
@@ -342,7 +346,8 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
         # Where the lock's time goes (in the cutover event): the drain, verifying the catalog the
-        # statements were built from, reading it again (only when it changed), the DDL.
+        # statements were built from, reading it again (only when it changed), the DDL, the parity
+        # check (the live table described before the DDL and its successor after it).
         drained_at = time.monotonic()
         stmts, carried, digest = prepared
         rebuilt = carry.catalog_digest(cur, _swap_tables(ctx, forward)) != digest
@@ -352,13 +357,18 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             # the lock nothing they read can change again, so one rebuild is the last.
             stmts, carried = swap_plan(cur, ctx, forward=forward)
         read_at = time.monotonic()
+        parity_before = parity.live_description(cur, ctx.mid, forward)
+        described_at = time.monotonic()
         trips = execute_batched(cur, stmts)
+        ddl_at = time.monotonic()
+        carry.record_validation(cur, ctx, carried.to_validate)
+        # The table that now carries the name must look to the application as the other did.
+        parity.check_swap(cur, ctx, parity_before, key_index, forward=forward)
         ran_at = time.monotonic()
         phases = {"drain_ms": (drained_at - locked_at) * 1000, "verify_ms": (verified_at - drained_at) * 1000,
-                  "catalog_ms": (read_at - verified_at) * 1000, "ddl_ms": (ran_at - read_at) * 1000,
-                  "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt,
-                  "prepare_ms": prepare_ms}
-        carry.record_validation(cur, ctx, carried.to_validate)
+                  "catalog_ms": (read_at - verified_at) * 1000, "ddl_ms": (ddl_at - described_at) * 1000,
+                  "parity_ms": (ran_at - ddl_at + described_at - read_at) * 1000,
+                  "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt, "prepare_ms": prepare_ms}
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)

@@ -65,6 +65,9 @@ class CutoverSettings:
     auto: bool = False
     lock_timeout_ms: int = 200
     attempts: int = 30
+    # Metadata differences the operator lets through the swap's parity check (mover/parity.py):
+    # "kind:item" keys as `mover parity NAME` prints them, or a bare kind.
+    accept_parity: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ class Plan:
                 "auto": self.cutover.auto,
                 "lock_timeout_ms": self.cutover.lock_timeout_ms,
                 "attempts": self.cutover.attempts,
+                # Only when set: the canonical form of plans registered before stays the same.
+                **({"accept_parity": list(self.cutover.accept_parity)} if self.cutover.accept_parity else {}),
             },
             "rollback": {
                 "window_ms": self.rollback.window_ms,
@@ -183,7 +188,8 @@ def to_document(plan: Plan) -> dict[str, Any]:
                      "max_replica_lag": f"{b.max_replica_lag_ms}ms", "max_attempts": b.max_attempts,
                      "synchronous_commit": b.synchronous_commit},
         "cutover": {"auto": plan.cutover.auto, "lock_timeout": f"{plan.cutover.lock_timeout_ms}ms",
-                    "attempts": plan.cutover.attempts},
+                    "attempts": plan.cutover.attempts,
+                    **({"accept_parity": list(plan.cutover.accept_parity)} if plan.cutover.accept_parity else {})},
         "rollback": {"window": f"{plan.rollback.window_ms}ms", "keep_old": plan.rollback.keep_old},
         "reconcile": asdict(plan.reconcile),
     }
@@ -251,7 +257,8 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         columns=dict(doc["target"]["columns"]),
         accept_lossy=tuple(doc["target"].get("accept_lossy", ())),
         backfill=BackfillSettings(**{**asdict(BackfillSettings()), **renamed("backfill", doc["backfill"])}),
-        cutover=CutoverSettings(**doc["cutover"]),
+        cutover=CutoverSettings(**{**doc["cutover"],
+                                   "accept_parity": tuple(doc["cutover"].get("accept_parity", ()))}),
         rollback=RollbackSettings(
             window_ms=doc["rollback"]["window_ms"],
             old_name=qn(doc["rollback"]["old_name"]),
@@ -277,7 +284,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                  "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
                  "synchronous_commit": (bool, False)},
-    "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
+    "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False),
+                "accept_parity": (list, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
                   "settle_rounds": (int, False), "max_attempts": (int, False),
@@ -404,6 +412,10 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     if not 1 <= lock_timeout_ms <= 60_000:
         problem(f"[cutover] lock_timeout must be between 1ms and 60s, got {c['lock_timeout']!r}",
                 "the application waits up to this long for each attempt; keep it short")
+    accept_parity = c.get("accept_parity", [])
+    if not all(isinstance(k, str) and k for k in accept_parity):
+        problem("[cutover] accept_parity must list the differences `mover parity NAME` names",
+                'e.g. accept_parity = ["grant:SELECT TO reporting"]')
     attempts = c.get("attempts", CutoverSettings.attempts)
     if not 1 <= attempts <= 1000:
         problem(f"[cutover] attempts must be between 1 and 1000, got {attempts}", "e.g. attempts = 30")
@@ -478,7 +490,8 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         columns=columns,
         accept_lossy=tuple(dict.fromkeys(accept_lossy)),
         backfill=backfill,
-        cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
+        cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts,
+                                accept_parity=tuple(dict.fromkeys(accept_parity))),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
         reconcile=reconcile,
         document=doc,

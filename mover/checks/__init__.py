@@ -41,6 +41,7 @@ class Subject:
     rehearsed: introspect.TableInfo | None = None  # the target as the rehearsal created it
     lossy: dict[str, str] = field(default_factory=dict)
     partitioning: Any = None  # what a conversion to a partitioned table creates (mover/partitions.py)
+    metadata: dict[str, list[str]] = field(default_factory=dict)  # carried when, or not (mover/carry.py)
     problems: list[PlanError] = field(default_factory=list)
 
     def report(self, problem: PlanError) -> None:
@@ -78,6 +79,7 @@ def _registry() -> list[Check]:
         carried,
         foreign_keys,
         key,
+        metadata,
         names,
         partitioning,
         privileges,
@@ -102,6 +104,8 @@ def _registry() -> list[Check]:
         Check("inheritance", refused_objects.table_properties),
         Check("dependents the swap moves are owned", carried.owned),
         Check("privileges", privileges.setup),
+        Check("publications", metadata.publications),
+        Check("metadata carried", metadata.carried),
         Check("target DDL", rehearsal.create_target, clean=True),
         Check("lossy type changes", types.lossy, clean=True),
         Check("capture path", privileges.capture_path, clean=True),
@@ -129,7 +133,7 @@ def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
-            "lossy": s.lossy, "partitioning": s.partitioning}
+            "lossy": s.lossy, "partitioning": s.partitioning, "metadata": s.metadata}
 
 
 __all__ = ["Check", "Subject", "combined", "resolved", "run"]

@@ -32,7 +32,7 @@ class Cutover(Step):
             # backfill, so their renames are not listed here yet.)
             cur.execute("SAVEPOINT mover_describe_cutover")
             try:
-                for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
+                for stmt in target_ddl(cur, ctx.plan, m.source, m.target, m.id):
                     cur.execute(stmt)
                 stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
             finally:

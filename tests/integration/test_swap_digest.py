@@ -46,6 +46,9 @@ CHANGES = [
     "GRANT USAGE ON SEQUENCE t_id_seq TO {role}",
     "ALTER SEQUENCE t_id_seq AS bigint",
     "ALTER FUNCTION noop() RENAME TO noop2",
+    "ALTER TABLE t REPLICA IDENTITY FULL",
+    "CREATE PUBLICATION digest_pub FOR TABLE t",
+    "CREATE STATISTICS t_stats (dependencies) ON p, note FROM t",
 ]
 
 
@@ -72,6 +75,7 @@ def test_each_input_of_the_swap_changes_the_digest(db_dsn, change):
             conn.execute(sql.SQL(change).format(role=sql.Identifier(role)))
             assert digest(conn) != before, change
         finally:
+            conn.execute("DROP PUBLICATION IF EXISTS digest_pub")
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
@@ -91,5 +95,6 @@ def test_what_the_swap_does_not_read_keeps_the_digest(db_dsn):
             conn.execute("ALTER TABLE child SET (autovacuum_enabled = off)")
             assert digest(conn) == before
         finally:
+            conn.execute("DROP PUBLICATION IF EXISTS digest_pub")
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -258,12 +258,14 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
     if result["registered"]:
         out.print(f"plan {plan} is registered as migration {result['name']!r}:", highlight=False, markup=False)
         _show_status(result["status"])
+        _show_hooks(result)
         return
     t = result["tables"]
     out.print(f"plan {plan}: OK. migration {result['name']!r} (id {result['migration_id']} when registered now)",
               highlight=False, markup=False)
     out.print(f"  copies {t['source']} into {t['target']}, keyed by ({', '.join(result['key'])}); after the "
               f"cutover the original is kept as {t['old']}", highlight=False, markup=False)
+    _show_hooks(result)
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
     part = result.get("partitioning")
@@ -288,6 +290,13 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
+
+
+def _show_hooks(result: dict[str, Any]) -> None:
+    for event, hook in result["hooks"].items():
+        out.print(f"hook {event}: {hook}", highlight=False, markup=False)
+    for warning in result["warnings"]:
+        out.print(f"warning: {warning}", highlight=False, markup=False)
 
 
 @partitions_app.command("maintain")
@@ -343,11 +352,28 @@ def _run(dsn: str | None, target: str, one_step: bool, wait: bool, as_json: bool
 @_exits
 def run(target: str = TargetArgument,
         dsn: str | None = DsnOption,
-        wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
-                                                          "then retire."),
+        wait: bool = typer.Option(False, "--wait", help="Do not stop at the gate or in the window: keep the change "
+                                                          "log drained (same as `mover follow`)."),
         as_json: bool = JsonOption) -> None:
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
     _run(dsn, target, False, wait, as_json)
+
+
+@app.command()
+@_exits
+def follow(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
+           dsn: str | None = DsnOption,
+           interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between rounds (and backlog "
+                                                                            "lines).")) -> None:
+    """Run the steps that need no decision, then keep the change log drained at the cutover gate and
+    in the rollback window (retiring when it ends) until the operator cuts over, rolls back, retires or
+    aborts from another terminal. Holds no lease while it waits. Exit 0; SIGTERM stops it cleanly."""
+    reporter = ProgressReporter(err)
+    try:
+        st = api.follow(_dsn(dsn), target, report=reporter, stop=_interruptible(), interval=interval)
+    finally:
+        reporter.close()
+    _show_status(st)
 
 
 @app.command()

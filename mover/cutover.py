@@ -15,15 +15,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from mover import capture, carry, control, faults, introspect, metadata, names, parity, privileges, ranges, shape
+from mover import (
+    capture,
+    carry,
+    control,
+    faults,
+    introspect,
+    lockwatch,
+    metadata,
+    names,
+    parity,
+    privileges,
+    ranges,
+    shape,
+)
 from mover.context import Context
 from mover.errors import Failed, Waiting
+from mover.names import QualifiedName
 from mover.sql import ddl
 
 log = logging.getLogger("mover.cutover")
@@ -300,10 +314,12 @@ def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> tuple[list[Sta
     return stmts, carried, carry.catalog_digest(cur, _swap_tables(ctx, forward))
 
 
-def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback") -> float:
-    """One attempt: returns how long the lock was held, in ms."""
+def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
+                 extra_tables: Sequence[QualifiedName] = ()) -> float:
+    """The swap (or swap back) under the lock discipline (mover/lockwatch.py): returns how long
+    the lock was held, in ms. `extra_tables` (tables whose foreign keys the swap re-points) are
+    watched for blocking sessions too."""
     m = ctx.migration
-    lock_timeout = f"{ctx.plan.cutover.lock_timeout_ms}ms"
     # Reading the catalog is most of the swap's work: done here, before the lock, so the lock only
     # compares one digest (and rebuilds, under the lock, on the rare change in between).
     started = time.monotonic()
@@ -330,10 +346,12 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
         failures: dict[str, Any] = {}
+        drained = 0  # changes applied under the lock: what a follower (mover/follow.py) keeps small
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)
             failures.update(got.failures)
+            drained += got.claimed
             if got.claimed == 0:
                 break
         if forward and failures:
@@ -379,16 +397,22 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         phases["finish_ms"] = (time.monotonic() - ran_at) * 1000  # validation record, checks, shapes
         if forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
-                                 detail={"lock_ms": held_ms, **phases, **({"foreign_keys_not_carried": list(
-                                     ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
+                                 detail={"lock_ms": held_ms, "drained": drained, **phases,
+                                         **({"foreign_keys_not_carried": list(ctx.plan.drop_foreign_keys)}
+                                            if ctx.plan.drop_foreign_keys else {})})
         else:
             control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)
             ranges.reset(cur, ctx.mid, "reconcile")
         return held_ms
 
     faults.point("swap:before_lock" if forward else "swap_back:before_lock")
-    held = ctx.db.transaction(swap, lock_timeout=lock_timeout, statement_timeout=LOCK_STATEMENT_TIMEOUT,
-                              attempts=ctx.plan.cutover.attempts, label="cutover")
+    live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
+    # The referencing tables and views the swap locks too: their blockers are named as well.
+    also = ctx.db.transaction(lambda cur: carry.also_locked(cur, live), label="tables the swap locks")
+    held = lockwatch.run_locked(ctx, swap, tables=[live, other], what="swap in" if forward else "swap back",
+                                retry=f"mover {'cutover' if forward else command} {m.name}",
+                                label="cutover" if forward else "rollback", statement_timeout=LOCK_STATEMENT_TIMEOUT,
+                                extra_tables=[*also, *extra_tables])
     ctx._mappings.clear()  # the tables changed names
     return held
 
@@ -414,11 +438,6 @@ def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
                       f"{ctx.migration.target} under the cutover's lock ({exc.describe()}); nothing was swapped",
                       hint=f"see `mover divergences {ctx.migration.name}`; `mover repair {ctx.migration.name}` "
                            f"once the rows fit") from None
-    except psycopg.errors.LockNotAvailable as exc:
-        raise Waiting(f"could not lock {ctx.migration.source} within {ctx.plan.cutover.lock_timeout_ms} ms in "
-                      f"{ctx.plan.cutover.attempts} attempts; nothing was swapped",
-                      hint=f"retry `mover cutover {ctx.migration.name}` when the table is quieter, or raise "
-                           f"[cutover] lock_timeout / attempts") from exc
     ctx.refresh()
     ctx.report("cutover", lock_ms=round(held, 1))
     # After the lock: VALIDATE scans with writes going on (the rollback window resumes it after a crash).
@@ -438,9 +457,6 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
         capture.drain(ctx, reverse=True, backfill_done=True)
         left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
         raise refuse_losing(ctx, left or exc.rows, command, "new") from None
-    except psycopg.errors.LockNotAvailable as exc:
-        raise Waiting(f"could not lock {ctx.migration.source} for the rollback; nothing was swapped",
-                      hint=f"retry `mover rollback {ctx.migration.name}`") from exc
     ctx.refresh()
     carry.validate(ctx)  # the next cutover's preflight resumes it after a crash
     return held
@@ -473,12 +489,9 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
         control.mark_retired(cur, m, ctx.owner,
                              message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
 
-    cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    try:
-        ctx.db.transaction(drop, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
-                           label="retire")
-    except psycopg.errors.LockNotAvailable as exc:
-        raise lock_not_granted(ctx, m.source, "retire", f"mover retire {m.name}") from exc
+    # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
+    lockwatch.run_locked(ctx, drop, tables=[m.source, m.old], what="retire", retry=f"mover retire {m.name}",
+                         label="retire")
     ctx.refresh()
 
 
@@ -505,10 +518,8 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
         ranges.reset(cur, ctx.mid, "reconcile")
         control.mark_aborted(cur, m, ctx.owner)
 
-    cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    try:
-        ctx.db.transaction(undo, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
-                           label="abort")
-    except psycopg.errors.LockNotAvailable as exc:
-        raise lock_not_granted(ctx, m.source, "abort", f"mover abort {m.name}") from exc
+    # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
+    live = ctx.db.transaction(lambda cur: shape.current_name(cur, ctx.mid, "source") or m.source)
+    lockwatch.run_locked(ctx, undo, tables=[live, m.target], what="abort", retry=f"mover abort {m.name}",
+                         label="abort")
     ctx.refresh()

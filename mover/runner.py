@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from mover import capture, control, faults, ranges, shape, steps
+from mover import capture, control, faults, hooks, lockwatch, ranges, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, is_connection_lost, mask
@@ -26,9 +25,6 @@ from mover.heartbeat import Heartbeat
 from mover.steps import rollback_window
 
 log = logging.getLogger("mover.runner")
-
-WINDOW_POLL_SECONDS = 1.0
-WINDOW_REPORT_SECONDS = 10.0
 
 
 @contextmanager
@@ -50,6 +46,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     beat.start()
     gone = False
     try:
+        lockwatch.restore_pending(ctx)  # a crash between pausing autovacuum and restoring it
         yield ctx
     except (LeaseLost, LeaseHeld):
         raise
@@ -130,10 +127,8 @@ def _clear_error(db: Database, ctx: Context) -> None:
         log.warning("could not clear the recorded error of migration %s: %s", ctx.mid, exc)
 
 
-def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,
-            wait_window: bool = False) -> control.Migration:
+def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False) -> control.Migration:
     """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
-    reported = float("-inf")
     while True:
         ctx.checkpoint()
         m = ctx.refresh()
@@ -162,20 +157,7 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
         ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))
-        try:
-            step.run(ctx)
-        except Waiting:
-            if step.name == "rollback_window" and wait_window:
-                if time.monotonic() - reported >= WINDOW_REPORT_SECONDS:
-                    # `run --wait` may wait for days: say now and then that it keeps the old table in step.
-                    reported = time.monotonic()
-                    pending, lag = ctx.db.transaction(lambda cur: capture.pending(cur, ctx.mid, reverse=True))
-                    ends = ctx.refresh().window_ends_at
-                    ctx.report("window_sync", name=m.name, ends_at=None if ends is None else ends.isoformat(),
-                               pending=pending, lag_seconds=lag)
-                ctx.stop.wait(WINDOW_POLL_SECONDS)
-                continue
-            raise
+        step.run(ctx)
         faults.point(f"after:{step.name}")
         if one_step or (through_cutover and step.name == "cutover"):
             return ctx.refresh()
@@ -201,7 +183,9 @@ def cutover(ctx: Context) -> control.Migration:
 def rollback(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
     """`mover rollback`: swap back within the window; the migration returns to reconcile."""
     control.require_command(ctx.refresh(), "rollback")
+    hooks.run(ctx, "before_rollback")
     cutover_engine.swap_back(ctx, give_up_rows)
+    hooks.run(ctx, "after_rollback")
     return ctx.migration
 
 

@@ -21,6 +21,7 @@ SOURCES = {
     "reloptions": "a storage option as pg_class.reloptions holds it (name=value)",
     "plan type": "a type from the plan's [target] columns, resolved by the server (to_regtype) in plan check",
     "keyword": "an SQL keyword the caller chose from a closed set",
+    "plan hook": "the operator's own statement from the plan's [hooks] (sql = ...), run as written",
 }
 
 

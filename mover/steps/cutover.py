@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import carry, cutover, introspect
+from mover import carry, cutover, hooks, introspect
 from mover.checks import foreign_keys
 from mover.context import Context
 from mover.sql import ddl
@@ -19,6 +19,8 @@ class Cutover(Step):
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         out: list[sql.Composable | str] = [
+            "-- before: autovacuum paused on both tables (restored after), blocking sessions named"
+            + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
             ddl.lock_tables([m.source, m.target, *carry.also_locked(cur, m.source)]),
@@ -53,4 +55,6 @@ class Cutover(Step):
         return out
 
     def run(self, ctx: Context) -> None:
+        hooks.run(ctx, "before_cutover")
         cutover.swap_in(ctx, last_check=last_check)
+        hooks.run(ctx, "after_cutover")

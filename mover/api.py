@@ -23,6 +23,7 @@ from mover import (
     partitions,
     ranges,
     runner,
+    samples,
     shape,
     steps,
 )
@@ -765,3 +766,57 @@ def _partman_maintain(db: Database, m: control.Migration, plan: Plan, premake: i
     report["created"] = sorted(after - before)
     report["detached"] = sorted(before - after)
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching and reporting (the views themselves: mover/watch.py, mover/report.py)
+
+WATCH_WINDOW_SECONDS = 600  # the sparklines' "last minutes"
+
+
+def watch(dsn: str, name: str, show: Callable[[dict[str, Any]], None], *, interval: float,
+          stop: threading.Event) -> dict[str, Any]:
+    """Call show(snapshot) every `interval` seconds until the migration is done or aborted, or
+    `stop` is set; returns the last snapshot. A snapshot is the status (mover/status.py) plus the
+    live workers one by one, the samples of the last minutes, and this watch's own readings (one per
+    interval: finer than the samples, which come every few seconds at best)."""
+    db = _database(dsn)
+    readings: list[dict[str, Any]] = []
+    try:
+        _require_schema(db)
+        while True:
+            snap = db.transaction(bind(_watch_snapshot, name), label="watch")
+            now = datetime.now(UTC)
+            readings = [r for r in readings if (now - r["at"]).total_seconds() < WATCH_WINDOW_SECONDS]
+            readings.append({"at": now, "backfill_rows": snap["backfill"]["rows_copied"],
+                             "reconcile_rows": snap["reconcile"]["rows_compared"],
+                             "pending": snap["capture"]["pending"], "lag": snap["capture"]["lag_seconds"]})
+            snap["readings"] = readings
+            show(snap)
+            if snap["state"] in ("done", "aborted") or stop.wait(interval):
+                return snap
+    finally:
+        db.close()
+
+
+def _watch_snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
+    m = control.get(cur, name)
+    snap = status_mod.status_of(cur, m)
+    snap["worker_list"] = status_mod.workers_of(cur, m)
+    snap["lock_waits"] = status_mod.lock_waits(cur)
+    cur.execute("SELECT now() - make_interval(secs => %s)", (WATCH_WINDOW_SECONDS,))
+    snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
+    snap["recent_events"] = [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, 6)]
+    return snap
+
+
+def report(dsn: str, name: str) -> dict[str, Any]:
+    """Everything `mover report` shows, in one snapshot: the plan, the status, the whole event story,
+    every sample, every divergence with its resolution."""
+    from mover import report as report_mod
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        return db.transaction(bind(report_mod.gather, name), label="report")
+    finally:
+        db.close()

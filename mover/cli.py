@@ -23,7 +23,7 @@ from rich.table import Table
 
 from mover import api
 from mover.db import is_connection_lost, mask, remember_secrets
-from mover.errors import MoverError, Waiting
+from mover.errors import BadInput, MoverError, Waiting
 from mover.progress import ProgressReporter
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -388,8 +388,14 @@ def step(target: str = TargetArgument,
 @_exits
 def status(name: str | None = typer.Argument(None, help="One migration (default: every one).",
                                              autocompletion=_complete_names),
-           dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
+           dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           watch_: bool = typer.Option(False, "--watch", help="The live view of `mover watch NAME`.")) -> None:
     """Where every migration (or one) stands."""
+    if watch_:
+        if name is None:
+            raise BadInput("`mover status --watch` watches one migration", hint="`mover status NAME --watch`")
+        _watch(name, dsn, 2.0)
+        return
     st = api.status(_dsn(dsn), name)
     if as_json:
         _print_json(st)
@@ -668,6 +674,54 @@ def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
         table.add_row(e["at"], e["step"] or "", e["kind"], e["message"],
                       "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
     out.print(table)
+
+
+@app.command()
+@_exits
+def watch(name: str = NameArgument, dsn: str | None = DsnOption,
+          interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes.")) -> None:
+    """A live view of one migration until it is finished or aborted (Ctrl-C leaves it); one line per
+    interval when the output is not a terminal."""
+    _watch(name, dsn, interval)
+
+
+def _watch(name: str, dsn: str | None, interval: float) -> None:
+    from rich.live import Live
+
+    from mover import watch as view
+    stop = threading.Event()
+    try:
+        if out.is_terminal:
+            with Live(console=out, screen=True, auto_refresh=False) as live:
+                snap = api.watch(_dsn(dsn), name, lambda s: live.update(view.screen(s), refresh=True),
+                                 interval=interval, stop=stop)
+        else:
+            snap = api.watch(_dsn(dsn), name, lambda s: out.print(view.line(s), highlight=False, markup=False,
+                                                                  soft_wrap=True),
+                             interval=interval, stop=stop)
+    except KeyboardInterrupt:
+        return  # leaving a view changes nothing: no message, exit 0
+    _show_status(snap)
+
+
+@app.command()
+@_exits
+def report(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           html_file: Path | None = typer.Option(None, "--html",
+                                                 help="Write the self-contained HTML page here.")) -> None:
+    """The whole story of a migration (plan, timeline, charts, divergences, locks, who did what): an HTML
+    page to attach to the change ticket, or JSON."""
+    from mover import report as report_mod
+    r = api.report(_dsn(dsn), name)
+    if html_file is not None:
+        html_file.write_text(report_mod.render_html(r), encoding="utf-8")
+        err.print(f"report of {name!r} written to {html_file}", highlight=False, markup=False)
+    if as_json:
+        _print_json(r)
+    elif html_file is None:
+        _show_status(r["status"])
+        err.print(f"next: `mover report {name} --html FILE` writes the page with the charts", highlight=False,
+                  markup=False)
 
 
 @app.command()

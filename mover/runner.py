@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from mover import capture, control, faults, hooks, lockwatch, ranges, shape, steps
+from mover import capture, control, faults, hooks, lockwatch, ranges, samples, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, is_connection_lost, mask
@@ -33,14 +33,23 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     """Hold the migration's lease for the duration; record how the work ended (an operator
     command's outcome under the command's name: an abort that could not lock is the abort's
     event, not the step's)."""
-    db.transaction(lambda cur: control.acquire_lease(cur, migration, owner), label="acquire lease")
+    sample = samples.Sampler(migration.id, owner)
+
+    def acquire(cur: psycopg.Cursor) -> None:
+        control.acquire_lease(cur, migration, owner)
+        sample(cur, force=True)
+
+    db.transaction(acquire, label="acquire lease")
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
     def beat_once(cur: psycopg.Cursor) -> bool:
         if ctx.workers:
             ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
-        return control.heartbeat(cur, migration.id, owner)
+        alive = control.heartbeat(cur, migration.id, owner)
+        if alive:
+            sample(cur)  # what `mover watch` and `mover report` chart; never costs the lease
+        return alive
 
     beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
@@ -81,7 +90,11 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         beat.stop()
         if not ctx.lease_lost.is_set() and not gone:
             try:
-                db.transaction(lambda cur: control.release_lease(cur, migration.id, owner), label="release lease")
+                def release(cur: psycopg.Cursor) -> None:
+                    sample(cur, force=True)
+                    control.release_lease(cur, migration.id, owner)
+
+                db.transaction(release, label="release lease")
             except psycopg.Error as exc:  # the lease expires by itself; say so and go on
                 log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
 

@@ -57,7 +57,8 @@ RETRYABLE_SQLSTATES = frozenset(c.sqlstate for c in RETRYABLE if c.sqlstate)  # 
 # exactly those of DSNs that do not parse.
 _PASSWORD_KV = re.compile(r"""(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&'"]*)""", re.IGNORECASE)
 _URL_USERINFO = re.compile(r"""(//[^\s:/@"']*):([^\s"']*)@""")
-_BARE_USERINFO = re.compile(r"""((?:^|(?<=[\s"'=(]))[^\s:/@"'=()]+):([^\s"'/]*)@""")
+# Also after a "/": a URL with one slash too few (postgresql:/user:password@host) is not a URL.
+_BARE_USERINFO = re.compile(r"""((?:^|(?<=[\s"'=(/]))[^\s:/@"'=()]+):([^\s"'/]*)@""")
 MASK = "***"
 _known_secrets: set[str] = set()
 

@@ -555,12 +555,21 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
 
 
 def heartbeat(cur: psycopg.Cursor, mid: int, owner: str) -> bool:
+    """Extend `owner`'s lease; False when another process holds the migration. A migration this
+    process has just finished (retire, abort release the lease in their own transition) is not a
+    lost lease: nobody can take it over, and the beats between that commit and the end of the
+    command would otherwise report a finished run as taken over."""
     cur.execute(
         "UPDATE mover.migrations SET lease_expires_at = clock_timestamp() + make_interval(secs => %s),"
         " heartbeat_at = clock_timestamp() WHERE id = %s AND lease_owner = %s",
         (LEASE_SECONDS, mid, owner),
     )
-    return cur.rowcount == 1
+    if cur.rowcount == 1:
+        return True
+    cur.execute("SELECT lease_owner IS NULL AND state = ANY(%s) FROM mover.migrations WHERE id = %s",
+                (list(TERMINAL), mid))
+    row = cur.fetchone()
+    return bool(row and row[0])
 
 
 def release_lease(cur: psycopg.Cursor, mid: int, owner: str) -> None:

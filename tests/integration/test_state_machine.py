@@ -125,3 +125,25 @@ def test_stale_owner_transitions_hit_no_row(db_dsn, tmp_path):
         assert _where(db_dsn) == before
     finally:
         db.close()
+
+
+def test_a_lease_released_by_finishing_is_not_reported_lost(db_dsn, tmp_path):
+    """The heartbeat may beat once more after the retire or abort that released the lease: that
+    is the end of the run, not a takeover (a 10 M-row zero-window run failed on it)."""
+    create_orders(db_dsn, 100)
+    plan = write_plan(tmp_path / "orders.toml", PLAN)
+    api.run(db_dsn, plan, one_step=True)
+    db = Database(db_dsn)
+    try:
+        m = db.transaction(lambda cur: control.get(cur, "orders_sm"))
+        db.transaction(lambda cur: control.acquire_lease(cur, m, "me"))
+        assert db.transaction(lambda cur: control.heartbeat(cur, m.id, "me"))
+        db.transaction(lambda cur: cur.execute("UPDATE mover.migrations SET lease_owner = 'other' WHERE id = %s",
+                                               (m.id,)))
+        assert not db.transaction(lambda cur: control.heartbeat(cur, m.id, "me"))  # taken over: lost
+        db.transaction(lambda cur: cur.execute("UPDATE mover.migrations SET lease_owner = 'me' WHERE id = %s",
+                                               (m.id,)))
+        db.transaction(lambda cur: control.mark_aborted(cur, m, "me"))  # releases the lease
+        assert db.transaction(lambda cur: control.heartbeat(cur, m.id, "me"))  # finished, not lost
+    finally:
+        db.close()

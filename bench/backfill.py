@@ -143,6 +143,7 @@ def _stats_read(conn, pgss: bool) -> dict:
                             WHEN query ~* '^\\s*ANALYZE' THEN 'ANALYZE'
                             WHEN query ~* '_changes' THEN 'change log (apply, count)'
                             WHEN query ~* 'COMMIT' THEN 'COMMIT'
+                            WHEN query ~* '^\\s*(CHECKPOINT|DROP|CREATE TABLE|ALTER TABLE)' THEN 'DDL, CHECKPOINT'
                             ELSE 'other (control tables, catalog)' END AS what,
                        sum(calls), sum(total_exec_time), sum(wal_bytes), sum(shared_blks_hit),
                        sum(shared_blks_read), sum(shared_blks_written)

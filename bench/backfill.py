@@ -101,6 +101,9 @@ def mover_backfill(dsn: str, workdir: Path, name: str, workers: int, sync: bool 
         chunks, rows, avg_rows = conn.execute(
             "SELECT count(*), sum(c.rows), avg(c.rows)::int FROM mover.chunks c JOIN mover.migrations m"
             " ON m.id = c.migration_id WHERE m.name = %s AND c.kind = 'backfill'", (name,)).fetchone()
+        own = conn.execute(
+            "SELECT extract(epoch FROM s.finished_at - s.started_at) FROM mover.steps s JOIN mover.migrations m"
+            " ON m.id = s.migration_id WHERE m.name = %s AND s.name = 'backfill'", (name,)).fetchone()[0]
         indexes = conn.execute(
             "SELECT e.message, e.duration_ms FROM mover.events e JOIN mover.migrations m ON m.id = e.migration_id"
             " WHERE m.name = %s AND e.kind = 'index_built' ORDER BY e.id", (name,)).fetchall()
@@ -111,7 +114,8 @@ def mover_backfill(dsn: str, workdir: Path, name: str, workers: int, sync: bool 
     with connect(dsn) as conn:
         conn.execute("CHECKPOINT")
     # rows: what the ranges actually copied (mover.chunks), not the table's size
-    return {"step_s": seconds, "rows": int(rows), "rss_kib": rss, "chunks": chunks, "avg_chunk_rows": avg_rows,
+    return {"step_s": seconds, "step_own_s": float(own or 0), "rows": int(rows), "rss_kib": rss, "chunks": chunks,
+            "avg_chunk_rows": avg_rows,
             "index_builds_ms": [float(ms or 0) for _, ms in indexes], **extra}
 
 
@@ -402,6 +406,7 @@ def report(r: dict) -> str:
         if key in r:
             m = r[key]
             line(label, m["step_s"], m["rows"],
+                 f"step {m.get('step_own_s', 0):.1f} s without process start; "
                  f"{m['chunks']:.0f} ranges of ~{m['avg_chunk_rows']:,.0f} rows, index builds "
                  f"{sum(m['index_builds_ms']) / 1000:.1f} s, RSS {m['rss_kib'] / 1024:.0f} MiB")
     if "writes" in r:

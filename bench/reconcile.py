@@ -370,7 +370,8 @@ def report(r: dict) -> str:
     for key, what in (("mover_1w", "mover reconcile --full, 1 worker"),
                       ("mover_2w", "mover reconcile --full, 2 workers")):
         m = r[key]
-        line(what, m["seconds"], m, f"pass {m['pass_seconds']:.2f}s, {m['ranges']} ranges, CLI wall time; "
+        line(what, m["seconds"], m, f"pass {m['pass_seconds']:.2f}s ({m['pass_seconds'] / lb1:.2f}x, "
+                                    f"{m['pass_seconds'] / lb2:.2f}x the bounds), {m['ranges']} ranges, CLI wall time; "
                                     f"RSS {m['rss_kib'] / 1024:.0f} MiB")
     line("alternative: join comparing row hashes", r["alt_hash_join"]["seconds"], r["alt_hash_join"])
     if "typed_join_only" in r:

@@ -72,20 +72,24 @@ def create_database(dsn: str, name: str) -> str:
 SHAPES = ("narrow", "wide")
 
 
-def index_defs(shape: str, table: str) -> list[sql.Composed]:
-    """The secondary indexes of each shape, on `table` (names derived from it)."""
-    t = sql.Identifier(table)
+INDEXES = {  # the secondary indexes of each shape: name suffix, what follows ON table
+    "narrow": (("created", "(created_at)"), ("account", "(account_id)")),
+    "wide": (("account", "(account_id)"),
+             ("open", "(created_at) WHERE status = 'open'"),  # partial: only the rows still open
+             ("sku", "((attrs ->> 'sku'))")),  # on an expression
+}
 
-    def name(suffix: str) -> sql.Identifier:
-        return sql.Identifier(f"{table}_{suffix}")
-    if shape == "narrow":
-        return [sql.SQL("CREATE INDEX {} ON {} (created_at)").format(name("created"), t),
-                sql.SQL("CREATE INDEX {} ON {} (account_id)").format(name("account"), t)]
-    return [sql.SQL("CREATE INDEX {} ON {} (account_id)").format(name("account"), t),
-            # partial: only the rows still open
-            sql.SQL("CREATE INDEX {} ON {} (created_at) WHERE status = 'open'").format(name("open"), t),
-            # on an expression
-            sql.SQL("CREATE INDEX {} ON {} ((attrs ->> 'sku'))").format(name("sku"), t)]
+
+def index_names(shape: str, table: str) -> list[str]:
+    return [f"{table}_{suffix}" for suffix, _ in INDEXES[shape]]
+
+
+def index_defs(shape: str, table: str, concurrently: bool = False) -> list[sql.Composed]:
+    """The secondary indexes of `shape` on `table`, named after it. The column lists are fixed
+    text of this module."""
+    create = sql.SQL("CREATE INDEX CONCURRENTLY" if concurrently else "CREATE INDEX")
+    return [sql.SQL("{} {} ON {} {}").format(create, sql.Identifier(name), sql.Identifier(table), sql.SQL(cols))
+            for name, (_, cols) in zip(index_names(shape, table), INDEXES[shape], strict=True)]
 
 
 def generate(dsn: str, table: str, rows: int, shape: str = "narrow") -> None:

@@ -5,7 +5,7 @@
 1. the single-statement bound: INSERT INTO copy SELECT * FROM source (primary key only), then
    the shape's secondary index builds, one after the other;
 2. mover's backfill step (copy + deferred index builds + ANALYZE) with 1 and 2 workers, and
-   with synchronous_commit on for its chunk transactions (it is off by default);
+   with synchronous_commit on for its range transactions (it is off by default);
 3. the same while pgbench writes to the source: the backfill's rate, the writers' TPS over
    exactly the backfill step's window against their TPS with no migration, and the capture
    backlog over time: during the backfill, then while the next step (reconcile) drains it,
@@ -105,8 +105,8 @@ def mover_backfill(dsn: str, workdir: Path, name: str, workers: int, sync: bool 
     ended_at = time.time()
     assert proc.returncode == 0, proc.stderr
     with connect(dsn) as conn:
-        chunks, rows, avg_rows = conn.execute(
-            "SELECT count(*), sum(c.rows), avg(c.rows)::int FROM mover.chunks c JOIN mover.migrations m"
+        ranges, rows, avg_rows = conn.execute(
+            "SELECT count(*), sum(c.rows), avg(c.rows)::int FROM mover.ranges c JOIN mover.migrations m"
             " ON m.id = c.migration_id WHERE m.name = %s AND c.kind = 'backfill'", (name,)).fetchone()
         own = conn.execute(
             "SELECT extract(epoch FROM s.finished_at - s.started_at) FROM mover.steps s JOIN mover.migrations m"
@@ -120,9 +120,9 @@ def mover_backfill(dsn: str, workdir: Path, name: str, workers: int, sync: bool 
         assert proc.returncode == 0, proc.stderr
     with connect(dsn) as conn:
         conn.execute("CHECKPOINT")
-    # rows: what the ranges actually copied (mover.chunks), not the table's size
-    return {"step_s": seconds, "step_own_s": float(own or 0), "rows": int(rows), "rss_kib": rss, "chunks": chunks,
-            "avg_chunk_rows": avg_rows,
+    # rows: what the ranges actually copied (mover.ranges), not the table's size
+    return {"step_s": seconds, "step_own_s": float(own or 0), "rows": int(rows), "rss_kib": rss, "ranges": ranges,
+            "avg_range_rows": avg_rows,
             "index_builds_ms": [float(ms or 0) for _, ms in indexes], **extra}
 
 
@@ -149,7 +149,7 @@ def _stats_read(conn, pgss: bool) -> dict:
                 SELECT CASE WHEN query ~* '^\\s*INSERT INTO .*SELECT' AND query !~* 'mover\\.'
                                  THEN 'copy (INSERT ... SELECT)'
                             WHEN query ~* 'OFFSET' THEN 'range bound (index-only OFFSET probe)'
-                            WHEN query ~* 'UPDATE mover\\.chunks' THEN 'range claim / done mark (mover.chunks)'
+                            WHEN query ~* 'UPDATE mover\\.ranges' THEN 'range claim / done mark (mover.ranges)'
                             WHEN query ~* 'CREATE INDEX' THEN 'index builds'
                             WHEN query ~* '^\\s*ANALYZE' THEN 'ANALYZE'
                             WHEN query ~* '_changes' THEN 'change log (apply, count)'
@@ -416,7 +416,7 @@ def report(r: dict) -> str:
             m = r[key]
             line(label, m["step_s"], m["rows"],
                  f"step {m.get('step_own_s', 0):.1f} s without process start; "
-                 f"{m['chunks']:.0f} ranges of ~{m['avg_chunk_rows']:,.0f} rows, index builds "
+                 f"{m['ranges']:.0f} ranges of ~{m['avg_range_rows']:,.0f} rows, index builds "
                  f"{sum(m['index_builds_ms']) / 1000:.1f} s, RSS {m['rss_kib'] / 1024:.0f} MiB")
     if "writes" in r:
         w = r["writes"]

@@ -153,8 +153,8 @@ def lower_bound(dsn: str, s) -> dict:
 
 def mover_ranges(dsn: str) -> list[tuple]:
     with connect(dsn) as conn:
-        return conn.execute("SELECT c.lo, c.hi FROM mover.chunks c JOIN mover.migrations m ON m.id = c.migration_id"
-                            " WHERE m.name = %s AND c.kind = 'reconcile' ORDER BY c.chunk_no", (NAME,)).fetchall()
+        return conn.execute("SELECT c.lo, c.hi FROM mover.ranges c JOIN mover.migrations m ON m.id = c.migration_id"
+                            " WHERE m.name = %s AND c.kind = 'reconcile' ORDER BY c.range_no", (NAME,)).fetchall()
 
 
 def _range(alias: str, lo, hi) -> tuple[sql.Composable, list]:

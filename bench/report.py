@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.common import RESULTS
 
 KINDS = {"backfill": "bench.backfill", "reconcile": "bench.reconcile", "capture": "bench.capture",
-         "scaling": "bench.scaling"}
+         "scaling": "bench.scaling", "partition": "bench.partition", "cutover": "bench.cutover"}
 
 
 def newest() -> list[Path]:

@@ -105,7 +105,7 @@ def one_size(dsn: str, rows: int, shape: str, tps: int) -> dict:
         out["cutover_lock_ms"], out["state"] = conn.execute(
             "SELECT cutover_lock_ms, state FROM mover.migrations WHERE name = %s", (NAME,)).fetchone()
         out["copied_rows"] = int(conn.execute(
-            "SELECT sum(c.rows) FROM mover.chunks c JOIN mover.migrations m ON m.id = c.migration_id"
+            "SELECT sum(c.rows) FROM mover.ranges c JOIN mover.migrations m ON m.id = c.migration_id"
             " WHERE m.name = %s AND c.kind = 'backfill'", (NAME,)).fetchone()[0] or 0)
     return out
 

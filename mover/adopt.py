@@ -32,7 +32,7 @@ from typing import Any
 
 from psycopg import sql
 
-from mover import backfill, capture, chunks, control, faults, introspect, names, shape
+from mover import backfill, capture, control, faults, introspect, names, ranges, shape
 from mover.context import Context
 from mover.db import bind
 from mover.errors import Failed
@@ -90,7 +90,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
             shape.record(cur, ctx.mid, **{other_side: again[other_side]["oid"]})
         if columns and not ctx.swapped:
             # Every range is compared again, new column included: a full pass.
-            chunks.reset(cur, ctx.mid, "reconcile")
+            ranges.reset(cur, ctx.mid, "reconcile")
         control.mark_adopted(cur, m, ctx.owner, recheck=bool(columns) and not ctx.swapped,
                              message=f"adopted on {other}: {'; '.join(c.message for c in live_changes)}",
                              detail={"changes": [c.as_dict() for c in live_changes]})

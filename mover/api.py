@@ -16,9 +16,9 @@ from mover import adopt as adopt_engine
 from mover import backfill as backfill_engine
 from mover import (
     checks,
-    chunks,
     control,
     partitions,
+    ranges,
     runner,
     shape,
     steps,
@@ -26,9 +26,9 @@ from mover import (
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind
+from mover.db import Database, bind, one
 from mover.db import open_database as _database
-from mover.errors import BadInput, NotFound, PlanError, Waiting
+from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
@@ -348,7 +348,7 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
     values are parsed as TOML, validated like a plan file, recorded as an event."""
     import tomllib
 
-    from mover.plan import SETTABLE, parse_plan, to_document
+    from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, to_document
     db = _database(dsn)
     try:
         _require_schema(db)
@@ -360,6 +360,7 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
             for item in assignments:
                 key, sep, raw = item.partition("=")
                 section, _, field = key.strip().partition(".")
+                field = RENAMED_KEYS.get((section, field), field)
                 if not sep or field not in SETTABLE.get(section, ()):
                     allowed = ", ".join(f"{s}.{k}" for s, ks in SETTABLE.items() for k in sorted(ks))
                     raise BadInput(f"cannot set {key.strip()!r}", hint=f"settable: {allowed}")
@@ -404,7 +405,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
                     continue
                 break
             if kind == reconcile_engine.KIND:
-                st = db.transaction(bind(chunks.state, m.id, reconcile_engine.KIND))
+                st = db.transaction(bind(ranges.state, m.id, reconcile_engine.KIND))
                 if m.step == "reconcile" and not st["started"] and _orchestrated(db, m):
                     stop.wait(1.0)  # the orchestrator has yet to start the first pass
                     continue
@@ -433,26 +434,26 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
     registry: set[str] = set()
-    workers: list[chunks.RangeWorker]
+    workers: list[ranges.RangeWorker]
     if kind == backfill_engine.KIND:
-        workers = [backfill_engine.Worker(db.dsn, m, chunks.worker_id(i), stop=stop, lost=lost, registry=registry,
+        workers = [backfill_engine.Worker(db.dsn, m, ranges.worker_id(i), stop=stop, lost=lost, registry=registry,
                                           report=report, n_workers=threads) for i in range(threads)]
     else:
         ctx = Context(db=db, migration=m, owner=control.new_owner_id(), report=report, stop=stop, lease_lost=lost)
         spec = db.transaction(lambda cur: reconcile_engine.spec_for(cur, ctx.mapping(cur)))
         result = reconcile_engine.PassResult("helper")
-        workers = [reconcile_engine.Worker(db.dsn, m, chunks.worker_id(i), spec, result, stop=stop, lost=lost,
+        workers = [reconcile_engine.Worker(db.dsn, m, ranges.worker_id(i), spec, result, stop=stop, lost=lost,
                                            registry=registry, report=report, n_workers=threads)
                    for i in range(threads)]
 
     def keep(cur) -> bool:
-        chunks.keep_leases(cur, m.id, sorted(registry))
+        ranges.keep_leases(cur, m.id, sorted(registry))
         return True  # a worker's only lease is its ranges': losing one shows when it commits
 
     beat = heartbeat(db.dsn, keep, lost, name=f"worker-lease-{m.id}")
     beat.start()
     try:
-        chunks.run_workers(workers, f"helper-{kind}")
+        ranges.run_workers(workers, f"helper-{kind}")
     finally:
         beat.stop()
 
@@ -495,6 +496,9 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
             # The plan's cutover lock_timeout: the application waits at most this long behind
             # a partition being created or detached; a busy table is retried (db.transaction).
             lock = f"{plan.cutover.lock_timeout_ms}ms"
+            if plan.upkeep.manager == "pg_partman" and m.state == "done":
+                results.append(_partman_maintain(db, m, plan, premake, live, lock, dry_run))
+                continue
             todo = db.transaction(bind(partitions.maintain_plan, spec, premake, plan.upkeep.retention, live,
                                        m.source.name), label="partitions")
             report: dict[str, Any] = {"migration": m.name, "table": todo["table"], "partitions": todo["partitions"],
@@ -536,7 +540,62 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
                         db.transaction(bind(psycopg.Cursor.execute, ddl.drop_table(child)), lock_timeout=lock,
                                        label="drop partition")
                         report["dropped"].append(name)
+            if plan.upkeep.manager == "pg_partman":
+                report["manager"] = "mover (pg_partman takes over once the migration is retired)"
             results.append(report)
         return results
     finally:
         db.close()
+
+
+def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str, dry_run: bool) -> dict[str, Any]:
+    """maintain for a retired conversion with manager = "pg_partman": the first run hands the
+    table over (create_parent), every run defers to pg_partman's run_maintenance. Reports the
+    partitions it created and removed by comparing before and after."""
+    from mover.sql import partitions as partition_sql
+    spec = plan.partition
+
+    def names_of(cur):
+        return {c.name for c, _, _, _ in partitions.children(cur, live)}
+
+    def default_rows(cur):
+        default = next((c for c, _, d, _ in partitions.children(cur, live) if d), None)
+        if default is None:
+            return None
+        cur.execute(partition_sql.count_rows(default))
+        return one(cur)[0]
+
+    def registered(cur):
+        return partitions.partman_config(cur, partitions.check_partman(cur, live), live) is not None
+
+    before = db.transaction(names_of, label="partitions")
+    handed = db.transaction(registered, label="partitions")
+    report: dict[str, Any] = {"migration": m.name, "table": str(live), "manager": "pg_partman", "dry_run": dry_run,
+                              "partitions": len(before), "handed_over": False, "registered": handed,
+                              "create": [], "created": [], "blocked": [], "detach": [], "detached": [],
+                              "dropped": [], "default_rows": None}
+    if dry_run:
+        return report
+    # Under the parent's lock (hand-over) and pg_partman's DDL: bounded like a swap, retried whole.
+    step = "create_parent"
+    try:
+        report["handed_over"] = db.transaction(
+            bind(partitions.hand_over, spec, premake, plan.upkeep.retention, plan.upkeep.drop_detached, live),
+            lock_timeout=lock, statement_timeout="60s", label="pg_partman create_parent")
+        step = "run_maintenance"
+        moved = db.transaction(bind(partitions.partman_maintain, spec, premake, live), lock_timeout=lock,
+                               statement_timeout="60s", label="pg_partman run_maintenance")
+    except psycopg.Error as exc:
+        # Rolled back whole: the table is as it was (handed over or not).
+        raise Failed(f"pg_partman {step} for {live} failed: {exc.diag.message_primary or exc}",
+                     hint=f"fix the cause (pg_partman's part_config row for {partitions.partman_parent(live)}), "
+                          f"then `mover partitions maintain {m.name}` again") from exc
+    if moved:
+        report["moved_from_default"] = moved
+    after = db.transaction(names_of, label="partitions")
+    report["registered"] = True
+    report["partitions"] = len(after)
+    report["default_rows"] = db.transaction(default_rows, label="partitions")
+    report["created"] = sorted(after - before)
+    report["detached"] = sorted(before - after)
+    return report

@@ -1,12 +1,12 @@
 """Backfill engine: copy the original table into the new one, range by range, with N workers.
 
 Invariants:
-- Each range is one transaction: lock the range's chunk row and check we own it, copy the
+- Each range is one transaction: lock the range's range row and check we own it, copy the
   range with one INSERT ... SELECT (no conflict clause: see sql/copy.py), mark it done. A crash
   loses both or neither, which is why these transactions may commit with
   synchronous_commit = off (a later synchronous commit flushes the WAL before it anyway).
-- Ranges are claimed from mover/chunks.py (SKIP LOCKED, expiring leases, attempt ceiling).
-- Range sizes adapt so that one range takes about [backfill] target_chunk_ms, within
+- Ranges are claimed from mover/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling).
+- Range sizes adapt so that one range takes about [backfill] target_range_ms, within
   min_rows / max_rows; the process never holds more than one range's bounds per worker.
 - Workers also apply the change log between ranges (one applier at a time, capture.py), so
   the log stays short while the copy runs.
@@ -23,7 +23,7 @@ import time
 
 import psycopg
 
-from mover import capture, chunks, control, faults, introspect, names, partitions, throttle
+from mover import capture, control, faults, introspect, names, partitions, ranges, throttle
 from mover.context import Context, Reporter
 from mover.db import bind
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
@@ -37,22 +37,22 @@ KIND = "backfill"
 IDLE_WAIT_SECONDS = 0.2
 
 
-def next_chunk_rows(current: int, rows: int, ms: float, s: BackfillSettings) -> int:
-    """Aim the next range at target_chunk_ms from the last one's speed; move halfway each time so
+def next_range_rows(current: int, rows: int, ms: float, s: BackfillSettings) -> int:
+    """Aim the next range at target_range_ms from the last one's speed; move halfway each time so
     one slow range (a checkpoint, a lock) does not swing the size."""
     if rows <= 0 or ms <= 0:
         return current
-    aimed = rows * s.target_chunk_ms / ms
+    aimed = rows * s.target_range_ms / ms
     return int(min(max((current + aimed) / 2, s.min_rows), s.max_rows))
 
 
 def limits(s: BackfillSettings) -> throttle.Limits:
     """The backfill's settings as the throttle reads them."""
     return throttle.Limits(max_rows_per_second=s.max_rows_per_second, max_replica_lag_ms=s.max_replica_lag_ms,
-                           max_rows=s.max_rows, burst_ms=s.target_chunk_ms)
+                           max_rows=s.max_rows, burst_ms=s.target_range_ms)
 
 
-class Worker(chunks.RangeWorker):
+class Worker(ranges.RangeWorker):
     """One backfill worker: claims ranges, copies them, applies the change log in between.
     Runs in the orchestrator's process (as a thread) or alone (`mover worker NAME`)."""
 
@@ -67,8 +67,8 @@ class Worker(chunks.RangeWorker):
         self.registry.add(self.wid)
         self.db.transaction(self._register)
         settings = ctx.plan.backfill
-        rows_hint = settings.chunk_rows
-        chunk_rows = settings.chunk_rows
+        rows_hint = settings.range_rows
+        range_rows = settings.range_rows
         pacer = throttle.Throttle(limits(settings), self.n_workers)
         waiting: str | None = None
         try:
@@ -79,9 +79,9 @@ class Worker(chunks.RangeWorker):
                     return
                 settings = plan_from_canonical(m.plan).backfill  # `mover set` takes effect here
                 pacer.limits = limits(settings)
-                if settings.chunk_rows != chunk_rows:
-                    # `mover set backfill.chunk_rows`: the next range starts again from that size.
-                    chunk_rows = rows_hint = settings.chunk_rows
+                if settings.range_rows != range_rows:
+                    # `mover set backfill.range_rows`: the next range starts again from that size.
+                    range_rows = rows_hint = settings.range_rows
                 reason = self.db.transaction(bind(pacer.reason, m.paused))
                 if reason:
                     waiting = reason
@@ -91,40 +91,40 @@ class Worker(chunks.RangeWorker):
                     waiting = None
                     self._wait(None, 0)
                 mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
-                chunk = self.db.transaction(bind(
-                    chunks.claim, mid, KIND, self.wid, mapping, pacer.range_rows(rows_hint),
+                key_range = self.db.transaction(bind(
+                    ranges.claim, mid, KIND, self.wid, mapping, pacer.range_rows(rows_hint),
                     settings.max_attempts), label="claim")
-                if chunk is not None:
+                if key_range is not None:
                     faults.point("claimed")  # between building the mapping and copying with it
-                if chunk is None:
-                    st = self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))
+                if key_range is None:
+                    st = self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))
                     if st["open"] == 0:
                         return  # nothing left to copy here; failed ranges are the orchestrator's to report
                     # Others are still copying, or a worker died: its ranges come back when its lease
                     # expires, at once when it died on this host.
-                    self.db.transaction(lambda cur: chunks.release_dead_local_owners(cur, mid))
+                    self.db.transaction(lambda cur: ranges.release_dead_local_owners(cur, mid))
                     capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                     self.ctx.stop.wait(IDLE_WAIT_SECONDS)
                     continue
                 started = time.monotonic()
                 try:
-                    rows, ms = chunks.work(self.db, mid, chunk, self.wid,
-                                           bind(self._copy, mapping, chunk),
+                    rows, ms = ranges.work(self.db, mid, key_range, self.wid,
+                                           bind(self._copy, mapping, key_range),
                                            synchronous_commit=settings.synchronous_commit)
                 except LeaseLost as exc:
                     log.warning("%s", exc)
                     continue
                 except (psycopg.Error, MoverError) as exc:
-                    if chunks.is_connection_failure(exc) or isinstance(exc, ShapeChanged):
+                    if ranges.is_connection_failure(exc) or isinstance(exc, ShapeChanged):
                         raise
                     self.db.transaction(ctx.check_shape)  # a range that failed on a changed table says so
-                    outcome = chunks.record_failure(self.db, mid, chunk, self.wid, exc, settings.max_attempts)
-                    log.error("backfill range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
+                    outcome = ranges.record_failure(self.db, mid, key_range, self.wid, exc, settings.max_attempts)
+                    log.error("backfill range %s failed (%s): %s", key_range.range_no, outcome, exc)
                     continue
-                faults.point(f"chunk:{chunk.chunk_no}")
-                rows_hint = next_chunk_rows(rows_hint, rows, ms, settings)
+                faults.point(f"backfill_range:{key_range.range_no}")
+                rows_hint = next_range_rows(rows_hint, rows, ms, settings)
                 self.db.transaction(bind(
-                    psycopg.Cursor.execute, "UPDATE mover.workers SET chunk_rows = %s, rows_done = rows_done + %s"
+                    psycopg.Cursor.execute, "UPDATE mover.workers SET range_rows = %s, rows_done = rows_done + %s"
                     " WHERE migration_id = %s AND worker_id = %s", (pacer.range_rows(rows_hint), rows, mid,
                                                                      self.wid)))
                 capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
@@ -132,25 +132,25 @@ class Worker(chunks.RangeWorker):
                 if time.monotonic() - self._pending_checked > 2:
                     self._pending_checked = time.monotonic()
                     pending = self.db.transaction(lambda cur: capture.pending(cur, mid)[0])
-                self.report("backfill", chunk=chunk.chunk_no, rows=rows, ms=round(ms, 1),
-                            chunk_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
+                self.report("backfill", range_no=key_range.range_no, rows=rows, ms=round(ms, 1),
+                            range_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
                 pause = pacer.pace(rows, time.monotonic() - started)
                 if pause:
                     self._wait(pacer.cap_reason(), pause)
         finally:
             self._leave()
 
-    def _copy(self, cur, mapping, chunk: chunks.Chunk) -> int:
-        rows = copy_range(cur, self.ctx, mapping, chunk.lo, chunk.hi)
+    def _copy(self, cur, mapping, key_range: ranges.KeyRange) -> int:
+        rows = copy_range(cur, self.ctx, mapping, key_range.lo, key_range.hi)
         # After the copy, in its transaction: the copy holds a lock that keeps ALTER TABLE out
         # until commit, so a shape seen unchanged here is the shape the range was copied under.
         if self.ctx.mapping(cur) is not mapping:
             # `mover adopt` recorded a new shape since this worker built its mapping: copy again.
-            raise LeaseLost(f"the shape of {mapping.src} was adopted while range {chunk.chunk_no} was copied;"
+            raise LeaseLost(f"the shape of {mapping.src} was adopted while range {key_range.range_no} was copied;"
                             f" copying it again")
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
-        faults.point(f"chunk_copied:{chunk.chunk_no}")
-        faults.point("chunk_copied")  # whichever range this process copies first
+        faults.point(f"range_copied:{key_range.range_no}")
+        faults.point("range_copied")  # whichever range this process copies first
         return rows
 
 
@@ -210,19 +210,19 @@ def copy_all(ctx: Context) -> None:
     """Run [backfill] workers in this process until every range is copied."""
     settings = ctx.plan.backfill
     def prepare(cur):
-        chunks.ensure_frontier(cur, ctx.mid, KIND)
-        chunks.retry_failed(cur, ctx.mid, KIND)
-        chunks.release_dead_local_owners(cur, ctx.mid)
-        return introspect.estimate_rows(cur, ctx.original), chunks.state(cur, ctx.mid, KIND)["rows"]
+        ranges.ensure_frontier(cur, ctx.mid, KIND)
+        ranges.retry_failed(cur, ctx.mid, KIND)
+        ranges.release_dead_local_owners(cur, ctx.mid)
+        return introspect.estimate_rows(cur, ctx.original), ranges.state(cur, ctx.mid, KIND)["rows"]
 
     estimate, copied = ctx.db.transaction(prepare)
     ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
-    workers = [Worker(ctx.db.dsn, ctx.migration, chunks.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
+    workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
                for i in range(settings.workers)]
-    chunks.run_workers(workers, "worker")
+    ranges.run_workers(workers, "worker")
     ctx.checkpoint()
-    chunks.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
+    ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
 
 
 def deferred_index_name(mid: int, source_index: str) -> str:

@@ -2,7 +2,7 @@
 
 Invariants:
 - The trigger only appends keys; it cannot fail on the application's data (invariant 3).
-- A logged key is replayed only once the backfill chunk covering it is done; otherwise a chunk
+- A logged key is replayed only once the backfill range covering it is done; otherwise a range
   still copying from an older snapshot could insert a row the replay already deleted (race 1).
 - One applier at a time per migration and direction (a transaction-scoped advisory lock), so
   two replays of one key from different snapshots cannot commit out of order (race 2).
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from mover import chunks, control, introspect, names, privileges
+from mover import control, introspect, names, privileges, ranges
 from mover.context import Context
 from mover.db import one
 from mover.sql import capture as q
@@ -110,7 +110,7 @@ def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping, backfill_do
     below the done prefix of the backfill's ranges; None when nothing is covered yet."""
     if backfill_done:
         return sql.SQL("true"), {}
-    everything, hi = chunks.watermark(cur, ctx.mid, "backfill")
+    everything, hi = ranges.watermark(cur, ctx.mid, "backfill")
     if everything:
         return sql.SQL("true"), {}
     if hi is None:

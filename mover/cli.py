@@ -125,9 +125,9 @@ def _show_status(st: dict[str, Any]) -> None:
     table.add_row("tables",
                   f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
     b = st["backfill"]
-    line = f"{b['rows_copied']:,} rows in {b['chunks_done']} ranges"
-    if b["chunks_failed"]:
-        line += f", {b['chunks_failed']} FAILED"
+    line = f"{b['rows_copied']:,} rows in {b['ranges_done']} ranges"
+    if b["ranges_failed"]:
+        line += f", {b['ranges_failed']} FAILED"
     if b["workers"]:
         line += f", {b['workers']} workers, {b['rows_per_second'] or 0:,} rows/s"
         if b["eta_seconds"] is not None:
@@ -148,6 +148,16 @@ def _show_status(st: dict[str, Any]) -> None:
         table.add_row("cutover", f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)")
     if st["rollback_window_ends_at"]:
         table.add_row("rollback window ends", st["rollback_window_ends_at"])
+    p = st.get("partitions")
+    if p:
+        line = f"{p['count']} in {p['table']} (upkeep: {p.get('manager', 'mover')})"
+        if p["newest_bound"] is not None:
+            line += f", newest up to {p['newest_bound']}" + (f" ({p['ahead']} ahead)" if p["ahead"] else "")
+        if p["next_boundary"] is not None:
+            line += f", next boundary {p['next_boundary']}"
+        if p["default_rows_estimate"] is not None:
+            line += f", ~{p['default_rows_estimate']:,} rows in the default partition"
+        table.add_row("partitions", line)
     if st["error"]:
         table.add_row("error", st["error"])
     out.print(table)
@@ -223,6 +233,11 @@ def partitions_maintain(table: str | None = typer.Argument(None, help="Migration
         made = [p["name"] for p in r["create"]] if dry_run else r["created"]
         out.print(f"{r['table']}: {r['partitions']} partitions; {verb} {len(made)}: {', '.join(made) or '-'}",
                   highlight=False, markup=False)
+        if r.get("manager"):
+            verb = "would defer" if dry_run else "deferred"
+            out.print(f"  managed by {r['manager']}" + (f"; {verb} to pg_partman run_maintenance" + (
+                ", after handing the table over (create_parent)" if not r["registered"] else "")
+                if r["manager"] == "pg_partman" else ""), highlight=False, markup=False)
         for b in r["blocked"]:
             out.print(f"  not created {b['name']}: {b['error']}", highlight=False, markup=False)
         if r["default_rows"]:

@@ -9,7 +9,7 @@ guarded by the lease, and by the step it leaves where that matters, that must hi
 (else LeaseLost), with an events row in the same transaction. A process that lost its lease, or
 that works from a stale idea of the step, changes nothing.
 
-The work tables belong to their engines: mover.chunks and mover.workers to mover/chunks.py and
+The work tables belong to their engines: mover.ranges and mover.workers to mover/ranges.py and
 mover/backfill.py, the change logs and mover.capture_stats to mover/capture.py.
 """
 
@@ -550,13 +550,13 @@ def release_lease(cur: psycopg.Cursor, mid: int, owner: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Chunks
+# Ranges
 
 
-def chunk_totals(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[int, int, int]:
-    """(rows, chunks done, chunks known)."""
+def range_totals(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[int, int, int]:
+    """(rows, ranges done, ranges known)."""
     cur.execute("SELECT coalesce(sum(rows) FILTER (WHERE status = 'done'), 0), count(*) FILTER (WHERE status = 'done'),"
-                " count(*) FROM mover.chunks WHERE migration_id = %s AND kind = %s", (mid, kind))
+                " count(*) FROM mover.ranges WHERE migration_id = %s AND kind = %s", (mid, kind))
     rows, done, total = one(cur)
     return int(rows), done, total
 
@@ -622,12 +622,12 @@ def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
 # Reconcile ranges (mover/reconcile.py): what each verified range held on both sides
 
 
-def store_range_fingerprint(cur: psycopg.Cursor, mid: int, chunk_no: int, src_rows: int, src_fingerprint: int,
+def store_range_fingerprint(cur: psycopg.Cursor, mid: int, range_no: int, src_rows: int, src_fingerprint: int,
                             dst_rows: int, dst_fingerprint: int, differences: int) -> None:
-    cur.execute("UPDATE mover.chunks SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
+    cur.execute("UPDATE mover.ranges SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
                 " differences = %s, verified_at = clock_timestamp()"
-                " WHERE migration_id = %s AND kind = 'reconcile' AND chunk_no = %s",
-                (src_rows, src_fingerprint, dst_rows, dst_fingerprint, differences, mid, chunk_no))
+                " WHERE migration_id = %s AND kind = 'reconcile' AND range_no = %s",
+                (src_rows, src_fingerprint, dst_rows, dst_fingerprint, differences, mid, range_no))
 
 
 def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
@@ -637,7 +637,7 @@ def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
                coalesce(sum(src_rows) FILTER (WHERE status = 'done'), 0),
                coalesce(sum(dst_rows) FILTER (WHERE status = 'done'), 0),
                min(verified_at) FILTER (WHERE status = 'done'), max(verified_at) FILTER (WHERE status = 'done')
-        FROM mover.chunks WHERE migration_id = %s AND kind = 'reconcile'
+        FROM mover.ranges WHERE migration_id = %s AND kind = 'reconcile'
         """, (mid,))
     done, total, failed, src_rows, dst_rows, oldest, newest = one(cur)
     return {"ranges_done": done, "ranges_total": total, "ranges_failed": failed, "source_rows": int(src_rows),

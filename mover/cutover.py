@@ -19,7 +19,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from mover import capture, chunks, control, faults, introspect, names, privileges, reconcile, shape
+from mover import capture, control, faults, introspect, names, privileges, ranges, reconcile, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -292,7 +292,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
                                      ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
         else:
             control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)
-            chunks.reset(cur, ctx.mid, "reconcile")
+            ranges.reset(cur, ctx.mid, "reconcile")
         return held_ms
 
     faults.point("swap:before_lock" if forward else "swap_back:before_lock")
@@ -414,8 +414,8 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
             raise refuse_losing(ctx, left, "abort", "new")
         give_up(cur, ctx, left, "abort")
         execute_all(cur, abort_sql(cur, ctx))
-        chunks.reset(cur, ctx.mid, "backfill")
-        chunks.reset(cur, ctx.mid, "reconcile")
+        ranges.reset(cur, ctx.mid, "backfill")
+        ranges.reset(cur, ctx.mid, "reconcile")
         control.mark_aborted(cur, m, ctx.owner)
 
     cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap

@@ -60,7 +60,7 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = 20000
+range_rows = 20000
 
 [cutover]
 # stop at the gate: the swap is the operator's decision
@@ -236,7 +236,7 @@ class _Reporter:
 
     def __call__(self, kind: str, **fields: Any) -> None:
         if kind == "capture":
-            return  # after every backfill chunk; nothing to show (status has the backlog)
+            return  # after every backfill range; nothing to show (status has the backlog)
         if kind == "reconcile":
             self.inner.close()
             if self.spinner is None:
@@ -244,7 +244,7 @@ class _Reporter:
                                         TimeElapsedColumn(), console=self.console, transient=False)
                 self.spinner.start()
                 self.task = self.spinner.add_task("reconcile", n=0)
-            self.spinner.update(self.task, n=fields.get("chunk", 0))
+            self.spinner.update(self.task, n=fields.get("range_no", 0))
             return
         self._close_spinner()
         self.inner(kind, **fields)
@@ -355,7 +355,7 @@ def _status_table(st: dict[str, Any]) -> Table:
     b, c = st["backfill"], st["capture"]
     table.add_section()
     table.add_row("tables", f"source {st['tables']['source']}", f"old {st['tables']['old']}")
-    table.add_row("backfill", f"{b['rows_copied']:,} rows", f"{b['chunks_done']} chunks")
+    table.add_row("backfill", f"{b['rows_copied']:,} rows", f"{b['ranges_done']} ranges")
     table.add_row("capture", f"{c['pending']} pending", c["direction"])
     table.add_row("divergences", str(st["divergences"]), "")
     if st["cutover"]:

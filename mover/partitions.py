@@ -432,8 +432,35 @@ def status(cur: psycopg.Cursor, source: names.QualifiedName, target: names.Quali
         upper = _upper_bound(bound)
         if upper is not None:
             newest = upper if newest is None else max(newest, upper, key=_bound_order)
-    return {"table": str(table), "count": len(rows), "rows_estimate": rows, "default_rows_estimate": default_rows,
-            "newest_bound": newest}
+    out = {"table": str(table), "count": len(rows), "rows_estimate": rows, "default_rows_estimate": default_rows,
+           "newest_bound": newest, "next_boundary": None, "ahead": None}
+    cols = partition_columns(cur, table)
+    uppers = [u for _, b, _, _ in children(cur, table) if (u := _upper_bound(b)) is not None]
+    if len(cols) == 1 and uppers:
+        typ = column_type(introspect.describe(cur, table), cols[0])
+        if typ in TIME_TYPES:
+            # The boundary the table crosses next, and how far past now the newest partition reaches.
+            cur.execute(sql.SQL("SELECT min(b) FILTER (WHERE b > now()), max(b) - now() FROM"
+                                " (SELECT CAST(u AS {}) AS b FROM unnest(%s::text[]) u) x").format(sql.SQL(typ)),
+                        (uppers,))
+            nxt, ahead = one(cur)
+            out["next_boundary"] = None if nxt is None else str(nxt)
+            out["ahead"] = None if ahead is None else _words(ahead)
+        elif typ in INTEGER_TYPES:
+            cur.execute(q.first_value(table, cols[0], True))
+            row = cur.fetchone()
+            top = row[0] if row else None
+            bounds = sorted(int(u) for u in uppers)
+            out["next_boundary"] = next((b for b in bounds if top is None or b > top), None)
+            out["ahead"] = None if top is None else f"{bounds[-1] - top} values"
+    return out
+
+
+def _words(delta: Any) -> str:
+    if isinstance(delta, int):  # date - date: days
+        return f"{delta} days"
+    days = delta.total_seconds() / 86400
+    return f"{days:.1f} days" if days >= 0 else f"{days:.1f} days (behind now)"
 
 
 def _bound_order(text: str) -> Any:
@@ -460,4 +487,136 @@ def carve_from_default(cur: psycopg.Cursor, parent: names.QualifiedName, part: P
                              tuple(c.name for c in info.copy_columns)))
     moved = cur.rowcount
     cur.execute(q.attach(parent, table, part.bound))
+    return moved
+
+
+# ---------------------------------------------------------------------------------------------
+# pg_partman: `[partitions] manager = "pg_partman"` hands the parent over once the migration is
+# retired (during the rollback window mover keeps the partitions itself: a rollback renames the
+# tables, and pg_partman's part_config names the parent by text).
+
+PARTMAN_INTERVALS = {"day": "1 day", "month": "1 month", "year": "1 year"}
+
+
+def partman_package(cur: psycopg.Cursor) -> str:
+    cur.execute("SELECT current_setting('server_version_num')::int / 10000")
+    return f"postgresql-{one(cur)[0]}-partman"
+
+
+def partman_schema(cur: psycopg.Cursor) -> str | None:
+    """The schema pg_partman is installed in, or None when it is not installed in this database."""
+    cur.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+                " WHERE e.extname = 'pg_partman'")
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def check_partman(cur: psycopg.Cursor, table: names.QualifiedName) -> str:
+    """Plan check of manager = "pg_partman": the extension is installed (its schema), and the
+    table's name is one pg_partman can hold (it splits the parent's name at the dot)."""
+    schema = partman_schema(cur)
+    if schema is None:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_partman')")
+        if not one(cur)[0]:
+            package = partman_package(cur)
+            raise PlanError(f'[partitions] manager = "pg_partman": the server has no pg_partman extension '
+                            f"(Debian/Ubuntu package {package})",
+                            hint=f'apt-get install {package}, then CREATE EXTENSION pg_partman SCHEMA partman; '
+                                 f'or use manager = "mover"')
+        raise PlanError('[partitions] manager = "pg_partman": pg_partman is available on the server but not '
+                        'installed in this database',
+                        hint='CREATE EXTENSION pg_partman SCHEMA partman (CREATE SCHEMA partman first); '
+                             'or use manager = "mover"')
+    assert table.schema is not None
+    if "." in table.schema or "." in table.name:
+        raise PlanError(f'[partitions] manager = "pg_partman": pg_partman cannot manage {table}: it does not '
+                        f"support names with a period", hint='use manager = "mover"')
+    return schema
+
+
+def partman_parent(table: names.QualifiedName) -> str:
+    # pg_partman's own spelling of a parent: schema.table, unquoted (it quotes the parts itself).
+    return f"{table.schema}.{table.name}"
+
+
+def partman_config(cur: psycopg.Cursor, schema: str, table: names.QualifiedName) -> dict[str, Any] | None:
+    cur.execute(sql.SQL("SELECT partition_interval, premake, retention, retention_keep_table,"
+                        " infinite_time_partitions FROM {}.part_config WHERE parent_table = %s").format(
+        sql.Identifier(schema)), (partman_parent(table),))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip(("interval", "premake", "retention", "retention_keep_table", "infinite_time_partitions"), row,
+                    strict=True))
+
+
+def hand_over(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retention: str | None, drop_detached: bool,
+              table: names.QualifiedName) -> bool:
+    """Register `table` with pg_partman (create_parent with the plan's interval and premake, the
+    retention policy into part_config). False when it is registered already (idempotent).
+
+    The table ends with a DEFAULT partition, as pg_partman makes its sets: a default partition
+    mover made is detached first and its rows put back through the parent (they land in their
+    partition, or in pg_partman's default), all under the parent's lock, so no write is lost.
+    Bounds are UTC (mover's): the session's time zone is UTC here, as pg_partman's must be."""
+    schema = check_partman(cur, table)
+    if partman_config(cur, schema, table) is not None:
+        return False
+    assert table.schema is not None and spec.by == "range"
+    cur.execute("SET LOCAL TimeZone = 'UTC'")
+    cur.execute(q.lock_parent(table))
+    old_default = next((c for c, _, d, _ in children(cur, table) if d), None)
+    if old_default is not None:
+        cur.execute(q.detach(table, old_default))
+        aside = names.QualifiedName(table.schema, names.derived(old_default.name, "_mover"))
+        cur.execute(q.rename_table(old_default, aside.name))
+        old_default = aside
+    col = spec.columns[0]
+    cur.execute(q.first_value(table, col, True))
+    row = cur.fetchone()
+    if spec.interval is not None:
+        interval = PARTMAN_INTERVALS[spec.interval]
+        cur.execute("SELECT now()")
+        start: Any = period_start(one(cur)[0], spec.interval).isoformat()
+    else:
+        assert spec.step is not None
+        interval = str(spec.step)
+        start = str(((row[0] if row and row[0] is not None else 0) // spec.step) * spec.step)
+    cur.execute(q.partman_create_parent(schema), {"parent": partman_parent(table), "control": col,
+                                                  "interval": interval, "premake": premake, "start": start})
+    # ignore_default_data: rows no partition takes (dated 2100, say) must not make pg_partman
+    # create partitions up to them, nor fail its maintenance.
+    cur.execute(sql.SQL("UPDATE {}.part_config SET retention = %s, retention_keep_table = %s,"
+                        " infinite_time_partitions = %s, ignore_default_data = true"
+                        " WHERE parent_table = %s").format(sql.Identifier(schema)),
+                (retention, not drop_detached, spec.interval is not None, partman_parent(table)))
+    if not any(d for _, _, d, _ in children(cur, table)):
+        # create_parent returns before making its default when every partition it wanted existed.
+        cur.execute(q.create_partition(names.QualifiedName(table.schema, default_name(table.name)), table,
+                                       q.default_bound()))
+    if old_default is not None:
+        info = introspect.describe(cur, table)
+        cur.execute(q.move_all(old_default, table, tuple(c.name for c in info.copy_columns)))
+        cur.execute(sql.SQL("DROP TABLE {}").format(old_default.ident))
+    return True
+
+
+def partman_maintain(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, table: names.QualifiedName) -> int:
+    """pg_partman's run_maintenance for `table` (UTC, as its bounds are). pg_partman fails to
+    create a partition whose range has rows in the default partition ("updated partition
+    constraint for default partition would be violated"): mover carves those out first, under
+    the same names, so pg_partman finds them made. Returns the rows moved out of the default."""
+    schema = check_partman(cur, table)
+    cur.execute("SET LOCAL TimeZone = 'UTC'")
+    moved = 0
+    default = next((c for c, _, d, _ in children(cur, table) if d), None)
+    if default is not None:
+        col = spec.columns[0]
+        typ = column_type(introspect.describe(cur, table), col)
+        # One past premake: pg_partman counts ahead from the newest row, mover from now.
+        for p in maintain_plan(cur, spec, premake + 1, None, table, table.name)["create"]:
+            cur.execute(q.has_rows_between(default, col, p.lo, p.hi, typ))
+            if one(cur)[0]:
+                moved += carve_from_default(cur, table, p, col)
+    cur.execute(q.partman_run_maintenance(schema), {"parent": partman_parent(table)})
     return moved

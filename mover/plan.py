@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,8 @@ from typing import Any
 
 from mover.errors import PlanError
 from mover.names import QualifiedName, parse_qualified
+
+log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|min|m|h|d)\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -34,14 +37,14 @@ def parse_duration_ms(text: str) -> int:
 
 @dataclass(frozen=True)
 class BackfillSettings:
-    chunk_rows: int = 10_000  # the first chunk's size; later ones adapt toward target_chunk_ms
-    target_chunk_ms: int = 500
+    range_rows: int = 10_000  # the first range's size; later ones adapt toward target_range_ms
+    target_range_ms: int = 500
     min_rows: int = 1_000
     max_rows: int = 200_000
     workers: int = 1
     max_rows_per_second: int = 0  # 0: no cap
     max_replica_lag_ms: int = 30_000  # 0: do not check
-    max_attempts: int = 5  # a chunk failing this often is marked failed
+    max_attempts: int = 5  # a range failing this often is marked failed
     synchronous_commit: bool = False
 
 
@@ -108,6 +111,7 @@ class PartitionUpkeep:
     premake: int | None = None  # None: [target.partition] premake
     retention: str | None = None  # e.g. "12 months": partitions wholly older are detached
     drop_detached: bool = False
+    manager: str = "mover"  # or "pg_partman": handed over once retired (mover/partitions.py)
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ def to_document(plan: Plan) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "migration": {"name": plan.name, "source": str(plan.source)},
         "target": {"columns": dict(plan.columns)},
-        "backfill": {"chunk_rows": b.chunk_rows, "target_chunk_ms": b.target_chunk_ms, "min_rows": b.min_rows,
+        "backfill": {"range_rows": b.range_rows, "target_range_ms": b.target_range_ms, "min_rows": b.min_rows,
                      "max_rows": b.max_rows, "workers": b.workers, "max_rows_per_second": b.max_rows_per_second,
                      "max_replica_lag": f"{b.max_replica_lag_ms}ms", "max_attempts": b.max_attempts,
                      "synchronous_commit": b.synchronous_commit},
@@ -206,10 +210,24 @@ def to_document(plan: Plan) -> dict[str, Any]:
     return doc
 
 
+# Keys renamed when "chunk" became "range"; the old spellings are read for one release (docs/plan.md).
+RENAMED_KEYS = {("backfill", "chunk_rows"): "range_rows", ("backfill", "target_chunk_ms"): "target_range_ms"}
+
+
+def renamed(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with old key spellings replaced by the current ones (a current one wins)."""
+    out = {RENAMED_KEYS.get((section, k), k): v for k, v in values.items() if (section, k) not in RENAMED_KEYS}
+    for (sec, old), new in RENAMED_KEYS.items():
+        if sec == section and old in values and new not in values:
+            log.warning("[%s] %s is now called %s; the old name is read until the next release", sec, old, new)
+            out[new] = values[old]
+    return out
+
+
 # Settings `mover set NAME section.key=value` may change while a migration runs.
 SETTABLE = {
-    "backfill": {"target_chunk_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
-                 "max_attempts", "workers", "chunk_rows"},
+    "backfill": {"target_range_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
+                 "max_attempts", "workers", "range_rows"},
     "cutover": {"auto", "lock_timeout", "attempts"},
     "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts",
                   "max_rows_per_second"},
@@ -230,7 +248,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         target=qn(doc["target"]["name"]),
         columns=dict(doc["target"]["columns"]),
         accept_lossy=tuple(doc["target"].get("accept_lossy", ())),
-        backfill=BackfillSettings(**{**asdict(BackfillSettings()), **doc["backfill"]}),
+        backfill=BackfillSettings(**{**asdict(BackfillSettings()), **renamed("backfill", doc["backfill"])}),
         cutover=CutoverSettings(**doc["cutover"]),
         rollback=RollbackSettings(
             window_ms=doc["rollback"]["window_ms"],
@@ -253,7 +271,7 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     # section -> key -> (python type, required)
     "migration": {"name": (str, True), "source": (str, True)},
     "target": {"name": (str, False), "columns": (dict, False), "accept_lossy": (list, False)},
-    "backfill": {"chunk_rows": (int, False), "target_chunk_ms": (int, False), "min_rows": (int, False),
+    "backfill": {"range_rows": (int, False), "target_range_ms": (int, False), "min_rows": (int, False),
                  "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
                  "synchronous_commit": (bool, False)},
@@ -262,7 +280,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
                   "settle_rounds": (int, False), "max_attempts": (int, False),
                   "max_rows_per_second": (int, False)},
-    "partitions": {"premake": (int, False), "retention": (str, False), "drop_detached": (bool, False)},
+    "partitions": {"premake": (int, False), "retention": (str, False), "drop_detached": (bool, False),
+                   "manager": (str, False)},
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
 _SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
@@ -289,6 +308,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     def fail(msg: str, hint: str | None = None) -> PlanError:
         return PlanError(f"{origin}: {msg}", hint=hint)
 
+    doc = {section: renamed(section, value) if isinstance(value, dict) else value for section, value in doc.items()}
     for section, value in doc.items():
         if section not in _SCHEMA:
             raise fail(f"unknown section [{section}]", f"known sections: {', '.join('[' + s + ']' for s in _SCHEMA)}")
@@ -339,9 +359,9 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
             raise fail(f"[{section}] {key} must be between {lo} and {hi}, got {value}")
         return value
 
-    chunk_rows = bounded("backfill", "chunk_rows", BackfillSettings.chunk_rows, 1, 10_000_000)
+    range_rows = bounded("backfill", "range_rows", BackfillSettings.range_rows, 1, 10_000_000)
     min_rows = bounded("backfill", "min_rows", BackfillSettings.min_rows, 1, 10_000_000)
-    max_rows = bounded("backfill", "max_rows", max(BackfillSettings.max_rows, chunk_rows), 1, 10_000_000)
+    max_rows = bounded("backfill", "max_rows", max(BackfillSettings.max_rows, range_rows), 1, 10_000_000)
     if min_rows > max_rows:
         raise fail(f"[backfill] min_rows ({min_rows}) is above max_rows ({max_rows})")
 
@@ -362,8 +382,8 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         raise fail(f"[cutover] attempts must be between 1 and 1000, got {attempts}")
     window_ms = duration("rollback", "window", RollbackSettings.window_ms)
     backfill = BackfillSettings(
-        chunk_rows=chunk_rows,
-        target_chunk_ms=bounded("backfill", "target_chunk_ms", BackfillSettings.target_chunk_ms, 10, 600_000),
+        range_rows=range_rows,
+        target_range_ms=bounded("backfill", "target_range_ms", BackfillSettings.target_range_ms, 10, 600_000),
         min_rows=min_rows,
         max_rows=max_rows,
         workers=bounded("backfill", "workers", BackfillSettings.workers, 1, 64),
@@ -390,8 +410,13 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
                        "= \"1 month\" etc.)")
         if not re.match(r"^\s*[1-9]\d*\s+(day|week|month|year)s?\s*$", p["retention"]):
             raise fail(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {p['retention']!r}")
+    manager = p.get("manager", "mover")
+    if manager not in ("mover", "pg_partman"):
+        raise fail(f"[partitions] manager must be \"mover\" or \"pg_partman\", got {manager!r}")
+    if manager == "pg_partman":
+        _check_partman_spec(partition, p, fail)
     upkeep = PartitionUpkeep(premake=p.get("premake"), retention=p.get("retention"),
-                             drop_detached=p.get("drop_detached", False))
+                             drop_detached=p.get("drop_detached", False), manager=manager)
 
     return Plan(
         partition=partition,
@@ -415,6 +440,25 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         ),
         document=doc,
     )
+
+
+def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail) -> None:
+    """pg_partman takes over only a layout it would have made itself: one range column, its own
+    child names (it skips a partition whose name exists and would collide with one named otherwise)."""
+    where = '[partitions] manager = "pg_partman"'
+    assert partition is not None  # [partitions] without [target.partition] is refused before
+    if partition.by != "range":
+        raise fail(f"{where}: pg_partman manages range partitioning only, not by = \"{partition.by}\"",
+                   'use manager = "mover" (the default)')
+    if partition.interval == "week":
+        raise fail(f"{where}: pg_partman names weekly partitions by ISO week (IYYYwIW), mover by date",
+                   'use interval = "1 day" or "1 month", or manager = "mover"')
+    if partition.name != DEFAULT_NAMES[partition.interval]:
+        raise fail(f"{where}: pg_partman names the partitions it creates {DEFAULT_NAMES[partition.interval]!r}; "
+                   f"[target.partition] name {partition.name!r} would differ",
+                   "remove [target.partition] name")
+    if p.get("premake", partition.premake) < 1:
+        raise fail(f"{where}: pg_partman needs premake of 1 or more")
 
 
 def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:

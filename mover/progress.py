@@ -34,12 +34,12 @@ class ProgressReporter:
                 self.started = time.monotonic()
                 self.progress = Progress(
                     TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]} rows/s | range {task.fields[chunk_rows]} rows | "
+                    TextColumn("{task.fields[rate]} rows/s | range {task.fields[range_rows]} rows | "
                                "{task.fields[workers]} workers | capture backlog {task.fields[backlog]}"),
                     TimeRemainingColumn(), console=self.console)
                 self.progress.start()
                 self.task = self.progress.add_task("backfill", total=max(self.estimate, self.rows, 1),
-                                                   completed=self.rows, rate="-", chunk_rows="-",
+                                                   completed=self.rows, rate="-", range_rows="-",
                                                    workers=f["workers"], backlog="-")
                 return
             if kind == "backfill" and self.progress is not None:
@@ -47,7 +47,7 @@ class ProgressReporter:
                 self.copied_here += f["rows"]
                 self.workers.add(f["worker"])
                 rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
-                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "chunk_rows": f"{f['chunk_rows']:,}",
+                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "range_rows": f"{f['range_rows']:,}",
                                           "workers": len(self.workers)}
                 if f.get("capture_pending") is not None:
                     fields["backlog"] = f"{f['capture_pending']:,}"

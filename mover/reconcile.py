@@ -7,7 +7,7 @@ Invariants:
 - A key that differs while a change to it is still pending in the log is re-checked, alone,
   after the applier has caught up, a bounded number of rounds; only a difference that
   persists is recorded as a divergence, in the transaction that marks the range done.
-- Ranges are claimed from mover/chunks.py (kind 'reconcile': SKIP LOCKED, leases, attempt
+- Ranges are claimed from mover/ranges.py (kind 'reconcile': SKIP LOCKED, leases, attempt
   ceiling), by [reconcile] workers threads; a crashed reconcile resumes with the ranges it
   had not finished, and a range's result commits with its done mark (race 6 included).
 - Each verified range keeps its row counts and fingerprints. A later pass re-verifies only
@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from mover import capture, chunks, control, faults, introspect, names, throttle
+from mover import capture, control, faults, introspect, names, ranges, throttle
 from mover.context import Context, Reporter
 from mover.db import Database, bind, is_retryable, one
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
@@ -147,8 +147,8 @@ def _rows(cur) -> list[dict[str, Any]]:
     return [dict(zip(names_, r, strict=True)) for r in cur.fetchall()]
 
 
-def _compare(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    stmt, params = q.compare_range(spec, names.change_log(mid), names.applied_notes(mid), chunk.lo, chunk.hi)
+def _compare(cur, spec: q.Spec, mid: int, key_range: ranges.KeyRange) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    stmt, params = q.compare_range(spec, names.change_log(mid), names.applied_notes(mid), key_range.lo, key_range.hi)
     cur.execute(stmt, params)
     rows = _rows(cur)
     agg = {k: rows[0][k] for k in ("src_rows", "dst_rows", "src_sum", "mark")}
@@ -162,12 +162,12 @@ def _recheck(cur, spec: q.Spec, mid: int, keys: list[list[str]]) -> list[dict[st
     return _rows(cur)
 
 
-def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: dict[str, Any],
+def _record(cur, spec: q.Spec, mid: int, key_range: ranges.KeyRange, actor: str, agg: dict[str, Any],
             first_diffs: list[dict[str, Any]], settled: list[dict[str, Any]],
             unsettled: list[dict[str, Any]]) -> dict[str, int]:
     """What a verified range leaves behind, in the transaction of its done mark: divergences
     recorded, found again or resolved, the range's fingerprints, its notes forgotten."""
-    stmt, params = q.divergences_in_range(spec, chunk.lo, chunk.hi)
+    stmt, params = q.divergences_in_range(spec, key_range.lo, key_range.hi)
     cur.execute(stmt, [mid, *params])
     # A key may hold several open divergences: apply_errors (one per failed copy or replay) and
     # the one reconcile keeps up to date.
@@ -197,30 +197,30 @@ def _record(cur, spec: q.Spec, mid: int, chunk: chunks.Chunk, actor: str, agg: d
     seen |= {tuple(d["key"]) for d in unsettled}  # unknown yet: left as they are
     resolved = control.resolve_divergences_as(
         cur, mid, [e[0] for k, v in open_by_key.items() if k not in seen for e in v], "equal_on_recheck",
-        f"rows equal when reconcile range {chunk.chunk_no} was verified again", actor)
-    stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), chunk.lo, chunk.hi)
+        f"rows equal when reconcile range {key_range.range_no} was verified again", actor)
+    stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), key_range.lo, key_range.hi)
     cur.execute(stmt, [*params, agg["mark"]])
     src_fp, dst_fp = q.fingerprint(agg["src_sum"], first_diffs)
-    control.store_range_fingerprint(cur, mid, chunk.chunk_no, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp,
+    control.store_range_fingerprint(cur, mid, key_range.range_no, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp,
                                     len(settled))
     return {"found": found, "still_open": again, "resolved": len(resolved), "unsettled": len(unsettled)}
 
 
-def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, worker: str,
+def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.KeyRange, worker: str,
                  settings: ReconcileSettings) -> dict[str, int]:
     """Compare one claimed range; commit its findings with its done mark."""
     mid = ctx.mid
     started = time.monotonic()
 
     def first(cur):
-        chunks.hold(cur, mid, chunk, worker)
-        agg, diffs = _compare(cur, spec, mid, chunk)
+        ranges.hold(cur, mid, key_range, worker)
+        agg, diffs = _compare(cur, spec, mid, key_range)
         ctx.check_shape(cur)  # nothing is compared across a change of either table's shape
         if any(d["pending"] for d in diffs):
             return agg, diffs, None  # nothing written: settle the pending keys first
-        outcome = _record(cur, spec, mid, chunk, worker, agg, diffs, diffs, [])
-        faults.point(f"reconcile_compared:{chunk.chunk_no}")  # inside the transaction: a crash loses the range
-        chunks.mark_done(cur, mid, chunk, agg["src_rows"], (time.monotonic() - started) * 1000)
+        outcome = _record(cur, spec, mid, key_range, worker, agg, diffs, diffs, [])
+        faults.point(f"reconcile_compared:{key_range.range_no}")  # inside the transaction: a crash loses the range
+        ranges.mark_done(cur, mid, key_range, agg["src_rows"], (time.monotonic() - started) * 1000)
         return agg, diffs, outcome
 
     agg, diffs, outcome = db.transaction(first, statement_timeout=RANGE_STATEMENT_TIMEOUT, label="reconcile range")
@@ -241,14 +241,14 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
             ctx.stop.wait(min(0.02 * (round_no + 1), 0.5))
 
         def final(cur):
-            chunks.hold(cur, mid, chunk, worker)
+            ranges.hold(cur, mid, key_range, worker)
             now = _recheck(cur, spec, mid, keys)
             ctx.check_shape(cur)
             settled = [d for d in now if not d["pending"]]
             unsettled = [d for d in now if d["pending"]]
-            result = _record(cur, spec, mid, chunk, worker, agg, diffs, settled, unsettled)
-            faults.point(f"reconcile_compared:{chunk.chunk_no}")
-            chunks.mark_done(cur, mid, chunk, agg["src_rows"], (time.monotonic() - started) * 1000)
+            result = _record(cur, spec, mid, key_range, worker, agg, diffs, settled, unsettled)
+            faults.point(f"reconcile_compared:{key_range.range_no}")
+            ranges.mark_done(cur, mid, key_range, agg["src_rows"], (time.monotonic() - started) * 1000)
             return result
 
         outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, label="reconcile range")
@@ -260,7 +260,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, chunk: chunks.Chunk, 
 # Workers and passes
 
 
-class Worker(chunks.RangeWorker):
+class Worker(ranges.RangeWorker):
     """One reconcile worker thread: claims ranges and verifies them until none is left."""
 
     role = "mover-reconcile"
@@ -302,32 +302,32 @@ class Worker(chunks.RangeWorker):
             if waiting:
                 waiting = None
                 self._wait(None, 0)
-            chunk = self.db.transaction(bind(
-                chunks.claim, mid, KIND, self.wid, self.spec.mapping, pacer.range_rows(settings.range_rows),
+            key_range = self.db.transaction(bind(
+                ranges.claim, mid, KIND, self.wid, self.spec.mapping, pacer.range_rows(settings.range_rows),
                 settings.max_attempts), label="claim")
-            if chunk is None:
-                if self.db.transaction(lambda cur: chunks.state(cur, mid, KIND))["open"] == 0:
+            if key_range is None:
+                if self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))["open"] == 0:
                     return
                 # Others are still comparing, or a dead worker's lease has yet to expire.
                 ctx.stop.wait(IDLE_WAIT_SECONDS)
                 continue
             try:
-                got = verify_range(self.db, ctx, self.spec, chunk, self.wid, settings)
+                got = verify_range(self.db, ctx, self.spec, key_range, self.wid, settings)
             except LeaseLost as exc:
                 log.warning("%s", exc)
                 continue
             except (psycopg.Error, MoverError) as exc:
-                if chunks.is_connection_failure(exc) or isinstance(exc, ShapeChanged) or (
+                if ranges.is_connection_failure(exc) or isinstance(exc, ShapeChanged) or (
                         isinstance(exc, MoverError) and exc.exit_code == 130):
                     raise
                 self.db.transaction(ctx.check_shape)  # a range that failed on a changed table says so
-                outcome = chunks.record_failure(self.db, mid, chunk, self.wid, exc, settings.max_attempts)
-                log.error("reconcile range %s failed (%s): %s", chunk.chunk_no, outcome, exc)
+                outcome = ranges.record_failure(self.db, mid, key_range, self.wid, exc, settings.max_attempts)
+                log.error("reconcile range %s failed (%s): %s", key_range.range_no, outcome, exc)
                 continue
-            faults.point(f"reconcile_range:{chunk.chunk_no}")
+            faults.point(f"reconcile_range:{key_range.range_no}")
             self.result.add(ranges=1, rows=got["rows"], found=got["found"], still_open=got["still_open"],
                             resolved=got["resolved"], unsettled=got["unsettled"], rechecked=got["rechecked"])
-            ctx.report("reconcile_range", chunk=chunk.chunk_no, rows=got["rows"], ms=got["ms"],
+            ctx.report("reconcile_range", range_no=key_range.range_no, rows=got["rows"], ms=got["ms"],
                        differences=got["found"] + got["still_open"], worker=self.wid)
             self.db.transaction(bind(
                 psycopg.Cursor.execute, "UPDATE mover.workers SET rows_done = rows_done + %s"
@@ -359,21 +359,21 @@ def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
                                        spec.mapping.key, spec.mapping.src_key_types,
                                        spec.mapping.key_collations):
                 cur.execute(stmt)
-            chunks.reset(cur, mid, KIND)
-            chunks.ensure_frontier(cur, mid, KIND)
+            ranges.reset(cur, mid, KIND)
+            ranges.ensure_frontier(cur, mid, KIND)
             return "full"
-        st = chunks.state(cur, mid, KIND)
+        st = ranges.state(cur, mid, KIND)
         exists = st["total"] > 0 or st["exhausted"]
         if full or not exists or (st["finished"] and st["total"] == 0):
             # Every range is verified after this point, and each covers the changes applied
             # before it: the notes so far say nothing new. (DELETE, not TRUNCATE: appliers run.)
-            chunks.reset(cur, mid, KIND)
-            chunks.ensure_frontier(cur, mid, KIND)
+            ranges.reset(cur, mid, KIND)
+            ranges.ensure_frontier(cur, mid, KIND)
             cur.execute(psycopg.sql.SQL("DELETE FROM {}").format(notes.ident))
             return "full"
         if not st["finished"]:
-            chunks.retry_failed(cur, mid, KIND)
-            chunks.release_dead_local_owners(cur, mid)
+            ranges.retry_failed(cur, mid, KIND)
+            ranges.release_dead_local_owners(cur, mid)
             return "resume"
         cur.execute(q.reopen_changed(spec, notes), (mid, mid))
         return "incremental"
@@ -397,18 +397,18 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     result = PassResult(mode)
 
     def todo(cur):
-        st = chunks.state(cur, ctx.mid, KIND)
+        st = ranges.state(cur, ctx.mid, KIND)
         estimate = introspect.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
         return st, estimate
     st, estimate = ctx.db.transaction(todo)
     ctx.report("reconcile_start", mode=mode, ranges_open=st["open"], estimate=estimate, workers=settings.workers)
     if st["open"] or not st["exhausted"]:
-        workers = [Worker(ctx.db.dsn, ctx.migration, chunks.worker_id(i), spec, result, stop=ctx.stop,
+        workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), spec, result, stop=ctx.stop,
                           lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
                    for i in range(settings.workers)]
-        chunks.run_workers(workers, "reconcile")
+        ranges.run_workers(workers, "reconcile")
     ctx.checkpoint()
-    chunks.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover reconcile")
+    ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover reconcile")
     result.seconds = time.monotonic() - started
 
     def finish(cur):

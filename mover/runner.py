@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from mover import capture, chunks, control, faults, shape, steps
+from mover import capture, control, faults, ranges, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, mask
@@ -38,7 +38,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
 
     def beat_once(cur) -> bool:
         if ctx.workers:
-            chunks.keep_leases(cur, migration.id, sorted(ctx.workers))
+            ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)
 
     beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
@@ -51,7 +51,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         _record(db, ctx, "waiting", str(exc))
         raise
     except (Interrupted, KeyboardInterrupt):
-        _record(db, ctx, "paused", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
+        _record(db, ctx, "interrupted", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
         raise
     except MoverError as exc:
         _record(db, ctx, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),

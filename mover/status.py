@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from mover import capture, chunks, control, introspect, partitions
+from mover import capture, control, introspect, partitions, ranges
 from mover.db import one
 
 
 def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
-    st = chunks.state(cur, m.id, "backfill")
-    workers, chunk_rows, waiting = _workers(cur, m)
+    st = ranges.state(cur, m.id, "backfill")
+    workers, range_rows, waiting = _workers(cur, m)
     # Speed over the last 30 s of finished ranges: what the copy does now, not on average.
-    cur.execute("SELECT sum(rows) / nullif(extract(epoch FROM now() - min(finished_at)), 0) FROM mover.chunks"
+    cur.execute("SELECT sum(rows) / nullif(extract(epoch FROM now() - min(finished_at)), 0) FROM mover.ranges"
                 " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
                 " AND finished_at > now() - interval '30 seconds'", (m.id,))
     rate = cur.fetchone()[0]
@@ -22,11 +22,18 @@ def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
     eta = None
     if rate and estimate and not st["finished"]:
         eta = max(estimate - st["rows"], 0) / float(rate)
-    return {"rows_copied": st["rows"], "chunks_done": st["done"], "chunks_total": st["total"],
-            "chunks_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
-            "chunk_rows": chunk_rows, "rows_per_second": None if rate is None else round(float(rate)),
+    return {"rows_copied": st["rows"], "ranges_done": st["done"], "ranges_total": st["total"],
+            "ranges_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
+            "range_rows": range_rows, "rows_per_second": None if rate is None else round(float(rate)),
             "eta_seconds": None if eta is None else round(eta), "waiting_for": waiting or [],
-            "paused": m.paused}
+            "paused": m.paused, **_old_backfill_keys(st, range_rows)}
+
+
+def _old_backfill_keys(st: dict[str, Any], range_rows: int | None) -> dict[str, Any]:
+    """The backfill's JSON keys from before "chunk" became "range", kept for one release
+    (docs/commands.md lists them); new readers use the ranges_* keys."""
+    return {"chunks_done": st["done"], "chunks_total": st["total"], "chunks_failed": st["failed"],
+            "chunk_rows": range_rows}
 
 
 def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
@@ -34,11 +41,11 @@ def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
     cur.execute(
         """
         SELECT count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %s)),
-               max(chunk_rows), array_remove(array_agg(DISTINCT waiting_for), NULL)
+               max(range_rows), array_remove(array_agg(DISTINCT waiting_for), NULL)
         FROM mover.workers WHERE migration_id = %s
         """, (control.LEASE_SECONDS, m.id))
-    workers, chunk_rows, waiting = one(cur)
-    return workers, chunk_rows, waiting or []
+    workers, range_rows, waiting = one(cur)
+    return workers, range_rows, waiting or []
 
 
 def status_of(cur, m: control.Migration) -> dict[str, Any]:
@@ -72,16 +79,25 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
         "error": error,
         "created_at": iso(m.created_at),
         "finished_at": iso(m.finished_at),
-        "partitions": partitions.status(cur, m.source, m.target) if m.plan.get("partition") else None,
+        "partitions": _partitions(cur, m),
     }
 
 
+def _partitions(cur, m: control.Migration) -> dict[str, Any] | None:
+    if not m.plan.get("partition"):
+        return None
+    out = partitions.status(cur, m.source, m.target)
+    if out is not None:
+        out["manager"] = (m.plan.get("partitions") or {}).get("manager", "mover")
+    return out
+
+
 def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
-    ranges = control.reconcile_ranges(cur, m.id)
+    verified = control.reconcile_ranges(cur, m.id)
     counts = control.divergence_counts(cur, m.id)
-    return {"ranges_done": ranges["ranges_done"], "ranges_total": ranges["ranges_total"],
-            "ranges_failed": ranges["ranges_failed"], "rows_compared": ranges["source_rows"],
-            "verified_at": iso(ranges["newest_verification"]),
+    return {"ranges_done": verified["ranges_done"], "ranges_total": verified["ranges_total"],
+            "ranges_failed": verified["ranges_failed"], "rows_compared": verified["source_rows"],
+            "verified_at": iso(verified["newest_verification"]),
             # The range workers of the migration (backfill and reconcile alike) wait on one throttle.
             "waiting_for": _workers(cur, m)[2], "paused": m.paused,
             "divergences": {"open": counts["open_by_kind"], "resolved": counts["resolved_by_how"]},

@@ -102,6 +102,15 @@ def icu(pg_dsn: str) -> None:
     require_icu(pg_dsn)
 
 
+def require_partman(dsn: str) -> None:
+    """Skip, saying why, on a server without pg_partman (the pgserver wheel's PostgreSQL 16 has
+    no extensions beyond core); CI installs Debian's postgresql-15-partman for the 15 run."""
+    with connect(dsn) as conn:
+        if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_partman')"
+                            ).fetchone()[0]:
+            pytest.skip("this PostgreSQL server has no pg_partman extension (Debian: postgresql-15-partman)")
+
+
 def _init_control_schema(dsn: str) -> None:
     """Apply mover's control schema with mover.api.init, once the package has it."""
     try:

@@ -94,7 +94,7 @@ FAULTS = [
             '    if True:\n        return sql.SQL("true"), {}')],
           [FULL, WORKERS]),
     Fault("no lease check before a range's done mark (race 6)",
-          [("mover/chunks.py", "    if cur.fetchone() is None:\n        raise LeaseLost(",
+          [("mover/ranges.py", "    if cur.fetchone() is None:\n        raise LeaseLost(",
             "    if cur.fetchone() is None and False:\n        raise LeaseLost(")],
           [TAKEN_OVER, STALLED], blind=False),
 ]

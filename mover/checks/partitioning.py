@@ -10,3 +10,6 @@ from mover.checks import Subject
 def plan(s: Subject) -> None:
     if s.plan.partition is not None:
         s.partitioning = partitions.check_plan(s.cur, s.plan.partition, s.src, s.table, s.new, s.plan.columns)
+        if s.plan.upkeep.manager == "pg_partman":
+            # Refused now, not after the cutover: the upkeep the plan asks for must be possible.
+            s.partitioning["manager"] = f"pg_partman (schema {partitions.check_partman(s.cur, s.src)})"

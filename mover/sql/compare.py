@@ -327,8 +327,8 @@ def forget_notes(m: Mapping, notes, lo, hi) -> tuple[sql.Composed, list]:
     return sql.SQL("DELETE FROM {} a WHERE {} AND a.seq <= %s").format(notes.ident, where), params
 
 
-def _in_chunk(alias: str, keys: Sequence[sql.Composable], types: tuple[str, ...], m: Mapping) -> sql.Composed:
-    """`alias`-row keys inside the bounds of chunk row c (text arrays cast back to `types`, in
+def _in_range(alias: str, keys: Sequence[sql.Composable], types: tuple[str, ...], m: Mapping) -> sql.Composed:
+    """`alias`-row keys inside the bounds of range row c (text arrays cast back to `types`, in
     the key's collation)."""
     row = sql.SQL("ROW({})").format(sql.SQL(", ").join(keys))
 
@@ -349,18 +349,18 @@ def divergence_key(spec: Spec, alias: str = "d") -> list[sql.Composed]:
 def reopen_changed(spec: Spec, notes) -> sql.Composed:
     """Done reconcile ranges with a change applied since their verification, or an open
     divergence found by reconcile: back to pending, with a fresh set of attempts. Parameters:
-    migration id (twice). Returns the chunk numbers."""
+    migration id (twice). Returns the range numbers."""
     m = spec.mapping
     notes_in = sql.SQL("EXISTS (SELECT 1 FROM {} a WHERE {})").format(
-        notes.ident, _in_chunk("a", [sql.Identifier("a", k) for k in m.key], m.src_key_types, m))
+        notes.ident, _in_range("a", [sql.Identifier("a", k) for k in m.key], m.src_key_types, m))
     open_in = sql.SQL(
         "EXISTS (SELECT 1 FROM mover.divergences d WHERE d.migration_id = %s AND d.resolved_at IS NULL"
-        " AND (d.kind IN ('missing_in_target', 'extra_in_target', 'different') OR {forward_error}) AND {in_chunk})"
-    ).format(forward_error=FORWARD_APPLY_ERROR, in_chunk=_in_chunk("d", divergence_key(spec), spec.dst_key_types, m))
+        " AND (d.kind IN ('missing_in_target', 'extra_in_target', 'different') OR {forward_error}) AND {in_range})"
+    ).format(forward_error=FORWARD_APPLY_ERROR, in_range=_in_range("d", divergence_key(spec), spec.dst_key_types, m))
     return sql.SQL(
-        "UPDATE mover.chunks c SET status = 'pending', attempts = 0, owner = NULL, lease_expires_at = NULL,"
+        "UPDATE mover.ranges c SET status = 'pending', attempts = 0, owner = NULL, lease_expires_at = NULL,"
         " error = NULL WHERE c.migration_id = %s AND c.kind = 'reconcile' AND c.status = 'done'"
-        " AND ({} OR {}) RETURNING c.chunk_no").format(notes_in, open_in)
+        " AND ({} OR {}) RETURNING c.range_no").format(notes_in, open_in)
 
 
 def divergences_in_range(spec: Spec, lo, hi) -> tuple[sql.Composed, list]:

@@ -1,6 +1,6 @@
-"""SQL of the backfill: find a chunk's upper bound, copy the chunk in one set-based statement.
+"""SQL of the backfill: find a range's upper bound, copy the range in one set-based statement.
 
-No conflict clause: capture replays a key only after the chunk that covers it is done, so a
+No conflict clause: capture replays a key only after the range that covers it is done, so a
 key the copy inserts cannot already be in the target. A unique violation here is a bug to
 surface, not a row to skip. A row whose values do not convert (class 22, or a constraint of
 class 23 other than uniqueness) is a divergence: the backfill narrows the range down to it.

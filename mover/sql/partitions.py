@@ -143,5 +143,33 @@ def move_range(default: QualifiedName, table: QualifiedName, column: str, lo, hi
         cols=cols, t=table.ident)
 
 
+def has_rows_between(table: QualifiedName, column: str, lo, hi, type_text: str) -> sql.Composed:
+    return sql.SQL("SELECT EXISTS (SELECT 1 FROM {t} WHERE {c} >= {lo} AND {c} < {hi})").format(
+        t=table.ident, c=sql.Identifier(column), lo=_typed(lo, type_text), hi=_typed(hi, type_text))
+
+
 def attach(parent: QualifiedName, table: QualifiedName, bound: sql.Composable) -> sql.Composed:
     return sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent.ident, table.ident, bound)
+
+
+def rename_table(table: QualifiedName, new_name: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} RENAME TO {}").format(table.ident, sql.Identifier(new_name))
+
+
+def move_all(source: QualifiedName, parent: QualifiedName, columns: tuple[str, ...]) -> sql.Composed:
+    """Every row of `source` into `parent` (routed to its partitions), keeping identity values."""
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    return sql.SQL("INSERT INTO {p} ({cols}) OVERRIDING SYSTEM VALUE SELECT {cols} FROM {s}").format(
+        p=parent.ident, cols=cols, s=source.ident)
+
+
+def partman_create_parent(schema: str) -> sql.Composed:
+    """pg_partman 4.x create_parent for a native range set, without pg_jobmon."""
+    return sql.SQL("SELECT {}.create_parent(p_parent_table := %(parent)s, p_control := %(control)s,"
+                   " p_type := 'native', p_interval := %(interval)s, p_premake := %(premake)s,"
+                   " p_start_partition := %(start)s, p_jobmon := false)").format(sql.Identifier(schema))
+
+
+def partman_run_maintenance(schema: str) -> sql.Composed:
+    return sql.SQL("SELECT {}.run_maintenance(p_parent_table := %(parent)s, p_jobmon := false)").format(
+        sql.Identifier(schema))

@@ -15,7 +15,7 @@ class Backfill(Step):
 
     def describe(self, ctx: Context, cur):
         m = ctx.migration
-        out: list = [f"-- each chunk of {ctx.plan.backfill.chunk_rows} keys in its own transaction"
+        out: list = [f"-- each range of {ctx.plan.backfill.range_rows} keys in its own transaction"
                      " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]
         if introspect.exists(cur, m.target):
             mapping = ctx.mapping(cur)
@@ -40,13 +40,13 @@ class Backfill(Step):
             invalid = [ix.name for ix in introspect.describe(cur, m.target).indexes if not ix.is_valid]
             if invalid:
                 raise Failed(f"indexes {invalid} on {m.target} are invalid", hint=f"run `mover run {m.name}` again")
-            rows, chunks, _ = control.chunk_totals(cur, m.id, "backfill")
+            rows, ranges, _ = control.range_totals(cur, m.id, "backfill")
             # mover has finished building the new table (deferred indexes included): from here
             # on its shape is fixed too (mover/shape.py).
             ctx.check_shape(cur)
             shape.record(cur, m.id, target=m.target)
             control.finish_step(cur, m, self.name, ctx.owner,
-                                message=f"copied {rows} rows in {chunks} chunks",
-                                detail={"rows": rows, "chunks": chunks})
+                                message=f"copied {rows} rows in {ranges} ranges",
+                                detail={"rows": rows, "ranges": ranges})
 
         ctx.db.transaction(finish, label="backfill done")

@@ -29,7 +29,7 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = 500
+range_rows = 500
 min_rows = 500
 max_rows = 500
 workers = {workers}
@@ -74,15 +74,15 @@ def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path)
     writer = Writer(db_dsn, seed=21).start()
     assert mover(db_dsn, "step", plan).returncode == 0  # registered; create_target done
     # An extra worker on "another host" joins, copies one range's rows and dies before committing.
-    doomed = spawn(db_dsn, "worker", "wide", env={"MOVER_FAULT": "kill@chunk_copied"})
+    doomed = spawn(db_dsn, "worker", "wide", env={"MOVER_FAULT": "kill@range_copied"})
     orchestrator = spawn(db_dsn, "run", plan)
     try:
         assert finish(doomed, 120)[0] == -signal.SIGKILL
         code, err = finish(orchestrator, 300)
         assert code == 3, err
-        redone = query(db_dsn, "SELECT chunk_no, attempts FROM mover.chunks WHERE kind = 'backfill' AND attempts > 1")
+        redone = query(db_dsn, "SELECT range_no, attempts FROM mover.ranges WHERE kind = 'backfill' AND attempts > 1")
         assert len(redone) == 1 and redone[0][1] == 2
-        owners = query(db_dsn, "SELECT count(DISTINCT owner) FROM mover.chunks WHERE kind = 'backfill'")[0][0]
+        owners = query(db_dsn, "SELECT count(DISTINCT owner) FROM mover.ranges WHERE kind = 'backfill'")[0][0]
         assert owners >= 2  # both orchestrator workers did ranges
         writer.pause()
         assert mover(db_dsn, "run", "wide").returncode == 3
@@ -104,7 +104,7 @@ def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_pat
     run = spawn(db_dsn, "run", "wide")
     try:
         # Plain SQL, not `mover status`: one interpreter start per poll would eat that room.
-        wait_for(lambda: query(db_dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill'"
+        wait_for(lambda: query(db_dsn, "SELECT count(*) FROM mover.ranges WHERE kind = 'backfill'"
                                        " AND status = 'done'")[0][0] >= 2, "two ranges copied")
         assert mover(db_dsn, "pause", "wide").returncode == 0
         (paused_at,) = query(db_dsn, "SELECT clock_timestamp()")[0]
@@ -122,8 +122,8 @@ def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_pat
     finally:
         if run.poll() is None:
             run.kill()
-    late = query(db_dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill' AND finished_at > %s", (paused_at,))
-    during = query(db_dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill' AND finished_at > %s"
+    late = query(db_dsn, "SELECT count(*) FROM mover.ranges WHERE kind = 'backfill' AND finished_at > %s", (paused_at,))
+    during = query(db_dsn, "SELECT count(*) FROM mover.ranges WHERE kind = 'backfill' AND finished_at > %s"
                            " AND finished_at < %s", (paused_at, unpaused_at))
     assert during[0][0] <= 1  # at most the range in flight when the pause came
     assert late[0][0] > 1  # and the copy went on after unpause
@@ -160,8 +160,8 @@ def test_a_range_that_keeps_failing_is_marked_failed_without_stopping_the_others
     assert r.returncode == 1
     assert "1 backfill ranges failed" in r.stderr and "picky about 100000" in r.stderr
     st = status(db_dsn)
-    assert st["backfill"]["chunks_failed"] == 1 and st["state"] == "failed"
-    assert st["backfill"]["chunks_done"] == st["backfill"]["chunks_total"] - 1  # the others were copied
+    assert st["backfill"]["ranges_failed"] == 1 and st["state"] == "failed"
+    assert st["backfill"]["ranges_done"] == st["backfill"]["ranges_total"] - 1  # the others were copied
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         app_execute(conn, 'UPDATE {t} SET "Account" = 7 WHERE id = 2600')
     r = mover(db_dsn, "run", "wide")

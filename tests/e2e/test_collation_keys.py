@@ -38,7 +38,7 @@ name = "words-move"
 source = "words"
 
 [backfill]
-chunk_rows = 150
+range_rows = 150
 min_rows = 100
 max_rows = 200
 max_rows_per_second = 2500
@@ -176,7 +176,7 @@ def test_keys_in_their_own_collation_under_key_changes(locale_dsn, key_collation
         assert differences(locale_dsn, "words", "words_new", columns=("g", "w", "n")) == (0, 0)
         assert _collation(locale_dsn, "words_new") == _collation(locale_dsn, "words")
         with psycopg.connect(locale_dsn, autocommit=True) as conn:
-            failed = conn.execute("SELECT count(*) FROM mover.chunks WHERE error IS NOT NULL").fetchone()[0]
+            failed = conn.execute("SELECT count(*) FROM mover.ranges WHERE error IS NOT NULL").fetchone()[0]
         assert failed == 0  # no range ever failed (the old code: UniqueViolation)
         writer.paused.clear()
         r = mover(locale_dsn, "cutover", "words-move")

@@ -23,7 +23,7 @@ source = 'public."Orders"'
 columns = { id = "bigint" }
 
 [backfill]
-chunk_rows = 1000
+range_rows = 1000
 max_rows = 1000
 
 [rollback]
@@ -52,7 +52,7 @@ def settle_and_compare(dsn, writer, live="Orders", other="Orders_new"):
 
 
 @pytest.mark.parametrize("point", [
-    "after:create_target", "after:install_capture", "chunk:2", "chunk_copied:3", "index_built",
+    "after:create_target", "after:install_capture", "backfill_range:2", "range_copied:3", "index_built",
     "after:backfill", "reconcile_range:1", "after:reconcile",
 ])
 def test_kill9_before_cutover_then_resume(db_dsn, orders, point):
@@ -111,7 +111,7 @@ workers = 1
 STEP_POINTS = {
     "create_target": ["after:create_target"],
     "install_capture": ["after:install_capture"],
-    "backfill": ["chunk_copied", "chunk_copied", "chunk_copied", "index_building"],  # while ranges are open
+    "backfill": ["range_copied", "range_copied", "range_copied", "index_building"],  # while ranges are open
     "reconcile": ["reconcile_compared:{next}", "reconcile_range:{next}", "after:reconcile"],
 }
 
@@ -121,11 +121,11 @@ def where(dsn) -> tuple[str, int, bool]:
     whether backfill ranges are still to copy: read directly, cheaper than a `mover status`."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT step FROM mover.migrations WHERE state <> 'aborted'").fetchone()
-        (done,) = conn.execute("SELECT count(*) FROM mover.chunks WHERE kind = 'reconcile' AND status = 'done'"
+        (done,) = conn.execute("SELECT count(*) FROM mover.ranges WHERE kind = 'reconcile' AND status = 'done'"
                                ).fetchone()
         (copying,) = conn.execute(
             "SELECT NOT coalesce((SELECT exhausted FROM mover.frontiers WHERE kind = 'backfill'), false)"
-            " OR EXISTS (SELECT 1 FROM mover.chunks WHERE kind = 'backfill' AND status <> 'done')").fetchone()
+            " OR EXISTS (SELECT 1 FROM mover.ranges WHERE kind = 'backfill' AND status <> 'done')").fetchone()
     return (row[0] if row else "create_target"), done, copying
 
 
@@ -229,9 +229,10 @@ def test_stalled_orchestrator_cannot_commit_after_takeover(db_dsn, orders, tmp_p
     """Race 6: a process whose lease expired while it was stalled must not write afterwards."""
     writer = Writer(db_dsn, seed=9).start()
     release = tmp_path / "release"
-    stalled = spawn(db_dsn, "run", orders, env={"MOVER_FAULT": "hang@chunk:2", "MOVER_FAULT_RELEASE": str(release)})
+    stalled = spawn(db_dsn, "run", orders,
+                    env={"MOVER_FAULT": "hang@backfill_range:2", "MOVER_FAULT_RELEASE": str(release)})
     try:
-        assert "hanging at chunk:2" in stalled.stderr.readline()
+        assert "hanging at backfill_range:2" in stalled.stderr.readline()
         os.kill(stalled.pid, signal.SIGSTOP)  # the whole process, heartbeat included
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             conn.execute("UPDATE mover.migrations SET lease_expires_at = now() - interval '1 second'")
@@ -267,8 +268,9 @@ def test_immediate_shutdown_of_postgres_mid_backfill(tmp_path):
         plan = write_plan(tmp_path / "crashy.toml", PLAN)
         writer = Writer(dsn, seed=13).start()
         release = tmp_path / "release"
-        proc = spawn(dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:3", "MOVER_FAULT_RELEASE": str(release)})
-        assert "hanging at chunk:3" in proc.stderr.readline()
+        proc = spawn(dsn, "run", plan,
+                     env={"MOVER_FAULT": "hang@backfill_range:3", "MOVER_FAULT_RELEASE": str(release)})
+        assert "hanging at backfill_range:3" in proc.stderr.readline()
         server.restart(immediate=True)
         release.touch()
         code, err = finish(proc, 120)

@@ -27,15 +27,15 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = {chunk_rows}
+range_rows = {range_rows}
 
 [rollback]
 window = "{window}"
 """
 
 
-def plan_file(tmp_path, chunk_rows=2000, window="1h"):
-    return write_plan(tmp_path / "orders.toml", PLAN.format(chunk_rows=chunk_rows, window=window))
+def plan_file(tmp_path, range_rows=2000, window="1h"):
+    return write_plan(tmp_path / "orders.toml", PLAN.format(range_rows=range_rows, window=window))
 
 
 def status(dsn):
@@ -172,7 +172,7 @@ def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path):
 
 def test_zero_window_retires_in_one_run_with_auto_cutover(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = write_plan(tmp_path / "auto.toml", PLAN.format(chunk_rows=1000, window="0s") + "\n[cutover]\nauto = true\n")
+    plan = write_plan(tmp_path / "auto.toml", PLAN.format(range_rows=1000, window="0s") + "\n[cutover]\nauto = true\n")
     writer = Writer(db_dsn, seed=3).start()
     try:
         r = mover(db_dsn, "run", plan)

@@ -27,7 +27,7 @@ columns = {columns}
 {accept}
 
 [backfill]
-chunk_rows = 200
+range_rows = 200
 min_rows = 100
 max_rows = 300
 max_rows_per_second = {rate}
@@ -158,7 +158,7 @@ def test_varchar_narrowing_long_rows_are_divergences(db_dsn, tmp_path):
     r = mover(db_dsn, "run", "narrow")  # drains the writer's last changes, reconciles again
     assert r.returncode == 3, r.stderr
     assert status(db_dsn, "narrow")["step"] in ("reconcile", "cutover")  # waiting on the divergences
-    assert query(db_dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill' AND status <> 'done'")[0][0] == 0
+    assert query(db_dsn, "SELECT count(*) FROM mover.ranges WHERE kind = 'backfill' AND status <> 'done'")[0][0] == 0
 
     # Nothing was truncated into the target (an explicit cast would have made 'Labcdefg' 'Labcd').
     assert query(db_dsn, "SELECT count(*) FROM items_new WHERE code LIKE 'L%'")[0][0] == 0

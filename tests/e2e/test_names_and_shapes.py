@@ -42,7 +42,7 @@ name = '"Sales Dept"."Order Items new"'
 columns = { "Qty" = "integer", line = "bigint" }
 
 [backfill]
-chunk_rows = 700
+range_rows = 700
 
 [rollback]
 window = "0s"
@@ -96,20 +96,20 @@ def test_ctrl_c_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
 name = "ctrlc"
 source = 'public."Orders"'
 [backfill]
-chunk_rows = 500
+range_rows = 500
 [rollback]
 window = "1h"
 """)
     release = tmp_path / "release"
-    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:2", "MOVER_FAULT_RELEASE": str(release)})
-    assert "hanging at chunk:2" in proc.stderr.readline()
+    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@backfill_range:2", "MOVER_FAULT_RELEASE": str(release)})
+    assert "hanging at backfill_range:2" in proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     release.touch()
     code, err = finish(proc, 60)
     assert code == 130 and "mover run ctrlc" in err, err
     st = json.loads(mover(db_dsn, "status", "ctrlc", "--json").stdout)
-    assert (st["step"], st["state"], st["lease"]) == ("backfill", "paused", None)
-    assert st["backfill"]["chunks_done"] == 2
+    assert (st["step"], st["state"], st["lease"]) == ("backfill", "interrupted", None)
+    assert st["backfill"]["ranges_done"] == 2
     r = mover(db_dsn, "run", "ctrlc")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
     assert_oracle(db_dsn, "Orders", "Orders_new")

@@ -1,19 +1,21 @@
 """Converting a live unpartitioned table to a partitioned one ([target.partition]), under a writer
-that moves rows across partitions and writes rows no partition takes; judged by independent
-EXCEPT ALL queries both ways."""
+that moves rows across partitions and writes rows no partition takes; judged by the writer's
+mirror (events_mirror: what every committed write should have produced), column by column, and
+by independent EXCEPT ALL queries both ways where no writer runs."""
 
 from __future__ import annotations
 
 import json
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import WriterThread, differences, mover, write_plan
+from tests.workload import Spawned, WriterThread, differences, mismatches, mover, write_plan
 
 COLUMNS = ("id", "created_at", "tenant_id", "region", "payload")
 ROWS = 3000
@@ -34,12 +36,38 @@ SELECT now() - (g % 730) * interval '1 day' - (g % 86400) * interval '1 second',
        (ARRAY['de', 'fr', 'us'])[1 + g % 3], md5(g::text)
 FROM generate_series(1, %s) g;
 ANALYZE events;
+CREATE TABLE events_mirror (LIKE events);
+ALTER TABLE events_mirror ADD PRIMARY KEY (id);
+INSERT INTO events_mirror SELECT * FROM events;
 """
+MIRROR = "events_mirror"
+_COLS = ", ".join(COLUMNS)
+_SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in COLUMNS[1:])
 
 
 def create_events(dsn: str, rows: int = ROWS) -> None:
+    """events and its mirror (the oracle: a plain copy no trigger or mover touches, kept in step
+    by the writer in the same statement as each write)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(EVENTS_DDL.replace("%s", str(int(rows))))
+
+
+def mirrored(statement: str) -> str:
+    """The application's INSERT or UPDATE of events and its effect on the mirror, one statement:
+    both commit or neither."""
+    return (f"WITH w AS ({statement} RETURNING {_COLS}) INSERT INTO {MIRROR} ({_COLS}) SELECT {_COLS} FROM w"
+            f" ON CONFLICT (id) DO UPDATE SET {_SET}")
+
+
+def mirrored_delete(statement: str) -> str:
+    return f"WITH w AS ({statement} RETURNING id) DELETE FROM {MIRROR} m USING w WHERE m.id = w.id"
+
+
+def assert_oracle(dsn: str, *tables: str) -> None:
+    """Each table holds exactly what the application committed, column by column."""
+    for table in tables:
+        diff = mismatches(dsn, table, MIRROR, COLUMNS)
+        assert diff == {}, f"{table} differs from what the application committed ({MIRROR}): {diff}"
 
 
 PLAN = """
@@ -51,7 +79,7 @@ source = "events"
 {partition}
 
 [backfill]
-chunk_rows = 500
+range_rows = 500
 
 [rollback]
 window = "1h"
@@ -67,10 +95,13 @@ def plan_file(tmp_path, partition: str = MONTHLY) -> str:
 @dataclass
 class EventWriter(WriterThread):
     """The application: inserts, updates that move a row to another month, deletes, and (with
-    `outside`) a row dated where no partition exists. Any error it sees is recorded."""
+    `outside`) a row dated where no partition exists; with `future`, rows dated in the months
+    ahead (in the default partition until `maintain` creates theirs) and moves into them and
+    back. Every write is mirrored in the same statement. Any error it sees is recorded."""
 
     dsn: str
     outside: bool = False
+    future: bool = False
     outside_rows: int = 0
     ops: int = 0
     moved: int = 0
@@ -78,7 +109,12 @@ class EventWriter(WriterThread):
     stop: threading.Event = field(default_factory=threading.Event)
     paused: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
+    done: threading.Condition = field(default_factory=threading.Condition)
 
+    def wait_for_ops(self, n: int, timeout: float = 60) -> None:
+        """Returns once the writer has done n operations in all."""
+        with self.done:
+            assert self.done.wait_for(lambda: self.ops >= n, timeout), f"writer stuck at {self.ops} operations"
 
     def _loop(self) -> None:
         rnd = random.Random(7)
@@ -94,31 +130,43 @@ class EventWriter(WriterThread):
                     (top,) = conn.execute("SELECT coalesce(max(id), 1) FROM events").fetchone()
                     k = rnd.randint(1, top)
                     if op < 0.3:
-                        conn.execute("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
-                                     " (now() - %s * interval '1 day', %s, 'de', 'w')",
-                                     (rnd.randint(0, 700), rnd.randint(0, 19)))
+                        # With `future`, a third of the rows are dated 2 to 7 months ahead.
+                        days = -rnd.randint(60, 210) if self.future and rnd.random() < 0.33 else rnd.randint(0, 700)
+                        conn.execute(mirrored("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                              " (now() - %s * interval '1 day', %s, 'de', 'w')"),
+                                     (days, rnd.randint(0, 19)))
                     elif op < 0.5:
-                        conn.execute("UPDATE events SET payload = md5(random()::text) WHERE id = %s", (k,))
+                        conn.execute(mirrored("UPDATE events SET payload = md5(random()::text) WHERE id = %s"), (k,))
+                    elif self.future and op < 0.6:
+                        # Into a month ahead, or back from one: across the default partition.
+                        n = conn.execute(mirrored(
+                            "UPDATE events SET created_at = CASE WHEN created_at > now() THEN now() - interval"
+                            " '3 days' ELSE now() + %s * interval '1 day' END, payload = 'ahead' WHERE id = %s"),
+                            (rnd.randint(60, 210), k)).rowcount
+                        self.moved += n
                     elif op < 0.75:
                         # Across months: the row changes partition in the target.
                         # (Every partition column changes: the hash and list variants move too.)
                         # Forward or back 45 days, never past the first or last partition.
-                        n = conn.execute("UPDATE events SET created_at = created_at + CASE WHEN created_at <"
-                                         " now() - interval '60 days' THEN 1 ELSE -1 END * interval '45 days',"
-                                         " tenant_id = (tenant_id + 1) %% 20, region = CASE region WHEN 'de'"
-                                         " THEN 'fr' WHEN 'fr' THEN 'us' ELSE 'de' END, payload = 'moved'"
-                                         " WHERE id = %s", (k,)).rowcount
+                        n = conn.execute(mirrored(
+                            "UPDATE events SET created_at = created_at + CASE WHEN created_at <"
+                            " now() - interval '60 days' THEN 1 ELSE -1 END * interval '45 days',"
+                            " tenant_id = (tenant_id + 1) %% 20, region = CASE region WHEN 'de'"
+                            " THEN 'fr' WHEN 'fr' THEN 'us' ELSE 'de' END, payload = 'moved'"
+                            " WHERE id = %s"), (k,)).rowcount
                         self.moved += n
                     elif op < 0.9:
-                        conn.execute("DELETE FROM events WHERE id = %s", (k,))
+                        conn.execute(mirrored_delete("DELETE FROM events WHERE id = %s"), (k,))
                     elif self.outside and self.outside_rows < 5 and op < 0.92 and conn.execute(
                             "SELECT to_regclass('events_new') IS NOT NULL").fetchone()[0]:
                         # Only once the target exists: plan check would refuse (or route to the
                         # default partition) a row that is already there.
-                        conn.execute("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
-                                     " (%s, 1, 'us', 'outside')", (OUTSIDE,))
+                        conn.execute(mirrored("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                              " (%s, 1, 'us', 'outside')"), (OUTSIDE,))
                         self.outside_rows += 1
-                    self.ops += 1
+                    with self.done:
+                        self.ops += 1
+                        self.done.notify_all()
                 except psycopg.Error as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -165,12 +213,13 @@ def test_plan_check_lists_partitions_and_the_key_change(db_dsn, tmp_path):
     assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
 
 
-def drain_and_compare(dsn: str, writer: EventWriter, a: str, b: str) -> tuple[int, int]:
+def drain_and_judge(dsn: str, writer: EventWriter, *tables: str) -> None:
+    """With the writer paused and the capture drained, both tables hold what it committed."""
     writer.pause()
     try:
         r = mover(dsn, "run", "events_part")
         assert r.returncode == 3, r.stderr
-        return differences(dsn, a, b, COLUMNS)
+        assert_oracle(dsn, *tables)
     finally:
         writer.resume()
 
@@ -200,14 +249,15 @@ def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_
             assert r.returncode != 0
             # The application gives those rows up; repair re-syncs them (gone now) and clears them.
             writer.pause()
-            query(db_dsn, "DELETE FROM events WHERE created_at > '2099-01-01' RETURNING 1")  # moved ones too
+            query(db_dsn, mirrored_delete("DELETE FROM events WHERE created_at > '2099-01-01'")
+                  + " RETURNING 1")  # moved ones too
             r = mover(db_dsn, "repair", "events_part")
             assert r.returncode in (0, 3), r.stderr
             writer.outside = False
             writer.resume()
             assert status(db_dsn)["divergences"] == 0, query(
                 db_dsn, "SELECT key, kind, columns::text FROM mover.divergences WHERE resolved_at IS NULL")
-        assert drain_and_compare(db_dsn, writer, "events", "events_new") == (0, 0)
+        drain_and_judge(db_dsn, writer, "events", "events_new")
         if default:
             assert query(db_dsn, "SELECT count(*) FROM events_default")[0][0] >= 1
 
@@ -218,17 +268,17 @@ def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_
         valid = query(db_dsn, "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
                               " WHERE i.indrelid = 'events'::regclass ORDER BY 1")
         assert len(valid) == 3 and all(v for _, v in valid), valid
-        assert drain_and_compare(db_dsn, writer, "events", "events_old") == (0, 0)
+        drain_and_judge(db_dsn, writer, "events", "events_old")
 
         r = mover(db_dsn, "rollback", "events_part")
         assert r.returncode == 0, r.stderr
         assert relkind(db_dsn, "events") == "r" and relkind(db_dsn, "events_new") == "p"
-        assert drain_and_compare(db_dsn, writer, "events", "events_new") == (0, 0)
+        drain_and_judge(db_dsn, writer, "events", "events_new")
 
         r = mover(db_dsn, "cutover", "events_part")
         assert r.returncode == 0, r.stderr
         assert relkind(db_dsn, "events") == "p"
-        assert drain_and_compare(db_dsn, writer, "events", "events_old") == (0, 0)
+        drain_and_judge(db_dsn, writer, "events", "events_old")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -303,11 +353,57 @@ def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempot
     assert st["table"] == '"public"."events"' and st["count"] == len(after)
     assert st["newest_bound"].startswith(query(db_dsn, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC')"
                                                        " + interval '6 months', 'YYYY-MM-DD')")[0][0])
+    # The boundary crossed next is the first of next month; the newest partition reaches 5 months
+    # and the rest of this one past now.
+    (nxt,) = query(db_dsn, "SELECT (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '1 month')::date::text")[0]
+    assert st["next_boundary"].startswith(nxt), st
+    assert st["ahead"].endswith(" days") and 5 * 28 <= float(st["ahead"].split()[0]) <= 6 * 31, st
+    assert st["manager"] == "mover"
+    text = mover(db_dsn, "status", "events_part").stdout
+    assert f"next boundary {st['next_boundary']}" in " ".join(text.split()) and "days ahead" in text, text
     r = mover(db_dsn, "partitions", "maintain", "events_part", "--json")  # again: nothing to do
     assert r.returncode == 0, r.stderr
     (again,) = json.loads(r.stdout)
     assert (again["created"], again["detached"], again["blocked"]) == ([], [], [])
     assert partitions_of(db_dsn, "events") == after
+
+
+def test_maintain_under_a_concurrent_writer_loses_and_duplicates_nothing(db_dsn, tmp_path):
+    """maintain creates partitions and carves rows out of the default partition while the
+    application inserts rows into those months and moves rows into and out of them."""
+    create_events(db_dsn)
+    text = PLAN.format(partition=MONTHLY + "default = true\n") + "\n[partitions]\npremake = 6\n"
+    plan = write_plan(tmp_path / "events.toml", text)
+    writer = EventWriter(db_dsn, future=True).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "p"
+        ahead = query(db_dsn, "SELECT count(*) FROM events_default")[0][0]
+        moved = 0
+        for _ in range(2):
+            ops = writer.ops
+            r = mover(db_dsn, "partitions", "maintain", "events", "--json")
+            assert r.returncode == 0, r.stderr
+            (done,) = json.loads(r.stdout)
+            assert done["blocked"] == [], done
+            moved += done.get("moved_from_default", 0)
+            # The writer kept writing while maintain ran (it waits on the carve's lock only).
+            writer.wait_for_ops(ops + 20)
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+        # Six months past the current one exist, and the rows of those months left the default.
+        (last,) = query(db_dsn, "SELECT to_char(date_trunc('month', now() AT TIME ZONE 'UTC') + interval '6 months',"
+                                " '\"events_p\"YYYY_MM')")[0]
+        assert last in partitions_of(db_dsn, "events")
+        assert ahead > 0 and moved > 0, (ahead, moved)
+        assert query(db_dsn, "SELECT count(*) FROM events_default WHERE created_at < date_trunc('month', now()"
+                             " AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '7 months'")[0][0] == 0
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.moved > 10
 
 
 @pytest.mark.parametrize("partition, expected", [
@@ -324,11 +420,11 @@ def test_hash_and_list_conversions_under_writer(db_dsn, tmp_path, partition, exp
         r = mover(db_dsn, "run", plan)
         assert r.returncode == 3, r.stderr
         assert partitions_of(db_dsn, "events_new") == expected
-        assert drain_and_compare(db_dsn, writer, "events", "events_new") == (0, 0)
+        drain_and_judge(db_dsn, writer, "events", "events_new")
         r = mover(db_dsn, "cutover", "events_part")
         assert r.returncode == 0, r.stderr
         assert relkind(db_dsn, "events") == "p"
-        assert drain_and_compare(db_dsn, writer, "events", "events_old") == (0, 0)
+        drain_and_judge(db_dsn, writer, "events", "events_old")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -383,3 +479,60 @@ def test_kill_9_during_the_conversion_then_resume(db_dsn, tmp_path, point):
                           " WHERE i.indrelid = 'events'::regclass")
     assert valid[0] == (True, 3)
     assert differences(db_dsn, "events", "events_old", COLUMNS) == (0, 0)
+
+
+def wait_until(dsn: str, q: str, *params, timeout: float = 120):
+    """Polls `q` until it returns a row (a catalog state no event announces); returns the row."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = query(dsn, q, *params)
+        if rows:
+            return rows[0]
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for: {q} {params}")
+
+
+def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn, tmp_path):
+    """The process dies while a partition's CREATE INDEX CONCURRENTLY waits (the index is in the
+    catalog, invalid, and its backend orphaned): the resume stops the orphan, drops the invalid
+    index, rebuilds it, attaches every partition's index, and the data is what the writer committed."""
+    create_events(db_dsn, 1500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@after:create_target"})
+        assert r.returncode == -9, r.stderr
+        # A transaction holding a writer's lock on the partition built first (children come in
+        # name order: events_default): its CREATE INDEX CONCURRENTLY waits for it.
+        with psycopg.connect(db_dsn) as blocker:
+            blocker.execute("LOCK TABLE events_default IN ROW EXCLUSIVE MODE")
+            p = Spawned(db_dsn, "run", "events_part", env={})
+            (orphan,) = wait_until(db_dsn, "SELECT pid FROM pg_stat_progress_create_index WHERE relid ="
+                                           " 'events_default'::regclass AND phase LIKE 'waiting for writers%%'")
+            assert p.kill()
+            invalid = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                                    " WHERE i.indrelid = 'events_default'::regclass AND NOT i.indisvalid")
+            assert len(invalid) == 1, invalid
+            resume = Spawned(db_dsn, "run", "events_part", env={})
+            # The resume cancels the orphaned build; its own drop and rebuild then wait for the blocker.
+            wait_until(db_dsn, "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)", orphan)
+            blocker.rollback()
+        assert resume.proc.wait(300) == 3, "".join(resume.err)
+        assert "is invalid (a build was interrupted); rebuilding" in "".join(resume.err)
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        # Every index valid; a partitioned parent's index is valid only once every partition's is attached.
+        valid = query(db_dsn, "SELECT bool_and(i.indisvalid), count(*) FROM pg_index i"
+                              " WHERE i.indrelid = 'events'::regclass")
+        assert valid[0] == (True, 3)
+        assert query(db_dsn, "SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indrelid"
+                             " WHERE h.inhparent = 'events'::regclass AND NOT i.indisvalid") == [(0,)]
+        parts = len(partitions_of(db_dsn, "events"))
+        attached = query(db_dsn, "SELECT count(*) FROM pg_inherits h JOIN pg_index i ON i.indexrelid = h.inhparent"
+                                 " WHERE i.indrelid = 'events'::regclass")
+        assert attached == [(3 * parts,)], (attached, parts)
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+    finally:
+        writer.halt()
+    assert writer.errors == []

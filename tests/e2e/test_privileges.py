@@ -28,7 +28,7 @@ source = 'public."Orders"'
 columns = { id = "bigint" }
 
 [backfill]
-chunk_rows = 500
+range_rows = 500
 
 [cutover]
 lock_timeout = "500ms"

@@ -30,7 +30,7 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = 1000
+range_rows = 1000
 {backfill}
 
 [reconcile]
@@ -76,7 +76,7 @@ def wait_for(predicate, what: str, proc=None, timeout: float = 60):
 
 
 def ranges_done(dsn) -> int:
-    return sql(dsn, "SELECT count(*) FROM mover.chunks WHERE kind = 'backfill' AND status = 'done'")[0][0]
+    return sql(dsn, "SELECT count(*) FROM mover.ranges WHERE kind = 'backfill' AND status = 'done'")[0][0]
 
 
 # --- capture -----------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_sigterm_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
         assert "stopping at the next safe point" in err
         assert "stopped at a safe point" in err and "next: run `mover run promise` to continue" in err, err
         st = status(db_dsn)
-        assert (st["step"], st["state"], st["lease"]) == ("backfill", "paused", None), st
+        assert (st["step"], st["state"], st["lease"]) == ("backfill", "interrupted", None), st
         assert 0 < st["backfill"]["rows_copied"] < 4_000
         r = mover(db_dsn, "run", "promise")
         assert r.returncode == 3, r.stderr
@@ -235,11 +235,11 @@ def test_sigterm_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
 def test_second_sigterm_stops_at_once_rolling_back_the_open_transaction(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
     plan = plan_file(tmp_path)
-    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk_copied"})
+    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@range_copied"})
     try:
         # The first range is copied and its transaction is still open.
         line = ""
-        while "mover-fault: hanging at chunk_copied" not in line:
+        while "mover-fault: hanging at range_copied" not in line:
             line = proc.stderr.readline()
             assert line or proc.poll() is None, "mover exited before the fault point"
         assert sql(db_dsn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
@@ -260,7 +260,7 @@ def test_second_sigterm_stops_at_once_rolling_back_the_open_transaction(db_dsn, 
     assert code == 130, err
     assert "interrupted; the open transaction was rolled back" in err, err
     st = status(db_dsn)
-    assert (st["step"], st["state"], st["backfill"]["rows_copied"]) == ("backfill", "paused", 0), st
+    assert (st["step"], st["state"], st["backfill"]["rows_copied"]) == ("backfill", "interrupted", 0), st
     assert sql(db_dsn, 'SELECT count(*) FROM "Orders_new"')[0][0] == 0  # the range's copy rolled back
     r = mover(db_dsn, "run", "promise")
     assert r.returncode == 3, r.stderr
@@ -379,7 +379,7 @@ def test_reconcile_range_out_of_attempts_ends_failed_and_the_next_run_retries_it
     r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "error@reconcile_compared:2"})
     assert r.returncode == 1, r.stderr
     assert "1 reconcile ranges failed; range 2" in r.stderr and "next:" in r.stderr, r.stderr
-    got = sql(db_dsn, "SELECT chunk_no, status, attempts FROM mover.chunks WHERE kind = 'reconcile' ORDER BY 1")
+    got = sql(db_dsn, "SELECT range_no, status, attempts FROM mover.ranges WHERE kind = 'reconcile' ORDER BY 1")
     assert len(got) >= 3 and got[1] == (2, "failed", 2), got
     assert all(row[1:] == ("done", 1) for row in got if row[0] != 2), got  # the others went on
     st = status(db_dsn)

@@ -36,7 +36,7 @@ source = 'public."Orders"'
 columns = { id = "bigint" }
 
 [backfill]
-chunk_rows = 5000
+range_rows = 5000
 
 [reconcile]
 range_rows = 2000
@@ -83,7 +83,7 @@ def reconcile(dsn, *flags, env=None):
 def ranges(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         return {no: (status, verified) for no, status, verified in conn.execute(
-            "SELECT chunk_no, status, verified_at FROM mover.chunks WHERE kind = 'reconcile' ORDER BY chunk_no")}
+            "SELECT range_no, status, verified_at FROM mover.ranges WHERE kind = 'reconcile' ORDER BY range_no")}
 
 
 def test_hostile_writers_over_equal_tables_record_no_divergence(db_dsn, tmp_path):
@@ -433,11 +433,11 @@ def test_a_range_taken_over_while_its_keys_settle_is_not_committed_by_the_old_wo
                 assert time.monotonic() < deadline and p.proc.poll() is None, "".join(p.err)
                 try:
                     with conn.transaction():
-                        row = conn.execute("SELECT chunk_no FROM mover.chunks WHERE kind = 'reconcile'"
+                        row = conn.execute("SELECT range_no FROM mover.ranges WHERE kind = 'reconcile'"
                                            " AND status = 'running' FOR UPDATE NOWAIT").fetchone()
                         if row:
-                            conn.execute("UPDATE mover.chunks SET owner = 'elsewhere:1:x', lease_expires_at ="
-                                         " now() + interval '1 hour' WHERE kind = 'reconcile' AND chunk_no = %s", row)
+                            conn.execute("UPDATE mover.ranges SET owner = 'elsewhere:1:x', lease_expires_at ="
+                                         " now() + interval '1 hour' WHERE kind = 'reconcile' AND range_no = %s", row)
                             break
                 except psycopg.errors.LockNotAvailable:
                     pass
@@ -445,13 +445,13 @@ def test_a_range_taken_over_while_its_keys_settle_is_not_committed_by_the_old_wo
             held.execute("SELECT pg_advisory_unlock(hashtext('mover.apply'), %s::int)", (mid,))
             assert p.wait_for("was taken over by another worker; not committing"), "".join(p.err)
             assert ranges(db_dsn)[row[0]] == ("running", None)  # still the other's, unverified
-            conn.execute("UPDATE mover.chunks SET lease_expires_at = now() - interval '1 second'"
-                         " WHERE kind = 'reconcile' AND chunk_no = %s", row)  # that one died: its lease expires
+            conn.execute("UPDATE mover.ranges SET lease_expires_at = now() - interval '1 second'"
+                         " WHERE kind = 'reconcile' AND range_no = %s", row)  # that one died: its lease expires
             assert p.proc.wait(120) == 0, "".join(p.err)
         finally:
             p.kill()
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        (attempts,) = conn.execute("SELECT attempts FROM mover.chunks WHERE kind = 'reconcile' AND chunk_no = %s",
+        (attempts,) = conn.execute("SELECT attempts FROM mover.ranges WHERE kind = 'reconcile' AND range_no = %s",
                                    row).fetchone()
     assert attempts == 2 and ranges(db_dsn)[row[0]][0] == "done"
     assert status(db_dsn)["divergences"] == 0

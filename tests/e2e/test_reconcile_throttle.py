@@ -20,7 +20,7 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = 5000
+range_rows = 5000
 
 [reconcile]
 range_rows = {range_rows}
@@ -43,9 +43,9 @@ def status(dsn: str) -> dict:
 
 
 def reconcile_ranges(dsn: str) -> list[tuple[int, int, float, str]]:
-    """(chunk_no, source rows, finished_at as epoch seconds, owner) of every verified range."""
-    return query(dsn, "SELECT c.chunk_no, c.rows, extract(epoch FROM c.finished_at)::float8, c.owner"
-                      " FROM mover.chunks c JOIN mover.migrations m ON m.id = c.migration_id"
+    """(range_no, source rows, finished_at as epoch seconds, owner) of every verified range."""
+    return query(dsn, "SELECT c.range_no, c.rows, extract(epoch FROM c.finished_at)::float8, c.owner"
+                      " FROM mover.ranges c JOIN mover.migrations m ON m.id = c.migration_id"
                       " WHERE m.name = 'recthrottle' AND c.kind = 'reconcile' AND c.status = 'done'"
                       " ORDER BY c.finished_at")
 

@@ -25,7 +25,7 @@ source = 'public."Orders"'
 columns = { id = "bigint" }
 
 [backfill]
-chunk_rows = 500
+range_rows = 500
 max_replica_lag = "1s"
 
 [rollback]

@@ -22,7 +22,7 @@ source = "orders"
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = 500
+range_rows = 500
 min_rows = 500
 max_rows = 500
 {backfill}
@@ -132,7 +132,7 @@ class Updater:
 
 def test_add_column_mid_backfill_stops_then_adopt_carries_it_through_cutover(db_dsn, orders, tmp_path):
     release = tmp_path / "release"
-    proc = hang(db_dsn, "chunk:2", release, "run", orders)
+    proc = hang(db_dsn, "backfill_range:2", release, "run", orders)
     sql_run(db_dsn, "ALTER TABLE orders ADD COLUMN priority int NOT NULL DEFAULT 0",
             "UPDATE orders SET priority = 9 WHERE id <= 100")
     release.touch()
@@ -176,7 +176,7 @@ def test_add_column_mid_backfill_stops_then_adopt_carries_it_through_cutover(db_
 
 def test_drop_column_stops_clearly_and_abort_works(db_dsn, orders, tmp_path):
     release = tmp_path / "release"
-    proc = hang(db_dsn, "chunk:2", release, "run", orders)
+    proc = hang(db_dsn, "backfill_range:2", release, "run", orders)
     sql_run(db_dsn, "ALTER TABLE orders DROP COLUMN note")
     release.touch()
     code, err = finish(proc, 120)
@@ -237,13 +237,13 @@ def test_renamed_source_is_refused_and_abort_removes_the_capture_from_it(db_dsn,
 
 def test_index_added_between_backfill_ranges_then_adopted(db_dsn, orders, tmp_path):
     release = tmp_path / "release"
-    proc = hang(db_dsn, "chunk:3", release, "run", orders)
+    proc = hang(db_dsn, "backfill_range:3", release, "run", orders)
     sql_run(db_dsn, "CREATE INDEX orders_note ON orders (note)",
             "ALTER TABLE orders ADD CONSTRAINT qty_small CHECK (qty < 100)")
     release.touch()
     code, err = finish(proc, 120)
     assert_stopped(code, err, 'index "orders_note" was added', 'CHECK constraint "qty_small" was added')
-    done = status(db_dsn)["backfill"]["chunks_done"]
+    done = status(db_dsn)["backfill"]["ranges_done"]
     assert done < 6  # stopped between ranges, not at the end
     r = mover(db_dsn, "adopt", "ord")
     assert r.returncode == 0, r.stderr
@@ -383,7 +383,7 @@ def _run(dsn):
 def test_a_worker_whose_mapping_predates_adopt_copies_with_the_new_column(db_dsn, orders, tmp_path):
     """A `mover worker` on another host built its column list, then the operator adopted a new
     column: its next range must not be copied without it."""
-    orchestrator = hang(db_dsn, "chunk:1", tmp_path / "never", "run", orders)
+    orchestrator = hang(db_dsn, "backfill_range:1", tmp_path / "never", "run", orders)
     release = tmp_path / "release"
     helper = hang(db_dsn, "claimed", release, "worker", "ord")  # holds a claimed range, mapping built
     orchestrator.kill()

@@ -50,7 +50,7 @@ source = '{source}'
 {extra}
 
 [backfill]
-chunk_rows = 500
+range_rows = 500
 
 [rollback]
 window = "{window}"

@@ -77,8 +77,8 @@ def hang_terminate_release(dsn, tmp_path, args, point, kinds, must):
 
 
 @pytest.mark.parametrize("point, kinds, must", [
-    ("chunk_copied:3", ("mover-worker",), ("mover-worker",)),  # a worker inside its copy transaction
-    ("chunk:2", ALL, ("mover", "mover-worker", "mover-heartbeat")),  # every connection, between ranges
+    ("range_copied:3", ("mover-worker",), ("mover-worker",)),  # a worker inside its copy transaction
+    ("backfill_range:2", ALL, ("mover", "mover-worker", "mover-heartbeat")),  # every connection, between ranges
     ("reconcile_compared:1", ALL, ("mover-heartbeat",)),  # inside a reconcile range's transaction
 ])
 def test_terminated_backends_before_cutover_lose_nothing(db_dsn, orders, tmp_path, point, kinds, must):

@@ -20,8 +20,8 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = {chunk_rows}
-target_chunk_ms = 500
+range_rows = {range_rows}
+target_range_ms = 500
 max_rows_per_second = {cap}
 
 [rollback]
@@ -30,10 +30,10 @@ window = "1h"
 
 
 def ranges(dsn: str) -> list[tuple[int, int, float]]:
-    """(chunk_no, rows, finished_at as epoch seconds) of every copied backfill range."""
+    """(range_no, rows, finished_at as epoch seconds) of every copied backfill range."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(
-            "SELECT c.chunk_no, c.rows, extract(epoch FROM c.finished_at)::float8 FROM mover.chunks c"
+            "SELECT c.range_no, c.rows, extract(epoch FROM c.finished_at)::float8 FROM mover.ranges c"
             " JOIN mover.migrations m ON m.id = c.migration_id WHERE m.name = 'throttled' AND c.kind = 'backfill'"
             " AND c.status = 'done' ORDER BY c.finished_at").fetchall()
 
@@ -43,15 +43,15 @@ def busiest_second(done: list[tuple[int, int, float]]) -> int:
     return max(sum(r for _, r, t in done if start <= t < start + 1.0) for _, _, start in done)
 
 
-@pytest.mark.parametrize("chunk_rows, workers", [(5_000, 1), (100, 1), (100, 2)])
-def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path, chunk_rows, workers):
+@pytest.mark.parametrize("range_rows, workers", [(5_000, 1), (100, 1), (100, 2)])
+def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path, range_rows, workers):
     # A cap of 2,000 rows/s. A first range of 5,000 keys, copied in one burst, would break the cap
     # within its second whatever the pause after it; so would ranges that grew toward
-    # target_chunk_ms from a small start (fast copies ask for ever bigger ranges). Two workers
+    # target_range_ms from a small start (fast copies ask for ever bigger ranges). Two workers
     # share the cap.
     create_orders(db_dsn, 6_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=chunk_rows, cap=2_000)
-                      .replace("target_chunk_ms = 500", f"target_chunk_ms = 500\nworkers = {workers}"))
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=range_rows, cap=2_000)
+                      .replace("target_range_ms = 500", f"target_range_ms = 500\nworkers = {workers}"))
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     done = ranges(db_dsn)
@@ -65,7 +65,7 @@ def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path, chunk_row
 
 def test_set_reaches_a_running_backfill(db_dsn, tmp_path):
     create_orders(db_dsn, 6_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=500, cap=1_000))
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=500, cap=1_000))
     proc = spawn(db_dsn, "run", plan)
     try:
         deadline = time.monotonic() + 60
@@ -76,7 +76,7 @@ def test_set_reaches_a_running_backfill(db_dsn, tmp_path):
         # change is known exactly.
         with psycopg.connect(db_dsn) as conn:
             (frontier,) = conn.execute(
-                "SELECT f.next_chunk_no FROM mover.frontiers f JOIN mover.migrations m ON m.id = f.migration_id"
+                "SELECT f.next_range_no FROM mover.frontiers f JOIN mover.migrations m ON m.id = f.migration_id"
                 " WHERE m.name = 'throttled' AND f.kind = 'backfill' FOR UPDATE OF f").fetchone()
             r = mover(db_dsn, "set", "throttled", "backfill.max_rows_per_second=0", "backfill.min_rows=1500",
                       "backfill.max_rows=1500")
@@ -98,11 +98,11 @@ def test_set_reaches_a_running_backfill(db_dsn, tmp_path):
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
 
 
-def test_set_chunk_rows_reaches_a_waiting_worker(db_dsn, tmp_path):
-    # `mover set backfill.chunk_rows` is the size of the next range a running worker cuts (then
+def test_set_range_rows_reaches_a_waiting_worker(db_dsn, tmp_path):
+    # `mover set backfill.range_rows` is the size of the next range a running worker cuts (then
     # it adapts as usual), not only of a later run's first one.
     create_orders(db_dsn, 3_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(chunk_rows=100, cap=0))
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=100, cap=0))
     for _ in ("create_target", "install_capture"):
         assert mover(db_dsn, "step", plan).returncode == 0
     assert mover(db_dsn, "pause", "throttled").returncode == 0
@@ -115,7 +115,7 @@ def test_set_chunk_rows_reaches_a_waiting_worker(db_dsn, tmp_path):
                 break
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
             time.sleep(0.05)
-        r = mover(db_dsn, "set", "throttled", "backfill.chunk_rows=1200")
+        r = mover(db_dsn, "set", "throttled", "backfill.range_rows=1200")
         assert r.returncode == 0, r.stderr
         assert mover(db_dsn, "unpause", "throttled").returncode == 0
         code, err = finish(proc, 120)

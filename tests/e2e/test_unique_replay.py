@@ -24,7 +24,7 @@ source = "acct"
 columns = {{ id = "bigint"{extra} }}
 {lossy}
 [backfill]
-chunk_rows = {chunk_rows}
+range_rows = {range_rows}
 {throttle}
 [rollback]
 window = "1h"
@@ -41,8 +41,8 @@ def create_acct(dsn: str, rows: int = 3000) -> None:
                      (rows,))
 
 
-def plan_file(tmp_path, chunk_rows=500, extra="", throttle="", lossy="") -> str:
-    return write_plan(tmp_path / "acct.toml", PLAN.format(chunk_rows=chunk_rows, extra=extra, throttle=throttle,
+def plan_file(tmp_path, range_rows=500, extra="", throttle="", lossy="") -> str:
+    return write_plan(tmp_path / "acct.toml", PLAN.format(range_rows=range_rows, extra=extra, throttle=throttle,
                                                           lossy=lossy))
 
 
@@ -113,9 +113,9 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     create_acct(db_dsn)
     plan = plan_file(tmp_path, throttle="min_rows = 100\nmax_rows = 500\n")  # small ranges: some left to copy
     release = tmp_path / "release"
-    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@chunk:2", "MOVER_FAULT_RELEASE": str(release)})
+    proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@backfill_range:2", "MOVER_FAULT_RELEASE": str(release)})
     try:
-        assert "hanging at chunk:2" in proc.stderr.readline()
+        assert "hanging at backfill_range:2" in proc.stderr.readline()
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             copied = conn.execute("SELECT max(id) FROM acct_new").fetchone()[0]
             assert 2 < copied < 2500
@@ -167,7 +167,7 @@ class SwapWriter(WriterThread):
 
 def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
     create_acct(db_dsn)
-    plan = plan_file(tmp_path, chunk_rows=300, throttle="max_rows_per_second = 4000\n")
+    plan = plan_file(tmp_path, range_rows=300, throttle="max_rows_per_second = 4000\n")
     writer = SwapWriter(db_dsn, 3000).start()
     # Stops by itself after its time is up, so a stuck step cannot leave it running.
     timer = threading.Timer(240, writer.stop.set)

@@ -24,7 +24,7 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
-chunk_rows = 100
+range_rows = 100
 
 [rollback]
 window = "1h"

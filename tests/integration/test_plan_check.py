@@ -100,7 +100,7 @@ def toml_value(value) -> str:
 
 def plan_toml(name: str = "orders-move", source: str = "public.orders", target: str | None = None,
               columns: dict[str, str] | None = None, old_name: str | None = None, window: str = "1h",
-              chunk_rows: int | None = None, accept_lossy: list[str] | None = None) -> str:
+              range_rows: int | None = None, accept_lossy: list[str] | None = None) -> str:
     lines = ["[migration]", f"name = {toml_value(name)}", f"source = {toml_value(source)}", "", "[target]"]
     if target is not None:
         lines.append(f"name = {toml_value(target)}")
@@ -108,8 +108,8 @@ def plan_toml(name: str = "orders-move", source: str = "public.orders", target: 
         lines.append(f"columns = {toml_value(columns)}")
     if accept_lossy is not None:
         lines.append(f"accept_lossy = [{', '.join(toml_value(c) for c in accept_lossy)}]")
-    if chunk_rows is not None:
-        lines += ["", "[backfill]", f"chunk_rows = {chunk_rows}"]
+    if range_rows is not None:
+        lines += ["", "[backfill]", f"range_rows = {range_rows}"]
     lines += ["", "[rollback]", f"window = {toml_value(window)}"]
     if old_name is not None:
         lines.append(f"old_name = {toml_value(old_name)}")
@@ -163,7 +163,7 @@ _CATALOG_QUERIES = {
     "event_triggers": "SELECT evtname FROM pg_event_trigger",
     "publications": "SELECT pubname FROM pg_publication",
 }
-_CONTROL_TABLES = ("migrations", "steps", "events", "chunks", "divergences", "alembic_version")
+_CONTROL_TABLES = ("migrations", "steps", "events", "ranges", "divergences", "alembic_version")
 
 
 def snapshot(dsn: str) -> dict[str, list]:
@@ -401,14 +401,14 @@ def test_bad_plan_exits_2_and_changes_nothing(db, tmp_path, case):
 FILE_CASES = [
     ("malformed-toml", '[migration\nname = "m"\n', ["not valid TOML"]),
     ("unquoted-string", "[migration]\nname = orders\n", ["not valid TOML"]),
-    ("unknown-key", plan_toml() + "\n[backfill]\nchunk_size = 10\n", ["unknown key [backfill] chunk_size"]),
+    ("unknown-key", plan_toml() + "\n[backfill]\nrange_size = 10\n", ["unknown key [backfill] range_size"]),
     ("unknown-section", plan_toml() + "\n[swap]\nauto = true\n", ["unknown section [swap]"]),
     ("missing-name", '[migration]\nsource = "orders"\n[rollback]\nwindow = "1h"\n',
      ["missing required key [migration] name"]),
     ("missing-window", '[migration]\nname = "m"\nsource = "orders"\n', ["missing required key [rollback] window"]),
     ("wrong-type", plan_toml().replace('window = "1h"', "window = 3600"), ["[rollback] window must be a string"]),
-    ("chunk-rows-string", plan_toml() + '\n[backfill]\nchunk_rows = "10"\n',
-     ["[backfill] chunk_rows must be an integer"]),
+    ("range-rows-string", plan_toml() + '\n[backfill]\nrange_rows = "10"\n',
+     ["[backfill] range_rows must be an integer"]),
     ("auto-yes", plan_toml() + '\n[cutover]\nauto = "yes"\n', ["[cutover] auto must be a boolean"]),
     ("bad-duration", plan_toml(window="1 week"), ["[rollback] window", "not a duration"]),
     ("lock-timeout-range", plan_toml() + '\n[cutover]\nlock_timeout = "5min"\n',
@@ -497,7 +497,7 @@ def test_changed_shape_of_a_registered_plan(db, tmp_path, changed):
 
 def test_changed_tunables_of_a_registered_plan_are_fine(db, tmp_path):
     _register(db, write_plan(tmp_path, plan_toml(name="orders-first"), "first.toml"))
-    path = write_plan(tmp_path, plan_toml(name="orders-first", window="2h", chunk_rows=5), "tuned.toml")
+    path = write_plan(tmp_path, plan_toml(name="orders-first", window="2h", range_rows=5), "tuned.toml")
     before = snapshot(db)
     result = mover(db, "plan", "check", "--json", str(path))
     assert result.returncode == 0, result.stderr

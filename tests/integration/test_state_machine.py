@@ -23,7 +23,7 @@ source = 'public."Orders"'
 columns = { id = "bigint" }
 
 [backfill]
-chunk_rows = 200
+range_rows = 200
 
 [rollback]
 window = "1h"

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg import errors as e
 
-from mover import backfill, chunks
+from mover import backfill, ranges
 from mover.errors import Failed
 
 
@@ -21,7 +21,7 @@ from mover.errors import Failed
     Failed("a range failed"),
 ], ids=lambda x: type(x).__name__)
 def test_server_side_errors_count_an_attempt(exc):
-    assert not chunks.is_connection_failure(exc)
+    assert not ranges.is_connection_failure(exc)
 
 
 @pytest.mark.parametrize("exc", [
@@ -34,7 +34,7 @@ def test_server_side_errors_count_an_attempt(exc):
     e.CannotConnectNow("the database system is starting up"),
 ], ids=lambda x: type(x).__name__)
 def test_a_lost_server_stops_the_worker(exc):
-    assert chunks.is_connection_failure(exc)
+    assert ranges.is_connection_failure(exc)
 
 
 def test_lost_connections_on_a_real_server_are_told_apart(db_dsn):
@@ -45,12 +45,12 @@ def test_lost_connections_on_a_real_server_are_told_apart(db_dsn):
             a.execute("LOCK t")
             with pytest.raises(e.LockNotAvailable) as lock_timeout:
                 b.execute("SET lock_timeout = '10ms'; SELECT * FROM t")
-        assert not chunks.is_connection_failure(lock_timeout.value)
+        assert not ranges.is_connection_failure(lock_timeout.value)
         pid = b.execute("SELECT pg_backend_pid()").fetchone()[0]
         a.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(psycopg.OperationalError) as gone:
             b.execute("SELECT 1")
-        assert chunks.is_connection_failure(gone.value)
+        assert ranges.is_connection_failure(gone.value)
 
 
 def test_index_builds_retry_only_transient_catalog_races():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mover import throttle
-from mover.backfill import limits, next_chunk_rows
+from mover.backfill import limits, next_range_rows
 from mover.plan import BackfillSettings
 
 
@@ -14,24 +14,24 @@ def Throttle(settings: BackfillSettings, workers: int = 1) -> throttle.Throttle:
     """The backfill's throttle for these settings."""
     return throttle.Throttle(limits(settings), workers)
 
-S = BackfillSettings(target_chunk_ms=500, min_rows=1_000, max_rows=200_000)
+S = BackfillSettings(target_range_ms=500, min_rows=1_000, max_rows=200_000)
 
 
 def test_next_range_moves_halfway_toward_the_target_time():
     # 10k rows took 1000 ms: 5k would take 500 ms; halfway from 10k is 7.5k.
-    assert next_chunk_rows(10_000, 10_000, 1000, S) == 7_500
+    assert next_range_rows(10_000, 10_000, 1000, S) == 7_500
     # Fast range: 10k in 100 ms aims at 50k; halfway is 30k.
-    assert next_chunk_rows(10_000, 10_000, 100, S) == 30_000
+    assert next_range_rows(10_000, 10_000, 100, S) == 30_000
 
 
 def test_next_range_stays_within_min_and_max_rows():
-    assert next_chunk_rows(1_000, 1_000, 60_000, S) == 1_000
-    assert next_chunk_rows(200_000, 200_000, 1, S) == 200_000
+    assert next_range_rows(1_000, 1_000, 60_000, S) == 1_000
+    assert next_range_rows(200_000, 200_000, 1, S) == 200_000
 
 
 @pytest.mark.parametrize("rows, ms", [(0, 100), (100, 0), (-1, 5)])
 def test_an_empty_or_unmeasured_range_keeps_the_size(rows, ms):
-    assert next_chunk_rows(12_345, rows, ms, S) == 12_345
+    assert next_range_rows(12_345, rows, ms, S) == 12_345
 
 
 def test_range_rows_without_a_cap_is_the_hint_within_max_rows():
@@ -41,10 +41,10 @@ def test_range_rows_without_a_cap_is_the_hint_within_max_rows():
 
 
 def test_range_rows_fits_the_cap_within_target_time_shared_by_workers():
-    capped = BackfillSettings(target_chunk_ms=500, min_rows=1_000, max_rows=200_000, max_rows_per_second=4_000)
+    capped = BackfillSettings(target_range_ms=500, min_rows=1_000, max_rows=200_000, max_rows_per_second=4_000)
     assert Throttle(capped, workers=1).range_rows(50_000) == 2_000  # 4000 rows/s * 0.5 s
     assert Throttle(capped, workers=4).range_rows(50_000) == 500  # the cap wins over min_rows
-    slow = BackfillSettings(target_chunk_ms=5_000, max_rows_per_second=4_000)
+    slow = BackfillSettings(target_range_ms=5_000, max_rows_per_second=4_000)
     assert Throttle(slow).range_rows(50_000) == 4_000  # a range is one burst: at most a second's worth
     tiny = BackfillSettings(max_rows_per_second=1)
     assert Throttle(tiny, workers=8).range_rows(50_000) == 1  # never zero

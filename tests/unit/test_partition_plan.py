@@ -67,6 +67,29 @@ def test_partitions_section_needs_a_partitioned_target_and_a_sane_retention():
     assert (plan.upkeep.retention, plan.upkeep.drop_detached, plan.upkeep.premake) == ("12 months", True, 6)
 
 
+
+def test_pg_partman_manager_takes_only_a_layout_pg_partman_would_make():
+    monthly = {"by": "range", "column": "c", "interval": "1 month"}
+    plan = plan_with(monthly, partitions={"manager": "pg_partman", "retention": "12 months"})
+    assert plan.upkeep.manager == "pg_partman"
+    assert plan_from_canonical(plan.canonical()) == plan
+    assert parse_plan(to_document(plan)).upkeep == plan.upkeep
+    assert plan_with(monthly).upkeep.manager == "mover"
+    for partition, sections, words in [
+        (monthly, {"manager": "cron"}, '[partitions] manager must be "mover" or "pg_partman"'),
+        ({"by": "hash", "column": "c", "modulus": 4}, {"manager": "pg_partman"}, "range partitioning only"),
+        ({**monthly, "interval": "1 week"}, {"manager": "pg_partman"}, "ISO week"),
+        ({**monthly, "name": "{table}_m{YYYY}{MM}"}, {"manager": "pg_partman"}, "remove [target.partition] name"),
+        (monthly, {"manager": "pg_partman", "premake": 0}, "premake of 1 or more"),
+    ]:
+        with pytest.raises(PlanError) as exc:
+            plan_with(partition, partitions=sections)
+        assert words in str(exc.value) + str(exc.value.hint), (sections, str(exc.value))
+    # Integer ranges are pg_partman's id partitioning, named {table}_p<lower bound> by both.
+    assert plan_with({"by": "range", "column": "id", "interval": 1000},
+                     partitions={"manager": "pg_partman"}).upkeep.manager == "pg_partman"
+
+
 NOW = dt.datetime(2026, 11, 30, 20, 0, tzinfo=dt.UTC)
 
 

@@ -35,13 +35,26 @@ def bad(document: dict) -> PlanError:
 # Good plans
 
 
+def test_old_chunk_keys_are_read_as_the_range_keys_for_one_release(caplog):
+    plan = parse_plan(doc(backfill={"chunk_rows": 777, "target_chunk_ms": 250}))
+    assert (plan.backfill.range_rows, plan.backfill.target_range_ms) == (777, 250)
+    assert "chunk_rows is now called range_rows" in caplog.text
+    # a plan stored before the rename (canonical form with the old keys) still loads
+    stored = plan.canonical()
+    stored["backfill"]["chunk_rows"] = stored["backfill"].pop("range_rows")
+    assert plan_from_canonical(stored).backfill.range_rows == 777
+    # the new spelling wins over the old when both are given
+    both = parse_plan(doc(backfill={"chunk_rows": 1, "range_rows": 2}))
+    assert both.backfill.range_rows == 2
+
+
 def test_minimal_plan_gets_defaults():
     plan = parse_plan(doc())
     assert plan.name == "orders-bigint"
     assert plan.source == QualifiedName(None, "orders")
     assert plan.target is None
     assert plan.columns == {}
-    assert plan.backfill.chunk_rows == 10_000
+    assert plan.backfill.range_rows == 10_000
     assert plan.cutover.auto is False
     assert plan.cutover.lock_timeout_ms == 200
     assert plan.cutover.attempts == 30
@@ -62,7 +75,7 @@ def test_full_plan(tmp_path):
         columns = { id = "bigint", "Total Amount" = " numeric(14,2) " }
 
         [backfill]
-        chunk_rows = 500
+        range_rows = 500
 
         [cutover]
         auto = true
@@ -78,7 +91,7 @@ def test_full_plan(tmp_path):
     assert plan.source == QualifiedName("sales", "Order Items")
     assert plan.target == QualifiedName(None, "Order Items_v2")
     assert plan.columns == {"id": "bigint", "Total Amount": "numeric(14,2)"}
-    assert plan.backfill.chunk_rows == 500
+    assert plan.backfill.range_rows == 500
     assert (plan.cutover.auto, plan.cutover.lock_timeout_ms, plan.cutover.attempts) == (True, 1500, 7)
     assert plan.rollback.window_ms == 0
     assert plan.rollback.old_name == QualifiedName(None, "order_items_before")
@@ -204,7 +217,7 @@ def test_derived_multibyte_names_are_cut_on_character_boundaries():
     (doc(extra={"x": 1}), ["unknown section [extra]", "known sections"]),
     (doc(migration={"name": "m", "source": "t", "sorce": "t"}), ["unknown key [migration] sorce"]),
     (doc(target={"name": "t2", "column": {}}), ["unknown key [target] column"]),
-    (doc(backfill={"chunk_size": 10}), ["unknown key [backfill] chunk_size"]),
+    (doc(backfill={"range_size": 10}), ["unknown key [backfill] range_size"]),
     (doc(cutover={"lock_timeout_ms": 200}), ["unknown key [cutover] lock_timeout_ms"]),
     (doc(rollback={"window": "1h", "keep": True}), ["unknown key [rollback] keep"]),
     (doc(migration={"source": "t"}), ["missing required key [migration] name"]),
@@ -212,11 +225,11 @@ def test_derived_multibyte_names_are_cut_on_character_boundaries():
     (doc(migration=None), ["missing required key [migration] name"]),
     (doc(rollback={}), ["missing required key [rollback] window"]),
     (doc(rollback=None), ["missing required key [rollback] window"]),
-    (doc(backfill={"chunk_rows": "10"}), ["[backfill] chunk_rows must be an integer", "'10'"]),
-    (doc(backfill={"chunk_rows": True}), ["[backfill] chunk_rows must be an integer", "boolean"]),
-    (doc(backfill={"chunk_rows": 10.5}), ["[backfill] chunk_rows must be an integer"]),
-    (doc(backfill={"chunk_rows": 0}), ["[backfill] chunk_rows must be between 1 and"]),
-    (doc(backfill={"chunk_rows": -5}), ["[backfill] chunk_rows must be between 1 and"]),
+    (doc(backfill={"range_rows": "10"}), ["[backfill] range_rows must be an integer", "'10'"]),
+    (doc(backfill={"range_rows": True}), ["[backfill] range_rows must be an integer", "boolean"]),
+    (doc(backfill={"range_rows": 10.5}), ["[backfill] range_rows must be an integer"]),
+    (doc(backfill={"range_rows": 0}), ["[backfill] range_rows must be between 1 and"]),
+    (doc(backfill={"range_rows": -5}), ["[backfill] range_rows must be between 1 and"]),
     (doc(cutover={"auto": "yes"}), ["[cutover] auto must be a boolean", "'yes'"]),
     (doc(cutover={"auto": 1}), ["[cutover] auto must be a boolean"]),
     (doc(cutover={"attempts": 0}), ["[cutover] attempts must be between 1 and 1000"]),
@@ -257,11 +270,11 @@ def test_bad_plans_name_the_key(document, fragments):
 
 def test_error_names_the_file(tmp_path):
     path = tmp_path / "orders.toml"
-    path.write_text('[migration]\nname = "m"\nsource = "t"\n[rollback]\nwindow = "1h"\n[backfill]\nchunk_rows = "10"\n')
+    path.write_text('[migration]\nname = "m"\nsource = "t"\n[rollback]\nwindow = "1h"\n[backfill]\nrange_rows = "10"\n')
     with pytest.raises(PlanError) as info:
         load_plan(path)
     assert str(path) in info.value.message
-    assert "[backfill] chunk_rows" in info.value.message
+    assert "[backfill] range_rows" in info.value.message
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -296,7 +309,7 @@ def _hash(**sections) -> str:
 
 def test_shape_hash_ignores_tunables():
     base = _hash()
-    assert _hash(backfill={"chunk_rows": 7}) == base
+    assert _hash(backfill={"range_rows": 7}) == base
     assert _hash(cutover={"auto": True, "lock_timeout": "1s", "attempts": 3}) == base
     assert _hash(rollback={"window": "0s", "keep_old": True}) == base
 

@@ -59,12 +59,12 @@ def test_a_retry_is_logged_under_the_transactions_label(caplog):
         return "done"
 
     retrying = Retrying(retry=retry_if_exception(db.is_retryable), stop=stop_after_attempt(5), wait=wait_none(),
-                        before_sleep=db._retry_logger("backfill chunk"), reraise=True)
+                        before_sleep=db._retry_logger("backfill range"), reraise=True)
     with caplog.at_level(logging.WARNING, logger="mover.db"):
         assert retrying(body) == "done"
     lines = [r.getMessage() for r in caplog.records if r.name == "mover.db"]
-    assert lines == ["retrying backfill chunk (attempt 1) after DeadlockDetected [40P01]",
-                     "retrying backfill chunk (attempt 2) after DeadlockDetected [40P01]"]
+    assert lines == ["retrying backfill range (attempt 1) after DeadlockDetected [40P01]",
+                     "retrying backfill range (attempt 2) after DeadlockDetected [40P01]"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-"""A queue of key ranges that several workers share: backfill chunks, and reconcile ranges.
+"""A queue of key ranges that several workers share: backfill ranges, and reconcile ranges.
 
 Invariants:
 - Ranges are cut on demand, in key order, from a frontier row that a claimant locks for the
   few milliseconds it takes to find the next bound; so the planner never holds the key list,
   ranges adapt their size to what the claimant asks for, and keys inserted above the original
   maximum fall into the last, open-ended range.
-- A claim is `FOR UPDATE SKIP LOCKED` on the chunk rows: workers never wait for each other.
+- A claim is `FOR UPDATE SKIP LOCKED` on the range rows: workers never wait for each other.
   A claimed range has an owner and a lease that the owner's process extends while it lives.
-- The work on a range and its done mark commit in one transaction that first locks the chunk
+- The work on a range and its done mark commit in one transaction that first locks the range
   row and checks the owner (race 6): a worker whose lease expired and whose range was taken
   over cannot commit; while it holds the row lock, nobody can take the range over.
 - A range that fails `max_attempts` times (errors, or leases that expired) is marked failed and
@@ -41,9 +41,9 @@ def worker_id(n: int = 0) -> str:
 
 
 @dataclass(frozen=True)
-class Chunk:
+class KeyRange:
     kind: str
-    chunk_no: int
+    range_no: int
     lo: list[str] | None
     hi: list[str] | None  # None: open-ended, the last range
 
@@ -54,13 +54,13 @@ def ensure_frontier(cur: psycopg.Cursor, mid: int, kind: str) -> None:
 
 
 def reset(cur: psycopg.Cursor, mid: int, kind: str) -> None:
-    cur.execute("DELETE FROM mover.chunks WHERE migration_id = %s AND kind = %s", (mid, kind))
+    cur.execute("DELETE FROM mover.ranges WHERE migration_id = %s AND kind = %s", (mid, kind))
     cur.execute("DELETE FROM mover.frontiers WHERE migration_id = %s AND kind = %s", (mid, kind))
 
 
 def retry_failed(cur: psycopg.Cursor, mid: int, kind: str) -> int:
     """A new run gives failed ranges a fresh set of attempts."""
-    cur.execute("UPDATE mover.chunks SET status = 'pending', attempts = 0, owner = NULL"
+    cur.execute("UPDATE mover.ranges SET status = 'pending', attempts = 0, owner = NULL"
                 " WHERE migration_id = %s AND kind = %s AND status = 'failed'", (mid, kind))
     return cur.rowcount
 
@@ -69,42 +69,42 @@ def release_dead_local_owners(cur: psycopg.Cursor, mid: int) -> int:
     """Ranges held by workers that died on this host need not wait for their leases to expire:
     a worker id starts with host:pid."""
     host = socket.gethostname()
-    cur.execute("SELECT DISTINCT owner FROM mover.chunks WHERE migration_id = %s AND status = 'running'", (mid,))
+    cur.execute("SELECT DISTINCT owner FROM mover.ranges WHERE migration_id = %s AND status = 'running'", (mid,))
     dead = []
     for (owner,) in cur.fetchall():
         parts = (owner or "").split(":")
         if len(parts) >= 2 and parts[0] == host and parts[1].isdigit() and not control.process_alive(int(parts[1])):
             dead.append(owner)
     if dead:
-        cur.execute("UPDATE mover.chunks SET lease_expires_at = clock_timestamp() WHERE migration_id = %s"
+        cur.execute("UPDATE mover.ranges SET lease_expires_at = clock_timestamp() WHERE migration_id = %s"
                     " AND status = 'running' AND owner = ANY(%s)", (mid, dead))
     return len(dead)
 
 
 def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, rows: int,
-          max_attempts: int) -> Chunk | None:
+          max_attempts: int) -> KeyRange | None:
     """Take over an abandoned range, or cut a new one of about `rows` keys; None when no range
     is left to hand out (others may still be working)."""
     while True:
         cur.execute(
             """
             WITH c AS (
-                SELECT chunk_no FROM mover.chunks
+                SELECT range_no FROM mover.ranges
                 WHERE migration_id = %(mid)s AND kind = %(kind)s
                   -- A range this worker holds already comes first: a claim that committed but
                   -- whose acknowledgement was lost (server restart) is retried, and must not
                   -- leave that range owned, leased and forgotten by a live worker.
                   AND (status = 'pending' OR (status = 'running'
                        AND (lease_expires_at < clock_timestamp() OR owner = %(worker)s)))
-                ORDER BY owner IS DISTINCT FROM %(worker)s, chunk_no LIMIT 1 FOR UPDATE SKIP LOCKED)
-            UPDATE mover.chunks k
+                ORDER BY owner IS DISTINCT FROM %(worker)s, range_no LIMIT 1 FOR UPDATE SKIP LOCKED)
+            UPDATE mover.ranges k
             SET status = CASE WHEN k.attempts >= %(max)s THEN 'failed' ELSE 'running' END,
                 error = CASE WHEN k.attempts >= %(max)s THEN coalesce(k.error, 'lease expired ' || k.attempts
                              || ' times') ELSE k.error END,
                 owner = %(worker)s, attempts = k.attempts + 1,
                 lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
-            FROM c WHERE k.migration_id = %(mid)s AND k.kind = %(kind)s AND k.chunk_no = c.chunk_no
-            RETURNING k.chunk_no, k.lo, k.hi, k.status
+            FROM c WHERE k.migration_id = %(mid)s AND k.kind = %(kind)s AND k.range_no = c.range_no
+            RETURNING k.range_no, k.lo, k.hi, k.status
             """,
             {"mid": mid, "kind": kind, "max": max_attempts, "worker": worker, "lease": LEASE_SECONDS},
         )
@@ -112,69 +112,69 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
         if row is None:
             break
         if row[3] == "running":
-            return Chunk(kind, row[0], row[1], row[2])
+            return KeyRange(kind, row[0], row[1], row[2])
         # it just ran out of attempts: marked failed; look for another
-    cur.execute("SELECT next_lo, next_chunk_no, exhausted FROM mover.frontiers"
+    cur.execute("SELECT next_lo, next_range_no, exhausted FROM mover.frontiers"
                 " WHERE migration_id = %s AND kind = %s FOR UPDATE", (mid, kind))
     frontier = cur.fetchone()
     if frontier is None or frontier[2]:
         return None
-    lo, chunk_no, _ = frontier
+    lo, range_no, _ = frontier
     stmt, params = copy_sql.next_bound(m, lo)
     cur.execute(stmt, [*params, max(rows, 1) - 1])
     found = cur.fetchone()
     hi = list(found) if found else None
     cur.execute(
-        "INSERT INTO mover.chunks (migration_id, kind, chunk_no, lo, hi, status, owner, attempts, lease_expires_at)"
+        "INSERT INTO mover.ranges (migration_id, kind, range_no, lo, hi, status, owner, attempts, lease_expires_at)"
         " VALUES (%s, %s, %s, %s, %s, 'running', %s, 1, clock_timestamp() + make_interval(secs => %s))",
-        (mid, kind, chunk_no, lo, hi, worker, LEASE_SECONDS),
+        (mid, kind, range_no, lo, hi, worker, LEASE_SECONDS),
     )
-    cur.execute("UPDATE mover.frontiers SET next_lo = %s, next_chunk_no = %s, exhausted = %s"
-                " WHERE migration_id = %s AND kind = %s", (hi, chunk_no + 1, hi is None, mid, kind))
-    return Chunk(kind, chunk_no, lo, hi)
+    cur.execute("UPDATE mover.frontiers SET next_lo = %s, next_range_no = %s, exhausted = %s"
+                " WHERE migration_id = %s AND kind = %s", (hi, range_no + 1, hi is None, mid, kind))
+    return KeyRange(kind, range_no, lo, hi)
 
 
-def hold(cur: psycopg.Cursor, mid: int, chunk: Chunk, worker: str) -> None:
-    """First statement of the work transaction: lock our chunk row, or fail if it changed hands."""
-    cur.execute("SELECT 1 FROM mover.chunks WHERE migration_id = %s AND kind = %s AND chunk_no = %s"
-                " AND owner = %s AND status = 'running' FOR UPDATE", (mid, chunk.kind, chunk.chunk_no, worker))
+def hold(cur: psycopg.Cursor, mid: int, key_range: KeyRange, worker: str) -> None:
+    """First statement of the work transaction: lock our range row, or fail if it changed hands."""
+    cur.execute("SELECT 1 FROM mover.ranges WHERE migration_id = %s AND kind = %s AND range_no = %s"
+                " AND owner = %s AND status = 'running' FOR UPDATE", (mid, key_range.kind, key_range.range_no, worker))
     if cur.fetchone() is None:
-        raise LeaseLost(f"{chunk.kind} range {chunk.chunk_no} was taken over by another worker; not committing")
+        raise LeaseLost(f"{key_range.kind} range {key_range.range_no} was taken over by another worker; not committing")
 
 
-def mark_done(cur: psycopg.Cursor, mid: int, chunk: Chunk, rows: int, ms: float) -> None:
-    cur.execute("UPDATE mover.chunks SET status = 'done', rows = %s, duration_ms = %s, finished_at = clock_timestamp(),"
-                " lease_expires_at = NULL, error = NULL WHERE migration_id = %s AND kind = %s AND chunk_no = %s",
-                (rows, ms, mid, chunk.kind, chunk.chunk_no))
+def mark_done(cur: psycopg.Cursor, mid: int, key_range: KeyRange, rows: int, ms: float) -> None:
+    cur.execute("UPDATE mover.ranges SET status = 'done', rows = %s, duration_ms = %s, finished_at = clock_timestamp(),"
+                " lease_expires_at = NULL, error = NULL WHERE migration_id = %s AND kind = %s AND range_no = %s",
+                (rows, ms, mid, key_range.kind, key_range.range_no))
 
 
-def mark_failed_attempt(cur: psycopg.Cursor, mid: int, chunk: Chunk, worker: str, error: str,
+def mark_failed_attempt(cur: psycopg.Cursor, mid: int, key_range: KeyRange, worker: str, error: str,
                         max_attempts: int) -> str:
     """After an error: back to pending for another try, or failed once out of attempts."""
     cur.execute(
-        "UPDATE mover.chunks SET status = CASE WHEN attempts >= %s THEN 'failed' ELSE 'pending' END,"
+        "UPDATE mover.ranges SET status = CASE WHEN attempts >= %s THEN 'failed' ELSE 'pending' END,"
         " owner = NULL, lease_expires_at = NULL, error = %s"
-        " WHERE migration_id = %s AND kind = %s AND chunk_no = %s AND owner = %s RETURNING status",
-        (max_attempts, error[:2000], mid, chunk.kind, chunk.chunk_no, worker),
+        " WHERE migration_id = %s AND kind = %s AND range_no = %s AND owner = %s RETURNING status",
+        (max_attempts, error[:2000], mid, key_range.kind, key_range.range_no, worker),
     )
     row = cur.fetchone()
     return row[0] if row else "lost"
 
 
-def work(db, mid: int, chunk: Chunk, worker: str, fn: Callable[[psycopg.Cursor], int], *,
+def work(db, mid: int, key_range: KeyRange, worker: str, fn: Callable[[psycopg.Cursor], int], *,
          synchronous_commit: bool, statement_timeout: str = "300s") -> tuple[int, float]:
-    """Run fn(cur) -> rows for the chunk and mark it done, all in one transaction."""
+    """Run fn(cur) -> rows for the range and mark it done, all in one transaction."""
 
     def tx(cur):
-        hold(cur, mid, chunk, worker)
+        hold(cur, mid, key_range, worker)
         started = time.monotonic()
         rows = fn(cur)
         ms = (time.monotonic() - started) * 1000
-        mark_done(cur, mid, chunk, rows, ms)
+        mark_done(cur, mid, key_range, rows, ms)
         return rows, ms
 
     return db.transaction(tx, synchronous_commit=synchronous_commit, statement_timeout=statement_timeout,
-                          label=f"{chunk.kind} chunk")
+                          label=f"{key_range.kind} key_range")
 
 
 def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
@@ -184,7 +184,7 @@ def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
                count(*) FILTER (WHERE status = 'failed'), count(*),
                coalesce(sum(rows) FILTER (WHERE status = 'done'), 0),
                (SELECT exhausted FROM mover.frontiers f WHERE f.migration_id = %s AND f.kind = %s)
-        FROM mover.chunks WHERE migration_id = %s AND kind = %s
+        FROM mover.ranges WHERE migration_id = %s AND kind = %s
         """,
         (mid, kind, mid, kind),
     )
@@ -194,9 +194,9 @@ def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
             "started": exhausted is not None}  # a pass (or the backfill) has begun: its frontier exists
 
 
-def failed_chunks(cur: psycopg.Cursor, mid: int, kind: str) -> list[tuple[int, str | None]]:
-    cur.execute("SELECT chunk_no, error FROM mover.chunks WHERE migration_id = %s AND kind = %s AND status = 'failed'"
-                " ORDER BY chunk_no", (mid, kind))
+def failed_ranges(cur: psycopg.Cursor, mid: int, kind: str) -> list[tuple[int, str | None]]:
+    cur.execute("SELECT range_no, error FROM mover.ranges WHERE migration_id = %s AND kind = %s AND status = 'failed'"
+                " ORDER BY range_no", (mid, kind))
     return cur.fetchall()
 
 
@@ -206,9 +206,9 @@ def watermark(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[bool, list[str]
     cur.execute(
         """
         SELECT f.exhausted,
-               (SELECT min(chunk_no) FROM mover.chunks c WHERE c.migration_id = f.migration_id AND c.kind = f.kind
+               (SELECT min(range_no) FROM mover.ranges c WHERE c.migration_id = f.migration_id AND c.kind = f.kind
                   AND c.status <> 'done'),
-               f.next_chunk_no
+               f.next_range_no
         FROM mover.frontiers f WHERE f.migration_id = %s AND f.kind = %s
         """,
         (mid, kind),
@@ -222,7 +222,7 @@ def watermark(cur: psycopg.Cursor, mid: int, kind: str) -> tuple[bool, list[str]
     last_done = (first_open or next_no) - 1
     if last_done < 1:
         return False, None
-    cur.execute("SELECT hi FROM mover.chunks WHERE migration_id = %s AND kind = %s AND chunk_no = %s",
+    cur.execute("SELECT hi FROM mover.ranges WHERE migration_id = %s AND kind = %s AND range_no = %s",
                 (mid, kind, last_done))
     hi = one(cur)[0]
     return (hi is None), hi
@@ -233,9 +233,9 @@ def keep_leases(cur: psycopg.Cursor, mid: int, workers: list[str]) -> None:
     those cannot be taken over anyway) and its workers' heartbeats."""
     cur.execute(
         """
-        UPDATE mover.chunks SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
-        WHERE (migration_id, kind, chunk_no) IN (
-            SELECT migration_id, kind, chunk_no FROM mover.chunks
+        UPDATE mover.ranges SET lease_expires_at = clock_timestamp() + make_interval(secs => %s)
+        WHERE (migration_id, kind, range_no) IN (
+            SELECT migration_id, kind, range_no FROM mover.ranges
             WHERE migration_id = %s AND owner = ANY(%s) AND status = 'running' FOR UPDATE SKIP LOCKED)
         """,
         (LEASE_SECONDS, mid, workers),
@@ -316,7 +316,7 @@ def require_finished(db, mid: int, kind: str, migration: str, command: str) -> N
     st = db.transaction(lambda cur: state(cur, mid, kind))
     what = "backfill" if kind == "backfill" else "reconcile"
     if st["failed"]:
-        failed = db.transaction(lambda cur: failed_chunks(cur, mid, kind))
+        failed = db.transaction(lambda cur: failed_ranges(cur, mid, kind))
         first_no, first_error = failed[0]
         raise Failed(f"{len(failed)} {what} ranges failed; range {first_no}: {first_error}",
                      hint=f"fix the cause, then `{command} {migration}` retries them")
@@ -325,14 +325,14 @@ def require_finished(db, mid: int, kind: str, migration: str, command: str) -> N
                      hint=f"`{command} {migration}` continues")
 
 
-def record_failure(db, mid: int, chunk: Chunk, worker: str, exc: BaseException, max_attempts: int) -> str:
+def record_failure(db, mid: int, key_range: KeyRange, worker: str, exc: BaseException, max_attempts: int) -> str:
     """A range's work failed on data or SQL: count the attempt (back to pending, or failed
     once out of attempts) and record an event; the worker goes on with other ranges."""
     from mover.db import mask
     message = mask(f"{type(exc).__name__}: {exc}")  # stored: never a password, whatever raised it
-    outcome = db.transaction(lambda cur: mark_failed_attempt(cur, mid, chunk, worker, message, max_attempts))
-    db.transaction(lambda cur: control.event(cur, mid, worker, chunk.kind, "range_failed",
-                                             f"{chunk.kind} range {chunk.chunk_no} failed ({outcome}): {message}"))
+    outcome = db.transaction(lambda cur: mark_failed_attempt(cur, mid, key_range, worker, message, max_attempts))
+    text = f"{key_range.kind} range {key_range.range_no} failed ({outcome}): {message}"
+    db.transaction(lambda cur: control.event(cur, mid, worker, key_range.kind, "range_failed", text))
     return outcome
 
 

@@ -7,7 +7,7 @@ from itertools import pairwise
 import psycopg
 import pytest
 
-from mover import chunks, control, introspect
+from mover import control, introspect, ranges
 from mover.names import QualifiedName
 from mover.sql.mapping import Mapping
 from tests.conftest import require_icu
@@ -26,7 +26,7 @@ def setup_table(dsn, ddl, fill, tmp_path):
     with conn.cursor() as cur:
         m = control.get(cur, "q")
         info = introspect.describe(cur, QualifiedName("public", "t"))
-        chunks.ensure_frontier(cur, m.id, "backfill")
+        ranges.ensure_frontier(cur, m.id, "backfill")
     return conn, m.id, Mapping.between(info, info, info.key)
 
 
@@ -34,11 +34,11 @@ def cut_all(conn, mid, mapping, rows, after_each=None):
     out = []
     with conn.cursor() as cur:
         while True:
-            c = chunks.claim(cur, mid, "backfill", "tester", mapping, rows, max_attempts=3)
+            c = ranges.claim(cur, mid, "backfill", "tester", mapping, rows, max_attempts=3)
             if c is None:
                 return out
             out.append(c)
-            chunks.mark_done(cur, mid, c, 0, 0.0)
+            ranges.mark_done(cur, mid, c, 0, 0.0)
             if after_each:
                 after_each(c)
 
@@ -78,19 +78,19 @@ def test_ranges_cover_every_key_once_and_are_never_empty(db_dsn, tmp_path, case)
     if "icu" in ddl:
         require_icu(db_dsn)
     conn, mid, mapping = setup_table(db_dsn, ddl, fill, tmp_path)
-    ranges = cut_all(conn, mid, mapping, 128)
-    assert ranges[0].lo is None and ranges[-1].hi is None
-    for a, b in pairwise(ranges):
+    cut = cut_all(conn, mid, mapping, 128)
+    assert cut[0].lo is None and cut[-1].hi is None
+    for a, b in pairwise(cut):
         assert b.lo == a.hi  # contiguous: (lo, hi] then (hi, next]
-    counts = [rows_in(conn, mapping, c) for c in ranges]
+    counts = [rows_in(conn, mapping, c) for c in cut]
     assert sum(counts) == total
     assert all(n == 128 for n in counts[:-1])  # bounded, and no empty ranges on sparse keys
     assert counts[-1] <= 128
-    assert [c.chunk_no for c in ranges] == list(range(1, len(ranges) + 1))
+    assert [c.range_no for c in cut] == list(range(1, len(cut) + 1))
     with conn.cursor() as cur:
-        st = chunks.state(cur, mid, "backfill")
-        assert st["finished"] and st["total"] == len(ranges)
-        assert chunks.watermark(cur, mid, "backfill") == (True, None)
+        st = ranges.state(cur, mid, "backfill")
+        assert st["finished"] and st["total"] == len(cut)
+        assert ranges.watermark(cur, mid, "backfill") == (True, None)
 
 
 def test_keys_inserted_above_the_maximum_during_the_copy_land_in_the_last_range(db_dsn, tmp_path):
@@ -98,51 +98,51 @@ def test_keys_inserted_above_the_maximum_during_the_copy_land_in_the_last_range(
                                      "INSERT INTO t SELECT generate_series(1, 500)", tmp_path)
 
     def grow(c):
-        if c.chunk_no == 1:
+        if c.range_no == 1:
             conn.execute("INSERT INTO t SELECT generate_series(10001, 10300)")
 
-    ranges = cut_all(conn, mid, mapping, 100, after_each=grow)
-    assert sum(rows_in(conn, mapping, c) for c in ranges) == 800
-    assert ranges[-1].hi is None
+    cut = cut_all(conn, mid, mapping, 100, after_each=grow)
+    assert sum(rows_in(conn, mapping, c) for c in cut) == 800
+    assert cut[-1].hi is None
 
 
 def test_watermark_is_the_done_prefix_when_ranges_finish_out_of_order(db_dsn, tmp_path):
     conn, mid, mapping = setup_table(db_dsn, "CREATE TABLE t (id int PRIMARY KEY)",
                                      "INSERT INTO t SELECT generate_series(1, 500)", tmp_path)
     with conn.cursor() as cur:
-        a = chunks.claim(cur, mid, "backfill", "w1", mapping, 100, 3)
-        b = chunks.claim(cur, mid, "backfill", "w2", mapping, 100, 3)
-        assert chunks.watermark(cur, mid, "backfill") == (False, None)
-        chunks.mark_done(cur, mid, b, 100, 1.0)
-        assert chunks.watermark(cur, mid, "backfill") == (False, None)  # b is done, a is not
-        chunks.mark_done(cur, mid, a, 100, 1.0)
-        assert chunks.watermark(cur, mid, "backfill") == (False, b.hi)
+        a = ranges.claim(cur, mid, "backfill", "w1", mapping, 100, 3)
+        b = ranges.claim(cur, mid, "backfill", "w2", mapping, 100, 3)
+        assert ranges.watermark(cur, mid, "backfill") == (False, None)
+        ranges.mark_done(cur, mid, b, 100, 1.0)
+        assert ranges.watermark(cur, mid, "backfill") == (False, None)  # b is done, a is not
+        ranges.mark_done(cur, mid, a, 100, 1.0)
+        assert ranges.watermark(cur, mid, "backfill") == (False, b.hi)
 
 
 def test_an_expired_lease_is_reclaimed_and_a_failing_range_stops_at_the_ceiling(db_dsn, tmp_path):
     conn, mid, mapping = setup_table(db_dsn, "CREATE TABLE t (id int PRIMARY KEY)",
                                      "INSERT INTO t SELECT generate_series(1, 50)", tmp_path)
     with conn.cursor() as cur:
-        first = chunks.claim(cur, mid, "backfill", "dead", mapping, 100, 2)
-        cur.execute("UPDATE mover.chunks SET lease_expires_at = now() - interval '1s'")
-        again = chunks.claim(cur, mid, "backfill", "alive", mapping, 100, 2)
+        first = ranges.claim(cur, mid, "backfill", "dead", mapping, 100, 2)
+        cur.execute("UPDATE mover.ranges SET lease_expires_at = now() - interval '1s'")
+        again = ranges.claim(cur, mid, "backfill", "alive", mapping, 100, 2)
         assert again == first  # taken over, attempt 2
         # the late owner can no longer commit its work
         with pytest.raises(Exception, match="taken over"):
-            chunks.hold(cur, mid, first, "dead")
-        assert chunks.mark_failed_attempt(cur, mid, again, "alive", "boom", 2) == "failed"
-        assert chunks.claim(cur, mid, "backfill", "alive", mapping, 100, 2) is None
-        assert chunks.failed_chunks(cur, mid, "backfill") == [(1, "boom")]
-        assert chunks.retry_failed(cur, mid, "backfill") == 1
+            ranges.hold(cur, mid, first, "dead")
+        assert ranges.mark_failed_attempt(cur, mid, again, "alive", "boom", 2) == "failed"
+        assert ranges.claim(cur, mid, "backfill", "alive", mapping, 100, 2) is None
+        assert ranges.failed_ranges(cur, mid, "backfill") == [(1, "boom")]
+        assert ranges.retry_failed(cur, mid, "backfill") == 1
 
 
 def test_a_worker_that_lost_the_answer_to_its_claim_gets_its_own_range_back(db_dsn, tmp_path):
     conn, mid, mapping = setup_table(db_dsn, "CREATE TABLE t (id int PRIMARY KEY)",
                                      "INSERT INTO t SELECT generate_series(1, 500)", tmp_path)
     with conn.cursor() as cur:
-        first = chunks.claim(cur, mid, "backfill", "w1", mapping, 100, 5)
+        first = ranges.claim(cur, mid, "backfill", "w1", mapping, 100, 5)
         # The claim committed but w1 never heard back (a server restart): it claims again.
-        again = chunks.claim(cur, mid, "backfill", "w1", mapping, 100, 5)
+        again = ranges.claim(cur, mid, "backfill", "w1", mapping, 100, 5)
         assert again == first
-        other = chunks.claim(cur, mid, "backfill", "w2", mapping, 100, 5)
-        assert other.chunk_no == first.chunk_no + 1  # still leased to w1: nobody else takes it
+        other = ranges.claim(cur, mid, "backfill", "w2", mapping, 100, 5)
+        assert other.range_no == first.range_no + 1  # still leased to w1: nobody else takes it

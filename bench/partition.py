@@ -101,7 +101,7 @@ def writing(dsn: str, workdir: Path, rows: int, out: dict):
     finally:
         writers.terminate()  # SIGTERM: a background shell may have pgbench ignore SIGINT
         _, err = writers.communicate()
-        tps = progress_tps(err)
+        tps = [v for _, v in progress_tps(err)]  # (wall clock, tps) samples
         out["writer_tps"] = median(tps[2:]) if len(tps) > 2 else (median(tps) if tps else 0.0)
 
 

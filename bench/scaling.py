@@ -195,12 +195,16 @@ def main() -> None:
     with server(args.dsn) as (dsn, _):
         with connect(dsn) as conn:
             results["server"] = conn.execute("SELECT version()").fetchone()[0]
+        path = None
         for rows in sizes:
             print(f"{rows:,} rows ...", flush=True)
             results["sizes"].append(one_size(dsn, rows, args.shape, args.tps))
             print(results["sizes"][-1], flush=True)
-    path = save("scaling", results)
-    Path(args.chart).write_text(chart(results))
+            # after every size: a run stopped during a larger one keeps the smaller ones
+            if path is not None:
+                path.unlink()
+            path = save("scaling", results)
+            Path(args.chart).write_text(chart(results))
     print(report(results))
     print(f"\nresults: {path}\nchart: {args.chart}")
 

@@ -30,14 +30,15 @@ import logging
 import time
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from mover import backfill, capture, control, faults, introspect, names, ranges, shape
 from mover.context import Context
 from mover.db import bind
-from mover.errors import Failed
+from mover.errors import Failed, ShapeChanged
 from mover.names import QualifiedName
-from mover.sql import ddl
+from mover.sql import ddl, trusted
 
 log = logging.getLogger("mover.adopt")
 
@@ -58,8 +59,8 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
     refused += [c for c in found if c.side == other_side and not shape.mirrors(c, live_changes, ctx.mid)]
     if refused:
         exc = shape.explain(m.name, refused, ctx.swapped, ctx.mid)
-        raise shape.ShapeChanged(f"cannot adopt the change to the shape of migration {m.name!r}: "
-                                 f"{'; '.join(c.message for c in refused)}", hint=exc.hint, changes=refused)
+        raise ShapeChanged(f"cannot adopt the change to the shape of migration {m.name!r}: "
+                           f"{'; '.join(c.message for c in refused)}", hint=exc.hint, changes=refused)
     built = ctx.swapped or before[other_side] is not None
     exists = ctx.db.transaction(lambda cur: introspect.exists(cur, other))
     columns = [c.detail["column"] for c in live_changes if c.kind == "column_added"]
@@ -75,7 +76,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
             _build_indexes(ctx, live, other, indexes)
     faults.point("adopt:before_record")
 
-    def record(cur):
+    def record(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         again, now2, left = shape.changes(cur, ctx.mid)
         if shape.fingerprint(now2[live_side]) != shape.fingerprint(now[live_side]):
@@ -109,7 +110,7 @@ def _add_columns(ctx: Context, other: QualifiedName, columns: list[dict[str, Any
     if not columns:
         return
 
-    def add(cur):
+    def add(cur: psycopg.Cursor) -> None:
         have = {c.name: c for c in introspect.describe(cur, other).columns}
         for c in columns:
             if c["name"] in have:
@@ -120,9 +121,11 @@ def _add_columns(ctx: Context, other: QualifiedName, columns: list[dict[str, Any
             # Type, collation and default are text the catalog printed for the live table's column
             # (format_type, pg_get_expr): trusted, and positions that take no bind parameter.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD COLUMN {c} {ty}{coll}{default}").format(
-                t=other.ident, c=sql.Identifier(c["name"]), ty=sql.SQL(c["type"]),
-                coll=sql.SQL(f" COLLATE {c['collation']}" if c.get("collation") else ""),
-                default=sql.SQL(f" DEFAULT {c['default']}" if c.get("default") is not None else "")))
+                t=other.ident, c=sql.Identifier(c["name"]), ty=trusted(c["type"], "format_type"),
+                coll=sql.SQL(" COLLATE {}").format(trusted(c["collation"], "pg_collation")) if c.get("collation")
+                else sql.SQL(""),
+                default=sql.SQL(" DEFAULT {}").format(trusted(c["default"], "pg_get_expr"))
+                if c.get("default") is not None else sql.SQL("")))
     ctx.db.transaction(add, label="adopt columns", **_lock_timeout(ctx))
 
 
@@ -134,17 +137,17 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
     key = tuple(ctx.migration.key_columns)
     key_types = ctx.db.transaction(lambda cur: {c.name: c.type for c in introspect.describe(cur, other).columns})
     # Key types are catalog text (format_type) of the other table's key columns.
-    bound = sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("CAST(%s AS {})").format(sql.SQL(key_types[k]))
-                                                      for k in key))
+    bound = sql.SQL("({})").format(sql.SQL(", ").join(
+        sql.SQL("CAST(%s AS {})").format(trusted(key_types[k], "format_type")) for k in key))
     t_key = sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier("t", k) for k in key))
     s_key = sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier("s", k) for k in key))
-    lo: tuple | None = None
+    lo: tuple[Any, ...] | None = None
     total = 0
     started = time.monotonic()
     while True:
         ctx.checkpoint()
 
-        def resync_range(cur, lo: tuple | None) -> tuple[tuple | None, int]:
+        def resync_range(cur: psycopg.Cursor, lo: tuple[Any, ...] | None) -> tuple[tuple[Any, ...] | None, int]:
             capture.lock_applier(cur, ctx.mid, reverse)
             above = sql.SQL("{} > {}").format(t_key, bound) if lo is not None else sql.SQL("true")
             cur.execute(sql.SQL("SELECT {o} FROM {t} t WHERE {above} ORDER BY {o} OFFSET %s LIMIT 1").format(
@@ -179,7 +182,7 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
     if not any(c.get("not_null") for c in columns) and not checks and not validations:
         return
 
-    def finish(cur):
+    def finish(cur: psycopg.Cursor) -> None:
         info = introspect.describe(cur, other)
         have = {c.name: c for c in info.columns}
         for c in columns:
@@ -187,7 +190,7 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
                 cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
                     t=other.ident, c=sql.Identifier(c["name"])))
         cur.execute("SELECT conname, convalidated FROM pg_constraint WHERE conrelid = %s", (info.oid,))
-        existing = dict(cur.fetchall())
+        existing: dict[str, bool] = dict(cur.fetchall())
         for name in validations:
             if name not in existing:
                 raise Failed(f"constraint {names.display_ident(name)} was validated on the live table, but {other} has"
@@ -201,7 +204,7 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
             # The definition is pg_get_constraintdef() of the live table's constraint, NOT VALID
             # included when it is not validated there: the same validation state on both tables.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} {d}").format(
-                t=other.ident, c=sql.Identifier(name), d=sql.SQL(con["definition"])))
+                t=other.ident, c=sql.Identifier(name), d=trusted(con["definition"], "pg_get_constraintdef")))
     ctx.db.transaction(finish, label="adopt constraints", statement_timeout="300s", **_lock_timeout(ctx))
 
 

@@ -1,14 +1,16 @@
-"""The commands as plain functions (used by the CLI, the demo and the tests): connection
-bootstrap, the plan's checks against the live database, registration, the operator commands
-(which check control.COMMANDS and run through mover/runner.py) and the status read model."""
+"""The commands as plain functions (used by the CLI, the demo and the tests): each opens the
+database and hands over: plan checks to mover/checks/, registration and transitions to
+mover/control.py, the steps and the operator commands (legal per control.COMMANDS) to
+mover/runner.py, the reads to mover/status.py, range workers to chunks.run_workers."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 
@@ -26,12 +28,15 @@ from mover import (
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, one
+from mover.db import Database, bind, is_connection_lost, one
 from mover.db import open_database as _database
 from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
+
+if TYPE_CHECKING:  # imported where the workers start (api.work); only the annotation needs it here
+    from mover.heartbeat import Heartbeat
 
 log = logging.getLogger("mover")
 
@@ -54,17 +59,26 @@ def init(dsn: str) -> str:
 # Plans against the live database (the checks themselves: mover/checks/)
 
 
-def resolve_plan(cur, plan: Plan) -> dict[str, Any]:
+def resolve_plan(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     """Check the plan against the catalog (every problem at once); return resolved names and the
     key. Changes nothing: the target's DDL is rehearsed inside a savepoint that is rolled back."""
     return checks.resolved(checks.run(cur, plan))
 
 
-def _provisional(plan: Plan, r: dict[str, Any]) -> control.Migration:
+def _next_id(cur: psycopg.Cursor) -> int:
+    """The id registration gives the next migration, so that `plan check` shows the names (which
+    carry it: mover.m7_changes...) the run will use. Peeked, not taken: a registration by someone
+    else in between would take it, and the names shift by one."""
+    cur.execute("SELECT pg_sequence_last_value(pg_get_serial_sequence('mover.migrations', 'id'))")
+    last = one(cur)[0]
+    return 1 if last is None else int(last) + 1
+
+
+def _provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
     now = datetime.now(UTC)
     return control.Migration(
-        id=0, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
+        id=mid, name=plan.name, plan=plan.canonical(), plan_hash=plan.shape_hash(r["source"].schema),
         source=r["source"],
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
@@ -76,23 +90,24 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
     plan = load_plan(path)
     db = _database(dsn)
     try:
-        def check(cur):
+        def check(cur: psycopg.Cursor) -> dict[str, Any]:
             if not control.schema_ready(cur):
                 raise BadInput("mover's control schema is not installed in this database",
                                hint="run `mover init` first")
             existing = control.find(cur, plan.name)
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
-                return {"plan": str(path), "name": plan.name, "registered": True,
+                return {"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                         "status": status_mod.status_of(cur, existing), "steps": []}
             r = resolve_plan(cur, plan)
-            ctx = Context(db=db, migration=_provisional(plan, r), owner="plan-check")
+            mid = _next_id(cur)
+            ctx = Context(db=db, migration=_provisional(plan, r, mid), owner="plan-check")
             out_steps = []
             for step in steps.ALL:
                 out_steps.append({"name": step.name,
                                   "sql": [s if isinstance(s, str) else s.as_string(cur)
                                           for s in step.describe(ctx, cur)]})
-            return {"plan": str(path), "name": plan.name, "registered": False,
+            return {"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
                     "steps": out_steps}
@@ -108,14 +123,25 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
 
 def _same_shape(existing: control.Migration, plan: Plan) -> None:
     if existing.plan_hash != plan.shape_hash(existing.source.schema):
+        # The hint names what works at the migration's step: abort only before the cutover.
+        if existing.state == "done" or existing.step == "finished":
+            how = (f"migration {plan.name!r} is done (retired); give the changed plan a new [migration] name to run "
+                   f"it as a new migration")
+        elif existing.step in control.COMMANDS["abort"]:
+            how = f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name"
+        elif existing.step == "rollback_window":
+            how = (f"restore the plan; or `mover retire {plan.name}` (after its window) and run the changed plan "
+                   f"under a new [migration] name; or `mover rollback {plan.name}` then `mover abort {plan.name}`")
+        else:
+            how = f"restore the plan, or let `mover run {plan.name}` finish it, then use a new [migration] name"
         raise PlanError(
             f"plan for {plan.name!r} differs from the one registered (source, target, columns and "
             f"[rollback] old_name define a migration; only the other settings may change between runs)",
-            hint=f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name")
+            hint=how)
 
 
 def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
-    def register(cur):
+    def register(cur: psycopg.Cursor) -> control.Migration:
         existing = control.find(cur, plan.name)
         if existing is not None and existing.state == "aborted":
             # Keep the aborted attempt's history under another name; start afresh.
@@ -135,7 +161,9 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
     try:
         return db.transaction(register, label="register")
     except psycopg.errors.UniqueViolation as exc:
-        raise PlanError(f"another migration of the same table or name was registered concurrently: {exc}") from exc
+        raise PlanError(f"another migration of the same table or name was registered concurrently: {exc}",
+                        hint="`mover status` shows it; run this plan again once that one is done, or rename it") \
+            from exc
 
 
 def _locate(db: Database, name_or_plan: str, actor: str) -> control.Migration:
@@ -154,21 +182,30 @@ def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = Fal
     db = _database(dsn)
     owner = control.new_owner_id()
     try:
-        m = _locate(db, name_or_plan, owner)
-        if m.state == "aborted":
-            raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
-        if m.state != "done":
-            with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
-                if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
-                    raise Waiting(f"the next step of {m.name!r} is the cutover",
-                                  hint=f"run `mover cutover {m.name}` to swap")
-                runner.advance(ctx, one_step=one_step, wait_window=wait)
-        return status(dsn, m.name, db=db)
+        return _run(db, dsn, name_or_plan, owner, one_step, wait, report, stop)
+    except psycopg.Error as exc:
+        if is_connection_lost(exc):
+            raise runner.server_gone(name_or_plan, exc) from exc
+        raise
     finally:
         db.close()
 
 
-def _operator_command(dsn: str, name: str, command: str, action,
+def _run(db: Database, dsn: str, name_or_plan: str, owner: str, one_step: bool, wait: bool, report: Reporter,
+         stop: threading.Event | None) -> dict[str, Any]:
+    m = _locate(db, name_or_plan, owner)
+    if m.state == "aborted":
+        raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+    if m.state != "done":
+        with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
+            if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
+                raise Waiting(f"the next step of {m.name!r} is the cutover",
+                              hint=f"run `mover cutover {m.name}` to swap")
+            runner.advance(ctx, one_step=one_step, wait_window=wait)
+    return status(dsn, m.name, db=db)
+
+
+def _operator_command(dsn: str, name: str, command: str, action: Callable[[Context], object],
                       report: Reporter = log_reporter, stop: threading.Event | None = None) -> dict[str, Any]:
     """Run one operator command under the lease; control.COMMANDS says at which steps it is legal
     (checked here to refuse early, and again under the lease)."""
@@ -178,39 +215,43 @@ def _operator_command(dsn: str, name: str, command: str, action,
         _require_schema(db)
         m = db.transaction(lambda cur: control.get(cur, name))
         control.require_command(m, command)
-        with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
+        with runner.leased(db, m, owner, report=report, stop=stop, command=command) as ctx:
             control.require_command(ctx.refresh(), command)
             if command not in ("abort", "adopt"):  # the two ways out of a changed shape
                 ctx.db.transaction(lambda cur: shape.verify_at_step(cur, ctx.migration, ctx.swapped),
                                    label="shape check")
             action(ctx)
         return status(dsn, name, db=db)
+    except psycopg.Error as exc:
+        if is_connection_lost(exc):
+            raise runner.server_gone(name, exc) from exc
+        raise
     finally:
         db.close()
 
 
-def cutover_now(dsn: str, name: str, **kw) -> dict[str, Any]:
+def cutover_now(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "cutover", runner.cutover, **kw)
 
 
-def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "rollback", lambda ctx: runner.rollback(ctx, give_up_rows=give_up_rows),
                              **kw)
 
 
-def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "retire",
                              lambda ctx: runner.retire(ctx, force=force, give_up_rows=give_up_rows), **kw)
 
 
-def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any]:
+def reconcile(dsn: str, name: str, *, full: bool = False, **kw: Any) -> dict[str, Any]:
     """`mover reconcile NAME`: a reconcile pass now. At the reconcile step it is that step (the
     migration moves to the cutover gate when the tables are equal); at the gate it is an extra
     pass over the ranges changed since the last one (all of them with `full`)."""
     from mover.steps import reconcile as reconcile_step
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         at_step = ctx.migration.step == "reconcile"
         if at_step:
             ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "reconcile", ctx.owner))
@@ -229,11 +270,11 @@ def reconcile(dsn: str, name: str, *, full: bool = False, **kw) -> dict[str, Any
     return {"pass": out.get("pass"), "status": st}
 
 
-def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw) -> dict[str, Any]:
+def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw: Any) -> dict[str, Any]:
     """`mover repair NAME`: re-sync the open divergences' rows from the source and check them again."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         out["repair"] = reconcile_engine.repair(ctx, divergence_id)
         if ctx.migration.step == "cutover":
             left = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid))
@@ -252,7 +293,7 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
     try:
         _require_schema(db)
 
-        def go(cur):
+        def go(cur: psycopg.Cursor) -> list[int]:
             m = control.get(cur, name, lock=True)
             control.require_command(m, "accept")
             ids = reconcile_engine.accept(cur, m.id, reason.strip(), control.new_owner_id(), divergence_id)
@@ -266,24 +307,33 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
         db.close()
 
 
-def adopt(dsn: str, name: str, **kw) -> dict[str, Any]:
+def adopt(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
     """`mover adopt NAME`: apply an additive change of the live table's shape (a column, a CHECK, an
     index) to the other table, re-sync what it touched, record the new shapes; refused (exit 2) for
     any other change."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context):
+    def go(ctx: Context) -> None:
         out["adopted"] = adopt_engine.adopt(ctx)
     st = _operator_command(dsn, name, "adopt", go, **kw)
     return {"adopted": out.get("adopted", []), "status": st}
 
 
-def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw) -> dict[str, Any]:
+def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
     return _operator_command(dsn, name, "abort", lambda ctx: runner.abort(ctx, give_up_rows=give_up_rows), **kw)
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading
+
+
+# One migration's status for a name, every migration's without: typed per call for the callers.
+@overload
+def status(dsn: str, name: str, *, db: Database | None = None) -> dict[str, Any]: ...
+@overload
+def status(dsn: str, name: None = None, *, db: Database | None = None) -> list[dict[str, Any]]: ...
+@overload
+def status(dsn: str, name: str | None, *, db: Database | None = None) -> dict[str, Any] | list[dict[str, Any]]: ...
 
 
 def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> Any:
@@ -292,7 +342,7 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     try:
         _require_schema(db)
 
-        def read(cur):
+        def read(cur: psycopg.Cursor) -> dict[str, Any] | list[dict[str, Any]]:
             if name is not None:
                 return status_mod.status_of(cur, control.get(cur, name))
             return [status_mod.status_of(cur, m) for m in control.list_all(cur)]
@@ -302,12 +352,28 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
             db.close()
 
 
+def history(dsn: str, name: str | None = None) -> list[dict[str, Any]]:
+    """`mover history [NAME]`: every migration (or NAME and its aborted attempts) with its outcome
+    and step durations."""
+    from mover import history as history_mod
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        found = db.transaction(lambda cur: history_mod.history(cur, name), label="history")
+        if name is not None and not found:
+            raise NotFound(f"no migration named {name!r}, now or in the past",
+                           hint="`mover history` lists every migration")
+        return found
+    finally:
+        db.close()
+
+
 def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[dict[str, Any]]:
     db = _database(dsn)
     try:
         _require_schema(db)
 
-        def read(cur):
+        def read(cur: psycopg.Cursor) -> list[dict[str, Any]]:
             m = control.get(cur, name)
             return [{**d, "found_at": status_mod.iso(d["found_at"]), "resolved_at": status_mod.iso(d["resolved_at"]),
                      "checked_at": status_mod.iso(d["checked_at"])}
@@ -320,7 +386,7 @@ def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[
 def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
     db = _database(dsn)
     try:
-        def read(cur):
+        def read(cur: psycopg.Cursor) -> list[dict[str, Any]]:
             m = control.get(cur, name)
             return [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, limit)]
         return db.transaction(read)
@@ -353,7 +419,7 @@ def set_settings(dsn: str, name: str, assignments: list[str]) -> dict[str, Any]:
     try:
         _require_schema(db)
 
-        def apply(cur):
+        def apply(cur: psycopg.Cursor) -> None:
             m = control.get(cur, name, lock=True)
             doc = to_document(plan_from_canonical(m.plan))
             changes = {}
@@ -421,7 +487,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
 def _orchestrated(db: Database, m: control.Migration) -> bool:
     """Whether a live process holds the migration's lease: only then is a next phase coming for a
     helper to wait for (with none, it would wait for ever)."""
-    def live(cur) -> bool:
+    def live(cur: psycopg.Cursor) -> bool:
         cur.execute("SELECT lease_expires_at > clock_timestamp() FROM mover.migrations WHERE id = %s", (m.id,))
         row = cur.fetchone()
         return bool(row and row[0])
@@ -429,7 +495,7 @@ def _orchestrated(db: Database, m: control.Migration) -> bool:
 
 
 def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: Reporter,
-           stop: threading.Event, heartbeat) -> None:
+           stop: threading.Event, heartbeat: Callable[..., Heartbeat]) -> None:
     """Run `threads` workers of one engine on this migration's ranges until none is left, under a
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
@@ -446,7 +512,7 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
                                            registry=registry, report=report, n_workers=threads)
                    for i in range(threads)]
 
-    def keep(cur) -> bool:
+    def keep(cur: psycopg.Cursor) -> bool:
         ranges.keep_leases(cur, m.id, sorted(registry))
         return True  # a worker's only lease is its ranges': losing one shows when it commits
 
@@ -472,7 +538,7 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
     try:
         _require_schema(db)
 
-        def find(cur):
+        def find(cur: psycopg.Cursor) -> list[tuple[control.Migration, Plan, QualifiedName]]:
             out = []
             for m in control.list_all(cur):
                 plan = plan_from_canonical(m.plan)
@@ -548,24 +614,27 @@ def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool 
         db.close()
 
 
-def _partman_maintain(db, m, plan, premake: int, live: QualifiedName, lock: str, dry_run: bool) -> dict[str, Any]:
+def _partman_maintain(db: Database, m: control.Migration, plan: Plan, premake: int, live: QualifiedName, lock: str,
+                      dry_run: bool) -> dict[str, Any]:
     """maintain for a retired conversion with manager = "pg_partman": the first run hands the
     table over (create_parent), every run defers to pg_partman's run_maintenance. Reports the
     partitions it created and removed by comparing before and after."""
     from mover.sql import partitions as partition_sql
     spec = plan.partition
+    assert spec is not None  # only partitioned conversions reach maintain
 
-    def names_of(cur):
+    def names_of(cur: psycopg.Cursor) -> set[str]:
         return {c.name for c, _, _, _ in partitions.children(cur, live)}
 
-    def default_rows(cur):
+    def default_rows(cur: psycopg.Cursor) -> int | None:
         default = next((c for c, _, d, _ in partitions.children(cur, live) if d), None)
         if default is None:
             return None
         cur.execute(partition_sql.count_rows(default))
-        return one(cur)[0]
+        rows: int = one(cur)[0]
+        return rows
 
-    def registered(cur):
+    def registered(cur: psycopg.Cursor) -> bool:
         return partitions.partman_config(cur, partitions.check_partman(cur, live), live) is not None
 
     before = db.transaction(names_of, label="partitions")

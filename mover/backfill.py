@@ -25,11 +25,12 @@ import psycopg
 
 from mover import capture, control, faults, introspect, names, partitions, ranges, throttle
 from mover.context import Context, Reporter
-from mover.db import bind
+from mover.db import bind, is_retryable
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
+from mover.sql.mapping import Mapping
 
 log = logging.getLogger("mover.backfill")
 
@@ -71,6 +72,7 @@ class Worker(ranges.RangeWorker):
         range_rows = settings.range_rows
         pacer = throttle.Throttle(limits(settings), self.n_workers)
         waiting: str | None = None
+        owed = 0.0  # monotonic time before which no further range may start (the cap's budget)
         try:
             while True:
                 ctx.checkpoint()
@@ -96,6 +98,9 @@ class Worker(ranges.RangeWorker):
                     settings.max_attempts), label="claim")
                 if key_range is not None:
                     faults.point("claimed")  # between building the mapping and copying with it
+                    if owed > time.monotonic():
+                        waiting = pacer.cap_reason()
+                        self._wait(waiting, owed - time.monotonic())
                 if key_range is None:
                     st = self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))
                     if st["open"] == 0:
@@ -135,19 +140,25 @@ class Worker(ranges.RangeWorker):
                 self.report("backfill", range_no=key_range.range_no, rows=rows, ms=round(ms, 1),
                             range_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
                 pause = pacer.pace(rows, time.monotonic() - started)
-                if pause:
-                    self._wait(pacer.cap_reason(), pause)
+                if pause and key_range.hi is None:
+                    # The key space's last range: no new one follows, so no "waiting: rows/s cap"
+                    # with nothing left to copy. A retried range claimed after it still waits
+                    # out this budget first (below).
+                    owed = time.monotonic() + pause
+                elif pause:
+                    waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
+                    self._wait(waiting, pause)
         finally:
             self._leave()
 
-    def _copy(self, cur, mapping, key_range: ranges.KeyRange) -> int:
+    def _copy(self, cur: psycopg.Cursor, mapping: Mapping, key_range: ranges.KeyRange) -> int:
         rows = copy_range(cur, self.ctx, mapping, key_range.lo, key_range.hi)
         # After the copy, in its transaction: the copy holds a lock that keeps ALTER TABLE out
         # until commit, so a shape seen unchanged here is the shape the range was copied under.
         if self.ctx.mapping(cur) is not mapping:
             # `mover adopt` recorded a new shape since this worker built its mapping: copy again.
             raise LeaseLost(f"the shape of {mapping.src} was adopted while range {key_range.range_no} was copied;"
-                            f" copying it again")
+                            f" copying it again", hint="nothing to do: the range is copied again with the new shape")
         # Inside the transaction: a crash here loses the copy and keeps the range claimed.
         faults.point(f"range_copied:{key_range.range_no}")
         faults.point("range_copied")  # whichever range this process copies first
@@ -161,7 +172,8 @@ def _fails_on_data(exc: psycopg.Error) -> bool:
         and not isinstance(exc, psycopg.errors.UniqueViolation)
 
 
-def _try_copy(cur, m, lo, hi) -> tuple[int, psycopg.Error | None]:
+def _try_copy(cur: psycopg.Cursor, m: Mapping, lo: list[str] | None,
+              hi: list[str] | None) -> tuple[int, psycopg.Error | None]:
     stmt, params = q.copy_range(m, lo, hi)
     cur.execute("SAVEPOINT mover_copy")
     try:
@@ -176,7 +188,7 @@ def _try_copy(cur, m, lo, hi) -> tuple[int, psycopg.Error | None]:
     return rows, None
 
 
-def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None) -> int:
+def copy_range(cur: psycopg.Cursor, ctx: Context, m: Mapping, lo: list[str] | None, hi: list[str] | None) -> int:
     """Copy the range lo < key <= hi in the caller's transaction. When it fails on a row's data,
     split it in halves by its current keys (savepoints), copy what converts, and record each row
     that does not as an apply_error divergence in the same transaction: the range is done, the
@@ -209,7 +221,7 @@ def copy_range(cur, ctx: Context, m, lo: list[str] | None, hi: list[str] | None)
 def copy_all(ctx: Context) -> None:
     """Run [backfill] workers in this process until every range is copied."""
     settings = ctx.plan.backfill
-    def prepare(cur):
+    def prepare(cur: psycopg.Cursor) -> tuple[int, int]:
         ranges.ensure_frontier(cur, ctx.mid, KIND)
         ranges.retry_failed(cur, ctx.mid, KIND)
         ranges.release_dead_local_owners(cur, ctx.mid)
@@ -229,7 +241,7 @@ def deferred_index_name(mid: int, source_index: str) -> str:
     return names.derived(source_index, f"_m{mid}")
 
 
-def deferred_indexes(cur, ctx: Context):
+def deferred_indexes(cur: psycopg.Cursor, ctx: Context) -> list[tuple[str, introspect.Index]]:
     """(name in the new table, source index) for every index still to build."""
     original = introspect.describe(cur, ctx.original)
     return [(deferred_index_name(ctx.mid, ix.name), ix) for ix in original.indexes
@@ -242,7 +254,6 @@ INDEX_ATTEMPTS = 6
 def _transient_ddl_error(exc: BaseException) -> bool:
     """Worth another try: a lock or deadlock timeout, or the catalog race of two backends that
     end and drop the same index at once ("tuple concurrently updated", SQLSTATE XX000)."""
-    from mover.db import is_retryable
     if isinstance(exc, psycopg.errors.InternalError_):
         return (exc.diag.message_primary or "") == "tuple concurrently updated"
     return is_retryable(exc)
@@ -252,7 +263,7 @@ def _stop_orphaned_build(ctx: Context, index_oid: int) -> None:
     """A process killed during CREATE INDEX CONCURRENTLY leaves its backend building on (it only
     notices the lost client at the end). Only the lease holder builds these indexes, so such a
     backend is an orphan: cancel it and wait until it is gone, rather than drop its index under it."""
-    def builders(cur) -> list[int]:
+    def builders(cur: psycopg.Cursor) -> list[int]:
         cur.execute("SELECT pid FROM pg_stat_progress_create_index WHERE index_relid = %s"
                     " AND pid <> pg_backend_pid()", (index_oid,))
         return [r[0] for r in cur.fetchall()]
@@ -268,15 +279,15 @@ def _stop_orphaned_build(ctx: Context, index_oid: int) -> None:
         time.sleep(0.2)
 
 
-def _copy_index_comment(ctx: Context, name: str, ix) -> None:
-    def copy(cur):
+def _copy_index_comment(ctx: Context, name: str, ix: introspect.Index) -> None:
+    def copy(cur: psycopg.Cursor) -> None:
         comment, _ = introspect.index_comments(cur, ix.oid)
         if comment is not None:
             cur.execute(ddl.comment_on_index(names.QualifiedName(ctx.new.schema, name), comment))
     ctx.db.transaction(copy, label="index comment")
 
 
-def _build_index(ctx: Context, name: str, ix) -> None:
+def _build_index(ctx: Context, name: str, ix: introspect.Index) -> None:
     schema = ctx.new.schema
     assert schema is not None  # the control tables hold schema-qualified names
     state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
@@ -297,10 +308,11 @@ def _build_index(ctx: Context, name: str, ix) -> None:
     _copy_index_comment(ctx, name, ix)
 
 
-def _build_one(ctx: Context, name: str, ix, table) -> None:
+def _build_one(ctx: Context, name: str, ix: introspect.Index, table: names.QualifiedName) -> None:
     """Build index `name` on `table` (the new table, or one of its partitions) concurrently,
     dropping an invalid one that an interrupted build left first."""
     schema = table.schema
+    assert schema is not None  # the new table and its partitions are named with their schema
     state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
     if state is True:
         return

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -31,10 +32,6 @@ from mover.sql.mapping import Mapping, named_bound
 log = logging.getLogger("mover.capture")
 
 BATCH = 5000
-
-
-def log_name(ctx: Context, reverse: bool = False) -> names.QualifiedName:
-    return names.change_log(ctx.mid, reverse)
 
 
 def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
@@ -88,7 +85,7 @@ class Applied:
     deleted: int = 0
     upserted: int = 0
     failed: int = 0
-    failures: dict = field(default_factory=dict)  # key -> the error that stopped its replay
+    failures: dict[tuple[Any, ...], str] = field(default_factory=dict)  # key -> the error that stopped its replay
 
 
 def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> bool:
@@ -105,7 +102,8 @@ def lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool) -> None:
     _lock_applier(cur, mid, reverse, wait=True)
 
 
-def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping, backfill_done: bool):
+def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping,
+                      backfill_done: bool) -> tuple[sql.Composable, dict[str, Any]] | None:
     """Which log rows may be replayed now: all once the backfill is done, else the keys at or
     below the done prefix of the backfill's ranges; None when nothing is covered yet."""
     if backfill_done:
@@ -142,7 +140,8 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
     return _apply_key_by_key(cur, ctx, m, log_table, covered, params, limit)
 
 
-def _apply_key_by_key(cur, ctx: Context, m: Mapping, log_table, covered, params, limit) -> Applied:
+def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: names.QualifiedName,
+                      covered: sql.Composable, params: dict[str, Any], limit: int) -> Applied:
     cur.execute(q.claim_keys(log_table, covered, m.key), {**params, "limit": limit})
     keys = list(dict.fromkeys(tuple(r) for r in cur.fetchall()))
     result = Applied(claimed=len(keys))
@@ -178,7 +177,7 @@ CLOSURE_MAX_KEYS = 50_000
 CLOSURE_ATTEMPTS = 3
 
 
-def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple, psycopg.Error]:
+def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], psycopg.Error]:
     """Bring the destination rows of `keys` (text, in m's source key types) to their source state,
     within the caller's transaction and applier lock. The whole set is replayed as one closure; a
     set that fails on data is split in halves, each replayed the same way, down to the single keys
@@ -197,7 +196,7 @@ def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> dict[tuple
 
 
 def _bisect(cur: psycopg.Cursor, m: Mapping, unique: tuple[list[list[str]], tuple[str, ...]],
-            keys: list[tuple]) -> dict[tuple, psycopg.Error]:
+            keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], psycopg.Error]:
     try:
         _replay_closure(cur, m, keys, unique)
         return {}
@@ -219,7 +218,7 @@ def _bisect(cur: psycopg.Cursor, m: Mapping, unique: tuple[list[list[str]], tupl
         return {keys[0]: own}
 
 
-def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple],
+def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]],
                     unique: tuple[list[list[str]], tuple[str, ...]] | None = None) -> None:
     """Race 7: replaying keys one at a time can pass through states the destination's unique
     indexes reject though the source never held them (two rows swap a value, or a longer cycle).
@@ -247,7 +246,7 @@ def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple],
 
 
 def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], computed: tuple[str, ...],
-             keys: list[tuple]) -> list[tuple]:
+             keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     closure = dict.fromkeys(keys)
     if not indexes:
         return list(closure)
@@ -262,7 +261,7 @@ def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], computed
     return list(closure)
 
 
-def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple]) -> None:
+def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]]) -> None:
     params = q.key_params(keys, len(m.key))
     cur.execute(q.delete_keys(m), params)
     cur.execute(q.insert_keys(m), params)
@@ -320,7 +319,7 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
     while max_rounds is None or rounds < max_rounds:
         ctx.checkpoint()
 
-        def one(cur):
+        def one(cur: psycopg.Cursor) -> Applied:
             return apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=backfill_done)
 
         got = ctx.db.transaction(one, statement_timeout="120s", label="apply")
@@ -337,14 +336,14 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
 
 
 def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composed,
-                keys: list[list[str]], mapping: Mapping | None = None) -> dict[tuple, str]:
+                keys: list[list[str]], mapping: Mapping | None = None) -> dict[tuple[Any, ...], str]:
     """Replay the given keys by state now (`mover repair`), in the caller's transaction, holding
     the forward applier's lock so no batch replays the same keys from another snapshot (race 2).
     `statement` is sql.capture.replay_keys() for `mapping`, the mapping whose key types the keys
     are in; with the mapping, a key that fails alone is replayed with the keys it conflicts with
     (race 7). Returns the keys that failed on data (class 22 or 23), with the error."""
     _lock_applier(cur, ctx.mid, False, wait=True)
-    failed: dict[tuple, str] = {}
+    failed: dict[tuple[Any, ...], str] = {}
     for key in dict.fromkeys(tuple(k) for k in keys):
         cur.execute("SAVEPOINT mover_key")
         try:

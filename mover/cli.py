@@ -10,8 +10,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import typer
@@ -20,11 +22,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from mover import api
-from mover.db import mask, remember_secrets
+from mover.db import is_connection_lost, mask, remember_secrets
 from mover.errors import MoverError, Waiting
 from mover.progress import ProgressReporter
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
 plan_app = typer.Typer(no_args_is_help=True, help="Work with plan files.")
 app.add_typer(plan_app, name="plan")
@@ -36,9 +38,33 @@ out = Console()
 
 DsnOption = typer.Option(None, "--dsn", help="libpq DSN or URL; default $DATABASE_URL, else the PG* variables.")
 JsonOption = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _complete_names(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Migration names for shell completion, from the control schema when it is reachable (the
+    --dsn given so far, else $DATABASE_URL / PG*); silently none otherwise: a completion that
+    hangs or prints an error is worse than none."""
+    dsn = (ctx.params.get("dsn") or (ctx.parent.params.get("dsn") if ctx.parent else None)
+           or os.environ.get("DATABASE_URL", ""))
+    try:
+        with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as conn:
+            prefix = incomplete.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
+            rows = conn.execute("SELECT name FROM mover.migrations WHERE name LIKE %s || '%%' AND name NOT LIKE "
+                                "'%%#%%' ORDER BY name", (prefix,))
+            return [r[0] for r in rows]
+    except (psycopg.Error, OSError):
+        return []
+
+
+NameArgument = typer.Argument(..., help="Migration name.", autocompletion=_complete_names, show_default=False)
+TargetArgument = typer.Argument(..., help="Migration name, or a plan file to register.",
+                                autocompletion=_complete_names, show_default=False)
 GiveUpRowsOption = typer.Option(False, "--give-up-rows",
                                 help="Go ahead although rows exist only on the side left behind; they are given up "
                                      "and listed in the events.")
+
+
+_GENERAL_NEXT = "fix the cause, then run the same command again; `mover status` shows where things stand"
 
 
 class State:
@@ -46,26 +72,38 @@ class State:
     dsn: str | None = None
 
 
-def _exits(fn):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _exits(fn: Callable[P, R]) -> Callable[P, R]:
     """The one place errors become exit codes: 0 done, 1 failed, 2 bad input (nothing changed),
     3 waiting for the operator, 130 interrupted. No traceback unless --debug."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except MoverError as exc:
             style = {3: "yellow", 130: "yellow"}.get(exc.exit_code, "red")
             err.print(f"[{style}]{escape(mask(exc.message))}[/{style}]", highlight=False)
-            if exc.hint:
-                err.print(f"next: {mask(exc.hint)}", highlight=False, markup=False)
+            # Every message ends with what to do next; an error raised without a hint gets the general one.
+            err.print(f"next: {mask(exc.hint or _GENERAL_NEXT)}", highlight=False, markup=False)
             if State.debug:
                 _print_traceback(exc)
             raise typer.Exit(exc.exit_code) from exc
         except KeyboardInterrupt:
-            err.print("[yellow]interrupted; the open transaction was rolled back; `mover run NAME` resumes[/yellow]")
+            err.print("[yellow]interrupted; the open transaction was rolled back[/yellow]")
+            err.print("next: `mover run NAME` resumes (`mover status` shows where it stopped)", highlight=False,
+                      markup=False)
             raise typer.Exit(130) from None
         except psycopg.Error as exc:
+            if is_connection_lost(exc):
+                err.print(f"lost the connection to the database server: {mask(str(exc).strip())}", highlight=False,
+                          markup=False)
+                err.print("next: once the server is back, run the same command again", highlight=False,
+                          markup=False)
+                raise typer.Exit(1) from exc
             err.print(f"database error: {mask(str(exc).strip())}", highlight=False, markup=False)
             err.print("next: fix the cause, then run the same command again (mover resumes where it stopped; "
                       "`mover status` shows where that is)", highlight=False, markup=False)
@@ -77,6 +115,8 @@ def _exits(fn):
         except Exception as exc:
             # A bug: its traceback, masked like everything else printed (its text may quote a DSN).
             _print_traceback(exc)
+            err.print("next: this is a bug in mover; report it with the traceback above. The migration stays "
+                      "resumable: `mover status` shows where it stopped", highlight=False, markup=False)
             raise typer.Exit(1) from exc
 
     return wrapper
@@ -103,16 +143,19 @@ def _print_json(value: Any) -> None:
     out.print_json(json.dumps(value, default=str))
 
 
-def _interruptible():
-    """First Ctrl-C: stop at the next safe point. A second one interrupts at once (the open
-    transaction is rolled back; the migration stays resumable)."""
+def _interruptible() -> threading.Event:
+    """First Ctrl-C (or SIGTERM): stop at the next safe point. A second one interrupts at once (the
+    open transaction is rolled back; the migration stays resumable). The stop event carries the
+    signal's name, so that the events say what stopped the run."""
     stop = threading.Event()
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
+        word = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        stop.reason = word  # type: ignore[attr-defined]
         stop.set()
-        err.print("[yellow]stopping at the next safe point (Ctrl-C again to stop now)[/yellow]")
+        err.print(f"[yellow]{word}: stopping at the next safe point ({word} again to stop now)[/yellow]")
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
@@ -120,10 +163,13 @@ def _interruptible():
 
 
 def _show_status(st: dict[str, Any]) -> None:
-    table = Table(title=f"migration {st['name']}", show_header=False)
-    table.add_row("step / state", f"{st['step']} / {st['state']}")
-    table.add_row("tables",
-                  f"source {st['tables']['source']}, target {st['tables']['target']}, old {st['tables']['old']}")
+    # Every value is escaped: rich would take "[cutover]" in a hint for markup and drop it.
+    table = Table(title=escape(f"migration {st['name']}"), show_header=False)
+    step = "retire" if st["step"] == "finished" else st["step"]
+    table.add_row("step / state", escape(f"{step} / {st['state']}"))
+    present = st.get("tables_present", list(st["tables"]))
+    table.add_row("tables", escape(", ".join(f"{role} {st['tables'][role]}" for role in ("source", "target", "old")
+                                             if role in present) or "none left"))
     b = st["backfill"]
     line = f"{b['rows_copied']:,} rows in {b['ranges_done']} ranges"
     if b["ranges_failed"]:
@@ -132,9 +178,9 @@ def _show_status(st: dict[str, Any]) -> None:
         line += f", {b['workers']} workers, {b['rows_per_second'] or 0:,} rows/s"
         if b["eta_seconds"] is not None:
             line += f", ETA {b['eta_seconds']}s"
-    if b["paused"] or b["waiting_for"]:
+    if (b["paused"] or b["waiting_for"]) and st["step"] in _RANGE_STEPS:
         line += f" (waiting: {', '.join(b['waiting_for']) or 'paused'})"
-    table.add_row("backfill", line)
+    table.add_row("backfill", escape(line))
     c = st["capture"]
     table.add_row("capture", f"{c['pending']} pending, {c['applied']:,} applied ({c['direction']})")
     r = st.get("reconcile")
@@ -159,14 +205,18 @@ def _show_status(st: dict[str, Any]) -> None:
             line += f", ~{p['default_rows_estimate']:,} rows in the default partition"
         table.add_row("partitions", line)
     if st["error"]:
-        table.add_row("error", st["error"])
+        table.add_row("error", escape(st["error"]))
     out.print(table)
+
+
+# The steps at which range workers run (and a pause or a cap can hold them).
+_RANGE_STEPS = ("create_target", "install_capture", "backfill", "reconcile")
 
 
 @app.callback()
 def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks and debug logs."),
                  verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry."),
-                 dsn: str | None = DsnOption):
+                 dsn: str | None = DsnOption) -> None:
     State.debug = debug
     State.dsn = dsn
     remember_secrets(dsn)
@@ -179,26 +229,41 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
 
 @app.command()
 @_exits
-def init(dsn: str | None = DsnOption):
+def init(dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Create or upgrade mover's control schema (idempotent)."""
     rev = api.init(_dsn(dsn))
     err.print(f"control schema at revision {rev}")
+    if as_json:
+        _print_json({"revision": rev})
 
 
 @plan_app.command("check")
 @_exits
 def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: str | None = DsnOption,
-               as_json: bool = JsonOption):
+               as_json: bool = JsonOption) -> None:
     """Validate a plan against the live database; print each step and the SQL it will run."""
-    result = api.check_plan(_dsn(dsn), plan)
+    try:
+        result = api.check_plan(_dsn(dsn), plan)
+    except MoverError as exc:
+        if not as_json:
+            raise
+        # --json stays JSON when the plan is invalid: every problem listed, the exit code kept.
+        problems = getattr(exc, "problems", [exc])
+        _print_json({"plan": str(plan), "ok": False, "exit_code": exc.exit_code,
+                     "problems": [{"message": mask(p.message), "next": p.hint} for p in problems]})
+        raise typer.Exit(exc.exit_code) from exc
     if as_json:
         _print_json(result)
         return
     if result["registered"]:
-        out.print(f"plan {plan} is registered as migration {result['name']!r}:")
+        out.print(f"plan {plan} is registered as migration {result['name']!r}:", highlight=False, markup=False)
         _show_status(result["status"])
         return
-    out.print(f"plan {plan}: OK. tables {result['tables']}, key {result['key']}")
+    t = result["tables"]
+    out.print(f"plan {plan}: OK. migration {result['name']!r} (id {result['migration_id']} when registered now)",
+              highlight=False, markup=False)
+    out.print(f"  copies {t['source']} into {t['target']}, keyed by ({', '.join(result['key'])}); after the "
+              f"cutover the original is kept as {t['old']}", highlight=False, markup=False)
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
     part = result.get("partitioning")
@@ -222,7 +287,7 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
 def partitions_maintain(table: str | None = typer.Argument(None, help="Migration name or source table."),
                         all_tables: bool = typer.Option(False, "--all", help="Every partitioned conversion."),
                         dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be done only."),
-                        dsn: str | None = DsnOption, as_json: bool = JsonOption):
+                        dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Create partitions `premake` ahead, report default-partition rows, apply retention. Idempotent."""
     results = api.maintain_partitions(_dsn(dsn), table, all_tables=all_tables, dry_run=dry_run)
     if as_json:
@@ -249,36 +314,47 @@ def partitions_maintain(table: str | None = typer.Argument(None, help="Migration
                       highlight=False, markup=False)
 
 
-def _run(dsn, target, one_step, wait):
+def _result(st: dict[str, Any], as_json: bool) -> None:
+    """A command's result: the migration's status, as a table or (--json) as `mover status --json`."""
+    if as_json:
+        _print_json(st)
+    else:
+        _show_status(st)
+
+
+def _run(dsn: str | None, target: str, one_step: bool, wait: bool, as_json: bool = False) -> None:
     reporter = ProgressReporter(err)
     try:
         st = api.run(_dsn(dsn), target, one_step=one_step, wait=wait, report=reporter, stop=_interruptible())
     finally:
         reporter.close()
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def run(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
+def run(target: str = TargetArgument,
         dsn: str | None = DsnOption,
         wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
-                                                          "then retire.")):
+                                                          "then retire."),
+        as_json: bool = JsonOption) -> None:
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
-    _run(dsn, target, False, wait)
+    _run(dsn, target, False, wait, as_json)
 
 
 @app.command()
 @_exits
-def step(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
-         dsn: str | None = DsnOption):
+def step(target: str = TargetArgument,
+         dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Run exactly the next step."""
-    _run(dsn, target, True, False)
+    _run(dsn, target, True, False, as_json)
 
 
 @app.command()
 @_exits
-def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption, as_json: bool = JsonOption):
+def status(name: str | None = typer.Argument(None, help="One migration (default: every one).",
+                                             autocompletion=_complete_names),
+           dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Where every migration (or one) stands."""
     st = api.status(_dsn(dsn), name)
     if as_json:
@@ -294,39 +370,73 @@ def status(name: str | None = typer.Argument(None), dsn: str | None = DsnOption,
 
 @app.command()
 @_exits
-def cutover(name: str, dsn: str | None = DsnOption):
+def history(name: str | None = typer.Argument(None, help="One migration and its aborted attempts.",
+                                              autocompletion=_complete_names),
+            dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
+    """Every migration with its outcome and how long each step took, aborted attempts included."""
+    rows = api.history(_dsn(dsn), name)
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        out.print("no migrations")
+    for h in rows:
+        took = "" if h["seconds"] is None else f" in {_seconds(h['seconds'])}"
+        extra = "".join([f", {h['rollbacks']} rollbacks" if h["rollbacks"] else "",
+                         f", {h['failures']} failures" if h["failures"] else "",
+                         "" if h["cutover_lock_ms"] is None else f", cutover lock {h['cutover_lock_ms']:.1f} ms"])
+        out.print(f"{h['name']}  {h['outcome']}{took} (source {h['source']}, started {h['created_at']}{extra})",
+                  highlight=False, markup=False)
+        for s in h["steps"]:
+            if s["started_at"] is None:
+                continue
+            took = "running" if s["seconds"] is None else _seconds(s["seconds"])
+            out.print(f"  {s['name']:<16} {s['status']:<8} {took}", highlight=False, markup=False)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+@app.command()
+@_exits
+def cutover(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Swap the new table in; the rollback window starts."""
     reporter = ProgressReporter(err)
     try:
         st = api.cutover_now(_dsn(dsn), name, report=reporter, stop=_interruptible())
     finally:
         reporter.close()  # also on error: a live bar would hide the message and leave the terminal askew
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def rollback(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+def rollback(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+             give_up_rows: bool = GiveUpRowsOption) -> None:
     """During the rollback window: swap the original table back, losing nothing."""
     st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def retire(name: str, dsn: str | None = DsnOption,
+def retire(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
            force: bool = typer.Option(False, "--force", help="Retire before the rollback window ends."),
-           give_up_rows: bool = GiveUpRowsOption):
+           give_up_rows: bool = GiveUpRowsOption) -> None:
     """After the rollback window: drop the old table and everything mover created."""
     st = api.retire(_dsn(dsn), name, force=force, give_up_rows=give_up_rows, stop=_interruptible())
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def adopt(name: str, dsn: str | None = DsnOption):
+def adopt(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """After a shape change: apply an added column, CHECK or index to the other table too, and go on."""
     out = api.adopt(_dsn(dsn), name, stop=_interruptible())
+    if as_json:
+        _print_json({"adopted": out["adopted"], "status": out["status"]})
+        return
     for change in out["adopted"]:
         err.print(f"adopted: {change['message']}")
     if not out["adopted"]:
@@ -336,52 +446,54 @@ def adopt(name: str, dsn: str | None = DsnOption):
 
 @app.command()
 @_exits
-def abort(name: str, dsn: str | None = DsnOption, give_up_rows: bool = GiveUpRowsOption):
+def abort(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+          give_up_rows: bool = GiveUpRowsOption) -> None:
     """Before cutover (or after a rollback): remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def pause(name: str, dsn: str | None = DsnOption):
+def pause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Pause the backfill workers at their next range boundary."""
-    _show_status(api.set_paused(_dsn(dsn), name, True))
+    _result(api.set_paused(_dsn(dsn), name, True), as_json)
 
 
 @app.command()
 @_exits
-def unpause(name: str, dsn: str | None = DsnOption):
+def unpause(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Let paused workers go on."""
-    _show_status(api.set_paused(_dsn(dsn), name, False))
+    _result(api.set_paused(_dsn(dsn), name, False), as_json)
 
 
 @app.command("set")
 @_exits
-def set_(name: str, assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
+def set_(name: str = NameArgument,
+         assignments: list[str] = typer.Argument(..., help="section.key=value, e.g. "
                                                                        "backfill.max_rows_per_second=50000"),
-         dsn: str | None = DsnOption):
+         dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Change settings of a running migration (recorded as an event; workers pick them up)."""
-    _show_status(api.set_settings(_dsn(dsn), name, assignments))
+    _result(api.set_settings(_dsn(dsn), name, assignments), as_json)
 
 
 @app.command()
 @_exits
-def worker(name: str, dsn: str | None = DsnOption,
-           threads: int = typer.Option(1, "--threads", help="Workers in this process.")):
+def worker(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           threads: int = typer.Option(1, "--threads", help="Workers in this process.")) -> None:
     """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
     reporter = ProgressReporter(err)
     try:
         st = api.work(_dsn(dsn), name, threads=threads, report=reporter, stop=_interruptible())
     finally:
         reporter.close()
-    _show_status(st)
+    _result(st, as_json)
 
 
 @app.command()
 @_exits
-def divergences(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-                all_: bool = typer.Option(False, "--all", help="Include resolved ones.")):
+def divergences(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+                all_: bool = typer.Option(False, "--all", help="Include resolved ones.")) -> None:
     """Rows that differ between the tables, as reconcile found them."""
     rows = api.divergences(_dsn(dsn), name, include_resolved=all_)
     if as_json:
@@ -426,9 +538,9 @@ def _still_open(st: dict[str, Any]) -> None:
 
 @app.command("reconcile")
 @_exits
-def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
                   full: bool = typer.Option(False, "--full", help="Compare every range, not only those changed "
-                                                                   "since the last pass.")):
+                                                                   "since the last pass.")) -> None:
     """Compare the tables now (the ranges changed since the last pass); exit 3 if any row differs."""
     reporter = ProgressReporter(err)
     try:
@@ -454,8 +566,8 @@ def reconcile_cmd(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOp
 
 @app.command()
 @_exits
-def repair(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")):
+def repair(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           divergence_id: int | None = typer.Option(None, "--id", help="Repair this divergence only.")) -> None:
     """Re-sync the divergent rows from the source's current state, check them again, resolve them."""
     result = api.repair(_dsn(dsn), name, divergence_id=divergence_id, stop=_interruptible())
     if as_json:
@@ -470,10 +582,11 @@ def repair(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
 
 @app.command()
 @_exits
-def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with "
-                                                                          "the divergence)."),
+def accept(name: str = NameArgument,
+           reason: str = typer.Option(..., "--reason", help="Why the difference is intended (kept with the "
+                                                            "divergence)."),
            divergence_id: int | None = typer.Option(None, "--id", help="Accept this divergence only."),
-           dsn: str | None = DsnOption, as_json: bool = JsonOption):
+           dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Accept open divergences as intended: they stay in the history, and no longer block the cutover."""
     result = api.accept(_dsn(dsn), name, reason, divergence_id=divergence_id)
     if as_json:
@@ -485,8 +598,8 @@ def accept(name: str, reason: str = typer.Option(..., "--reason", help="Why the 
 
 @app.command()
 @_exits
-def events(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           limit: int = typer.Option(50, "--limit")):
+def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           limit: int = typer.Option(50, "--limit")) -> None:
     """The migration's recent events (who, when, what, how long)."""
     rows = api.events(_dsn(dsn), name, limit)
     if as_json:
@@ -502,11 +615,55 @@ def events(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption,
 @app.command()
 @_exits
 def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample table."),
-         keep: bool = typer.Option(False, "--keep", help="Leave the server running at the end (prints its DSN).")):
+         keep: bool = typer.Option(False, "--keep",
+                                   help="Leave the server running at the end (prints its DSN).")) -> None:
     """Start an embedded PostgreSQL, a live writer, and migrate a table through every step."""
     from mover import demo as demo_mod
     demo_mod.main(rows=rows, keep=keep, console=err)
 
 
+# Flags take no value: help shows none (typer prints "<bool>" for them otherwise). Patched here,
+# the one module that builds the command line, so that `--help` itself is covered too.
+_display_type_rich = typer.core.TyperOption.display_type_rich
+
+
+def _flag_type(self: typer.core.TyperOption, ctx: Any) -> str | None:
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+_GLOBAL_FLAGS = {"--debug", "-v", "--verbose"}
+
+
+def normalise_argv(argv: list[str]) -> list[str]:
+    """Global options on either side of the command name: `mover status --debug` is `mover --debug
+    status`, and `mover --json status` is `mover status --json` (--dsn is on both sides already)."""
+    head, rest = [], []
+    json_early = False
+    command_seen = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest.extend(argv[i:])
+            break
+        if a in _GLOBAL_FLAGS:
+            head.append(a)
+        elif a == "--json" and not command_seen:
+            json_early = True
+        elif not command_seen and a in ("--dsn",) and i + 1 < len(argv):
+            head.extend(argv[i:i + 2])
+            i += 1
+        else:
+            if not a.startswith("-"):
+                command_seen = True
+            (rest if command_seen else head).append(a)
+        i += 1
+    if json_early:
+        rest.insert(min(len(rest), 1 + (rest[:1] == ["plan"] or rest[:1] == ["partitions"])), "--json")
+    return head + rest
+
+
 def main() -> None:
-    app()
+    app(args=normalise_argv(sys.argv[1:]), prog_name="mover")

@@ -9,6 +9,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psycopg
+
 from mover import control, introspect, partitions, shape
 from mover.db import Database
 from mover.errors import Interrupted, LeaseLost
@@ -37,7 +39,7 @@ class Context:
     lease_lost: threading.Event = field(default_factory=threading.Event)
     workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
     give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
-    _mappings: dict = field(default_factory=dict, repr=False)
+    _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
 
     @property
     def plan(self) -> Plan:
@@ -75,7 +77,7 @@ class Context:
     def new(self) -> QualifiedName:
         return self.migration.source if self.swapped else self.migration.target
 
-    def mapping(self, cur, reverse: bool = False) -> Mapping:
+    def mapping(self, cur: psycopg.Cursor, reverse: bool = False) -> Mapping:
         """Cached per direction, side of the swap and recorded shape. Every call checks, in the
         caller's transaction, that both tables still have the shape mover recorded (ShapeChanged
         otherwise): a mapping is never used across a change, and one built before `mover adopt`
@@ -86,11 +88,11 @@ class Context:
             self._mappings[cache_key] = self._describe_mapping(cur, reverse)
         return self._mappings[cache_key]
 
-    def check_shape(self, cur) -> str:
+    def check_shape(self, cur: psycopg.Cursor) -> str:
         """ShapeChanged unless both tables have their recorded shape; the recorded fingerprints."""
         return shape.verify(cur, self.mid, self.migration.name, self.swapped)
 
-    def _describe_mapping(self, cur, reverse: bool) -> Mapping:
+    def _describe_mapping(self, cur: psycopg.Cursor, reverse: bool) -> Mapping:
         original = introspect.describe(cur, self.original)
         new = introspect.describe(cur, self.new)
         key = tuple(self.migration.key_columns)

@@ -165,14 +165,14 @@ def _check_init_privileges(dsn: str) -> None:
 
 def schema_ready(cur: psycopg.Cursor) -> bool:
     cur.execute("SELECT to_regclass('mover.migrations') IS NOT NULL")
-    return one(cur)[0]
+    return bool(one(cur)[0])
 
 
 # ---------------------------------------------------------------------------------------------
 # Migrations
 
 
-def _fetch(cur: psycopg.Cursor, where: sql.Composable, params: tuple, lock: bool = False) -> list[Migration]:
+def _fetch(cur: psycopg.Cursor, where: sql.Composable, params: tuple[Any, ...], lock: bool = False) -> list[Migration]:
     q = sql.SQL("SELECT * FROM mover.migrations WHERE {} ORDER BY id{}").format(
         where, sql.SQL(" FOR UPDATE") if lock else sql.SQL(""))
     with cur.connection.cursor(row_factory=dict_row) as dcur:
@@ -206,7 +206,7 @@ def active_on_source(cur: psycopg.Cursor, source: QualifiedName) -> Migration | 
     return rows[0] if rows else None
 
 
-def register(cur: psycopg.Cursor, *, name: str, plan: dict, plan_hash: str, source: QualifiedName,
+def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash: str, source: QualifiedName,
              target: QualifiedName, old: QualifiedName, key: list[str], actor: str) -> Migration:
     cur.execute(
         """
@@ -224,7 +224,7 @@ def register(cur: psycopg.Cursor, *, name: str, plan: dict, plan_hash: str, sour
     return get_by_id(cur, mid)
 
 
-def update_plan(cur: psycopg.Cursor, mid: int, plan: dict, actor: str) -> None:
+def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str) -> None:
     """Tunables changed between runs (the shape hash is the same): keep the new values."""
     cur.execute("UPDATE mover.migrations SET plan = %s, updated_at = now() WHERE id = %s", (json.dumps(plan), mid))
     event(cur, mid, actor, None, "plan_updated", "tunable settings changed", {"plan": plan})
@@ -246,7 +246,7 @@ def store_shape(cur: psycopg.Cursor, mid: int, side: str, description: dict[str,
 
 
 def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str, message: str,
-          detail: dict | None = None, duration_ms: float | None = None) -> None:
+          detail: dict[str, Any] | None = None, duration_ms: float | None = None) -> None:
     cur.execute(
         "INSERT INTO mover.events (migration_id, actor, step, kind, message, detail, duration_ms)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -301,7 +301,9 @@ COMMANDS: dict[str, frozenset[str]] = {
     "accept": frozenset(STEPS),
     # A change of the live table's shape is adopted on the other table up to the end of the window.
     "adopt": _through(STEPS[0], "rollback_window"),
-    "pause": frozenset(STEPS),
+    # Pause holds the range workers (backfill, reconcile) at a range boundary; later steps have none.
+    "pause": _through(STEPS[0], "reconcile"),
+    "unpause": frozenset(STEPS),
     "set": frozenset(STEPS),
 }
 VERBS = {"cutover": "cut over", "rollback": "roll back"}
@@ -312,19 +314,26 @@ def require_command(m: Migration, command: str) -> None:
     if command == "abort" and m.step == "rollback_window" and m.state not in TERMINAL:
         raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
                        hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
+    if command == "pause" and m.state not in TERMINAL and m.step not in COMMANDS[command]:
+        raise BadInput(f"cannot pause migration {m.name!r} at step {m.step!r}: pause holds the backfill and "
+                       f"reconcile workers, and none run from the cutover on",
+                       hint=f"nothing to pause; `mover status {m.name}` shows what it waits for")
     if m.state in TERMINAL or m.step not in COMMANDS[command]:
         allowed = ", ".join(s for s in STEPS if s in COMMANDS[command])
-        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {m.step!r}, "
+        # One word for the end everywhere the operator reads it: step "retire", state "done".
+        step = STEPS[-1] if m.step == FINISHED else m.step
+        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {step!r}, "
                        f"state {m.state!r} (allowed at: {allowed})",
                        hint=f"`mover status {m.name}` shows where it stands")
 
 
 def _one_row(cur: psycopg.Cursor, mid: int, what: str) -> None:
     if cur.rowcount != 1:
-        cur.execute("SELECT step, state, lease_owner FROM mover.migrations WHERE id = %s", (mid,))
+        cur.execute("SELECT step, state, lease_owner, name FROM mover.migrations WHERE id = %s", (mid,))
         row = cur.fetchone()
-        raise LeaseLost(f"migration {mid} cannot {what}: it is at step {row[0] if row else None!r}, state "
-                        f"{row[1] if row else None!r}, lease held by {row[2] if row else None!r}",
+        step, state, holder, name = row if row else (None, None, None, mid)
+        raise LeaseLost(f"migration {name!r} cannot {what}: it is at step {step!r}, state {state!r}, "
+                        f"lease held by {holder!r}",
                         hint="another process took over or the migration moved on; nothing was written by this one")
 
 
@@ -338,7 +347,7 @@ def set_state(cur: psycopg.Cursor, mid: int, state: str, *, owner: str, error: s
 
 
 def record_outcome(cur: psycopg.Cursor, mid: int, owner: str, step: str, state: str, error: str | None,
-                   kind: str | None = None, message: str | None = None, detail: dict | None = None) -> bool:
+                   kind: str | None = None, message: str | None = None, detail: dict[str, Any] | None = None) -> bool:
     """How a command ended (waiting, paused, failed); a step left running goes back to pending.
     False when the migration already ended or changed hands (nothing to record then)."""
     cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
@@ -383,16 +392,18 @@ def guard(cur: psycopg.Cursor, mid: int, step: str, owner: str) -> None:
         (mid, step, owner),
     )
     if cur.fetchone() is None:
-        cur.execute("SELECT step, lease_owner FROM mover.migrations WHERE id = %s", (mid,))
+        cur.execute("SELECT step, lease_owner, name FROM mover.migrations WHERE id = %s", (mid,))
         row = cur.fetchone()
+        name = row[2] if row else mid
         if row and row[1] == owner and row[0] != step:
-            raise Failed(f"migration {mid} is at step {row[0]!r}, not {step!r}")
-        raise LeaseLost(f"lost the lease on migration {mid} (now held by {row[1] if row else None!r})",
+            raise Failed(f"migration {name!r} is at step {row[0]!r}, not {step!r}",
+                         hint=f"`mover status {name}` shows where it stands; `mover run {name}` goes on from there")
+        raise LeaseLost(f"lost the lease on migration {name!r} (now held by {row[1] if row else None!r})",
                         hint="another process took over; nothing was written by this one")
 
 
 def finish_step(cur: psycopg.Cursor, m: Migration, step: str, owner: str,
-                *, state: str = "running", message: str | None = None, detail: dict | None = None,
+                *, state: str = "running", message: str | None = None, detail: dict[str, Any] | None = None,
                 duration_ms: float | None = None) -> None:
     """Mark `step` done and move to the next one — in the caller's transaction, which also holds
     the step's effect wherever PostgreSQL allows it."""
@@ -408,7 +419,7 @@ def finish_step(cur: psycopg.Cursor, m: Migration, step: str, owner: str,
 
 
 def mark_swapped(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float, window_ms: int,
-                 detail: dict) -> None:
+                 detail: dict[str, Any]) -> None:
     """The cutover committed: the rollback window opens now."""
     finish_step(cur, m, "cutover", owner, state="waiting",
                 message=f"swapped {m.source} in; lock held {lock_ms:.1f} ms", detail=detail, duration_ms=lock_ms)
@@ -420,7 +431,7 @@ def mark_swapped(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: floa
 
 def mark_swapped_back(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float) -> None:
     """The swap back committed: the migration is at reconcile again, before the cutover gate."""
-    cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', cutover_at = NULL,"
+    cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', error = NULL, cutover_at = NULL,"
                 " cutover_lock_ms = NULL, window_ends_at = NULL, updated_at = now()"
                 " WHERE id = %s AND step = 'rollback_window' AND lease_owner = %s", (m.id, owner))
     _one_row(cur, m.id, "swap back")
@@ -451,7 +462,7 @@ def mark_retired(cur: psycopg.Cursor, m: Migration, owner: str, *, message: str)
 
 def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
     """Everything mover created is gone: the migration ends, its steps undone."""
-    cur.execute("UPDATE mover.migrations SET state = 'aborted', finished_at = now(), lease_owner = NULL,"
+    cur.execute("UPDATE mover.migrations SET state = 'aborted', error = NULL, finished_at = now(), lease_owner = NULL,"
                 " lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL, updated_at = now()"
                 " WHERE id = %s AND lease_owner = %s AND step = ANY(%s) AND state NOT IN ('done', 'aborted')",
                 (m.id, owner, sorted(COMMANDS["abort"])))
@@ -461,7 +472,7 @@ def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
 
 
 def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool, message: str,
-                 detail: dict) -> None:
+                 detail: dict[str, Any]) -> None:
     """`mover adopt` applied a change of the live table's shape; with `recheck` (a column added
     before the swap) a migration at the cutover gate goes back to reconcile for a full pass."""
     if recheck and m.step == "cutover":
@@ -479,7 +490,7 @@ def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool
 def set_paused(cur: psycopg.Cursor, name: str, paused: bool, actor: str) -> Migration:
     """`mover pause` / `unpause`: a flag the workers read; no lease needed, the row lock orders it."""
     m = get(cur, name, lock=True)
-    require_command(m, "pause")
+    require_command(m, "pause" if paused else "unpause")
     cur.execute("UPDATE mover.migrations SET paused = %s, updated_at = now() WHERE id = %s"
                 " AND state NOT IN ('done', 'aborted')", (paused, m.id))
     _one_row(cur, m.id, "pause" if paused else "unpause")
@@ -572,7 +583,7 @@ def record_divergence(cur: psycopg.Cursor, mid: int, key: list[str], kind: str, 
 
 def open_divergences(cur: psycopg.Cursor, mid: int) -> int:
     cur.execute("SELECT count(*) FROM mover.divergences WHERE migration_id = %s AND resolved_at IS NULL", (mid,))
-    return one(cur)[0]
+    return int(one(cur)[0])
 
 
 def list_divergences(cur: psycopg.Cursor, mid: int, include_resolved: bool = False) -> list[dict[str, Any]]:

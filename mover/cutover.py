@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, faults, introspect, names, privileges, ranges, reconcile, shape
+from mover import capture, control, faults, introspect, names, privileges, ranges, shape
 from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.sql import ddl
@@ -29,12 +31,14 @@ log = logging.getLogger("mover.cutover")
 LOCK_STATEMENT_TIMEOUT = "30s"
 
 
-class _ReplayFailedUnderLock(Failed):
-    """The drain under the swap's lock met a change it could not apply; the swap rolled back."""
+# The last check before the lock: a verifying pass over what changed since reconcile, returning the
+# divergences then open. Passed in by the cutover step (steps/cutover.py), so this engine does not
+# call the reconcile engine: the two are siblings over capture and control.
+LastCheck = Callable[[Context], int]
 
 
-def preflight(ctx: Context) -> None:
-    def check(cur):
+def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
+    def check(cur: psycopg.Cursor) -> None:
         problems = []
         n = control.open_divergences(cur, ctx.mid)
         if n:
@@ -48,13 +52,13 @@ def preflight(ctx: Context) -> None:
     ctx.db.transaction(check)
     # Drain outside the lock so the locked transaction has little left to apply.
     capture.drain(ctx, reverse=False, backfill_done=True)
-    if ctx.plan.reconcile.before_cutover:
+    if ctx.plan.reconcile.before_cutover and last_check is not None:
         # The last check, outside the lock: re-verify every range that received an applied change
         # since reconcile verified it (mover/reconcile.py). What the lock's own drain applies after
         # this is the same state replay whose results this pass has just checked.
-        result = reconcile.run(ctx)
-        if result.open:
-            raise Waiting(f"the last reconcile before the cutover of {ctx.migration.name!r} found {result.open}"
+        still_open = last_check(ctx)
+        if still_open:
+            raise Waiting(f"the last reconcile before the cutover of {ctx.migration.name!r} found {still_open}"
                           f" unresolved divergences; cutover refused",
                           hint=f"see them with `mover divergences {ctx.migration.name}`")
 
@@ -67,23 +71,23 @@ GIVE_UP_FLAG = "--give-up-rows"
 SHOWN_ROWS = 20
 
 
-def _direction(d: dict) -> str:
+def _direction(d: dict[str, Any]) -> str:
     columns = d.get("columns")
     if d["kind"] == "apply_error" and isinstance(columns, dict) and columns.get("direction") == "reverse":
         return "reverse"
     return "forward"
 
 
-def rows_only_on(cur, ctx: Context, side: str) -> list[dict]:
+def rows_only_on(cur: psycopg.Cursor, ctx: Context, side: str) -> list[dict[str, Any]]:
     """Open divergences whose row exists only on `side`: "new" (the new table; reverse replays
     that failed) or "original" (the original; forward divergences, the new table lacks them)."""
     want = "reverse" if side == "new" else "forward"
     return [d for d in control.open_divergence_rows(cur, ctx.mid) if _direction(d) == want]
 
 
-def describe_rows(rows: list[dict]) -> str:
+def describe_rows(rows: list[dict[str, Any]]) -> str:
     """Each key once (a key whose replay failed repeatedly has a divergence per failure), with why."""
-    why: dict[tuple, str] = {}
+    why: dict[tuple[Any, ...], str] = {}
     for d in rows:
         columns = d.get("columns")
         error = columns.get("error") if isinstance(columns, dict) else None
@@ -92,7 +96,7 @@ def describe_rows(rows: list[dict]) -> str:
     return shown + (f"; and {len(why) - SHOWN_ROWS} more" if len(why) > SHOWN_ROWS else "")
 
 
-def retry_unapplied(cur, ctx: Context, *, reverse: bool) -> list[dict]:
+def retry_unapplied(cur: psycopg.Cursor, ctx: Context, *, reverse: bool) -> list[dict[str, Any]]:
     """Replay again the keys whose replay in this direction failed (the application may have fixed
     the row since); resolve those that now go through. Returns the divergences still open."""
     capture.lock_applier(cur, ctx.mid, reverse)
@@ -106,7 +110,7 @@ def retry_unapplied(cur, ctx: Context, *, reverse: bool) -> list[dict]:
     return [d for d in rows if d["id"] not in done]
 
 
-def give_up(cur, ctx: Context, rows: list[dict], command: str) -> None:
+def give_up(cur: psycopg.Cursor, ctx: Context, rows: list[dict[str, Any]], command: str) -> None:
     """The operator gave these rows up: close them as accepted, and record exactly which."""
     if not rows:
         return
@@ -117,7 +121,7 @@ def give_up(cur, ctx: Context, rows: list[dict], command: str) -> None:
                   f"{command}: {len(rows)} rows given up: {describe_rows(rows)}", {"rows": detail})
 
 
-def refuse_losing(ctx: Context, rows: list[dict], command: str, side: str) -> Waiting:
+def refuse_losing(ctx: Context, rows: list[dict[str, Any]], command: str, side: str) -> Waiting:
     m = ctx.migration
     where = {"new": f"the new table ({ctx.new})", "original": f"the original table ({ctx.original})"}[side]
     n = len({tuple(d["key"]) for d in rows})
@@ -130,7 +134,7 @@ def refuse_losing(ctx: Context, rows: list[dict], command: str, side: str) -> Wa
 class _Unapplied(Exception):
     """Changes that could not be applied under the swap's lock; the swap's transaction rolls back."""
 
-    def __init__(self, failures: dict, rows: list[dict] | None = None):
+    def __init__(self, failures: dict[str, Any], rows: list[dict[str, Any]] | None = None):
         super().__init__(f"{len(failures) + len(rows or [])} rows could not be applied")
         self.failures = failures
         self.rows = rows or []
@@ -143,15 +147,15 @@ class _Unapplied(Exception):
 
 
 # A statement of the swap: its SQL, or its SQL and the parameters it runs with.
-Statement = sql.Composable | tuple[sql.Composable, tuple]
+Statement = sql.SQL | sql.Composed | tuple[sql.SQL | sql.Composed, tuple[Any, ...]]
 
 
-def render(cur, stmt: Statement) -> sql.Composable | str:
+def render(cur: psycopg.Cursor, stmt: Statement) -> sql.Composable | str:
     """A statement as `plan check` prints it: parameters (known when it runs) stay %s."""
     return stmt[0].as_string(cur) if isinstance(stmt, tuple) else stmt
 
 
-def execute_all(cur, stmts: list[Statement]) -> None:
+def execute_all(cur: psycopg.Cursor, stmts: list[Statement]) -> None:
     for stmt in stmts:
         if isinstance(stmt, tuple):
             cur.execute(*stmt)
@@ -159,7 +163,7 @@ def execute_all(cur, stmts: list[Statement]) -> None:
             cur.execute(stmt)
 
 
-def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.QualifiedName,
+def _hand_over_sequences(cur: psycopg.Cursor, from_table: names.QualifiedName, to_table: names.QualifiedName,
                          to_renamed: names.QualifiedName) -> list[Statement]:
     """Serial sequences change owner (so dropping the old table keeps them); identity columns
     have one sequence per table, so the receiving one continues where the other stands.
@@ -193,7 +197,8 @@ def _hand_over_sequences(cur, from_table: names.QualifiedName, to_table: names.Q
     return out
 
 
-def _copy_sequence_grants(cur, from_seq: names.QualifiedName, to_seq: names.QualifiedName) -> list[Statement]:
+def _copy_sequence_grants(cur: psycopg.Cursor, from_seq: names.QualifiedName,
+                          to_seq: names.QualifiedName) -> list[Statement]:
     """With the name goes what the application may do with it (currval() needs USAGE or SELECT)."""
     cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, a.privilege_type,"
                 " a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
@@ -213,7 +218,8 @@ def _swap_sequence_names(a: names.QualifiedName, b: names.QualifiedName) -> list
                                                              sql.Identifier(b.name))]
 
 
-def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: names.QualifiedName) -> list[Statement]:
+def _carry_unvalidated_checks(cur: psycopg.Cursor, from_table: names.QualifiedName,
+                              to_table: names.QualifiedName) -> list[Statement]:
     """CHECK constraints the source has NOT VALID were left off the new table so the backfill could
     copy the rows that break them (steps/create_target.py); they are added NOT VALID now (no scan,
     under the lock already held), so writes after the swap are checked as before."""
@@ -230,7 +236,7 @@ def _carry_unvalidated_checks(cur, from_table: names.QualifiedName, to_table: na
     return out
 
 
-def swap_sql(cur, ctx: Context, *, forward: bool) -> list[Statement]:
+def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statement]:
     """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
     of it runs: what `plan check` prints is what the swap executes. The live table gives up the
     name and its capture; the other takes the name, the sequences and the capture the other way."""
@@ -253,7 +259,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     m = ctx.migration
     lock_timeout = f"{ctx.plan.cutover.lock_timeout_ms}ms"
 
-    def swap(cur) -> float:
+    def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
         cur.execute(ddl.lock_tables([live, other]))
@@ -262,7 +268,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         # both tables' shapes under the lock: a change committed since the preflight aborts the
         # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
-        failures: dict = {}
+        failures: dict[str, Any] = {}
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)
@@ -302,7 +308,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     return held
 
 
-def lock_not_granted(ctx: Context, table, what: str, retry: str) -> Waiting:
+def lock_not_granted(ctx: Context, table: names.QualifiedName, what: str, retry: str) -> Waiting:
     """Every lock on the live table waits at most lock_timeout per attempt; once the attempts
     are spent the operator decides (exit 3), rather than a bare database error (exit 1)."""
     c = ctx.plan.cutover
@@ -312,15 +318,8 @@ def lock_not_granted(ctx: Context, table, what: str, retry: str) -> Waiting:
                         f" (`mover set {ctx.migration.name} cutover.attempts=...`)")
 
 
-def _record_replay_failures(ctx: Context, exc: _ReplayFailedUnderLock, *, reverse: bool) -> Waiting:
-    """The apply_error divergences of the failed drain rolled back with the swap: replay again
-    outside the lock, which records them for good, and leave the decision to the operator."""
-    capture.drain(ctx, reverse=reverse, backfill_done=True)
-    return Waiting(exc.message, hint=f"see them with `mover divergences {ctx.migration.name}`")
-
-
-def swap_in(ctx: Context) -> float:
-    preflight(ctx)
+def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
+    preflight(ctx, last_check)
     try:
         held = _locked_swap(ctx, forward=True)
     except _Unapplied as exc:
@@ -359,7 +358,7 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
     return held
 
 
-def retire_sql(cur, ctx: Context) -> list[Statement]:
+def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     """What retire drops: the reverse capture on the live table, what is left of the forward one,
     and the old table unless [rollback] keep_old."""
     m = ctx.migration
@@ -374,7 +373,7 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
     keep = ctx.plan.rollback.keep_old
 
-    def drop(cur):
+    def drop(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, "retire", ctx.owner)
         if not keep:
             # Rows the new table never took exist only in the old one, which is about to go.
@@ -395,7 +394,7 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
     ctx.refresh()
 
 
-def abort_sql(cur, ctx: Context) -> list[Statement]:
+def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     """What abort drops (before the swap, or after swapping back): the capture and the new table."""
     m = ctx.migration
     # Under its current name: a source renamed during the migration keeps no capture trigger.
@@ -406,7 +405,7 @@ def abort_sql(cur, ctx: Context) -> list[Statement]:
 def abort(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
 
-    def undo(cur):
+    def undo(cur: psycopg.Cursor) -> None:
         # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
         # cannot leave any; an older release could): dropping the new table would lose them.
         left = rows_only_on(cur, ctx, "new")

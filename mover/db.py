@@ -16,10 +16,11 @@ import re
 import socket
 import urllib.parse
 from collections.abc import Callable
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
+from psycopg import sql
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -177,7 +178,11 @@ def _retry_logger(label: str | None) -> Callable[[RetryCallState], None]:
     def log_retry(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         sqlstate = getattr(exc, "sqlstate", None)
-        log.warning("retrying %s (attempt %d) after %s%s", label or "transaction", state.attempt_number,
+        # A server that went away fails every retry the same way: said once per transaction, the
+        # further attempts only with -v (the command's own error names the migration at the end).
+        level = logging.INFO if exc is not None and is_connection_lost(exc) and state.attempt_number > 1 \
+            else logging.WARNING
+        log.log(level, "retrying %s (attempt %d) after %s%s", label or "transaction", state.attempt_number,
                     type(exc).__name__, f" [{sqlstate}]" if sqlstate else "")
     return log_retry
 
@@ -218,7 +223,7 @@ class Database:
         retrying = Retrying(
             retry=retry_if_exception(is_retryable),
             stop=stop_after_attempt(attempts or self.attempts),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.2),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2),
             before_sleep=_retry_logger(label),
             reraise=True,
         )
@@ -251,7 +256,8 @@ class Database:
                 self._pooled = (conn, one(cur)[0] != conn.info.backend_pid)
         return self._pooled[1]
 
-    def autocommit(self, statement, params=None, *, statement_timeout: str = "0", lock_timeout: str = "2s") -> None:
+    def autocommit(self, statement: sql.SQL | sql.Composed | str, params: Any = None, *, statement_timeout: str = "0",
+                   lock_timeout: str = "2s") -> None:
         """A statement that cannot run in a transaction block (CREATE INDEX CONCURRENTLY).
 
         On a direct connection the timeouts are set for the session and reset afterwards. Behind
@@ -303,7 +309,7 @@ def open_database(dsn: str) -> Database:
     return db
 
 
-def _first_words(statement, conn: psycopg.Connection) -> str:
+def _first_words(statement: sql.SQL | sql.Composed | str, conn: psycopg.Connection) -> str:
     text = statement if isinstance(statement, str) else statement.as_string(conn)
     return text if len(text) <= 120 else text[:117] + "..."
 

@@ -263,11 +263,11 @@ class _Reporter:
 # Helpers
 
 
-def _q(conn: psycopg.Connection, query, params=None):
+def _q(conn: psycopg.Connection, query: sql.SQL | sql.Composed | str, params: Any=None) -> list[tuple[Any, ...]]:
     return conn.execute(query, params).fetchall()
 
 
-def _one(conn: psycopg.Connection, query, params=None):
+def _one(conn: psycopg.Connection, query: sql.SQL | sql.Composed | str, params: Any=None) -> Any:
     return one(conn.execute(query, params))[0]
 
 

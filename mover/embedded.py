@@ -48,6 +48,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["EmbeddedPostgres"]
 
@@ -143,7 +144,8 @@ def _free_port() -> int:
     # it before postgres binds it; start() sees that as an early exit and retries.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @dataclass(frozen=True)
@@ -334,10 +336,10 @@ class EmbeddedPostgres:
 
     # -- internals -------------------------------------------------------------
 
-    def _subprocess_kwargs(self) -> dict:
+    def _subprocess_kwargs(self) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
-        kw: dict = {"env": env, "cwd": str(self.tmpdir)}
+        kw: dict[str, Any] = {"env": env, "cwd": str(self.tmpdir)}
         if self._run_as is not None:
             env["HOME"] = str(self.tmpdir)
             env["USER"] = env["LOGNAME"] = self._run_as.name

@@ -3,6 +3,10 @@
 Exit codes: 0 done, 1 failed, 2 bad input and nothing changed, 3 waiting for the operator.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 
 class MoverError(Exception):
     """Something went wrong; the migration stays resumable."""
@@ -24,6 +28,11 @@ class Failed(MoverError):
     exit_code = 1
 
 
+class ServerGone(Failed):
+    """The database server went away (shutdown, restart, network) in the middle of a command: the
+    migration is resumable once the server is back."""
+
+
 class BadInput(MoverError):
     """The plan, the command line or the database state makes the request invalid; nothing was changed."""
 
@@ -32,6 +41,26 @@ class BadInput(MoverError):
 
 class PlanError(BadInput):
     """The plan file is malformed or does not fit the live database."""
+
+    problems: list[PlanError]
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.problems = [self]
+
+
+def combined(problems: list[PlanError], hint: str = "fix each of them, then `mover plan check PLAN` again") \
+        -> PlanError:
+    """One problem as it is; several as a numbered list, each with its own next step. The
+    problems stay listed on the error (`plan check --json` prints them)."""
+    if len(problems) == 1:
+        return problems[0]
+    lines = [f"the plan has {len(problems)} problems:"]
+    for i, p in enumerate(problems, 1):
+        lines.append(f"{i}. {p.message}" + (f" (next: {p.hint})" if p.hint else ""))
+    error = PlanError("\n".join(lines), hint=hint)
+    error.problems = list(problems)
+    return error
 
 
 class NotFound(BadInput):
@@ -44,7 +73,7 @@ class ShapeChanged(BadInput):
 
     event_kind = "shape_changed"
 
-    def __init__(self, message: str, *, hint: str | None = None, changes: list | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, changes: list[Any] | None = None):
         super().__init__(message, hint=hint)
         self.changes = changes or []
         self.detail = {"changes": [c.as_dict() for c in self.changes]}

@@ -93,7 +93,7 @@ def persistence(cur: psycopg.Cursor, name: QualifiedName) -> str | None:
 
 def exists(cur: psycopg.Cursor, name: QualifiedName) -> bool:
     cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_regclass_text(name),))
-    return one(cur)[0]
+    return bool(one(cur)[0])
 
 
 def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
@@ -104,7 +104,7 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
     )
     row = cur.fetchone()
     if row is None:
-        raise NotFound(f"table {name} does not exist")
+        raise NotFound(f"table {name} does not exist", hint="check the table's name and schema in the plan")
     oid, relkind = row
     cur.execute(
         """
@@ -234,7 +234,7 @@ def type_exists(cur: psycopg.Cursor, type_text: str) -> bool:
     try:
         cur.execute("SAVEPOINT mover_type_check")
         cur.execute("SELECT to_regtype(%s) IS NOT NULL", (type_text,))
-        ok = one(cur)[0]
+        ok: bool = one(cur)[0]
         cur.execute("RELEASE SAVEPOINT mover_type_check")
         return ok
     except psycopg.errors.Error:
@@ -268,7 +268,8 @@ def owned_sequences(cur: psycopg.Cursor, oid: int) -> list[OwnedSequence]:
 
 def table_oid(cur: psycopg.Cursor, name: QualifiedName) -> int | None:
     cur.execute("SELECT to_regclass(%s)::oid", (str(name),))
-    return one(cur)[0]
+    oid: int | None = one(cur)[0]
+    return oid
 
 
 def index_state(cur: psycopg.Cursor, schema: str, name: str) -> bool | None:

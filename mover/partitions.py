@@ -28,6 +28,7 @@ from mover.db import one
 from mover.errors import PlanError
 from mover.plan import PartitionSpec
 from mover.sql import partitions as q
+from mover.sql import trusted
 
 log = logging.getLogger("mover.partitions")
 
@@ -190,7 +191,8 @@ def layout(cur: psycopg.Cursor, spec: PartitionSpec, source: names.QualifiedName
                 missing.append(f"NULL in column {names.display_ident(col)} (a range partition takes no NULL)")
     elif spec.by == "list":
         if len(spec.columns) != 1:
-            raise PlanError("[target.partition] columns: PostgreSQL partitions a list by one column only")
+            raise PlanError("[target.partition] columns: PostgreSQL partitions a list by one column only",
+                            hint="name one column, or partition by hash")
         col, typ = spec.columns[0], types[0]
         for suffix, values in spec.values:
             parts.append(Partition(partition_name(spec, table, n=suffix), q.list_bound(values, types),
@@ -260,7 +262,7 @@ def check_plan(cur: psycopg.Cursor, spec: PartitionSpec, source: names.Qualified
                             hint=f"columns are: {', '.join(c.name for c in info.columns)}")
         if have[col].generated:
             raise PlanError(f"[target.partition] columns: {names.display_ident(col)} is a generated column; "
-                            f"PostgreSQL cannot partition by one")
+                            f"PostgreSQL cannot partition by one", hint="partition by a stored column")
         if col in columns:
             # Replay matches a row's partition by comparing the source's value with the target's.
             raise PlanError(f"[target] columns: {names.display_ident(col)} is a partition column; mover does "
@@ -396,8 +398,8 @@ def maintain_plan(cur: psycopg.Cursor, spec: PartitionSpec, premake: int, retent
             upper = _upper_bound(bound)
             if is_default or upper is None:
                 continue
-            cur.execute(sql.SQL("SELECT CAST(%s AS {}) <= now() - CAST(%s AS interval)").format(sql.SQL(typ)),
-                        (upper, retention))
+            cur.execute(sql.SQL("SELECT CAST(%s AS {}) <= now() - CAST(%s AS interval)").format(
+                trusted(typ, "format_type")), (upper, retention))
             if one(cur)[0] or pending:
                 detach.append(child.name)
     # A DETACH ... CONCURRENTLY that was interrupted leaves its partition pending: only FINALIZE
@@ -441,7 +443,8 @@ def status(cur: psycopg.Cursor, source: names.QualifiedName, target: names.Quali
         if typ in TIME_TYPES:
             # The boundary the table crosses next, and how far past now the newest partition reaches.
             cur.execute(sql.SQL("SELECT min(b) FILTER (WHERE b > now()), max(b) - now() FROM"
-                                " (SELECT CAST(u AS {}) AS b FROM unnest(%s::text[]) u) x").format(sql.SQL(typ)),
+                                " (SELECT CAST(u AS {}) AS b FROM unnest(%s::text[]) u) x").format(
+                                trusted(typ, "format_type")),
                         (uppers,))
             nxt, ahead = one(cur)
             out["next_boundary"] = None if nxt is None else str(nxt)

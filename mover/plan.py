@@ -1,7 +1,8 @@
 """Plan files: TOML -> validated dataclasses, a canonical form and its hash.
 
 Validation here needs no database (shape, types, names); the checks against the live catalog
-(`mover plan check`, and again at registration) are done by the API layer. Every error names the key as `[section] key`.
+(`mover plan check`, and again at registration) are the registry in mover/checks/. Every error
+names the key as `[section] key`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import json
 import logging
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mover.errors import PlanError
+from mover.errors import PlanError, combined
 from mover.names import QualifiedName, parse_qualified
 
 log = logging.getLogger(__name__)
@@ -159,7 +161,7 @@ class Plan:
         """Hash of what defines the migration: source, target, columns and the old table's name.
         Tunables (backfill, cutover and window settings) may change between runs. Unqualified
         names count as in `schema` (the source's), so `orders` and `public.orders` agree."""
-        def qualified(name: QualifiedName | None):
+        def qualified(name: QualifiedName | None) -> list[str | None] | None:
             if name is None:
                 return None
             return [name.schema or schema or self.source.schema, name.name]
@@ -239,7 +241,7 @@ def _qn(name: QualifiedName | None) -> list[str | None] | None:
 
 
 def plan_from_canonical(doc: dict[str, Any]) -> Plan:
-    def qn(v):
+    def qn(v: Any) -> Any:  # a QualifiedName, or None where the document has none
         return None if v is None else QualifiedName(v[0], v[1])
 
     return Plan(
@@ -305,81 +307,106 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
+    """Every problem of the plan in one PlanError (a numbered list), not only the first: a key
+    that is unknown or of the wrong type is reported and left out, and checking goes on with
+    its default so that the problems behind it show too."""
+    problems: list[PlanError] = []
+
     def fail(msg: str, hint: str | None = None) -> PlanError:
         return PlanError(f"{origin}: {msg}", hint=hint)
 
+    def problem(msg: str, hint: str | None = None) -> None:
+        problems.append(fail(msg, hint))
+
     doc = {section: renamed(section, value) if isinstance(value, dict) else value for section, value in doc.items()}
+    clean: dict[str, dict[str, Any]] = {}
     for section, value in doc.items():
         if section not in _SCHEMA:
-            raise fail(f"unknown section [{section}]", f"known sections: {', '.join('[' + s + ']' for s in _SCHEMA)}")
+            problem(f"unknown section [{section}]", f"known sections: {', '.join('[' + s + ']' for s in _SCHEMA)}")
+            continue
         if not isinstance(value, dict):
-            raise fail(f"[{section}] must be a table, not a {type(value).__name__}")
+            problem(f"[{section}] must be a table, not a {type(value).__name__}")
+            continue
+        clean[section] = {}
         for key, item in value.items():
             if key not in _SCHEMA[section]:
-                raise fail(f"unknown key [{section}] {key}", f"known keys: {', '.join(_SCHEMA[section])}")
+                problem(f"unknown key [{section}] {key}", f"known keys: {', '.join(_SCHEMA[section])}")
+                continue
             expected, _ = _SCHEMA[section][key]
             # TOML booleans are not integers here, although Python says bool is an int.
             if not isinstance(item, expected) or (expected is int and isinstance(item, bool)):
-                raise fail(f"[{section}] {key} must be {_type_word(expected)}, got {_type_word(type(item))} {item!r}")
+                problem(f"[{section}] {key} must be {_type_word(expected)}, got {_type_word(type(item))} {item!r}",
+                        f"write e.g. {key} = {_example(expected)}")
+                continue
+            clean[section][key] = item
     for section in _SCHEMA:
         for key, (_, required) in _SCHEMA[section].items():
             if required and key not in doc.get(section, {}):
-                raise fail(f"missing required key [{section}] {key}")
+                hint = 'e.g. window = "24h" (how long `mover rollback` stays possible after the cutover)' \
+                    if (section, key) == ("rollback", "window") else f"add {key} = ... under [{section}]"
+                problem(f"missing required key [{section}] {key}", hint)
 
-    m, t, b, c, r = (doc.get(s, {}) for s in ("migration", "target", "backfill", "cutover", "rollback"))
+    m, t, b, c, r = (clean.get(s, {}) for s in ("migration", "target", "backfill", "cutover", "rollback"))
 
-    name = m["name"]
-    if not _NAME.match(name):
-        raise fail(f"[migration] name {name!r} must be 1-63 characters of letters, digits, '_', '.', '-'")
+    name = m.get("name", "")
+    if "name" in m and not _NAME.match(name):
+        problem(f"[migration] name {name!r} must be 1-63 characters of letters, digits, '_', '.', '-'",
+                'e.g. name = "orders_bigint"')
 
-    def qname(section: str, key: str, text: str) -> QualifiedName:
+    def qname(section: str, key: str, text: str) -> QualifiedName | None:
         try:
             return parse_qualified(text)
         except ValueError as exc:
-            raise fail(f"[{section}] {key}: {exc}") from None
+            problem(f"[{section}] {key}: {exc}", 'write a table as name or schema.name, e.g. "public.orders"')
+            return None
 
-    source = qname("migration", "source", m["source"])
+    source = qname("migration", "source", m["source"]) if "source" in m else None
     target = qname("target", "name", t["name"]) if "name" in t else None
     old = qname("rollback", "old_name", r["old_name"]) if "old_name" in r else None
 
     columns: dict[str, str] = {}
     for col, typ in t.get("columns", {}).items():
         if not isinstance(typ, str) or not typ.strip():
-            raise fail(f"[target] columns: the type of column {col!r} must be a non-empty string such as \"bigint\"")
+            problem(f"[target] columns: the type of column {col!r} must be a non-empty string such as \"bigint\"",
+                    f'e.g. columns = {{ {col} = "bigint" }}')
+            continue
         columns[col] = typ.strip()
     accept_lossy = t.get("accept_lossy", [])
     for col in accept_lossy:
         if not isinstance(col, str) or col not in columns:
-            raise fail(f"[target] accept_lossy: {col!r} is not a column of [target] columns",
-                       "list the columns whose type change plan check reported as lossy")
+            problem(f"[target] accept_lossy: {col!r} is not a column of [target] columns",
+                    "list the columns whose type change plan check reported as lossy")
 
     def bounded(section: str, key: str, default: int, lo: int, hi: int) -> int:
-        value = doc.get(section, {}).get(key, default)
+        value: int = clean.get(section, {}).get(key, default)
         if not lo <= value <= hi:
-            raise fail(f"[{section}] {key} must be between {lo} and {hi}, got {value}")
+            problem(f"[{section}] {key} must be between {lo} and {hi}, got {value}",
+                    f"set {key} within those bounds, or leave it out for the default ({default})")
+            return default
         return value
 
     range_rows = bounded("backfill", "range_rows", BackfillSettings.range_rows, 1, 10_000_000)
     min_rows = bounded("backfill", "min_rows", BackfillSettings.min_rows, 1, 10_000_000)
     max_rows = bounded("backfill", "max_rows", max(BackfillSettings.max_rows, range_rows), 1, 10_000_000)
     if min_rows > max_rows:
-        raise fail(f"[backfill] min_rows ({min_rows}) is above max_rows ({max_rows})")
+        problem(f"[backfill] min_rows ({min_rows}) is above max_rows ({max_rows})", "lower min_rows or raise max_rows")
 
     def duration(section: str, key: str, default: int) -> int:
-        if key not in doc.get(section, {}):
+        if key not in clean.get(section, {}):
             return default
         try:
-            return parse_duration_ms(doc[section][key])
+            return parse_duration_ms(clean[section][key])
         except ValueError as exc:
-            raise fail(f"[{section}] {key}: {exc}") from None
+            problem(f"[{section}] {key}: {exc}", f'e.g. {key} = "30s"')
+            return default
 
     lock_timeout_ms = duration("cutover", "lock_timeout", CutoverSettings.lock_timeout_ms)
     if not 1 <= lock_timeout_ms <= 60_000:
-        raise fail(f"[cutover] lock_timeout must be between 1ms and 60s, got {c['lock_timeout']!r}",
-                   "the application waits up to this long for each attempt; keep it short")
+        problem(f"[cutover] lock_timeout must be between 1ms and 60s, got {c['lock_timeout']!r}",
+                "the application waits up to this long for each attempt; keep it short")
     attempts = c.get("attempts", CutoverSettings.attempts)
     if not 1 <= attempts <= 1000:
-        raise fail(f"[cutover] attempts must be between 1 and 1000, got {attempts}")
+        problem(f"[cutover] attempts must be between 1 and 1000, got {attempts}", "e.g. attempts = 30")
     window_ms = duration("rollback", "window", RollbackSettings.window_ms)
     backfill = BackfillSettings(
         range_rows=range_rows,
@@ -395,28 +422,51 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
 
     drop_fks = t.get("drop_foreign_keys", [])
     if not all(isinstance(n, str) and n for n in drop_fks) or len(set(drop_fks)) != len(drop_fks):
-        raise fail("[target] drop_foreign_keys must list distinct constraint names",
-                   'e.g. drop_foreign_keys = ["invoices_customer_id_fkey"]')
+        problem("[target] drop_foreign_keys must list distinct constraint names",
+                'e.g. drop_foreign_keys = ["invoices_customer_id_fkey"]')
+        drop_fks = []
 
-    partition = _partition_spec(t["partition"], fail) if "partition" in t else None
-    p = doc.get("partitions", {})
-    if p and partition is None:
-        raise fail("[partitions] applies to a partitioned target only", "add [target.partition] or remove it")
+    partition = None
+    if "partition" in t:
+        try:
+            partition = _partition_spec(
+                t["partition"], lambda msg, hint=None: fail(msg, hint or "see docs/partitioning.md for the keys"))
+        except PlanError as exc:
+            problems.append(exc)
+    p = clean.get("partitions", {})
+    if p and partition is None and "partition" not in t:
+        problem("[partitions] applies to a partitioned target only", "add [target.partition] or remove it")
     if "premake" in p and not 0 <= p["premake"] <= 1000:
-        raise fail(f"[partitions] premake must be between 0 and 1000, got {p['premake']}")
+        problem(f"[partitions] premake must be between 0 and 1000, got {p['premake']}", "e.g. premake = 3")
     if "retention" in p:
         if partition is None or partition.interval is None:
-            raise fail("[partitions] retention needs a range partitioning over time ([target.partition] interval "
-                       "= \"1 month\" etc.)")
-        if not re.match(r"^\s*[1-9]\d*\s+(day|week|month|year)s?\s*$", p["retention"]):
-            raise fail(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {p['retention']!r}")
+            problem("[partitions] retention needs a range partitioning over time ([target.partition] interval "
+                    "= \"1 month\" etc.)", "add the interval, or remove retention")
+        elif not re.match(r"^\s*[1-9]\d*\s+(day|week|month|year)s?\s*$", p["retention"]):
+            problem(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {p['retention']!r}",
+                    'e.g. retention = "12 months"')
     manager = p.get("manager", "mover")
     if manager not in ("mover", "pg_partman"):
-        raise fail(f"[partitions] manager must be \"mover\" or \"pg_partman\", got {manager!r}")
-    if manager == "pg_partman":
-        _check_partman_spec(partition, p, fail)
+        problem(f"[partitions] manager must be \"mover\" or \"pg_partman\", got {manager!r}",
+                'e.g. manager = "pg_partman", or leave it out for mover\'s own upkeep')
+        manager = "mover"
+    elif manager == "pg_partman" and partition is not None:
+        try:
+            _check_partman_spec(partition, p, fail)
+        except PlanError as exc:
+            problems.append(exc)
     upkeep = PartitionUpkeep(premake=p.get("premake"), retention=p.get("retention"),
                              drop_detached=p.get("drop_detached", False), manager=manager)
+    reconcile = ReconcileSettings(
+        workers=bounded("reconcile", "workers", ReconcileSettings.workers, 1, 64),
+        range_rows=bounded("reconcile", "range_rows", ReconcileSettings.range_rows, 100, 10_000_000),
+        before_cutover=clean.get("reconcile", {}).get("before_cutover", ReconcileSettings.before_cutover),
+        settle_rounds=bounded("reconcile", "settle_rounds", ReconcileSettings.settle_rounds, 1, 1000),
+        max_attempts=bounded("reconcile", "max_attempts", ReconcileSettings.max_attempts, 1, 100),
+        max_rows_per_second=bounded("reconcile", "max_rows_per_second", 0, 0, 10**9),
+    )
+    if problems or source is None:
+        raise combined(problems, hint="fix each of them, then `mover plan check PLAN` again")
 
     return Plan(
         partition=partition,
@@ -430,19 +480,17 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         backfill=backfill,
         cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
-        reconcile=ReconcileSettings(
-            workers=bounded("reconcile", "workers", ReconcileSettings.workers, 1, 64),
-            range_rows=bounded("reconcile", "range_rows", ReconcileSettings.range_rows, 100, 10_000_000),
-            before_cutover=doc.get("reconcile", {}).get("before_cutover", ReconcileSettings.before_cutover),
-            settle_rounds=bounded("reconcile", "settle_rounds", ReconcileSettings.settle_rounds, 1, 1000),
-            max_attempts=bounded("reconcile", "max_attempts", ReconcileSettings.max_attempts, 1, 100),
-            max_rows_per_second=bounded("reconcile", "max_rows_per_second", 0, 0, 10**9),
-        ),
+        reconcile=reconcile,
         document=doc,
     )
 
 
-def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail) -> None:
+def _example(t: type | tuple[type, ...]) -> str:
+    examples: dict[type, str] = {str: '"..."', int: "100", bool: "true", dict: "{ ... }", list: "[ ... ]"}
+    return examples.get(t, "...") if isinstance(t, type) else "..."
+
+
+def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail: Callable[..., PlanError]) -> None:
     """pg_partman takes over only a layout it would have made itself: one range column, its own
     child names (it skips a partition whose name exists and would collide with one named otherwise)."""
     where = '[partitions] manager = "pg_partman"'
@@ -458,10 +506,10 @@ def _check_partman_spec(partition: PartitionSpec | None, p: dict[str, Any], fail
                    f"[target.partition] name {partition.name!r} would differ",
                    "remove [target.partition] name")
     if p.get("premake", partition.premake) < 1:
-        raise fail(f"{where}: pg_partman needs premake of 1 or more")
+        raise fail(f"{where}: pg_partman needs premake of 1 or more", "e.g. premake = 3")
 
 
-def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
+def _partition_spec(d: dict[str, Any], fail: Callable[..., PlanError]) -> PartitionSpec:
     """[target.partition], checked without the database (resolve_plan checks it against the source)."""
     where = "[target.partition]"
     for key, item in d.items():
@@ -508,7 +556,7 @@ def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
         raw_values = d.get("values")
         if not raw_values:
             raise fail(f"{where} values is required for by = \"list\"", 'e.g. values = { eu = ["de", "fr"] }')
-        seen: set = set()
+        seen: set[Any] = set()
         out = []
         for suffix, vals in raw_values.items():
             if not isinstance(vals, list) or not vals:
@@ -547,7 +595,7 @@ def _partition_spec(d: dict[str, Any], fail) -> PartitionSpec:
                          accept_key_change=d.get("accept_key_change", False))
 
 
-def _type_word(t) -> str:
+def _type_word(t: Any) -> str:
     words = {str: "a string", int: "an integer", bool: "a boolean (true or false)", dict: "a table { ... }",
              float: "a number", list: "an array"}
-    return words.get(t, t.__name__ if isinstance(t, type) else str(t))
+    return words.get(t) or (t.__name__ if isinstance(t, type) else str(t))

@@ -55,6 +55,13 @@ class ProgressReporter:
                 return
             if kind.startswith("reconcile_") and self._reconcile(kind, f):
                 return
+            if kind == "window_sync":
+                self.close()
+                lag = "" if f["lag_seconds"] is None else f", lag {f['lag_seconds']:.1f}s"
+                self.console.print(f"rollback window of {f['name']!r} open until {f['ends_at']}: keeping the old "
+                                   f"table in sync ({f['pending']} changes pending{lag})", highlight=False,
+                                   markup=False)
+                return
             if kind in ("capture", "backfill"):
                 return  # frequent and small; `mover status` shows the backlog
             self.close()

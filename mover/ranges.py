@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -31,7 +32,9 @@ from mover.errors import LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
 
-LEASE_SECONDS = control.LEASE_SECONDS  # one lease length for the orchestrator and the ranges
+if TYPE_CHECKING:  # both import this module's neighbours; only the annotations need them
+    from mover.context import Reporter
+    from mover.db import Database
 
 
 def worker_id(n: int = 0) -> str:
@@ -106,7 +109,7 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
             FROM c WHERE k.migration_id = %(mid)s AND k.kind = %(kind)s AND k.range_no = c.range_no
             RETURNING k.range_no, k.lo, k.hi, k.status
             """,
-            {"mid": mid, "kind": kind, "max": max_attempts, "worker": worker, "lease": LEASE_SECONDS},
+            {"mid": mid, "kind": kind, "max": max_attempts, "worker": worker, "lease": control.LEASE_SECONDS},
         )
         row = cur.fetchone()
         if row is None:
@@ -127,7 +130,7 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
     cur.execute(
         "INSERT INTO mover.ranges (migration_id, kind, range_no, lo, hi, status, owner, attempts, lease_expires_at)"
         " VALUES (%s, %s, %s, %s, %s, 'running', %s, 1, clock_timestamp() + make_interval(secs => %s))",
-        (mid, kind, range_no, lo, hi, worker, LEASE_SECONDS),
+        (mid, kind, range_no, lo, hi, worker, control.LEASE_SECONDS),
     )
     cur.execute("UPDATE mover.frontiers SET next_lo = %s, next_range_no = %s, exhausted = %s"
                 " WHERE migration_id = %s AND kind = %s", (hi, range_no + 1, hi is None, mid, kind))
@@ -139,7 +142,8 @@ def hold(cur: psycopg.Cursor, mid: int, key_range: KeyRange, worker: str) -> Non
     cur.execute("SELECT 1 FROM mover.ranges WHERE migration_id = %s AND kind = %s AND range_no = %s"
                 " AND owner = %s AND status = 'running' FOR UPDATE", (mid, key_range.kind, key_range.range_no, worker))
     if cur.fetchone() is None:
-        raise LeaseLost(f"{key_range.kind} range {key_range.range_no} was taken over by another worker; not committing")
+        raise LeaseLost(f"{key_range.kind} range {key_range.range_no} was taken over by another worker; not "
+                        f"committing", hint="nothing to do: that worker copies it")
 
 
 def mark_done(cur: psycopg.Cursor, mid: int, key_range: KeyRange, rows: int, ms: float) -> None:
@@ -161,11 +165,11 @@ def mark_failed_attempt(cur: psycopg.Cursor, mid: int, key_range: KeyRange, work
     return row[0] if row else "lost"
 
 
-def work(db, mid: int, key_range: KeyRange, worker: str, fn: Callable[[psycopg.Cursor], int], *,
+def work(db: Database, mid: int, key_range: KeyRange, worker: str, fn: Callable[[psycopg.Cursor], int], *,
          synchronous_commit: bool, statement_timeout: str = "300s") -> tuple[int, float]:
     """Run fn(cur) -> rows for the range and mark it done, all in one transaction."""
 
-    def tx(cur):
+    def tx(cur: psycopg.Cursor) -> tuple[int, float]:
         hold(cur, mid, key_range, worker)
         started = time.monotonic()
         rows = fn(cur)
@@ -238,7 +242,7 @@ def keep_leases(cur: psycopg.Cursor, mid: int, workers: list[str]) -> None:
             SELECT migration_id, kind, range_no FROM mover.ranges
             WHERE migration_id = %s AND owner = ANY(%s) AND status = 'running' FOR UPDATE SKIP LOCKED)
         """,
-        (LEASE_SECONDS, mid, workers),
+        (control.LEASE_SECONDS, mid, workers),
     )
     cur.execute("UPDATE mover.workers SET heartbeat_at = clock_timestamp() WHERE migration_id = %s"
                 " AND worker_id = ANY(%s)", (mid, workers))
@@ -250,7 +254,8 @@ class RangeWorker:
 
     role = "mover-worker"
 
-    def __init__(self, dsn: str, migration, wid: str, *, stop, lost, registry: set[str], report):
+    def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
+                 lost: threading.Event, registry: set[str], report: Reporter) -> None:
         from mover.context import Context
         from mover.db import Database
         self.db = Database(dsn, role=self.role)
@@ -310,7 +315,7 @@ def run_workers(workers: Sequence[RangeWorker], name: str) -> None:
         raise errors[0]
 
 
-def require_finished(db, mid: int, kind: str, migration: str, command: str) -> None:
+def require_finished(db: Database, mid: int, kind: str, migration: str, command: str) -> None:
     """After the workers stopped: every range done, or say which failed and what resumes."""
     from mover.errors import Failed
     st = db.transaction(lambda cur: state(cur, mid, kind))
@@ -325,7 +330,8 @@ def require_finished(db, mid: int, kind: str, migration: str, command: str) -> N
                      hint=f"`{command} {migration}` continues")
 
 
-def record_failure(db, mid: int, key_range: KeyRange, worker: str, exc: BaseException, max_attempts: int) -> str:
+def record_failure(db: Database, mid: int, key_range: KeyRange, worker: str, exc: BaseException,
+                   max_attempts: int) -> str:
     """A range's work failed on data or SQL: count the attempt (back to pending, or failed
     once out of attempts) and record an event; the worker goes on with other ranges."""
     from mover.db import mask

@@ -41,6 +41,7 @@ from mover.db import Database, bind, is_retryable, one
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
+from mover.sql import trusted
 from mover.sql.capture import replay_keys as replay_keys_sql
 from mover.sql.mapping import Mapping
 
@@ -118,7 +119,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
             cur.execute(q.hash_probe(t))
             # The equality operator, found by name as IS DISTINCT FROM will find it.
             cur.execute(psycopg.sql.SQL("SELECT CAST(NULL AS {0}) IS DISTINCT FROM CAST(NULL AS {0})").format(
-                psycopg.sql.SQL(t)))
+                trusted(t, "format_type")))
             usable[t] = True
         except psycopg.errors.Error as exc:
             if isinstance(exc, psycopg.OperationalError) or is_retryable(exc):
@@ -142,12 +143,13 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
 # One range
 
 
-def _rows(cur) -> list[dict[str, Any]]:
-    names_ = [d.name for d in cur.description]
+def _rows(cur: psycopg.Cursor) -> list[dict[str, Any]]:
+    names_ = [d.name for d in cur.description or ()]
     return [dict(zip(names_, r, strict=True)) for r in cur.fetchall()]
 
 
-def _compare(cur, spec: q.Spec, mid: int, key_range: ranges.KeyRange) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _compare(cur: psycopg.Cursor, spec: q.Spec, mid: int,
+             key_range: ranges.KeyRange) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     stmt, params = q.compare_range(spec, names.change_log(mid), names.applied_notes(mid), key_range.lo, key_range.hi)
     cur.execute(stmt, params)
     rows = _rows(cur)
@@ -155,14 +157,14 @@ def _compare(cur, spec: q.Spec, mid: int, key_range: ranges.KeyRange) -> tuple[d
     return agg, [r for r in rows if r["key"] is not None]
 
 
-def _recheck(cur, spec: q.Spec, mid: int, keys: list[list[str]]) -> list[dict[str, Any]]:
+def _recheck(cur: psycopg.Cursor, spec: q.Spec, mid: int, keys: list[list[str]]) -> list[dict[str, Any]]:
     if not keys:
         return []
     cur.execute(q.recheck_keys(spec, names.change_log(mid)), (json.dumps(keys),))
     return _rows(cur)
 
 
-def _record(cur, spec: q.Spec, mid: int, key_range: ranges.KeyRange, actor: str, agg: dict[str, Any],
+def _record(cur: psycopg.Cursor, spec: q.Spec, mid: int, key_range: ranges.KeyRange, actor: str, agg: dict[str, Any],
             first_diffs: list[dict[str, Any]], settled: list[dict[str, Any]],
             unsettled: list[dict[str, Any]]) -> dict[str, int]:
     """What a verified range leaves behind, in the transaction of its done mark: divergences
@@ -171,15 +173,15 @@ def _record(cur, spec: q.Spec, mid: int, key_range: ranges.KeyRange, actor: str,
     cur.execute(stmt, [mid, *params])
     # A key may hold several open divergences: apply_errors (one per failed copy or replay) and
     # the one reconcile keeps up to date.
-    open_by_key: dict[tuple, list[tuple]] = {}
-    accepted: dict[tuple, list[tuple]] = {}
+    open_by_key: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    accepted: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for did, key, kind, columns, is_open, _how in cur.fetchall():
         if is_open:
             open_by_key.setdefault(tuple(key), []).append((did, kind, columns))
         else:
             accepted.setdefault(tuple(key), []).append((kind, columns))
     found = again = 0
-    seen: set[tuple] = set()
+    seen: set[tuple[Any, ...]] = set()
     for d in settled:
         key = tuple(d["key"])
         seen.add(key)
@@ -212,7 +214,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
     mid = ctx.mid
     started = time.monotonic()
 
-    def first(cur):
+    def first(cur: psycopg.Cursor) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, int] | None]:
         ranges.hold(cur, mid, key_range, worker)
         agg, diffs = _compare(cur, spec, mid, key_range)
         ctx.check_shape(cur)  # nothing is compared across a change of either table's shape
@@ -240,7 +242,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
             # Another worker may hold the applier: give it a moment (no transaction is open here).
             ctx.stop.wait(min(0.02 * (round_no + 1), 0.5))
 
-        def final(cur):
+        def final(cur: psycopg.Cursor) -> dict[str, int]:
             ranges.hold(cur, mid, key_range, worker)
             now = _recheck(cur, spec, mid, keys)
             ctx.check_shape(cur)
@@ -335,8 +337,9 @@ class Worker(ranges.RangeWorker):
             # Keep the log short between ranges, so few keys are pending when the next one is read.
             capture.drain(ctx, reverse=False, backfill_done=True, max_rounds=1)
             pause = pacer.pace(got["rows"], got["ms"] / 1000)
-            if pause:
-                self._wait(pacer.cap_reason(), pause)
+            if pause and key_range.hi is not None:  # after the last range there is nothing to pace
+                waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
+                self._wait(waiting, pause)
 
 
 def limits(plan: Plan) -> throttle.Limits:
@@ -352,7 +355,7 @@ def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
     mid = ctx.mid
     notes, log_table = names.applied_notes(mid), names.change_log(mid)
 
-    def start(cur) -> str:
+    def start(cur: psycopg.Cursor) -> str:
         if not introspect.exists(cur, notes):
             # Nothing noted the changes applied since an earlier pass (if any): compare everything.
             for stmt in q.create_notes(notes, names.notes_function(mid), names.notes_trigger(mid), log_table,
@@ -396,7 +399,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     mode = _start_pass(ctx, spec, full)
     result = PassResult(mode)
 
-    def todo(cur):
+    def todo(cur: psycopg.Cursor) -> tuple[dict[str, Any], int | None]:
         st = ranges.state(cur, ctx.mid, KIND)
         estimate = introspect.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
         return st, estimate
@@ -411,7 +414,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover reconcile")
     result.seconds = time.monotonic() - started
 
-    def finish(cur):
+    def finish(cur: psycopg.Cursor) -> None:
         result.open = control.open_divergences(cur, ctx.mid)
         summary = (f"reconcile pass ({mode}): {result.ranges} ranges, {result.rows} rows in {result.seconds:.1f}s;"
                    f" {result.found} new divergences, {result.resolved} resolved, {result.open} open")
@@ -443,12 +446,12 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
     m = dataclasses.replace(spec.mapping, src_key_types=spec.dst_key_types)
     stmt = replay_keys_sql(m)
     rows = ctx.db.transaction(lambda cur: control.open_divergence_rows(cur, ctx.mid, did))
-    out = {"repaired": 0, "still_open": 0, "failed": 0, "errors": []}
+    out: dict[str, Any] = {"repaired": 0, "still_open": 0, "failed": 0, "errors": []}
     for i in range(0, len(rows), REPAIR_BATCH):
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
 
-        def tx(cur, batch: list[dict]):
+        def tx(cur: psycopg.Cursor, batch: list[dict[str, Any]]) -> tuple[int, int, int, list[str]]:
             errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []
@@ -479,7 +482,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
     return out
 
 
-def accept(cur, mid: int, reason: str, actor: str, did: int | None = None) -> list[int]:
+def accept(cur: psycopg.Cursor, mid: int, reason: str, actor: str, did: int | None = None) -> list[int]:
     rows = control.open_divergence_rows(cur, mid, did)
     ids = control.resolve_divergences_as(cur, mid, [r["id"] for r in rows], "accepted",
                                          f"accepted by the operator: {reason}", actor, reason)

@@ -10,77 +10,99 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
 from mover import capture, control, faults, ranges, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, mask
-from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, Waiting
+from mover.db import Database, bind, is_connection_lost, mask
+from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, ServerGone, ShapeChanged, Waiting
 from mover.heartbeat import Heartbeat
 from mover.steps import rollback_window
 
 log = logging.getLogger("mover.runner")
 
 WINDOW_POLL_SECONDS = 1.0
+WINDOW_REPORT_SECONDS = 10.0
 
 
 @contextmanager
 def leased(db: Database, migration: control.Migration, owner: str, *, report: Reporter = log_reporter,
-           stop: threading.Event | None = None) -> Iterator[Context]:
-    """Hold the migration's lease for the duration; record how the work ended."""
+           stop: threading.Event | None = None, command: str | None = None) -> Iterator[Context]:
+    """Hold the migration's lease for the duration; record how the work ended (an operator
+    command's outcome under the command's name: an abort that could not lock is the abort's
+    event, not the step's)."""
     db.transaction(lambda cur: control.acquire_lease(cur, migration, owner), label="acquire lease")
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
-    def beat_once(cur) -> bool:
+    def beat_once(cur: psycopg.Cursor) -> bool:
         if ctx.workers:
             ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
         return control.heartbeat(cur, migration.id, owner)
 
     beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
+    gone = False
     try:
         yield ctx
     except (LeaseLost, LeaseHeld):
         raise
     except Waiting as exc:
-        _record(db, ctx, "waiting", str(exc))
+        _record(db, ctx, "waiting", str(exc), command=command)
         raise
     except (Interrupted, KeyboardInterrupt):
-        _record(db, ctx, "interrupted", None, kind="interrupted", message="stopped by the operator (Ctrl-C)")
+        how = getattr(ctx.stop, "reason", None) or "Ctrl-C"
+        _record(db, ctx, "interrupted", None, kind="interrupted", message=f"stopped by the operator ({how})",
+                command=command)
         raise
     except MoverError as exc:
         _record(db, ctx, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),
-                detail=getattr(exc, "detail", None))
+                detail=getattr(exc, "detail", None), command=command)
         raise
     except Exception as exc:
+        if is_connection_lost(exc):
+            # Nothing can be recorded without the server, and trying would only retry and warn again.
+            gone = True
+            raise server_gone(migration.name, exc) from exc
         changed = _shape_change(ctx)
         if changed is not None:  # e.g. a statement that met a dropped column: say what changed
             _record(db, ctx, "failed", str(changed), kind=changed.event_kind, message=str(changed),
                     detail=changed.detail)
             raise changed from exc
-        _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc))
+        _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc),
+                command=command)
         raise
     else:
         _clear_error(db, ctx)
     finally:
         beat.stop()
-        if not ctx.lease_lost.is_set():
+        if not ctx.lease_lost.is_set() and not gone:
             try:
                 db.transaction(lambda cur: control.release_lease(cur, migration.id, owner), label="release lease")
             except psycopg.Error as exc:  # the lease expires by itself; say so and go on
                 log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
 
 
-def _shape_change(ctx: Context) -> shape.ShapeChanged | None:
+def server_gone(name: str, exc: BaseException) -> ServerGone:
+    """The typed error for a server that went away mid-command, naming the migration."""
+    cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return ServerGone(f"migration {name!r}: lost the connection to the database server ({mask(cause)}); the "
+                      f"open transaction was rolled back, the migration is resumable",
+                      hint=f"once the server is back, `mover run {name}` resumes where it stopped "
+                           f"(`mover status {name}` shows where that is)")
+
+
+def _shape_change(ctx: Context) -> ShapeChanged | None:
     """After an unexpected error: the shape change behind it, if a table's shape changed."""
     try:
         ctx.db.transaction(ctx.check_shape, label="shape check")
-    except shape.ShapeChanged as exc:
+    except ShapeChanged as exc:
         return exc
     except psycopg.Error:
         pass  # the original error is the one to report
@@ -88,14 +110,14 @@ def _shape_change(ctx: Context) -> shape.ShapeChanged | None:
 
 
 def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
-            message: str | None = None, detail: dict | None = None) -> None:
+            message: str | None = None, detail: dict[str, Any] | None = None, command: str | None = None) -> None:
     if error is not None:
         error = mask(error)  # stored and shown by `status`: no password, whatever raised it
     if message is not None:
         message = mask(message)
 
     try:
-        db.transaction(bind(control.record_outcome, ctx.mid, ctx.owner, ctx.migration.step, state, error,
+        db.transaction(bind(control.record_outcome, ctx.mid, ctx.owner, command or ctx.migration.step, state, error,
                             kind, message, detail), label="record outcome")
     except psycopg.Error as exc:
         log.error("could not record the outcome %r of migration %s: %s", state, ctx.mid, exc)
@@ -111,6 +133,7 @@ def _clear_error(db: Database, ctx: Context) -> None:
 def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,
             wait_window: bool = False) -> control.Migration:
     """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
+    reported = float("-inf")
     while True:
         ctx.checkpoint()
         m = ctx.refresh()
@@ -143,6 +166,13 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
             step.run(ctx)
         except Waiting:
             if step.name == "rollback_window" and wait_window:
+                if time.monotonic() - reported >= WINDOW_REPORT_SECONDS:
+                    # `run --wait` may wait for days: say now and then that it keeps the old table in step.
+                    reported = time.monotonic()
+                    pending, lag = ctx.db.transaction(lambda cur: capture.pending(cur, ctx.mid, reverse=True))
+                    ends = ctx.refresh().window_ends_at
+                    ctx.report("window_sync", name=m.name, ends_at=None if ends is None else ends.isoformat(),
+                               pending=pending, lag_seconds=lag)
                 ctx.stop.wait(WINDOW_POLL_SECONDS)
                 continue
             raise

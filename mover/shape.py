@@ -152,7 +152,7 @@ def diff(old: dict[str, Any], new: dict[str, Any] | None, side: str = "source") 
     return out
 
 
-def _diff_columns(side: str, t: QualifiedName, old: list[dict], new: list[dict]) -> list[Change]:
+def _diff_columns(side: str, t: QualifiedName, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[Change]:
     out: list[Change] = []
     old_by_pos = {c["position"]: c for c in old}
     new_by_pos = {c["position"]: c for c in new}
@@ -197,7 +197,7 @@ def _diff_columns(side: str, t: QualifiedName, old: list[dict], new: list[dict])
     return out
 
 
-def _diff_constraints(side: str, t: QualifiedName, old: dict, new: dict) -> list[Change]:
+def _diff_constraints(side: str, t: QualifiedName, old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     kinds = {"c": "CHECK", "f": "FOREIGN KEY", "p": "PRIMARY KEY", "u": "UNIQUE", "x": "EXCLUDE", "t": "TRIGGER",
              "n": "NOT NULL"}
     out: list[Change] = []
@@ -231,7 +231,7 @@ def _unvalidated(definition: str) -> str:
     return definition.removesuffix(" NOT VALID")
 
 
-def _diff_indexes(side: str, t: QualifiedName, old: dict, new: dict) -> list[Change]:
+def _diff_indexes(side: str, t: QualifiedName, old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
     out: list[Change] = []
     for name, o in sorted(old.items()):
         i = display_ident(name)
@@ -302,7 +302,7 @@ def describe_table(cur: psycopg.Cursor, table: QualifiedName) -> dict[str, Any]:
     cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
     oid = one(cur)[0]
     if oid is None:
-        raise BadInput(f"table {table} does not exist")
+        raise BadInput(f"table {table} does not exist", hint="`mover status` shows which tables the migration has")
     return describe(cur, [oid])[oid]
 
 
@@ -312,7 +312,7 @@ def current(cur: psycopg.Cursor, shapes: dict[str, dict[str, Any] | None]) -> di
     return {side: (None if s is None else now.get(s["oid"])) for side, s in shapes.items()}
 
 
-def changes(cur: psycopg.Cursor, mid: int) -> tuple[dict, dict, list[Change]]:
+def changes(cur: psycopg.Cursor, mid: int) -> tuple[dict[str, Any], dict[str, Any], list[Change]]:
     """(stored, current, changes) of both tables; a side mover has not recorded yet is skipped."""
     before = control.shapes(cur, mid)
     now = current(cur, before)

@@ -3,24 +3,29 @@ control schema and the catalog in one transaction. Reads only."""
 
 from __future__ import annotations
 
+import socket
+from datetime import datetime
 from typing import Any
+
+import psycopg
 
 from mover import capture, control, introspect, partitions, ranges
 from mover.db import one
+from mover.names import QualifiedName
 
 
-def _backfill_status(cur, m: control.Migration) -> dict[str, Any]:
+def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     st = ranges.state(cur, m.id, "backfill")
     workers, range_rows, waiting = _workers(cur, m)
     # Speed over the last 30 s of finished ranges: what the copy does now, not on average.
     cur.execute("SELECT sum(rows) / nullif(extract(epoch FROM now() - min(finished_at)), 0) FROM mover.ranges"
                 " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
                 " AND finished_at > now() - interval '30 seconds'", (m.id,))
-    rate = cur.fetchone()[0]
+    rate = one(cur)[0]
     estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
         introspect.estimate_rows(cur, m.source)
     eta = None
-    if rate and estimate and not st["finished"]:
+    if rate and estimate and not st["finished"] and workers:  # no ETA when nobody copies
         eta = max(estimate - st["rows"], 0) / float(rate)
     return {"rows_copied": st["rows"], "ranges_done": st["done"], "ranges_total": st["total"],
             "ranges_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
@@ -36,26 +41,37 @@ def _old_backfill_keys(st: dict[str, Any], range_rows: int | None) -> dict[str, 
             "chunk_rows": range_rows}
 
 
-def _workers(cur, m: control.Migration) -> tuple[int, int | None, list[str]]:
-    """Live range workers (fresh heartbeats), the range size they ask for, what they wait for."""
-    cur.execute(
-        """
-        SELECT count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %s)),
-               max(range_rows), array_remove(array_agg(DISTINCT waiting_for), NULL)
-        FROM mover.workers WHERE migration_id = %s
-        """, (control.LEASE_SECONDS, m.id))
-    workers, range_rows, waiting = one(cur)
-    return workers, range_rows, waiting or []
+def _workers(cur: psycopg.Cursor, m: control.Migration) -> tuple[int, int | None, list[str]]:
+    """Live range workers (fresh heartbeats, and on this host a process that still exists: a
+    worker killed with -9 keeps a fresh heartbeat for a while), the range size they ask for, what
+    they wait for."""
+    cur.execute("SELECT host, pid, range_rows, waiting_for FROM mover.workers WHERE migration_id = %s"
+                " AND heartbeat_at > now() - make_interval(secs => %s)", (m.id, control.LEASE_SECONDS))
+    here = socket.gethostname()
+    live = [(rows, waiting) for host, pid, rows, waiting in cur.fetchall()
+            if not (host == here and pid is not None and not control.process_alive(pid))]
+    sizes = [rows for rows, _ in live if rows is not None]
+    waiting = sorted({w for _, w in live if w is not None})
+    return len(live), max(sizes) if sizes else None, waiting
 
 
-def status_of(cur, m: control.Migration) -> dict[str, Any]:
+def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
-    applied = int(cur.fetchone()[0])
+    applied = int(one(cur)[0])
     step = "retire" if m.step == "finished" else m.step
     state, error = m.state, m.error
-    if state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
+    if state in control.TERMINAL:
+        # An error recorded on the way ("ready for cutover", "window is open") is history once the
+        # migration ended: the events keep it.
+        error = None
+    if state == "running" and m.lease_host == socket.gethostname() and m.lease_pid is not None \
+            and not control.process_alive(m.lease_pid):
+        # The lease holder ran here and its process is gone (kill -9): failed now, not when the
+        # lease runs out.
+        state, error = "failed", f"process {m.lease_pid} died; `mover run {m.name}` resumes"
+    elif state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
         # The row says running, but no live process holds the lease: it died mid-step.
         state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
     return {
@@ -66,6 +82,9 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
                    "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])}
                   for s in control.steps(cur, m.id)],
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
+        # Which of those names exist now (after retire or abort some are gone).
+        "tables_present": [role for role, qn in (("source", m.source), ("target", m.target), ("old", m.old))
+                           if _exists(cur, qn)],
         "key": m.key_columns,
         "backfill": _backfill_status(cur, m),
         "capture": {"pending": pending_fwd + pending_rev, "applied": applied,
@@ -83,7 +102,7 @@ def status_of(cur, m: control.Migration) -> dict[str, Any]:
     }
 
 
-def _partitions(cur, m: control.Migration) -> dict[str, Any] | None:
+def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:
     if not m.plan.get("partition"):
         return None
     out = partitions.status(cur, m.source, m.target)
@@ -92,7 +111,7 @@ def _partitions(cur, m: control.Migration) -> dict[str, Any] | None:
     return out
 
 
-def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
+def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     verified = control.reconcile_ranges(cur, m.id)
     counts = control.divergence_counts(cur, m.id)
     return {"ranges_done": verified["ranges_done"], "ranges_total": verified["ranges_total"],
@@ -107,10 +126,17 @@ def _reconcile_status(cur, m: control.Migration) -> dict[str, Any]:
             "skipped_on_conflict": 0}
 
 
-def _now(cur):
+def _exists(cur: psycopg.Cursor, qn: QualifiedName) -> bool:
+    cur.execute("SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = coalesce(%s, current_schema()) AND c.relname = %s)", (qn.schema, qn.name))
+    return bool(one(cur)[0])
+
+
+def _now(cur: psycopg.Cursor) -> datetime:
     cur.execute("SELECT clock_timestamp()")
-    return cur.fetchone()[0]
+    now: datetime = one(cur)[0]
+    return now
 
 
-def iso(value) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()

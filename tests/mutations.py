@@ -50,8 +50,8 @@ def _skip_deletes(direction: str) -> list[tuple[str, str, str]]:
     # The forward applier writes the target (…_new), the reverse one the old table (…_old).
     skipped = 'm.dst.name.endswith("_old")' if direction == "reverse" else 'not m.dst.name.endswith("_old")'
     return [
-        ("mover/sql/capture.py", "    WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l})",
-         "    WHERE {d_eq_l} AND {fault} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l})"),
+        ("mover/sql/capture.py", "    WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE ",
+         "    WHERE {d_eq_l} AND {fault} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE "),
         ("mover/sql/capture.py", "    ).format(dst=m.dst.ident, src=m.src.ident, d_eq_l=key_equal(\"d\", \"l\", k),",
          f"    ).format(fault=sql.SQL('false' if {skipped} else 'true'), dst=m.dst.ident, src=m.src.ident,"
          " d_eq_l=key_equal(\"d\", \"l\", k),"),

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from mover import introspect
-from mover.errors import PlanError
+from mover.errors import PlanError, combined
 from mover.names import QualifiedName
 from mover.plan import Plan
 
@@ -126,17 +126,10 @@ def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
     return s
 
 
-def combined(problems: list[PlanError]) -> PlanError:
-    """One problem as it is; several as a numbered list, each with its own next step."""
-    if len(problems) == 1:
-        return problems[0]
-    lines = [f"the plan has {len(problems)} problems:"]
-    for i, p in enumerate(problems, 1):
-        lines.append(f"{i}. {p.message}" + (f" (next: {p.hint})" if p.hint else ""))
-    return PlanError("\n".join(lines), hint="fix each of them, then `mover plan check PLAN` again")
-
-
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
             "lossy": s.lossy, "partitioning": s.partitioning}
+
+
+__all__ = ["Check", "Subject", "combined", "resolved", "run"]

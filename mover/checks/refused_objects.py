@@ -12,7 +12,9 @@ def exclusion_constraints(s: Subject) -> None:
     for ix in s.table.indexes:
         if ix.is_exclusion:
             s.report(PlanError(f"{s.src} has the exclusion constraint index {names.display_ident(ix.name)}, which "
-                               f"mover cannot recreate yet"))
+                               f"mover cannot recreate yet",
+                               hint="drop the exclusion constraint for the migration, or move the table by other "
+                                    "means"))
 
 
 def table_properties(s: Subject) -> None:

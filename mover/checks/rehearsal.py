@@ -5,6 +5,7 @@ that is taken) is found by running create_target's own DDL in a savepoint and ro
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import psycopg
 
@@ -26,14 +27,14 @@ def create_target(s: Subject) -> None:
     problem = rehearse(cur, replace(plan, columns={}), source, target)
     if problem:
         raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=HINT)
-    rehearsed: list = []
+    rehearsed: list[Any] = []
     if not plan.columns:
         return
     if not rehearse(cur, plan, source, target, rehearsed):
         s.rehearsed = rehearsed[0]
         return
     for col, typ in sorted(plan.columns.items()):
-        failed: list = []
+        failed: list[Any] = []
         problem = rehearse(cur, replace(plan, columns={col: typ}), source, target, failed)
         if problem and isinstance(failed[0], psycopg.errors.DatatypeMismatch):
             raise PlanError(
@@ -49,7 +50,7 @@ def create_target(s: Subject) -> None:
 
 
 def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: QualifiedName,
-             out: list | None = None) -> str | None:
+             out: list[Any] | None = None) -> str | None:
     """Run create_target's DDL in a savepoint and roll it back; the error it met, if any.
     `out` receives the error, or the rehearsed target's description."""
     from mover.steps.create_target import target_ddl  # the step's own DDL, not a copy of it

@@ -19,7 +19,8 @@ def is_user_table(s: Subject) -> None:
     source = s.src
     assert source.schema is not None  # resolve() names the schema
     if source.schema == names.CONTROL_SCHEMA:
-        raise PlanError(f"[migration] source: {source} belongs to mover itself")
+        raise PlanError(f"[migration] source: {source} belongs to mover itself",
+                        hint="name an application table in [migration] source")
     if introspect.persistence(s.cur, source) == "t":
         raise PlanError(f"[migration] source: {source} is a temporary table; mover cannot move it, because it "
                         f"exists only in the session that created it (mover works from sessions of its own)",

@@ -11,6 +11,7 @@ from mover.checks import Subject
 from mover.errors import PlanError
 from mover.names import QualifiedName
 from mover.plan import Plan
+from mover.sql import trusted
 
 
 def columns(s: Subject) -> None:
@@ -24,11 +25,14 @@ def columns(s: Subject) -> None:
             continue
         if column.generated:
             s.report(PlanError(f"[target] columns: {names.display_ident(col)} is a generated column; change its "
-                               f"expression's type instead"))
+                               f"expression's type instead",
+                               hint=f"remove {col} from [target] columns"))
             continue
         if not introspect.type_exists(s.cur, typ):
             s.report(PlanError(f"[target] columns: {typ!r} (for column {names.display_ident(col)}) is not a type "
-                               f"this database knows"))
+                               f"this database knows",
+                               hint="fix the type's spelling (e.g. \"bigint\", \"numeric(12,2)\"); `\\dT` in psql "
+                                    "lists the types, then `mover plan check PLAN` again"))
             continue
         try:
             _check_cast(s.cur, s.src, col, typ)
@@ -42,12 +46,14 @@ def _check_cast(cur: psycopg.Cursor, source: QualifiedName, col: str, typ: str) 
         # EXPLAIN plans the cast without reading a row: a missing cast fails here, not mid-backfill.
         # The type is the plan's text: trusted input, as docs/plan.md says ([target] columns).
         cur.execute(sql.SQL("EXPLAIN SELECT CAST({c} AS {t}) FROM {s}").format(
-            c=sql.Identifier(col), t=sql.SQL(typ), s=source.ident))
+            c=sql.Identifier(col), t=trusted(typ, "plan type"), s=source.ident))
         cur.execute("RELEASE SAVEPOINT mover_cast_check")
     except psycopg.errors.Error as exc:
         cur.execute("ROLLBACK TO SAVEPOINT mover_cast_check")
         raise PlanError(f"[target] columns: column {names.display_ident(col)} cannot become {typ!r}: "
-                        f"{str(exc).splitlines()[0]}") from None
+                        f"{str(exc).splitlines()[0]}",
+                        hint="choose a type the column's values cast to, or change the column in the application "
+                             "first") from None
 
 
 def lossy_columns(plan: Plan, source: introspect.TableInfo, target: introspect.TableInfo) -> dict[str, str]:

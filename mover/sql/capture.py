@@ -10,12 +10,16 @@ Replay is idempotent and order-free, so a crash between two batches redoes at mo
 
 from __future__ import annotations
 
+from typing import Any
+
 from psycopg import sql
 
+from mover.names import QualifiedName
+from mover.sql import trusted
 from mover.sql.mapping import Mapping, collated, ident_list, key_column_defs, key_equal, overriding, source_values
 
 
-def create_log(log, key: tuple[str, ...], key_types: tuple[str, ...],
+def create_log(log: QualifiedName, key: tuple[str, ...], key_types: tuple[str, ...],
                collations: tuple[tuple[str, str] | None, ...] = ()) -> sql.Composed:
     # The key's own collation: the watermark test (covered_by) compares log keys with a bound.
     cols = key_column_defs(key, key_types, collations)
@@ -25,7 +29,8 @@ def create_log(log, key: tuple[str, ...], key_types: tuple[str, ...],
     ).format(log=log.ident, cols=cols)
 
 
-def create_trigger_function(function, log, key: tuple[str, ...], migration: str) -> sql.Composed:
+def create_trigger_function(function: QualifiedName, log: QualifiedName, key: tuple[str, ...],
+                            migration: str) -> sql.Composed:
     """The function body is a string literal (PostgreSQL takes no parameters there); the names
     inside it are composed with Identifier first, so they are quoted exactly once."""
     new_key = sql.SQL(", ").join(sql.SQL("NEW.{}").format(sql.Identifier(k)) for k in key)
@@ -60,7 +65,8 @@ END
         fn=function.ident, body=sql.Literal(body.as_string()))
 
 
-def grant_log(log) -> list[sql.Composed]:
+def grant_log(log: QualifiedName) -> list[sql.Composed]:
+    assert log.schema is not None  # change logs live in the control schema (names.change_log)
     return [sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(sql.Identifier(log.schema)),
             sql.SQL("GRANT INSERT ON {} TO PUBLIC").format(log.ident)]
 
@@ -69,7 +75,7 @@ def truncate_trigger(trigger: str) -> str:
     return trigger + "_truncate"
 
 
-def create_trigger(trigger: str, table, function) -> list[sql.Composed]:
+def create_trigger(trigger: str, table: QualifiedName, function: QualifiedName) -> list[sql.Composed]:
     # ENABLE ALWAYS: the triggers fire even in sessions with session_replication_role = replica
     # (logical replication appliers, some bulk loaders), which would otherwise skip them.
     t, tt = sql.Identifier(trigger), sql.Identifier(truncate_trigger(trigger))
@@ -83,15 +89,15 @@ def create_trigger(trigger: str, table, function) -> list[sql.Composed]:
     ]
 
 
-def drop_trigger(trigger: str, table) -> sql.Composed:
+def drop_trigger(trigger: str, table: QualifiedName) -> sql.Composed:
     return sql.SQL("DROP TRIGGER IF EXISTS {t} ON {tbl}").format(t=sql.Identifier(trigger), tbl=table.ident)
 
 
-def drop_function(function) -> sql.Composed:
+def drop_function(function: QualifiedName) -> sql.Composed:
     return sql.SQL("DROP FUNCTION IF EXISTS {fn}()").format(fn=function.ident)
 
 
-def drop_table(table) -> sql.Composed:
+def drop_table(table: QualifiedName) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {t}").format(t=table.ident)
 
 
@@ -127,7 +133,7 @@ def _sync_keys(m: Mapping) -> sql.Composed:
              key_cols=ident_list(conflict), action=action, moved=moved)
 
 
-def replay(m: Mapping, log, *, covered: sql.Composable, skip_locked: bool) -> sql.Composed:
+def replay(m: Mapping, log: QualifiedName, *, covered: sql.Composable, skip_locked: bool) -> sql.Composed:
     """One statement: claim up to %(limit)s log rows whose keys the backfill has covered, delete
     the destination rows whose source row is gone, upsert the others. One snapshot serves the
     claim and the reads, so every claimed change is visible in the source rows read."""
@@ -151,7 +157,7 @@ def replay_keys(m: Mapping) -> sql.Composed:
     """Replay a single key given as parameters (the fallback when a batch fails on data)."""
     keyrow = sql.SQL(", ").join(
         sql.SQL("{} AS {}").format(
-            collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), sql.SQL(t)),
+            collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(), trusted(t, "format_type")),
                      m.key_collations[i] if m.key_collations else None), sql.Identifier(c))
         for i, (c, t) in enumerate(zip(m.key, m.src_key_types, strict=True)))
     return sql.SQL("WITH keys AS (SELECT {keyrow}), {sync}\n"
@@ -159,7 +165,7 @@ def replay_keys(m: Mapping) -> sql.Composed:
         keyrow=keyrow, sync=_sync_keys(m))
 
 
-def claim_keys(log, covered: sql.Composable, key: tuple[str, ...]) -> sql.Composed:
+def claim_keys(log: QualifiedName, covered: sql.Composable, key: tuple[str, ...]) -> sql.Composed:
     """Claim a batch of log rows and return their keys as text (the per-key fallback path)."""
     return sql.SQL(
         "DELETE FROM {log} l WHERE l.seq IN (SELECT c.seq FROM {log} c WHERE {covered} ORDER BY c.seq"
@@ -168,7 +174,7 @@ def claim_keys(log, covered: sql.Composable, key: tuple[str, ...]) -> sql.Compos
              keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("l", c)) for c in key))
 
 
-def pending_count(log) -> sql.Composed:
+def pending_count(log: QualifiedName) -> sql.Composed:
     return sql.SQL("SELECT count(*), extract(epoch FROM clock_timestamp() - min(logged_at)) FROM {log}").format(
         log=log.ident)
 
@@ -206,14 +212,14 @@ def _key_set(m: Mapping) -> sql.Composed:
     """CTE `keys`: the keys given as one text array per key column (%(k_0)s, %(k_1)s...), cast to
     the source's key types."""
     arrays = sql.SQL(", ").join(sql.SQL("{}::text[]").format(sql.Placeholder(f"k_{i}")) for i in range(len(m.key)))
-    cols = sql.SQL(", ").join(sql.SQL("CAST(u.{} AS {}) AS {}").format(sql.Identifier(f"k_{i}"), sql.SQL(t),
-                                                                      sql.Identifier(c))
+    cols = sql.SQL(", ").join(sql.SQL("CAST(u.{} AS {}) AS {}").format(sql.Identifier(f"k_{i}"),
+                                                                      trusted(t, "format_type"), sql.Identifier(c))
                               for i, (c, t) in enumerate(zip(m.key, m.src_key_types, strict=True)))
     return sql.SQL("keys AS (SELECT {cols} FROM unnest({arrays}) AS u({names}))").format(
         cols=cols, arrays=arrays, names=ident_list(f"k_{i}" for i in range(len(m.key))))
 
 
-def key_params(keys: list[tuple], width: int) -> dict[str, list]:
+def key_params(keys: list[tuple[Any, ...]], width: int) -> dict[str, list[Any]]:
     return {f"k_{i}": [k[i] for k in keys] for i in range(width)}
 
 
@@ -228,7 +234,8 @@ def conflicting_keys(m: Mapping, indexes: list[list[str]], computed: tuple[str, 
     harmless."""
     dkey = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in m.key)
     parts = [sql.SQL("SELECT {dkey} FROM {dst} WHERE ({exprs}) IN (SELECT {exprs} FROM converted)").format(
-        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(sql.SQL(e) for e in exprs)) for exprs in indexes]
+        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(trusted(e, "pg_get_indexdef") for e in exprs))
+        for exprs in indexes]
     values = sql.SQL(", ").join([source_values("s", m), *(sql.Identifier("s", c) for c in computed)])
     return sql.SQL("WITH {keys}, converted AS MATERIALIZED (SELECT * FROM (SELECT {values} FROM {src} s"
                    " JOIN keys l ON {s_eq_l}) AS c ({cols}))\n{parts}").format(

@@ -35,9 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from psycopg import sql
 
+from mover.names import QualifiedName
+from mover.sql import trusted
 from mover.sql.mapping import Mapping, bound_row, collated, key_column_defs, key_equal, key_row, range_predicate
 
 VALUE_CHARS = 200  # long values are truncated in divergence reports
@@ -92,7 +95,7 @@ class Spec:
 def hash_probe(type_text: str) -> sql.Composed:
     """Fails when PostgreSQL cannot hash the type (no extended hash function for it, or for a
     field or element of it). The lookup happens before the NULL check, so NULL is enough."""
-    return sql.SQL("SELECT hash_record_extended(ROW(CAST(NULL AS {})), 0)").format(sql.SQL(type_text))
+    return sql.SQL("SELECT hash_record_extended(ROW(CAST(NULL AS {})), 0)").format(trusted(type_text, "format_type"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,12 +104,14 @@ def hash_probe(type_text: str) -> sql.Composed:
 
 def _source(c: Compared, alias: str) -> sql.Composable:
     col = sql.Identifier(alias, c.name)
-    return sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.cast_to)) if c.cast_to and not c.back_to else col
+    if c.cast_to and not c.back_to:
+        return sql.SQL("CAST({} AS {})").format(col, trusted(c.cast_to, "format_type"))
+    return col
 
 
 def _target(c: Compared, alias: str) -> sql.Composable:
     col = sql.Identifier(alias, c.name)
-    return sql.SQL("CAST({} AS {})").format(col, sql.SQL(c.back_to)) if c.back_to else col
+    return sql.SQL("CAST({} AS {})").format(col, trusted(c.back_to, "format_type")) if c.back_to else col
 
 
 def value(c: Compared, alias: str, side: str) -> sql.Composable:
@@ -172,7 +177,7 @@ def _column_detail(spec: Spec, s: str, t: str) -> sql.Composable:
 
 def _key_of(spec: Spec, i: int, element: str = "e") -> sql.Composable:
     return collated(sql.SQL("CAST({}.value ->> {} AS {})").format(sql.Identifier(element), sql.Literal(i),
-                                                                 sql.SQL(spec.dst_key_types[i])),
+                                                                 trusted(spec.dst_key_types[i], "format_type")),
                     _collation(spec.mapping, i))
 
 
@@ -180,7 +185,7 @@ def _collation(m: Mapping, i: int) -> tuple[str, str] | None:
     return m.key_collations[i] if m.key_collations else None
 
 
-def detail(spec: Spec, keys: sql.Composable, log) -> sql.Composed:
+def detail(spec: Spec, keys: sql.Composable, log: QualifiedName | None) -> sql.Composed:
     """For each key in the jsonb array `keys` ([[k1, k2...], ...], text in the target's types)
     that differs now: key, kind, differing columns, whether the change log still holds a
     change to it, and the row hash of each side present."""
@@ -196,8 +201,9 @@ def detail(spec: Spec, keys: sql.Composable, log) -> sql.Composed:
         # A hashed subplan: one pass over the log however many keys differ.
         # (The log may hold NULL keys: the capture trigger logs OLD's key on INSERT too. Without
         # the filter, IN would answer NULL rather than false for a key that is not pending.)
-        pending = sql.SQL("(ROW({keys}) IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))" if len(m.key) > 1 else
-                          "({keys} IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))").format(
+        template = (sql.SQL("(ROW({keys}) IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))") if len(m.key) > 1
+                    else sql.SQL("({keys} IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))"))
+        pending = template.format(
             keys=sql.SQL(", ").join(_key_of(spec, i) for i in range(len(m.key))),
             lkeys=sql.SQL(", ").join(sql.Identifier("l", k) for k in m.key), log=log.ident,
             notnull=sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("l", k)) for k in m.key))
@@ -221,7 +227,8 @@ WHERE (s.{k0} IS NOT NULL OR t.{k0} IS NOT NULL) AND {differs}
              src=m.src.ident, dst=m.dst.ident, lookup_s=lookup_s, lookup_t=lookup_t, differs=differs(spec))
 
 
-def compare_range(spec: Spec, log, notes, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list]:
+def compare_range(spec: Spec, log: QualifiedName | None, notes: QualifiedName, lo: list[str] | None,
+                  hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """One statement, one snapshot: both ranges joined on the key, the count and hash sum of
     the source rows, the count of the target rows, the highest applied-change note (what this
     verification covers), and one row per key that differs (see detail()); a range without
@@ -253,12 +260,13 @@ FROM j LEFT JOIN LATERAL ({detail}) d ON true
     return q, s_params + t_params
 
 
-def recheck_keys(spec: Spec, log) -> sql.Composed:
+def recheck_keys(spec: Spec, log: QualifiedName | None) -> sql.Composed:
     """The keys given as one jsonb parameter, compared again; rows as detail() returns them."""
     return detail(spec, sql.SQL("CAST(%s AS jsonb)"), log)
 
 
-def range_fingerprint(spec: Spec, side: str, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list]:
+def range_fingerprint(spec: Spec, side: str, lo: list[str] | None,
+                      hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """Count and hash sum of one side's range, alone: what a copy of the target elsewhere (or the
     lower bound of the benchmark) computes to compare with the stored fingerprints."""
     m = spec.mapping
@@ -270,7 +278,7 @@ def range_fingerprint(spec: Spec, side: str, lo: list[str] | None, hi: list[str]
     return q, params
 
 
-def fingerprint(src_sum, diffs) -> tuple[int, int]:
+def fingerprint(src_sum: Any, diffs: list[dict[str, Any]]) -> tuple[int, int]:
     """(source fingerprint, target fingerprint) as signed 64-bit integers, from the source's hash
     sum and the differing rows' hashes (see the module docstring)."""
     src = int(src_sum or 0)
@@ -288,7 +296,8 @@ def signed64(x: int) -> int:
 # Applied-change notes: which keys the applier replayed since their range was verified
 
 
-def create_notes(notes, notes_fn, notes_trigger: str, log, key: tuple[str, ...],
+def create_notes(notes: QualifiedName, notes_fn: QualifiedName, notes_trigger: str, log: QualifiedName,
+                 key: tuple[str, ...],
                  key_types: tuple[str, ...], collations: tuple[tuple[str, str] | None, ...] = ()) -> list[sql.Composed]:
     """A table of keys the applier has replayed, kept by a statement-level trigger on the change
     log: every applier (batch, key by key, the cutover's last drain) deletes the log rows it
@@ -321,7 +330,8 @@ END
     ]
 
 
-def forget_notes(m: Mapping, notes, lo, hi) -> tuple[sql.Composed, list]:
+def forget_notes(m: Mapping, notes: QualifiedName, lo: list[str] | None,
+                 hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """Notes of a range up to the mark its verification saw (%s after the range's bounds)."""
     where, params = range_predicate("a", m, lo, hi)
     return sql.SQL("DELETE FROM {} a WHERE {} AND a.seq <= %s").format(notes.ident, where), params
@@ -334,19 +344,20 @@ def _in_range(alias: str, keys: Sequence[sql.Composable], types: tuple[str, ...]
 
     def bound(col: str) -> sql.Composed:
         return sql.SQL("ROW({})").format(sql.SQL(", ").join(
-            collated(sql.SQL("CAST(c.{}[{}] AS {})").format(sql.Identifier(col), sql.Literal(i + 1), sql.SQL(t)),
-                     _collation(m, i))
+            collated(sql.SQL("CAST(c.{}[{}] AS {})").format(sql.Identifier(col), sql.Literal(i + 1),
+                                                             trusted(t, "format_type")), _collation(m, i))
             for i, t in enumerate(types)))
     return sql.SQL("(c.lo IS NULL OR {row} > {lo}) AND (c.hi IS NULL OR {row} <= {hi})").format(
         row=row, lo=bound("lo"), hi=bound("hi"))
 
 
 def divergence_key(spec: Spec, alias: str = "d") -> list[sql.Composed]:
-    return [sql.SQL("CAST({}.key[{}] AS {})").format(sql.Identifier(alias), sql.Literal(i + 1), sql.SQL(t))
+    return [sql.SQL("CAST({}.key[{}] AS {})").format(sql.Identifier(alias), sql.Literal(i + 1),
+                                                     trusted(t, "format_type"))
             for i, t in enumerate(spec.dst_key_types)]
 
 
-def reopen_changed(spec: Spec, notes) -> sql.Composed:
+def reopen_changed(spec: Spec, notes: QualifiedName) -> sql.Composed:
     """Done reconcile ranges with a change applied since their verification, or an open
     divergence found by reconcile: back to pending, with a fresh set of attempts. Parameters:
     migration id (twice). Returns the range numbers."""
@@ -363,12 +374,12 @@ def reopen_changed(spec: Spec, notes) -> sql.Composed:
         " AND ({} OR {}) RETURNING c.range_no").format(notes_in, open_in)
 
 
-def divergences_in_range(spec: Spec, lo, hi) -> tuple[sql.Composed, list]:
+def divergences_in_range(spec: Spec, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """Reconcile's divergences (open or accepted) whose key lies in the range. Parameter first:
     the migration id."""
     keys = sql.SQL("({})").format(sql.SQL(", ").join(divergence_key(spec)))  # like bound_row(): a row from 2 keys
     parts: list[sql.Composable] = []
-    params: list = []
+    params: list[Any] = []
     if lo is not None:
         parts.append(sql.SQL("{} > {}").format(keys, bound_row(spec.dst_key_types, None, spec.mapping.key_collations)))
         params += lo

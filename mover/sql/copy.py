@@ -8,12 +8,14 @@ class 23 other than uniqueness) is a divergence: the backfill narrows the range 
 
 from __future__ import annotations
 
+from typing import Any
+
 from psycopg import sql
 
 from mover.sql.mapping import Mapping, ident_list, key_row, overriding, range_predicate, source_values
 
 
-def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list]:
+def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """The key `%s` rows after `lo` (text form), or no row when fewer remain."""
     where, params = range_predicate("s", m, lo, None)
     # The text cast outside the OFFSET: inside, the index-only scan would cast every key it skips.
@@ -26,7 +28,7 @@ def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list]:
     return q, params
 
 
-def copy_range(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list]:
+def copy_range(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     where, params = range_predicate("s", m, lo, hi)
     q = sql.SQL("INSERT INTO {dst} ({cols}){overriding} SELECT {values} FROM {src} s WHERE {where}").format(
         dst=m.dst.ident, cols=ident_list(c.name for c in m.columns), overriding=overriding(m),
@@ -34,7 +36,7 @@ def copy_range(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[
     return q, params
 
 
-def range_keys(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list]:
+def range_keys(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """The keys of a range as text, in key order: where to split a range that failed on data."""
     where, params = range_predicate("s", m, lo, hi)
     q = sql.SQL("SELECT {keys} FROM {src} s WHERE {where} ORDER BY {order}").format(

@@ -6,6 +6,7 @@ from psycopg import sql
 
 from mover.introspect import Index
 from mover.names import QualifiedName
+from mover.sql import trusted
 
 # What the target takes from the source at creation. Indexes wait until after the backfill
 # (copying into an indexed table was 3x slower here); user triggers are never copied
@@ -18,7 +19,7 @@ def create_target(target: QualifiedName, source: QualifiedName, *, unlogged: boo
     # UNLOGGED as the source is: after the swap the live table keeps its persistence.
     return sql.SQL("CREATE {u}TABLE {t} (LIKE {s} {opts}){p}").format(
         u=sql.SQL("UNLOGGED ") if unlogged else sql.SQL(""), t=target.ident, s=source.ident,
-        opts=sql.SQL(" ").join(sql.SQL("INCLUDING " + o) for o in LIKE_OPTIONS),
+        opts=sql.SQL(" ").join(trusted("INCLUDING " + o, "keyword") for o in LIKE_OPTIONS),
         p=sql.SQL(" {}").format(partition_by) if partition_by is not None else sql.SQL(""))
 
 
@@ -27,7 +28,7 @@ def alter_column_type(table: QualifiedName, column: str, type_text: str,
     # type_text is the plan's [target] columns value: trusted operator input, checked with
     # to_regtype() during validation, and a type position takes no bind parameter.
     return sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} TYPE {ty}{coll}").format(
-        t=table.ident, c=sql.Identifier(column), ty=sql.SQL(type_text),
+        t=table.ident, c=sql.Identifier(column), ty=trusted(type_text, "plan type"),
         coll=sql.SQL(" COLLATE {}").format(sql.Identifier(*collation)) if collation else sql.SQL(""))
 
 
@@ -37,7 +38,7 @@ def create_index(name: str, table: QualifiedName, index: Index, *, concurrently:
     return sql.SQL("CREATE {unique}INDEX {conc}{name} ON {table} {tail}").format(
         unique=sql.SQL("UNIQUE ") if index.is_unique else sql.SQL(""),
         conc=sql.SQL("CONCURRENTLY ") if concurrently else sql.SQL(""),
-        name=sql.Identifier(name), table=table.ident, tail=sql.SQL(index.definition_tail))
+        name=sql.Identifier(name), table=table.ident, tail=trusted(index.definition_tail, "pg_get_indexdef"))
 
 
 def add_primary_key_using(table: QualifiedName, constraint: str, index_name: str) -> sql.Composed:
@@ -52,7 +53,7 @@ def drop_constraint(table: QualifiedName, name: str) -> sql.Composed:
 def add_constraint(table: QualifiedName, name: str, definition: str) -> sql.Composed:
     # definition is pg_get_constraintdef() text: trusted, produced by the catalog.
     return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(table.ident, sql.Identifier(name),
-                                                                 sql.SQL(definition))
+                                                                 trusted(definition, "pg_get_constraintdef"))
 
 
 def drop_index(schema: str, name: str) -> sql.Composed:
@@ -84,7 +85,8 @@ def grant(table: QualifiedName, privilege: str, role: str | None, grantable: boo
     if privilege not in PRIVILEGES:
         raise ValueError(f"unexpected privilege {privilege!r}")
     return sql.SQL("GRANT {priv}{col} ON {t} TO {role}{opt}").format(
-        priv=sql.SQL(privilege), col=sql.SQL(" ({})").format(sql.Identifier(column)) if column else sql.SQL(""),
+        priv=trusted(privilege, "keyword"),
+        col=sql.SQL(" ({})").format(sql.Identifier(column)) if column else sql.SQL(""),
         t=table.ident, role=_grantee(role), opt=sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL(""))
 
 
@@ -92,7 +94,7 @@ def grant_on_sequence(seq: QualifiedName, privilege: str, role: str | None, gran
     if privilege not in ("USAGE", "SELECT", "UPDATE"):
         raise ValueError(f"unexpected sequence privilege {privilege!r}")
     return sql.SQL("GRANT {priv} ON SEQUENCE {s} TO {role}{opt}").format(
-        priv=sql.SQL(privilege), s=seq.ident, role=_grantee(role),
+        priv=trusted(privilege, "keyword"), s=seq.ident, role=_grantee(role),
         opt=sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL(""))
 
 
@@ -102,7 +104,8 @@ def owner_to(table: QualifiedName, role: str) -> sql.Composed:
 
 def set_reloptions(table: QualifiedName, options: tuple[str, ...]) -> sql.Composed:
     # "fillfactor=70"-style text from pg_class.reloptions: the catalog's own rendering.
-    return sql.SQL("ALTER TABLE {} SET ({})").format(table.ident, sql.SQL(", ").join(sql.SQL(o) for o in options))
+    return sql.SQL("ALTER TABLE {} SET ({})").format(table.ident,
+                                                     sql.SQL(", ").join(trusted(o, "reloptions") for o in options))
 
 
 def comment_on(table: QualifiedName, comment: str) -> sql.Composed:
@@ -125,4 +128,4 @@ def identity_no_maxvalue(table: QualifiedName, column: str) -> sql.Composed:
 
 def sequence_as(seq: QualifiedName, type_name: str) -> sql.Composed:
     # type_name is one of smallint / integer / bigint (checked by the caller)
-    return sql.SQL("ALTER SEQUENCE {} AS {}").format(seq.ident, sql.SQL(type_name))
+    return sql.SQL("ALTER SEQUENCE {} AS {}").format(seq.ident, trusted(type_name, "keyword"))

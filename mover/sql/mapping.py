@@ -7,13 +7,16 @@ catalog descriptions, so after create_target no plan is needed to rebuild it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from psycopg import sql
 
 from mover.conversion import lossy_reason
 from mover.introspect import TableInfo
 from mover.names import QualifiedName
+from mover.sql import trusted
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Mapping:
         return tuple(c for c in self.columns if c.name not in self.key)
 
 
-def ident_list(names) -> sql.Composed:
+def ident_list(names: Iterable[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
 
 
@@ -85,7 +88,8 @@ def key_column_defs(key: tuple[str, ...], key_types: tuple[str, ...],
                     collations: tuple[tuple[str, str] | None, ...] = ()) -> sql.Composed:
     """`k1 type [COLLATE c], ...`: key columns of a log or notes table, ordered like the key."""
     return sql.SQL(", ").join(
-        collated(sql.SQL("{} {}").format(sql.Identifier(k), sql.SQL(t)), collations[i] if collations else None)
+        collated(sql.SQL("{} {}").format(sql.Identifier(k), trusted(t, "format_type")),
+                 collations[i] if collations else None)
         for i, (k, t) in enumerate(zip(key, key_types, strict=True)))
 
 
@@ -98,7 +102,7 @@ def bound_row(key_types: tuple[str, ...], name: str | None = None,
     catalog: PostgreSQL takes no parameters in a type position."""
     return sql.SQL("({})").format(sql.SQL(", ").join(
         collated(sql.SQL("CAST({} AS {})").format(sql.Placeholder(f"{name}_{i}") if name else sql.Placeholder(),
-                                                   sql.SQL(t)), collations[i] if collations else None)
+                                                   trusted(t, "format_type")), collations[i] if collations else None)
         for i, t in enumerate(key_types)))
 
 
@@ -106,10 +110,11 @@ def named_bound(name: str, values: list[str]) -> dict[str, str]:
     return {f"{name}_{i}": v for i, v in enumerate(values)}
 
 
-def range_predicate(alias: str, m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composable, list]:
+def range_predicate(alias: str, m: Mapping, lo: list[str] | None,
+                    hi: list[str] | None) -> tuple[sql.Composable, list[Any]]:
     """`lo < key <= hi` on `alias`; a None bound is open."""
     parts: list[sql.Composable] = []
-    params: list = []
+    params: list[Any] = []
     if lo is not None:
         parts.append(sql.SQL("{} > {}").format(key_row(alias, m.key), bound_row(m.src_key_types, None,
                                                                                 m.key_collations)))

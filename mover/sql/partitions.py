@@ -7,28 +7,31 @@ sql.Literal, cast to the partition column's catalog type.
 
 from __future__ import annotations
 
+from typing import Any
+
 from psycopg import sql
 
 from mover.names import QualifiedName
+from mover.sql import trusted
 
 
 def partition_by(by: str, columns: tuple[str, ...]) -> sql.Composed:
     if by not in ("range", "list", "hash"):
         raise ValueError(f"unexpected partitioning {by!r}")
-    return sql.SQL("PARTITION BY {} ({})").format(sql.SQL(by.upper()),
+    return sql.SQL("PARTITION BY {} ({})").format(trusted(by.upper(), "keyword"),
                                                    sql.SQL(", ").join(sql.Identifier(c) for c in columns))
 
 
-def _typed(value, type_text: str) -> sql.Composed:
+def _typed(value: Any, type_text: str) -> sql.Composed:
     # type_text is format_type() output from the catalog: trusted.
-    return sql.SQL("CAST({} AS {})").format(sql.Literal(value), sql.SQL(type_text))
+    return sql.SQL("CAST({} AS {})").format(sql.Literal(value), trusted(type_text, "format_type"))
 
 
-def range_bound(lo, hi, type_text: str) -> sql.Composed:
+def range_bound(lo: Any, hi: Any, type_text: str) -> sql.Composed:
     return sql.SQL("FOR VALUES FROM ({}) TO ({})").format(_typed(lo, type_text), _typed(hi, type_text))
 
 
-def list_bound(values: tuple, type_texts: tuple[str, ...]) -> sql.Composed:
+def list_bound(values: tuple[Any, ...], type_texts: tuple[str, ...]) -> sql.Composed:
     if len(type_texts) == 1:
         return sql.SQL("FOR VALUES IN ({})").format(sql.SQL(", ").join(_typed(v, type_texts[0]) for v in values))
     raise ValueError("list partitioning by several columns is not supported by PostgreSQL")
@@ -60,7 +63,8 @@ def create_index_on_only(name: str, parent: QualifiedName, unique: bool, tail: s
     """The parent's index, without building anything: invalid until every partition's is attached."""
     # tail is pg_get_indexdef() text of the source's index (`USING btree (a)`): from the catalog.
     return sql.SQL("CREATE {}INDEX IF NOT EXISTS {} ON ONLY {} {}").format(
-        sql.SQL("UNIQUE ") if unique else sql.SQL(""), sql.Identifier(name), parent.ident, sql.SQL(tail))
+        sql.SQL("UNIQUE ") if unique else sql.SQL(""), sql.Identifier(name), parent.ident,
+        trusted(tail, "pg_get_indexdef"))
 
 
 def attach_index(parent_index: QualifiedName, child_index: QualifiedName) -> sql.Composed:
@@ -106,7 +110,7 @@ def has_null(table: QualifiedName, column: str) -> sql.Composed:
         t=table.ident, c=sql.Identifier(column))
 
 
-def unlisted_value(table: QualifiedName, column: str, type_text: str, values: list) -> sql.Composed:
+def unlisted_value(table: QualifiedName, column: str, type_text: str, values: list[Any]) -> sql.Composed:
     """One value of `column` that no list partition takes (NULL included), as text, or no row."""
     listed = sql.SQL(", ").join(_typed(v, type_text) for v in values)
     return sql.SQL("SELECT {c}::text FROM {t} WHERE {c} IS NULL OR {c} NOT IN ({listed}) LIMIT 1").format(
@@ -133,7 +137,7 @@ def create_like(table: QualifiedName, parent: QualifiedName) -> sql.Composed:
                    " INCLUDING GENERATED)").format(table.ident, parent.ident)
 
 
-def move_range(default: QualifiedName, table: QualifiedName, column: str, lo, hi, type_text: str,
+def move_range(default: QualifiedName, table: QualifiedName, column: str, lo: Any, hi: Any, type_text: str,
                columns: tuple[str, ...]) -> sql.Composed:
     """Move the default partition's rows of [lo, hi) into `table`, in one statement."""
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
@@ -143,7 +147,7 @@ def move_range(default: QualifiedName, table: QualifiedName, column: str, lo, hi
         cols=cols, t=table.ident)
 
 
-def has_rows_between(table: QualifiedName, column: str, lo, hi, type_text: str) -> sql.Composed:
+def has_rows_between(table: QualifiedName, column: str, lo: Any, hi: Any, type_text: str) -> sql.Composed:
     return sql.SQL("SELECT EXISTS (SELECT 1 FROM {t} WHERE {c} >= {lo} AND {c} < {hi})").format(
         t=table.ident, c=sql.Identifier(column), lo=_typed(lo, type_text), hi=_typed(hi, type_text))
 

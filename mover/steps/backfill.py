@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 from psycopg import sql
 
 from mover import backfill, capture, control, introspect, shape
@@ -13,9 +16,9 @@ from mover.steps.base import Step
 class Backfill(Step):
     name = "backfill"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
-        out: list = [f"-- each range of {ctx.plan.backfill.range_rows} keys in its own transaction"
+        out: list[Any] = [f"-- each range of {ctx.plan.backfill.range_rows} keys in its own transaction"
                      " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]
         if introspect.exists(cur, m.target):
             mapping = ctx.mapping(cur)
@@ -36,7 +39,7 @@ class Backfill(Step):
         ctx.db.transaction(lambda cur: cur.execute(sql.SQL("ANALYZE {}").format(m.target.ident)),
                            statement_timeout="0", label="analyze")
 
-        def finish(cur):
+        def finish(cur: psycopg.Cursor) -> None:
             invalid = [ix.name for ix in introspect.describe(cur, m.target).indexes if not ix.is_valid]
             if invalid:
                 raise Failed(f"indexes {invalid} on {m.target} are invalid", hint=f"run `mover run {m.name}` again")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import psycopg
 from psycopg import sql
 
 from mover.context import Context
@@ -10,7 +11,7 @@ class Step:
     # A gate: `mover run` stops before it unless the operator (or the plan) says go.
     gate: bool = False
 
-    def describe(self, ctx: Context, cur) -> list[sql.Composable | str]:
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         """The SQL this step will run, for `mover plan check`."""
         return []
 

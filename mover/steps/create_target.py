@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import psycopg
+from psycopg import sql
+
 from mover import control, introspect, names, partitions
 from mover.context import Context
 from mover.errors import Failed
@@ -9,7 +12,8 @@ from mover.sql import partitions as sql_partitions
 from mover.steps.base import Step
 
 
-def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.QualifiedName):
+def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
+               target: names.QualifiedName) -> list[sql.Composed]:
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
     spec = plan.partition
@@ -56,7 +60,7 @@ def target_ddl(cur, plan: Plan, source: names.QualifiedName, target: names.Quali
     return stmts
 
 
-def _kept_collation(cur, column: introspect.Column, type_text: str) -> tuple[str, str] | None:
+def _kept_collation(cur: psycopg.Cursor, column: introspect.Column, type_text: str) -> tuple[str, str] | None:
     """A column's own collation, kept through its type change when the new type is collatable
     (ALTER TABLE alone would reset it to the type's default: text keys would change order)."""
     if column.collation is None:
@@ -69,13 +73,13 @@ def _kept_collation(cur, column: introspect.Column, type_text: str) -> tuple[str
 class CreateTarget(Step):
     name = "create_target"
 
-    def describe(self, ctx: Context, cur):
-        return target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target)
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
+        return list(target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target))
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
 
-        def create(cur):
+        def create(cur: psycopg.Cursor) -> None:
             control.guard(cur, m.id, self.name, ctx.owner)
             if introspect.exists(cur, m.target):
                 raise Failed(f"table {m.target} exists, but mover has no record of creating it",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import psycopg
 from psycopg import sql
 
 from mover import cutover, introspect
@@ -7,13 +8,14 @@ from mover.context import Context
 from mover.sql import ddl
 from mover.steps.base import Step
 from mover.steps.create_target import target_ddl
+from mover.steps.reconcile import last_check
 
 
 class Cutover(Step):
     name = "cutover"
     gate = True
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         out: list[sql.Composable | str] = [
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
@@ -40,4 +42,4 @@ class Cutover(Step):
         return out
 
     def run(self, ctx: Context) -> None:
-        cutover.swap_in(ctx)
+        cutover.swap_in(ctx, last_check=last_check)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import psycopg
+from psycopg import sql
 
 from mover import capture, control, cutover
 from mover.context import Context
@@ -10,14 +11,14 @@ from mover.steps.base import Step
 class InstallCapture(Step):
     name = "install_capture"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
-        return capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name)
+        return list(capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name))
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
 
-        def install(cur):
+        def install(cur: psycopg.Cursor) -> None:
             control.guard(cur, m.id, self.name, ctx.owner)
             capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name)
             control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import psycopg
 from psycopg import sql
 
 from mover import control, introspect, names, reconcile
@@ -12,7 +13,7 @@ from mover.steps.base import Step
 class Reconcile(Step):
     name = "reconcile"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         s = ctx.plan.reconcile
         out: list[sql.Composable | str]
@@ -28,6 +29,12 @@ class Reconcile(Step):
 
     def run(self, ctx: Context) -> None:
         conclude(ctx, reconcile.run(ctx))
+
+
+def last_check(ctx: Context) -> int:
+    """The cutover's last check (cutover.LastCheck): the same pass this step runs, over what changed
+    since; returns the divergences open after it."""
+    return reconcile.run(ctx).open
 
 
 def conclude(ctx: Context, result: reconcile.PassResult) -> None:

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import psycopg
+from psycopg import sql
+
 from mover import cutover
 from mover.context import Context
 from mover.steps.base import Step
@@ -8,7 +11,7 @@ from mover.steps.base import Step
 class Retire(Step):
     name = "retire"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         return [cutover.render(cur, s) for s in cutover.retire_sql(cur, ctx)]
 
     def run(self, ctx: Context) -> None:

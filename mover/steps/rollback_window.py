@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import psycopg
+from psycopg import sql
+
 from mover import capture, control, cutover
 from mover.context import Context
 from mover.db import bind
@@ -10,7 +13,7 @@ from mover.steps.base import Step
 class RollbackWindow(Step):
     name = "rollback_window"
 
-    def describe(self, ctx: Context, cur):
+    def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         return [f"-- until the window ({ctx.plan.rollback.window_ms} ms) ends, apply the reverse change log to "
                 f"{ctx.migration.old}; `mover rollback {ctx.migration.name}` swaps back"]
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.e2e.test_crash_resume import PLAN
-from tests.workload import Writer, create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import Writer, assert_oracle, create_orders, finish, mover, spawn, write_plan
 
 ALL = ("mover", "mover-worker", "mover-reconcile", "mover-heartbeat")
 
@@ -94,7 +94,7 @@ def test_terminated_backends_before_cutover_lose_nothing(db_dsn, orders, tmp_pat
         writer.pause()
         r = mover(db_dsn, "run", "crashy")
         assert r.returncode == 3, r.stderr
-        assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
         writer.halt()
     assert writer.errors == []
@@ -114,7 +114,7 @@ def test_terminated_backends_inside_cutover_and_rollback_lose_nothing(db_dsn, or
         assert status(db_dsn)["step"] == "rollback_window"
         writer.pause()
         assert mover(db_dsn, "run", "crashy").returncode == 3
-        assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_old")
         writer.resume()
         code, err = hang_terminate_release(db_dsn, tmp_path, ("rollback", "crashy"), "swap_back:locked", ALL,
                                            ("mover",))
@@ -125,7 +125,7 @@ def test_terminated_backends_inside_cutover_and_rollback_lose_nothing(db_dsn, or
         writer.pause()
         r = mover(db_dsn, "run", "crashy")
         assert r.returncode == 3, r.stderr
-        assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
         assert status(db_dsn)["error"] is None or "ready for cutover" in status(db_dsn)["error"]
     finally:
         writer.halt()

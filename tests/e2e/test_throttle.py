@@ -127,3 +127,35 @@ def test_set_range_rows_reaches_a_waiting_worker(db_dsn, tmp_path):
     assert done[1] == 1_200, done
     assert sum(done.values()) == 3_000
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+def test_status_never_waits_on_the_cap_with_nothing_left_to_copy(db_dsn, tmp_path):
+    # Ranges of 500 rows under a cap of 1,000 rows/s: each is followed by a 0.5 s wait, except the
+    # key space's last, after which nothing is left to pace. The status is sampled throughout.
+    from mover import api
+    create_orders(db_dsn, 2_750)
+    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=500, cap=1_000)
+                      .replace("target_range_ms = 500", "target_range_ms = 500\nmin_rows = 100\nmax_rows = 500"))
+    proc = spawn(db_dsn, "run", plan)
+    samples = []
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                st = api.status(db_dsn, "throttled")
+            except Exception:  # not registered yet
+                time.sleep(0.02)
+                continue
+            samples.append((st["backfill"]["rows_copied"], st["backfill"]["waiting_for"], st["step"]))
+            time.sleep(0.02)
+        code, err = finish(proc, 120)
+        assert code == 3, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    capped = [s for s in samples if any("rows/s cap" in w for w in s[1])]
+    assert capped, samples  # the cap was seen working between ranges
+    assert all(rows < 2_750 for rows, _, _ in capped), capped
+    done = ranges(db_dsn)
+    assert sum(r for _, r, _ in done) == 2_750 and max(r for _, r, _ in done) <= 500
+    assert busiest_second(done) <= 2 * 1_000, done

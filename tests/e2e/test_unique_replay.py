@@ -39,6 +39,7 @@ def create_acct(dsn: str, rows: int = 3000) -> None:
         conn.execute("CREATE UNIQUE INDEX acct_handle ON acct (lower(handle))")
         conn.execute("INSERT INTO acct SELECT g, 'u' || g || '@x', 'H' || g, 'n' FROM generate_series(1, %s) g",
                      (rows,))
+        workload.create_mirror(conn, "acct", MIRROR)
 
 
 def plan_file(tmp_path, range_rows=500, extra="", throttle="", lossy="") -> str:
@@ -52,13 +53,22 @@ def status(dsn):
     return json.loads(r.stdout)
 
 
+MIRROR = "acct_mirror"
+
+
+def assert_oracle(dsn: str, *tables: str) -> None:
+    """Each table holds what the application (rotate) committed, column by column."""
+    workload.assert_oracle(dsn, *tables, mirror=MIRROR, columns=ACCT_COLUMNS)
+
+
 def differences(dsn: str, a: str, b: str) -> tuple[int, int]:
     """Independent of mover: EXCEPT ALL both ways in one snapshot, over acct's columns."""
     return workload.differences(dsn, a, b, columns=ACCT_COLUMNS)
 
 
 def rotate(conn: psycopg.Connection, ids: list[int], column: str = "email") -> None:
-    """One application transaction: each row takes the next one's value (a cycle of len(ids))."""
+    """One application transaction: each row takes the next one's value (a cycle of len(ids));
+    the rows as it leaves them are copied to the mirror in the same transaction."""
     col = sql.Identifier(column)
     with conn.transaction():
         values = [conn.execute(sql.SQL("SELECT {} FROM acct WHERE id = %s").format(col), (i,)).fetchone()[0]
@@ -66,6 +76,10 @@ def rotate(conn: psycopg.Connection, ids: list[int], column: str = "email") -> N
         conn.execute(sql.SQL("UPDATE acct SET {} = 'tmp-' || id WHERE id = ANY(%s)").format(col), (ids,))
         for i, v in zip(ids, values[1:] + values[:1], strict=True):
             conn.execute(sql.SQL("UPDATE acct SET {} = %s WHERE id = %s").format(col), (v, i))
+        cols = sql.SQL(", ").join(map(sql.Identifier, ACCT_COLUMNS))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(sql.Identifier(MIRROR)), (ids,))
+        conn.execute(sql.SQL("INSERT INTO {m} ({c}) SELECT {c} FROM acct WHERE id = ANY(%s)").format(
+            m=sql.Identifier(MIRROR), c=cols), (ids,))
 
 
 def test_swap_and_cycle_at_the_gate_replay_and_cut_over(db_dsn, tmp_path):
@@ -83,12 +97,12 @@ def test_swap_and_cycle_at_the_gate_replay_and_cut_over(db_dsn, tmp_path):
     assert "ready for cutover" in r.stderr
     st = status(db_dsn)
     assert (st["step"], st["divergences"]) == ("cutover", 0), st
-    assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+    assert_oracle(db_dsn, "acct", "acct_new")
     # And under the cutover's lock: swaps committed after the last drain outside it.
     code, err = while_hanging(db_dsn, tmp_path, "cutover", "swap:before_lock",
                               lambda conn: (rotate(conn, [1, 2]), rotate(conn, [20, 21, 22])))
     assert code == 0, err
-    assert differences(db_dsn, "acct", "acct_old") == (0, 0)
+    assert_oracle(db_dsn, "acct", "acct_old")
 
 
 def while_hanging(dsn, tmp_path, command, point, action) -> tuple[int, str]:
@@ -128,7 +142,7 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     code, err = finish(proc, 120)
     assert code == 3 and "ready for cutover" in err, err
     assert status(db_dsn)["divergences"] == 0
-    assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+    assert_oracle(db_dsn, "acct", "acct_new")
 
 
 class SwapWriter(WriterThread):
@@ -178,7 +192,7 @@ def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
         writer.pause()
         r = mover(db_dsn, "run", "acct")
         assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
-        assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+        assert_oracle(db_dsn, "acct", "acct_new")
         writer.resume()
         r = mover(db_dsn, "reconcile", "acct", "--full")
         assert r.returncode == 0, r.stderr
@@ -189,14 +203,14 @@ def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
         writer.pause()
         r = mover(db_dsn, "run", "acct")
         assert r.returncode == 3, r.stderr
-        assert differences(db_dsn, "acct", "acct_old") == (0, 0)
+        assert_oracle(db_dsn, "acct", "acct_old")
         writer.resume()
         r = mover(db_dsn, "rollback", "acct")
         assert r.returncode == 0, r.stderr
         writer.pause()
         r = mover(db_dsn, "run", "acct")
         assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
-        assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+        assert_oracle(db_dsn, "acct", "acct_new")
     finally:
         writer.halt()
         timer.cancel()
@@ -223,7 +237,7 @@ def test_swap_in_the_window_then_rollback_loses_nothing(db_dsn, tmp_path):
     code, err = while_hanging(db_dsn, tmp_path, "rollback", "swap_back:before_lock",  # and the one under its lock
                               lambda conn: rotate(conn, [6, 7], "handle"))
     assert code == 0, err
-    assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+    assert_oracle(db_dsn, "acct", "acct_new")
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT email FROM acct WHERE id = 1").fetchone()[0] == "u2@x"
         assert conn.execute("SELECT email FROM acct WHERE id = 3").fetchone()[0] == "u4@x"
@@ -306,7 +320,7 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
     r = mover(db_dsn, "repair", "acct")  # key by key, each with its closure: 5 and 8 swap back in place
     assert r.returncode == 0, r.stderr
     assert status(db_dsn)["divergences"] == 0
-    assert differences(db_dsn, "acct", "acct_new") == (0, 0)
+    assert_oracle(db_dsn, "acct", "acct_new")
 
     # A change the target rejects, committed between the last check and the swap's lock: the
     # swap's transaction rolls back whole, and the row becomes a divergence.

@@ -1,0 +1,56 @@
+"""The state machine's pure half, without a server: the step order, the step after each, and which
+operator command control.require_command lets through at which step (the guarded UPDATEs that
+follow are tests/integration/test_state_machine.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from mover import control
+from mover.errors import BadInput
+from mover.names import QualifiedName
+
+
+def migration(step: str, state: str = "running") -> control.Migration:
+    now = datetime.now(UTC)
+    return control.Migration(
+        id=1, name="orders-bigint", plan={}, plan_hash="", source=QualifiedName("public", "orders"),
+        target=QualifiedName("public", "orders_new"), old=QualifiedName("public", "orders_old"), key_columns=["id"],
+        step=step, state=state, paused=False, error=None, created_at=now, updated_at=now, cutover_at=None,
+        cutover_lock_ms=None, window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None,
+        lease_pid=None, lease_expires_at=None)
+
+
+def test_each_step_is_followed_by_the_next_and_the_last_by_finished():
+    walked = [control.STEPS[0]]
+    while walked[-1] != control.FINISHED:
+        walked.append(control.next_step(walked[-1]))
+    assert walked == [*control.STEPS, control.FINISHED]
+
+
+# abort after the swap has its own refusal (roll back first): the last test.
+@pytest.mark.parametrize(("command", "step"), [(c, s) for c in sorted(control.COMMANDS) for s in control.STEPS
+                                               if (c, s) != ("abort", "rollback_window")])
+def test_a_command_passes_exactly_at_the_steps_its_table_lists(command, step):
+    m = migration(step)
+    if step in control.COMMANDS[command]:
+        control.require_command(m, command)
+    else:
+        with pytest.raises(BadInput, match=f"at step '{step}'") as info:
+            control.require_command(m, command)
+        assert info.value.exit_code == 2 and info.value.hint
+
+
+@pytest.mark.parametrize("state", control.TERMINAL)
+def test_nothing_but_reading_passes_once_done_or_aborted(state):
+    for command in control.COMMANDS:
+        with pytest.raises(BadInput, match=f"state '{state}'"):
+            control.require_command(migration("retire", state), command)
+
+
+def test_abort_after_the_swap_says_to_roll_back_first():
+    with pytest.raises(BadInput, match="after its cutover") as info:
+        control.require_command(migration("rollback_window"), "abort")
+    assert "mover rollback orders-bigint" in (info.value.hint or "")

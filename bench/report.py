@@ -44,11 +44,13 @@ def _load(prefix: str) -> tuple[str, dict] | None:
     return None
 
 
-def summary() -> str:
-    """The README's short tables: the headline ratios of the newest results, each file named."""
+def summary(compact: bool = False) -> str:
+    """The README's short tables: the headline ratios of the newest results, each file named.
+    compact: the narrow shape and mover's own trigger only (the front page's length)."""
     from bench.common import table
     out: list[str] = []
-    for shape in ("narrow", "wide"):
+    shapes = ("narrow",) if compact else ("narrow", "wide")
+    for shape in shapes:
         got = _load(f"backfill-{shape}")
         if got is None:
             continue
@@ -76,11 +78,11 @@ def summary() -> str:
         name, r = got
         rows = [(w, v, f"{r[w][v]['cost'] * 100:.1f} %", f"{r[w][v]['paired_cost'] * 100:.1f} %",
                  f"{r[w][v]['min']:,.0f}..{r[w][v]['max']:,.0f}")
-                for w in ("tpcb-like", "simple-update") for v in r[w] if v != "none"]
+                for w in ("tpcb-like", "simple-update") for v in r[w] if v != "none" and (v == "mover" or not compact)]
         out.append(f"**Capture trigger cost**, pgbench scale {r['scale']}, {r['clients']} clients, {r['runs']} "
                    f"interleaved rounds of {r['seconds']} s (`{r['command']}`, [{name}](bench/results/{name}))\n\n"
                    + table(rows, ("workload", "trigger design", "cost (medians)", "cost (paired)", "tps min..max")))
-    for shape in ("narrow", "wide"):
+    for shape in shapes:
         got = _load(f"reconcile-{shape}")
         if got is None:
             continue
@@ -118,9 +120,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--summary", action="store_true", help="the README's short tables")
+    ap.add_argument("--compact", action="store_true", help="with --summary: narrow shape, mover's trigger only")
     args = ap.parse_args()
     if args.summary:
-        print(summary())
+        print(summary(args.compact))
         return
     for path in args.files or newest():
         print(render(path) + "\n")

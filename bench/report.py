@@ -33,7 +33,10 @@ def render(path: Path) -> str:
     if kind not in KINDS:
         return f"## {path.name}\n\n(no renderer for {kind})"
     r = json.loads(path.read_text())
-    text = importlib.import_module(KINDS[kind]).report(r)
+    module = importlib.import_module(KINDS[kind])
+    if not hasattr(module, "report"):
+        return f"## {path.name}\n\n(no renderer in {KINDS[kind]}; the raw figures are in the file)"
+    text = module.report(r)
     return f"## {path.name}\n\n`{r.get('command', kind)}`\n\n{text}"
 
 

@@ -19,18 +19,21 @@ from mover import backfill as backfill_engine
 from mover import (
     checks,
     control,
+    parity,
     partitions,
     ranges,
     runner,
+    samples,
     shape,
     steps,
 )
+from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, is_connection_lost, one
 from mover.db import open_database as _database
-from mover.errors import BadInput, Failed, NotFound, PlanError, Waiting
+from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
@@ -98,7 +101,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
                 return {"plan": str(path), "name": plan.name, "registered": True, "ok": True,
-                        "status": status_mod.status_of(cur, existing), "steps": []}
+                        "status": status_mod.status_of(cur, existing), "steps": [], **_hooks_and_warnings(plan)}
             r = resolve_plan(cur, plan)
             mid = _next_id(cur)
             ctx = Context(db=db, migration=_provisional(plan, r, mid), owner="plan-check")
@@ -110,7 +113,8 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             return {"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
-                    "steps": out_steps}
+                    "metadata": r["metadata"],
+                    "steps": out_steps, **_hooks_and_warnings(plan)}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
@@ -119,6 +123,25 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             return check(cur)
     finally:
         db.close()
+
+
+def _hooks_and_warnings(plan: Plan) -> dict[str, Any]:
+    """The plan's hooks, and what the operator should know before the swap."""
+    warnings = []
+    if plan.columns:
+        # PostgreSQL re-plans a prepared statement after the swap, and refuses one whose result
+        # type changed: every execution fails until the application prepares it again.
+        hooked = [e for e in ("after_cutover", "after_rollback") if e in plan.hooks]
+        warnings.append(
+            f"the type change of {', '.join(repr(c) for c in sorted(plan.columns))} changes the result type of "
+            f"statements that return {'it' if len(plan.columns) == 1 else 'them'}: a server-side prepared statement "
+            f"prepared before the swap (or the rollback) fails with SQLSTATE 0A000 \"cached plan must not change "
+            f"result type\" on every execution until the application prepares it again"
+            + (f"; hooks configured: {', '.join(hooked)}" if hooked else
+               "; add [hooks.after_cutover] and [hooks.after_rollback] that make the application re-prepare (e.g. "
+               "PgBouncer's RECONNECT, DEALLOCATE ALL on its sessions, or a pg_notify it listens to); see "
+               "docs/operating.md"))
+    return {"hooks": {event: h.describe() for event, h in plan.hooks.items()}, "warnings": warnings}
 
 
 def _same_shape(existing: control.Migration, plan: Plan) -> None:
@@ -191,18 +214,79 @@ def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = Fal
         db.close()
 
 
+def follow(dsn: str, name_or_plan: str, *, report: Reporter = log_reporter, stop: threading.Event | None = None,
+           interval: float = follow_engine.INTERVAL_SECONDS) -> dict[str, Any]:
+    """`mover follow NAME` (= `mover run NAME --wait`): run the steps that need no decision, then
+    keep the log drained at the gate and in the window until the operator decides elsewhere."""
+    db = _database(dsn)
+    owner = control.new_owner_id()
+    try:
+        m = _locate(db, name_or_plan, owner)
+        if m.state == "aborted":
+            raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+        _follow(db, m, owner, report=report, stop=stop or threading.Event(), interval=interval)
+        return status(dsn, m.name, db=db)
+    except psycopg.Error as exc:
+        if is_connection_lost(exc):
+            raise runner.server_gone(name_or_plan, exc) from exc
+        raise
+    finally:
+        db.close()
+
+
 def _run(db: Database, dsn: str, name_or_plan: str, owner: str, one_step: bool, wait: bool, report: Reporter,
          stop: threading.Event | None) -> dict[str, Any]:
     m = _locate(db, name_or_plan, owner)
     if m.state == "aborted":
         raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
-    if m.state != "done":
+    if wait:
+        _follow(db, m, owner, report=report, stop=stop or threading.Event())
+    elif m.state != "done":
         with runner.leased(db, m, owner, report=report, stop=stop) as ctx:
             if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
                 raise Waiting(f"the next step of {m.name!r} is the cutover",
                               hint=f"run `mover cutover {m.name}` to swap")
-            runner.advance(ctx, one_step=one_step, wait_window=wait)
+            runner.advance(ctx, one_step=one_step)
     return status(dsn, m.name, db=db)
+
+
+def _follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, stop: threading.Event,
+            interval: float = follow_engine.INTERVAL_SECONDS) -> None:
+    """Steps under the lease; the gate and the window without it (the operator's commands take it).
+    Ends when the migration is done or aborted, when the operator took it elsewhere than the window
+    (a rollback, a retire, an abort), or on SIGTERM / Ctrl-C."""
+    ctx = Context(db=db, migration=m, owner=owner, report=report, stop=stop)
+    followed = False
+    while not stop.is_set():
+        m = ctx.refresh()
+        if m.state in control.TERMINAL or m.step == control.FINISHED:
+            return
+        if follow_engine.following(m):
+            followed = True
+            why = follow_engine.follow(ctx, interval=interval)
+            if why == "stopped":
+                report("follow_stopped", step=ctx.migration.step, reason="signal")
+                return
+            if why == "left" and not follow_engine.following(ctx.refresh()):
+                report("follow_done", step=ctx.migration.step, state=ctx.migration.state)
+                return  # a rollback, retire or abort from another terminal: the operator decides what next
+            if why != "window_over":
+                continue
+        elif followed:
+            return
+        # A step to run (or the window is over: close it and retire), under the lease.
+        try:
+            with runner.leased(db, m, owner, report=report, stop=stop) as leased_ctx:
+                runner.advance(leased_ctx)
+        except Waiting:
+            if not follow_engine.following(ctx.refresh()):
+                raise  # waiting for something else than the gate or window (divergences are at the gate)
+        except LeaseHeld:
+            # An operator command runs now; look again shortly.
+            if stop.wait(interval):
+                return
+        except Interrupted:
+            return
 
 
 def _operator_command(dsn: str, name: str, command: str, action: Callable[[Context], object],
@@ -350,6 +434,20 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
     finally:
         if own:
             db.close()
+
+
+def parity_report(dsn: str, name: str) -> dict[str, Any]:
+    """`mover parity NAME`: the metadata differences (mover/parity.py), read-only."""
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+
+        def read(cur: psycopg.Cursor) -> dict[str, Any]:
+            m = control.get(cur, name)
+            return parity.report(cur, Context(db=db, migration=m, owner="parity"))
+        return db.transaction(read, label="parity")
+    finally:
+        db.close()
 
 
 def history(dsn: str, name: str | None = None) -> list[dict[str, Any]]:
@@ -668,3 +766,57 @@ def _partman_maintain(db: Database, m: control.Migration, plan: Plan, premake: i
     report["created"] = sorted(after - before)
     report["detached"] = sorted(before - after)
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching and reporting (the views themselves: mover/watch.py, mover/report.py)
+
+WATCH_WINDOW_SECONDS = 600  # the sparklines' "last minutes"
+
+
+def watch(dsn: str, name: str, show: Callable[[dict[str, Any]], None], *, interval: float,
+          stop: threading.Event) -> dict[str, Any]:
+    """Call show(snapshot) every `interval` seconds until the migration is done or aborted, or
+    `stop` is set; returns the last snapshot. A snapshot is the status (mover/status.py) plus the
+    live workers one by one, the samples of the last minutes, and this watch's own readings (one per
+    interval: finer than the samples, which come every few seconds at best)."""
+    db = _database(dsn)
+    readings: list[dict[str, Any]] = []
+    try:
+        _require_schema(db)
+        while True:
+            snap = db.transaction(bind(_watch_snapshot, name), label="watch")
+            now = datetime.now(UTC)
+            readings = [r for r in readings if (now - r["at"]).total_seconds() < WATCH_WINDOW_SECONDS]
+            readings.append({"at": now, "backfill_rows": snap["backfill"]["rows_copied"],
+                             "reconcile_rows": snap["reconcile"]["rows_compared"],
+                             "pending": snap["capture"]["pending"], "lag": snap["capture"]["lag_seconds"]})
+            snap["readings"] = readings
+            show(snap)
+            if snap["state"] in ("done", "aborted") or stop.wait(interval):
+                return snap
+    finally:
+        db.close()
+
+
+def _watch_snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
+    m = control.get(cur, name)
+    snap = status_mod.status_of(cur, m)
+    snap["worker_list"] = status_mod.workers_of(cur, m)
+    snap["lock_waits"] = status_mod.lock_waits(cur)
+    cur.execute("SELECT now() - make_interval(secs => %s)", (WATCH_WINDOW_SECONDS,))
+    snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
+    snap["recent_events"] = [{**e, "at": status_mod.iso(e["at"])} for e in control.events(cur, m.id, 6)]
+    return snap
+
+
+def report(dsn: str, name: str) -> dict[str, Any]:
+    """Everything `mover report` shows, in one snapshot: the plan, the status, the whole event story,
+    every sample, every divergence with its resolution."""
+    from mover import report as report_mod
+    db = _database(dsn)
+    try:
+        _require_schema(db)
+        return db.transaction(bind(report_mod.gather, name), label="report")
+    finally:
+        db.close()

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from mover import api
 from mover.db import is_connection_lost, mask, remember_secrets
-from mover.errors import MoverError, Waiting
+from mover.errors import BadInput, MoverError, Waiting
 from mover.progress import ProgressReporter
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -258,12 +258,14 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
     if result["registered"]:
         out.print(f"plan {plan} is registered as migration {result['name']!r}:", highlight=False, markup=False)
         _show_status(result["status"])
+        _show_hooks(result)
         return
     t = result["tables"]
     out.print(f"plan {plan}: OK. migration {result['name']!r} (id {result['migration_id']} when registered now)",
               highlight=False, markup=False)
     out.print(f"  copies {t['source']} into {t['target']}, keyed by ({', '.join(result['key'])}); after the "
               f"cutover the original is kept as {t['old']}", highlight=False, markup=False)
+    _show_hooks(result)
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
     part = result.get("partitioning")
@@ -276,10 +278,25 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         out.print(f"{len(part['partitions'])} partitions to create:", highlight=False, markup=False)
         for p in part["partitions"]:
             out.print(f"  {p['name']}  {p['bound']}", highlight=False, markup=False)
+    meta = result.get("metadata") or {}
+    for key, title in (("at_create_target", "carried to the new table at create_target"),
+                       ("at_swap", "carried over at the swap"),
+                       ("not_carried", "not carried over (`mover parity` lists it as planned)")):
+        if meta.get(key):
+            out.print(f"{title}:", highlight=False, markup=False)
+            for line in meta[key]:
+                out.print(f"  {line}", highlight=False, markup=False)
     for step in result["steps"]:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
+
+
+def _show_hooks(result: dict[str, Any]) -> None:
+    for event, hook in result["hooks"].items():
+        out.print(f"hook {event}: {hook}", highlight=False, markup=False)
+    for warning in result["warnings"]:
+        out.print(f"warning: {warning}", highlight=False, markup=False)
 
 
 @partitions_app.command("maintain")
@@ -335,11 +352,28 @@ def _run(dsn: str | None, target: str, one_step: bool, wait: bool, as_json: bool
 @_exits
 def run(target: str = TargetArgument,
         dsn: str | None = DsnOption,
-        wait: bool = typer.Option(False, "--wait", help="Keep the old table in sync until the rollback window ends, "
-                                                          "then retire."),
+        wait: bool = typer.Option(False, "--wait", help="Do not stop at the gate or in the window: keep the change "
+                                                          "log drained (same as `mover follow`)."),
         as_json: bool = JsonOption) -> None:
     """Run every step that needs no decision; stop at the cutover gate (exit 3)."""
     _run(dsn, target, False, wait, as_json)
+
+
+@app.command()
+@_exits
+def follow(target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
+           dsn: str | None = DsnOption,
+           interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between rounds (and backlog "
+                                                                            "lines).")) -> None:
+    """Run the steps that need no decision, then keep the change log drained at the cutover gate and
+    in the rollback window (retiring when it ends) until the operator cuts over, rolls back, retires or
+    aborts from another terminal. Holds no lease while it waits. Exit 0; SIGTERM stops it cleanly."""
+    reporter = ProgressReporter(err)
+    try:
+        st = api.follow(_dsn(dsn), target, report=reporter, stop=_interruptible(), interval=interval)
+    finally:
+        reporter.close()
+    _show_status(st)
 
 
 @app.command()
@@ -354,8 +388,14 @@ def step(target: str = TargetArgument,
 @_exits
 def status(name: str | None = typer.Argument(None, help="One migration (default: every one).",
                                              autocompletion=_complete_names),
-           dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
+           dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           watch_: bool = typer.Option(False, "--watch", help="The live view of `mover watch NAME`.")) -> None:
     """Where every migration (or one) stands."""
+    if watch_:
+        if name is None:
+            raise BadInput("`mover status --watch` watches one migration", hint="`mover status NAME --watch`")
+        _watch(name, dsn, 2.0)
+        return
     st = api.status(_dsn(dsn), name)
     if as_json:
         _print_json(st)
@@ -536,6 +576,30 @@ def _still_open(st: dict[str, Any]) -> None:
                            f"source; `mover accept {name} --reason TEXT` accepts intended ones")
 
 
+@app.command("parity")
+@_exits
+def parity(name: str, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
+    """Compare the live table's metadata before and after the swap (or the two tables before it);
+    exit 3 on a difference that is neither planned nor accepted in the plan."""
+    result = api.parity_report(_dsn(dsn), name)
+    if as_json:
+        _print_json(result)
+    else:
+        for c in result["comparisons"]:
+            out.print(f"{c['mode']}: {c['before']} -> {c['after']}: {'equal' if c['equal'] else 'DIFFERENT'}",
+                      highlight=False, markup=False)
+            for d in c["differences"]:
+                why = f" ({d['reason']})" if d["reason"] else ""
+                out.print(f"  {d['status']:<9} {d['key']}: {d['before']} -> {d['after']}{why}",
+                          highlight=False, markup=False)
+    if not result["equal"]:
+        keys = ", ".join(f'"{d["key"]}"' for c in result["comparisons"] for d in c["differences"]
+                         if d["status"] == "unplanned")
+        raise Waiting(f"the metadata of migration {name!r} differs where nothing planned it: {keys}",
+                      hint=f"undo the change, or accept it in the plan: [cutover] accept_parity = [{keys}]"
+                           f" (`mover set` cannot change it: edit the plan, then `mover run PLAN`)")
+
+
 @app.command("reconcile")
 @_exits
 def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
@@ -610,6 +674,54 @@ def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
         table.add_row(e["at"], e["step"] or "", e["kind"], e["message"],
                       "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
     out.print(table)
+
+
+@app.command()
+@_exits
+def watch(name: str = NameArgument, dsn: str | None = DsnOption,
+          interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes.")) -> None:
+    """A live view of one migration until it is finished or aborted (Ctrl-C leaves it); one line per
+    interval when the output is not a terminal."""
+    _watch(name, dsn, interval)
+
+
+def _watch(name: str, dsn: str | None, interval: float) -> None:
+    from rich.live import Live
+
+    from mover import watch as view
+    stop = threading.Event()
+    try:
+        if out.is_terminal:
+            with Live(console=out, screen=True, auto_refresh=False) as live:
+                snap = api.watch(_dsn(dsn), name, lambda s: live.update(view.screen(s), refresh=True),
+                                 interval=interval, stop=stop)
+        else:
+            snap = api.watch(_dsn(dsn), name, lambda s: out.print(view.line(s), highlight=False, markup=False,
+                                                                  soft_wrap=True),
+                             interval=interval, stop=stop)
+    except KeyboardInterrupt:
+        return  # leaving a view changes nothing: no message, exit 0
+    _show_status(snap)
+
+
+@app.command()
+@_exits
+def report(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+           html_file: Path | None = typer.Option(None, "--html",
+                                                 help="Write the self-contained HTML page here.")) -> None:
+    """The whole story of a migration (plan, timeline, charts, divergences, locks, who did what): an HTML
+    page to attach to the change ticket, or JSON."""
+    from mover import report as report_mod
+    r = api.report(_dsn(dsn), name)
+    if html_file is not None:
+        html_file.write_text(report_mod.render_html(r), encoding="utf-8")
+        err.print(f"report of {name!r} written to {html_file}", highlight=False, markup=False)
+    if as_json:
+        _print_json(r)
+    elif html_file is None:
+        _show_status(r["status"])
+        err.print(f"next: `mover report {name} --html FILE` writes the page with the charts", highlight=False,
+                  markup=False)
 
 
 @app.command()

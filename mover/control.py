@@ -257,8 +257,18 @@ def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str
 
 def events(cur: psycopg.Cursor, mid: int, limit: int = 50) -> list[dict[str, Any]]:
     with cur.connection.cursor(row_factory=dict_row) as dcur:
+        # Progress samples (mover/samples.py) are for charts; they would drown the story here.
         dcur.execute("SELECT * FROM (SELECT at, actor, step, kind, message, duration_ms, id FROM mover.events"
-                     " WHERE migration_id = %s ORDER BY id DESC LIMIT %s) e ORDER BY id", (mid, limit))
+                     " WHERE migration_id = %s AND kind <> 'sample' ORDER BY id DESC LIMIT %s) e ORDER BY id",
+                     (mid, limit))
+        return dcur.fetchall()
+
+
+def story(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
+    """Every event of the migration but the progress samples, oldest first, with its detail."""
+    with cur.connection.cursor(row_factory=dict_row) as dcur:
+        dcur.execute("SELECT id, at, actor, step, kind, message, detail, duration_ms FROM mover.events"
+                     " WHERE migration_id = %s AND kind <> 'sample' ORDER BY id", (mid,))
         return dcur.fetchall()
 
 

@@ -15,15 +15,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, faults, introspect, names, privileges, ranges, shape
+from mover import (
+    capture,
+    carry,
+    control,
+    faults,
+    introspect,
+    lockwatch,
+    metadata,
+    names,
+    parity,
+    privileges,
+    ranges,
+    shape,
+)
 from mover.context import Context
 from mover.errors import Failed, Waiting
+from mover.names import QualifiedName
 from mover.sql import ddl
 
 log = logging.getLogger("mover.cutover")
@@ -38,6 +52,8 @@ LastCheck = Callable[[Context], int]
 
 
 def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
+    carry.validate(ctx)  # what a swap back left NOT VALID before a crash
+
     def check(cur: psycopg.Cursor) -> None:
         problems = []
         n = control.open_divergences(cur, ctx.mid)
@@ -236,10 +252,11 @@ def _carry_unvalidated_checks(cur: psycopg.Cursor, from_table: names.QualifiedNa
     return out
 
 
-def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statement]:
+def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list[Statement], carry.Carried]:
     """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
     of it runs: what `plan check` prints is what the swap executes. The live table gives up the
-    name and its capture; the other takes the name, the sequences and the capture the other way."""
+    name, its capture and the application's objects (mover/carry.py); the other takes the name,
+    the sequences, those objects and the capture the other way."""
     m = ctx.migration
     if forward:
         live, other, live_renamed = m.source, m.target, m.old
@@ -248,31 +265,46 @@ def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statem
     out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
+    carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
+    # Before carry's: they name indexes as they are now (the replica identity's follows its index
+    # through carry's renames).
+    out += metadata.swap_sql(cur, live, other)
+    out += carried.before
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
+    out += carried.after
     out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source)
-    return out
+    return out, carried
 
 
-def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback") -> float:
-    """One attempt: returns how long the lock was held, in ms."""
+def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statement]:
+    return swap_plan(cur, ctx, forward=forward)[0]
+
+
+def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
+                 extra_tables: Sequence[QualifiedName] = ()) -> float:
+    """The swap (or swap back) under the lock discipline (mover/lockwatch.py): returns how long
+    the lock was held, in ms. `extra_tables` (tables whose foreign keys the swap re-points) are
+    watched for blocking sessions too."""
     m = ctx.migration
-    lock_timeout = f"{ctx.plan.cutover.lock_timeout_ms}ms"
 
     def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
-        cur.execute(ddl.lock_tables([live, other]))
+        key_index = introspect.describe(cur, ctx.original).key_index  # read before the lock: fixed (shape)
+        cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
         locked_at = time.monotonic()
         # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
         # both tables' shapes under the lock: a change committed since the preflight aborts the
         # swap with ShapeChanged, and nothing is swapped.)
         mapping = ctx.mapping(cur, reverse=not forward)
         failures: dict[str, Any] = {}
+        drained = 0  # changes applied under the lock: what a follower (mover/follow.py) keeps small
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=50_000)
             failures.update(got.failures)
+            drained += got.claimed
             if got.claimed == 0:
                 break
         if forward and failures:
@@ -284,7 +316,20 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
-        execute_all(cur, swap_sql(cur, ctx, forward=forward))
+        # Where the lock's time goes (in the cutover event): the drain, reading the catalog, the DDL,
+        # the parity check (the live table described before the DDL and its successor after it).
+        drained_at = time.monotonic()
+        parity_before = parity.live_description(cur, ctx.mid, forward)
+        stmts, carried = swap_plan(cur, ctx, forward=forward)
+        read_at = time.monotonic()
+        execute_all(cur, stmts)
+        ddl_at = time.monotonic()
+        carry.record_validation(cur, ctx, carried.to_validate)
+        # The table that now carries the name must look to the application as the other did.
+        parity.check_swap(cur, ctx, parity_before, key_index, forward=forward)
+        phases = {"drain_ms": (drained_at - locked_at) * 1000, "catalog_ms": (read_at - drained_at) * 1000,
+                  "ddl_ms": (ddl_at - read_at) * 1000, "parity_ms": (time.monotonic() - ddl_at) * 1000,
+                  "statements": len(stmts)}
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
@@ -294,16 +339,22 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         held_ms = (time.monotonic() - locked_at) * 1000
         if forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
-                                 detail={"lock_ms": held_ms, **({"foreign_keys_not_carried": list(
-                                     ctx.plan.drop_foreign_keys)} if ctx.plan.drop_foreign_keys else {})})
+                                 detail={"lock_ms": held_ms, "drained": drained, **phases,
+                                         **({"foreign_keys_not_carried": list(ctx.plan.drop_foreign_keys)}
+                                            if ctx.plan.drop_foreign_keys else {})})
         else:
             control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)
             ranges.reset(cur, ctx.mid, "reconcile")
         return held_ms
 
     faults.point("swap:before_lock" if forward else "swap_back:before_lock")
-    held = ctx.db.transaction(swap, lock_timeout=lock_timeout, statement_timeout=LOCK_STATEMENT_TIMEOUT,
-                              attempts=ctx.plan.cutover.attempts, label="cutover")
+    live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
+    # The referencing tables and views the swap locks too: their blockers are named as well.
+    also = ctx.db.transaction(lambda cur: carry.also_locked(cur, live), label="tables the swap locks")
+    held = lockwatch.run_locked(ctx, swap, tables=[live, other], what="swap in" if forward else "swap back",
+                                retry=f"mover {'cutover' if forward else command} {m.name}",
+                                label="cutover" if forward else "rollback", statement_timeout=LOCK_STATEMENT_TIMEOUT,
+                                extra_tables=[*also, *extra_tables])
     ctx._mappings.clear()  # the tables changed names
     return held
 
@@ -329,13 +380,10 @@ def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
                       f"{ctx.migration.target} under the cutover's lock ({exc.describe()}); nothing was swapped",
                       hint=f"see `mover divergences {ctx.migration.name}`; `mover repair {ctx.migration.name}` "
                            f"once the rows fit") from None
-    except psycopg.errors.LockNotAvailable as exc:
-        raise Waiting(f"could not lock {ctx.migration.source} within {ctx.plan.cutover.lock_timeout_ms} ms in "
-                      f"{ctx.plan.cutover.attempts} attempts; nothing was swapped",
-                      hint=f"retry `mover cutover {ctx.migration.name}` when the table is quieter, or raise "
-                           f"[cutover] lock_timeout / attempts") from exc
     ctx.refresh()
     ctx.report("cutover", lock_ms=round(held, 1))
+    # After the lock: VALIDATE scans with writes going on (the rollback window resumes it after a crash).
+    carry.validate(ctx)
     return held
 
 
@@ -351,10 +399,8 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
         capture.drain(ctx, reverse=True, backfill_done=True)
         left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
         raise refuse_losing(ctx, left or exc.rows, command, "new") from None
-    except psycopg.errors.LockNotAvailable as exc:
-        raise Waiting(f"could not lock {ctx.migration.source} for the rollback; nothing was swapped",
-                      hint=f"retry `mover rollback {ctx.migration.name}`") from exc
     ctx.refresh()
+    carry.validate(ctx)  # the next cutover's preflight resumes it after a crash
     return held
 
 
@@ -385,12 +431,9 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
         control.mark_retired(cur, m, ctx.owner,
                              message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
 
-    cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    try:
-        ctx.db.transaction(drop, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
-                           label="retire")
-    except psycopg.errors.LockNotAvailable as exc:
-        raise lock_not_granted(ctx, m.source, "retire", f"mover retire {m.name}") from exc
+    # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
+    lockwatch.run_locked(ctx, drop, tables=[m.source, m.old], what="retire", retry=f"mover retire {m.name}",
+                         label="retire")
     ctx.refresh()
 
 
@@ -417,10 +460,8 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
         ranges.reset(cur, ctx.mid, "reconcile")
         control.mark_aborted(cur, m, ctx.owner)
 
-    cutover = ctx.plan.cutover  # dropping the trigger locks the live table: as briefly as the swap
-    try:
-        ctx.db.transaction(undo, lock_timeout=f"{cutover.lock_timeout_ms}ms", attempts=cutover.attempts,
-                           label="abort")
-    except psycopg.errors.LockNotAvailable as exc:
-        raise lock_not_granted(ctx, m.source, "abort", f"mover abort {m.name}") from exc
+    # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
+    live = ctx.db.transaction(lambda cur: shape.current_name(cur, ctx.mid, "source") or m.source)
+    lockwatch.run_locked(ctx, undo, tables=[live, m.target], what="abort", retry=f"mover abort {m.name}",
+                         label="abort")
     ctx.refresh()

@@ -129,6 +129,11 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
 
 
+def key_index(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> str:
+    """The name of the index describe() takes as the table's key."""
+    return _key(cur, oid, name)[1]
+
+
 def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str, ...], str]:
     """The primary key, else the narrowest unique index on plain NOT NULL columns, non-partial."""
     cur.execute(

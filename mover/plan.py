@@ -65,6 +65,30 @@ class CutoverSettings:
     auto: bool = False
     lock_timeout_ms: int = 200
     attempts: int = 30
+    # Sessions still holding a lock on the tables once the attempts are spent: cancelled, then
+    # terminated after blocker_grace, and the lock tried once more (mover/lockwatch.py). Off by default.
+    terminate_blockers: bool = False
+    blocker_grace_ms: int = 5000
+    # Metadata differences the operator lets through the swap's parity check (mover/parity.py):
+    # "kind:item" keys as `mover parity NAME` prints them, or a bare kind.
+    accept_parity: tuple[str, ...] = ()
+
+
+HOOK_EVENTS = ("before_cutover", "after_cutover", "before_rollback", "after_rollback", "before_retire",
+               "after_retire")
+HOOK_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class Hook:
+    """[hooks.<event>]: a shell command or SQL (exactly one), run by mover/hooks.py."""
+    sql: str | None = None
+    command: str | None = None
+    timeout_ms: int = HOOK_TIMEOUT_MS
+
+    def describe(self) -> str:
+        what = f"sql = {self.sql!r}" if self.sql is not None else f"command = {self.command!r}"
+        return f"{what}, timeout {self.timeout_ms} ms"
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,7 @@ class Plan:
     drop_foreign_keys: tuple[str, ...] = ()
     partition: PartitionSpec | None = None
     upkeep: PartitionUpkeep = PartitionUpkeep()
+    hooks: dict[str, Hook] = field(default_factory=dict)
 
     def canonical(self) -> dict[str, Any]:
         """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
@@ -145,6 +170,10 @@ class Plan:
                 "auto": self.cutover.auto,
                 "lock_timeout_ms": self.cutover.lock_timeout_ms,
                 "attempts": self.cutover.attempts,
+                "terminate_blockers": self.cutover.terminate_blockers,
+                "blocker_grace_ms": self.cutover.blocker_grace_ms,
+                # Only when set: the canonical form of plans registered before stays the same.
+                **({"accept_parity": list(self.cutover.accept_parity)} if self.cutover.accept_parity else {}),
             },
             "rollback": {
                 "window_ms": self.rollback.window_ms,
@@ -155,6 +184,7 @@ class Plan:
             "drop_foreign_keys": list(self.drop_foreign_keys),
             "partition": self.partition.as_dict() if self.partition else None,
             "partitions": asdict(self.upkeep),
+            "hooks": {event: asdict(h) for event, h in sorted(self.hooks.items())},
         }
 
     def shape_hash(self, schema: str | None = None) -> str:
@@ -183,7 +213,9 @@ def to_document(plan: Plan) -> dict[str, Any]:
                      "max_replica_lag": f"{b.max_replica_lag_ms}ms", "max_attempts": b.max_attempts,
                      "synchronous_commit": b.synchronous_commit},
         "cutover": {"auto": plan.cutover.auto, "lock_timeout": f"{plan.cutover.lock_timeout_ms}ms",
-                    "attempts": plan.cutover.attempts},
+                    "attempts": plan.cutover.attempts, "terminate_blockers": plan.cutover.terminate_blockers,
+                    "blocker_grace": f"{plan.cutover.blocker_grace_ms}ms",
+                    **({"accept_parity": list(plan.cutover.accept_parity)} if plan.cutover.accept_parity else {})},
         "rollback": {"window": f"{plan.rollback.window_ms}ms", "keep_old": plan.rollback.keep_old},
         "reconcile": asdict(plan.reconcile),
     }
@@ -209,6 +241,9 @@ def to_document(plan: Plan) -> dict[str, Any]:
         doc["target"]["partition"] = part
         upkeep = {k: v for k, v in asdict(plan.upkeep).items() if v is not None}
         doc["partitions"] = upkeep
+    if plan.hooks:
+        doc["hooks"] = {event: {**({"sql": h.sql} if h.sql is not None else {"command": h.command}),
+                                "timeout": f"{h.timeout_ms}ms"} for event, h in plan.hooks.items()}
     return doc
 
 
@@ -230,7 +265,7 @@ def renamed(section: str, values: dict[str, Any]) -> dict[str, Any]:
 SETTABLE = {
     "backfill": {"target_range_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
                  "max_attempts", "workers", "range_rows"},
-    "cutover": {"auto", "lock_timeout", "attempts"},
+    "cutover": {"auto", "lock_timeout", "attempts", "terminate_blockers", "blocker_grace"},
     "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts",
                   "max_rows_per_second"},
 }
@@ -251,7 +286,8 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         columns=dict(doc["target"]["columns"]),
         accept_lossy=tuple(doc["target"].get("accept_lossy", ())),
         backfill=BackfillSettings(**{**asdict(BackfillSettings()), **renamed("backfill", doc["backfill"])}),
-        cutover=CutoverSettings(**doc["cutover"]),
+        cutover=CutoverSettings(**{**doc["cutover"],
+                                   "accept_parity": tuple(doc["cutover"].get("accept_parity", ()))}),
         rollback=RollbackSettings(
             window_ms=doc["rollback"]["window_ms"],
             old_name=qn(doc["rollback"]["old_name"]),
@@ -263,6 +299,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
         drop_foreign_keys=tuple(doc.get("drop_foreign_keys", ())),
         partition=PartitionSpec.from_dict(doc["partition"]) if doc.get("partition") else None,
         upkeep=PartitionUpkeep(**doc.get("partitions", {})),
+        hooks={event: Hook(**h) for event, h in doc.get("hooks", {}).items()},
     )
 
 
@@ -277,13 +314,16 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
                  "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
                  "synchronous_commit": (bool, False)},
-    "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False)},
+    "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False),
+                "terminate_blockers": (bool, False), "blocker_grace": (str, False),
+                "accept_parity": (list, False)},
     "rollback": {"window": (str, True), "old_name": (str, False), "keep_old": (bool, False)},
     "reconcile": {"workers": (int, False), "range_rows": (int, False), "before_cutover": (bool, False),
                   "settle_rounds": (int, False), "max_attempts": (int, False),
                   "max_rows_per_second": (int, False)},
     "partitions": {"premake": (int, False), "retention": (str, False), "drop_detached": (bool, False),
                    "manager": (str, False)},
+    "hooks": {event: (dict, False) for event in HOOK_EVENTS},  # each [hooks.<event>], checked by _hook
 }
 _REQUIRED_SECTIONS = {"migration", "rollback"}
 _SCHEMA["target"]["drop_foreign_keys"] = (list, False)  # names of outbound foreign keys (resolve_plan checks them)
@@ -404,9 +444,18 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     if not 1 <= lock_timeout_ms <= 60_000:
         problem(f"[cutover] lock_timeout must be between 1ms and 60s, got {c['lock_timeout']!r}",
                 "the application waits up to this long for each attempt; keep it short")
+    accept_parity = c.get("accept_parity", [])
+    if not all(isinstance(k, str) and k for k in accept_parity):
+        problem("[cutover] accept_parity must list the differences `mover parity NAME` names",
+                'e.g. accept_parity = ["grant:SELECT TO reporting"]')
     attempts = c.get("attempts", CutoverSettings.attempts)
     if not 1 <= attempts <= 1000:
         problem(f"[cutover] attempts must be between 1 and 1000, got {attempts}", "e.g. attempts = 30")
+    blocker_grace_ms = duration("cutover", "blocker_grace", CutoverSettings.blocker_grace_ms)
+    if not 0 <= blocker_grace_ms <= 600_000:
+        problem(f"[cutover] blocker_grace must be between 0 and 10 minutes, got {c['blocker_grace']!r}",
+                'e.g. blocker_grace = "5s"')
+        blocker_grace_ms = CutoverSettings.blocker_grace_ms
     window_ms = duration("rollback", "window", RollbackSettings.window_ms)
     backfill = BackfillSettings(
         range_rows=range_rows,
@@ -457,6 +506,12 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
             problems.append(exc)
     upkeep = PartitionUpkeep(premake=p.get("premake"), retention=p.get("retention"),
                              drop_detached=p.get("drop_detached", False), manager=manager)
+    hooks = {}
+    for event, spec in clean.get("hooks", {}).items():
+        try:
+            hooks[event] = _hook(event, spec, fail)
+        except PlanError as exc:
+            problems.append(exc)
     reconcile = ReconcileSettings(
         workers=bounded("reconcile", "workers", ReconcileSettings.workers, 1, 64),
         range_rows=bounded("reconcile", "range_rows", ReconcileSettings.range_rows, 100, 10_000_000),
@@ -471,6 +526,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     return Plan(
         partition=partition,
         upkeep=upkeep,
+        hooks=hooks,
         drop_foreign_keys=tuple(drop_fks),
         name=name,
         source=source,
@@ -478,7 +534,10 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         columns=columns,
         accept_lossy=tuple(dict.fromkeys(accept_lossy)),
         backfill=backfill,
-        cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts),
+        cutover=CutoverSettings(auto=c.get("auto", False), lock_timeout_ms=lock_timeout_ms, attempts=attempts,
+                                terminate_blockers=c.get("terminate_blockers", False),
+                                blocker_grace_ms=blocker_grace_ms,
+                                accept_parity=tuple(dict.fromkeys(accept_parity))),
         rollback=RollbackSettings(window_ms=window_ms, old_name=old, keep_old=r.get("keep_old", False)),
         reconcile=reconcile,
         document=doc,
@@ -599,3 +658,25 @@ def _type_word(t: Any) -> str:
     words = {str: "a string", int: "an integer", bool: "a boolean (true or false)", dict: "a table { ... }",
              float: "a number", list: "an array"}
     return words.get(t) or (t.__name__ if isinstance(t, type) else str(t))
+
+
+
+def _hook(event: str, spec: dict[str, Any], fail: Callable[..., PlanError]) -> Hook:
+    where = f"[hooks.{event}]"
+    for key, value in spec.items():
+        if key not in ("sql", "command", "timeout"):
+            raise fail(f"unknown key {where} {key}", "known keys: sql, command, timeout")
+        if not isinstance(value, str) or not value.strip():
+            raise fail(f"{where} {key} must be a non-empty string, got {value!r}")
+    if ("sql" in spec) == ("command" in spec):
+        raise fail(f"{where} needs exactly one of sql or command",
+                   'e.g. command = "curl -fsS -X POST https://deploys.example/pause" or sql = "SELECT pg_notify(...)"')
+    timeout = HOOK_TIMEOUT_MS
+    if "timeout" in spec:
+        try:
+            timeout = parse_duration_ms(spec["timeout"])
+        except ValueError as exc:
+            raise fail(f"{where} timeout: {exc}") from None
+        if not 1 <= timeout <= 3_600_000:
+            raise fail(f"{where} timeout must be between 1ms and 1h, got {spec['timeout']!r}")
+    return Hook(sql=spec.get("sql"), command=spec.get("command"), timeout_ms=timeout)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from mover import capture, control, faults, ranges, shape, steps
+from mover import capture, control, faults, hooks, lockwatch, ranges, samples, shape, steps
 from mover import cutover as cutover_engine
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, is_connection_lost, mask
@@ -27,9 +26,6 @@ from mover.steps import rollback_window
 
 log = logging.getLogger("mover.runner")
 
-WINDOW_POLL_SECONDS = 1.0
-WINDOW_REPORT_SECONDS = 10.0
-
 
 @contextmanager
 def leased(db: Database, migration: control.Migration, owner: str, *, report: Reporter = log_reporter,
@@ -37,19 +33,29 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     """Hold the migration's lease for the duration; record how the work ended (an operator
     command's outcome under the command's name: an abort that could not lock is the abort's
     event, not the step's)."""
-    db.transaction(lambda cur: control.acquire_lease(cur, migration, owner), label="acquire lease")
+    sample = samples.Sampler(migration.id, owner)
+
+    def acquire(cur: psycopg.Cursor) -> None:
+        control.acquire_lease(cur, migration, owner)
+        sample(cur, force=True)
+
+    db.transaction(acquire, label="acquire lease")
     ctx = Context(db=db, migration=migration, owner=owner, report=report, stop=stop or threading.Event())
     ctx.refresh()
 
     def beat_once(cur: psycopg.Cursor) -> bool:
         if ctx.workers:
             ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
-        return control.heartbeat(cur, migration.id, owner)
+        alive = control.heartbeat(cur, migration.id, owner)
+        if alive:
+            sample(cur)  # what `mover watch` and `mover report` chart; never costs the lease
+        return alive
 
     beat = Heartbeat(db.dsn, beat_once, ctx.lease_lost, ctx.stop, name=f"lease-{migration.id}")
     beat.start()
     gone = False
     try:
+        lockwatch.restore_pending(ctx)  # a crash between pausing autovacuum and restoring it
         yield ctx
     except (LeaseLost, LeaseHeld):
         raise
@@ -84,7 +90,11 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
         beat.stop()
         if not ctx.lease_lost.is_set() and not gone:
             try:
-                db.transaction(lambda cur: control.release_lease(cur, migration.id, owner), label="release lease")
+                def release(cur: psycopg.Cursor) -> None:
+                    sample(cur, force=True)
+                    control.release_lease(cur, migration.id, owner)
+
+                db.transaction(release, label="release lease")
             except psycopg.Error as exc:  # the lease expires by itself; say so and go on
                 log.warning("could not release the lease (%s); it expires in %ss", exc, control.LEASE_SECONDS)
 
@@ -130,10 +140,8 @@ def _clear_error(db: Database, ctx: Context) -> None:
         log.warning("could not clear the recorded error of migration %s: %s", ctx.mid, exc)
 
 
-def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False,
-            wait_window: bool = False) -> control.Migration:
+def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False) -> control.Migration:
     """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
-    reported = float("-inf")
     while True:
         ctx.checkpoint()
         m = ctx.refresh()
@@ -162,20 +170,7 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
             raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                           hint=f"run `mover cutover {m.name}` to swap it in")
         ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))
-        try:
-            step.run(ctx)
-        except Waiting:
-            if step.name == "rollback_window" and wait_window:
-                if time.monotonic() - reported >= WINDOW_REPORT_SECONDS:
-                    # `run --wait` may wait for days: say now and then that it keeps the old table in step.
-                    reported = time.monotonic()
-                    pending, lag = ctx.db.transaction(lambda cur: capture.pending(cur, ctx.mid, reverse=True))
-                    ends = ctx.refresh().window_ends_at
-                    ctx.report("window_sync", name=m.name, ends_at=None if ends is None else ends.isoformat(),
-                               pending=pending, lag_seconds=lag)
-                ctx.stop.wait(WINDOW_POLL_SECONDS)
-                continue
-            raise
+        step.run(ctx)
         faults.point(f"after:{step.name}")
         if one_step or (through_cutover and step.name == "cutover"):
             return ctx.refresh()
@@ -201,7 +196,9 @@ def cutover(ctx: Context) -> control.Migration:
 def rollback(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
     """`mover rollback`: swap back within the window; the migration returns to reconcile."""
     control.require_command(ctx.refresh(), "rollback")
+    hooks.run(ctx, "before_rollback")
     cutover_engine.swap_back(ctx, give_up_rows)
+    hooks.run(ctx, "after_rollback")
     return ctx.migration
 
 

@@ -140,3 +140,57 @@ def _now(cur: psycopg.Cursor) -> datetime:
 
 def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+def sample_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
+    """What a periodic sample records (mover/samples.py): counters and gauges only, from the same
+    reads as status_of, so that a chart and the status never disagree on what a number means."""
+    pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
+    pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
+    workers, range_rows, waiting = _workers(cur, m)
+    return {"step": m.step, "backfill_rows": ranges.state(cur, m.id, "backfill")["rows"],
+            "reconcile_rows": ranges.state(cur, m.id, "reconcile")["rows"],
+            "pending_forward": pending_fwd, "lag_forward": lag_fwd,
+            "pending_reverse": pending_rev, "lag_reverse": lag_rev,
+            "workers": workers, "range_rows": range_rows, "lock_waits": lock_waits(cur)[:5],
+            "waiting_for": waiting if not m.paused or any(w.startswith("paused") for w in waiting)
+            else ["paused (mover unpause)", *waiting]}
+
+
+def workers_of(cur: psycopg.Cursor, m: control.Migration) -> list[dict[str, Any]]:
+    """The live range workers one by one (fresh heartbeats): where they run, the range each holds
+    now (lo exclusive, hi inclusive, NULL an open end), the range size they ask for, what they wait for."""
+    cur.execute(
+        """
+        SELECT w.worker_id, w.host, w.pid, w.range_rows, w.rows_done, w.waiting_for, r.kind, r.range_no, r.lo, r.hi
+        FROM mover.workers w
+        LEFT JOIN mover.ranges r ON r.migration_id = w.migration_id AND r.owner = w.worker_id AND r.status = 'running'
+        WHERE w.migration_id = %s AND w.heartbeat_at > now() - make_interval(secs => %s)
+        ORDER BY w.worker_id, r.range_no
+        """, (m.id, control.LEASE_SECONDS))
+    return [{"worker": wid, "host": host, "pid": pid, "range_rows": range_rows, "rows_done": rows_done,
+             "waiting_for": waiting, "range": None if kind is None else
+             {"kind": kind, "range_no": no, "lo": lo, "hi": hi}}
+            for wid, host, pid, range_rows, rows_done, waiting, kind, no, lo, hi in cur.fetchall()]
+
+
+def lock_waits(cur: psycopg.Cursor) -> list[dict[str, Any]]:
+    """Lock waits in this database that involve mover, now: a mover session waiting for a lock (the
+    cutover behind a long transaction), or a session waiting behind a mover session (the
+    application behind the swap). Seen through pg_stat_activity: without pg_read_all_stats, other
+    roles' sessions are not visible, and then neither are their waits. mover's sessions are those
+    named ROLE:HOST:PID with a role starting "mover" (mover.db.application_name)."""
+    cur.execute(
+        """
+        WITH movers AS (SELECT pid FROM pg_stat_activity
+                        WHERE datname = current_database() AND application_name ~ '^mover[^:]*:')
+        SELECT a.pid, a.application_name, a.application_name ~ '^mover[^:]*:',
+               extract(epoch FROM clock_timestamp() - a.query_start), pg_blocking_pids(a.pid)
+        FROM pg_stat_activity a
+        WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' AND a.pid <> pg_backend_pid()
+          AND (a.application_name ~ '^mover[^:]*:' OR pg_blocking_pids(a.pid) && ARRAY(SELECT pid FROM movers))
+        ORDER BY a.query_start
+        """)
+    return [{"pid": pid, "application_name": app, "mover": bool(is_mover),
+             "seconds": None if secs is None else round(float(secs), 1), "blocked_by": list(blockers or [])}
+            for pid, app, is_mover, secs, blockers in cur.fetchall()]

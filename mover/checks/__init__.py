@@ -41,6 +41,7 @@ class Subject:
     rehearsed: introspect.TableInfo | None = None  # the target as the rehearsal created it
     lossy: dict[str, str] = field(default_factory=dict)
     partitioning: Any = None  # what a conversion to a partitioned table creates (mover/partitions.py)
+    metadata: dict[str, list[str]] = field(default_factory=dict)  # carried when, or not (mover/carry.py)
     problems: list[PlanError] = field(default_factory=list)
 
     def report(self, problem: PlanError) -> None:
@@ -75,8 +76,10 @@ class Check:
 def _registry() -> list[Check]:
     # Imported here: each module's checks import this package for Subject.
     from mover.checks import (
+        carried,
         foreign_keys,
         key,
+        metadata,
         names,
         partitioning,
         privileges,
@@ -97,11 +100,12 @@ def _registry() -> list[Check]:
         Check("key collations", key.deterministic_collations),
         Check("exclusion constraints", refused_objects.exclusion_constraints),
         Check("partitioning", partitioning.plan),
-        Check("inbound foreign keys", foreign_keys.inbound),
         Check("outbound foreign keys", foreign_keys.outbound),
-        Check("inheritance, row security, triggers, rules", refused_objects.table_properties),
-        Check("dependent views", refused_objects.views),
+        Check("inheritance", refused_objects.table_properties),
+        Check("dependents the swap moves are owned", carried.owned),
         Check("privileges", privileges.setup),
+        Check("publications", metadata.publications),
+        Check("metadata carried", metadata.carried),
         Check("target DDL", rehearsal.create_target, clean=True),
         Check("lossy type changes", types.lossy, clean=True),
         Check("capture path", privileges.capture_path, clean=True),
@@ -129,7 +133,7 @@ def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
-            "lossy": s.lossy, "partitioning": s.partitioning}
+            "lossy": s.lossy, "partitioning": s.partitioning, "metadata": s.metadata}
 
 
 __all__ = ["Check", "Subject", "combined", "resolved", "run"]

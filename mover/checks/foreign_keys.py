@@ -1,20 +1,42 @@
-"""Foreign keys: the swap re-points none yet. Inbound ones are refused; the source's own
-(outbound) ones must each be acknowledged in the plan, so that nothing is dropped silently."""
+"""Foreign keys: the swap carries them over (mover/carry.py). Inbound ones are re-pointed at the
+new table; the source's own (outbound) ones move to it, except those the plan lists in
+[target] drop_foreign_keys (left on the old table), which must be foreign keys of the source."""
 
 from __future__ import annotations
 
-import json
+import psycopg
 
 from mover import introspect, names
 from mover.checks import Subject
+from mover.db import one
 from mover.errors import PlanError
 
 
-def inbound(s: Subject) -> None:
-    fks = introspect.inbound_foreign_keys(s.cur, s.table.oid)
-    if fks:
-        raise PlanError(f"{s.src} is referenced by foreign keys ({'; '.join(fks)}); re-pointing them at cutover "
-                        f"is not supported yet", hint="drop them before the migration and recreate them after")
+def narrower_referencing_columns(cur: psycopg.Cursor, source_oid: int, new_types: dict[str, str]) -> list[str]:
+    """Referencing columns of inbound foreign keys narrower than the key column they reference
+    becomes (an int column referencing a key widened to bigint): fine today, but the key's new
+    values beyond the column's range cannot be referenced. One line each, naming the column."""
+    cur.execute("""
+        SELECT k.conname, k.conrelid::regclass::text, ca.attname, format_type(ca.atttypid, NULL), pa.attname
+        FROM pg_constraint k
+        CROSS JOIN LATERAL unnest(k.conkey, k.confkey) AS u(child_att, parent_att)
+        JOIN pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = u.child_att
+        JOIN pg_attribute pa ON pa.attrelid = k.confrelid AND pa.attnum = u.parent_att
+        WHERE k.contype = 'f' AND k.confrelid = %s AND k.conrelid <> %s AND k.conparentid = 0
+        ORDER BY 2, 1, 3""", (source_oid, source_oid))
+    out = []
+    for conname, child, column, child_type, key_column in cur.fetchall():
+        new_type = new_types.get(key_column)
+        if new_type is None:
+            continue
+        cur.execute("SELECT format_type(to_regtype(%s), NULL)", (new_type,))
+        canonical = one(cur)[0]
+        if introspect.INTEGER_MAX.get(canonical, 0) > introspect.INTEGER_MAX.get(child_type, 2 ** 63):
+            out.append(f"column {names.display_ident(column)} of {child} ({child_type}) references "
+                       f"{names.display_ident(key_column)}, which becomes {canonical}: once the key passes the "
+                       f"{child_type} range, rows referencing the new keys cannot be written; widen it with a "
+                       f"second migration of {child} (foreign key {names.display_ident(conname)})")
+    return out
 
 
 def outbound(s: Subject) -> None:
@@ -25,11 +47,3 @@ def outbound(s: Subject) -> None:
         raise PlanError(f"[target] drop_foreign_keys: {', '.join(names.display_ident(n) for n in unknown)} "
                         f"{'is not a foreign key' if len(unknown) == 1 else 'are not foreign keys'} of {source}",
                         hint=f"its foreign keys are: {', '.join(names.display_ident(n) for n in fks) or 'none'}")
-    missing = [n for n in fks if n not in plan.drop_foreign_keys]
-    if missing:
-        listed = "; ".join(f"{names.display_ident(n)} {fks[n]}" for n in missing)
-        keys = ", ".join(json.dumps(n) for n in sorted(plan.drop_foreign_keys + tuple(missing)))  # TOML strings
-        raise PlanError(f"{source} has foreign keys that the new table would not have after the swap ({listed}); "
-                        f"mover does not carry them over yet, and afterwards rows that break them would be accepted",
-                        hint=f"to go ahead without them, acknowledge each one in the plan: [target] drop_foreign_keys"
-                             f" = [{keys}] (and recreate them after the migration); or drop them first")

@@ -11,11 +11,17 @@ SOURCES = {
     "format_type": "a type name printed by the catalog (format_type, regtype::text)",
     "pg_get_indexdef": "an index definition or key expression printed by pg_get_indexdef()",
     "pg_get_constraintdef": "a constraint definition printed by pg_get_constraintdef()",
-    "pg_get_expr": "a column default printed by pg_get_expr()",
+    "pg_get_triggerdef": "a trigger's CREATE TRIGGER statement printed by pg_get_triggerdef()",
+    "pg_get_ruledef": "a rule's CREATE RULE statement printed by pg_get_ruledef()",
+    "pg_get_viewdef": "a view's query printed by pg_get_viewdef()",
+    "pg_get_expr": "a column default, a publication's row filter or a policy's expression printed by pg_get_expr()",
+    "pg_get_statisticsobjdef": "the columns and expressions of extended statistics printed by"
+                               " pg_get_statisticsobjdef_columns()",
     "pg_collation": "a collation name as the catalog quotes it",
     "reloptions": "a storage option as pg_class.reloptions holds it (name=value)",
     "plan type": "a type from the plan's [target] columns, resolved by the server (to_regtype) in plan check",
     "keyword": "an SQL keyword the caller chose from a closed set",
+    "plan hook": "the operator's own statement from the plan's [hooks] (sql = ...), run as written",
 }
 
 

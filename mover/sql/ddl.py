@@ -129,3 +129,80 @@ def identity_no_maxvalue(table: QualifiedName, column: str) -> sql.Composed:
 def sequence_as(seq: QualifiedName, type_name: str) -> sql.Composed:
     # type_name is one of smallint / integer / bigint (checked by the caller)
     return sql.SQL("ALTER SEQUENCE {} AS {}").format(seq.ident, trusted(type_name, "keyword"))
+
+
+# The rest of a table's metadata (mover/metadata.py). Values that are catalog-printed text
+# (statistics column lists, publication row filters) are trusted like index definitions.
+
+STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}
+STATISTICS_KINDS = {"ndistinct", "dependencies", "mcv"}
+REPLICA_IDENTITY = {"d": "DEFAULT", "f": "FULL", "n": "NOTHING"}
+
+
+def set_column_statistics(table: QualifiedName, column: str, target: int) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STATISTICS {}").format(
+        table.ident, sql.Identifier(column), sql.Literal(int(target)))  # DDL takes no parameters
+
+
+def set_storage(table: QualifiedName, column: str, storage: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(
+        table.ident, sql.Identifier(column), trusted(STORAGE[storage], "keyword"))
+
+
+def set_compression(table: QualifiedName, column: str, method: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET COMPRESSION {}").format(
+        table.ident, sql.Identifier(column), sql.Identifier(method))
+
+
+def create_statistics(name: QualifiedName, kinds: list[str], columns_text: str,
+                      table: QualifiedName) -> sql.Composed:
+    # columns_text is pg_get_statisticsobjdef_columns() output: column names or expressions the
+    # catalog printed, valid on the new table (same column names).
+    if not set(kinds) <= STATISTICS_KINDS:
+        raise ValueError(f"unexpected statistics kinds {kinds!r}")
+    return sql.SQL("CREATE STATISTICS {n}{k} ON {c} FROM {t}").format(
+        n=name.ident, k=sql.SQL(" ({})").format(sql.SQL(", ").join(trusted(k, "keyword") for k in kinds)) if kinds
+        else sql.SQL(""), c=trusted(columns_text, "pg_get_statisticsobjdef"), t=table.ident)
+
+
+def set_statistics_target(name: QualifiedName, target: int) -> sql.Composed:
+    return sql.SQL("ALTER STATISTICS {} SET STATISTICS {}").format(name.ident, sql.Literal(int(target)))
+
+
+def rename_statistics(name: QualifiedName, new_name: str) -> sql.Composed:
+    return sql.SQL("ALTER STATISTICS {} RENAME TO {}").format(name.ident, sql.Identifier(new_name))
+
+
+def comment_on_statistics(name: QualifiedName, comment: str) -> sql.Composed:
+    return sql.SQL("COMMENT ON STATISTICS {} IS {}").format(name.ident, sql.Literal(comment))
+
+
+def security_label(provider: str, table: QualifiedName, label: str, column: str | None = None) -> sql.Composed:
+    # The label is a literal: SECURITY LABEL takes no bind parameters.
+    if column is None:
+        return sql.SQL("SECURITY LABEL FOR {} ON TABLE {} IS {}").format(
+            sql.Identifier(provider), table.ident, sql.Literal(label))
+    assert table.schema is not None
+    return sql.SQL("SECURITY LABEL FOR {} ON COLUMN {} IS {}").format(
+        sql.Identifier(provider), sql.Identifier(table.schema, table.name, column), sql.Literal(label))
+
+
+def replica_identity(table: QualifiedName, mode: str, index: str | None = None) -> sql.Composed:
+    if mode == "i":
+        assert index is not None
+        return sql.SQL("ALTER TABLE {} REPLICA IDENTITY USING INDEX {}").format(table.ident, sql.Identifier(index))
+    return sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(table.ident, trusted(REPLICA_IDENTITY[mode], "keyword"))
+
+
+def publication_add(publication: str, table: QualifiedName, columns: list[str] | None,
+                    row_filter: str | None) -> sql.Composed:
+    # row_filter is pg_get_expr() text of the publication's own WHERE clause: trusted catalog output.
+    return sql.SQL("ALTER PUBLICATION {p} ADD TABLE {t}{c}{w}").format(
+        p=sql.Identifier(publication), t=table.ident,
+        c=sql.SQL(" ({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in columns)) if columns
+        else sql.SQL(""),
+        w=sql.SQL(" WHERE ({})").format(trusted(row_filter, "pg_get_expr")) if row_filter else sql.SQL(""))
+
+
+def publication_drop(publication: str, table: QualifiedName) -> sql.Composed:
+    return sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(sql.Identifier(publication), table.ident)

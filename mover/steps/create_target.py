@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import control, introspect, names, partitions
+from mover import control, introspect, metadata, names, partitions
 from mover.context import Context
 from mover.errors import Failed
 from mover.plan import Plan
@@ -13,7 +13,7 @@ from mover.steps.base import Step
 
 
 def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
-               target: names.QualifiedName) -> list[sql.Composed]:
+               target: names.QualifiedName, mid: int = 0) -> list[sql.Composed]:
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
     spec = plan.partition
@@ -57,6 +57,8 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
         stmts.append(ddl.set_reloptions(target, meta.reloptions))
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))
+    # Statistics targets, storage, compression, extended statistics, security labels.
+    stmts += metadata.create_sql(cur, info.oid, target, plan.columns, mid)
     return stmts
 
 
@@ -74,7 +76,7 @@ class CreateTarget(Step):
     name = "create_target"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
-        return list(target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target))
+        return list(target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target, ctx.mid))
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
@@ -84,7 +86,7 @@ class CreateTarget(Step):
             if introspect.exists(cur, m.target):
                 raise Failed(f"table {m.target} exists, but mover has no record of creating it",
                              hint=f"drop or rename it, then `mover run {m.name}`; or `mover abort {m.name}`")
-            for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
+            for stmt in target_ddl(cur, ctx.plan, m.source, m.target, m.id):
                 cur.execute(stmt)
             control.finish_step(cur, m, self.name, ctx.owner, message=f"created {m.target}")
 

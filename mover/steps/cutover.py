@@ -3,7 +3,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import cutover, introspect
+from mover import carry, cutover, hooks, introspect
+from mover.checks import foreign_keys
 from mover.context import Context
 from mover.sql import ddl
 from mover.steps.base import Step
@@ -18,28 +19,42 @@ class Cutover(Step):
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         out: list[sql.Composable | str] = [
+            "-- before: autovacuum paused on both tables (restored after), blocking sessions named"
+            + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
-            ddl.lock_tables([m.source, m.target]),
+            ddl.lock_tables([m.source, m.target, *carry.also_locked(cur, m.source)]),
             "-- apply the last logged changes, then:",
         ]
         if introspect.exists(cur, m.target):
-            out += [cutover.render(cur, s) for s in cutover.swap_sql(cur, ctx, forward=True)]
+            stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
         else:
             # Not created yet (`plan check`): the swap's statements are read from a rehearsed
-            # target, rolled back with its savepoint.
+            # target, rolled back with its savepoint. (Its other indexes are built after the
+            # backfill, so their renames are not listed here yet.)
             cur.execute("SAVEPOINT mover_describe_cutover")
             try:
-                for stmt in target_ddl(cur, ctx.plan, m.source, m.target):
+                for stmt in target_ddl(cur, ctx.plan, m.source, m.target, m.id):
                     cur.execute(stmt)
-                out += [cutover.render(cur, s) for s in cutover.swap_sql(cur, ctx, forward=True)]
+                stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
             finally:
                 cur.execute("ROLLBACK TO SAVEPOINT mover_describe_cutover")
+        out += [cutover.render(cur, s) for s in stmts]
         out.append(sql.SQL("COMMIT"))
+        if carried.to_validate:
+            out.append("-- after the lock, one transaction each (SHARE UPDATE EXCLUSIVE: writes go on):")
+            out += [carry.validate_sql(schema, table, name) for schema, table, name in carried.to_validate]
+        out += [f"-- {note}" for note in carried.notes if "no partner" not in note or introspect.exists(cur, m.target)]
+        source_oid = introspect.table_oid(cur, m.source)
+        if source_oid is not None:
+            out += [f"-- warning: {w}" for w in
+                    foreign_keys.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
         if ctx.plan.drop_foreign_keys:
             out.append(f"-- foreign keys not carried over (acknowledged in [target] drop_foreign_keys): "
                        f"{', '.join(ctx.plan.drop_foreign_keys)}")
         return out
 
     def run(self, ctx: Context) -> None:
+        hooks.run(ctx, "before_cutover")
         cutover.swap_in(ctx, last_check=last_check)
+        hooks.run(ctx, "after_cutover")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, cutover
+from mover import capture, control, lockwatch
 from mover.context import Context
 from mover.steps.base import Step
 
@@ -25,10 +25,5 @@ class InstallCapture(Step):
 
         # CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the live table: wait briefly and
         # retry rather than queue the application's writes behind us.
-        c = ctx.plan.cutover
-        try:
-            ctx.db.transaction(install, lock_timeout=f"{c.lock_timeout_ms}ms", attempts=c.attempts,
-                               label="install_capture")
-        except psycopg.errors.LockNotAvailable as exc:
-            raise cutover.lock_not_granted(ctx, m.source, "install the capture trigger of",
-                                           f"mover run {m.name}") from exc
+        lockwatch.run_locked(ctx, install, tables=[m.source, m.target], what="install the capture trigger of",
+                             retry=f"mover run {m.name}", label="install_capture")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import cutover
+from mover import cutover, hooks
 from mover.context import Context
 from mover.steps.base import Step
 
@@ -15,4 +15,6 @@ class Retire(Step):
         return [cutover.render(cur, s) for s in cutover.retire_sql(cur, ctx)]
 
     def run(self, ctx: Context) -> None:
+        hooks.run(ctx, "before_retire")
         cutover.retire(ctx, ctx.give_up_rows)
+        hooks.run(ctx, "after_retire")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, cutover
+from mover import capture, carry, control, cutover
 from mover.context import Context
 from mover.db import bind
 from mover.errors import Waiting
@@ -19,6 +19,7 @@ class RollbackWindow(Step):
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
+        carry.validate(ctx)  # what the swap added NOT VALID, if a crash came before it was validated
         if not close(ctx, force=False):
             # Say so while rows the old table rejected exist only in the new one (replayed once more:
             # the application may have fixed them): a rollback would refuse.

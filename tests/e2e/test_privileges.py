@@ -202,3 +202,27 @@ def test_setup_b_superuser_runs_init_and_grants(roles, tmp_path):
     finally:
         writer.halt()
     assert writer.errors == [] and writer.ops > 0
+
+
+def test_dependents_the_migrating_role_cannot_recreate_are_refused_up_front(roles, tmp_path):
+    """The swap drops and re-creates the foreign keys referencing the table and the views that
+    read it: a role that does not own them is told at plan check, not by the swap's lock."""
+    r = roles
+    A = sql.Identifier(r.app_name)
+    r.su(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(A),  # setup B, as above
+         sql.SQL("GRANT USAGE, CREATE ON SCHEMA mover TO {}").format(A),
+         sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mover TO {}").format(A),
+         # plan check peeks at the next migration id (api._next_id)
+         sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA mover TO {}").format(A),
+         "GRANT USAGE ON SCHEMA mover TO PUBLIC",
+         'CREATE TABLE lines (id int PRIMARY KEY, order_id int REFERENCES "Orders")',
+         'CREATE VIEW orders_v AS SELECT id FROM "Orders"')
+    plan = write_plan(tmp_path / "priv.toml", PLAN)
+    out = mover(r.app, "plan", "check", plan)
+    assert out.returncode == 2, out.stderr
+    flat = " ".join(out.stderr.split())
+    assert "mover's role does not own" in flat and "table lines" in flat and "view orders_v" in flat, out.stderr
+    r.su(sql.SQL("ALTER TABLE lines OWNER TO {}").format(sql.Identifier(r.app_name)),
+         sql.SQL("ALTER VIEW orders_v OWNER TO {}").format(sql.Identifier(r.app_name)))
+    out = mover(r.app, "plan", "check", plan)
+    assert out.returncode == 0, out.stderr

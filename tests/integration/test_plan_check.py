@@ -319,54 +319,16 @@ CASES = [
     Case("identity-to-text", plan_toml(source="idents", columns={"id": "text"}),
          ["[target] columns", '"id"', "identity column"],
          setup="CREATE TABLE idents (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)"),
-    # Dependents mover cannot carry over yet
-    Case("inbound-foreign-key", plan_toml(),
-         ['"public"."orders" is referenced by foreign keys', "lines_order_id_fkey", "lines"],
-         setup="CREATE TABLE lines (id int PRIMARY KEY, order_id int REFERENCES orders)", also_run=True),
-    Case("inbound-foreign-key-mixed-case", plan_toml(),
-         ["referenced by foreign keys", "Order FK", '"Sales"."Lines"'],
-         setup='CREATE TABLE "Sales"."Lines" (id int PRIMARY KEY, o int CONSTRAINT "Order FK" REFERENCES orders)'),
-    Case("dependent-view", plan_toml(),
-         ['views depend on "public"."orders"', '"Sales"."Big Orders"'],
-         setup='CREATE VIEW "Sales"."Big Orders" AS SELECT * FROM orders WHERE total > 10', also_run=True),
-    Case("dependent-matview", plan_toml(),
-         ['views depend on "public"."orders"', "orders_summary"],
-         setup="CREATE MATERIALIZED VIEW orders_summary AS SELECT count(*) FROM orders"),
+    # What the swap cannot carry over
     Case("exclusion-constraint", plan_toml(source="bookings"),
          ['"public"."bookings"', "exclusion constraint", '"bookings_during_excl"'],
          setup="CREATE TABLE bookings (id int PRIMARY KEY, during tsrange NOT NULL,"
                " EXCLUDE USING gist (during WITH &&))", also_run=True),
-    Case("user-trigger", plan_toml(source="audited"), ['"public"."audited"', "triggers", '"audit me"'],
-         setup="CREATE TABLE audited (id int PRIMARY KEY); CREATE FUNCTION audit_fn() RETURNS trigger"
-               " LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';"
-               ' CREATE TRIGGER "audit me" BEFORE INSERT ON audited FOR EACH ROW EXECUTE FUNCTION audit_fn()',
-         also_run=True),
-    Case("row-level-security", plan_toml(source="secret"), ['"public"."secret"', "row-level security"],
-         setup="CREATE TABLE secret (id int PRIMARY KEY, owner text); ALTER TABLE secret ENABLE ROW LEVEL SECURITY;"
-               " CREATE POLICY mine ON secret USING (owner = current_user)", also_run=True),
     Case("a-partition", plan_toml(source="events_2026"), ['"public"."events_2026"', "partition"],
          setup="CREATE TABLE events (id int, at date, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);"
                " CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')"),
     Case("inheritance-parent", plan_toml(source="animals"), ['"public"."animals"', "inheritance children"],
          setup="CREATE TABLE animals (id int PRIMARY KEY); CREATE TABLE dogs () INHERITS (animals)"),
-    Case("a-rule", plan_toml(source="ruled"), ['"public"."ruled"', "rules", '"no_deletes"'],
-         setup="CREATE TABLE ruled (id int PRIMARY KEY);"
-               " CREATE RULE no_deletes AS ON DELETE TO ruled DO INSTEAD NOTHING"),
-    # Outbound foreign keys: the swap would drop them; the plan must name each one it gives up
-    Case("outbound-foreign-key", plan_toml(source="invoices"),
-         ['"public"."invoices" has foreign keys that the new table would not have', '"invoices_customer_id_fkey"',
-          "REFERENCES customers(id)", '[target] drop_foreign_keys = ["invoices_customer_id_fkey"]'],
-         setup=INVOICES, also_run=True),
-    Case("outbound-foreign-key-partly-acknowledged",
-         plan_toml(source="invoices").replace("[target]\n",
-                                              '[target]\ndrop_foreign_keys = ["invoices_customer_id_fkey"]\n'),
-         ['"public"."invoices" has foreign keys', '"Invoice Region"', "REFERENCES \"Sales\".regions",
-          '[target] drop_foreign_keys = ["Invoice Region", "invoices_customer_id_fkey"]'],
-         setup=INVOICES + """; CREATE TABLE "Sales".regions (r text PRIMARY KEY);
-               ALTER TABLE invoices ADD COLUMN region text CONSTRAINT "Invoice Region" REFERENCES "Sales".regions"""),
-    Case("outbound-foreign-key-self-reference", plan_toml(source="tree"),
-         ['"public"."tree" has foreign keys', '"tree_parent_fkey"'],
-         setup="CREATE TABLE tree (id int PRIMARY KEY, parent int REFERENCES tree)"),
     Case("drop-foreign-keys-unknown-name",
          plan_toml(source="invoices").replace("[target]\n", '[target]\ndrop_foreign_keys = ["invoices_fk", '
                                               '"invoices_customer_id_fkey"]\n'),
@@ -393,6 +355,70 @@ def test_bad_plan_exits_2_and_changes_nothing(db, tmp_path, case):
     if case.also_run:
         assert_bad(mover(db, "run", str(path)), case.fragments)
         assert snapshot(db) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Dependents the swap carries over (mover/carry.py): once refused here, now accepted, and plan
+# check prints the statements that move each one at the swap.
+
+CARRIED = [
+    Case("inbound-foreign-key", plan_toml(),
+         ['ALTER TABLE "public"."lines" DROP CONSTRAINT "lines_order_id_fkey"',
+          'ALTER TABLE "public"."lines" ADD CONSTRAINT "lines_order_id_fkey" FOREIGN KEY (order_id) REFERENCES'
+          ' orders(id) NOT VALID', 'VALIDATE CONSTRAINT "lines_order_id_fkey"'],
+         setup="CREATE TABLE lines (id int PRIMARY KEY, order_id int REFERENCES orders)"),
+    Case("inbound-foreign-key-mixed-case", plan_toml(),
+         ['ALTER TABLE "Sales"."Lines" ADD CONSTRAINT "Order FK" FOREIGN KEY (o) REFERENCES orders(id) NOT VALID'],
+         setup='CREATE TABLE "Sales"."Lines" (id int PRIMARY KEY, o int CONSTRAINT "Order FK" REFERENCES orders)'),
+    Case("dependent-view", plan_toml(),
+         ['DROP VIEW "Sales"."Big Orders"', 'CREATE VIEW "Sales"."Big Orders" AS'],
+         setup='CREATE VIEW "Sales"."Big Orders" AS SELECT * FROM orders WHERE total > 10'),
+    Case("dependent-matview", plan_toml(),
+         ['DROP MATERIALIZED VIEW "public"."orders_summary"', 'REFRESH MATERIALIZED VIEW "public"."orders_summary"'],
+         setup="CREATE MATERIALIZED VIEW orders_summary AS SELECT count(*) FROM orders"),
+    Case("user-trigger", plan_toml(source="audited"),
+         ['DROP TRIGGER "audit me" ON "public"."audited"', 'CREATE TRIGGER "audit me" BEFORE INSERT ON'],
+         setup="CREATE TABLE audited (id int PRIMARY KEY); CREATE FUNCTION audit_fn() RETURNS trigger"
+               " LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';"
+               ' CREATE TRIGGER "audit me" BEFORE INSERT ON audited FOR EACH ROW EXECUTE FUNCTION audit_fn()'),
+    Case("row-level-security", plan_toml(source="secret"),
+         ['DROP POLICY "mine" ON "public"."secret"', 'CREATE POLICY "mine" ON "public"."secret" AS PERMISSIVE'
+          ' FOR ALL TO PUBLIC USING ((owner = CURRENT_USER))', 'ALTER TABLE "public"."secret" ENABLE ROW LEVEL'],
+         setup="CREATE TABLE secret (id int PRIMARY KEY, owner text); ALTER TABLE secret ENABLE ROW LEVEL SECURITY;"
+               " CREATE POLICY mine ON secret USING (owner = current_user)"),
+    Case("a-rule", plan_toml(source="ruled"),
+         ['DROP RULE "no_deletes" ON "public"."ruled"', "CREATE RULE no_deletes AS"],
+         setup="CREATE TABLE ruled (id int PRIMARY KEY);"
+               " CREATE RULE no_deletes AS ON DELETE TO ruled DO INSTEAD NOTHING"),
+    Case("outbound-foreign-key", plan_toml(source="invoices"),
+         ['ALTER TABLE "public"."invoices" DROP CONSTRAINT "invoices_customer_id_fkey"',
+          'ALTER TABLE "public"."invoices" ADD CONSTRAINT "invoices_customer_id_fkey" FOREIGN KEY (customer_id)'
+          ' REFERENCES customers(id) NOT VALID'], setup=INVOICES),
+    Case("outbound-foreign-key-partly-acknowledged",
+         plan_toml(source="invoices").replace("[target]\n",
+                                              '[target]\ndrop_foreign_keys = ["invoices_customer_id_fkey"]\n'),
+         ['ADD CONSTRAINT "Invoice Region" FOREIGN KEY (region) REFERENCES "Sales".regions(r) NOT VALID',
+          "foreign keys not carried over (acknowledged in [target] drop_foreign_keys): invoices_customer_id_fkey"],
+         setup=INVOICES + """; CREATE TABLE "Sales".regions (r text PRIMARY KEY);
+               ALTER TABLE invoices ADD COLUMN region text CONSTRAINT "Invoice Region" REFERENCES "Sales".regions"""),
+    Case("outbound-foreign-key-self-reference", plan_toml(source="tree"),
+         ['ALTER TABLE "public"."tree" ADD CONSTRAINT "tree_parent_fkey" FOREIGN KEY (parent) REFERENCES tree(id)'
+          ' NOT VALID'],
+         setup="CREATE TABLE tree (id int PRIMARY KEY, parent int REFERENCES tree)"),
+]
+
+
+@pytest.mark.parametrize("case", CARRIED, ids=[c.id for c in CARRIED])
+def test_carried_dependents_pass_and_plan_check_prints_their_moves(db, tmp_path, case):
+    execute(db, case.setup)
+    path = write_plan(tmp_path, case.plan)
+    before = snapshot(db)
+    result = mover(db, "plan", "check", str(path))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    text = flat(result.stdout)
+    for fragment in case.fragments:
+        assert fragment in text, f"{fragment!r} not in plan check's output: {text!r}"
+    assert snapshot(db) == before
 
 
 # ---------------------------------------------------------------------------------------------

@@ -397,3 +397,13 @@ def test_accept_lossy_names_planned_columns(accept, words):
     err = bad(doc(target={"columns": {"code": "varchar(5)"}, "accept_lossy": accept}))
     for w in words:
         assert w in str(err), str(err)
+
+
+def test_accept_parity_round_trips_and_leaves_older_canonical_forms_alone():
+    plan = parse_plan(doc(cutover={"accept_parity": ["grant:SELECT TO PUBLIC", "grant:SELECT TO PUBLIC", "owner"]}))
+    assert plan.cutover.accept_parity == ("grant:SELECT TO PUBLIC", "owner")
+    assert plan_from_canonical(plan.canonical()).cutover.accept_parity == plan.cutover.accept_parity
+    plain = parse_plan(doc())
+    assert "accept_parity" not in plain.canonical()["cutover"]  # plans registered before read the same
+    assert plan_from_canonical(plain.canonical()).cutover.accept_parity == ()
+    assert "accept_parity" in bad(doc(cutover={"accept_parity": ["", "x"]})).message

@@ -134,3 +134,37 @@ def test_signed64_wraps_like_a_bigint_sum():
     assert compare.signed64(-1) == -1
     assert compare.signed64(2**64 + 5) == 5
     assert compare.fingerprint(2**63 - 1, [{"src_hash": -1, "dst_hash": None}]) == (2**63 - 1, -(2**63))
+
+
+def test_metadata_builders_quote_every_name():
+    stat = QualifiedName("Sales", "Order stat")
+    assert text(ddl.set_column_statistics(DST, "Qty", 500)) == (
+        'ALTER TABLE "Sales"."Order Items_new" ALTER COLUMN "Qty" SET STATISTICS 500')
+    assert text(ddl.set_storage(DST, "Note", "e")) == (
+        'ALTER TABLE "Sales"."Order Items_new" ALTER COLUMN "Note" SET STORAGE EXTERNAL')
+    assert text(ddl.set_compression(DST, "Note", "pglz")) == (
+        'ALTER TABLE "Sales"."Order Items_new" ALTER COLUMN "Note" SET COMPRESSION "pglz"')
+    assert text(ddl.create_statistics(stat, ["dependencies", "ndistinct"], '"Qty", status', DST)) == (
+        'CREATE STATISTICS "Sales"."Order stat" (dependencies, ndistinct) ON "Qty", status'
+        ' FROM "Sales"."Order Items_new"')
+    assert text(ddl.rename_statistics(stat, "x y")) == 'ALTER STATISTICS "Sales"."Order stat" RENAME TO "x y"'
+    assert text(ddl.security_label("selinux", DST, "it's", "Note")) == (
+        'SECURITY LABEL FOR "selinux" ON COLUMN "Sales"."Order Items_new"."Note" IS \'it\'\'s\'')
+    assert text(ddl.replica_identity(DST, "i", "Order pkey")) == (
+        'ALTER TABLE "Sales"."Order Items_new" REPLICA IDENTITY USING INDEX "Order pkey"')
+    assert text(ddl.replica_identity(DST, "f")) == 'ALTER TABLE "Sales"."Order Items_new" REPLICA IDENTITY FULL'
+    assert text(ddl.publication_add("Pub", DST, ["id", "Qty"], "id > 0")) == (
+        'ALTER PUBLICATION "Pub" ADD TABLE "Sales"."Order Items_new" ("id", "Qty") WHERE (id > 0)')
+    assert text(ddl.publication_drop("Pub", SRC)) == 'ALTER PUBLICATION "Pub" DROP TABLE "Sales"."Order Items"'
+
+
+def test_swap_partner_index_names_and_validation_are_quoted():
+    from mover import carry
+    # The key's partner is the target's key index; every other index's is its _m<ID> build name.
+    assert carry.partner_index(7, DST, "Order Items_pkey", "Order Items_pkey", True) == "Order Items_new_pkey"
+    assert carry.partner_index(7, DST, "by id", "by id", False) == "Order Items_new_key"
+    assert carry.partner_index(7, DST, 'idx "x"', "Order Items_pkey", True) == 'idx "x"_m7'
+    long = "i" * 63
+    assert len(carry.partner_index(7, DST, long, "k", True).encode()) <= 63
+    assert text(carry.validate_sql("Sales", "Order Lines", 'fk "1"')) == (
+        'ALTER TABLE "Sales"."Order Lines" VALIDATE CONSTRAINT "fk ""1"""')

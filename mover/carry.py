@@ -1,0 +1,354 @@
+"""What the swap carries from the table giving up the name to the table taking it, besides rows:
+index and constraint names, foreign keys both ways, triggers, rules, row-level security with its
+policies, and the views and materialized views that read the table.
+
+The same code serves the swap and the swap back: `live` carries the application's objects and
+its name before the swap, `other` takes both. Everything is read from the catalog before any
+statement runs (what `plan check` prints is what runs), in two parts:
+- `before`: runs before the tables are renamed; takes the objects off `live` (so the other side
+  never fires the application's triggers for the reverse replay, nor checks its foreign keys or
+  policies against replayed rows) and parks `live`'s index names;
+- `after`: runs after the renames; the catalog printed the definitions with the table's name,
+  which now resolves to the table that took it, so they re-create each object there.
+Foreign keys are added NOT VALID (no scan under the lock) and validated after the lock is
+released (`validate`), each one recorded so that a crash in between resumes the validation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from mover import control, faults, introspect, names, shape
+from mover.db import one
+from mover.names import QualifiedName
+from mover.sql import ddl, trusted
+
+if TYPE_CHECKING:
+    from mover.context import Context
+
+# A statement of the swap: its SQL, or its SQL and the parameters it runs with.
+Statement = sql.SQL | sql.Composed | tuple[sql.SQL | sql.Composed, tuple[Any, ...]]
+
+VALIDATE_EVENT = "constraints_to_validate"
+
+
+@dataclass
+class Carried:
+    before: list[Statement] = field(default_factory=list)
+    after: list[Statement] = field(default_factory=list)
+    # (schema, table, constraint) added NOT VALID that were valid before: VALIDATE after the lock
+    to_validate: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what plan check says about the swap
+
+
+def _oid(cur: psycopg.Cursor, table: QualifiedName) -> int:
+    cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
+    oid = one(cur)[0]
+    assert oid is not None  # both tables are locked by the swap (or rehearsed by plan check)
+    return int(oid)
+
+
+def partner_index(mid: int, target: QualifiedName, index: str, key_index: str, primary: bool) -> str:
+    """The name the new table's copy of the original's index `index` was built with
+    (steps/create_target.py for the key, backfill.deferred_index_name for the others)."""
+    if index == key_index:
+        return names.derived(target.name, "_pkey" if primary else "_key")
+    return names.derived(index, f"_m{mid}")
+
+
+def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName, out: Carried) -> None:
+    """Index (and so primary key and unique constraint) names change sides: the table taking the
+    table's name takes its index names, the other takes the names its partners were built with.
+    Swapped through a parking name, so the same statements serve the swap back."""
+    m = ctx.migration
+    live_oid, other_oid = _oid(cur, live), _oid(cur, other)
+    cur.execute("SELECT relkind FROM pg_class WHERE oid = %s", (other_oid,))
+    partitioned = one(cur)[0] == "p"
+    key_index = introspect.key_index(cur, live_oid, live)  # one query: the lock is held
+    cur.execute("""
+        SELECT ic.relname, i.indisprimary, k.contype, coalesce(k.condeferrable, false),
+               coalesce(k.condeferred, false)
+        FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+        LEFT JOIN pg_constraint k ON k.conindid = i.indexrelid AND k.conrelid = i.indrelid
+                                 AND k.contype IN ('p', 'u', 'x')
+        WHERE i.indrelid = %s ORDER BY ic.relname""", (live_oid,))
+    rows = cur.fetchall()
+    cur.execute("SELECT ic.relname, EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid"
+                " AND k.conrelid = i.indrelid) FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+                " WHERE i.indrelid = %s", (other_oid,))
+    theirs_backs_constraint: dict[str, bool] = dict(cur.fetchall())
+    assert live.schema is not None
+    # The names the application knows are those on `live`; its partners' names are derived from
+    # them the same way in both directions (the swap back finds the same pairs).
+    for mine, primary, contype, deferrable, deferred in rows:
+        theirs = partner_index(m.id, m.target, mine, key_index, primary)
+        if theirs not in theirs_backs_constraint:
+            out.notes.append(f"index {names.display_ident(mine)} of {live} has no partner"
+                             f" {names.display_ident(theirs)} on {other}; its name is not carried over")
+            continue
+        if contype == "u" and not theirs_backs_constraint[theirs] and not partitioned:
+            # A unique constraint stays a constraint (ON CONFLICT ON CONSTRAINT names it); the index
+            # is built already, so this checks nothing and scans nothing.
+            out.before.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} UNIQUE USING INDEX {}{}").format(
+                other.ident, sql.Identifier(theirs), sql.Identifier(theirs),
+                sql.SQL(" DEFERRABLE INITIALLY DEFERRED") if deferred
+                else sql.SQL(" DEFERRABLE") if deferrable else sql.SQL("")))
+        parking = names.derived(mine, f"_m{m.id}_swap")
+        out.before += [
+            sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(live.schema, mine), sql.Identifier(parking)),
+            sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(live.schema, theirs), sql.Identifier(mine)),
+            sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(live.schema, parking),
+                                                          sql.Identifier(theirs)),
+        ]
+
+
+def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip: tuple[str, ...], out: Carried,
+                  after_name: QualifiedName) -> None:
+    """Outbound (the table's own, self-references included) and inbound (other tables' that
+    reference it) foreign keys move to the table taking the name, NOT VALID, validated after.
+    The other table keeps none: the replay into it must not wait for the parent's rows, nor
+    block the application's deletes of them."""
+    assert after_name.schema is not None
+    cur.execute("""
+        SELECT k.conrelid = %(oid)s, n.nspname, c.relname, k.conname, pg_get_constraintdef(k.oid), k.convalidated,
+               obj_description(k.oid, 'pg_constraint')
+        FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE k.contype = 'f' AND k.conparentid = 0 AND (k.conrelid = %(oid)s OR k.confrelid = %(oid)s)
+        ORDER BY k.conrelid = %(oid)s DESC, n.nspname, c.relname, k.conname""", {"oid": live_oid})
+    for own, schema, table_name, name, definition, validated, comment in cur.fetchall():
+        if own and name in skip:
+            continue  # acknowledged in [target] drop_foreign_keys: left on the old table
+        child = QualifiedName(schema, table_name)
+        table = after_name if own else child
+        out.before.append(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+            live.ident if own else child.ident, sql.Identifier(name)))
+        # pg_get_constraintdef() text; the referenced table's name resolves after the renames
+        text = definition if definition.endswith(" NOT VALID") else definition + " NOT VALID"
+        out.after.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(table.ident, sql.Identifier(name),
+                                                                               trusted(text, "pg_get_constraintdef")))
+        if comment is not None:
+            out.after.append(sql.SQL("COMMENT ON CONSTRAINT {} ON {} IS {}").format(
+                sql.Identifier(name), table.ident, sql.Literal(comment)))
+        if validated:
+            assert table.schema is not None
+            out.to_validate.append((table.schema, table.name, name))
+
+
+ENABLE = {"D": "DISABLE TRIGGER", "R": "ENABLE REPLICA TRIGGER", "A": "ENABLE ALWAYS TRIGGER"}
+ENABLE_RULE = {"D": "DISABLE RULE", "R": "ENABLE REPLICA RULE", "A": "ENABLE ALWAYS RULE"}
+
+
+def _triggers(cur: psycopg.Cursor, oid: int, table: sql.Composable, after_table: sql.Composable, out: Carried,
+              drop: bool = True) -> None:
+    """The application's triggers (mover's capture triggers stay mover's), same names (so the same
+    firing order) and enabled state."""
+    cur.execute("SELECT tgname, pg_get_triggerdef(oid), tgenabled, obj_description(oid, 'pg_trigger')"
+                " FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal AND tgname !~ '^mover_m[0-9]+_'"
+                " ORDER BY tgname", (oid,))
+    for name, definition, enabled, comment in cur.fetchall():
+        if drop:
+            out.before.append(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(name), table))
+        out.after.append(trusted(definition, "pg_get_triggerdef"))
+        if enabled in ENABLE:
+            out.after.append(sql.SQL("ALTER TABLE {} {} {}").format(after_table, trusted(ENABLE[enabled], "keyword"),
+                                                                    sql.Identifier(name)))
+        if comment is not None:
+            out.after.append(sql.SQL("COMMENT ON TRIGGER {} ON {} IS {}").format(
+                sql.Identifier(name), after_table, sql.Literal(comment)))
+
+
+def _rules(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
+    cur.execute("SELECT rulename, pg_get_ruledef(oid), ev_enabled FROM pg_rewrite"
+                " WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY rulename", (oid,))
+    for name, definition, enabled in cur.fetchall():
+        out.before.append(sql.SQL("DROP RULE {} ON {}").format(sql.Identifier(name), live.ident))
+        out.after.append(trusted(definition.rstrip(";"), "pg_get_ruledef"))
+        if enabled in ENABLE_RULE:
+            out.after.append(sql.SQL("ALTER TABLE {} {} {}").format(
+                after_name.ident, trusted(ENABLE_RULE[enabled], "keyword"), sql.Identifier(name)))
+
+
+def _row_security(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
+    """RLS and its policies move; the other table gets neither, so the replay into it is never
+    filtered (with RLS on and no policy, everything but the owner would see no row)."""
+    cur.execute("SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = %s", (oid,))
+    enabled, forced = one(cur)
+    cur.execute("""
+        SELECT p.polname, p.polpermissive, p.polcmd,
+               (SELECT array_agg(CASE WHEN r = 0 THEN NULL ELSE pg_get_userbyid(r) END ORDER BY r)
+                FROM unnest(p.polroles) r),
+               pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid)
+        FROM pg_policy p WHERE p.polrelid = %s ORDER BY p.polname""", (oid,))
+    commands = {"r": "SELECT", "a": "INSERT", "w": "UPDATE", "d": "DELETE", "*": "ALL"}
+    for name, permissive, cmd, roles, qual, check in cur.fetchall():
+        out.before.append(sql.SQL("DROP POLICY {} ON {}").format(sql.Identifier(name), live.ident))
+        role_list = sql.SQL(", ").join(sql.SQL("PUBLIC") if r is None else sql.Identifier(r) for r in roles or [None])
+        out.after.append(sql.SQL("CREATE POLICY {} ON {} AS {} FOR {} TO {}{}{}").format(
+            sql.Identifier(name), after_name.ident, sql.SQL("PERMISSIVE") if permissive else sql.SQL("RESTRICTIVE"),
+            trusted(commands[cmd], "keyword"), role_list,
+            # pg_get_expr() text: the catalog's rendering of the policy's expressions
+            sql.SQL(" USING ({})").format(trusted(qual, "pg_get_expr")) if qual is not None else sql.SQL(""),
+            sql.SQL(" WITH CHECK ({})").format(trusted(check, "pg_get_expr")) if check is not None else sql.SQL("")))
+    if forced:
+        out.before.append(sql.SQL("ALTER TABLE {} NO FORCE ROW LEVEL SECURITY").format(live.ident))
+        out.after.append(sql.SQL("ALTER TABLE {} FORCE ROW LEVEL SECURITY").format(after_name.ident))
+    if enabled:
+        out.before.append(sql.SQL("ALTER TABLE {} DISABLE ROW LEVEL SECURITY").format(live.ident))
+        out.after.append(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(after_name.ident))
+
+
+DEPENDENT_VIEWS = """
+WITH RECURSIVE dep(oid, depth) AS (
+    SELECT r.ev_class, 1 FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+    WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
+      AND d.refobjid = %(oid)s AND r.ev_class <> %(oid)s
+    UNION
+    SELECT r.ev_class, dep.depth + 1 FROM dep
+    JOIN pg_depend d ON d.refobjid = dep.oid AND d.classid = 'pg_rewrite'::regclass
+                    AND d.refclassid = 'pg_class'::regclass
+    JOIN pg_rewrite r ON r.oid = d.objid AND r.ev_class <> dep.oid
+    WHERE dep.depth < 50
+)
+SELECT c.oid, n.nspname, c.relname, c.relkind, max(dep.depth), pg_get_viewdef(c.oid),
+       pg_get_userbyid(c.relowner), coalesce(c.reloptions, '{}'), obj_description(c.oid, 'pg_class'),
+       c.relispopulated
+FROM dep JOIN pg_class c ON c.oid = dep.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+GROUP BY c.oid, n.nspname, c.relname
+ORDER BY max(dep.depth), n.nspname, c.relname
+"""
+
+
+def _views(cur: psycopg.Cursor, oid: int, out: Carried) -> None:
+    """Views bind to the table by oid: each one that reads it (or reads a view that does) is
+    dropped (dependents first) and created again after the renames, from the definition the
+    catalog printed, with its owner, options, grants, comment, triggers and (materialized) indexes.
+    A materialized view is refreshed inside the swap: the application never reads one that is
+    not populated (it costs the lock what the refresh takes; see docs/operating.md)."""
+    cur.execute(DEPENDENT_VIEWS, {"oid": oid})
+    views = cur.fetchall()
+    creates: list[Statement] = []
+    for voids, schema, name, kind, _, definition, owner, options, comment, populated in views:
+        view = QualifiedName(schema, name)
+        what = sql.SQL("MATERIALIZED VIEW") if kind == "m" else sql.SQL("VIEW")
+        out.before.insert(0, sql.SQL("DROP {} {}").format(what, view.ident))  # dependents first
+        with_opts = sql.SQL(" WITH ({})").format(sql.SQL(", ").join(trusted(o, "reloptions") for o in options)) \
+            if options else sql.SQL("")  # reloptions text: the catalog's rendering
+        body = definition.rstrip().rstrip(";")  # pg_get_viewdef(): the catalog's text
+        creates.append(sql.SQL("CREATE {} {}{} AS {}{}").format(
+            what, view.ident, with_opts, trusted(body, "pg_get_viewdef"),
+            sql.SQL(" WITH NO DATA") if kind == "m" else sql.SQL("")))
+        creates.append(sql.SQL("ALTER {} {} OWNER TO {}").format(what, view.ident, sql.Identifier(owner)))
+        # Table and column grants in one query (the lock is held while the catalog is read).
+        cur.execute("SELECT NULL::name, CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END,"
+                    " a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
+                    " WHERE c.oid = %(v)s AND a.grantee <> c.relowner"
+                    " UNION ALL SELECT att.attname, CASE WHEN a.grantee = 0 THEN NULL"
+                    " ELSE pg_get_userbyid(a.grantee) END, a.privilege_type, a.is_grantable"
+                    " FROM pg_attribute att, aclexplode(att.attacl) a WHERE att.attrelid = %(v)s AND att.attnum > 0"
+                    " AND NOT att.attisdropped AND att.attacl IS NOT NULL ORDER BY 1 NULLS FIRST, 2, 3", {"v": voids})
+        creates += [_grant(view, priv, role, grantable, col) for col, role, priv, grantable in cur.fetchall()]
+        if comment is not None:
+            creates.append(sql.SQL("COMMENT ON {} {} IS {}").format(what, view.ident, sql.Literal(comment)))
+        if kind == "m":
+            cur.execute("SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s ORDER BY indexrelid",
+                        (voids,))
+            creates += [trusted(r[0], "pg_get_indexdef") for r in cur.fetchall()]
+            if populated:
+                creates.append(sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view.ident))
+        view_out = Carried()
+        _triggers(cur, voids, view.ident, view.ident, view_out, drop=False)  # INSTEAD OF triggers go with it
+        creates += view_out.after
+        out.notes.append(f"{'materialized view' if kind == 'm' else 'view'} {view} is re-created at the swap"
+                         + (" and refreshed under the lock" if kind == "m" and populated else ""))
+    out.after += creates
+
+
+def _grant(view: QualifiedName, privilege: str, role: str | None, grantable: bool,
+           column: str | None = None) -> sql.Composed:
+    return ddl.grant(view, privilege, role, grantable, column=column)
+
+
+def carry_sql(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName,
+              after_name: QualifiedName, *, forward: bool) -> Carried:
+    """Everything the swap moves from `live` to `other` (which is called `after_name` once the
+    tables are renamed). Read now, run later in the same transaction."""
+    out = Carried()
+    live_oid = _oid(cur, live)
+    _views(cur, live_oid, out)
+    _foreign_keys(cur, live_oid, live, ctx.plan.drop_foreign_keys if forward else (), out, after_name)
+    _triggers(cur, live_oid, live.ident, after_name.ident, out)
+    _rules(cur, live_oid, live, after_name, out)
+    _row_security(cur, live_oid, live, after_name, out)
+    _names(cur, ctx, live, other, out)
+    return out
+
+
+def also_locked(cur: psycopg.Cursor, table: QualifiedName) -> list[QualifiedName]:
+    """The tables whose foreign keys reference `table` and the views that read it: the swap
+    changes them, so its first statement locks them with the two tables, all under the
+    cutover's lock_timeout, before the drain (a lock taken later, holding the table's, could
+    only deadlock with an application transaction that holds one of them)."""
+    cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
+    oid = one(cur)[0]
+    if oid is None:
+        return []
+    cur.execute(DEPENDENT_VIEWS, {"oid": oid})
+    views = [QualifiedName(r[1], r[2]) for r in cur.fetchall() if r[3] == "v"]  # LOCK takes no materialized view
+    cur.execute("SELECT DISTINCT n.nspname, c.relname FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE k.contype = 'f' AND k.conparentid = 0"
+                " AND k.confrelid = %s AND k.conrelid <> %s ORDER BY 1, 2", (oid, oid))
+    return [QualifiedName(s, n) for s, n in cur.fetchall()] + views
+
+
+def record_validation(cur: psycopg.Cursor, ctx: Context, to_validate: list[tuple[str, str, str]]) -> None:
+    """The constraints the swap added NOT VALID: `validate` works through them after the lock,
+    and again (from this record) after a crash in between."""
+    control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, VALIDATE_EVENT,
+                  f"{len(to_validate)} foreign keys to validate after the swap",
+                  {"constraints": [list(c) for c in to_validate]})
+
+
+def pending_validation(cur: psycopg.Cursor, mid: int) -> list[tuple[str, str, str]]:
+    """(schema, table, constraint) of the last swap's record that exist and are still NOT VALID."""
+    cur.execute("SELECT detail FROM mover.events WHERE migration_id = %s AND kind = %s ORDER BY id DESC LIMIT 1",
+                (mid, VALIDATE_EVENT))
+    row = cur.fetchone()
+    if row is None or not row[0]:
+        return []
+    out = []
+    for schema, table, name in row[0].get("constraints", []):
+        cur.execute("SELECT NOT k.convalidated FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE n.nspname = %s AND c.relname = %s AND k.conname = %s", (schema, table, name))
+        r = cur.fetchone()
+        if r is not None and r[0]:
+            out.append((schema, table, name))
+    return out
+
+
+def validate_sql(schema: str, table: str, name: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(sql.Identifier(schema, table), sql.Identifier(name))
+
+
+def validate(ctx: Context) -> list[tuple[str, str, str]]:
+    """VALIDATE each foreign key the last swap added NOT VALID, one transaction each: it takes
+    only SHARE UPDATE EXCLUSIVE on the table (writes go on) while it scans. Returns what it validated."""
+    done = []
+    for schema, table, name in ctx.db.transaction(lambda cur: pending_validation(cur, ctx.mid),
+                                                  label="pending validation"):
+        faults.point("validate")
+        def one_constraint(cur: psycopg.Cursor, schema: str = schema, table: str = table, name: str = name) -> None:
+            cur.execute(validate_sql(schema, table, name))
+            # a validated constraint of the migrated table changes its recorded shape
+            shape.rerecord(cur, ctx.mid)
+        ctx.db.transaction(one_constraint, statement_timeout="0", label="validate foreign key")
+        done.append((schema, table, name))
+    if done:
+        ctx.db.transaction(lambda cur: control.event(
+            cur, ctx.mid, ctx.owner, ctx.migration.step, "constraints_validated",
+            f"validated {', '.join(f'{n} on {s}.{t}' for s, t, n in done)}"), label="validated")
+    return done

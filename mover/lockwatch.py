@@ -1,0 +1,310 @@
+"""Lock discipline around every transaction that takes a strong lock on the live table (the swap,
+the swap back, retire, abort, the capture's install).
+
+Before the attempt: autovacuum is paused on the two tables (`autovacuum_enabled = off`) and a
+running autovacuum worker on them is cancelled (it would hold SHARE UPDATE EXCLUSIVE until the
+deadlock detector made it yield, about a second into our lock wait); sessions whose open
+transaction holds a lock on them are named. The pause is recorded as an event in the same
+transaction that sets it, and restored after the attempt, or at the next run after a crash
+(`restore_pending`). When the attempts are spent, the sessions still holding locks are named in
+the Waiting error (and so in `mover status`); with `[cutover] terminate_blockers` they are
+cancelled, terminated after `blocker_grace`, reported, and the transaction is tried once more.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+
+from mover import control, faults, introspect
+from mover.context import Context
+from mover.db import bind
+from mover.errors import Waiting
+from mover.names import QualifiedName
+
+log = logging.getLogger("mover.lockwatch")
+
+T = TypeVar("T")
+SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Blocker:
+    pid: int
+    user: str | None
+    application_name: str | None
+    state: str | None
+    xact_age_s: float | None
+    query_start: str | None
+    backend_type: str | None
+    tables: tuple[str, ...]
+
+    @property
+    def autovacuum(self) -> bool:
+        return self.backend_type == "autovacuum worker"
+
+    @property
+    def ours(self) -> bool:
+        return (self.application_name or "").startswith("mover")
+
+    def describe(self) -> str:
+        age = f"transaction open {self.xact_age_s:.1f} s" if self.xact_age_s is not None else "no transaction"
+        who = "autovacuum worker" if self.autovacuum else f"user {self.user}, application {self.application_name!r}"
+        return (f"pid {self.pid} ({who}, {self.state or '-'}, {age}, query started {self.query_start or '-'}, "
+                f"holding {', '.join(self.tables)})")
+
+
+_BLOCKERS = """
+SELECT a.pid, a.usename, a.application_name, a.state,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+       to_char(a.query_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC'), a.backend_type,
+       array_agg(DISTINCT l.relation::regclass::text ORDER BY l.relation::regclass::text)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted AND l.relation = ANY(%(oids)s)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.pid <> pg_backend_pid()
+GROUP BY a.pid, a.usename, a.application_name, a.state, a.xact_start, a.query_start, a.backend_type
+ORDER BY a.xact_start NULLS LAST
+"""
+
+
+def blockers(cur: psycopg.Cursor, tables: Sequence[QualifiedName], *, min_age_s: float = 0.0) -> list[Blocker]:
+    """Sessions holding a lock on any of `tables` (any granted lock conflicts with ACCESS
+    EXCLUSIVE), oldest transaction first; autovacuum workers always, others from `min_age_s` on."""
+    oids = [oid for t in tables if (oid := introspect.table_oid(cur, t)) is not None]
+    if not oids:
+        return []
+    cur.execute(_BLOCKERS, {"oids": oids})
+    # Not the query text: it may carry the application's data, and it would land in the events.
+    out = [Blocker(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7])) for r in cur.fetchall()]
+    return [b for b in out if b.autovacuum or (b.xact_age_s or 0.0) >= min_age_s]
+
+
+def referencing_tables(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list[QualifiedName]:
+    """Tables (other than `tables`) whose foreign keys reference one of `tables`: a swap that
+    re-points those keys locks them too, so their blockers are watched as well."""
+    oids = [oid for t in tables if (oid := introspect.table_oid(cur, t)) is not None]
+    if not oids:
+        return []
+    cur.execute("SELECT DISTINCT n.nspname, c.relname FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE k.contype = 'f' AND k.confrelid = ANY(%(oids)s) AND NOT k.conrelid = ANY(%(oids)s)"
+                " ORDER BY 1, 2", {"oids": oids})
+    return [QualifiedName(schema, name) for schema, name in cur.fetchall()]
+
+
+def describe_all(found: Sequence[Blocker]) -> str:
+    shown = "; ".join(b.describe() for b in found[:SHOWN])
+    return shown + (f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Autovacuum paused for the duration of the locked transaction
+
+
+def _autovacuum_setting(cur: psycopg.Cursor, oid: int) -> bool | None:
+    cur.execute("SELECT option_value FROM pg_class c, pg_options_to_table(c.reloptions)"
+                " WHERE c.oid = %s AND option_name = 'autovacuum_enabled'", (oid,))
+    row = cur.fetchone()
+    return None if row is None else row[0].lower() in ("true", "on", "yes", "1")
+
+
+def _set_autovacuum(cur: psycopg.Cursor, oid: int, value: bool | None) -> None:
+    cur.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.oid = %s", (oid,))
+    row = cur.fetchone()
+    if row is None:
+        return  # dropped since (retire, abort): nothing to restore
+    table = sql.Identifier(row[0], row[1])
+    if value is None:
+        cur.execute(sql.SQL("ALTER TABLE {} RESET (autovacuum_enabled)").format(table))
+    else:
+        cur.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = {})").format(
+            table, sql.SQL("true") if value else sql.SQL("false")))
+
+
+def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[QualifiedName]) -> list[dict[str, Any]]:
+    """Turn autovacuum off on `tables` and record what each had, in one transaction: a crash
+    after the commit leaves the record that `restore_pending` reads."""
+    paused: list[dict[str, Any]] = []
+    for t in tables:
+        oid = introspect.table_oid(cur, t)
+        if oid is None:
+            continue
+        prior = _autovacuum_setting(cur, oid)
+        if prior is False:
+            continue  # already off by the operator's choice: left as it is
+        _set_autovacuum(cur, oid, False)
+        paused.append({"oid": oid, "table": str(t), "prior": prior})
+    if paused:
+        control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, "autovacuum_paused",
+                      f"autovacuum paused on {', '.join(str(p['table']) for p in paused)} for the locked transaction",
+                      {"tables": paused})
+    return paused
+
+
+def _pending_pause(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
+    cur.execute("SELECT detail FROM mover.events WHERE migration_id = %s AND kind = 'autovacuum_paused'"
+                " AND id > coalesce((SELECT max(id) FROM mover.events WHERE migration_id = %s"
+                " AND kind = 'autovacuum_restored'), 0) ORDER BY id", (mid, mid))
+    return [t for (detail,) in cur.fetchall() for t in (detail or {}).get("tables", [])]
+
+
+def restore(cur: psycopg.Cursor, ctx: Context) -> list[str]:
+    """Give each paused table its setting back (by oid: the swap renamed them); record it."""
+    paused = _pending_pause(cur, ctx.mid)
+    if not paused:
+        return []
+    done = []
+    for p in paused:
+        _set_autovacuum(cur, p["oid"], p["prior"])
+        done.append(str(p["table"]))
+    control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, "autovacuum_restored",
+                  f"autovacuum setting restored on {', '.join(done)}", {"tables": paused})
+    return done
+
+
+def restore_pending(ctx: Context, *, after_crash: bool = True) -> None:
+    """Undo a recorded pause: after the locked transaction, and at the start of a run (a pause
+    a crashed process left, which is then reported)."""
+    lock_timeout = f"{ctx.plan.cutover.lock_timeout_ms}ms"
+    try:
+        done = ctx.db.transaction(bind(restore, ctx), lock_timeout=lock_timeout, attempts=ctx.plan.cutover.attempts,
+                                  label="restore autovacuum")
+    except psycopg.errors.LockNotAvailable:
+        log.warning("could not restore autovacuum on the tables of %s yet (lock busy); the next run retries",
+                    ctx.migration.name)
+        return
+    if done and after_crash:
+        ctx.report("autovacuum_restored", tables=", ".join(done), why="left paused by an interrupted run")
+
+
+def _cancel(cur: psycopg.Cursor, pid: int, terminate: bool) -> bool:
+    fn = "pg_terminate_backend" if terminate else "pg_cancel_backend"
+    try:
+        with cur.connection.transaction():  # a savepoint: a refusal (privilege) is reported, not fatal
+            cur.execute(sql.SQL("SELECT {}(%s)").format(sql.Identifier(fn)), (pid,))
+            row = cur.fetchone()
+            return bool(row and row[0])
+    except psycopg.errors.InsufficientPrivilege as exc:
+        log.warning("could not signal pid %s: %s", pid, exc)
+        return False
+
+
+def cancel_autovacuum(ctx: Context, tables: Sequence[QualifiedName]) -> list[int]:
+    """Cancel autovacuum workers on `tables`: one would make our lock wait until the deadlock
+    detector makes it yield anyway; with autovacuum paused it does not come back meanwhile."""
+    def go(cur: psycopg.Cursor) -> list[int]:
+        found = [b for b in blockers(cur, tables) if b.autovacuum]
+        return [b.pid for b in found if _cancel(cur, b.pid, terminate=False)]
+    pids = ctx.db.transaction(go, label="cancel autovacuum")
+    if pids:
+        ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, ctx.migration.step,
+                                                     "autovacuum_cancelled",
+                                                     f"cancelled autovacuum worker(s) {pids} on the tables",
+                                                     {"pids": pids}), label="record")
+        ctx.report("autovacuum_cancelled", pids=pids)
+    return pids
+
+
+def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: list[Blocker]) -> list[dict[str, Any]]:
+    """Cancel the blockers' statements; terminate the sessions still holding a lock after
+    blocker_grace (an idle transaction ignores a cancel). mover's own sessions are left alone."""
+    grace = ctx.plan.cutover.blocker_grace_ms / 1000
+    targets = {b.pid: b for b in found if not b.ours}
+    if not targets:
+        return []
+    ctx.db.transaction(lambda cur: [_cancel(cur, pid, terminate=False) for pid in targets], label="cancel blockers")
+    deadline = time.monotonic() + grace
+    still: dict[int, Blocker] = dict(targets)
+    while still and time.monotonic() < deadline:
+        if ctx.stop.wait(min(0.05, grace)):
+            break
+        held = ctx.db.transaction(bind(blockers, tables), label="blockers")
+        still = {b.pid: b for b in held if b.pid in targets}
+    terminated = []
+    if still:
+        terminated = ctx.db.transaction(
+            lambda cur: [pid for pid in still if _cancel(cur, pid, terminate=True)], label="terminate blockers")
+    def action(pid: int) -> str:
+        if pid in terminated:
+            return "terminated"
+        # Still there after the terminate: the role may not signal it (pg_signal_backend, superuser).
+        return "could not signal" if pid in still else "cancelled"
+    report = [{**asdict(b), "action": action(pid)} for pid, b in targets.items()]
+    ctx.db.transaction(lambda cur: control.event(
+        cur, ctx.mid, ctx.owner, ctx.migration.step, "blockers_cancelled",
+        "[cutover] terminate_blockers: " + "; ".join(f"{r['action']} pid {r['pid']}" for r in report),
+        {"sessions": report}), label="record")
+    ctx.report("blockers_cancelled", sessions=", ".join(f"{r['action']} pid {r['pid']}" for r in report))
+    return report
+
+
+class LockBlocked(Waiting):
+    """The lock was not granted within the attempts; names the sessions that held it."""
+
+    def __init__(self, message: str, hint: str, found: list[Blocker]):
+        super().__init__(message, hint=hint)
+        self.blockers = found
+        self.detail = {"blockers": [asdict(b) for b in found]}
+
+
+def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Sequence[QualifiedName], what: str,
+               retry: str, label: str, statement_timeout: str = "60s",
+               extra_tables: Sequence[QualifiedName] = ()) -> T:
+    """Run `fn`, a transaction that takes a strong lock on `tables` (the live table first), under
+    the plan's lock_timeout and attempts, with the discipline above. Tables whose foreign keys
+    reference `tables` are watched for blockers too, and so are `extra_tables` (any other table
+    the transaction locks); neither has its autovacuum paused."""
+    c = ctx.plan.cutover
+    referencing = ctx.db.transaction(bind(referencing_tables, tables), label="referencing tables")
+    watched = list(dict.fromkeys([*tables, *extra_tables, *referencing]))
+    restore_pending(ctx)
+    try:
+        ctx.db.transaction(bind(pause_autovacuum, ctx, tables), lock_timeout=f"{c.lock_timeout_ms}ms",
+                           attempts=3, label="pause autovacuum")
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as exc:
+        # ALTER TABLE SET takes SHARE UPDATE EXCLUSIVE (a running VACUUM or index build holds it)
+        # and needs ownership: without the pause, the lock attempt goes on as before.
+        log.warning("could not pause autovacuum on %s (%s); going on without", ", ".join(map(str, tables)),
+                    type(exc).__name__)
+    try:
+        faults.point("lock:paused")
+        cancel_autovacuum(ctx, tables)
+        early = ctx.db.transaction(bind(blockers, watched, min_age_s=c.lock_timeout_ms / 1000), label="blockers")
+        if early:
+            ctx.report("lock_blockers", what=what, sessions=describe_all(early))
+
+        def attempt() -> T:
+            return ctx.db.transaction(fn, lock_timeout=f"{c.lock_timeout_ms}ms", statement_timeout=statement_timeout,
+                                      attempts=c.attempts, label=label)
+        try:
+            return attempt()
+        except psycopg.errors.LockNotAvailable as exc:
+            found = ctx.db.transaction(bind(blockers, watched), label="blockers")
+            if not (c.terminate_blockers and found):
+                raise _blocked(ctx, tables[0], what, retry, found) from exc
+        terminate_blockers(ctx, watched, found)
+        try:
+            return attempt()
+        except psycopg.errors.LockNotAvailable as exc:
+            found = ctx.db.transaction(bind(blockers, watched), label="blockers")
+            raise _blocked(ctx, tables[0], what, retry, found) from exc
+    finally:
+        restore_pending(ctx, after_crash=False)
+
+
+def _blocked(ctx: Context, table: QualifiedName, what: str, retry: str, found: list[Blocker]) -> LockBlocked:
+    c = ctx.plan.cutover
+    named = f"; held by {describe_all(found)}" if found else ""
+    hint = (f"retry `{retry}` when the table is quieter, end the blocking session(s) (`SELECT "
+            f"pg_terminate_backend(pid)`), set `[cutover] terminate_blockers = true`, or raise [cutover] "
+            f"lock_timeout / attempts (`mover set {ctx.migration.name} cutover.attempts=...`)")
+    return LockBlocked(f"could not lock {table} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
+                       f" migration {ctx.migration.name!r}; nothing was changed{named}", hint, found)

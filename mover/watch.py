@@ -1,0 +1,163 @@
+"""`mover watch`: the view an operator keeps open during a long migration, drawn from the
+snapshots api.watch reads (the status read model, the live workers, the last minutes of
+progress samples). Full screen on a terminal; one line per interval otherwise (a log, a CI job)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from mover import samples
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    """The last `width` values as block characters, scaled to their own maximum."""
+    values = values[-width:]
+    if not values:
+        return ""
+    top = max(values) or 1.0
+    return "".join(SPARK[min(int(v / top * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in values)
+
+
+def _rate(snap: dict[str, Any], kind: str) -> float | None:
+    """Rows/s now: between this watch's last two readings, else between the last two samples."""
+    readings = snap.get("readings") or []
+    r = samples.rates(readings[-2:] if len(readings) >= 2 else snap["samples"], f"{kind}_rows")
+    return r[-1][1] if r else None
+
+
+def history(snap: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Capture backlog and lag over the last minutes: the recorded samples from before this watch
+    started, then its own readings."""
+    readings = snap.get("readings") or []
+    first = readings[0]["at"] if readings else None
+    older = [p for p in snap["samples"] if first is None or p["at"] < first]
+    backlog = [float((p.get("pending_forward") or 0) + (p.get("pending_reverse") or 0)) for p in older]
+    lag = [float(max(p.get("lag_forward") or 0, p.get("lag_reverse") or 0)) for p in older]
+    return backlog + [float(r["pending"]) for r in readings], lag + [float(r["lag"] or 0) for r in readings]
+
+
+def _waiting(snap: dict[str, Any]) -> list[str]:
+    b = snap["backfill"]
+    waits = list(b["waiting_for"])
+    if b["paused"] and not any(w.startswith("paused") for w in waits):
+        waits.insert(0, "paused (mover unpause)")
+    for w in snap.get("lock_waits") or []:
+        who = f"mover pid {w['pid']}" if w["mover"] else f"{w['application_name'] or 'a session'} (pid {w['pid']})"
+        waits.append(f"lock: {who} waits {w['seconds'] or 0:.1f}s behind pid "
+                     f"{', '.join(map(str, w['blocked_by'])) or '?'}")
+    if snap["state"] == "waiting" and snap["error"]:
+        waits.append(snap["error"])  # e.g. the cutover gate, or a lock not had within lock_timeout
+    return waits
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _reconcile_eta(snap: dict[str, Any], rate: float | None) -> float | None:
+    r = snap["reconcile"]
+    if not rate or not r["ranges_done"] or r["ranges_done"] >= r["ranges_total"]:
+        return None
+    per_range = r["rows_compared"] / r["ranges_done"]
+    return float((r["ranges_total"] - r["ranges_done"]) * per_range / rate)
+
+
+def line(snap: dict[str, Any]) -> str:
+    """The non-terminal form: one line per interval, every field a script may grep."""
+    b, r, c = snap["backfill"], snap["reconcile"], snap["capture"]
+    brate, rrate = _rate(snap, "backfill"), _rate(snap, "reconcile")
+    parts = [datetime.now().strftime("%H:%M:%S"), snap["name"], f"{snap['step']}/{snap['state']}",
+             f"backfill {b['rows_copied']:,}" + (f"/{b['rows_estimate']:,}" if b["rows_estimate"] else "")
+             + f" rows {b['rows_per_second'] or round(brate or 0):,} rows/s ETA {_eta(b['eta_seconds'])}",
+             f"reconcile {r['ranges_done']}/{r['ranges_total']} ranges {round(rrate or 0):,} rows/s",
+             f"capture {c['pending']:,} pending lag {_seconds(c['lag_seconds'])}"
+             f" ({c['direction']})",
+             f"workers {snap['backfill']['workers']}", f"divergences {snap['divergences']}"]
+    waits = _waiting(snap)
+    if waits:
+        parts.append("waiting: " + "; ".join(waits))
+    return " | ".join(parts)
+
+
+def screen(snap: dict[str, Any]) -> RenderableType:
+    """The full-screen form: one panel per question an operator asks."""
+    b, r, c = snap["backfill"], snap["reconcile"], snap["capture"]
+    lease = snap["lease"]
+    head = Text.assemble((f"mover watch {snap['name']}", "bold"), f"   {snap['step']} / {snap['state']}   ",
+                         ("lease: ", "dim"), lease["owner"] if lease else "nobody",
+                         ("   " + datetime.now().strftime("%H:%M:%S"), "dim"))
+
+    timeline = Table.grid(padding=(0, 2))
+    marks = {"done": ("✔", "green"), "running": ("▶", "bold blue"), "pending": ("·", "dim"), "undone": ("↺", "yellow")}
+    for s in snap["steps"]:
+        mark, style = marks.get(s["status"], ("?", ""))
+        when = (s["finished_at"] or s["started_at"] or "")[11:19]
+        timeline.add_row(Text(mark, style), Text(s["name"], style), Text(s["status"], "dim"), Text(when, "dim"))
+
+    progress = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+    for col in ("", "done", "of", "rows/s", "ETA"):
+        progress.add_column(col)
+    brate, rrate = b["rows_per_second"] or _rate(snap, "backfill"), _rate(snap, "reconcile")
+    progress.add_row("backfill", f"{b['rows_copied']:,} rows", f"{b['rows_estimate'] or 0:,} (estimate)",
+                     f"{round(brate or 0):,}", _eta(b["eta_seconds"]))
+    progress.add_row("reconcile", f"{r['ranges_done']} ranges, {r['rows_compared']:,} rows", str(r["ranges_total"]),
+                     f"{round(rrate or 0):,}", _eta(_reconcile_eta(snap, rrate)))
+
+    backlog, lag = history(snap)
+    capture = Table.grid(padding=(0, 2))
+    capture.add_row("direction", c["direction"])
+    capture.add_row("pending", f"{c['pending']:,} keys", "applied", f"{c['applied']:,}")
+    capture.add_row("lag", "-" if c["lag_seconds"] is None else f"{c['lag_seconds']:.1f} s")
+    capture.add_row("backlog", Text(sparkline(backlog, 60), "cyan"), "max", f"{max(backlog, default=0):,.0f} keys")
+    capture.add_row("lag", Text(sparkline(lag, 60), "magenta"), "max", f"{max(lag, default=0):.1f} s")
+
+    workers = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+    for col in ("worker", "host/pid", "range", "range rows", "rows done", "waiting for"):
+        workers.add_column(col)
+    for w in snap["worker_list"]:
+        rng = w["range"]
+        where = "-" if rng is None else \
+            f"{rng['kind']} #{rng['range_no']} ({_bound(rng['lo'])} .. {_bound(rng['hi'])}]"
+        workers.add_row(w["worker"][-18:], f"{w['host']}/{w['pid']}", where, f"{w['range_rows'] or '-'}",
+                        f"{w['rows_done']:,}", w["waiting_for"] or "")
+    if not snap["worker_list"]:
+        workers.add_row("(none running)", "", "", "", "", "")
+
+    opened = r["divergences"]["open"]
+    divs = Text(f"{snap['divergences']} open" + (" (" + ", ".join(f"{k} {v}" for k, v in opened.items()) + ")"
+                                                 if opened else ""), "red" if snap["divergences"] else "green")
+    waits = _waiting(snap)
+    waiting = Text("; ".join(waits) if waits else "nothing", "yellow" if waits else "green")
+
+    events = Table.grid(padding=(0, 2))
+    for e in snap["recent_events"]:
+        events.add_row(Text((e["at"] or "")[11:19], "dim"), e["kind"], Text(e["message"][:110]))
+
+    grid = Table.grid(expand=True, padding=(0, 1))
+    grid.add_column(ratio=1)
+    grid.add_column(ratio=2)
+    grid.add_row(Panel(timeline, title="steps"), Group(Panel(progress, title="progress"),
+                                                       Panel(capture, title="capture")))
+    return Group(Panel(head), grid, Panel(workers, title="workers"),
+                 Panel(Group(Text.assemble(("divergences: ", "bold"), divs),
+                             Text.assemble(("waiting for: ", "bold"), waiting)), title="attention"),
+                 Panel(events, title="recent events"))
+
+
+def _bound(b: list[str] | None) -> str:
+    return "∞" if b is None else ",".join(b)

@@ -352,3 +352,69 @@ def validate(ctx: Context) -> list[tuple[str, str, str]]:
             cur, ctx.mid, ctx.owner, ctx.migration.step, "constraints_validated",
             f"validated {', '.join(f'{n} on {s}.{t}' for s, t, n in done)}"), label="validated")
     return done
+
+
+# What the swap's statements are built from (cutover.swap_plan with carry_sql and metadata.swap_sql
+# read nothing else): the two tables and, recursively, the views that read them; their indexes,
+# sequences, publications, extended statistics and the tables whose foreign keys reference them;
+# and of each, the catalog rows read. A row's xmin changes with every
+# transactional update of it, so an equal digest means the statements built then are still what
+# the catalog would build now. pg_class is compared by content instead: VACUUM's in-place updates
+# keep xmin anyway, but an ALTER TABLE SET (autovacuum_enabled = ...) before the lock would change
+# it without changing anything the swap reads.
+SWAP_INPUTS = """
+WITH RECURSIVE tab AS (
+    SELECT to_regclass(t)::oid AS oid FROM unnest(%(tables)s::text[]) t WHERE to_regclass(t) IS NOT NULL
+), dep(oid, depth) AS (
+    SELECT r.ev_class, 1 FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+    WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
+      AND d.refobjid IN (SELECT oid FROM tab) AND r.ev_class <> d.refobjid
+    UNION
+    SELECT r.ev_class, dep.depth + 1 FROM dep
+    JOIN pg_depend d ON d.refobjid = dep.oid AND d.classid = 'pg_rewrite'::regclass
+                    AND d.refclassid = 'pg_class'::regclass
+    JOIN pg_rewrite r ON r.oid = d.objid AND r.ev_class <> dep.oid
+    WHERE dep.depth < 50
+), owners AS (
+    SELECT oid FROM tab UNION SELECT oid FROM dep
+), rel AS (
+    SELECT oid FROM owners
+    UNION SELECT d.objid FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+        AND d.refclassid = 'pg_class'::regclass AND d.refobjid IN (SELECT oid FROM owners)
+    UNION SELECT i.indexrelid FROM pg_index i WHERE i.indrelid IN (SELECT oid FROM owners)
+    UNION SELECT k.conrelid FROM pg_constraint k WHERE k.confrelid IN (SELECT oid FROM tab)
+), cons AS (
+    SELECT oid, xmin FROM pg_constraint WHERE conrelid IN (SELECT oid FROM rel) OR confrelid IN (SELECT oid FROM tab)
+), trig AS (
+    SELECT oid, xmin, tgfoid FROM pg_trigger WHERE tgrelid IN (SELECT oid FROM rel)
+)
+SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
+    SELECT concat_ws(':', 'c', c.oid, c.relname, c.relnamespace, n.xmin, c.relowner, c.relkind, c.relacl,
+                     c.relrowsecurity, c.relforcerowsecurity, c.relispopulated, c.relreplident,
+                     CASE WHEN c.relkind IN ('v', 'm') THEN c.reloptions END) AS x
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'a', attrelid, attnum, xmin) FROM pg_attribute
+        WHERE attrelid IN (SELECT oid FROM rel) AND attnum > 0
+    UNION ALL SELECT concat_ws(':', 'i', indexrelid, xmin) FROM pg_index WHERE indrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'k', oid, xmin) FROM cons
+    UNION ALL SELECT concat_ws(':', 't', oid, xmin) FROM trig
+    UNION ALL SELECT concat_ws(':', 'f', p.oid, p.xmin) FROM pg_proc p WHERE p.oid IN (SELECT tgfoid FROM trig)
+    UNION ALL SELECT concat_ws(':', 'r', oid, xmin) FROM pg_rewrite WHERE ev_class IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'p', oid, xmin) FROM pg_policy WHERE polrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 's', seqrelid, xmin) FROM pg_sequence WHERE seqrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'u', pr.oid, pr.xmin, p.xmin) FROM pg_publication_rel pr
+        JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'x', oid, xmin) FROM pg_statistic_ext WHERE stxrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'd', classid, objid, objsubid, refobjid, refobjsubid, deptype) FROM pg_depend
+        WHERE refclassid = 'pg_class'::regclass AND refobjid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'm', objoid, classoid, objsubid, xmin) FROM pg_description
+        WHERE objoid IN (SELECT oid FROM rel UNION ALL SELECT oid FROM cons UNION ALL SELECT oid FROM trig)
+) inputs
+"""
+
+
+def catalog_digest(cur: psycopg.Cursor, tables: list[QualifiedName]) -> str:
+    """One query: a digest of every catalog row the swap's statements between `tables` are built
+    from (SWAP_INPUTS). Read before the lock with the statements, and again under it."""
+    cur.execute(SWAP_INPUTS, {"tables": [str(t) for t in tables]})
+    return str(one(cur)[0])

@@ -179,6 +179,27 @@ def execute_all(cur: psycopg.Cursor, stmts: list[Statement]) -> None:
             cur.execute(stmt)
 
 
+def execute_batched(cur: psycopg.Cursor, stmts: list[Statement]) -> int:
+    """The same statements in as few round trips as psycopg allows: each run of statements
+    without parameters is sent as one multi-statement query (psycopg permits several statements
+    only without parameters); a statement with parameters is sent on its own. Any failure rolls
+    the whole swap back, so none needs telling apart. Returns the round trips made."""
+    trips = 0
+    batch: list[sql.Composable] = []
+    for stmt in [*stmts, None]:
+        if stmt is not None and not isinstance(stmt, tuple):
+            batch.append(stmt)
+            continue
+        if batch:
+            cur.execute(sql.SQL("; ").join(batch))
+            trips += 1
+            batch = []
+        if stmt is not None:
+            cur.execute(*stmt)
+            trips += 1
+    return trips
+
+
 def _hand_over_sequences(cur: psycopg.Cursor, from_table: names.QualifiedName, to_table: names.QualifiedName,
                          to_renamed: names.QualifiedName) -> list[Statement]:
     """Serial sequences change owner (so dropping the old table keeps them); identity columns
@@ -281,16 +302,42 @@ def swap_sql(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> list[Statem
     return swap_plan(cur, ctx, forward=forward)[0]
 
 
+def _swap_tables(ctx: Context, forward: bool) -> list[names.QualifiedName]:
+    """The live table first, then the other: the order the swap locks them in."""
+    return [ctx.original, ctx.new] if forward else [ctx.new, ctx.original]
+
+
+def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> tuple[list[Statement], carry.Carried, str]:
+    """The swap's statements and the digest of the catalog rows they were built from (read in one
+    transaction, before the lock; the lock only checks the digest again)."""
+    stmts, carried = swap_plan(cur, ctx, forward=forward)
+    return stmts, carried, carry.catalog_digest(cur, _swap_tables(ctx, forward))
+
+
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
                  extra_tables: Sequence[QualifiedName] = ()) -> float:
     """The swap (or swap back) under the lock discipline (mover/lockwatch.py): returns how long
     the lock was held, in ms. `extra_tables` (tables whose foreign keys the swap re-points) are
     watched for blocking sessions too."""
     m = ctx.migration
+    # Reading the catalog is most of the swap's work: done here, before the lock, so the lock only
+    # compares one digest (and rebuilds, under the lock, on the rare change in between).
+    started = time.monotonic()
+    prepared = ctx.db.transaction(lambda cur: _prepare(cur, ctx, forward), label="cutover statements")
+    prepare_ms = (time.monotonic() - started) * 1000
+    if forward:
+        # What arrived while the last check and the statements were read, drained outside the lock
+        # so that the lock's drain is small. A row it could not apply is a divergence: refused as
+        # the preflight refuses (under the lock, one would be refused by _Unapplied).
+        capture.drain(ctx, reverse=False, backfill_done=True)
+        n = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid), label="cutover divergences")
+        if n:
+            raise Waiting(f"migration {m.name!r} has {n} unresolved divergences; cutover refused",
+                          hint=f"see them with `mover divergences {m.name}`")
 
     def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
-        live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
+        live, other = _swap_tables(ctx, forward)
         key_index = introspect.describe(cur, ctx.original).key_index  # read before the lock: fixed (shape)
         cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
         locked_at = time.monotonic()
@@ -316,20 +363,30 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
-        # Where the lock's time goes (in the cutover event): the drain, reading the catalog, the DDL,
-        # the parity check (the live table described before the DDL and its successor after it).
+        # Where the lock's time goes (in the cutover event): the drain, verifying the catalog the
+        # statements were built from, reading it again (only when it changed), the DDL, the parity
+        # check (the live table described before the DDL and its successor after it).
         drained_at = time.monotonic()
-        parity_before = parity.live_description(cur, ctx.mid, forward)
-        stmts, carried = swap_plan(cur, ctx, forward=forward)
+        stmts, carried, digest = prepared
+        rebuilt = carry.catalog_digest(cur, _swap_tables(ctx, forward)) != digest
+        verified_at = time.monotonic()
+        if rebuilt:
+            # Changed since they were read: never run statements built from a stale catalog. Under
+            # the lock nothing they read can change again, so one rebuild is the last.
+            stmts, carried = swap_plan(cur, ctx, forward=forward)
         read_at = time.monotonic()
-        execute_all(cur, stmts)
+        parity_before = parity.live_description(cur, ctx.mid, forward)
+        described_at = time.monotonic()
+        trips = execute_batched(cur, stmts)
         ddl_at = time.monotonic()
         carry.record_validation(cur, ctx, carried.to_validate)
         # The table that now carries the name must look to the application as the other did.
         parity.check_swap(cur, ctx, parity_before, key_index, forward=forward)
-        phases = {"drain_ms": (drained_at - locked_at) * 1000, "catalog_ms": (read_at - drained_at) * 1000,
-                  "ddl_ms": (ddl_at - read_at) * 1000, "parity_ms": (time.monotonic() - ddl_at) * 1000,
-                  "statements": len(stmts)}
+        ran_at = time.monotonic()
+        phases = {"drain_ms": (drained_at - locked_at) * 1000, "verify_ms": (verified_at - drained_at) * 1000,
+                  "catalog_ms": (read_at - verified_at) * 1000, "ddl_ms": (ddl_at - described_at) * 1000,
+                  "parity_ms": (ran_at - ddl_at + described_at - read_at) * 1000,
+                  "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt, "prepare_ms": prepare_ms}
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
@@ -337,6 +394,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         shape.rerecord(cur, ctx.mid)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
+        phases["finish_ms"] = (time.monotonic() - ran_at) * 1000  # validation record, checks, shapes
         if forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
                                  detail={"lock_ms": held_ms, "drained": drained, **phases,

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from mover import control, faults, introspect
 from mover.context import Context
-from mover.db import bind
+from mover.db import bind, one
 from mover.errors import Waiting
 from mover.names import QualifiedName
 
@@ -137,6 +137,9 @@ def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[Qualifi
         oid = introspect.table_oid(cur, t)
         if oid is None:
             continue
+        cur.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,))
+        if one(cur)[0] != "r":
+            continue  # a partitioned parent has no storage and takes no autovacuum setting
         prior = _autovacuum_setting(cur, oid)
         if prior is False:
             continue  # already off by the operator's choice: left as it is

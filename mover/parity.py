@@ -38,7 +38,10 @@ DESCRIBE_METADATA = """
 SELECT jsonb_build_object(
     'owner', pg_get_userbyid(c.relowner),
     'comment', obj_description(c.oid, 'pg_class'),
-    'reloptions', to_jsonb(coalesce(c.reloptions, '{}')),
+    -- autovacuum_enabled is left out: mover turns it off around each lock attempt and restores
+    -- it after (mover/lockwatch.py), so a description taken under the lock reads mover's own value.
+    'reloptions', to_jsonb(coalesce(ARRAY(SELECT o FROM unnest(c.reloptions) o
+                                          WHERE split_part(o, '=', 1) <> 'autovacuum_enabled'), '{}')),
     'row_security', c.relrowsecurity,
     'force_row_security', c.relforcerowsecurity,
     'replica_identity', c.relreplident,

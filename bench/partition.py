@@ -7,7 +7,7 @@ The source: 10 million rows (by default) over 25 months of created_at, in id ord
 append-mostly table), id bigint primary key, two secondary indexes. Each measurement converts it
 to a table partitioned by month on created_at with the key (id, created_at):
 
-1. the physical limit: the partitioned table and its partitions, then one
+1. the single statement: the partitioned table and its partitions, then one
    INSERT INTO partitioned SELECT * FROM source (primary key only), then the two index builds;
 2. mover's backfill step (copy + per-partition concurrent index builds + ANALYZE) with 1 and
    2 workers (create_target and the capture installed before the clock starts, as in
@@ -101,7 +101,7 @@ def writing(dsn: str, workdir: Path, rows: int, out: dict):
     finally:
         writers.terminate()  # SIGTERM: a background shell may have pgbench ignore SIGINT
         _, err = writers.communicate()
-        tps = progress_tps(err)
+        tps = [v for _, v in progress_tps(err)]  # (wall clock, tps) samples
         out["writer_tps"] = median(tps[2:]) if len(tps) > 2 else (median(tps) if tps else 0.0)
 
 
@@ -158,7 +158,7 @@ def mover_backfill(dsn: str, workdir: Path, rows: int, workers: int) -> dict:
     with connect(dsn) as conn:
         out["partitions"] = conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass",
                                          (f"{SOURCE}_new",)).fetchone()[0]
-        out["chunks"] = conn.execute("SELECT count(*) FROM mover.chunks c JOIN mover.migrations m"
+        out["chunks"] = conn.execute("SELECT count(*) FROM mover.ranges c JOIN mover.migrations m"
                                      " ON m.id = c.migration_id WHERE m.name = %s AND c.kind = 'backfill'",
                                      (name,)).fetchone()[0]
     out["rss_kib"] = rss
@@ -202,7 +202,7 @@ def main() -> None:
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
     ap.add_argument("--skip", action="append", default=[], choices=["limit", "mover", "partman"])
     args = ap.parse_args()
-    results: dict = {"rows": args.rows, "months": MONTHS}
+    results: dict = {"rows": args.rows, "months": MONTHS, "command": " ".join(["bench/partition.py", *sys.argv[1:]])}
     with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         db = create_database(dsn, "bench_partition")

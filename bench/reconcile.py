@@ -1,11 +1,13 @@
 """Reconcile benchmark (issue #4), measured side by side on one server in one run.
 
-    .venv/bin/python -m bench.reconcile [--rows 10000000] [--dsn DSN] [--no-datadiff] [--range-rows N]
+    .venv/bin/python -m bench.reconcile [--rows 10000000] [--shape narrow|wide] [--dsn DSN]
+                                        [--no-datadiff] [--range-rows N] [--type-rows N]
 
-On the backfill benchmark's table (bench/common.py: id bigint pk, created_at timestamptz,
-account_id int, amount numeric(12,2), status text, payload text ~80 bytes), copied by mover's
+On the backfill benchmark's table of --shape (bench/common.py: narrow is id bigint pk,
+created_at timestamptz, account_id int, amount numeric(12,2), status text, payload text ~80
+bytes; wide adds text[], jsonb, float8 with NaN, NULLs and a TOASTed text), copied by mover's
 own backfill, with 30 differences injected into the copy behind mover's back (10 changed
-values, 10 rows missing, 10 extra):
+values, in a different column each for the wide shape, 10 rows missing, 10 extra):
 
 1. the lower bound: one sequential pass per table computing the same row hash as mover's
    fingerprints (one connection, then one connection per table);
@@ -13,7 +15,11 @@ values, 10 rows missing, 10 extra):
 3. the two designs mover did not keep, on the same ranges: a join comparing one row hash per
    side, and per-range count + hash sum of each side with the mismatching ranges joined;
 4. data-diff 0.11 (PyPI), hashdiff mode, key id, every column, in its own virtual environment
-   (bench/.venv-datadiff, created on first use beside dbt-core<1.8 and pydantic<2).
+   (bench/.venv-datadiff, created on first use beside dbt-core<1.8 and pydantic<2);
+5. the cost of each column's comparison and hash, type by type, on the first --type-rows keys:
+   a join of both tables counting the rows whose column differs (mover's comparison of that
+   column) and a pass hashing that column (mover's hash input), each against the same
+   statement without the column, in nanoseconds per row.
 
 Each reports seconds, source rows/s, the ratio to the lower bound, and whether it found all 30
 differences (and nothing else). The server is mover.embedded.EmbeddedPostgres with the backfill
@@ -37,14 +43,20 @@ from pathlib import Path
 
 from psycopg import sql
 
-from bench.common import ROOT, connect, create_database, generate, mover_cli, save, server, table, timed
+from bench.common import ROOT, SHAPES, connect, create_database, generate, mover_cli, save, server, table, timed
 
 SOURCE = "bench_source"
 TARGET = "bench_source_new"
 NAME = "bench_rec"
 DATADIFF_VENV = ROOT / "bench" / ".venv-datadiff"
 DATADIFF_REQUIREMENTS = ["data-diff[postgresql]==0.11.*", "dbt-core<1.8", "pydantic<2"]
-COLUMNS = ("created_at", "account_id", "amount", "status", "payload")
+COLUMNS = {"narrow": ("created_at", "account_id", "amount", "status", "payload"),
+           "wide": ("created_at", "account_id", "amount", "status", "payload", "tags", "attrs", "score", "note",
+                    "body")}
+# the wide shape's 10 changed rows: one column each (the narrow one changes amount)
+CHANGES = ("amount = amount + 0.01", "attrs = attrs || '{\"x\": 1}'", "tags = tags || 'x'::text", "score = -1",
+           "note = coalesce(note, '') || 'x'", "body = body || 'x'", "status = 'changed'", "payload = payload || 'x'",
+           "created_at = created_at + interval '1 microsecond'", "account_id = account_id + 1")
 
 PLAN = """
 [migration]
@@ -72,19 +84,20 @@ def wait_for_other_benchmarks() -> None:
         time.sleep(30)
 
 
-def inject(dsn: str, rows: int) -> dict[str, set[str]]:
+def inject(dsn: str, rows: int, shape: str) -> dict[str, set[str]]:
     """30 differences spread over the key space, written to the copy only."""
     step = rows // 31
     changed = [str(step * k) for k in range(1, 11)]
     missing = [str(step * k + step // 2) for k in range(1, 11)]
     extra = [str(rows + 1000 * k) for k in range(1, 6)] + [str(-k) for k in range(1, 6)]
+    t = sql.Identifier(TARGET)
     with connect(dsn) as conn:
-        conn.execute(sql.SQL("UPDATE {} SET amount = amount + 0.01 WHERE id = ANY(%s::bigint[])").format(
-            sql.Identifier(TARGET)), (changed,))
-        conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(sql.Identifier(TARGET)), (missing,))
+        for i, key in enumerate(changed):
+            change = CHANGES[i] if shape == "wide" else CHANGES[0]
+            conn.execute(sql.SQL("UPDATE {} SET {} WHERE id = %s").format(t, sql.SQL(change)), (int(key),))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s::bigint[])").format(t), (missing,))
         conn.execute(sql.SQL("INSERT INTO {} (id, created_at, account_id, amount, status, payload)"
-                             " SELECT k, now(), 1, 1, 'extra', 'x' FROM unnest(%s::bigint[]) k").format(
-            sql.Identifier(TARGET)), (extra,))
+                             " SELECT k, now(), 1, 1, 'extra', 'x' FROM unnest(%s::bigint[]) k").format(t), (extra,))
     return {"different": set(changed), "missing_in_target": set(missing), "extra_in_target": set(extra)}
 
 
@@ -178,6 +191,29 @@ def hash_join(dsn: str, s, ranges, injected) -> dict:
     return {"seconds": seconds, **judge(found, injected)}
 
 
+def typed_join(dsn: str, s, ranges, injected) -> dict:
+    """For the comparison only: per range, the FULL JOIN comparing typed values (mover's test of
+    a row, no hash at all), against the join comparing row hashes above."""
+    from mover.sql import compare
+    found: dict[str, set[str]] = {}
+    with connect(dsn) as conn:
+        started = time.perf_counter()
+        for lo, hi in ranges:
+            sw, sp = _range("s", lo, hi)
+            tw, tp = _range("t", lo, hi)
+            q = sql.SQL("""
+                SELECT coalesce(s.id, t.id)::text, CASE WHEN t.id IS NULL THEN 'missing_in_target'
+                       WHEN s.id IS NULL THEN 'extra_in_target' ELSE 'different' END
+                FROM (SELECT * FROM {src} s WHERE {sw}) s
+                FULL JOIN (SELECT * FROM {dst} t WHERE {tw}) t ON s.id = t.id
+                WHERE {differs}""").format(src=sql.Identifier(SOURCE), dst=sql.Identifier(TARGET), sw=sw, tw=tw,
+                                           differs=compare.differs(s))
+            for key, kind in conn.execute(q, sp + tp).fetchall():
+                found.setdefault(kind, set()).add(key)
+        seconds = time.perf_counter() - started
+    return {"seconds": seconds, **judge(found, injected)}
+
+
 def bisect(dsn: str, s, ranges, injected) -> dict:
     """Alternative 2: per range, count + hash sum of each side in one statement; the ranges whose
     figures differ are then joined row by row (mover's own range statement)."""
@@ -203,6 +239,40 @@ def bisect(dsn: str, s, ranges, injected) -> dict:
     return {"seconds": seconds, "ranges_joined": mismatched, **judge(found, injected)}
 
 
+def type_costs(dsn: str, s, rows: int) -> dict:
+    """Per column, on keys 1..rows: the time mover's comparison of that column adds to a join of
+    both tables, and the time its hash input adds to a pass over the source; best of 3 each,
+    nanoseconds per row over the bare statement."""
+    from mover.sql import compare
+    src, dst = s.mapping.src.ident, s.mapping.dst.ident
+
+    def best(q: sql.Composable) -> float:
+        with connect(dsn) as conn:
+            conn.execute("SET max_parallel_workers_per_gather = 0")
+            # the bare statements read the heap too, as every column's do: the difference is the
+            # column's own cost (its deforming, comparison or hash)
+            conn.execute("SET enable_indexonlyscan = off")
+            conn.execute(q, (rows,)).fetchone()  # warm
+            return min(timed(lambda: conn.execute(q, (rows,)).fetchone()) for _ in range(3))
+
+    join = sql.SQL("SELECT count(*) FILTER (WHERE {}) FROM {} s JOIN {} t ON t.id = s.id WHERE s.id <= %s")
+    hashed = sql.SQL("SELECT sum(hash_record_extended(ROW({}), 0)) FROM {} s WHERE s.id <= %s")
+    bare_join = best(join.format(sql.SQL("s.id IS DISTINCT FROM t.id"), src, dst))
+    bare_hash = best(hashed.format(sql.SQL("s.id"), src))
+    out: dict = {"rows": rows, "bare_join_s": bare_join, "bare_hash_s": bare_hash, "columns": {}}
+    for c in s.non_key:
+        cmp_q = join.format(sql.SQL("{} IS DISTINCT FROM {}").format(compare.compared(c, "s", "src"),
+                                                                    compare.compared(c, "t", "dst")), src, dst)
+        hash_q = hashed.format(sql.SQL("s.id, {}").format(compare._hash_input(c, "s", "src")), src)
+        with connect(dsn) as conn:
+            type_name = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                                     " WHERE attrelid = %s::regclass AND attname = %s", (SOURCE, c.name)).fetchone()[0]
+        out["columns"][c.name] = {"type": type_name, "mode": c.mode,
+                                  "compare_ns": (best(cmp_q) - bare_join) / rows * 1e9,
+                                  "hash_ns": (best(hash_q) - bare_hash) / rows * 1e9}
+    return out
+
+
 def ensure_datadiff() -> tuple[Path | None, str | None]:
     exe = DATADIFF_VENV / "bin" / "data-diff"
     if exe.exists():
@@ -217,7 +287,7 @@ def ensure_datadiff() -> tuple[Path | None, str | None]:
     return exe, None
 
 
-def datadiff(dsn: str, injected) -> dict:
+def datadiff(dsn: str, injected, columns: tuple[str, ...]) -> dict:
     exe, problem = ensure_datadiff()
     if exe is None:
         return {"error": problem}
@@ -226,7 +296,7 @@ def datadiff(dsn: str, injected) -> dict:
     if parts.password is None and parts.username:
         parts = parts._replace(netloc=f"{parts.username}:bench@{parts.hostname}:{parts.port}")
     url = urllib.parse.urlunsplit(parts)
-    args = [str(exe), url, SOURCE, TARGET, "-k", "id", *[a for c in COLUMNS for a in ("-c", c)],
+    args = [str(exe), url, SOURCE, TARGET, "-k", "id", *[a for c in columns for a in ("-c", c)],
             "--algorithm", "hashdiff", "--no-tracking", "--json"]
     started = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "COLUMNS": "100000"})
@@ -245,12 +315,13 @@ def datadiff(dsn: str, injected) -> dict:
     return {"seconds": seconds, "version": version, **judge(found, injected)}
 
 
-def run(dsn: str, rows: int, range_rows: int, with_datadiff: bool) -> dict:
-    results: dict = {"rows": rows, "range_rows": range_rows}
+def run(dsn: str, rows: int, range_rows: int, with_datadiff: bool, shape: str = "narrow",
+        type_rows: int = 1_000_000) -> dict:
+    results: dict = {"rows": rows, "range_rows": range_rows, "shape": shape}
     db = create_database(dsn, "bench_reconcile")
     with connect(db) as conn:
         results["server"] = conn.execute("SELECT version()").fetchone()[0]
-    results["generate_s"] = timed(lambda: generate(db, SOURCE, rows))
+    results["generate_s"] = timed(lambda: generate(db, SOURCE, rows, shape))
     with tempfile.TemporaryDirectory() as tmp:
         plan = Path(tmp) / "rec.toml"
         plan.write_text(PLAN.format(name=NAME, source=SOURCE, range_rows=range_rows))
@@ -262,7 +333,7 @@ def run(dsn: str, rows: int, range_rows: int, with_datadiff: bool) -> dict:
     with connect(db) as conn:
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(TARGET)))
         conn.execute("CHECKPOINT")
-    injected = inject(db, rows)
+    injected = inject(db, rows, shape)
     s = spec(db)
     lower_bound(db, s)  # warm-up: both tables in the cache for everyone alike
     results["lower_bound"] = lower_bound(db, s)
@@ -270,41 +341,62 @@ def run(dsn: str, rows: int, range_rows: int, with_datadiff: bool) -> dict:
     results["mover_2w"] = mover_pass(db, 2, injected)
     ranges = mover_ranges(db)
     results["alt_hash_join"] = hash_join(db, s, ranges, injected)
+    results["typed_join_only"] = typed_join(db, s, ranges, injected)
     results["alt_bisect"] = bisect(db, s, ranges, injected)
     results["lower_bound_again"] = lower_bound(db, s)
+    if type_rows:
+        results["type_costs"] = type_costs(db, s, min(type_rows, rows))
     if with_datadiff:
-        results["datadiff"] = datadiff(db, injected)
+        results["datadiff"] = datadiff(db, injected, COLUMNS[shape])
     return results
 
 
 def report(r: dict) -> str:
     rows = r["rows"]
-    lb = min(r["lower_bound"]["seconds"], r["lower_bound_again"]["seconds"])
+    # the best of the two measurements (before and after the others) of each bound
+    lb1 = min(r["lower_bound"]["seconds"], r["lower_bound_again"]["seconds"])
+    lb2 = min(r["lower_bound"]["two_connections_s"], r["lower_bound_again"]["two_connections_s"])
     dd = r.get("datadiff", {}).get("seconds") if "error" not in r.get("datadiff", {}) else None
     out = []
 
     def line(what, seconds, found=None, note=""):
         ratio_dd = f"{dd / seconds:.1f}x faster" if dd and seconds and what.startswith("mover") else ""
-        out.append((what, f"{seconds:.2f}", f"{rows / seconds:,.0f}", f"{seconds / lb:.2f}", ratio_dd,
-                    "" if found is None else ("yes" if found["all"] else f"no ({found['found']}/30, "
-                                                                          f"{found['extra']} extra)"), note))
-    line("lower bound: same row hash, one pass per table, 1 connection", lb)
-    line("lower bound, one connection per table", r["lower_bound"]["two_connections_s"])
+        out.append((what, f"{seconds:.2f}", f"{rows / seconds:,.0f}", f"{seconds / lb1:.2f}", f"{seconds / lb2:.2f}",
+                    ratio_dd, "" if found is None else ("yes" if found["all"] else f"no ({found['found']}/30, "
+                                                                                    f"{found['extra']} extra)"),
+                    note))
+    line("lower bound: same row hash, one pass per table, 1 connection", lb1)
+    line("lower bound, one connection per table", lb2)
     for key, what in (("mover_1w", "mover reconcile --full, 1 worker"),
                       ("mover_2w", "mover reconcile --full, 2 workers")):
         m = r[key]
-        line(what, m["seconds"], m, f"pass {m['pass_seconds']:.2f}s, {m['ranges']} ranges, CLI wall time")
+        line(what, m["seconds"], m, f"pass {m['pass_seconds']:.2f}s ({m['pass_seconds'] / lb1:.2f}x, "
+                                    f"{m['pass_seconds'] / lb2:.2f}x the bounds), {m['ranges']} ranges, CLI wall time; "
+                                    f"RSS {m['rss_kib'] / 1024:.0f} MiB")
     line("alternative: join comparing row hashes", r["alt_hash_join"]["seconds"], r["alt_hash_join"])
+    if "typed_join_only" in r:
+        line("for comparison: the typed join alone, no hash (not a design: no fingerprints)",
+             r["typed_join_only"]["seconds"], r["typed_join_only"])
     line("alternative: per-range count + hash sums, then join", r["alt_bisect"]["seconds"], r["alt_bisect"],
          f"{r['alt_bisect']['ranges_joined']} ranges joined")
     d = r.get("datadiff")
     if d is not None:
         if "error" in d:
-            out.append(("data-diff 0.11 hashdiff", "-", "-", "-", "-", "-", d["error"]))
+            out.append(("data-diff 0.11 hashdiff", "-", "-", "-", "-", "-", "-", d["error"]))
         else:
             line(f"data-diff {d['version'].split()[-1]} hashdiff, -k id, all columns", d["seconds"], d)
-    text = table(out, ("what", "seconds", "rows/s", "x lower bound", "vs data-diff", "found all 30", "notes"))
-    return (f"{rows:,} rows per table, {r['range_rows']:,}-key ranges; {r['server']}\n"
+    text = table(out, ("what", "seconds", "rows/s", "x bound (1 conn)", "x bound (2 conns)", "vs data-diff",
+                       "found all 30", "notes"))
+    if "type_costs" in r:
+        tc = r["type_costs"]
+        per = [(name, c["type"], c["mode"], f"{c['compare_ns']:.0f}", f"{c['hash_ns']:.0f}")
+               for name, c in sorted(tc["columns"].items(), key=lambda kv: -(kv[1]["compare_ns"] + kv[1]["hash_ns"]))]
+        text += (f"\n\nper-column cost on {tc['rows']:,} keys (ns per row over the bare join "
+                 f"{tc['bare_join_s'] / tc['rows'] * 1e9:.0f} ns and the bare hash pass "
+                 f"{tc['bare_hash_s'] / tc['rows'] * 1e9:.0f} ns):\n"
+                 + table(per, ("column", "type", "mode", "compare ns/row", "hash ns/row")))
+    return (f"{rows:,} rows per table, {r.get('shape', 'narrow')} table, {r['range_rows']:,}-key ranges; "
+            f"{r['server']}\n"
             f"(mover run to the cutover gate, backfill and first pass included: {r['mover_run_to_gate_s']:.1f}s)\n\n"
             + text)
 
@@ -312,15 +404,18 @@ def report(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--shape", choices=SHAPES, default="narrow", help="the generated table (bench/common.py)")
     ap.add_argument("--range-rows", type=int, default=100_000)
+    ap.add_argument("--type-rows", type=int, default=1_000_000, help="keys of the per-column cost (0: skip it)")
     ap.add_argument("--dsn", help="use this server (a superuser DSN) instead of starting one")
     ap.add_argument("--no-datadiff", action="store_true", help="skip data-diff")
     args = ap.parse_args()
     if args.rows > 1_000_000:
         wait_for_other_benchmarks()
     with server(args.dsn) as (dsn, _):
-        results = run(dsn, args.rows, args.range_rows, not args.no_datadiff)
-    path = save("reconcile", results)
+        results = run(dsn, args.rows, args.range_rows, not args.no_datadiff, args.shape, args.type_rows)
+    results["command"] = " ".join(["python -m bench.reconcile", *sys.argv[1:]])
+    path = save(f"reconcile-{args.shape}", results)
     print(report(results))
     print(f"\nraw results: {path}")
 

@@ -8,24 +8,17 @@ compares by value. Types without a hash function (json, xml, the geometric types
 composite or array holding one) compare by their text form: json keeps its input text
 verbatim, so two json values are equal when their text is.
 
-How the statement compares, and why (bench/reconcile.py, the benchmark table, one connection):
-
-- statements alone, 2 M rows in 100 k-key ranges: a FULL JOIN on the key comparing typed
-  values with IS DISTINCT FROM 0.8 s; the same join comparing one hash_record_extended()
-  per row and side 1.5 s; hashing every row of both tables and nothing else 1.3 s;
-- whole passes, 10 M rows: this statement (typed join + the source side's hash, below)
-  8.0 s; a join comparing row hashes 8.0 s; per-range count + hash sum of each side, then a
-  join of the 22 ranges that differ, 8.5 s; hashing both tables, nothing else, 5.5 s.
-
-Hashing is the cost, not reading: comparing the typed values themselves is twice as fast as
-hashing them, and it is exact, with no probability of a missed difference at all. So rows are
-compared by value in a merge join of the two key-ordered ranges, and the only hash computed
-is the one each range's stored fingerprint needs: the source side's, once per row. The target
-side's fingerprint follows from it without hashing the target: every row the join found
-equal hashes the same on both sides (hash functions agree with their type's equality), so the
-target's sum is the source's minus the source hashes of the rows that differ plus the target
-hashes of those rows, which the statement returns anyway. Exactness costs nothing against the
-hash join, and the per-range fingerprints come with it.
+How the statement compares, and why (measured by bench/reconcile.py in one run, figures in
+bench/README.md): hashing is the cost, not reading. A join comparing the typed values
+themselves takes about half the time of one hashing them, and it is exact, with no
+probability of a missed difference at all. So rows are compared by value in a merge join of
+the two key-ordered ranges, and the only hash computed is the one each range's stored
+fingerprint needs: the source side's, once per row. The target side's fingerprint follows from
+it without hashing the target: every row the join found equal hashes the same on both sides
+(hash functions agree with their type's equality), so the target's sum is the source's minus
+the source hashes of the rows that differ plus the target hashes of those rows, which the
+statement returns anyway. Exactness costs nothing against the hash join, and the per-range
+fingerprints come with it.
 
 Per-range bisection loses twice: it hashes both sides of every range, and a range that
 differs is then read again. It would only win when the two tables are in different
@@ -81,8 +74,7 @@ class Compared:
     is_key: bool
     # The source's type, for a conversion that can lose information: compared (and hashed) in
     # it, the target's value cast back (exact: these narrowings widen back without loss), so a
-    # value the conversion changed differs. cast_to is then unused. One cast per row either way:
-    # 300k rows of numeric(12,4) -> (12,2) and float8 -> float4 compared alike in time both ways.
+    # value the conversion changed differs. cast_to is then unused. One cast per row either way.
     back_to: str | None = None
 
 

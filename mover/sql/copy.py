@@ -18,8 +18,7 @@ from mover.sql.mapping import Mapping, ident_list, key_row, overriding, range_pr
 def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """The key `%s` rows after `lo` (text form), or no row when fewer remain."""
     where, params = range_predicate("s", m, lo, None)
-    # The text cast outside the OFFSET: inside, the index-only scan would cast every key it skips
-    # (measured: twice the time of the bare scan, 0.3 s per 10 M keys).
+    # The text cast outside the OFFSET: inside, the index-only scan would cast every key it skips.
     q = sql.SQL("SELECT {keys} FROM (SELECT {cols} FROM {src} s WHERE {where} ORDER BY {order} OFFSET %s LIMIT 1) s"
                 ).format(
         keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("s", k)) for k in m.key),

@@ -108,6 +108,11 @@ CASES = [
 ]
 
 
+# The session time zones every case is compared in: the values were written in the server's
+# default zone; a timestamptz compares by instant, and a text-compared value's text must not move.
+ZONES = ("UTC", "America/St_Johns", "Asia/Kathmandu")
+
+
 def execute(dsn: str, *statements: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for stmt in statements:
@@ -165,7 +170,14 @@ def test_equal_means_is_not_distinct_from(db_dsn, case, setup, src_type, dst_typ
         pytest.skip("this server was built without libxml (the pgserver wheel's 16.2): no xml type to compare")
     build(db_dsn, setup, src_type, dst_type, pairs)
     unequal = {str(i) for i, (_, _, eq) in enumerate(pairs, 1) if not eq}
-    with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:  # a transaction: spec_for() probes in savepoints
+    for zone in ZONES:
+        check_case(db_dsn, zone, case, src_type, dst_type, pairs, has_equality, unequal)
+
+
+def check_case(db_dsn, zone, case, src_type, dst_type, pairs, has_equality, unequal):
+    case = f"{case} in TimeZone {zone}"
+    # a transaction: spec_for() probes in savepoints
+    with psycopg.connect(db_dsn, options=f"-c TimeZone={zone}") as conn, conn.cursor() as cur:
         spec = spec_of(cur)
         agg, diffs = compare_all(cur, spec)
         kinds = {d["key"][0]: d["kind"] for d in diffs}

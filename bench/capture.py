@@ -1,0 +1,226 @@
+"""Capture overhead (issue #12): what the application pays for mover's trigger, trigger design
+by trigger design, measured side by side on one server in one run.
+
+    .venv/bin/python bench/capture.py [--runs 10] [--seconds 5] [--scale 20] [--clients 4]
+                                      [--variant NAME ...] [--dsn DSN]
+
+pgbench's built-in tpcb-like and simple-update on pgbench_accounts (the trigger sits on that
+table only: one logged key per transaction for both scripts), each variant installed,
+measured for --seconds and removed again. Every round runs every variant once, in an order
+shuffled per round (seeded), so drift over the run (table bloat, checkpoints, the history
+table growing) falls on all variants alike. Reported per variant: the median TPS, its spread
+(min..max and the interquartile range), the cost against no trigger from the medians, and the
+median of the per-round paired ratios (variant / no trigger in the same round), which drift
+between rounds cannot move.
+
+Variants (names for --variant):
+  none        no trigger: the baseline
+  mover       mover's trigger as shipped: a plpgsql row trigger appending the key to a log with
+              a bigint identity primary key (mover/sql/capture.py)
+  statement   statement-level triggers with transition tables, one per event (PostgreSQL
+              allows transition tables only on single-event triggers), each one INSERT ... SELECT
+              of the keys into the same log
+  definer     mover's function made SECURITY DEFINER with SET search_path (a GUC save and
+              restore on every call)
+  no_log_pk   mover's trigger, the log without its primary key index
+  unlogged    mover's trigger, the log UNLOGGED: what the log's WAL costs (not shippable: an
+              unlogged log is empty after a crash, losing changes)
+  fillfactor  mover's trigger, the log at fillfactor 50
+A trigger function in LANGUAGE sql is not a variant: PostgreSQL refuses it ("SQL functions
+cannot return type trigger"); the script asks the server and records its answer.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/capture.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import random
+import re
+import statistics
+import subprocess
+import time
+
+import psycopg
+from psycopg import sql
+
+from bench.common import bindir, connect, create_database, save, server, table
+
+MID = 999999
+VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk", "unlogged", "fillfactor")
+DEFAULT_VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk")
+WORKLOADS = ("tpcb-like", "simple-update")
+
+
+def _names():
+    from mover import names
+    return (names.QualifiedName("public", "pgbench_accounts"), names.change_log(MID), names.capture_function(MID),
+            names.capture_trigger(MID))
+
+
+def install(cur: psycopg.Cursor, variant: str) -> None:
+    from mover import capture
+    from mover.sql import capture as q
+    accounts, log, fn, trigger = _names()
+    if variant == "none":
+        return
+    if variant == "statement":
+        cur.execute(q.create_log(log, ("aid",), ("integer",)))
+        for stmt in q.grant_log(log):
+            cur.execute(stmt)
+        for event, refs, body in (
+                ("INSERT", "NEW TABLE AS n", "INSERT INTO {log} (aid) SELECT aid FROM n"),
+                ("DELETE", "OLD TABLE AS o", "INSERT INTO {log} (aid) SELECT aid FROM o"),
+                # the new keys, and the old ones an UPDATE moved away from (rows are not paired)
+                ("UPDATE", "OLD TABLE AS o NEW TABLE AS n",
+                 "INSERT INTO {log} (aid) SELECT aid FROM n UNION ALL (SELECT aid FROM o EXCEPT SELECT aid FROM n)")):
+            f = sql.Identifier(fn.schema, f"{fn.name}_{event.lower()}")
+            text = sql.SQL("BEGIN " + body + "; RETURN NULL; END").format(log=log.ident).as_string(cur)
+            cur.execute(sql.SQL("CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS {}").format(
+                f, sql.Literal(text)))  # a function body is a literal: PostgreSQL takes no parameter there
+            cur.execute(sql.SQL("CREATE TRIGGER {} AFTER {} ON {} REFERENCING {} FOR EACH STATEMENT"
+                                " EXECUTE FUNCTION {}()").format(
+                sql.Identifier(f"{trigger}_{event.lower()}"), sql.SQL(event), accounts.ident, sql.SQL(refs), f))
+        return
+    capture.install(cur, MID, accounts, ("aid",), "bench")
+    if variant == "definer":
+        cur.execute(sql.SQL("ALTER FUNCTION {}() SECURITY DEFINER SET search_path = pg_catalog, pg_temp").format(
+            fn.ident))
+    elif variant == "no_log_pk":
+        cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(log.ident, sql.Identifier(f"{log.name}_pkey")))
+    elif variant == "unlogged":
+        cur.execute(sql.SQL("ALTER TABLE {} SET UNLOGGED").format(log.ident))
+    elif variant == "fillfactor":
+        cur.execute(sql.SQL("ALTER TABLE {} SET (fillfactor = 50)").format(log.ident))
+
+
+def remove(cur: psycopg.Cursor, variant: str) -> None:
+    from mover import capture
+    accounts, log, fn, trigger = _names()
+    if variant == "none":
+        return
+    if variant == "statement":
+        for event in ("insert", "update", "delete"):
+            cur.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(f"{trigger}_{event}"), accounts.ident))
+            cur.execute(sql.SQL("DROP FUNCTION {}()").format(sql.Identifier(fn.schema, f"{fn.name}_{event}")))
+        cur.execute(sql.SQL("DROP TABLE {}").format(log.ident))
+        return
+    capture.remove(cur, MID, accounts)
+
+
+def sql_trigger_answer(dsn: str) -> str:
+    """What the server says to a trigger function in LANGUAGE sql."""
+    with connect(dsn) as conn:
+        try:
+            conn.execute("CREATE FUNCTION bench_sql_trigger() RETURNS trigger LANGUAGE sql AS 'SELECT NULL'")
+        except psycopg.Error as exc:
+            return str(exc).splitlines()[0]
+        conn.execute("DROP FUNCTION bench_sql_trigger()")
+        return "accepted"
+
+
+def logged_keys(dsn: str, variant: str) -> int | None:
+    if variant == "none":
+        return None
+    _, log, _, _ = _names()
+    with connect(dsn) as conn:
+        conn.autocommit = False
+        cur = conn.cursor()
+        cur.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1")
+        cur.execute("UPDATE pgbench_accounts SET aid = -aid WHERE aid = 2")  # a key change: old and new key
+        n = cur.execute(sql.SQL("SELECT count(*) FROM {}").format(log.ident)).fetchone()[0]
+        conn.rollback()
+    return n
+
+
+def pgbench(dsn: str, builtin: str, seconds: int, clients: int) -> float:
+    out = subprocess.run([str(bindir() / "pgbench"), "-n", "-c", str(clients), "-j", str(min(clients, 2)),
+                          "-T", str(seconds), "-b", builtin, dsn], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"tps = ([\d.]+)", out)
+    assert m, out
+    return float(m.group(1))
+
+
+def summary(values: list[float]) -> dict:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "q1": q[0], "q3": q[2],
+            "runs": values}
+
+
+def run(dsn: str, runs: int, seconds: int, scale: int, clients: int, variants: tuple[str, ...], seed: int) -> dict:
+    from mover import api
+    from mover.db import Database
+    pgdsn = create_database(dsn, "bench_capture")
+    subprocess.run([str(bindir() / "pgbench"), "-i", "-q", "-s", str(scale), pgdsn], check=True, capture_output=True)
+    api.init(pgdsn)
+    db = Database(pgdsn)
+    results: dict = {"sql_trigger_function": sql_trigger_answer(pgdsn), "logged_keys_check": {}}
+    for v in variants:  # each variant logs what mover's does for an update and a key change: 3 keys
+        db.transaction(lambda cur, v=v: install(cur, v))
+        results["logged_keys_check"][v] = logged_keys(pgdsn, v)
+        db.transaction(lambda cur, v=v: remove(cur, v))
+    rng = random.Random(seed)
+    for builtin in WORKLOADS:
+        tps: dict[str, list[float]] = {v: [] for v in variants}
+        for r in range(runs):
+            order = list(variants)
+            rng.shuffle(order)
+            for v in order:
+                db.transaction(lambda cur, v=v: install(cur, v))
+                tps[v].append(pgbench(pgdsn, builtin, seconds, clients))
+                db.transaction(lambda cur, v=v: remove(cur, v))
+            print(f"{builtin} round {r + 1}/{runs}: " + ", ".join(f"{v} {tps[v][-1]:.0f}" for v in variants),
+                  flush=True)
+        base = tps["none"]
+        results[builtin] = {v: {**summary(tps[v]), "cost": 1 - statistics.median(tps[v]) / statistics.median(base),
+                                "paired_cost": 1 - statistics.median(a / b for a, b in zip(tps[v], base, strict=True))}
+                            for v in variants}
+    db.close()
+    return results
+
+
+def report(r: dict) -> str:
+    out = []
+    for builtin in WORKLOADS:
+        for v, x in r[builtin].items():
+            out.append((builtin, v, f"{x['median']:,.0f}", f"{x['min']:,.0f}..{x['max']:,.0f}",
+                        f"{x['q1']:,.0f}..{x['q3']:,.0f}", "" if v == "none" else f"{x['cost'] * 100:.1f} %",
+                        "" if v == "none" else f"{x['paired_cost'] * 100:.1f} %"))
+    return (f"pgbench scale {r['scale']}, {r['clients']} clients, {r['seconds']} s per run, {r['runs']} interleaved"
+            f" rounds; {r['server']}\n\n"
+            + table(out, ("workload", "variant", "median tps", "min..max", "q1..q3", "cost (medians)",
+                          "cost (paired, median)"))
+            + f"\n\nLANGUAGE sql trigger function: {r['sql_trigger_function']}"
+            + f"\nkeys logged for one update and one key change: {r['logged_keys_check']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=10, help="interleaved rounds (every variant once per round)")
+    ap.add_argument("--seconds", type=int, default=5, help="length of each pgbench run")
+    ap.add_argument("--scale", type=int, default=20)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--variant", action="append", choices=VARIANTS, help="default: " + " ".join(DEFAULT_VARIANTS))
+    ap.add_argument("--seed", type=int, default=12)
+    ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
+    args = ap.parse_args()
+    variants = tuple(dict.fromkeys(["none", *(args.variant or DEFAULT_VARIANTS)]))
+    started = time.time()
+    with server(args.dsn) as (dsn, _):
+        results = run(dsn, args.runs, args.seconds, args.scale, args.clients, variants, args.seed)
+        with connect(dsn) as conn:
+            results["server"] = conn.execute("SELECT version()").fetchone()[0]
+    results.update(runs=args.runs, seconds=args.seconds, scale=args.scale, clients=args.clients, seed=args.seed,
+                   variants=variants, wall_s=time.time() - started,
+                   command=" ".join(["bench/capture.py", *sys.argv[1:]]))
+    path = save("capture", results)
+    print(report(results))
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()

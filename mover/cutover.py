@@ -417,16 +417,6 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     return held
 
 
-def lock_not_granted(ctx: Context, table: names.QualifiedName, what: str, retry: str) -> Waiting:
-    """Every lock on the live table waits at most lock_timeout per attempt; once the attempts
-    are spent the operator decides (exit 3), rather than a bare database error (exit 1)."""
-    c = ctx.plan.cutover
-    return Waiting(f"could not lock {table} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
-                   f" migration {ctx.migration.name!r}; nothing was changed",
-                   hint=f"retry `{retry}` when the table is quieter, or raise [cutover] lock_timeout / attempts"
-                        f" (`mover set {ctx.migration.name} cutover.attempts=...`)")
-
-
 def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
     preflight(ctx, last_check)
     try:

@@ -189,15 +189,6 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
     return tuple(out)
 
 
-def inbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[str]:
-    cur.execute(
-        "SELECT format('%%I on %%s', conname, conrelid::regclass) FROM pg_constraint"
-        " WHERE contype = 'f' AND confrelid = %s AND conrelid <> %s ORDER BY 1",
-        (oid, oid),
-    )
-    return [r[0] for r in cur.fetchall()]
-
-
 def outbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str]]:
     """(name, definition) of the table's own foreign keys, self-references included."""
     cur.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
@@ -219,20 +210,6 @@ def unvalidated_checks(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str, st
     cur.execute("SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint') FROM pg_constraint"
                 " WHERE contype = 'c' AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
     return [(r[0], r[1], r[2]) for r in cur.fetchall()]
-
-
-def dependent_views(cur: psycopg.Cursor, oid: int) -> list[str]:
-    cur.execute(
-        """
-        SELECT DISTINCT v.oid::regclass::text
-        FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class v ON v.oid = r.ev_class
-        WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
-          AND d.refobjid = %s AND v.oid <> %s
-        ORDER BY 1
-        """,
-        (oid, oid),
-    )
-    return [r[0] for r in cur.fetchall()]
 
 
 def type_exists(cur: psycopg.Cursor, type_text: str) -> bool:

@@ -77,17 +77,14 @@ def test_follower_drains_the_gate_and_the_window_while_the_operator_cuts_over(db
     assert sql(db_dsn, "SELECT lease_owner FROM mover.migrations WHERE name = 'promise'")[0][0] is None
 
 
-def test_follower_exits_when_the_operator_rolls_back(db_dsn, tmp_path):
-    create_orders(db_dsn, 2_000)
-    plan = plan_file(tmp_path)
-    assert mover(db_dsn, "run", plan).returncode == 3
-    assert mover(db_dsn, "cutover", "promise").returncode == 0
-    proc = spawn(db_dsn, "run", "promise", "--wait")
+def follower_applies_then_exits_on(db_dsn, proc, other: str, note: str, command: str) -> None:
+    """A write by the application reaches `other` through the running follower; then the operator's
+    `command` from another process succeeds and the follower exits 0 by itself."""
     try:
-        sql(db_dsn, """INSERT INTO "Orders" ("Account", note) VALUES (7, 'in the window')""")
-        wait_for(lambda: sql(db_dsn, """SELECT count(*) FROM "Orders_old" WHERE note = 'in the window'""")[0][0] == 1,
-                 "the follower applying the reverse log", proc)
-        r = mover(db_dsn, "rollback", "promise")
+        sql(db_dsn, """INSERT INTO "Orders" ("Account", note) VALUES (7, %s)""", (note,))
+        probe = psycopg_sql.SQL("SELECT count(*) FROM {} WHERE note = %s").format(psycopg_sql.Identifier(other))
+        wait_for(lambda: sql(db_dsn, probe, (note,))[0][0] == 1, f"the follower applying the log to {other}", proc)
+        r = mover(db_dsn, command, "promise")
         assert r.returncode == 0, r.stderr
         code, err = finish(proc, 30)
         assert code == 0, err
@@ -95,6 +92,15 @@ def test_follower_exits_when_the_operator_rolls_back(db_dsn, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_follower_exits_when_the_operator_rolls_back(db_dsn, tmp_path):
+    create_orders(db_dsn, 2_000)
+    plan = plan_file(tmp_path)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    assert mover(db_dsn, "cutover", "promise").returncode == 0
+    proc = spawn(db_dsn, "run", "promise", "--wait")
+    follower_applies_then_exits_on(db_dsn, proc, "Orders_old", "in the window", "rollback")
     assert status(db_dsn)["step"] == "reconcile"
     assert sql(db_dsn, """SELECT count(*) FROM "Orders" WHERE note = 'in the window'""")[0][0] == 1
 
@@ -103,17 +109,6 @@ def test_follower_at_the_gate_exits_when_the_operator_aborts(db_dsn, tmp_path):
     create_orders(db_dsn, 1_000)
     assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
     proc = spawn(db_dsn, "follow", "promise", "--interval", "0.2")
-    try:
-        sql(db_dsn, """INSERT INTO "Orders" ("Account", note) VALUES (8, 'at the gate')""")
-        wait_for(lambda: sql(db_dsn, """SELECT count(*) FROM "Orders_new" WHERE note = 'at the gate'""")[0][0] == 1,
-                 "the follower applying the log at the gate", proc)
-        r = mover(db_dsn, "abort", "promise")
-        assert r.returncode == 0, r.stderr
-        code, err = finish(proc, 30)
-        assert code == 0, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+    follower_applies_then_exits_on(db_dsn, proc, "Orders_new", "at the gate", "abort")
     assert status(db_dsn)["state"] == "aborted"
     assert sql(db_dsn, "SELECT to_regclass('\"Orders_new\"')")[0][0] is None

@@ -304,17 +304,18 @@ class Worker(ranges.RangeWorker):
         ctx, mid = self.ctx, self.ctx.mid
         pacer = throttle.Throttle(throttle.Limits(), self.n_workers)
         waiting: str | None = None
-        drained = time.monotonic()  # the pass drained the log just before the workers started
+        drained = time.monotonic()  # run() drained the log as the pass started
+
+        def look(cur: psycopg.Cursor) -> tuple[control.Migration, str | None]:
+            """The migration row (`mover set` takes effect here) and, in the same transaction, why
+            to wait: it reads both whole tables, so it waits on pause, replica lag and its cap like
+            the backfill."""
+            m = control.get_by_id(cur, mid)
+            pacer.limits = limits(plan_from_canonical(m.plan))
+            return m, (None if m.state == "aborted" else pacer.reason(cur, m.paused))
+
         while True:
             ctx.checkpoint()
-
-            def look(cur: psycopg.Cursor) -> tuple[control.Migration, str | None]:
-                """The migration row (`mover set` takes effect here) and, in the same transaction,
-                why to wait: it reads both whole tables, so it waits on pause, replica lag and its
-                cap like the backfill."""
-                m = control.get_by_id(cur, mid)
-                pacer.limits = limits(plan_from_canonical(m.plan))
-                return m, (None if m.state == "aborted" else pacer.reason(cur, m.paused))
             m, reason = self.db.transaction(look)
             ctx.migration = m
             if m.state == "aborted":

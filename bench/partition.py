@@ -37,7 +37,7 @@ from contextlib import contextmanager
 
 from psycopg import sql
 
-from bench.backfill import progress_tps, start_pgbench
+from bench.backfill import _stats_read, _stats_reset, progress_tps, start_pgbench
 from bench.common import RESULTS, connect, create_database, median, mover_cli, server, table, timed
 
 SOURCE = "bench_source"
@@ -137,30 +137,101 @@ default = true
 accept_key_change = true
 [backfill]
 workers = {workers}
+{extra}
 [rollback]
 window = "0s"
 """
 
 
-def mover_backfill(dsn: str, workdir: Path, rows: int, workers: int) -> dict:
-    name = f"bench_part_w{workers}"
+def phases(conn, name: str) -> dict:
+    """mover's step split by phase, from its own records (mover.steps, mover.ranges, the events
+    index_built / indexes_built / analyzed): the copy (step start to the last range done), the
+    final drain of the change log, the index builds (wall time, first build start to last
+    end), the attach of partition indexes and comments, ANALYZE, and the rest (the done mark)."""
+    row = conn.execute("""
+        SELECT s.started_at, s.finished_at,
+               (SELECT max(r.finished_at) FROM mover.ranges r WHERE r.migration_id = m.id AND r.kind = 'backfill'),
+               (SELECT min(e.at - e.duration_ms * interval '1 ms') FROM mover.events e
+                 WHERE e.migration_id = m.id AND e.kind = 'index_built'),
+               (SELECT max(e.at) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'index_built'),
+               (SELECT max(e.at) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'indexes_built'),
+               (SELECT max(e.at - e.duration_ms * interval '1 ms') FROM mover.events e
+                 WHERE e.migration_id = m.id AND e.kind = 'analyzed'),
+               (SELECT max(e.at) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'analyzed'),
+               (SELECT count(*) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'index_built'),
+               (SELECT sum(e.duration_ms) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'index_built')
+        FROM mover.steps s JOIN mover.migrations m ON m.id = s.migration_id
+        WHERE m.name = %s AND s.name = 'backfill'""", (name,)).fetchone()
+    start, end, copied, ix_first, ix_last, ix_all, an_start, an_end, builds, build_ms = row
+    if None in (start, end, copied):
+        return {}
+    secs = lambda a, b: (b - a).total_seconds() if a is not None and b is not None else None  # noqa: E731
+    out = {"copy_s": secs(start, copied), "builds": builds, "build_sum_s": float(build_ms or 0) / 1000}
+    out["drain_s"] = secs(copied, ix_first) if ix_first else None
+    out["index_builds_s"] = secs(ix_first, ix_last)
+    out["attach_s"] = secs(ix_last, an_start or ix_all)
+    out["analyze_s"] = secs(an_start, an_end)
+    out["rest_s"] = secs(an_end, end)
+    return out
+
+
+def explain_apply(dsn: str, name: str) -> dict:
+    """EXPLAIN (ANALYZE, BUFFERS) of mover's replay statement against the partitioned target, on
+    what the change log holds at the step's end (changes logged during the index builds),
+    rolled back: how a lookup by the source key alone reaches the partitions."""
+    import psycopg
+
+    from mover import control, names
+    from mover.context import Context
+    from mover.db import Database
+    from mover.sql import capture as q
+    db = Database(dsn)
+    try:
+        m = db.transaction(lambda cur: control.get(cur, name))
+        ctx = Context(db=db, migration=m, owner="bench")
+        mapping = db.transaction(lambda cur: ctx.mapping(cur))
+        stmt = q.replay(mapping, names.change_log(m.id, False), covered=sql.SQL("true"), skip_locked=True)
+        with psycopg.connect(dsn) as conn:
+            (pending,) = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                names.change_log(m.id, False).ident)).fetchone()
+            plan = [r[0] for r in conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + stmt,
+                                               {"limit": 5000}).fetchall()]
+            conn.rollback()
+    finally:
+        db.close()
+    return {"log_rows": pending, "plan": plan}
+
+
+def mover_backfill(dsn: str, workdir: Path, rows: int, workers: int, index_builds: int = 0,
+                   profile: bool = False) -> dict:
+    name = f"bench_part_w{workers}" + (f"_i{index_builds}" if index_builds else "")
     plan = workdir / f"{name}.toml"
-    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=workers))
-    out: dict = {}
+    extra = f"index_builds = {index_builds}" if index_builds else ""
+    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=workers, extra=extra))
+    out: dict = {"workers": workers, "index_builds": index_builds or workers}
     with writing(dsn, workdir, rows, out):
         for _ in range(2):  # create_target, install_capture
             proc, _ = mover_cli(dsn, "step", str(plan))
             assert proc.returncode == 0, proc.stderr
+        if profile:
+            with connect(dsn) as conn:
+                pgss = _stats_reset(conn)
         started = time.perf_counter()
         proc, rss = mover_cli(dsn, "step", name)
         out["step_s"] = time.perf_counter() - started
         assert proc.returncode == 0, proc.stderr
+        if profile:
+            with connect(dsn) as conn:
+                out["profile"] = _stats_read(conn, pgss)
     with connect(dsn) as conn:
         out["partitions"] = conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass",
                                          (f"{SOURCE}_new",)).fetchone()[0]
         out["chunks"] = conn.execute("SELECT count(*) FROM mover.ranges c JOIN mover.migrations m"
                                      " ON m.id = c.migration_id WHERE m.name = %s AND c.kind = 'backfill'",
                                      (name,)).fetchone()[0]
+        out["phases"] = phases(conn, name)
+    if profile:
+        out["explain_apply"] = explain_apply(dsn, name)
     out["rss_kib"] = rss
     proc, _ = mover_cli(dsn, "abort", name)
     assert proc.returncode == 0, proc.stderr
@@ -216,9 +287,12 @@ def main() -> None:
             results["limit"] = single_statement(db, workdir, args.rows)
             print("single statement", results["limit"], flush=True)
         if "mover" not in args.skip:
-            for workers in (1, 2):
-                results[f"mover_{workers}w"] = mover_backfill(db, workdir, args.rows, workers)
-                print(f"mover {workers}w", results[f"mover_{workers}w"], flush=True)
+            # 1 worker with the pg_stat_statements profile; then 1 copy worker with 2 index build
+            # sessions, and 2 workers (2 of each, the default index_builds = workers).
+            for key, workers, builds in (("mover_1w", 1, 0), ("mover_1w_2i", 1, 2), ("mover_2w", 2, 0)):
+                results[key] = mover_backfill(db, workdir, args.rows, workers, builds, profile=key == "mover_1w")
+                print(key, {k: v for k, v in results[key].items() if k not in ("profile", "explain_apply")},
+                      flush=True)
         if "partman" not in args.skip:  # last: it empties the source
             results["pg_partman"] = pg_partman(db, workdir, args.rows)
             print("pg_partman", results["pg_partman"], flush=True)
@@ -238,6 +312,13 @@ def ratios(r: dict) -> dict:
             "pg_partman_over_mover_1w": partman / one if one and partman else None}
 
 
+def phase_words(p: dict) -> str:
+    parts = [("copy", "copy_s"), ("final drain", "drain_s"), ("index builds", "index_builds_s"),
+             ("attach", "attach_s"), ("ANALYZE", "analyze_s"), ("done mark", "rest_s")]
+    words = ", ".join(f"{w} {p[k]:.1f} s" for w, k in parts if p.get(k) is not None)
+    return f"{words} ({p['builds']} builds, {p['build_sum_s']:.1f} s summed)"
+
+
 def report(r: dict) -> str:
     rows = r["rows"]
     limit = r.get("limit", {}).get("total_s")
@@ -251,12 +332,14 @@ def report(r: dict) -> str:
         lim = r["limit"]
         line("single statement: INSERT INTO partitioned SELECT * (pk only) + 2 index builds", limit,
              f"copy {lim['copy_s']:.1f} s + indexes {lim['indexes_s']:.1f} s; writers {lim['writer_tps']:.0f} tps")
-    for w in (1, 2):
-        m = r.get(f"mover_{w}w")
+    for key in ("mover_1w", "mover_1w_2i", "mover_2w"):
+        m = r.get(key)
         if m:
-            line(f"mover backfill step, {w} worker{'s' if w > 1 else ''}", m["step_s"],
-                 f"{m['partitions']} partitions, {m['chunks']} ranges, RSS {m['rss_kib'] / 1024:.0f} MiB; "
-                 f"writers {m['writer_tps']:.0f} tps")
+            w, i = m.get("workers", int(key[6])), m.get("index_builds", int(key[6]))
+            plural = lambda n: "s" if n > 1 else ""  # noqa: E731
+            line(f"mover backfill step, {w} worker{plural(w)}, {i} index build session{plural(i)}",
+                 m["step_s"], f"{m['partitions']} partitions, {m['chunks']} ranges, RSS {m['rss_kib'] / 1024:.0f} MiB; "
+                 f"writers {m['writer_tps']:.0f} tps" + (f"; {phase_words(m['phases'])}" if m.get("phases") else ""))
     p = r.get("pg_partman", {})
     if p.get("total_s"):
         line("pg_partman create_parent + partition_data_proc", p["total_s"],
@@ -265,6 +348,11 @@ def report(r: dict) -> str:
     elif p.get("skipped"):
         out.append(("pg_partman", "-", "-", "-", f"skipped: {p['skipped']}"))
     text = table(out, ("what", "seconds", "rows/s", "this / single statement", "notes"))
+    prof = r.get("mover_1w", {}).get("profile", {})
+    if prof.get("statements"):
+        text += "\n\nprofile of mover's step, 1 worker (pg_stat_statements from reset counters, pgbench included):\n"
+        text += table([(st["what"], f"{st['calls']:,}", f"{st['ms'] / 1000:.2f}", f"{st['wal_bytes'] / 2**20:,.1f} MiB")
+                       for st in prof["statements"]], ("statements", "calls", "seconds", "WAL"))
     rat = r["ratios"]
     if rat["mover_1w_over_single_statement"]:
         text += f"\n\nmover 1 worker / single statement: {rat['mover_1w_over_single_statement']:.2f} (goal <= 1.25)"

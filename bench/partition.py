@@ -175,31 +175,61 @@ def phases(conn, name: str) -> dict:
     return out
 
 
-def explain_apply(dsn: str, name: str) -> dict:
-    """EXPLAIN (ANALYZE, BUFFERS) of mover's replay statement against the partitioned target, on
-    what the change log holds at the step's end (changes logged during the index builds),
-    rolled back: how a lookup by the source key alone reaches the partitions."""
+def explain_apply(dsn: str, name: str, *, midcopy: bool = False) -> dict:
+    """EXPLAIN (ANALYZE, BUFFERS) of mover's replay statement against the partitioned target,
+    rolled back, with the planner's defaults and with the settings mover's replay into a
+    partitioned target runs with (mover.capture.KEY_DRIVEN): how a lookup by the source key alone
+    reaches the partitions. midcopy: with the covered condition of a backfill under way (the
+    partitions not analyzed yet); else on what the log holds at the step's end."""
     import psycopg
 
-    from mover import control, names
+    from mover import capture, control, names
     from mover.context import Context
     from mover.db import Database
     from mover.sql import capture as q
     db = Database(dsn)
+    out: dict = {}
     try:
         m = db.transaction(lambda cur: control.get(cur, name))
         ctx = Context(db=db, migration=m, owner="bench")
         mapping = db.transaction(lambda cur: ctx.mapping(cur))
-        stmt = q.replay(mapping, names.change_log(m.id, False), covered=sql.SQL("true"), skip_locked=True)
-        with psycopg.connect(dsn) as conn:
-            (pending,) = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                names.change_log(m.id, False).ident)).fetchone()
-            plan = [r[0] for r in conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + stmt,
-                                               {"limit": 5000}).fetchall()]
-            conn.rollback()
+        cond = db.transaction(lambda cur: capture.covered_condition(cur, ctx, mapping, not midcopy))
+        covered, params = cond if cond else (sql.SQL("true"), {})
+        stmt = q.replay(mapping, names.change_log(m.id, False), covered=covered, skip_locked=True)
+        # mover's settings first: the second run finds the pages the first read in the cache.
+        for label, settings in (("key_driven", capture.KEY_DRIVEN), ("defaults", ())):
+            with psycopg.connect(dsn) as conn:
+                out["log_rows"] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                    names.change_log(m.id, False).ident)).fetchone()[0]
+                for setting, value in settings:
+                    conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
+                plan = [r[0] for r in conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + stmt,
+                                                   {**params, "limit": 5000}).fetchall()]
+                conn.rollback()
+            out[label] = {"ms": float(plan[-1].split()[-2]), "plan": plan}
     finally:
         db.close()
-    return {"log_rows": pending, "plan": plan}
+    return out
+
+
+def replay_midcopy(dsn: str, workdir: Path, rows: int) -> dict:
+    """mover's backfill (1 worker) under pgbench, killed after its 4th range (kill -9, as a crash
+    would), then the replay statement explained as the worker's next drain would run it."""
+    name = "bench_part_mid"
+    plan = workdir / f"{name}.toml"
+    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=1, extra=""))
+    out: dict = {}
+    with writing(dsn, workdir, rows, out):
+        for _ in range(2):  # create_target, install_capture
+            proc, _ = mover_cli(dsn, "step", str(plan))
+            assert proc.returncode == 0, proc.stderr
+        proc, _ = mover_cli(dsn, "step", name, env={"MOVER_FAULT": "kill@backfill_range:4"})
+        assert proc.returncode == -9, proc.stderr
+        time.sleep(2)  # changes logged meanwhile, as between two ranges
+    out["explain"] = explain_apply(dsn, name, midcopy=True)
+    proc, _ = mover_cli(dsn, "abort", name)
+    assert proc.returncode == 0, proc.stderr
+    return out
 
 
 def mover_backfill(dsn: str, workdir: Path, rows: int, workers: int, index_builds: int = 0,
@@ -271,7 +301,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
-    ap.add_argument("--skip", action="append", default=[], choices=["limit", "mover", "partman"])
+    ap.add_argument("--skip", action="append", default=[], choices=["limit", "mover", "midcopy", "partman"])
     args = ap.parse_args()
     results: dict = {"rows": args.rows, "months": MONTHS, "command": " ".join(["bench/partition.py", *sys.argv[1:]])}
     with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
@@ -293,6 +323,10 @@ def main() -> None:
                 results[key] = mover_backfill(db, workdir, args.rows, workers, builds, profile=key == "mover_1w")
                 print(key, {k: v for k, v in results[key].items() if k not in ("profile", "explain_apply")},
                       flush=True)
+        if "mover" not in args.skip and "midcopy" not in args.skip:
+            results["replay_midcopy"] = replay_midcopy(db, workdir, args.rows)
+            e = results["replay_midcopy"]["explain"]
+            print("replay mid-copy", {k: e[k]["ms"] for k in ("defaults", "key_driven")}, flush=True)
         if "partman" not in args.skip:  # last: it empties the source
             results["pg_partman"] = pg_partman(db, workdir, args.rows)
             print("pg_partman", results["pg_partman"], flush=True)
@@ -353,6 +387,12 @@ def report(r: dict) -> str:
         text += "\n\nprofile of mover's step, 1 worker (pg_stat_statements from reset counters, pgbench included):\n"
         text += table([(st["what"], f"{st['calls']:,}", f"{st['ms'] / 1000:.2f}", f"{st['wal_bytes'] / 2**20:,.1f} MiB")
                        for st in prof["statements"]], ("statements", "calls", "seconds", "WAL"))
+    for key, what in (("mover_1w", "at the step's end"), ("replay_midcopy", "mid-copy, partitions not analyzed")):
+        e = r.get(key, {}).get("explain_apply" if key == "mover_1w" else "explain")
+        if e:
+            text += (f"\n\nreplay of the change log into the partitioned target ({what}; {e['log_rows']:,} changes "
+                     f"logged): {e['defaults']['ms']:.0f} ms with the planner's defaults, "
+                     f"{e['key_driven']['ms']:.0f} ms driven by the keys (mover's settings)")
     rat = r["ratios"]
     if rat["mover_1w_over_single_statement"]:
         text += f"\n\nmover 1 worker / single statement: {rat['mover_1w_over_single_statement']:.2f} (goal <= 1.25)"

@@ -39,7 +39,12 @@ class Backfill(Step):
         backfill.copy_all(ctx)
         # Workers check range ownership, not the orchestrator's lease: check it before going on.
         ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))
-        capture.drain(ctx, reverse=False, backfill_done=True)
+        started = time.monotonic()
+        applied = capture.drain(ctx, reverse=False, backfill_done=True)
+        ms = (time.monotonic() - started) * 1000
+        ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
+                                                     f"applied {applied.claimed} logged changes after the copy",
+                                                     {"applied": applied.claimed}, ms))
         backfill.build_indexes(ctx)
         # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
         started = time.monotonic()

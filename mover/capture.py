@@ -120,11 +120,13 @@ def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping,
 # it). Its unique key there is the source's key plus the partition columns, so no index says a
 # key matches one row; with no statistics yet (the backfill is filling the partitions, nothing
 # has analyzed them) the planner takes a lookup by the key alone to match thousands of rows, and
-# hashes every partition and the whole source for each batch, a cost that grows with the table
-# (bench/partition.py explains one mid-copy; bench/README.md has the figures). A key matches
-# at most one row per partition, and a batch is at most BATCH keys: nested loops driven by the
-# keys (an index probe per partition and key) are the plan at any size.
-KEY_DRIVEN = (("enable_hashjoin", "off"), ("enable_mergejoin", "off"))
+# hashes every partition and the whole source for each batch, a cost that grows with the table.
+# A key matches at most one row per partition, and a batch is at most BATCH keys: nested loops
+# driven by the keys (an index probe per partition and key) are the plan at any size. The same
+# estimates price that plan above jit_above_cost: JIT then compiles the expressions of every
+# partition, about a second per batch for a plan that runs in tens of milliseconds. Measured by
+# bench/partition.py (the replay explained mid-copy), figures in bench/README.md.
+KEY_DRIVEN = (("enable_hashjoin", "off"), ("enable_mergejoin", "off"), ("jit", "off"))
 
 
 def _drive_by_keys(cur: psycopg.Cursor, m: Mapping) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ to a table partitioned by month on created_at with the key (id, created_at):
    when the server has no pg_partman (Debian: postgresql-15-partman).
 
 Goals (issue #9): mover with 1 worker within 1.25x of the single statement, and at least 2.5x
-faster than pg_partman. Raw figures: bench/results/partition.json.
+faster than pg_partman. Raw figures: bench/results/partition-<time>.json.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from psycopg import sql
 
 from bench.backfill import _stats_read, _stats_reset, progress_tps, start_pgbench
-from bench.common import RESULTS, connect, create_database, median, mover_cli, server, table, timed
+from bench.common import connect, create_database, median, mover_cli, save, server, table, timed
 
 SOURCE = "bench_source"
 TARGET = "bench_part"
@@ -337,9 +337,7 @@ def main() -> None:
             results["pg_partman"] = pg_partman(db, workdir, args.rows)
             print("pg_partman", results["pg_partman"], flush=True)
     results["ratios"] = ratios(results)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "partition.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
+    path = save("partition", results)
     print(report(results))
     print(f"\nresults: {path}")
 

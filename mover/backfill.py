@@ -350,8 +350,8 @@ class _Builds:
     list. Two builds on one table never run at once: CREATE INDEX CONCURRENTLY takes SHARE UPDATE
     EXCLUSIVE, which conflicts with itself, so the second would only hold a session waiting for
     the first (a plain table's indexes are built one after the other, whatever the number of
-    sessions). After the first failure no session takes another
-    build; the ones under way finish, and the failure is raised once all have stopped."""
+    sessions). After the first failure no session takes another build; the ones under way
+    finish, and the failure is raised once all have stopped."""
 
     def __init__(self, ctx: Context, builds: list[IndexBuild], sessions: int):
         self.ctx = ctx

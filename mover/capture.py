@@ -124,8 +124,8 @@ def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping,
 # A key matches at most one row per partition, and a batch is at most BATCH keys: nested loops
 # driven by the keys (an index probe per partition and key) are the plan at any size. The same
 # estimates price that plan above jit_above_cost: JIT then compiles the expressions of every
-# partition, about a second per batch for a plan that runs in tens of milliseconds. Measured by
-# bench/partition.py (the replay explained mid-copy), figures in bench/README.md.
+# partition for each batch, far longer than the plan runs. Measured by bench/partition.py (the
+# replay explained mid-copy), figures in bench/README.md.
 KEY_DRIVEN = (("enable_hashjoin", "off"), ("enable_mergejoin", "off"), ("jit", "off"))
 
 

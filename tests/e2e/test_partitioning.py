@@ -88,8 +88,11 @@ window = "1h"
 MONTHLY = 'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\npremake = 2\naccept_key_change = true\n'
 
 
-def plan_file(tmp_path, partition: str = MONTHLY) -> str:
-    return write_plan(tmp_path / "events.toml", PLAN.format(partition=partition))
+def plan_file(tmp_path, partition: str = MONTHLY, index_builds: int = 0) -> str:
+    text = PLAN.format(partition=partition)
+    if index_builds:
+        text = text.replace("range_rows = 500\n", f"range_rows = 500\nindex_builds = {index_builds}\n")
+    return write_plan(tmp_path / "events.toml", text)
 
 
 @dataclass
@@ -514,10 +517,7 @@ def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn
     once: the resume stops each orphan, drops the invalid indexes, rebuilds them, attaches every
     partition's index, and the data is what the writer committed."""
     create_events(db_dsn, 1500)
-    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
-    if sessions > 1:
-        text = open(plan).read().replace("range_rows = 500\n", f"range_rows = 500\nindex_builds = {sessions}\n")
-        plan = write_plan(tmp_path / "events.toml", text)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=sessions)
     writer = EventWriter(db_dsn).start()
     try:
         r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@after:create_target"})
@@ -563,3 +563,24 @@ def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn
     finally:
         writer.halt()
     assert writer.errors == []
+
+
+def test_a_failing_index_build_stops_every_build_session_and_the_resume_builds_them_all(db_dsn, tmp_path):
+    """With 2 build sessions, a build that fails (each session's first, here) is the run's error,
+    raised once both sessions stopped, and no further build starts; the next run builds every
+    partition's indexes and attaches them."""
+    create_events(db_dsn, 1500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=2)
+    r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "error@index_building"})
+    assert r.returncode == 1, r.stderr
+    assert "fault injected at index_building" in r.stderr
+    built = "SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indrelid" \
+            " WHERE h.inhparent = 'events_new'::regclass AND NOT i.indisprimary"
+    assert query(db_dsn, built) == [(0,)]  # no build started after the first failure
+    r = mover(db_dsn, "run", "events_part")
+    assert r.returncode == 3, r.stderr
+    parts = len(partitions_of(db_dsn, "events_new"))
+    assert query(db_dsn, built.replace("NOT i.indisprimary", "NOT i.indisprimary AND i.indisvalid")) == [(2 * parts,)]
+    assert query(db_dsn, "SELECT bool_and(indisvalid), count(*) FROM pg_index WHERE indrelid = 'events_new'::regclass"
+                 ) == [(True, 3)]
+    assert differences(db_dsn, "events", "events_new", COLUMNS) == (0, 0)

@@ -432,8 +432,11 @@ def build_indexes(ctx: Context) -> None:
             builds += [IndexBuild(child_index, ix, child) for child, child_index in children]
         else:
             builds.append(IndexBuild(name, ix, ctx.new))
+    # Read now: `mover set backfill.index_builds` during the copy counts.
+    sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan
+                                   ).backfill.index_sessions()
     started = time.monotonic()
-    _Builds(ctx, builds, ctx.plan.backfill.index_sessions()).run()
+    _Builds(ctx, builds, sessions).run()
     for name, ix in pending:
         if partitioned:
             attach = partial(ctx.db.transaction, bind(partitions.attach_indexes, ctx.new, name, ix),
@@ -445,5 +448,5 @@ def build_indexes(ctx: Context) -> None:
         ms = (time.monotonic() - started) * 1000
         ctx.db.transaction(lambda cur: control.event(
             cur, ctx.mid, ctx.owner, "backfill", "indexes_built",
-            f"{len(builds)} index builds on {ctx.new}, up to {ctx.plan.backfill.index_sessions()} at once",
-            {"builds": len(builds), "indexes": len(pending), "sessions": ctx.plan.backfill.index_sessions()}, ms))
+            f"{len(builds)} index builds on {ctx.new}, up to {sessions} at once",
+            {"builds": len(builds), "indexes": len(pending), "sessions": sessions}, ms))

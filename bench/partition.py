@@ -346,8 +346,13 @@ def ratios(r: dict) -> dict:
     limit = r.get("limit", {}).get("total_s")
     one = r.get("mover_1w", {}).get("step_s")
     partman = r.get("pg_partman", {}).get("total_s")
-    return {"mover_1w_over_single_statement": one / limit if one and limit else None,
-            "pg_partman_over_mover_1w": partman / one if one and partman else None}
+    out = {"mover_1w_over_single_statement": one / limit if one and limit else None,
+           "pg_partman_over_mover_1w": partman / one if one and partman else None}
+    for key in ("mover_1w_2i", "mover_2w"):  # the same two ratios for the other mover runs
+        t = r.get(key, {}).get("step_s")
+        out[f"{key}_over_single_statement"] = t / limit if t and limit else None
+        out[f"pg_partman_over_{key}"] = partman / t if t and partman else None
+    return out
 
 
 def phase_words(p: dict) -> str:
@@ -394,7 +399,7 @@ def report(r: dict) -> str:
                        for st in prof["statements"]], ("statements", "calls", "seconds", "WAL"))
     for key, what in (("mover_1w", "at the step's end"), ("replay_midcopy", "mid-copy, partitions not analyzed")):
         e = r.get(key, {}).get("explain_apply" if key == "mover_1w" else "explain")
-        if e:
+        if e and "defaults" in e:  # runs before the comparison explained one plan only
             text += (f"\n\nreplay of the change log into the partitioned target ({what}; {e['log_rows']:,} changes "
                      f"logged): {e['defaults']['ms']:.0f} ms with the planner's defaults, "
                      f"{e['key_driven']['ms']:.0f} ms driven by the keys (mover's settings)")
@@ -403,6 +408,11 @@ def report(r: dict) -> str:
         text += f"\n\nmover 1 worker / single statement: {rat['mover_1w_over_single_statement']:.2f} (goal <= 1.25)"
     if rat["pg_partman_over_mover_1w"]:
         text += f"\npg_partman / mover 1 worker: {rat['pg_partman_over_mover_1w']:.2f} (goal >= 2.5)"
+    for key, what in (("mover_1w_2i", "1 worker, 2 index build sessions"), ("mover_2w", "2 workers")):
+        if rat.get(f"{key}_over_single_statement"):
+            text += f"\nmover {what} / single statement: {rat[f'{key}_over_single_statement']:.2f}"
+        if rat.get(f"pg_partman_over_{key}"):
+            text += f"; pg_partman / mover {what}: {rat[f'pg_partman_over_{key}']:.2f}"
     return text
 
 

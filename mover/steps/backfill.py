@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -23,7 +24,12 @@ class Backfill(Step):
         if introspect.exists(cur, m.target):
             mapping = ctx.mapping(cur)
             out += [copy_sql.next_bound(mapping, None)[0], copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
-        for name, ix in backfill.deferred_indexes(cur, ctx):
+        indexes = backfill.deferred_indexes(cur, ctx)
+        if indexes:
+            out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX CONCURRENTLY"
+                       " at once ([backfill] index_builds), one at a time per table; a partitioned target builds"
+                       " each partition's, then attaches them to its parent's index ON ONLY")
+        for name, ix in indexes:
             out.append(ddl.create_index(name, m.target, ix, concurrently=True))
         out.append(sql.SQL("ANALYZE {}").format(m.target.ident))
         return out
@@ -33,11 +39,20 @@ class Backfill(Step):
         backfill.copy_all(ctx)
         # Workers check range ownership, not the orchestrator's lease: check it before going on.
         ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))
-        capture.drain(ctx, reverse=False, backfill_done=True)
+        started = time.monotonic()
+        applied = capture.drain(ctx, reverse=False, backfill_done=True)
+        ms = (time.monotonic() - started) * 1000
+        ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
+                                                     f"applied {applied.claimed} logged changes after the copy",
+                                                     {"applied": applied.claimed}, ms))
         backfill.build_indexes(ctx)
         # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
+        started = time.monotonic()
         ctx.db.transaction(lambda cur: cur.execute(sql.SQL("ANALYZE {}").format(m.target.ident)),
                            statement_timeout="0", label="analyze")
+        ms = (time.monotonic() - started) * 1000
+        ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "analyzed",
+                                                     f"analyzed {m.target}", None, ms))
 
         def finish(cur: psycopg.Cursor) -> None:
             invalid = [ix.name for ix in introspect.describe(cur, m.target).indexes if not ix.is_valid]

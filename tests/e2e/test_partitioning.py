@@ -88,8 +88,11 @@ window = "1h"
 MONTHLY = 'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\npremake = 2\naccept_key_change = true\n'
 
 
-def plan_file(tmp_path, partition: str = MONTHLY) -> str:
-    return write_plan(tmp_path / "events.toml", PLAN.format(partition=partition))
+def plan_file(tmp_path, partition: str = MONTHLY, index_builds: int = 0) -> str:
+    text = PLAN.format(partition=partition)
+    if index_builds:
+        text = text.replace("range_rows = 500\n", f"range_rows = 500\nindex_builds = {index_builds}\n")
+    return write_plan(tmp_path / "events.toml", text)
 
 
 @dataclass
@@ -507,33 +510,42 @@ def wait_until(dsn: str, q: str, *params, timeout: float = 120):
     raise AssertionError(f"timed out waiting for: {q} {params}")
 
 
-def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn, tmp_path):
+@pytest.mark.parametrize("sessions", [1, 2])
+def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn, tmp_path, sessions):
     """The process dies while a partition's CREATE INDEX CONCURRENTLY waits (the index is in the
-    catalog, invalid, and its backend orphaned): the resume stops the orphan, drops the invalid
-    index, rebuilds it, attaches every partition's index, and the data is what the writer committed."""
+    catalog, invalid, and its backend orphaned) — with 2 build sessions, two partitions' builds at
+    once: the resume stops each orphan, drops the invalid indexes, rebuilds them, attaches every
+    partition's index, and the data is what the writer committed."""
     create_events(db_dsn, 1500)
-    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=sessions)
     writer = EventWriter(db_dsn).start()
     try:
         r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@after:create_target"})
         assert r.returncode == -9, r.stderr
-        # A transaction holding a writer's lock on the partition built first (children come in
-        # name order: events_default): its CREATE INDEX CONCURRENTLY waits for it.
+        # A transaction holding a writer's lock on the partitions built first (children come in
+        # name order: events_default, then the oldest month): their CREATE INDEX CONCURRENTLY wait for it.
+        first = partitions_of(db_dsn, "events_new")[:sessions]
+        assert first[0] == "events_default", first
         with psycopg.connect(db_dsn) as blocker:
-            blocker.execute("LOCK TABLE events_default IN ROW EXCLUSIVE MODE")
+            for part in first:
+                blocker.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(sql.Identifier(part)))
             p = Spawned(db_dsn, "run", "events_part", env={})
-            (orphan,) = wait_until(db_dsn, "SELECT pid FROM pg_stat_progress_create_index WHERE relid ="
-                                           " 'events_default'::regclass AND phase LIKE 'waiting for writers%%'")
+            orphans = [wait_until(db_dsn, "SELECT pid FROM pg_stat_progress_create_index WHERE relid = %s::regclass"
+                                          " AND phase LIKE 'waiting for writers%%'", part)[0] for part in first]
+            assert len(set(orphans)) == sessions  # one backend per build, all at once
             assert p.kill()
-            invalid = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-                                    " WHERE i.indrelid = 'events_default'::regclass AND NOT i.indisvalid")
-            assert len(invalid) == 1, invalid
+            for part in first:
+                invalid = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                                        " WHERE i.indrelid = %s::regclass AND NOT i.indisvalid", part)
+                assert len(invalid) == 1, (part, invalid)
             resume = Spawned(db_dsn, "run", "events_part", env={})
-            # The resume cancels the orphaned build; its own drop and rebuild then wait for the blocker.
-            wait_until(db_dsn, "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)", orphan)
+            # The resume cancels the orphaned builds; its own drops and rebuilds then wait for the blocker.
+            for orphan in orphans:
+                wait_until(db_dsn, "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)",
+                           orphan)
             blocker.rollback()
         assert resume.proc.wait(300) == 3, "".join(resume.err)
-        assert "is invalid (a build was interrupted); rebuilding" in "".join(resume.err)
+        assert "".join(resume.err).count("is invalid (a build was interrupted); rebuilding") == sessions
         drain_and_judge(db_dsn, writer, "events", "events_new")
         r = mover(db_dsn, "cutover", "events_part")
         assert r.returncode == 0, r.stderr
@@ -551,3 +563,24 @@ def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn
     finally:
         writer.halt()
     assert writer.errors == []
+
+
+def test_a_failing_index_build_stops_every_build_session_and_the_resume_builds_them_all(db_dsn, tmp_path):
+    """With 2 build sessions, a build that fails (each session's first, here) is the run's error,
+    raised once both sessions stopped, and no further build starts; the next run builds every
+    partition's indexes and attaches them."""
+    create_events(db_dsn, 1500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=2)
+    r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "error@index_building"})
+    assert r.returncode == 1, r.stderr
+    assert "fault injected at index_building" in r.stderr
+    built = "SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indrelid" \
+            " WHERE h.inhparent = 'events_new'::regclass AND NOT i.indisprimary"
+    assert query(db_dsn, built) == [(0,)]  # no build started after the first failure
+    r = mover(db_dsn, "run", "events_part")
+    assert r.returncode == 3, r.stderr
+    parts = len(partitions_of(db_dsn, "events_new"))
+    assert query(db_dsn, built.replace("NOT i.indisprimary", "NOT i.indisprimary AND i.indisvalid")) == [(2 * parts,)]
+    assert query(db_dsn, "SELECT bool_and(indisvalid), count(*) FROM pg_index WHERE indrelid = 'events_new'::regclass"
+                 ) == [(True, 3)]
+    assert differences(db_dsn, "events", "events_new", COLUMNS) == (0, 0)

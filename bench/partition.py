@@ -45,9 +45,11 @@ TARGET = "bench_part"
 MONTHS = 25
 
 
-def generate(dsn: str, rows: int) -> None:
+def generate(dsn: str, rows: int, layout: str = "append") -> None:
     """The source (bench/common.py's columns), created_at spread evenly over 25 months up to now,
-    increasing with id: new rows are the newest, as in an events or orders table."""
+    increasing with id: new rows are the newest, as in an events or orders table. With layout
+    "scattered", created_at is unrelated to id (a table whose partition column is not its insert
+    order): every key range then holds rows of every month."""
     t = sql.Identifier(SOURCE)
     with connect(dsn) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
@@ -61,10 +63,14 @@ def generate(dsn: str, rows: int) -> None:
                 payload text)""").format(t))
         conn.execute(sql.SQL("""
             INSERT INTO {} (id, created_at, account_id, amount, status, payload)
-            SELECT g, now() - interval '1 day' * {} * (%s - g)::float8 / %s, (g::bigint * 7919) %% 100000,
+            SELECT g, now() - interval '1 day' * {} * {}, (g::bigint * 7919) %% 100000,
                    (g %% 1000000) / 100.0, (ARRAY['new', 'paid', 'shipped', 'refunded'])[1 + g %% 4],
                    md5(g::text) || md5((g + 1)::text) || left(md5((g + 2)::text), 16)
-            FROM generate_series(1, %s) g""").format(t, sql.Literal(MONTHS * 30.4)), (rows, rows, rows))
+            FROM generate_series(1, %(rows)s) g""").format(
+                t, sql.Literal(MONTHS * 30.4),
+                # scattered: a fixed pseudo-random fraction per id (the same table on every run)
+                sql.SQL("((g::bigint * 2654435761) %% 1000003) / 1000003.0" if layout == "scattered"
+                        else "(%(rows)s - g)::float8 / %(rows)s")), {"rows": rows})
         conn.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s)", (SOURCE, rows))
         conn.execute(sql.SQL("CREATE INDEX {} ON {} (created_at)").format(sql.Identifier(f"{SOURCE}_created"), t))
         conn.execute(sql.SQL("CREATE INDEX {} ON {} (account_id)").format(sql.Identifier(f"{SOURCE}_account"), t))
@@ -306,8 +312,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
     ap.add_argument("--skip", action="append", default=[], choices=["limit", "mover", "midcopy", "partman"])
+    ap.add_argument("--layout", choices=["append", "scattered"], default="append",
+                    help="created_at in id order (append-mostly), or unrelated to id: what key ranges cut along"
+                         " the partition column would change")
     args = ap.parse_args()
-    results: dict = {"rows": args.rows, "months": MONTHS, "command": " ".join(["bench/partition.py", *sys.argv[1:]])}
+    results: dict = {"rows": args.rows, "months": MONTHS, "layout": args.layout,
+                     "command": " ".join(["bench/partition.py", *sys.argv[1:]])}
     with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         db = create_database(dsn, "bench_partition")
@@ -316,7 +326,7 @@ def main() -> None:
         with connect(db) as conn:
             results["server"] = conn.execute("SELECT version()").fetchone()[0]
         print(f"generating {args.rows:,} rows ...", flush=True)
-        results["generate_s"] = timed(lambda: generate(db, args.rows))
+        results["generate_s"] = timed(lambda: generate(db, args.rows, args.layout))
         if "limit" not in args.skip:
             results["limit"] = single_statement(db, workdir, args.rows)
             print("single statement", results["limit"], flush=True)
@@ -337,7 +347,7 @@ def main() -> None:
             results["pg_partman"] = pg_partman(db, workdir, args.rows)
             print("pg_partman", results["pg_partman"], flush=True)
     results["ratios"] = ratios(results)
-    path = save("partition", results)
+    path = save("partition" if args.layout == "append" else f"partition-{args.layout}", results)
     print(report(results))
     print(f"\nresults: {path}")
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import psycopg
+from psycopg import sql
 
 from mover import capture, control, faults, introspect, names, partitions, ranges, throttle
 from mover.context import Context, Reporter
@@ -34,6 +35,7 @@ from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
+from mover.sql import partitions as sql_partitions
 from mover.sql.mapping import Mapping
 
 log = logging.getLogger("mover.backfill")
@@ -409,6 +411,33 @@ class _Builds:
             raise self.error
 
 
+def planned_builds(name: str, ix: introspect.Index, table: names.QualifiedName,
+                   parts: list[names.QualifiedName] | None) -> list[IndexBuild]:
+    """The builds of the deferred index `name`: on `table` itself, or, when `parts` (the
+    partitions of a partitioned `table`) are given, each partition's part of it (no
+    CONCURRENTLY on a partitioned parent). Plan check lists these, and the step runs them."""
+    if parts is None:
+        return [IndexBuild(name, ix, table)]
+    return [IndexBuild(partitions.child_index_name(p.name, name), ix, p) for p in parts]
+
+
+def index_statements(ctx: Context, indexes: list[tuple[str, introspect.Index]],
+                     parts: list[names.QualifiedName] | None) -> list[sql.Composable]:
+    """What build_indexes runs for `indexes`, for plan check: the builds, then on a partitioned
+    table each parent index ON ONLY and its partitions' attached."""
+    out: list[sql.Composable] = []
+    for name, ix in indexes:
+        out += [ddl.create_index(b.name, b.table, b.ix, concurrently=True)
+                for b in planned_builds(name, ix, ctx.new, parts)]
+        if parts is not None:
+            assert ctx.new.schema is not None  # the control tables hold schema-qualified names
+            out.append(sql_partitions.create_index_on_only(name, ctx.new, ix.is_unique, ix.definition_tail))
+            parent_index = names.QualifiedName(ctx.new.schema, name)
+            out += [sql_partitions.attach_index(parent_index, names.QualifiedName(b.table.schema, b.name))
+                    for b in planned_builds(name, ix, ctx.new, parts)]
+    return out
+
+
 def build_indexes(ctx: Context) -> None:
     """Every deferred index: the builds (a plain table's indexes, or every partition's part of
     each index of a partitioned one) by up to [backfill] index_builds sessions at once, then, on a
@@ -417,7 +446,8 @@ def build_indexes(ctx: Context) -> None:
     schema = ctx.new.schema
     assert schema is not None  # the control tables hold schema-qualified names
     todo = ctx.db.transaction(lambda cur: deferred_indexes(cur, ctx))
-    partitioned = bool(ctx.db.transaction(lambda cur: partitions.partition_columns(cur, ctx.new)))
+    parts = ctx.db.transaction(lambda cur: partitions.live_partitions(cur, ctx.new))
+    partitioned = parts is not None
     pending: list[tuple[str, introspect.Index]] = []
     builds: list[IndexBuild] = []
     for name, ix in todo:
@@ -425,13 +455,9 @@ def build_indexes(ctx: Context) -> None:
             _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
             continue
         pending.append((name, ix))
-        if partitioned:
-            # No CONCURRENTLY on a partitioned parent: each partition's index concurrently, then the
-            # parent's ON ONLY (invalid until the last one is attached) and the partitions' attached.
-            children = ctx.db.transaction(bind(partitions.child_indexes, ctx.new, name))
-            builds += [IndexBuild(child_index, ix, child) for child, child_index in children]
-        else:
-            builds.append(IndexBuild(name, ix, ctx.new))
+        # A partitioned table: each partition's index concurrently, then (below) the parent's ON
+        # ONLY, invalid until the last of its partitions' is attached.
+        builds += planned_builds(name, ix, ctx.new, parts)
     # Read now: `mover set backfill.index_builds` during the copy counts.
     sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan
                                    ).backfill.index_sessions()

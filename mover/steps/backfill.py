@@ -6,11 +6,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import backfill, capture, control, introspect, shape
+from mover import backfill, capture, control, introspect, names, partitions, shape
 from mover.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
-from mover.sql import ddl
 from mover.steps.base import Step
 
 
@@ -29,10 +28,22 @@ class Backfill(Step):
             out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX CONCURRENTLY"
                        " at once ([backfill] index_builds), one at a time per table; a partitioned target builds"
                        " each partition's, then attaches them to its parent's index ON ONLY")
-        for name, ix in indexes:
-            out.append(ddl.create_index(name, m.target, ix, concurrently=True))
+        out += backfill.index_statements(ctx, indexes, self._partitions(ctx, cur))
         out.append(sql.SQL("ANALYZE {}").format(m.target.ident))
         return out
+
+    @staticmethod
+    def _partitions(ctx: Context, cur: psycopg.Cursor) -> list[names.QualifiedName] | None:
+        """The new table's partitions: those it has, or before create_target those it will get."""
+        spec = ctx.plan.partition
+        if spec is None:
+            return None
+        if introspect.exists(cur, ctx.new):
+            return partitions.live_partitions(cur, ctx.new)
+        schema = ctx.new.schema
+        assert schema is not None  # the control tables hold schema-qualified names
+        planned = partitions.layout(cur, spec, ctx.original, ctx.migration.source.name, schema).partitions
+        return [names.QualifiedName(schema, p.name) for p in planned]
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration

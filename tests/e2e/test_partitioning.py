@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -214,6 +215,30 @@ def test_plan_check_lists_partitions_and_the_key_change(db_dsn, tmp_path):
     assert "key change accepted ([target.partition] accept_key_change)" in r.stdout
     assert relkind(db_dsn, "events") == "r"  # nothing created
     assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
+
+
+def test_plan_check_lists_each_partitions_index_builds_that_the_backfill_runs(db_dsn, tmp_path):
+    """No CONCURRENTLY on a partitioned parent: plan check lists each partition's build, the
+    parent's index ON ONLY and the attachments, and those are the indexes the backfill makes."""
+    create_events(db_dsn, 500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    r = mover(db_dsn, "plan", "check", plan, "--json")
+    assert r.returncode == 0, r.stderr
+    (backfill,) = [s for s in json.loads(r.stdout)["steps"] if s["name"] == "backfill"]
+    built = {m for s in backfill["sql"] for m in re.findall(r'CREATE INDEX CONCURRENTLY "(\w+)"', s)}
+    on_only = {m for s in backfill["sql"] for m in re.findall(r'INDEX IF NOT EXISTS "(\w+)" ON ONLY', s)}
+    attached = [s for s in backfill["sql"] if "ATTACH PARTITION" in s]
+    assert not any("CONCURRENTLY" in s and '"events_new"' in s for s in backfill["sql"])
+    assert len(on_only) == 2 and len(attached) == len(built) and len(built) % 2 == 0, backfill["sql"]
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    made = query(db_dsn, "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                         " JOIN pg_inherits h ON h.inhrelid = i.indrelid"
+                         " WHERE h.inhparent = 'events_new'::regclass AND NOT i.indisprimary")
+    assert {n for n, _ in made} == built and all(v for _, v in made)
+    parent = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                           " WHERE i.indrelid = 'events_new'::regclass AND NOT i.indisprimary AND i.indisvalid")
+    assert {n for (n,) in parent} == on_only
 
 
 def drain_and_judge(dsn: str, writer: EventWriter, *tables: str) -> None:

@@ -313,6 +313,30 @@ def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_
     assert writer.moved > 10 and writer.ops > 100
 
 
+def test_two_hundred_thousand_rows_over_24_months_convert_under_writer(db_dsn, tmp_path):
+    """At the size the issue names: many ranges copied while the writer inserts, updates, moves
+    rows across months, deletes and writes rows dated beyond every partition (the default one
+    takes them); judged by the writer's mirror before the swap and after it."""
+    create_events(db_dsn, 200_000)
+    plan = write_plan(tmp_path / "events.toml", PLAN.format(partition=MONTHLY + "default = true\n").replace(
+        "range_rows = 500\n", "range_rows = 500\nmax_rows = 10000\n"))  # 20 ranges or more
+    writer = EventWriter(db_dsn, outside=True).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        assert status(db_dsn)["backfill"]["ranges_done"] >= 10
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "p" and len(partitions_of(db_dsn, "events")) >= 26
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.moved > 10 and writer.outside_rows >= 1
+    assert query(db_dsn, "SELECT count(*) FROM events WHERE created_at > '2099-01-01'")[0][0] >= 1
+
+
 @pytest.mark.parametrize("default", [True, False])
 def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempotent(db_dsn, tmp_path, default):
     """With a default partition, retention detaches under a short lock (PostgreSQL refuses

@@ -350,6 +350,11 @@ def rerecord(cur: psycopg.Cursor, mid: int) -> None:
            target=before["target"]["oid"] if before["target"] else None)
 
 
+def store(cur: psycopg.Cursor, mid: int, side: str, description: dict[str, Any]) -> None:
+    """Record a description describe() just read (the swap describes both tables in one query)."""
+    control.store_shape(cur, mid, side, description, hashlib.sha256(_canonical(description)).hexdigest())
+
+
 def verify_at_step(cur: psycopg.Cursor, m: control.Migration, swapped: bool) -> str:
     """verify() at a step's start; first records a table a migration registered before shapes
     were recorded (control schema revision 0004) does not have yet, with an event."""

@@ -7,7 +7,7 @@ import json
 
 import psycopg
 
-from tests.workload import Writer, assert_oracle, create_orders, mover, write_plan
+from tests.workload import Writer, assert_oracle, create_orders, finish, mover, spawn, write_plan
 
 PLAN = """
 [migration]
@@ -232,3 +232,44 @@ def test_what_the_swap_moves_is_compared_too(db_dsn, tmp_path):
     code, back = parity(db_dsn)
     assert code == 0 and back["comparisons"][-1]["mode"] == "after_rollback"
     assert [d for d in back["comparisons"][-1]["differences"] if d["status"] != "planned"] == []
+
+
+def test_a_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, tmp_path):
+    """The live table's parity description is read before the lock with the swap's statements; a
+    grant and a column comment added to it after that (while mover waits at the last point before
+    the lock) change the digest checked under the lock, so it is read again there and the new table,
+    which lacks them, is refused (exit 3) rather than swapped in without them."""
+    create_orders(db_dsn, 1_000)
+    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    release = tmp_path / "release"
+    proc = spawn(db_dsn, "cutover", "parity",
+                 env={"MOVER_FAULT": "hang@swap:before_lock", "MOVER_FAULT_RELEASE": str(release)})
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "hanging at swap:before_lock" in line:
+            break
+    else:
+        raise AssertionError(f"cutover never reached the lock: {''.join(seen)}")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('GRANT SELECT ON "Orders" TO PUBLIC')
+        conn.execute("""COMMENT ON COLUMN "Orders".note IS 'late'""")
+    release.touch()
+    code, err = finish(proc, 120)
+    assert code == 3, err
+    said = " ".join(err.split())
+    assert "grant:SELECT TO PUBLIC" in said and "column_comment:note" in said, said
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # nothing was swapped
+        assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                            " WHERE attrelid = '\"Orders\"'::regclass AND attname = 'id'").fetchone() == ("integer",)
+        # the operator gives the new table the same, and the cutover goes through with them
+        conn.execute('GRANT SELECT ON "Orders_new" TO PUBLIC')
+        conn.execute("""COMMENT ON COLUMN "Orders_new".note IS 'late'""")
+    r = mover(db_dsn, "cutover", "parity")
+    assert r.returncode == 0, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT has_table_privilege('public', attrelid, 'SELECT'), col_description(attrelid,"
+                            " attnum) FROM pg_attribute WHERE attrelid = '\"Orders\"'::regclass"
+                            " AND attname = 'note'").fetchone() == (True, "late")
+    assert_oracle(db_dsn, "Orders")

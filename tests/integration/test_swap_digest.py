@@ -59,7 +59,7 @@ CHANGES = [
     "ALTER TABLE t ALTER note SET STORAGE EXTERNAL",
     "ALTER TABLE t ALTER note SET COMPRESSION pglz",
     "ALTER TABLE t SET (fillfactor = 80)",
-    "ALTER TABLE t OWNER TO {role}",
+    "ALTER TABLE t_new OWNER TO {role}",
     "GRANT SELECT ON t TO {role}",
     "COMMENT ON TABLE t IS 'x'",
     "COMMENT ON COLUMN t.note IS 'x'",

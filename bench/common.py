@@ -192,6 +192,8 @@ def bindir() -> Path | None:
 
 def save(name: str, results: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
+    # The command that measured it, so a figure can be traced and run again.
+    results.setdefault("command", " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]))
     path = RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2, default=str))
     return path

@@ -211,16 +211,30 @@ def main() -> None:
                 break
         results["runs"] = runs
     path = save(f"cutover-{args.schema}", results)
-    ok = [r for r in results["runs"] if not r.get("refused") and r["cutover_exit"] == 0]
-    if ok:
-        print(table([(i, r["lock_ms"], r["drained_under_lock"], r["cutover_wall_ms"], r["p50_ms"], r["p99_ms"],
-                      r["worst_during_ms"], r["worst_beyond_p99_ms"]) for i, r in enumerate(ok)],
-                    ("run", "lock held ms", "drained under lock", "cutover wall ms", "app p50 ms", "app p99 ms",
-                     "app worst during cutover ms", "worst beyond p99 ms")))
-    else:
-        print(f"no cutover went through: {results['runs'][-1]}")
+    print(report(results))
     print(f"\nresults: {path}")
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if _succeeded(results) else 1)
+
+
+def _succeeded(r: dict) -> list[dict]:
+    return [run for run in r["runs"] if not run.get("refused") and run["cutover_exit"] == 0]
+
+
+def report(r: dict) -> str:
+    """The table of one result file (also `python -m bench.report`)."""
+    ok = _succeeded(r)
+    if not ok:
+        return f"no cutover went through: {r['runs'][-1] if r['runs'] else 'no run'}"
+    head = (f"{r['schema']} schema, {r['rows']:,} rows, pgbench -c {r['clients']} for {r['seconds']} s per run;"
+            f" {r.get('server', '')}\n\n")
+    rows = table([(i, r_["lock_ms"], r_["drained_under_lock"], r_["cutover_wall_ms"], r_["p50_ms"], r_["p99_ms"],
+                   r_["worst_during_ms"], r_["worst_beyond_p99_ms"]) for i, r_ in enumerate(ok)],
+                 ("run", "lock held ms", "drained under lock", "cutover wall ms", "app p50 ms", "app p99 ms",
+                  "app worst during cutover ms", "worst beyond p99 ms"))
+    locks = sorted(run["lock_ms"] for run in ok)
+    stalls = sorted(run["worst_beyond_p99_ms"] for run in ok)
+    return (head + rows + f"\n\nlock held: median {locks[len(locks) // 2]} ms, max {locks[-1]} ms (goal < 50);"
+            f" worst stall beyond p99: max {stalls[-1]} ms (goal < 100)")
 
 
 if __name__ == "__main__":

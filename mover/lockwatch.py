@@ -139,10 +139,11 @@ def storage_tables(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list
         oid = introspect.table_oid(cur, t)
         if oid is None:
             continue
-        # One row, the table itself, for a table that is not partitioned.
-        cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_partition_tree(%s) p"
-                    " JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace"
-                    " WHERE c.relkind = 'r' ORDER BY p.level, n.nspname, c.relname", (oid,))
+        # pg_partition_tree() has no row for a table outside any partition tree: the table itself.
+        cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE c.relkind = 'r'"
+                    " AND (c.oid = %(oid)s OR c.oid IN (SELECT relid FROM pg_partition_tree(%(oid)s)))"
+                    " ORDER BY c.oid <> %(oid)s, n.nspname, c.relname", {"oid": oid})
         out += [(o, QualifiedName(schema, name)) for o, schema, name in cur.fetchall()]
     return out
 

@@ -354,17 +354,19 @@ def validate(ctx: Context) -> list[tuple[str, str, str]]:
     return done
 
 
-# What the swap's statements and its parity description of the live table are built from
-# (cutover.swap_plan with carry_sql and metadata.swap_sql, parity.live_description: both read before
-# the lock, read nothing else): the two tables and, recursively, the views that read them; their
+# What the swap's statements, its parity description of the live table and the two tables' shapes
+# (mover/shape.py, which the swap's drain maps columns by) are built from (cutover.swap_plan with
+# carry_sql and metadata.swap_sql, parity.live_description, shape.DESCRIBE: all read before the
+# lock, read nothing else): the two tables and, recursively, the views that read them; their
 # indexes, sequences, column defaults, publications, extended statistics, security labels and the
 # tables whose foreign keys reference them; and of each, the catalog rows read. A row's xmin changes
 # with every transactional update of it, so an equal digest means the statements and the description
 # read then are still what the catalog would give now. pg_class is compared by content instead:
 # VACUUM's in-place updates keep xmin anyway, but an ALTER TABLE SET (autovacuum_enabled = ...)
 # before the lock would change it without changing anything the swap or parity reads (both leave
-# autovacuum_enabled out). Not covered: a role, type or collation renamed in between (the parity
-# check under the lock then reads a name the description lacks and refuses: safe, never silent).
+# autovacuum_enabled out). An index's validity flags are compared by content too (a concurrent
+# index build or drop may set them in place). Not covered: a role, type or collation renamed in
+# between (the parity check after the DDL then reads a name the description lacks and refuses).
 SWAP_INPUTS = """
 WITH RECURSIVE tab AS (
     SELECT to_regclass(t)::oid AS oid FROM unnest(%(tables)s::text[]) t WHERE to_regclass(t) IS NOT NULL
@@ -403,7 +405,8 @@ SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'a', attrelid, attnum, xmin) FROM pg_attribute
         WHERE attrelid IN (SELECT oid FROM rel) AND attnum > 0
-    UNION ALL SELECT concat_ws(':', 'i', indexrelid, xmin) FROM pg_index WHERE indrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'i', indexrelid, xmin, indisvalid, indisready, indislive) FROM pg_index
+        WHERE indrelid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'k', oid, xmin) FROM cons
     UNION ALL SELECT concat_ws(':', 't', oid, xmin) FROM trig
     UNION ALL SELECT concat_ws(':', 'f', p.oid, p.xmin) FROM pg_proc p WHERE p.oid IN (SELECT tgfoid FROM trig)

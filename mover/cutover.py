@@ -40,6 +40,7 @@ from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.names import QualifiedName
 from mover.sql import ddl
+from mover.sql.mapping import Mapping
 
 log = logging.getLogger("mover.cutover")
 
@@ -318,16 +319,20 @@ class Prepared:
     digest: str
     parity_before: dict[str, Any]
     oids: tuple[int, int]  # (original, new), whatever they are named
+    mapping: Mapping  # built after both tables' shapes were checked against the recorded ones
+    key_index: str
 
 
 def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> Prepared:
     # The digest first: a change committed after it, while the rest is read, changes the digest the
     # lock reads, so nothing read here can be newer than the digest says and still be used.
     digest = carry.catalog_digest(cur, _swap_tables(ctx, forward))
+    mapping = ctx.mapping(cur, reverse=not forward)  # ShapeChanged now rather than under the lock
     stmts, carried = swap_plan(cur, ctx, forward=forward)
     original, new = parity.oids(cur, ctx.mid)
     assert new is not None  # the swap runs after create_target
-    return Prepared(stmts, carried, digest, parity.live_description(cur, ctx.mid, forward), (original, new))
+    return Prepared(stmts, carried, digest, parity.live_description(cur, ctx.mid, forward), (original, new),
+                    mapping, introspect.describe(cur, ctx.original).key_index)
 
 
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
@@ -354,13 +359,24 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = _swap_tables(ctx, forward)
-        key_index = introspect.describe(cur, ctx.original).key_index  # read before the lock: fixed (shape)
+        key_index = prepared.key_index  # part of the shape: fixed
         cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
         locked_at = time.monotonic()
-        # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
-        # both tables' shapes under the lock: a change committed since the preflight aborts the
-        # swap with ShapeChanged, and nothing is swapped.)
-        mapping = ctx.mapping(cur, reverse=not forward)
+        # Where the lock's time goes (in the cutover event): verifying the catalog everything was
+        # built from, the drain, reading the catalog again (only when it changed), the DDL, the
+        # parity check (the table that carries the name after the DDL).
+        stmts, carried, parity_before = prepared.stmts, prepared.carried, prepared.parity_before
+        rebuilt = carry.catalog_digest(cur, _swap_tables(ctx, forward)) != prepared.digest
+        verified_at = time.monotonic()
+        if rebuilt:
+            # ctx.mapping checks both tables' shapes under the lock: a change committed since the
+            # preparation aborts the swap with ShapeChanged, and nothing is swapped.
+            mapping = ctx.mapping(cur, reverse=not forward)
+        else:
+            # The digest covers every catalog row the shapes are described from (carry.SWAP_INPUTS):
+            # equal, the shapes are those checked when the mapping was built, before the lock.
+            mapping = prepared.mapping
+        # Everything logged so far committed before our lock: drain it all.
         failures: dict[str, Any] = {}
         drained = 0  # changes applied under the lock: what a follower (mover/follow.py) keeps small
         while True:
@@ -379,13 +395,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
-        # Where the lock's time goes (in the cutover event): the drain, verifying the catalog the
-        # statements and the parity description were built from, reading both again (only when it
-        # changed), the DDL, the parity check (the table that carries the name after the DDL).
         drained_at = time.monotonic()
-        stmts, carried, parity_before = prepared.stmts, prepared.carried, prepared.parity_before
-        rebuilt = carry.catalog_digest(cur, _swap_tables(ctx, forward)) != prepared.digest
-        verified_at = time.monotonic()
         if rebuilt:
             # Changed since they were read: never run statements built from a stale catalog, nor
             # compare with a stale description. Under the lock nothing they read can change again,
@@ -406,8 +416,8 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         shape.store(cur, ctx.mid, "source", now[original])
         shape.store(cur, ctx.mid, "target", now[new])
         ran_at = time.monotonic()
-        phases = {"drain_ms": (drained_at - locked_at) * 1000, "verify_ms": (verified_at - drained_at) * 1000,
-                  "catalog_ms": (read_at - verified_at) * 1000, "ddl_ms": (ddl_at - read_at) * 1000,
+        phases = {"verify_ms": (verified_at - locked_at) * 1000, "drain_ms": (drained_at - verified_at) * 1000,
+                  "catalog_ms": (read_at - drained_at) * 1000, "ddl_ms": (ddl_at - read_at) * 1000,
                   "parity_ms": (ran_at - ddl_at) * 1000,
                   "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt, "prepare_ms": prepare_ms}
         # Checked after the install, in the same transaction: a writer that could not run the new

@@ -241,22 +241,8 @@ def test_a_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, 
     which lacks them, is refused (exit 3) rather than swapped in without them."""
     create_orders(db_dsn, 1_000)
     assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
-    release = tmp_path / "release"
-    proc = spawn(db_dsn, "cutover", "parity",
-                 env={"MOVER_FAULT": "hang@swap:before_lock", "MOVER_FAULT_RELEASE": str(release)})
-    assert proc.stderr is not None
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "hanging at swap:before_lock" in line:
-            break
-    else:
-        raise AssertionError(f"cutover never reached the lock: {''.join(seen)}")
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute('GRANT SELECT ON "Orders" TO PUBLIC')
-        conn.execute("""COMMENT ON COLUMN "Orders".note IS 'late'""")
-    release.touch()
-    code, err = finish(proc, 120)
+    code, err = cutover_with_change_before_lock(db_dsn, tmp_path, 'GRANT SELECT ON "Orders" TO PUBLIC',
+                                                """COMMENT ON COLUMN "Orders".note IS 'late'""")
     assert code == 3, err
     said = " ".join(err.split())
     assert "grant:SELECT TO PUBLIC" in said and "column_comment:note" in said, said
@@ -272,4 +258,44 @@ def test_a_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, 
         assert conn.execute("SELECT has_table_privilege('public', attrelid, 'SELECT'), col_description(attrelid,"
                             " attnum) FROM pg_attribute WHERE attrelid = '\"Orders\"'::regclass"
                             " AND attname = 'note'").fetchone() == (True, "late")
+    assert_oracle(db_dsn, "Orders")
+
+
+def cutover_with_change_before_lock(dsn: str, tmp_path, *statements: str) -> tuple[int, str]:
+    """`mover cutover parity`, with `statements` run while it waits at the last point before the
+    lock (after it read the catalog and built the swap)."""
+    release = tmp_path / "release"
+    proc = spawn(dsn, "cutover", "parity",
+                 env={"MOVER_FAULT": "hang@swap:before_lock", "MOVER_FAULT_RELEASE": str(release)})
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "hanging at swap:before_lock" in line:
+            break
+    else:
+        raise AssertionError(f"cutover never reached the lock: {''.join(seen)}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    release.touch()
+    return finish(proc, 120)
+
+
+def test_a_shape_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, tmp_path):
+    """The shapes are checked before the lock and, under it, through the digest: a column default
+    changed or an index created on the source in between is refused (exit 2), nothing swapped."""
+    create_orders(db_dsn, 1_000)
+    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    for change, named in (("""ALTER TABLE "Orders" ALTER status SET DEFAULT 'late'""", "status"),
+                          ('CREATE INDEX orders_late ON "Orders" (note)', "orders_late")):
+        code, err = cutover_with_change_before_lock(db_dsn, tmp_path, change)
+        assert code == 2 and named in err, err
+        with psycopg.connect(db_dsn, autocommit=True) as conn:  # nothing was swapped
+            assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid ="
+                                " '\"Orders\"'::regclass AND attname = 'id'").fetchone() == ("integer",)
+            # undone, so the next change is the only one
+            conn.execute("ALTER TABLE \"Orders\" ALTER status DROP DEFAULT; DROP INDEX IF EXISTS orders_late")
+        (tmp_path / "release").unlink()
+    assert mover(db_dsn, "cutover", "parity").returncode == 0
     assert_oracle(db_dsn, "Orders")

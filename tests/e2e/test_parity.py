@@ -7,6 +7,7 @@ import json
 
 import psycopg
 
+from mover import parity as mover_parity
 from tests.workload import Writer, assert_oracle, create_orders, finish, mover, spawn, write_plan
 
 PLAN = """
@@ -299,3 +300,31 @@ def test_a_shape_change_between_preparation_and_lock_is_caught_under_the_lock(db
         (tmp_path / "release").unlink()
     assert mover(db_dsn, "cutover", "parity").returncode == 0
     assert_oracle(db_dsn, "Orders")
+
+
+def test_a_security_label_without_its_provider_is_reported_not_carried(db_dsn, tmp_path):
+    """No label provider exists on the test servers (dummy_seclabel is only in PostgreSQL's source
+    tree): a label is written into pg_seclabel directly, as a provider that is not loaded would
+    have left it. Plan check names it and the provider it needs, and creating the target refuses
+    rather than dropping it; parity reports it as a difference. Carrying a label through a real
+    provider stays untested (docs/operating.md)."""
+    create_orders(db_dsn, 100)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("SET allow_system_table_mods = on")
+        conn.execute("""INSERT INTO pg_seclabel VALUES ('"Orders"'::regclass, 'pg_class'::regclass, 0,"""
+                     " 'absent_provider', 'secret')")
+    plan = plan_file(tmp_path)
+    for command in (("plan", "check", plan), ("run", plan)):
+        r = mover(db_dsn, *command)
+        said = " ".join(r.stderr.split())
+        assert r.returncode == 2 and 'security label provider "absent_provider" is not loaded' in said, said
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('\"Orders_new\"')").fetchone() == (None,)  # nothing created
+        conn.execute('CREATE TABLE orders_unlabelled (LIKE "Orders")')
+        with conn.cursor() as cur:
+            labelled = mover_parity.describe(cur, cur.execute("SELECT '\"Orders\"'::regclass::oid").fetchone()[0])
+            plain = mover_parity.describe(cur, cur.execute("SELECT 'orders_unlabelled'::regclass::oid").fetchone()[0])
+    assert labelled is not None and plain is not None
+    assert labelled["metadata"]["security_labels"] == {"absent_provider": "secret"}
+    found = [d for d in mover_parity.compare(labelled, plain, mover_parity.Planned()) if d.kind == "security_labels"]
+    assert [(d.key, d.status) for d in found] == [("security_labels:table", "unplanned")]

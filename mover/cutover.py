@@ -45,6 +45,7 @@ from mover.sql.mapping import Mapping
 log = logging.getLogger("mover.cutover")
 
 LOCK_STATEMENT_TIMEOUT = "30s"
+DRAIN_BATCH = 50_000  # log rows per replay statement under the swap's lock
 
 
 # The last check before the lock: a verifying pass over what changed since reconcile, returning the
@@ -381,10 +382,12 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         drained = 0  # changes applied under the lock: what a follower (mover/follow.py) keeps small
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
-                                      wait_for_lock=True, limit=50_000)
+                                      wait_for_lock=True, limit=DRAIN_BATCH)
             failures.update(got.failures)
             drained += got.claimed
-            if got.claimed == 0:
+            # Fewer log rows than asked for: the log is empty, and stays so (no write reaches the
+            # locked table, and the applier lock keeps other appliers out): no empty batch after.
+            if got.log_rows < DRAIN_BATCH:
                 break
         if forward and failures:
             raise _Unapplied(failures)

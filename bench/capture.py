@@ -26,6 +26,8 @@ Variants (names for --variant):
   unlogged    mover's trigger, the log UNLOGGED: what the log's WAL costs (not shippable: an
               unlogged log is empty after a crash, losing changes)
   fillfactor  mover's trigger, the log at fillfactor 50
+  seq_cache   mover's trigger, the log's identity sequence with CACHE 64: each backend takes its
+              keys from its own block of numbers instead of the sequence's one shared page
 A trigger function in LANGUAGE sql is not a variant: PostgreSQL refuses it ("SQL functions
 cannot return type trigger"); the script asks the server and records its answer.
 """
@@ -51,7 +53,7 @@ from psycopg import sql
 from bench.common import bindir, connect, create_database, save, server, table
 
 MID = 999999
-VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk", "unlogged", "fillfactor")
+VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk", "unlogged", "fillfactor", "seq_cache")
 DEFAULT_VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk")
 WORKLOADS = ("tpcb-like", "simple-update")
 
@@ -96,6 +98,8 @@ def install(cur: psycopg.Cursor, variant: str) -> None:
         cur.execute(sql.SQL("ALTER TABLE {} SET UNLOGGED").format(log.ident))
     elif variant == "fillfactor":
         cur.execute(sql.SQL("ALTER TABLE {} SET (fillfactor = 50)").format(log.ident))
+    elif variant == "seq_cache":
+        cur.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN seq SET CACHE 64").format(log.ident))
 
 
 def remove(cur: psycopg.Cursor, variant: str) -> None:

@@ -28,6 +28,10 @@ TABLES = {
         CREATE TABLE public.events (id bigint PRIMARY KEY, created_at timestamptz NOT NULL, body text);
         INSERT INTO public.events SELECT g, now() - g * interval '1 day', 'e' FROM generate_series(1, 20) g;
     """,
+    "partition-daily-retention.toml": """
+        CREATE TABLE public.request_log (id bigint PRIMARY KEY, logged_at timestamptz NOT NULL, path text);
+        INSERT INTO public.request_log SELECT g, now() - g * interval '1 hour', '/' FROM generate_series(1, 20) g;
+    """,
     "partition-hash-tenant.toml": """
         CREATE TABLE public.accounts (id bigint PRIMARY KEY, tenant_id int NOT NULL, name text);
         INSERT INTO public.accounts SELECT g, g % 5, 'a' FROM generate_series(1, 20) g;

@@ -57,6 +57,13 @@ def check_partition_monthly(plan: Plan) -> None:
     assert (plan.upkeep.premake, plan.upkeep.retention, plan.upkeep.drop_detached) == (3, "24 months", False)
 
 
+def check_partition_daily(plan: Plan) -> None:
+    p = plan.partition
+    assert p is not None and (p.by, p.columns, p.interval, p.premake, p.default) == (
+        "range", ("logged_at",), "day", 7, False)
+    assert (plan.upkeep.premake, plan.upkeep.retention, plan.upkeep.drop_detached) == (7, "30 days", True)
+
+
 def check_partition_hash(plan: Plan) -> None:
     p = plan.partition
     assert p is not None and (p.by, p.columns, p.modulus, p.default) == ("hash", ("tenant_id",), 16, False)
@@ -70,6 +77,7 @@ def check_partition_list(plan: Plan) -> None:
 
 EXPECTED: dict[str, Callable[[Plan], None]] = {
     "partition-monthly.toml": check_partition_monthly,
+    "partition-daily-retention.toml": check_partition_daily,
     "partition-hash-tenant.toml": check_partition_hash,
     "partition-list-region.toml": check_partition_list,
     "int_to_bigint.toml": check_int_to_bigint,

@@ -313,7 +313,8 @@ def _swap_tables(ctx: Context, forward: bool) -> list[names.QualifiedName]:
 @dataclass
 class Prepared:
     """What the swap runs, read before its lock: the statements, the parity description of the live
-    table, and the digest of the catalog rows both were built from (the lock only checks it)."""
+    table, the drain's column mapping (both shapes checked), and the digest of the catalog rows all
+    of them were built from (the lock only checks it)."""
 
     stmts: list[Statement]
     carried: carry.Carried

@@ -146,11 +146,14 @@ def _stats_read(conn, pgss: bool) -> dict:
             {"what": what, "calls": int(calls), "ms": float(ms), "wal_bytes": int(wal_b or 0),
              "blks_hit": int(hit), "blks_read": int(read), "blks_written": int(written)}
             for what, calls, ms, wal_b, hit, read, written in conn.execute("""
-                SELECT CASE WHEN query ~* '^\\s*INSERT INTO .*SELECT' AND query !~* 'mover\\.'
+                SELECT CASE WHEN query ~* '^\\s*(UPDATE|DELETE FROM|INSERT INTO) bench_source\\M'
+                                 THEN 'the application (pgbench)'
+                            WHEN query ~* '^\\s*INSERT INTO .*SELECT' AND query !~* 'mover\\.'
                                  THEN 'copy (INSERT ... SELECT)'
                             WHEN query ~* 'OFFSET' THEN 'range bound (index-only OFFSET probe)'
                             WHEN query ~* 'UPDATE mover\\.ranges' THEN 'range claim / done mark (mover.ranges)'
                             WHEN query ~* 'CREATE INDEX' THEN 'index builds'
+                            WHEN query ~* 'ATTACH PARTITION' THEN 'attach partition indexes'
                             WHEN query ~* '^\\s*ANALYZE' THEN 'ANALYZE'
                             WHEN query ~* '_changes' THEN 'change log (apply, count)'
                             WHEN query ~* 'COMMIT' THEN 'COMMIT'

@@ -18,7 +18,7 @@ to a table partitioned by month on created_at with the key (id, created_at):
    when the server has no pg_partman (Debian: postgresql-15-partman).
 
 Goals (issue #9): mover with 1 worker within 1.25x of the single statement, and at least 2.5x
-faster than pg_partman. Raw figures: bench/results/partition.json.
+faster than pg_partman. Raw figures: bench/results/partition-<time>.json.
 """
 
 from __future__ import annotations
@@ -37,17 +37,19 @@ from contextlib import contextmanager
 
 from psycopg import sql
 
-from bench.backfill import progress_tps, start_pgbench
-from bench.common import RESULTS, connect, create_database, median, mover_cli, server, table, timed
+from bench.backfill import _stats_read, _stats_reset, progress_tps, start_pgbench
+from bench.common import connect, create_database, median, mover_cli, save, server, table, timed
 
 SOURCE = "bench_source"
 TARGET = "bench_part"
 MONTHS = 25
 
 
-def generate(dsn: str, rows: int) -> None:
+def generate(dsn: str, rows: int, layout: str = "append") -> None:
     """The source (bench/common.py's columns), created_at spread evenly over 25 months up to now,
-    increasing with id: new rows are the newest, as in an events or orders table."""
+    increasing with id: new rows are the newest, as in an events or orders table. With layout
+    "scattered", created_at is unrelated to id (a table whose partition column is not its insert
+    order): every key range then holds rows of every month."""
     t = sql.Identifier(SOURCE)
     with connect(dsn) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(t))
@@ -61,10 +63,14 @@ def generate(dsn: str, rows: int) -> None:
                 payload text)""").format(t))
         conn.execute(sql.SQL("""
             INSERT INTO {} (id, created_at, account_id, amount, status, payload)
-            SELECT g, now() - interval '1 day' * {} * (%s - g)::float8 / %s, (g::bigint * 7919) %% 100000,
+            SELECT g, now() - interval '1 day' * {} * {}, (g::bigint * 7919) %% 100000,
                    (g %% 1000000) / 100.0, (ARRAY['new', 'paid', 'shipped', 'refunded'])[1 + g %% 4],
                    md5(g::text) || md5((g + 1)::text) || left(md5((g + 2)::text), 16)
-            FROM generate_series(1, %s) g""").format(t, sql.Literal(MONTHS * 30.4)), (rows, rows, rows))
+            FROM generate_series(1, %(rows)s) g""").format(
+                t, sql.Literal(MONTHS * 30.4),
+                # scattered: a fixed pseudo-random fraction per id (the same table on every run)
+                sql.SQL("((g::bigint * 2654435761) %% 1000003) / 1000003.0" if layout == "scattered"
+                        else "(%(rows)s - g)::float8 / %(rows)s")), {"rows": rows})
         conn.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s)", (SOURCE, rows))
         conn.execute(sql.SQL("CREATE INDEX {} ON {} (created_at)").format(sql.Identifier(f"{SOURCE}_created"), t))
         conn.execute(sql.SQL("CREATE INDEX {} ON {} (account_id)").format(sql.Identifier(f"{SOURCE}_account"), t))
@@ -137,30 +143,135 @@ default = true
 accept_key_change = true
 [backfill]
 workers = {workers}
+{extra}
 [rollback]
 window = "0s"
 """
 
 
-def mover_backfill(dsn: str, workdir: Path, rows: int, workers: int) -> dict:
-    name = f"bench_part_w{workers}"
+def phases(conn, name: str) -> dict:
+    """mover's step split by phase, from its own records (mover.steps, mover.ranges, the events
+    index_built / indexes_built / analyzed): the copy (step start to the last range done), the
+    final drain of the change log, the index builds (wall time, first build start to last
+    end), the attach of partition indexes and comments, ANALYZE, and the rest (the done mark)."""
+    row = conn.execute("""
+        SELECT s.started_at, s.finished_at,
+               (SELECT max(r.finished_at) FROM mover.ranges r WHERE r.migration_id = m.id AND r.kind = 'backfill'),
+               (SELECT min(e.at - e.duration_ms * interval '1 ms') FROM mover.events e
+                 WHERE e.migration_id = m.id AND e.kind = 'index_built'),
+               (SELECT max(e.at) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'index_built'),
+               (SELECT max(e.at) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'indexes_built'),
+               (SELECT max(e.at - e.duration_ms * interval '1 ms') FROM mover.events e
+                 WHERE e.migration_id = m.id AND e.kind = 'analyzed'),
+               (SELECT max(e.at) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'analyzed'),
+               (SELECT count(*) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'index_built'),
+               (SELECT max(e.duration_ms) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'drained'),
+               (SELECT max((e.detail->>'applied')::int) FROM mover.events e
+                 WHERE e.migration_id = m.id AND e.kind = 'drained'),
+               (SELECT sum(e.duration_ms) FROM mover.events e WHERE e.migration_id = m.id AND e.kind = 'index_built')
+        FROM mover.steps s JOIN mover.migrations m ON m.id = s.migration_id
+        WHERE m.name = %s AND s.name = 'backfill'""", (name,)).fetchone()
+    start, end, copied, ix_first, ix_last, ix_all, an_start, an_end, builds, drain_ms, drained, build_ms = row
+    if None in (start, end, copied):
+        return {}
+    secs = lambda a, b: (b - a).total_seconds() if a is not None and b is not None else None  # noqa: E731
+    out = {"copy_s": secs(start, copied), "builds": builds, "build_sum_s": float(build_ms or 0) / 1000}
+    out["drain_s"] = secs(copied, ix_first) if ix_first else None  # the drain, then reading what to build
+    out["drain_apply_s"], out["drained"] = (float(drain_ms) / 1000, drained) if drain_ms is not None else (None, None)
+    out["index_builds_s"] = secs(ix_first, ix_last)
+    out["attach_s"] = secs(ix_last, an_start or ix_all)
+    out["analyze_s"] = secs(an_start, an_end)
+    out["rest_s"] = secs(an_end, end)
+    return out
+
+
+def explain_apply(dsn: str, name: str, *, midcopy: bool = False) -> dict:
+    """EXPLAIN (ANALYZE, BUFFERS) of mover's replay statement against the partitioned target,
+    rolled back, with the planner's defaults and with the settings mover's replay into a
+    partitioned target runs with (mover.capture.KEY_DRIVEN): how a lookup by the source key alone
+    reaches the partitions. midcopy: with the covered condition of a backfill under way (the
+    partitions not analyzed yet); else on what the log holds at the step's end."""
+    import psycopg
+
+    from mover import capture, control, names
+    from mover.context import Context
+    from mover.db import Database
+    from mover.sql import capture as q
+    db = Database(dsn)
+    out: dict = {}
+    try:
+        m = db.transaction(lambda cur: control.get(cur, name))
+        ctx = Context(db=db, migration=m, owner="bench")
+        mapping = db.transaction(lambda cur: ctx.mapping(cur))
+        cond = db.transaction(lambda cur: capture.covered_condition(cur, ctx, mapping, not midcopy))
+        covered, params = cond if cond else (sql.SQL("true"), {})
+        stmt = q.replay(mapping, names.change_log(m.id, False), covered=covered, skip_locked=True)
+        # mover's settings first: the second run finds the pages the first read in the cache.
+        for label, settings in (("key_driven", capture.KEY_DRIVEN), ("defaults", ())):
+            with psycopg.connect(dsn) as conn:
+                out["log_rows"] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                    names.change_log(m.id, False).ident)).fetchone()[0]
+                for setting, value in settings:
+                    conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
+                plan = [r[0] for r in conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + stmt,
+                                                   {**params, "limit": 5000}).fetchall()]
+                conn.rollback()
+            out[label] = {"ms": float(plan[-1].split()[-2]), "plan": plan}
+    finally:
+        db.close()
+    return out
+
+
+def replay_midcopy(dsn: str, workdir: Path, rows: int) -> dict:
+    """mover's backfill (1 worker) under pgbench, killed after its 4th range (kill -9, as a crash
+    would), then the replay statement explained as the worker's next drain would run it."""
+    name = "bench_part_mid"
     plan = workdir / f"{name}.toml"
-    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=workers))
+    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=1, extra=""))
     out: dict = {}
     with writing(dsn, workdir, rows, out):
         for _ in range(2):  # create_target, install_capture
             proc, _ = mover_cli(dsn, "step", str(plan))
             assert proc.returncode == 0, proc.stderr
+        proc, _ = mover_cli(dsn, "step", name, env={"MOVER_FAULT": "kill@backfill_range:4"})
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr  # the wrapper exits 247
+        time.sleep(2)  # changes logged meanwhile, as between two ranges
+    out["explain"] = explain_apply(dsn, name, midcopy=True)
+    proc, _ = mover_cli(dsn, "abort", name)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def mover_backfill(dsn: str, workdir: Path, rows: int, workers: int, index_builds: int = 0,
+                   profile: bool = False) -> dict:
+    name = f"bench_part_w{workers}" + (f"_i{index_builds}" if index_builds else "")
+    plan = workdir / f"{name}.toml"
+    extra = f"index_builds = {index_builds}" if index_builds else ""
+    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=workers, extra=extra))
+    out: dict = {"workers": workers, "index_builds": index_builds or workers}
+    with writing(dsn, workdir, rows, out):
+        for _ in range(2):  # create_target, install_capture
+            proc, _ = mover_cli(dsn, "step", str(plan))
+            assert proc.returncode == 0, proc.stderr
+        if profile:
+            with connect(dsn) as conn:
+                pgss = _stats_reset(conn)
         started = time.perf_counter()
         proc, rss = mover_cli(dsn, "step", name)
         out["step_s"] = time.perf_counter() - started
         assert proc.returncode == 0, proc.stderr
+        if profile:
+            with connect(dsn) as conn:
+                out["profile"] = _stats_read(conn, pgss)
     with connect(dsn) as conn:
         out["partitions"] = conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass",
                                          (f"{SOURCE}_new",)).fetchone()[0]
         out["chunks"] = conn.execute("SELECT count(*) FROM mover.ranges c JOIN mover.migrations m"
                                      " ON m.id = c.migration_id WHERE m.name = %s AND c.kind = 'backfill'",
                                      (name,)).fetchone()[0]
+        out["phases"] = phases(conn, name)
+    if profile:
+        out["explain_apply"] = explain_apply(dsn, name)
     out["rss_kib"] = rss
     proc, _ = mover_cli(dsn, "abort", name)
     assert proc.returncode == 0, proc.stderr
@@ -200,9 +311,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
-    ap.add_argument("--skip", action="append", default=[], choices=["limit", "mover", "partman"])
+    ap.add_argument("--skip", action="append", default=[], choices=["limit", "mover", "midcopy", "partman"])
+    ap.add_argument("--layout", choices=["append", "scattered"], default="append",
+                    help="created_at in id order (append-mostly), or unrelated to id: what key ranges cut along"
+                         " the partition column would change")
     args = ap.parse_args()
-    results: dict = {"rows": args.rows, "months": MONTHS, "command": " ".join(["bench/partition.py", *sys.argv[1:]])}
+    results: dict = {"rows": args.rows, "months": MONTHS, "layout": args.layout,
+                     "command": " ".join(["bench/partition.py", *sys.argv[1:]])}
     with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         db = create_database(dsn, "bench_partition")
@@ -211,21 +326,28 @@ def main() -> None:
         with connect(db) as conn:
             results["server"] = conn.execute("SELECT version()").fetchone()[0]
         print(f"generating {args.rows:,} rows ...", flush=True)
-        results["generate_s"] = timed(lambda: generate(db, args.rows))
+        results["generate_s"] = timed(lambda: generate(db, args.rows, args.layout))
         if "limit" not in args.skip:
             results["limit"] = single_statement(db, workdir, args.rows)
             print("single statement", results["limit"], flush=True)
         if "mover" not in args.skip:
-            for workers in (1, 2):
-                results[f"mover_{workers}w"] = mover_backfill(db, workdir, args.rows, workers)
-                print(f"mover {workers}w", results[f"mover_{workers}w"], flush=True)
+            # 1 worker with the pg_stat_statements profile; then 1 copy worker with 2 index build
+            # sessions, and 2 workers (2 of each, the default index_builds = workers).
+            for key, workers, builds in (("mover_1w", 1, 0), ("mover_1w_2i", 1, 2), ("mover_2w", 2, 0)):
+                results[key] = mover_backfill(db, workdir, args.rows, workers, builds, profile=key == "mover_1w")
+                print(key, {k: v for k, v in results[key].items() if k not in ("profile", "explain_apply")},
+                      flush=True)
+                if "profile" in results[key]:
+                    print(json.dumps(results[key]["profile"].get("statements"), indent=1), flush=True)
+        if "mover" not in args.skip and "midcopy" not in args.skip:
+            results["replay_midcopy"] = replay_midcopy(db, workdir, args.rows)
+            e = results["replay_midcopy"]["explain"]
+            print("replay mid-copy", {k: e[k]["ms"] for k in ("defaults", "key_driven")}, flush=True)
         if "partman" not in args.skip:  # last: it empties the source
             results["pg_partman"] = pg_partman(db, workdir, args.rows)
             print("pg_partman", results["pg_partman"], flush=True)
     results["ratios"] = ratios(results)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "partition.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
+    path = save("partition" if args.layout == "append" else f"partition-{args.layout}", results)
     print(report(results))
     print(f"\nresults: {path}")
 
@@ -234,8 +356,21 @@ def ratios(r: dict) -> dict:
     limit = r.get("limit", {}).get("total_s")
     one = r.get("mover_1w", {}).get("step_s")
     partman = r.get("pg_partman", {}).get("total_s")
-    return {"mover_1w_over_single_statement": one / limit if one and limit else None,
-            "pg_partman_over_mover_1w": partman / one if one and partman else None}
+    out = {"mover_1w_over_single_statement": one / limit if one and limit else None,
+           "pg_partman_over_mover_1w": partman / one if one and partman else None}
+    for key in ("mover_1w_2i", "mover_2w"):  # the same two ratios for the other mover runs
+        t = r.get(key, {}).get("step_s")
+        out[f"{key}_over_single_statement"] = t / limit if t and limit else None
+        out[f"pg_partman_over_{key}"] = partman / t if t and partman else None
+    return out
+
+
+def phase_words(p: dict) -> str:
+    parts = [("copy", "copy_s"), ("final drain", "drain_s"), ("of which applying", "drain_apply_s"),
+             ("index builds", "index_builds_s"), ("attach", "attach_s"), ("ANALYZE", "analyze_s"),
+             ("done mark", "rest_s")]
+    words = ", ".join(f"{w} {p[k]:.1f} s" for w, k in parts if p.get(k) is not None)
+    return f"{words} ({p['builds']} builds, {p['build_sum_s']:.1f} s summed)"
 
 
 def report(r: dict) -> str:
@@ -251,12 +386,14 @@ def report(r: dict) -> str:
         lim = r["limit"]
         line("single statement: INSERT INTO partitioned SELECT * (pk only) + 2 index builds", limit,
              f"copy {lim['copy_s']:.1f} s + indexes {lim['indexes_s']:.1f} s; writers {lim['writer_tps']:.0f} tps")
-    for w in (1, 2):
-        m = r.get(f"mover_{w}w")
+    for key in ("mover_1w", "mover_1w_2i", "mover_2w"):
+        m = r.get(key)
         if m:
-            line(f"mover backfill step, {w} worker{'s' if w > 1 else ''}", m["step_s"],
-                 f"{m['partitions']} partitions, {m['chunks']} ranges, RSS {m['rss_kib'] / 1024:.0f} MiB; "
-                 f"writers {m['writer_tps']:.0f} tps")
+            w, i = m.get("workers", int(key[6])), m.get("index_builds", int(key[6]))
+            plural = lambda n: "s" if n > 1 else ""  # noqa: E731
+            line(f"mover backfill step, {w} worker{plural(w)}, {i} index build session{plural(i)}",
+                 m["step_s"], f"{m['partitions']} partitions, {m['chunks']} ranges, RSS {m['rss_kib'] / 1024:.0f} MiB; "
+                 f"writers {m['writer_tps']:.0f} tps" + (f"; {phase_words(m['phases'])}" if m.get("phases") else ""))
     p = r.get("pg_partman", {})
     if p.get("total_s"):
         line("pg_partman create_parent + partition_data_proc", p["total_s"],
@@ -265,11 +402,27 @@ def report(r: dict) -> str:
     elif p.get("skipped"):
         out.append(("pg_partman", "-", "-", "-", f"skipped: {p['skipped']}"))
     text = table(out, ("what", "seconds", "rows/s", "this / single statement", "notes"))
+    prof = r.get("mover_1w", {}).get("profile", {})
+    if prof.get("statements"):
+        text += "\n\nprofile of mover's step, 1 worker (pg_stat_statements from reset counters, pgbench included):\n"
+        text += table([(st["what"], f"{st['calls']:,}", f"{st['ms'] / 1000:.2f}", f"{st['wal_bytes'] / 2**20:,.1f} MiB")
+                       for st in prof["statements"]], ("statements", "calls", "seconds", "WAL"))
+    for key, what in (("mover_1w", "at the step's end"), ("replay_midcopy", "mid-copy, partitions not analyzed")):
+        e = r.get(key, {}).get("explain_apply" if key == "mover_1w" else "explain")
+        if e and "defaults" in e:  # runs before the comparison explained one plan only
+            text += (f"\n\nreplay of the change log into the partitioned target ({what}; {e['log_rows']:,} changes "
+                     f"logged): {e['defaults']['ms']:.0f} ms with the planner's defaults, "
+                     f"{e['key_driven']['ms']:.0f} ms driven by the keys (mover's settings)")
     rat = r["ratios"]
     if rat["mover_1w_over_single_statement"]:
         text += f"\n\nmover 1 worker / single statement: {rat['mover_1w_over_single_statement']:.2f} (goal <= 1.25)"
     if rat["pg_partman_over_mover_1w"]:
         text += f"\npg_partman / mover 1 worker: {rat['pg_partman_over_mover_1w']:.2f} (goal >= 2.5)"
+    for key, what in (("mover_1w_2i", "1 worker, 2 index build sessions"), ("mover_2w", "2 workers")):
+        if rat.get(f"{key}_over_single_statement"):
+            text += f"\nmover {what} / single statement: {rat[f'{key}_over_single_statement']:.2f}"
+        if rat.get(f"pg_partman_over_{key}"):
+            text += f"; pg_partman / mover {what}: {rat[f'pg_partman_over_{key}']:.2f}"
     return text
 
 

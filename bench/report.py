@@ -22,7 +22,8 @@ KINDS = {"backfill": "bench.backfill", "reconcile": "bench.reconcile", "capture"
 def newest() -> list[Path]:
     """The newest file of each kind and shape (names: KIND[-SHAPE]-YYYYmmdd-HHMMSS.json)."""
     latest: dict[str, Path] = {}
-    for p in sorted(RESULTS.glob("*.json")):
+    # A name without its time (partition.json, from before results were stamped) counts as oldest.
+    for p in sorted(RESULTS.glob("*.json"), key=lambda p: (p.stem.count("-") >= 2, p.name)):
         latest[p.stem.rsplit("-", 2)[0]] = p  # sorted by time within a kind: the last one wins
     return list(latest.values())
 

@@ -11,8 +11,9 @@ Invariants:
 - Workers also apply the change log between ranges (one applier at a time, capture.py), so
   the log stays short while the copy runs.
 - Pause, the rows/s cap and replica lag make workers wait between ranges, never inside one.
-- Secondary indexes are built after the copy with CREATE INDEX CONCURRENTLY; an invalid index
-  left by a crash is dropped and rebuilt on resume.
+- Secondary indexes are built after the copy with CREATE INDEX CONCURRENTLY, up to
+  [backfill] index_builds at once in sessions of their own, never two on one table; an invalid
+  index left by a crash is dropped and rebuilt on resume, its orphaned builder cancelled first.
 """
 
 from __future__ import annotations
@@ -20,16 +21,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import psycopg
+from psycopg import sql
 
 from mover import capture, control, faults, introspect, names, partitions, ranges, throttle
 from mover.context import Context, Reporter
-from mover.db import bind, is_retryable
+from mover.db import Database, bind, is_retryable
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
+from mover.sql import partitions as sql_partitions
 from mover.sql.mapping import Mapping
 
 log = logging.getLogger("mover.backfill")
@@ -259,23 +265,24 @@ def _transient_ddl_error(exc: BaseException) -> bool:
     return is_retryable(exc)
 
 
-def _stop_orphaned_build(ctx: Context, index_oid: int) -> None:
+def _stop_orphaned_build(db: Database, ctx: Context, index_oid: int) -> None:
     """A process killed during CREATE INDEX CONCURRENTLY leaves its backend building on (it only
-    notices the lost client at the end). Only the lease holder builds these indexes, so such a
-    backend is an orphan: cancel it and wait until it is gone, rather than drop its index under it."""
+    notices the lost client at the end). Only the lease holder builds these indexes, and each of
+    its build sessions one index at a time, so a backend building this one is an orphan: cancel it
+    and wait until it is gone, rather than drop its index under it."""
     def builders(cur: psycopg.Cursor) -> list[int]:
         cur.execute("SELECT pid FROM pg_stat_progress_create_index WHERE index_relid = %s"
                     " AND pid <> pg_backend_pid()", (index_oid,))
         return [r[0] for r in cur.fetchall()]
 
     deadline = time.monotonic() + 60
-    while pids := ctx.db.transaction(builders):
+    while pids := db.transaction(builders):
         if time.monotonic() > deadline:
             raise Failed(f"the orphaned build of an index on {ctx.new} (backends {pids}) does not stop",
-                             hint=f"end them with pg_terminate_backend(), then `mover run {ctx.migration.name}`")
+                         hint=f"end them with pg_terminate_backend(), then `mover run {ctx.migration.name}`")
         log.warning("cancelling the orphaned index build in backends %s", pids)
-        ctx.db.transaction(lambda cur: cur.execute("SELECT pg_cancel_backend(pid) FROM unnest(%s::int[]) pid",
-                                                   (pids,)))
+        db.transaction(lambda cur: cur.execute("SELECT pg_cancel_backend(pid) FROM unnest(%s::int[]) pid",
+                                               (pids,)))
         time.sleep(0.2)
 
 
@@ -287,67 +294,185 @@ def _copy_index_comment(ctx: Context, name: str, ix: introspect.Index) -> None:
     ctx.db.transaction(copy, label="index comment")
 
 
-def _build_index(ctx: Context, name: str, ix: introspect.Index) -> None:
-    schema = ctx.new.schema
-    assert schema is not None  # the control tables hold schema-qualified names
-    state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
-    if state is True:
-        _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
-        return
-    if ctx.db.transaction(lambda cur: partitions.partition_columns(cur, ctx.new)):
-        # No CONCURRENTLY on a partitioned parent: each partition's index concurrently, then the
-        # parent's ON ONLY (invalid until the last one is attached) and the partitions' attached.
-        for child, child_index in ctx.db.transaction(lambda cur: partitions.child_indexes(cur, ctx.new, name)):
-            _build_one(ctx, child_index, ix, child)
-        ctx.db.transaction(lambda cur: partitions.attach_indexes(cur, ctx.new, name, ix), lock_timeout="10s",
-                           label="attach partition indexes")
-        faults.point("index_built")
-        _copy_index_comment(ctx, name, ix)
-        return
-    _build_one(ctx, name, ix, ctx.new)
-    _copy_index_comment(ctx, name, ix)
+@dataclass(frozen=True)
+class IndexBuild:
+    """One CREATE INDEX CONCURRENTLY: index `name` on `table` (the new table, or one of its
+    partitions), defined as the source's index `ix`."""
+    name: str
+    ix: introspect.Index
+    table: names.QualifiedName
 
 
-def _build_one(ctx: Context, name: str, ix: introspect.Index, table: names.QualifiedName) -> None:
-    """Build index `name` on `table` (the new table, or one of its partitions) concurrently,
+def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
+    """Build index `b.name` on `b.table` concurrently, on `db` (this build session's connection),
     dropping an invalid one that an interrupted build left first."""
-    schema = table.schema
+    schema = b.table.schema
     assert schema is not None  # the new table and its partitions are named with their schema
-    state = ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, name))
+    state = db.transaction(lambda cur: introspect.index_state(cur, schema, b.name))
     if state is True:
         return
     faults.point("index_building")
     if state is False:
-        log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, name)
-        oid = ctx.db.transaction(lambda cur: introspect.table_oid(cur, names.QualifiedName(schema, name)))
+        log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, b.name)
+        oid = db.transaction(lambda cur: introspect.table_oid(cur, names.QualifiedName(schema, b.name)))
         assert oid is not None  # index_state() just found it; only this lease holder drops it
-        _stop_orphaned_build(ctx, oid)
-        ctx.db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, name)), lock_timeout="10s",
-                           label="drop invalid index")
+        _stop_orphaned_build(db, ctx, oid)
+        db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, b.name)), lock_timeout="10s",
+                       label="drop invalid index")
     started = time.monotonic()
-    ctx.report("index", name=name, state="building")
+    ctx.report("index", name=b.name, state="building")
     # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
-    ctx.db.autocommit(ddl.create_index(name, table, ix, concurrently=True),
-                      statement_timeout="0", lock_timeout="10min")
+    db.autocommit(ddl.create_index(b.name, b.table, b.ix, concurrently=True),
+                  statement_timeout="0", lock_timeout="10min")
     faults.point("index_built")
     ms = (time.monotonic() - started) * 1000
-    ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
-                                                 f"index {name} built",
-                                                 {"source_index": ix.name, "table": str(table)}, ms))
+    db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
+                                             f"index {b.name} built",
+                                             {"source_index": b.ix.name, "table": str(b.table)}, ms))
+
+
+def _retried(ctx: Context, what: str, fn: Callable[[], object]) -> None:
+    """fn() again after a lock or deadlock timeout (or a catalog race), a few times; anything else
+    is raised. Outside any transaction: each attempt reads the index's state afresh."""
+    for attempt in range(1, INDEX_ATTEMPTS + 1):
+        ctx.checkpoint()
+        try:
+            fn()
+            return
+        except psycopg.Error as exc:
+            if attempt == INDEX_ATTEMPTS or not _transient_ddl_error(exc):
+                raise
+            log.warning("%s failed (%s: %s); attempt %d of %d", what, type(exc).__name__,
+                        exc.diag.message_primary or exc, attempt + 1, INDEX_ATTEMPTS)
+            time.sleep(min(0.2 * 2 ** attempt, 5.0))
+
+
+class _Builds:
+    """`sessions` build sessions (threads, each with its own connection) taking builds from one
+    list. Two builds on one table never run at once: CREATE INDEX CONCURRENTLY takes SHARE UPDATE
+    EXCLUSIVE, which conflicts with itself, so the second would only hold a session waiting for
+    the first (a plain table's indexes are built one after the other, whatever the number of
+    sessions). After the first failure no session takes another build; the ones under way
+    finish, and the failure is raised once all have stopped."""
+
+    def __init__(self, ctx: Context, builds: list[IndexBuild], sessions: int):
+        self.ctx = ctx
+        self.todo = list(builds)
+        self.busy: set[names.QualifiedName] = set()
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+        self.sessions = min(sessions, len(builds))
+
+    def _next(self) -> IndexBuild | None:
+        with self.cond:
+            while self.error is None and self.todo:
+                b = next((b for b in self.todo if b.table not in self.busy), None)
+                if b is not None:
+                    self.todo.remove(b)
+                    self.busy.add(b.table)
+                    return b
+                self.cond.wait(0.5)
+            return None
+
+    def _session(self, db: Database) -> None:
+        try:
+            while (b := self._next()) is not None:
+                try:
+                    _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b))
+                finally:
+                    with self.cond:
+                        self.busy.discard(b.table)
+                        self.cond.notify_all()
+        except BaseException as exc:  # kept, and raised by run() once every session has stopped
+            with self.cond:
+                if self.error is None:
+                    self.error = exc
+                else:  # a second failure while the first stops the others: said, not raised
+                    log.error("index build session also failed: %s: %s", type(exc).__name__, exc)
+                self.cond.notify_all()
+        finally:
+            if db is not self.ctx.db:
+                db.close()
+
+    def run(self) -> None:
+        if self.sessions <= 1:
+            for b in self.todo:
+                _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, self.ctx.db, b))
+            return
+        threads = [threading.Thread(target=self._session, args=(Database(self.ctx.db.dsn),),
+                                    name=f"mover-index-{i}", daemon=True) for i in range(1, self.sessions)]
+        for t in threads:
+            t.start()
+        self._session(self.ctx.db)
+        for t in threads:
+            while t.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
+                t.join(0.5)
+        if self.error is not None:
+            raise self.error
+
+
+def planned_builds(name: str, ix: introspect.Index, table: names.QualifiedName,
+                   parts: list[names.QualifiedName] | None) -> list[IndexBuild]:
+    """The builds of the deferred index `name`: on `table` itself, or, when `parts` (the
+    partitions of a partitioned `table`) are given, each partition's part of it (no
+    CONCURRENTLY on a partitioned parent). Plan check lists these, and the step runs them."""
+    if parts is None:
+        return [IndexBuild(name, ix, table)]
+    return [IndexBuild(partitions.child_index_name(p.name, name), ix, p) for p in parts]
+
+
+def index_statements(ctx: Context, indexes: list[tuple[str, introspect.Index]],
+                     parts: list[names.QualifiedName] | None) -> list[sql.Composable]:
+    """What build_indexes runs for `indexes`, for plan check: the builds, then on a partitioned
+    table each parent index ON ONLY and its partitions' attached."""
+    out: list[sql.Composable] = []
+    for name, ix in indexes:
+        out += [ddl.create_index(b.name, b.table, b.ix, concurrently=True)
+                for b in planned_builds(name, ix, ctx.new, parts)]
+        if parts is not None:
+            assert ctx.new.schema is not None  # the control tables hold schema-qualified names
+            out.append(sql_partitions.create_index_on_only(name, ctx.new, ix.is_unique, ix.definition_tail))
+            parent_index = names.QualifiedName(ctx.new.schema, name)
+            out += [sql_partitions.attach_index(parent_index, names.QualifiedName(b.table.schema, b.name))
+                    for b in planned_builds(name, ix, ctx.new, parts)]
+    return out
 
 
 def build_indexes(ctx: Context) -> None:
+    """Every deferred index: the builds (a plain table's indexes, or every partition's part of
+    each index of a partitioned one) by up to [backfill] index_builds sessions at once, then, on a
+    partitioned table, each parent index ON ONLY with its partitions' attached (valid with the
+    last). Re-entrant: what is built, valid or attached is left as it is."""
+    schema = ctx.new.schema
+    assert schema is not None  # the control tables hold schema-qualified names
     todo = ctx.db.transaction(lambda cur: deferred_indexes(cur, ctx))
+    parts = ctx.db.transaction(lambda cur: partitions.live_partitions(cur, ctx.new))
+    partitioned = parts is not None
+    pending: list[tuple[str, introspect.Index]] = []
+    builds: list[IndexBuild] = []
     for name, ix in todo:
-        for attempt in range(1, INDEX_ATTEMPTS + 1):
-            ctx.checkpoint()
-            try:
-                _build_index(ctx, name, ix)
-                break
-            except psycopg.Error as exc:
-                if attempt == INDEX_ATTEMPTS or not _transient_ddl_error(exc):
-                    raise
-                # Outside any transaction: the next attempt reads the index's state afresh.
-                log.warning("building index %s failed (%s: %s); attempt %d of %d", name, type(exc).__name__,
-                            exc.diag.message_primary or exc, attempt + 1, INDEX_ATTEMPTS)
-                time.sleep(min(0.2 * 2 ** attempt, 5.0))
+        if ctx.db.transaction(bind(introspect.index_state, schema, name)) is True:
+            _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
+            continue
+        pending.append((name, ix))
+        # A partitioned table: each partition's index concurrently, then (below) the parent's ON
+        # ONLY, invalid until the last of its partitions' is attached.
+        builds += planned_builds(name, ix, ctx.new, parts)
+    # Read now: `mover set backfill.index_builds` during the copy counts.
+    sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan
+                                   ).backfill.index_sessions()
+    started = time.monotonic()
+    _Builds(ctx, builds, sessions).run()
+    for name, ix in pending:
+        if partitioned:
+            attach = partial(ctx.db.transaction, bind(partitions.attach_indexes, ctx.new, name, ix),
+                             lock_timeout="10s", label="attach partition indexes")
+            _retried(ctx, f"attaching the partitions' indexes to {name}", attach)
+            faults.point("index_built")
+        _copy_index_comment(ctx, name, ix)
+    if builds:
+        ms = (time.monotonic() - started) * 1000
+        ctx.db.transaction(lambda cur: control.event(
+            cur, ctx.mid, ctx.owner, "backfill", "indexes_built",
+            f"{len(builds)} index builds on {ctx.new}, up to {sessions} at once",
+            {"builds": len(builds), "indexes": len(pending), "sessions": sessions}, ms))

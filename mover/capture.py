@@ -117,6 +117,36 @@ def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping,
     return covered_by("c", m, "wm"), named_bound("wm", hi)
 
 
+# Planner settings a replay into a partitioned destination runs with (SET LOCAL, put back after
+# it). Its unique key there is the source's key plus the partition columns, so no index says a
+# key matches one row; with no statistics yet (the backfill is filling the partitions, nothing
+# has analyzed them) the planner takes a lookup by the key alone to match thousands of rows, and
+# hashes every partition and the whole source for each batch, a cost that grows with the table.
+# A key matches at most one row per partition, and a batch is at most BATCH keys: nested loops
+# driven by the keys (an index probe per partition and key) are the plan at any size. The same
+# estimates price that plan above jit_above_cost: JIT then compiles the expressions of every
+# partition for each batch, far longer than the plan runs. Measured by bench/partition.py (the
+# replay explained mid-copy), figures in bench/README.md.
+KEY_DRIVEN = (("enable_hashjoin", "off"), ("enable_mergejoin", "off"), ("jit", "off"))
+
+
+def _drive_by_keys(cur: psycopg.Cursor, m: Mapping) -> list[tuple[str, str]]:
+    """KEY_DRIVEN for the rest of the caller's transaction when `m`'s destination is partitioned;
+    returns the settings to put back (a transaction or savepoint rolled back puts them back too)."""
+    if not m.dst_partition:
+        return []
+    before = []
+    for name, value in KEY_DRIVEN:
+        cur.execute("SELECT current_setting(%s), set_config(%s, %s, true)", (name, name, value))
+        before.append((name, one(cur)[0]))
+    return before
+
+
+def _put_back(cur: psycopg.Cursor, settings: list[tuple[str, str]]) -> None:
+    for name, value in settings:
+        cur.execute("SELECT set_config(%s, %s, true)", (name, value))
+
+
 def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool, backfill_done: bool,
                 limit: int = BATCH, wait_for_lock: bool = False) -> Applied:
     """Replay up to `limit` logged changes inside the caller's transaction."""
@@ -125,6 +155,16 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
     cond = covered_condition(cur, ctx, m, backfill_done)
     if cond is None:
         return Applied()
+    settings = _drive_by_keys(cur, m)
+    applied = _apply(cur, ctx, m, reverse, cond, limit, wait_for_lock)
+    # Only when it returned: an error leaves the transaction (or the caller's savepoint) to be
+    # rolled back, which puts the settings back with it.
+    _put_back(cur, settings)
+    return applied
+
+
+def _apply(cur: psycopg.Cursor, ctx: Context, m: Mapping, reverse: bool,
+           cond: tuple[sql.Composable, dict[str, Any]], limit: int, wait_for_lock: bool) -> Applied:
     covered, params = cond
     log_table = names.change_log(ctx.mid, reverse)
     cur.execute("SAVEPOINT mover_replay")

@@ -325,6 +325,13 @@ def child_index_name(partition: str, index: str) -> str:
     return names.derived(f"{partition}_{index}", "")
 
 
+def live_partitions(cur: psycopg.Cursor, table: names.QualifiedName) -> list[names.QualifiedName] | None:
+    """The partitions of `table` (none pending detach), or None when it is not partitioned."""
+    if not partition_columns(cur, table):
+        return None
+    return [child for child, _, _, pending in children(cur, table) if not pending]
+
+
 def child_indexes(cur: psycopg.Cursor, parent: names.QualifiedName,
                   index: str) -> list[tuple[names.QualifiedName, str]]:
     """(partition, the name its part of the parent's index `index` gets) for every partition."""

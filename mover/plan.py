@@ -48,6 +48,13 @@ class BackfillSettings:
     max_replica_lag_ms: int = 30_000  # 0: do not check
     max_attempts: int = 5  # a range failing this often is marked failed
     synchronous_commit: bool = False
+    # CREATE INDEX CONCURRENTLY sessions at once after the copy (0: as many as workers). Two
+    # builds never share a table (their locks conflict): this parallelizes a partitioned
+    # target's per-partition builds, not a plain table's indexes (bench/README.md).
+    index_builds: int = 0
+
+    def index_sessions(self) -> int:
+        return self.index_builds or self.workers
 
 
 @dataclass(frozen=True)
@@ -211,7 +218,7 @@ def to_document(plan: Plan) -> dict[str, Any]:
         "backfill": {"range_rows": b.range_rows, "target_range_ms": b.target_range_ms, "min_rows": b.min_rows,
                      "max_rows": b.max_rows, "workers": b.workers, "max_rows_per_second": b.max_rows_per_second,
                      "max_replica_lag": f"{b.max_replica_lag_ms}ms", "max_attempts": b.max_attempts,
-                     "synchronous_commit": b.synchronous_commit},
+                     "synchronous_commit": b.synchronous_commit, "index_builds": b.index_builds},
         "cutover": {"auto": plan.cutover.auto, "lock_timeout": f"{plan.cutover.lock_timeout_ms}ms",
                     "attempts": plan.cutover.attempts, "terminate_blockers": plan.cutover.terminate_blockers,
                     "blocker_grace": f"{plan.cutover.blocker_grace_ms}ms",
@@ -264,7 +271,7 @@ def renamed(section: str, values: dict[str, Any]) -> dict[str, Any]:
 # Settings `mover set NAME section.key=value` may change while a migration runs.
 SETTABLE = {
     "backfill": {"target_range_ms", "min_rows", "max_rows", "max_rows_per_second", "max_replica_lag",
-                 "max_attempts", "workers", "range_rows"},
+                 "max_attempts", "workers", "range_rows", "index_builds"},
     "cutover": {"auto", "lock_timeout", "attempts", "terminate_blockers", "blocker_grace"},
     "reconcile": {"workers", "range_rows", "before_cutover", "settle_rounds", "max_attempts",
                   "max_rows_per_second"},
@@ -313,7 +320,7 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
     "backfill": {"range_rows": (int, False), "target_range_ms": (int, False), "min_rows": (int, False),
                  "max_rows": (int, False), "workers": (int, False), "max_rows_per_second": (int, False),
                  "max_replica_lag": (str, False), "max_attempts": (int, False),
-                 "synchronous_commit": (bool, False)},
+                 "synchronous_commit": (bool, False), "index_builds": (int, False)},
     "cutover": {"auto": (bool, False), "lock_timeout": (str, False), "attempts": (int, False),
                 "terminate_blockers": (bool, False), "blocker_grace": (str, False),
                 "accept_parity": (list, False)},
@@ -467,6 +474,7 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
         max_replica_lag_ms=duration("backfill", "max_replica_lag", BackfillSettings.max_replica_lag_ms),
         max_attempts=bounded("backfill", "max_attempts", BackfillSettings.max_attempts, 1, 100),
         synchronous_commit=b.get("synchronous_commit", False),
+        index_builds=bounded("backfill", "index_builds", BackfillSettings.index_builds, 0, 64),
     )
 
     drop_fks = t.get("drop_foreign_keys", [])

@@ -1,15 +1,15 @@
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from mover import backfill, capture, control, introspect, shape
+from mover import backfill, capture, control, introspect, names, partitions, shape
 from mover.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
-from mover.sql import ddl
 from mover.steps.base import Step
 
 
@@ -23,21 +23,47 @@ class Backfill(Step):
         if introspect.exists(cur, m.target):
             mapping = ctx.mapping(cur)
             out += [copy_sql.next_bound(mapping, None)[0], copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
-        for name, ix in backfill.deferred_indexes(cur, ctx):
-            out.append(ddl.create_index(name, m.target, ix, concurrently=True))
+        indexes = backfill.deferred_indexes(cur, ctx)
+        if indexes:
+            out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX CONCURRENTLY"
+                       " at once ([backfill] index_builds), one at a time per table; a partitioned target builds"
+                       " each partition's, then attaches them to its parent's index ON ONLY")
+        out += backfill.index_statements(ctx, indexes, self._partitions(ctx, cur))
         out.append(sql.SQL("ANALYZE {}").format(m.target.ident))
         return out
+
+    @staticmethod
+    def _partitions(ctx: Context, cur: psycopg.Cursor) -> list[names.QualifiedName] | None:
+        """The new table's partitions: those it has, or before create_target those it will get."""
+        spec = ctx.plan.partition
+        if spec is None:
+            return None
+        if introspect.exists(cur, ctx.new):
+            return partitions.live_partitions(cur, ctx.new)
+        schema = ctx.new.schema
+        assert schema is not None  # the control tables hold schema-qualified names
+        planned = partitions.layout(cur, spec, ctx.original, ctx.migration.source.name, schema).partitions
+        return [names.QualifiedName(schema, p.name) for p in planned]
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
         backfill.copy_all(ctx)
         # Workers check range ownership, not the orchestrator's lease: check it before going on.
         ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))
-        capture.drain(ctx, reverse=False, backfill_done=True)
+        started = time.monotonic()
+        applied = capture.drain(ctx, reverse=False, backfill_done=True)
+        ms = (time.monotonic() - started) * 1000
+        ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
+                                                     f"applied {applied.claimed} logged changes after the copy",
+                                                     {"applied": applied.claimed}, ms))
         backfill.build_indexes(ctx)
         # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
+        started = time.monotonic()
         ctx.db.transaction(lambda cur: cur.execute(sql.SQL("ANALYZE {}").format(m.target.ident)),
                            statement_timeout="0", label="analyze")
+        ms = (time.monotonic() - started) * 1000
+        ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "analyzed",
+                                                     f"analyzed {m.target}", None, ms))
 
         def finish(cur: psycopg.Cursor) -> None:
             invalid = [ix.name for ix in introspect.describe(cur, m.target).indexes if not ix.is_valid]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -88,8 +89,11 @@ window = "1h"
 MONTHLY = 'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\npremake = 2\naccept_key_change = true\n'
 
 
-def plan_file(tmp_path, partition: str = MONTHLY) -> str:
-    return write_plan(tmp_path / "events.toml", PLAN.format(partition=partition))
+def plan_file(tmp_path, partition: str = MONTHLY, index_builds: int = 0) -> str:
+    text = PLAN.format(partition=partition)
+    if index_builds:
+        text = text.replace("range_rows = 500\n", f"range_rows = 500\nindex_builds = {index_builds}\n")
+    return write_plan(tmp_path / "events.toml", text)
 
 
 @dataclass
@@ -213,6 +217,30 @@ def test_plan_check_lists_partitions_and_the_key_change(db_dsn, tmp_path):
     assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
 
 
+def test_plan_check_lists_each_partitions_index_builds_that_the_backfill_runs(db_dsn, tmp_path):
+    """No CONCURRENTLY on a partitioned parent: plan check lists each partition's build, the
+    parent's index ON ONLY and the attachments, and those are the indexes the backfill makes."""
+    create_events(db_dsn, 500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    r = mover(db_dsn, "plan", "check", plan, "--json")
+    assert r.returncode == 0, r.stderr
+    (backfill,) = [s for s in json.loads(r.stdout)["steps"] if s["name"] == "backfill"]
+    built = {m for s in backfill["sql"] for m in re.findall(r'CREATE INDEX CONCURRENTLY "(\w+)"', s)}
+    on_only = {m for s in backfill["sql"] for m in re.findall(r'INDEX IF NOT EXISTS "(\w+)" ON ONLY', s)}
+    attached = [s for s in backfill["sql"] if "ATTACH PARTITION" in s]
+    assert not any("CONCURRENTLY" in s and '"events_new"' in s for s in backfill["sql"])
+    assert len(on_only) == 2 and len(attached) == len(built) and len(built) % 2 == 0, backfill["sql"]
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    made = query(db_dsn, "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                         " JOIN pg_inherits h ON h.inhrelid = i.indrelid"
+                         " WHERE h.inhparent = 'events_new'::regclass AND NOT i.indisprimary")
+    assert {n for n, _ in made} == built and all(v for _, v in made)
+    parent = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                           " WHERE i.indrelid = 'events_new'::regclass AND NOT i.indisprimary AND i.indisvalid")
+    assert {n for (n,) in parent} == on_only
+
+
 def drain_and_judge(dsn: str, writer: EventWriter, *tables: str) -> None:
     """With the writer paused and the capture drained, both tables hold what it committed."""
     writer.pause()
@@ -283,6 +311,30 @@ def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_
         writer.halt()
     assert writer.errors == []
     assert writer.moved > 10 and writer.ops > 100
+
+
+def test_two_hundred_thousand_rows_over_24_months_convert_under_writer(db_dsn, tmp_path):
+    """At the size the issue names: many ranges copied while the writer inserts, updates, moves
+    rows across months, deletes and writes rows dated beyond every partition (the default one
+    takes them); judged by the writer's mirror before the swap and after it."""
+    create_events(db_dsn, 200_000)
+    plan = write_plan(tmp_path / "events.toml", PLAN.format(partition=MONTHLY + "default = true\n").replace(
+        "range_rows = 500\n", "range_rows = 500\nmax_rows = 10000\n"))  # 20 ranges or more
+    writer = EventWriter(db_dsn, outside=True).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        assert status(db_dsn)["backfill"]["ranges_done"] >= 10
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "p" and len(partitions_of(db_dsn, "events")) >= 26
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.moved > 10 and writer.outside_rows >= 1
+    assert query(db_dsn, "SELECT count(*) FROM events WHERE created_at > '2099-01-01'")[0][0] >= 1
 
 
 @pytest.mark.parametrize("default", [True, False])
@@ -507,33 +559,42 @@ def wait_until(dsn: str, q: str, *params, timeout: float = 120):
     raise AssertionError(f"timed out waiting for: {q} {params}")
 
 
-def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn, tmp_path):
+@pytest.mark.parametrize("sessions", [1, 2])
+def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn, tmp_path, sessions):
     """The process dies while a partition's CREATE INDEX CONCURRENTLY waits (the index is in the
-    catalog, invalid, and its backend orphaned): the resume stops the orphan, drops the invalid
-    index, rebuilds it, attaches every partition's index, and the data is what the writer committed."""
+    catalog, invalid, and its backend orphaned) — with 2 build sessions, two partitions' builds at
+    once: the resume stops each orphan, drops the invalid indexes, rebuilds them, attaches every
+    partition's index, and the data is what the writer committed."""
     create_events(db_dsn, 1500)
-    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=sessions)
     writer = EventWriter(db_dsn).start()
     try:
         r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@after:create_target"})
         assert r.returncode == -9, r.stderr
-        # A transaction holding a writer's lock on the partition built first (children come in
-        # name order: events_default): its CREATE INDEX CONCURRENTLY waits for it.
+        # A transaction holding a writer's lock on the partitions built first (children come in
+        # name order: events_default, then the oldest month): their CREATE INDEX CONCURRENTLY wait for it.
+        first = partitions_of(db_dsn, "events_new")[:sessions]
+        assert first[0] == "events_default", first
         with psycopg.connect(db_dsn) as blocker:
-            blocker.execute("LOCK TABLE events_default IN ROW EXCLUSIVE MODE")
+            for part in first:
+                blocker.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(sql.Identifier(part)))
             p = Spawned(db_dsn, "run", "events_part", env={})
-            (orphan,) = wait_until(db_dsn, "SELECT pid FROM pg_stat_progress_create_index WHERE relid ="
-                                           " 'events_default'::regclass AND phase LIKE 'waiting for writers%%'")
+            orphans = [wait_until(db_dsn, "SELECT pid FROM pg_stat_progress_create_index WHERE relid = %s::regclass"
+                                          " AND phase LIKE 'waiting for writers%%'", part)[0] for part in first]
+            assert len(set(orphans)) == sessions  # one backend per build, all at once
             assert p.kill()
-            invalid = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-                                    " WHERE i.indrelid = 'events_default'::regclass AND NOT i.indisvalid")
-            assert len(invalid) == 1, invalid
+            for part in first:
+                invalid = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                                        " WHERE i.indrelid = %s::regclass AND NOT i.indisvalid", part)
+                assert len(invalid) == 1, (part, invalid)
             resume = Spawned(db_dsn, "run", "events_part", env={})
-            # The resume cancels the orphaned build; its own drop and rebuild then wait for the blocker.
-            wait_until(db_dsn, "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)", orphan)
+            # The resume cancels the orphaned builds; its own drops and rebuilds then wait for the blocker.
+            for orphan in orphans:
+                wait_until(db_dsn, "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)",
+                           orphan)
             blocker.rollback()
         assert resume.proc.wait(300) == 3, "".join(resume.err)
-        assert "is invalid (a build was interrupted); rebuilding" in "".join(resume.err)
+        assert "".join(resume.err).count("is invalid (a build was interrupted); rebuilding") == sessions
         drain_and_judge(db_dsn, writer, "events", "events_new")
         r = mover(db_dsn, "cutover", "events_part")
         assert r.returncode == 0, r.stderr
@@ -551,3 +612,24 @@ def test_kill_9_during_a_partitions_create_index_concurrently_then_resume(db_dsn
     finally:
         writer.halt()
     assert writer.errors == []
+
+
+def test_a_failing_index_build_stops_every_build_session_and_the_resume_builds_them_all(db_dsn, tmp_path):
+    """With 2 build sessions, a build that fails (each session's first, here) is the run's error,
+    raised once both sessions stopped, and no further build starts; the next run builds every
+    partition's indexes and attaches them."""
+    create_events(db_dsn, 1500)
+    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=2)
+    r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "error@index_building"})
+    assert r.returncode == 1, r.stderr
+    assert "fault injected at index_building" in r.stderr
+    built = "SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indrelid" \
+            " WHERE h.inhparent = 'events_new'::regclass AND NOT i.indisprimary"
+    assert query(db_dsn, built) == [(0,)]  # no build started after the first failure
+    r = mover(db_dsn, "run", "events_part")
+    assert r.returncode == 3, r.stderr
+    parts = len(partitions_of(db_dsn, "events_new"))
+    assert query(db_dsn, built.replace("NOT i.indisprimary", "NOT i.indisprimary AND i.indisvalid")) == [(2 * parts,)]
+    assert query(db_dsn, "SELECT bool_and(indisvalid), count(*) FROM pg_index WHERE indrelid = 'events_new'::regclass"
+                 ) == [(True, 3)]
+    assert differences(db_dsn, "events", "events_new", COLUMNS) == (0, 0)

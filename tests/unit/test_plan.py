@@ -8,7 +8,7 @@ import pytest
 
 from mover.errors import PlanError
 from mover.names import NAMEDATALEN, QualifiedName, derived, display_ident, parse_qualified
-from mover.plan import Plan, load_plan, parse_duration_ms, parse_plan, plan_from_canonical
+from mover.plan import Plan, load_plan, parse_duration_ms, parse_plan, plan_from_canonical, to_document
 
 MINIMAL = {"migration": {"name": "orders-bigint", "source": "orders"}, "rollback": {"window": "24h"}}
 
@@ -407,3 +407,16 @@ def test_accept_parity_round_trips_and_leaves_older_canonical_forms_alone():
     assert "accept_parity" not in plain.canonical()["cutover"]  # plans registered before read the same
     assert plan_from_canonical(plain.canonical()).cutover.accept_parity == ()
     assert "accept_parity" in bad(doc(cutover={"accept_parity": ["", "x"]})).message
+
+
+def test_index_builds_default_to_the_workers_and_round_trip():
+    plain = parse_plan(doc(backfill={"workers": 3}))
+    assert (plain.backfill.index_builds, plain.backfill.index_sessions()) == (0, 3)
+    own = parse_plan(doc(backfill={"workers": 1, "index_builds": 4}))
+    assert own.backfill.index_sessions() == 4
+    assert plan_from_canonical(own.canonical()).backfill.index_sessions() == 4
+    assert parse_plan(to_document(own)).backfill.index_builds == 4  # what `mover set` re-parses
+    stored = plain.canonical()  # a plan registered before the key existed
+    del stored["backfill"]["index_builds"]
+    assert plan_from_canonical(stored).backfill.index_sessions() == 3
+    assert "index_builds must be between 0 and 64" in bad(doc(backfill={"index_builds": 65})).message

@@ -86,6 +86,7 @@ class Applied:
     upserted: int = 0
     failed: int = 0
     failures: dict[tuple[Any, ...], str] = field(default_factory=dict)  # key -> the error that stopped its replay
+    log_rows: int = 0  # log rows taken (claimed counts keys on the key-by-key path): fewer than asked, none left
 
 
 def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> bool:
@@ -173,7 +174,7 @@ def _apply(cur: psycopg.Cursor, ctx: Context, m: Mapping, reverse: bool,
         claimed, deleted, upserted = one(cur)
         cur.execute("RELEASE SAVEPOINT mover_replay")
         _count(cur, ctx.mid, reverse, claimed)
-        return Applied(claimed, deleted, upserted)
+        return Applied(claimed, deleted, upserted, log_rows=claimed)
     except DATA_ERRORS as exc:
         cur.execute("ROLLBACK TO SAVEPOINT mover_replay")
         log.info("replay batch failed on data (%s); replaying it as a closure of keys", exc.sqlstate)
@@ -183,8 +184,9 @@ def _apply(cur: psycopg.Cursor, ctx: Context, m: Mapping, reverse: bool,
 def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: names.QualifiedName,
                       covered: sql.Composable, params: dict[str, Any], limit: int) -> Applied:
     cur.execute(q.claim_keys(log_table, covered, m.key), {**params, "limit": limit})
-    keys = list(dict.fromkeys(tuple(r) for r in cur.fetchall()))
-    result = Applied(claimed=len(keys))
+    rows = cur.fetchall()
+    keys = list(dict.fromkeys(tuple(r) for r in rows))
+    result = Applied(claimed=len(keys), log_rows=len(rows))
     failed = replay_set(cur, m, keys)
     reverse = m.src == ctx.new
     for key, exc in failed.items():

@@ -354,14 +354,19 @@ def validate(ctx: Context) -> list[tuple[str, str, str]]:
     return done
 
 
-# What the swap's statements are built from (cutover.swap_plan with carry_sql and metadata.swap_sql
-# read nothing else): the two tables and, recursively, the views that read them; their indexes,
-# sequences, publications, extended statistics and the tables whose foreign keys reference them;
-# and of each, the catalog rows read. A row's xmin changes with every
-# transactional update of it, so an equal digest means the statements built then are still what
-# the catalog would build now. pg_class is compared by content instead: VACUUM's in-place updates
-# keep xmin anyway, but an ALTER TABLE SET (autovacuum_enabled = ...) before the lock would change
-# it without changing anything the swap reads.
+# What the swap's statements, its parity description of the live table and the two tables' shapes
+# (mover/shape.py, which the swap's drain maps columns by) are built from (cutover.swap_plan with
+# carry_sql and metadata.swap_sql, parity.live_description, shape.DESCRIBE: all read before the
+# lock, read nothing else): the two tables and, recursively, the views that read them; their
+# indexes, sequences, column defaults, publications, extended statistics, security labels and the
+# tables whose foreign keys reference them; and of each, the catalog rows read. A row's xmin changes
+# with every transactional update of it, so an equal digest means the statements and the description
+# read then are still what the catalog would give now. pg_class is compared by content instead:
+# VACUUM's in-place updates keep xmin anyway, but an ALTER TABLE SET (autovacuum_enabled = ...)
+# before the lock would change it without changing anything the swap or parity reads (both leave
+# autovacuum_enabled out). An index's validity flags are compared by content too (a concurrent
+# index build or drop may set them in place). Not covered: a role, type or collation renamed in
+# between (the parity check after the DDL then reads a name the description lacks and refuses).
 SWAP_INPUTS = """
 WITH RECURSIVE tab AS (
     SELECT to_regclass(t)::oid AS oid FROM unnest(%(tables)s::text[]) t WHERE to_regclass(t) IS NOT NULL
@@ -387,15 +392,21 @@ WITH RECURSIVE tab AS (
     SELECT oid, xmin FROM pg_constraint WHERE conrelid IN (SELECT oid FROM rel) OR confrelid IN (SELECT oid FROM tab)
 ), trig AS (
     SELECT oid, xmin, tgfoid FROM pg_trigger WHERE tgrelid IN (SELECT oid FROM rel)
+), stx AS (
+    SELECT oid, xmin FROM pg_statistic_ext WHERE stxrelid IN (SELECT oid FROM rel)
 )
 SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     SELECT concat_ws(':', 'c', c.oid, c.relname, c.relnamespace, n.xmin, c.relowner, c.relkind, c.relacl,
                      c.relrowsecurity, c.relforcerowsecurity, c.relispopulated, c.relreplident,
-                     CASE WHEN c.relkind IN ('v', 'm') THEN c.reloptions END) AS x
+                     c.relpersistence, c.relispartition,
+                     CASE WHEN c.relkind IN ('v', 'm') THEN c.reloptions
+                          ELSE ARRAY(SELECT o FROM unnest(c.reloptions) o
+                                     WHERE split_part(o, '=', 1) <> 'autovacuum_enabled') END) AS x
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'a', attrelid, attnum, xmin) FROM pg_attribute
         WHERE attrelid IN (SELECT oid FROM rel) AND attnum > 0
-    UNION ALL SELECT concat_ws(':', 'i', indexrelid, xmin) FROM pg_index WHERE indrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'i', indexrelid, xmin, indisvalid, indisready, indislive) FROM pg_index
+        WHERE indrelid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'k', oid, xmin) FROM cons
     UNION ALL SELECT concat_ws(':', 't', oid, xmin) FROM trig
     UNION ALL SELECT concat_ws(':', 'f', p.oid, p.xmin) FROM pg_proc p WHERE p.oid IN (SELECT tgfoid FROM trig)
@@ -404,17 +415,22 @@ SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     UNION ALL SELECT concat_ws(':', 's', seqrelid, xmin) FROM pg_sequence WHERE seqrelid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'u', pr.oid, pr.xmin, p.xmin) FROM pg_publication_rel pr
         JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid IN (SELECT oid FROM rel)
-    UNION ALL SELECT concat_ws(':', 'x', oid, xmin) FROM pg_statistic_ext WHERE stxrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'x', oid, xmin) FROM stx
+    UNION ALL SELECT concat_ws(':', 'e', oid, xmin) FROM pg_attrdef WHERE adrelid IN (SELECT oid FROM rel)
+    UNION ALL SELECT concat_ws(':', 'l', classoid, objoid, objsubid, provider, label) FROM pg_seclabel
+        WHERE classoid = 'pg_class'::regclass AND objoid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'd', classid, objid, objsubid, refobjid, refobjsubid, deptype) FROM pg_depend
         WHERE refclassid = 'pg_class'::regclass AND refobjid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'm', objoid, classoid, objsubid, xmin) FROM pg_description
-        WHERE objoid IN (SELECT oid FROM rel UNION ALL SELECT oid FROM cons UNION ALL SELECT oid FROM trig)
+        WHERE objoid IN (SELECT oid FROM rel UNION ALL SELECT oid FROM cons UNION ALL SELECT oid FROM trig
+                         UNION ALL SELECT oid FROM stx)
 ) inputs
 """
 
 
 def catalog_digest(cur: psycopg.Cursor, tables: list[QualifiedName]) -> str:
-    """One query: a digest of every catalog row the swap's statements between `tables` are built
-    from (SWAP_INPUTS). Read before the lock with the statements, and again under it."""
+    """One query: a digest of every catalog row the swap's statements between `tables` and the
+    parity description of the live one are built from (SWAP_INPUTS). Read before the lock, before
+    the statements (a change committed in between then changes it), and again under the lock."""
     cur.execute(SWAP_INPUTS, {"tables": [str(t) for t in tables]})
     return str(one(cur)[0])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -39,10 +40,12 @@ from mover.context import Context
 from mover.errors import Failed, Waiting
 from mover.names import QualifiedName
 from mover.sql import ddl
+from mover.sql.mapping import Mapping
 
 log = logging.getLogger("mover.cutover")
 
 LOCK_STATEMENT_TIMEOUT = "30s"
+DRAIN_BATCH = 50_000  # log rows per replay statement under the swap's lock
 
 
 # The last check before the lock: a verifying pass over what changed since reconcile, returning the
@@ -307,11 +310,31 @@ def _swap_tables(ctx: Context, forward: bool) -> list[names.QualifiedName]:
     return [ctx.original, ctx.new] if forward else [ctx.new, ctx.original]
 
 
-def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> tuple[list[Statement], carry.Carried, str]:
-    """The swap's statements and the digest of the catalog rows they were built from (read in one
-    transaction, before the lock; the lock only checks the digest again)."""
+@dataclass
+class Prepared:
+    """What the swap runs, read before its lock: the statements, the parity description of the live
+    table, the drain's column mapping (both shapes checked), and the digest of the catalog rows all
+    of them were built from (the lock only checks it)."""
+
+    stmts: list[Statement]
+    carried: carry.Carried
+    digest: str
+    parity_before: dict[str, Any]
+    oids: tuple[int, int]  # (original, new), whatever they are named
+    mapping: Mapping  # built after both tables' shapes were checked against the recorded ones
+    key_index: str
+
+
+def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> Prepared:
+    # The digest first: a change committed after it, while the rest is read, changes the digest the
+    # lock reads, so nothing read here can be newer than the digest says and still be used.
+    digest = carry.catalog_digest(cur, _swap_tables(ctx, forward))
+    mapping = ctx.mapping(cur, reverse=not forward)  # ShapeChanged now rather than under the lock
     stmts, carried = swap_plan(cur, ctx, forward=forward)
-    return stmts, carried, carry.catalog_digest(cur, _swap_tables(ctx, forward))
+    original, new = parity.oids(cur, ctx.mid)
+    assert new is not None  # the swap runs after create_target
+    return Prepared(stmts, carried, digest, parity.live_description(cur, ctx.mid, forward), (original, new),
+                    mapping, introspect.describe(cur, ctx.original).key_index)
 
 
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
@@ -338,21 +361,34 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     def swap(cur: psycopg.Cursor) -> float:
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = _swap_tables(ctx, forward)
-        key_index = introspect.describe(cur, ctx.original).key_index  # read before the lock: fixed (shape)
+        key_index = prepared.key_index  # part of the shape: fixed
         cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
         locked_at = time.monotonic()
-        # Everything logged so far committed before our lock: drain it all. (ctx.mapping checks
-        # both tables' shapes under the lock: a change committed since the preflight aborts the
-        # swap with ShapeChanged, and nothing is swapped.)
-        mapping = ctx.mapping(cur, reverse=not forward)
+        # Where the lock's time goes (in the cutover event): verifying the catalog everything was
+        # built from, the drain, reading the catalog again (only when it changed), the DDL, the
+        # parity check (the table that carries the name after the DDL).
+        stmts, carried, parity_before = prepared.stmts, prepared.carried, prepared.parity_before
+        rebuilt = carry.catalog_digest(cur, _swap_tables(ctx, forward)) != prepared.digest
+        verified_at = time.monotonic()
+        if rebuilt:
+            # ctx.mapping checks both tables' shapes under the lock: a change committed since the
+            # preparation aborts the swap with ShapeChanged, and nothing is swapped.
+            mapping = ctx.mapping(cur, reverse=not forward)
+        else:
+            # The digest covers every catalog row the shapes are described from (carry.SWAP_INPUTS):
+            # equal, the shapes are those checked when the mapping was built, before the lock.
+            mapping = prepared.mapping
+        # Everything logged so far committed before our lock: drain it all.
         failures: dict[str, Any] = {}
         drained = 0  # changes applied under the lock: what a follower (mover/follow.py) keeps small
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
-                                      wait_for_lock=True, limit=50_000)
+                                      wait_for_lock=True, limit=DRAIN_BATCH)
             failures.update(got.failures)
             drained += got.claimed
-            if got.claimed == 0:
+            # Fewer log rows than asked for: the log is empty, and stays so (no write reaches the
+            # locked table, and the applier lock keeps other appliers out): no empty batch after.
+            if got.log_rows < DRAIN_BATCH:
                 break
         if forward and failures:
             raise _Unapplied(failures)
@@ -363,38 +399,37 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             if left and not give_up_rows:
                 raise _Unapplied({}, left)
             give_up(cur, ctx, left, command)
-        # Where the lock's time goes (in the cutover event): the drain, verifying the catalog the
-        # statements were built from, reading it again (only when it changed), the DDL, the parity
-        # check (the live table described before the DDL and its successor after it).
         drained_at = time.monotonic()
-        stmts, carried, digest = prepared
-        rebuilt = carry.catalog_digest(cur, _swap_tables(ctx, forward)) != digest
-        verified_at = time.monotonic()
         if rebuilt:
-            # Changed since they were read: never run statements built from a stale catalog. Under
-            # the lock nothing they read can change again, so one rebuild is the last.
+            # Changed since they were read: never run statements built from a stale catalog, nor
+            # compare with a stale description. Under the lock nothing they read can change again,
+            # so one rebuild is the last.
             stmts, carried = swap_plan(cur, ctx, forward=forward)
+            parity_before = parity.live_description(cur, ctx.mid, forward)
         read_at = time.monotonic()
-        parity_before = parity.live_description(cur, ctx.mid, forward)
-        described_at = time.monotonic()
         trips = execute_batched(cur, stmts)
         ddl_at = time.monotonic()
         carry.record_validation(cur, ctx, carried.to_validate)
-        # The table that now carries the name must look to the application as the other did.
-        parity.check_swap(cur, ctx, parity_before, key_index, forward=forward)
+        # Both tables in one query: the one that now carries the name must look to the application
+        # as the other did (parity), and both are recorded again (only the names changed; the
+        # shapes are those checked above, the lock is held).
+        original, new = prepared.oids
+        now = shape.describe(cur, [original, new])
+        parity.check_swap(cur, ctx, parity_before, key_index, forward=forward,
+                          after_shape=now[new if forward else original])
+        shape.store(cur, ctx.mid, "source", now[original])
+        shape.store(cur, ctx.mid, "target", now[new])
         ran_at = time.monotonic()
-        phases = {"drain_ms": (drained_at - locked_at) * 1000, "verify_ms": (verified_at - drained_at) * 1000,
-                  "catalog_ms": (read_at - verified_at) * 1000, "ddl_ms": (ddl_at - described_at) * 1000,
-                  "parity_ms": (ran_at - ddl_at + described_at - read_at) * 1000,
+        phases = {"verify_ms": (verified_at - locked_at) * 1000, "drain_ms": (drained_at - verified_at) * 1000,
+                  "catalog_ms": (read_at - drained_at) * 1000, "ddl_ms": (ddl_at - read_at) * 1000,
+                  "parity_ms": (ran_at - ddl_at) * 1000,
                   "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt, "prepare_ms": prepare_ms}
         # Checked after the install, in the same transaction: a writer that could not run the new
         # trigger refuses the swap instead of failing the application's writes.
         privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
-        # The shapes are those checked above (the lock is held); only the names changed.
-        shape.rerecord(cur, ctx.mid)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
-        phases["finish_ms"] = (time.monotonic() - ran_at) * 1000  # validation record, checks, shapes
+        phases["finish_ms"] = (time.monotonic() - ran_at) * 1000  # the capture path check
         if forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
                                  detail={"lock_ms": held_ms, "drained": drained, **phases,
@@ -454,12 +489,43 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
 
 def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     """What retire drops: the reverse capture on the live table, what is left of the forward one,
-    and the old table unless [rollback] keep_old."""
+    and the old table unless [rollback] keep_old (then what would still tie it to the live schema)."""
     m = ctx.migration
     out: list[Statement] = [*capture.remove_sql(cur, ctx.mid, m.source, reverse=True),
                             *capture.remove_sql(cur, ctx.mid, None, reverse=False)]
     if not ctx.plan.rollback.keep_old:
         out.append(ddl.drop_table(m.old))
+    else:
+        out += inert_old_sql(cur, m.old)
+    return out
+
+
+def inert_old_sql(cur: psycopg.Cursor, old: names.QualifiedName) -> list[Statement]:
+    """A kept old table becomes a plain copy that nothing of the application depends on and that
+    acts on nothing: the swap already moved its triggers, rules, policies, row security, views and
+    foreign keys to the live table; what can be left is dropped here: its own foreign keys (those
+    [target] drop_foreign_keys left on it: they would block, or cascade into it, the application's
+    deletes of parent rows) and the column defaults that draw from a sequence it does not own (the
+    serial sequence went to the live table: an insert into the copy would consume the live
+    table's keys, and the live table could not be dropped without CASCADE)."""
+    oid = introspect.table_oid(cur, old)
+    if oid is None:
+        return []
+    cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s AND contype = 'f' ORDER BY 1", (oid,))
+    out: list[Statement] = [sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(old.ident, sql.Identifier(r[0]))
+                            for r in cur.fetchall()]
+    cur.execute("""
+        SELECT DISTINCT a.attname FROM pg_attrdef d
+        JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+        JOIN pg_depend dep ON dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid
+                          AND dep.refclassid = 'pg_class'::regclass
+        JOIN pg_class s ON s.oid = dep.refobjid AND s.relkind = 'S'
+        WHERE d.adrelid = %(oid)s AND NOT EXISTS (
+            SELECT 1 FROM pg_depend o WHERE o.classid = 'pg_class'::regclass AND o.objid = s.oid
+               AND o.refclassid = 'pg_class'::regclass AND o.refobjid = %(oid)s AND o.deptype IN ('a', 'i'))
+        ORDER BY 1""", {"oid": oid})
+    out += [sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP DEFAULT").format(old.ident, sql.Identifier(r[0]))
+            for r in cur.fetchall()]
     return out
 
 

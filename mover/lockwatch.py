@@ -1,14 +1,15 @@
 """Lock discipline around every transaction that takes a strong lock on the live table (the swap,
 the swap back, retire, abort, the capture's install).
 
-Before the attempt: autovacuum is paused on the two tables (`autovacuum_enabled = off`) and a
-running autovacuum worker on them is cancelled (it would hold SHARE UPDATE EXCLUSIVE until the
-deadlock detector made it yield, about a second into our lock wait); sessions whose open
-transaction holds a lock on them are named. The pause is recorded as an event in the same
-transaction that sets it, and restored after the attempt, or at the next run after a crash
-(`restore_pending`). When the attempts are spent, the sessions still holding locks are named in
-the Waiting error (and so in `mover status`); with `[cutover] terminate_blockers` they are
-cancelled, terminated after `blocker_grace`, reported, and the transaction is tried once more.
+Before the attempt: autovacuum is paused on the two tables (`autovacuum_enabled = off`; on each
+partition of a partitioned one) and a running autovacuum worker on them is cancelled (it would
+hold SHARE UPDATE EXCLUSIVE until the deadlock detector made it yield, about a second into our
+lock wait); sessions whose open transaction holds a lock on them are named. The pause is
+recorded as an event in the same transaction that sets it, and restored after the attempt, or at
+the next run after a crash (`restore_pending`). When the attempts are spent, the sessions still
+holding locks are named in the Waiting error (and so in `mover status`); with `[cutover]
+terminate_blockers` they are cancelled, terminated after `blocker_grace`, reported, and the
+transaction is tried once more.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from psycopg import sql
 
 from mover import control, faults, introspect
 from mover.context import Context
-from mover.db import bind, one
+from mover.db import bind
 from mover.errors import Waiting
 from mover.names import QualifiedName
 
@@ -129,17 +130,29 @@ def _set_autovacuum(cur: psycopg.Cursor, oid: int, value: bool | None) -> None:
             table, sql.SQL("true") if value else sql.SQL("false")))
 
 
-def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[QualifiedName]) -> list[dict[str, Any]]:
-    """Turn autovacuum off on `tables` and record what each had, in one transaction: a crash
-    after the commit leaves the record that `restore_pending` reads."""
-    paused: list[dict[str, Any]] = []
+def storage_tables(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list[tuple[int, QualifiedName]]:
+    """(oid, name) of each of `tables` that has storage, and of each partition with storage of those
+    that are partitioned (a LOCK TABLE of a partitioned table locks its partitions too, and only
+    they are vacuumed: a partitioned parent has no storage and takes no autovacuum setting)."""
+    out: list[tuple[int, QualifiedName]] = []
     for t in tables:
         oid = introspect.table_oid(cur, t)
         if oid is None:
             continue
-        cur.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,))
-        if one(cur)[0] != "r":
-            continue  # a partitioned parent has no storage and takes no autovacuum setting
+        # pg_partition_tree() has no row for a table outside any partition tree: the table itself.
+        cur.execute("SELECT c.oid, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE c.relkind = 'r'"
+                    " AND (c.oid = %(oid)s OR c.oid IN (SELECT relid FROM pg_partition_tree(%(oid)s)))"
+                    " ORDER BY c.oid <> %(oid)s, n.nspname, c.relname", {"oid": oid})
+        out += [(o, QualifiedName(schema, name)) for o, schema, name in cur.fetchall()]
+    return out
+
+
+def pause_autovacuum(cur: psycopg.Cursor, ctx: Context, tables: Sequence[QualifiedName]) -> list[dict[str, Any]]:
+    """Turn autovacuum off on `tables` (each partition of a partitioned one) and record what each
+    had, in one transaction: a crash after the commit leaves the record that `restore_pending` reads."""
+    paused: list[dict[str, Any]] = []
+    for oid, t in storage_tables(cur, tables):
         prior = _autovacuum_setting(cur, oid)
         if prior is False:
             continue  # already off by the operator's choice: left as it is
@@ -204,7 +217,8 @@ def cancel_autovacuum(ctx: Context, tables: Sequence[QualifiedName]) -> list[int
     """Cancel autovacuum workers on `tables`: one would make our lock wait until the deadlock
     detector makes it yield anyway; with autovacuum paused it does not come back meanwhile."""
     def go(cur: psycopg.Cursor) -> list[int]:
-        found = [b for b in blockers(cur, tables) if b.autovacuum]
+        # A worker on a partition locks the partition only: the partitions are looked at too.
+        found = [b for b in blockers(cur, [t for _, t in storage_tables(cur, tables)]) if b.autovacuum]
         return [b.pid for b in found if _cancel(cur, b.pid, terminate=False)]
     pids = ctx.db.transaction(go, label="cancel autovacuum")
     if pids:
@@ -269,6 +283,9 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
     referencing = ctx.db.transaction(bind(referencing_tables, tables), label="referencing tables")
     watched = list(dict.fromkeys([*tables, *extra_tables, *referencing]))
     restore_pending(ctx)
+    # A running worker holds the SHARE UPDATE EXCLUSIVE lock the pause's ALTER TABLE needs: cancelled
+    # first, and once more after the pause (one may have started in between).
+    cancel_autovacuum(ctx, tables)
     try:
         ctx.db.transaction(bind(pause_autovacuum, ctx, tables), lock_timeout=f"{c.lock_timeout_ms}ms",
                            attempts=3, label="pause autovacuum")

@@ -9,8 +9,9 @@ when mover makes it on purpose (the names the new table's indexes take), "accept
 operator listed it in `[cutover] accept_parity`, and otherwise unplanned.
 
 Where it runs:
-- inside the swap's locked transaction (mover/cutover.py): the live table described before the
-  swap DDL and the table that carries its name after it; an unplanned difference rolls the swap
+- the swap (mover/cutover.py): the live table described before the lock, with the swap's
+  statements (under the lock only a digest of what that read is checked, mover/carry.py), and
+  the table that carries its name after the DDL, inside the locked transaction; an unplanned difference rolls the swap
   back (exit 3) - nothing is swapped across a lost grant or publication;
 - `mover parity NAME`: before the swap, the two tables modulo the planned changes and what the
   swap itself will make; after it, the description stored at the swap (event `parity_baseline`)
@@ -118,9 +119,10 @@ WHERE c.oid = %s
 """
 
 
-def describe(cur: psycopg.Cursor, oid: int) -> dict[str, Any] | None:
-    """The shape and the rest of the metadata of the table with this oid; None if it is gone."""
-    base = shape.describe(cur, [oid]).get(oid)
+def describe(cur: psycopg.Cursor, oid: int, base: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The shape (`base`, when the caller has just read it with shape.describe) and the rest of the
+    metadata of the table with this oid; None if it is gone."""
+    base = base or shape.describe(cur, [oid]).get(oid)
     if base is None:
         return None
     cur.execute(DESCRIBE_METADATA, (oid,))
@@ -376,7 +378,7 @@ def store_baseline(cur: psycopg.Cursor, mid: int, actor: str, step: str, descrip
                   {"description": description, "key_index": key_index})
 
 
-def _oids(cur: psycopg.Cursor, mid: int) -> tuple[int, int | None]:
+def oids(cur: psycopg.Cursor, mid: int) -> tuple[int, int | None]:
     """(original, new) table oids, whatever they are named now."""
     recorded = control.shapes(cur, mid)
     assert recorded["source"] is not None  # recorded at registration
@@ -384,17 +386,24 @@ def _oids(cur: psycopg.Cursor, mid: int) -> tuple[int, int | None]:
 
 
 def live_description(cur: psycopg.Cursor, mid: int, forward: bool) -> dict[str, Any]:
-    """Under the swap's lock, before its DDL: the table that carries the name now."""
-    original, new = _oids(cur, mid)
+    """Before the swap's DDL: the table that carries the name now. Read before the lock with the
+    swap's statements (the digest checked under the lock covers what it reads: carry.SWAP_INPUTS),
+    and read again under the lock only when that digest changed."""
+    original, new = oids(cur, mid)
     desc = describe(cur, original if forward else new)  # type: ignore[arg-type]
     assert desc is not None  # locked
     return desc
 
 
-def check_swap(cur: psycopg.Cursor, ctx: Any, before: dict[str, Any], key_index: str, *, forward: bool) -> None:
-    """Inside the swap, after its DDL: refuse (the transaction rolls back) on an unplanned difference."""
-    original, new = _oids(cur, ctx.mid)
-    after = describe(cur, new if forward else original)  # type: ignore[arg-type]
+def check_swap(cur: psycopg.Cursor, ctx: Any, before: dict[str, Any], key_index: str, *, forward: bool,
+               after_shape: dict[str, Any] | None = None) -> None:
+    """Inside the swap, after its DDL: refuse (the transaction rolls back) on an unplanned difference.
+    `after_shape`: the shape of the table taking the name, when the swap has just read it."""
+    if after_shape is not None:
+        after = describe(cur, int(after_shape["oid"]), after_shape)
+    else:
+        original, new = oids(cur, ctx.mid)
+        after = describe(cur, new if forward else original)  # type: ignore[arg-type]
     assert after is not None
     source_side = before if forward else after
     renamed = renames(ctx.mid, source_side, ctx.migration.target.name, key_index)
@@ -413,7 +422,7 @@ def report(cur: psycopg.Cursor, ctx: Any) -> dict[str, Any]:
     """`mover parity NAME`: before the swap, the new table against the original modulo what is
     planned and what the swap makes; after it, the stored baseline against the live table; after a
     rollback, also the baseline against the original again."""
-    original, new = _oids(cur, ctx.mid)
+    original, new = oids(cur, ctx.mid)
     source = describe(cur, original)
     target = describe(cur, new) if new is not None else None
     stored = _last_baseline(cur, ctx.mid)

@@ -8,7 +8,9 @@ past or swapped across. The description of each table is stored on the migration
 original table and "target" the new one, whatever names the swap gives them, since both are
 found by oid. Checking is one catalog query (readable by any role: no superuser, no event
 trigger), run at every step start, in every range's transaction, in every replay transaction
-(through Context.mapping) and inside the cutover's lock.
+(through Context.mapping) and inside the cutover's lock (there through the digest of the
+catalog rows DESCRIBE reads, mover/carry.py, and in full only when that digest changed since the
+check before the lock).
 
 describe() and diff() are the pure part; verify() and record() go through control.shapes / store_shape.
 """
@@ -348,6 +350,11 @@ def rerecord(cur: psycopg.Cursor, mid: int) -> None:
     before = control.shapes(cur, mid)
     record(cur, mid, source=before["source"]["oid"] if before["source"] else None,
            target=before["target"]["oid"] if before["target"] else None)
+
+
+def store(cur: psycopg.Cursor, mid: int, side: str, description: dict[str, Any]) -> None:
+    """Record a description describe() just read (the swap describes both tables in one query)."""
+    control.store_shape(cur, mid, side, description, hashlib.sha256(_canonical(description)).hexdigest())
 
 
 def verify_at_step(cur: psycopg.Cursor, m: control.Migration, swapped: bool) -> str:

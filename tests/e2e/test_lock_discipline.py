@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import psycopg
 import pytest
@@ -130,3 +131,95 @@ def test_autovacuum_restored_after_a_kill_between_pause_and_swap(db_dsn, tmp_pat
     assert status(db_dsn)["step"] == "cutover"
     assert mover(db_dsn, "cutover", "disc").returncode == 0
     assert reloptions(db_dsn, '"Orders"') is None and reloptions(db_dsn, '"Orders_old"') is None
+
+
+PARTITIONED_PLAN = """
+[migration]
+name = "disc"
+source = "events"
+
+[target.partition]
+by = "range"
+column = "created_at"
+interval = "1 month"
+premake = 1
+accept_key_change = true
+
+[cutover]
+lock_timeout = "200ms"
+attempts = 2
+
+[rollback]
+window = "1h"
+"""
+
+
+def partitions(dsn, table):
+    """(name, reloptions) of each partition of `table` that has storage."""
+    return sql(dsn, "SELECT c.relname, c.reloptions FROM pg_partition_tree(%s::regclass) p"
+                    " JOIN pg_class c ON c.oid = p.relid WHERE c.relkind = 'r' ORDER BY 1", (table,))
+
+
+def test_autovacuum_is_paused_on_each_partition_of_a_partitioned_target(db_dsn, tmp_path):
+    """A partitioned parent has no storage: autovacuum works on its partitions, which the swap's
+    LOCK TABLE locks too, so each is paused (and restored after a crash) like a plain table."""
+    sql(db_dsn, "CREATE TABLE events (id bigserial PRIMARY KEY, created_at timestamptz NOT NULL, note text);"
+                " INSERT INTO events (created_at, note) SELECT now() - g * interval '1 day', md5(g::text)"
+                " FROM generate_series(0, 90) g")
+    plan = write_plan(tmp_path / "disc.toml", PARTITIONED_PLAN)
+    assert mover(db_dsn, "run", plan).returncode == 3
+    before = partitions(db_dsn, "events_new")
+    assert len(before) >= 4 and all(options is None for _, options in before), before
+    r = mover(db_dsn, "cutover", "disc", env={"MOVER_FAULT": "kill@lock:paused"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert [options for _, options in partitions(db_dsn, "events_new")] == [["autovacuum_enabled=false"]] * len(before)
+    assert reloptions(db_dsn, "events_new") is None  # the parent takes no setting
+    assert reloptions(db_dsn, "events") == ["autovacuum_enabled=false"]
+    paused = {t["table"] for t in events(db_dsn, "autovacuum_paused")[-1][1]["tables"]}
+    assert {f'"public"."{name}"' for name, _ in before} | {'"public"."events"'} == paused
+    r = mover(db_dsn, "run", "disc")  # the next run restores them all
+    assert r.returncode == 3, r.stderr
+    assert partitions(db_dsn, "events_new") == before
+    assert reloptions(db_dsn, "events") is None
+    assert mover(db_dsn, "cutover", "disc").returncode == 0
+    assert partitions(db_dsn, "events") == before and reloptions(db_dsn, "events_old") is None
+
+
+def autovacuum_worker(dsn, table) -> int | None:
+    rows = sql(dsn, "SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE a.backend_type = 'autovacuum worker' AND l.locktype = 'relation' AND l.granted"
+                    " AND l.relation = to_regclass(%s)", (table,))
+    return rows[0][0] if rows else None
+
+
+def test_a_real_autovacuum_worker_is_cancelled_and_named(db_dsn, tmp_path):
+    """A real autovacuum worker (not a stand-in VACUUM) on the source when the cutover starts: the
+    lock discipline cancels it (before pausing autovacuum, whose ALTER TABLE it would block), the
+    swap goes through, and the events and the output name the worker. The worker is provoked with
+    per-table thresholds of 0 and made slow (cost delay 100 ms per page) so it is still running;
+    autovacuum_naptime is per server, lowered for this test only."""
+    create_orders(db_dsn, 2_000)
+    # before the run: the new table is created with the same storage parameters (parity)
+    sql(db_dsn, 'ALTER TABLE "Orders" SET (autovacuum_vacuum_threshold = 0, autovacuum_vacuum_scale_factor = 0,'
+                ' autovacuum_vacuum_cost_delay = 100, autovacuum_vacuum_cost_limit = 1)')
+    assert mover(db_dsn, "run", plan(tmp_path)).returncode == 3
+    sql(db_dsn, "ALTER SYSTEM SET autovacuum_naptime = 1")
+    sql(db_dsn, "SELECT pg_reload_conf()")
+    try:
+        sql(db_dsn, 'UPDATE "Orders" SET note = note || \'x\'')  # dead rows for it to vacuum
+        deadline = time.monotonic() + 60
+        while (pid := autovacuum_worker(db_dsn, '"Orders"')) is None:
+            assert time.monotonic() < deadline, "no autovacuum worker started on the table within 60 s"
+            time.sleep(0.2)  # polling the server's own scheduler: there is no event to wait for
+        r = mover(db_dsn, "cutover", "disc")
+        assert r.returncode == 0, r.stderr
+        assert str(pid) in r.stderr, r.stderr
+    finally:
+        sql(db_dsn, "ALTER SYSTEM RESET autovacuum_naptime")
+        sql(db_dsn, "SELECT pg_reload_conf()")
+    cancelled = [d["pids"] for _, d in events(db_dsn, "autovacuum_cancelled")]
+    assert any(pid in pids for pids in cancelled), cancelled
+    assert status(db_dsn)["step"] == "rollback_window"
+    assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
+    # its storage parameters came back with the pause undone (the vacuum settings are the operator's)
+    assert "autovacuum_enabled=false" not in reloptions(db_dsn, '"Orders_old"')

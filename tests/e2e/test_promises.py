@@ -167,6 +167,37 @@ def test_run_wait_syncs_through_the_window_then_retires_keeping_the_old_table(db
     # No longer synced: a write to the new table stays there.
     sql(db_dsn, """INSERT INTO "Orders" ("Account", note) VALUES (1, 'after retire')""")
     assert differences(db_dsn, "Orders", "Orders_old") == (1, 0)
+    # An inert copy: its id no longer draws from the serial sequence, which went to the live table
+    # (an insert into the copy would consume the live table's keys) ...
+    assert sql(db_dsn, """SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef WHERE adrelid = '"Orders_old"'::regclass"""
+               ) == [("now()",)]
+    # ... so the live table (and its sequence) can be dropped without touching the copy.
+    sql(db_dsn, 'DROP TABLE "Orders"')
+    assert sql(db_dsn, 'SELECT count(*) > 0 FROM "Orders_old"')[0][0] is True
+
+
+def test_a_kept_old_table_holds_no_foreign_key(db_dsn, tmp_path):
+    """A foreign key [target] drop_foreign_keys left on the old table for the window is dropped
+    with retire's keep_old: the kept copy must not block the application's deletes of parent rows."""
+    create_orders(db_dsn, 500)
+    sql(db_dsn, """CREATE TABLE accounts (id int PRIMARY KEY);
+                   INSERT INTO accounts SELECT generate_series(0, 999);
+                   ALTER TABLE "Orders" ADD CONSTRAINT orders_account_fkey
+                       FOREIGN KEY ("Account") REFERENCES accounts""")
+    plan = write_plan(tmp_path / "promise.toml", PLAN.format(window="1h", backfill="", reconcile="",
+                                                             rollback="keep_old = true").replace(
+        "[target]\n", '[target]\ndrop_foreign_keys = ["orders_account_fkey"]\n'))
+    assert mover(db_dsn, "run", plan).returncode == 3
+    assert mover(db_dsn, "cutover", "promise").returncode == 0
+    fkeys = """SELECT conrelid::regclass::text FROM pg_constraint WHERE confrelid = 'accounts'::regclass"""
+    assert sql(db_dsn, fkeys) == [('"Orders_old"',)]  # left on the old table for the window
+    r = mover(db_dsn, "retire", "promise", "--force")
+    assert r.returncode == 0, r.stderr
+    assert sql(db_dsn, fkeys) == []
+    account = sql(db_dsn, 'SELECT "Account" FROM "Orders_old" LIMIT 1')[0][0]
+    sql(db_dsn, 'DELETE FROM "Orders" WHERE "Account" = %s', (account,))
+    sql(db_dsn, "DELETE FROM accounts WHERE id = %s", (account,))  # the copy still has rows for it
+    assert sql(db_dsn, 'SELECT count(*) FROM "Orders_old" WHERE "Account" = %s', (account,))[0][0] > 0
 
 
 # --- abort ---------------------------------------------------------------------------------------

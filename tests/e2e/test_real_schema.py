@@ -1,9 +1,10 @@
 """A real schema survives the swap (issue 10): a key referenced by another table's foreign key
 ON DELETE CASCADE, an outbound foreign key, a view (and a view on it) and a materialized view,
 row-level security with a policy, a column grant, a row and a statement trigger, a partial
-expression index, a unique constraint, an identity key, widened int -> bigint under a concurrent
-writer. Judged by plain SQL: the rows against the application's own mirror (EXCEPT ALL both
-ways), and each object by what it does, not by what mover reports."""
+expression index, a unique constraint, an identity key, a publication with a column list and a row
+filter, extended statistics, widened int -> bigint under a concurrent writer. Judged by plain SQL:
+the rows against the application's own mirror (EXCEPT ALL both ways), and each object by what it
+does, not by what mover reports."""
 
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ ALTER TABLE "Orders" ENABLE ROW LEVEL SECURITY;
 CREATE POLICY low_accounts ON "Orders" FOR SELECT TO scenario_reader USING ("Account" < 500);
 GRANT SELECT (id, "Account") ON "Orders" TO scenario_reader;
 GRANT SELECT ON orders_paid TO scenario_reader;
+CREATE PUBLICATION scenario_pub FOR TABLE "Orders" (id, "Account", amount, status) WHERE (id > 0);
+CREATE STATISTICS orders_account_status (ndistinct, dependencies) ON "Account", status FROM "Orders";
+ALTER STATISTICS orders_account_status SET STATISTICS 300;
 """
 
 PLAN = """
@@ -100,6 +104,11 @@ OBJECTS = {
     "column_grants": "SELECT attname, attacl::text FROM pg_attribute WHERE attrelid = '\"Orders\"'::regclass"
                      " AND attacl IS NOT NULL ORDER BY 1",
     "sequence": "SELECT pg_get_serial_sequence('\"Orders\"', 'id')",
+    "publications": "SELECT p.pubname, pr.prattrs::text, pg_get_expr(pr.prqual, pr.prrelid)"
+                    " FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
+                    " WHERE pr.prrelid = '\"Orders\"'::regclass ORDER BY 1",
+    "statistics": "SELECT stxname, stxkind::text, pg_get_statisticsobjdef_columns(oid), stxstattarget::int"
+                  " FROM pg_statistic_ext WHERE stxrelid = '\"Orders\"'::regclass ORDER BY 1",
 }
 
 
@@ -202,6 +211,8 @@ def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario
         assert_oracle(dsn, "Orders")
         assert id_type(dsn) == "bigint" and id_type(dsn, '"Orders_old"') == "integer"
         assert objects(dsn) == before  # every name, trigger state, policy, grant, view option
+        # the old table left the publication (subscribers do not see the reverse replay twice)
+        assert scalar(dsn, "SELECT count(*) FROM pg_publication_rel WHERE prrelid = '\"Orders_old\"'::regclass") == 0
         # the foreign keys were validated after the lock
         assert scalar(dsn, "SELECT bool_and(convalidated) FROM pg_constraint WHERE contype = 'f'") is True
         r = mover(dsn, "plan", "check", plan)  # a registered plan in its window still checks

@@ -170,13 +170,15 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def mover_cli(dsn: str, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, int]:
-    """Run the CLI through a wrapper that reports the peak RSS (KiB) of mover alone."""
+def mover_cli(dsn: str, *args: str, env: dict | None = None, code: Path | None = None
+              ) -> tuple[subprocess.CompletedProcess, int]:
+    """Run the CLI through a wrapper that reports the peak RSS (KiB) of mover alone; `code`: the
+    checkout whose mover package runs (another version's, for a side-by-side measurement)."""
     wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
                "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r.returncode)")
     proc = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "mover", "--dsn", dsn, *args],
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "160", **(env or {})},
-                          cwd=ROOT)
+                          cwd=code or ROOT)  # -m puts the working directory first on sys.path
     lines = proc.stderr.strip().splitlines()
     rss = int(lines[-1]) if lines and lines[-1].isdigit() else 0
     return proc, rss

@@ -20,6 +20,11 @@ the source hashes of the rows that differ plus the target hashes of those rows, 
 statement returns anyway. Exactness costs nothing against the hash join, and the per-range
 fingerprints come with it.
 
+The statement runs with JIT off (mover/reconcile.py): at the default range size its cost is
+under jit_above_cost anyway, and on bigger ranges the compilation did not pay for itself.
+Comparing each row by its binary image first (record_image_eq) before the typed comparisons
+was measured too, and was slower on a narrow row (bench/README.md, the reconcile profile).
+
 Per-range bisection loses twice: it hashes both sides of every range, and a range that
 differs is then read again. It would only win when the two tables are in different
 databases, where a join is impossible; then the stored fingerprints are what to compare.

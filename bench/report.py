@@ -117,6 +117,36 @@ def summary(compact: bool = False) -> str:
                    f"[{name}](bench/results/{name}), chart: [bench/scaling.svg](bench/scaling.svg))\n\n"
                    + table(rows, ("rows", "whole migration s", "backfill s", "reconcile s", "cutover lock ms",
                                   "peak RSS MiB")))
+    got = _load("partition")
+    if got:
+        name, r = got
+        limit = r["limit"]["total_s"]
+        partman = r.get("pg_partman", {}).get("total_s")
+        rows = [("single statement: `INSERT INTO partitioned SELECT *` + index builds", f"{limit:.1f}", "1.00", "")]
+        for key, what in (("mover_1w", "mover, 1 worker"), ("mover_1w_2i", "mover, 1 worker, 2 index build sessions"),
+                          ("mover_2w", "mover, 2 workers")):
+            if key in r:
+                t = r[key]["step_s"]
+                rows.append((what, f"{t:.1f}", f"{t / limit:.2f}", f"{partman / t:.1f}x" if partman else ""))
+        if partman:
+            rows.append(("pg_partman `partition_data_proc`", f"{partman:.1f}", f"{partman / limit:.2f}", ""))
+        out.append(f"**Converting {r['rows']:,} rows to monthly partitions**, pgbench writing (`{r['command']}`, "
+                   f"[{name}](bench/results/{name}))\n\n"
+                   + table(rows, ("what", "seconds", "this / single statement", "faster than pg_partman")))
+    rows = []
+    for schema in ("plain", "scenario"):
+        got = _load(f"cutover-{schema}")
+        if got is None:
+            continue
+        name, r = got
+        ok = [run for run in r["runs"] if not run.get("refused") and run["cutover_exit"] == 0]
+        if ok:
+            held = " / ".join(f"{run['lock_ms']:.1f}" for run in ok)
+            rows.append((f"[{schema}](bench/results/{name})", len(ok), held,
+                         f"{max(run['worst_beyond_p99_ms'] for run in ok):.1f}"))
+    if rows:
+        out.append("**Cutover under pgbench -c 8**, 1 M rows (`bench/cutover.py --schema plain|scenario`)\n\n"
+                   + table(rows, ("schema", "runs", "lock held ms", "worst stall beyond p99 ms")))
     return "\n\n".join(out)
 
 

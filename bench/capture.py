@@ -28,6 +28,8 @@ Variants (names for --variant):
   fillfactor  mover's trigger, the log at fillfactor 50
   seq_cache   mover's trigger, the log's identity sequence with CACHE 64: each backend takes its
               keys from its own block of numbers instead of the sequence's one shared page
+  partitioned_log  mover's trigger, the log partitioned by range of seq (what a log emptied by
+              TRUNCATE of applied partitions would cost the application: the routing of each row)
 A trigger function in LANGUAGE sql is not a variant: PostgreSQL refuses it ("SQL functions
 cannot return type trigger"); the script asks the server and records its answer.
 """
@@ -53,7 +55,8 @@ from psycopg import sql
 from bench.common import bindir, connect, create_database, save, server, table
 
 MID = 999999
-VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk", "unlogged", "fillfactor", "seq_cache")
+VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk", "unlogged", "fillfactor", "seq_cache",
+            "partitioned_log")
 DEFAULT_VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk")
 WORKLOADS = ("tpcb-like", "simple-update")
 
@@ -98,6 +101,15 @@ def install(cur: psycopg.Cursor, variant: str) -> None:
         cur.execute(sql.SQL("ALTER TABLE {} SET UNLOGGED").format(log.ident))
     elif variant == "fillfactor":
         cur.execute(sql.SQL("ALTER TABLE {} SET (fillfactor = 50)").format(log.ident))
+    elif variant == "partitioned_log":
+        # The same columns, partitioned by range of seq; the trigger finds it by name.
+        cur.execute(sql.SQL("DROP TABLE {}").format(log.ident))
+        cur.execute(sql.SQL("CREATE TABLE {} (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, aid integer,"
+                            " logged_at timestamptz NOT NULL DEFAULT now())"
+                            " PARTITION BY RANGE (seq)").format(log.ident))
+        for i, (lo, hi) in enumerate((("MINVALUE", "10000000"), ("10000000", "MAXVALUE"))):
+            cur.execute(sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+                sql.Identifier(log.schema, f"{log.name}_{i}"), log.ident, sql.SQL(lo), sql.SQL(hi)))
     elif variant == "seq_cache":
         cur.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN seq SET CACHE 64").format(log.ident))
 

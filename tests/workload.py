@@ -39,6 +39,27 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return proc.returncode, err
 
 
+def cutover_with_change_before_lock(dsn: str, name: str, tmp_path: Path, *statements: str) -> tuple[int, str]:
+    """`mover cutover NAME`, with `statements` run while it waits at the last point before the
+    lock (after it read the catalog and built the swap); returns (exit code, stderr)."""
+    release = tmp_path / "release"
+    proc = spawn(dsn, "cutover", name,
+                 env={"MOVER_FAULT": "hang@swap:before_lock", "MOVER_FAULT_RELEASE": str(release)})
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "hanging at swap:before_lock" in line:
+            break
+    else:
+        raise AssertionError(f"cutover never reached the lock: {''.join(seen)}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    release.touch()
+    return finish(proc, 120)
+
+
 class Spawned:
     """A mover process whose stderr is read line by line as it comes (to kill it at a moment it
     announces), and kept."""

@@ -8,7 +8,7 @@ import json
 import psycopg
 
 from mover import parity as mover_parity
-from tests.workload import Writer, assert_oracle, create_orders, finish, mover, spawn, write_plan
+from tests.workload import Writer, assert_oracle, create_orders, cutover_with_change_before_lock, mover, write_plan
 
 PLAN = """
 [migration]
@@ -242,7 +242,7 @@ def test_a_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, 
     which lacks them, is refused (exit 3) rather than swapped in without them."""
     create_orders(db_dsn, 1_000)
     assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
-    code, err = cutover_with_change_before_lock(db_dsn, tmp_path, 'GRANT SELECT ON "Orders" TO PUBLIC',
+    code, err = cutover_with_change_before_lock(db_dsn, "parity", tmp_path, 'GRANT SELECT ON "Orders" TO PUBLIC',
                                                 """COMMENT ON COLUMN "Orders".note IS 'late'""")
     assert code == 3, err
     said = " ".join(err.split())
@@ -262,27 +262,6 @@ def test_a_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, 
     assert_oracle(db_dsn, "Orders")
 
 
-def cutover_with_change_before_lock(dsn: str, tmp_path, *statements: str) -> tuple[int, str]:
-    """`mover cutover parity`, with `statements` run while it waits at the last point before the
-    lock (after it read the catalog and built the swap)."""
-    release = tmp_path / "release"
-    proc = spawn(dsn, "cutover", "parity",
-                 env={"MOVER_FAULT": "hang@swap:before_lock", "MOVER_FAULT_RELEASE": str(release)})
-    assert proc.stderr is not None
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "hanging at swap:before_lock" in line:
-            break
-    else:
-        raise AssertionError(f"cutover never reached the lock: {''.join(seen)}")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)
-    release.touch()
-    return finish(proc, 120)
-
-
 def test_a_shape_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, tmp_path):
     """The shapes are checked before the lock and, under it, through the digest: a column default
     changed or an index created on the source in between is refused (exit 2), nothing swapped."""
@@ -290,7 +269,7 @@ def test_a_shape_change_between_preparation_and_lock_is_caught_under_the_lock(db
     assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
     for change, named in (("""ALTER TABLE "Orders" ALTER status SET DEFAULT 'late'""", "status"),
                           ('CREATE INDEX orders_late ON "Orders" (note)', "orders_late")):
-        code, err = cutover_with_change_before_lock(db_dsn, tmp_path, change)
+        code, err = cutover_with_change_before_lock(db_dsn, "parity", tmp_path, change)
         assert code == 2 and named in err, err
         with psycopg.connect(db_dsn, autocommit=True) as conn:  # nothing was swapped
             assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid ="

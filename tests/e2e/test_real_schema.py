@@ -20,9 +20,8 @@ from tests.workload import (
     assert_oracle,
     catalog_snapshot,
     create_mirror,
-    finish,
+    cutover_with_change_before_lock,
     mover,
-    spawn,
     write_plan,
 )
 
@@ -297,23 +296,11 @@ def test_catalog_changed_between_reading_and_lock_is_read_again_under_the_lock(s
     dsn = scenario
     plan = write_plan(tmp_path / "orders.toml", PLAN.format(name="orders_late", columns='id = "bigint"'))
     assert mover(dsn, "run", plan).returncode == 3
-    release = tmp_path / "release"
-    proc = spawn(dsn, "cutover", "orders_late",
-                 env={"MOVER_FAULT": "hang@swap:before_lock", "MOVER_FAULT_RELEASE": str(release)})
-    assert proc.stderr is not None
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "hanging at swap:before_lock" in line:
-            break
-    else:
-        raise AssertionError(f"cutover never reached the lock: {''.join(seen)}")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute('CREATE TRIGGER orders_late AFTER INSERT ON "Orders" FOR EACH ROW EXECUTE FUNCTION audit_row()')
-        conn.execute('CREATE VIEW orders_late_view AS SELECT id, note FROM "Orders"')
-        conn.execute('COMMENT ON TRIGGER orders_audit ON "Orders" IS \'audited\'')
-    release.touch()
-    code, err = finish(proc, 120)
+    code, err = cutover_with_change_before_lock(
+        dsn, "orders_late", tmp_path,
+        'CREATE TRIGGER orders_late AFTER INSERT ON "Orders" FOR EACH ROW EXECUTE FUNCTION audit_row()',
+        'CREATE VIEW orders_late_view AS SELECT id, note FROM "Orders"',
+        'COMMENT ON TRIGGER orders_audit ON "Orders" IS \'audited\'')
     assert code == 0, err
     held = scalar(dsn, "SELECT detail FROM mover.events WHERE detail ? 'lock_ms' ORDER BY id DESC LIMIT 1")
     assert held["rebuilt"] is True

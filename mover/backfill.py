@@ -11,9 +11,15 @@ Invariants:
 - Workers also apply the change log between ranges (one applier at a time, capture.py), so
   the log stays short while the copy runs.
 - Pause, the rows/s cap and replica lag make workers wait between ranges, never inside one.
-- Secondary indexes are built after the copy with CREATE INDEX CONCURRENTLY, up to
-  [backfill] index_builds at once in sessions of their own, never two on one table; an invalid
-  index left by a crash is dropped and rebuilt on resume, its orphaned builder cancelled first.
+- Secondary indexes are built after the copy with a plain CREATE INDEX, each in a transaction of
+  its own, up to [backfill] index_builds at once in sessions of their own. Nothing but mover
+  writes the new table before the cutover, and no applier runs while they build, so their SHARE
+  lock blocks nobody, and a build is faster than CONCURRENTLY (one pass, no waits for other
+  transactions) and transactional: a crash leaves no index, or a whole one. A build whose client
+  was killed goes on in its backend until it next checks the client (client_connection_check_interval)
+  or is cancelled by the resume, which stops mover's orphaned builders before its drain. An
+  invalid index (left by an interrupted CONCURRENTLY build of an earlier version) is dropped and
+  rebuilt.
 """
 
 from __future__ import annotations
@@ -265,25 +271,48 @@ def _transient_ddl_error(exc: BaseException) -> bool:
     return is_retryable(exc)
 
 
-def _stop_orphaned_build(db: Database, ctx: Context, index_oid: int) -> None:
-    """A process killed during CREATE INDEX CONCURRENTLY leaves its backend building on (it only
-    notices the lost client at the end). Only the lease holder builds these indexes, and each of
-    its build sessions one index at a time, so a backend building this one is an orphan: cancel it
-    and wait until it is gone, rather than drop its index under it."""
+def stop_orphaned_builders(ctx: Context) -> None:
+    """A process killed while it builds an index leaves its backend building on until it notices
+    the lost client (a plain build within client_connection_check_interval where the server's
+    system tells, CONCURRENTLY only at its end). The build never commits (its COMMIT would come
+    from the dead client), but its SHARE lock would hold up the step's drain and builds. Only the
+    lease holder builds on the new table, and it calls this before it starts: any mover backend
+    holding or awaiting a build's lock (SHARE, or SHARE UPDATE EXCLUSIVE for an earlier version's
+    concurrent build or an ANALYZE) on the new table or its partitions is an orphan. Cancel them
+    and wait until they are gone."""
     def builders(cur: psycopg.Cursor) -> list[int]:
-        cur.execute("SELECT pid FROM pg_stat_progress_create_index WHERE index_relid = %s"
-                    " AND pid <> pg_backend_pid()", (index_oid,))
+        cur.execute(
+            "SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database"
+            "   WHERE datname = current_database())"
+            " AND l.relation IN (SELECT %s::regclass UNION ALL SELECT relid FROM pg_partition_tree(%s::regclass))"
+            " AND l.mode IN ('ShareLock', 'ShareUpdateExclusiveLock') AND l.pid <> pg_backend_pid()"
+            " AND a.application_name LIKE 'mover%%'", (str(ctx.new), str(ctx.new)))
         return [r[0] for r in cur.fetchall()]
 
+    db = ctx.db
     deadline = time.monotonic() + 60
     while pids := db.transaction(builders):
         if time.monotonic() > deadline:
-            raise Failed(f"the orphaned build of an index on {ctx.new} (backends {pids}) does not stop",
+            raise Failed(f"the orphaned index builds on {ctx.new} (backends {pids}) do not stop",
                          hint=f"end them with pg_terminate_backend(), then `mover run {ctx.migration.name}`")
-        log.warning("cancelling the orphaned index build in backends %s", pids)
+        log.warning("cancelling the orphaned index builds on %s in backends %s", ctx.new, pids)
         db.transaction(lambda cur: cur.execute("SELECT pg_cancel_backend(pid) FROM unnest(%s::int[]) pid",
                                                (pids,)))
         time.sleep(0.2)
+
+
+def _check_client(cur: psycopg.Cursor) -> None:
+    """Have a long build notice within a second that its client died (PostgreSQL 14+, on the
+    systems that report a closed socket): its orphan then ends by itself. Elsewhere the setting
+    is refused, and the resume cancels the orphan instead (stop_orphaned_builders)."""
+    cur.execute("SAVEPOINT mover_check_client")
+    try:
+        cur.execute("SET LOCAL client_connection_check_interval = '1s'")
+    except psycopg.errors.InvalidParameterValue as exc:
+        cur.execute("ROLLBACK TO SAVEPOINT mover_check_client")
+        log.debug("client_connection_check_interval not available on this server: %s", exc)
+    cur.execute("RELEASE SAVEPOINT mover_check_client")
 
 
 def _copy_index_comment(ctx: Context, name: str, ix: introspect.Index) -> None:
@@ -296,7 +325,7 @@ def _copy_index_comment(ctx: Context, name: str, ix: introspect.Index) -> None:
 
 @dataclass(frozen=True)
 class IndexBuild:
-    """One CREATE INDEX CONCURRENTLY: index `name` on `table` (the new table, or one of its
+    """One CREATE INDEX: index `name` on `table` (the new table, or one of its
     partitions), defined as the source's index `ix`."""
     name: str
     ix: introspect.Index
@@ -304,8 +333,8 @@ class IndexBuild:
 
 
 def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
-    """Build index `b.name` on `b.table` concurrently, on `db` (this build session's connection),
-    dropping an invalid one that an interrupted build left first."""
+    """Build index `b.name` on `b.table` in one transaction on `db` (this build session's
+    connection), dropping an invalid one that an interrupted concurrent build left first."""
     schema = b.table.schema
     assert schema is not None  # the new table and its partitions are named with their schema
     state = db.transaction(lambda cur: introspect.index_state(cur, schema, b.name))
@@ -314,21 +343,21 @@ def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
     faults.point("index_building")
     if state is False:
         log.warning("index %s.%s is invalid (a build was interrupted); rebuilding", schema, b.name)
-        oid = db.transaction(lambda cur: introspect.table_oid(cur, names.QualifiedName(schema, b.name)))
-        assert oid is not None  # index_state() just found it; only this lease holder drops it
-        _stop_orphaned_build(db, ctx, oid)
         db.transaction(bind(psycopg.Cursor.execute, ddl.drop_index(schema, b.name)), lock_timeout="10s",
                        label="drop invalid index")
     started = time.monotonic()
     ctx.report("index", name=b.name, state="building")
-    # Not a transaction (CONCURRENTLY): the catalog says on resume whether it finished.
-    db.autocommit(ddl.create_index(b.name, b.table, b.ix, concurrently=True),
-                  statement_timeout="0", lock_timeout="10min")
+
+    def build(cur: psycopg.Cursor) -> None:
+        _check_client(cur)
+        cur.execute(ddl.create_index(b.name, b.table, b.ix, concurrently=False))
+        faults.point("index_build_done")  # built, not committed: a crash here leaves no index
+        control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built", f"index {b.name} built",
+                      {"source_index": b.ix.name, "table": str(b.table)}, (time.monotonic() - started) * 1000)
+
+    # One attempt per call: _retried() runs it again after a lock timeout, reading the catalog afresh.
+    db.transaction(build, statement_timeout="0", lock_timeout="10s", attempts=1, label="create index")
     faults.point("index_built")
-    ms = (time.monotonic() - started) * 1000
-    db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built",
-                                             f"index {b.name} built",
-                                             {"source_index": b.ix.name, "table": str(b.table)}, ms))
 
 
 def _retried(ctx: Context, what: str, fn: Callable[[], object]) -> None:
@@ -349,47 +378,33 @@ def _retried(ctx: Context, what: str, fn: Callable[[], object]) -> None:
 
 class _Builds:
     """`sessions` build sessions (threads, each with its own connection) taking builds from one
-    list. Two builds on one table never run at once: CREATE INDEX CONCURRENTLY takes SHARE UPDATE
-    EXCLUSIVE, which conflicts with itself, so the second would only hold a session waiting for
-    the first (a plain table's indexes are built one after the other, whatever the number of
-    sessions). After the first failure no session takes another build; the ones under way
-    finish, and the failure is raised once all have stopped."""
+    list; several may build on one table (a plain build's SHARE lock does not conflict with
+    itself). After the first failure no session takes another build; the ones under way finish,
+    and the failure is raised once all have stopped."""
 
     def __init__(self, ctx: Context, builds: list[IndexBuild], sessions: int):
         self.ctx = ctx
         self.todo = list(builds)
-        self.busy: set[names.QualifiedName] = set()
         self.error: BaseException | None = None
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.sessions = min(sessions, len(builds))
 
     def _next(self) -> IndexBuild | None:
-        with self.cond:
-            while self.error is None and self.todo:
-                b = next((b for b in self.todo if b.table not in self.busy), None)
-                if b is not None:
-                    self.todo.remove(b)
-                    self.busy.add(b.table)
-                    return b
-                self.cond.wait(0.5)
+        with self.lock:
+            if self.error is None and self.todo:
+                return self.todo.pop(0)
             return None
 
     def _session(self, db: Database) -> None:
         try:
             while (b := self._next()) is not None:
-                try:
-                    _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b))
-                finally:
-                    with self.cond:
-                        self.busy.discard(b.table)
-                        self.cond.notify_all()
+                _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b))
         except BaseException as exc:  # kept, and raised by run() once every session has stopped
-            with self.cond:
+            with self.lock:
                 if self.error is None:
                     self.error = exc
                 else:  # a second failure while the first stops the others: said, not raised
                     log.error("index build session also failed: %s: %s", type(exc).__name__, exc)
-                self.cond.notify_all()
         finally:
             if db is not self.ctx.db:
                 db.close()
@@ -414,8 +429,8 @@ class _Builds:
 def planned_builds(name: str, ix: introspect.Index, table: names.QualifiedName,
                    parts: list[names.QualifiedName] | None) -> list[IndexBuild]:
     """The builds of the deferred index `name`: on `table` itself, or, when `parts` (the
-    partitions of a partitioned `table`) are given, each partition's part of it (no
-    CONCURRENTLY on a partitioned parent). Plan check lists these, and the step runs them."""
+    partitions of a partitioned `table`) are given, each partition's part of it (each then
+    resumable by itself). Plan check lists these, and the step runs them."""
     if parts is None:
         return [IndexBuild(name, ix, table)]
     return [IndexBuild(partitions.child_index_name(p.name, name), ix, p) for p in parts]
@@ -427,7 +442,7 @@ def index_statements(ctx: Context, indexes: list[tuple[str, introspect.Index]],
     table each parent index ON ONLY and its partitions' attached."""
     out: list[sql.Composable] = []
     for name, ix in indexes:
-        out += [ddl.create_index(b.name, b.table, b.ix, concurrently=True)
+        out += [ddl.create_index(b.name, b.table, b.ix, concurrently=False)
                 for b in planned_builds(name, ix, ctx.new, parts)]
         if parts is not None:
             assert ctx.new.schema is not None  # the control tables hold schema-qualified names
@@ -455,8 +470,8 @@ def build_indexes(ctx: Context) -> None:
             _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
             continue
         pending.append((name, ix))
-        # A partitioned table: each partition's index concurrently, then (below) the parent's ON
-        # ONLY, invalid until the last of its partitions' is attached.
+        # A partitioned table: each partition's index, then (below) the parent's ON ONLY,
+        # invalid until the last of its partitions' is attached.
         builds += planned_builds(name, ix, ctx.new, parts)
     # Read now: `mover set backfill.index_builds` during the copy counts.
     sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan

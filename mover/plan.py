@@ -48,9 +48,8 @@ class BackfillSettings:
     max_replica_lag_ms: int = 30_000  # 0: do not check
     max_attempts: int = 5  # a range failing this often is marked failed
     synchronous_commit: bool = False
-    # CREATE INDEX CONCURRENTLY sessions at once after the copy (0: as many as workers). Two
-    # builds never share a table (their locks conflict): this parallelizes a partitioned
-    # target's per-partition builds, not a plain table's indexes (bench/README.md).
+    # CREATE INDEX sessions at once after the copy (0: as many as workers): a plain table's
+    # indexes, or a partitioned target's per-partition builds, side by side.
     index_builds: int = 0
 
     def index_sessions(self) -> int:

@@ -25,9 +25,10 @@ class Backfill(Step):
             out += [copy_sql.next_bound(mapping, None)[0], copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
         indexes = backfill.deferred_indexes(cur, ctx)
         if indexes:
-            out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX CONCURRENTLY"
-                       " at once ([backfill] index_builds), one at a time per table; a partitioned target builds"
-                       " each partition's, then attaches them to its parent's index ON ONLY")
+            out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX at once"
+                       " ([backfill] index_builds), each in its own transaction (only mover writes the new table"
+                       " before the cutover); a partitioned target builds each partition's, then attaches them"
+                       " to its parent's index ON ONLY")
         out += backfill.index_statements(ctx, indexes, self._partitions(ctx, cur))
         out.append(sql.SQL("ANALYZE {}").format(m.target.ident))
         return out
@@ -47,6 +48,7 @@ class Backfill(Step):
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
+        backfill.stop_orphaned_builders(ctx)  # a crashed run's, which would hold up the drain
         backfill.copy_all(ctx)
         # Workers check range ownership, not the orchestrator's lease: check it before going on.
         ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))

@@ -207,10 +207,13 @@ def test_whole_sequence_through_transaction_mode_with_a_writer(db_dsn, bouncer, 
                             " WHERE attrelid = '\"Orders\"'::regclass AND attname = 'id'").fetchone()[0] == "bigint"
 
 
-def test_index_build_refused_behind_a_pooler_when_the_server_would_cancel_it(db_dsn, bouncer, tmp_path):
-    """CREATE INDEX CONCURRENTLY cannot run in a transaction, so behind a transaction-mode pooler
-    mover cannot give it its own statement_timeout: with a server default that would cancel it,
-    the step refuses (exit 2) naming the fix, instead of failing and retrying forever."""
+def test_index_builds_behind_a_pooler_set_their_own_timeout_and_a_concurrent_build_is_refused(
+        db_dsn, bouncer, tmp_path):
+    """The backfill's index builds run in transactions (SET LOCAL statement_timeout): behind a
+    transaction-mode pooler, with a server default that would cancel a long statement, the step
+    goes through. `mover adopt`'s CREATE INDEX CONCURRENTLY on the table the application reads
+    cannot run in a transaction, so there mover cannot give it its own statement_timeout: it
+    refuses (exit 2) naming the fix, instead of failing and retrying forever."""
     create_orders(db_dsn, 2_000)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("ALTER ROLE postgres IN DATABASE {} SET statement_timeout = '5min'").format(
@@ -220,9 +223,18 @@ def test_index_build_refused_behind_a_pooler_when_the_server_would_cancel_it(db_
                      " AND pid <> pg_backend_pid()")
     plan = write_plan(tmp_path / "pooled.toml", PLAN)
     r = mover(bouncer, "run", plan)
+    assert r.returncode == 3, r.stderr
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FILTER (WHERE indisvalid), count(*) FROM pg_index"
+                            " WHERE indrelid = '\"Orders_new\"'::regclass AND NOT indisprimary").fetchone() == (1, 1)
+        conn.execute('CREATE INDEX orders_status ON "Orders" (status)')
+    r = mover(bouncer, "adopt", "pooled")
     assert r.returncode == 2, r.stderr
     assert "pooler" in r.stderr and "statement_timeout" in r.stderr and "next:" in r.stderr
-    # A direct connection finishes the step: there the timeout is set for the statement's session.
+    # A direct connection adopts it: there the timeout is set for the statement's session.
+    r = mover(db_dsn, "adopt", "pooled")
+    assert r.returncode == 0, r.stderr
     r = mover(db_dsn, "run", "pooled")
     assert r.returncode == 3, r.stderr
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)

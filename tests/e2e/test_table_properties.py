@@ -5,10 +5,13 @@ sequence's name; and a crash in the middle of CREATE INDEX CONCURRENTLY."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
 import psycopg
+import pytest
+from psycopg import sql
 
 from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
 
@@ -65,14 +68,14 @@ def same_rows(dsn, a, b):
 
 
 # ---------------------------------------------------------------------------------------------
-# kill -9 during CREATE INDEX CONCURRENTLY
+# kill -9 during an index build
 
 
-def test_kill9_during_create_index_concurrently_then_resume(db_dsn, tmp_path):
+def test_kill9_during_an_index_build_then_resume_cancels_the_orphan(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    p = write_plan(tmp_path / "cic.toml", """
+    p = write_plan(tmp_path / "ix.toml", """
 [migration]
-name = "cic"
+name = "ix"
 source = 'public."Orders"'
 [rollback]
 window = "1h"
@@ -82,21 +85,46 @@ window = "1h"
     blocker = psycopg.connect(db_dsn)
     try:
         assert "hanging at index_building" in proc.stderr.readline()
-        # A writer's lock on the new table makes the build wait in its first phase, after its
-        # invalid index is in the catalog: the moment a crash leaves a backend building on.
+        # A lock on the new table that conflicts with the build's SHARE lock makes the build wait:
+        # the moment a crash leaves a backend that goes on (and would commit its index) by itself.
         blocker.execute('LOCK "Orders_new" IN ROW EXCLUSIVE MODE')
         release.touch()
-        orphan = wait_for(lambda: query(db_dsn, "SELECT pid FROM pg_stat_progress_create_index"
-                                                " WHERE relid = '\"Orders_new\"'::regclass"), "the index build")[0][0]
+        orphan = wait_for(lambda: query(db_dsn, "SELECT pid FROM pg_locks WHERE relation = '\"Orders_new\"'::regclass"
+                                                " AND mode = 'ShareLock' AND NOT granted"), "the index build")[0][0]
         proc.kill()
         finish(proc, 60)
-        resume = spawn(db_dsn, "run", "cic")
-        # The orphaned build must be stopped by the resume, not waited for while it waits on us.
-        wait_for(lambda: resume.poll() is not None or not query(
-            db_dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (orphan,)), "the orphaned build to end", 90)
+        # The build is one transaction: the crash left no index, valid or not; and its backend
+        # notices the lost client (client_connection_check_interval) and ends by itself.
+        assert query(db_dsn, "SELECT count(*) FROM pg_index WHERE indrelid = '\"Orders_new\"'::regclass"
+                             " AND NOT indisprimary") == [(0,)]
+        wait_for(lambda: not query(db_dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (orphan,)),
+                 "the orphaned build to end", 30)
+        # An orphan that did not notice (a server whose system cannot tell): a mover backend
+        # waiting for a build's lock on the new table. The resume cancels it before it builds.
+        with psycopg.connect(db_dsn, application_name="mover:elsewhere:1") as stray:
+            pid = stray.info.backend_pid
+            cancelled: list[BaseException] = []
+
+            def wait_for_lock() -> None:
+                try:
+                    stray.execute('LOCK "Orders_new" IN SHARE MODE')
+                except psycopg.Error as exc:
+                    cancelled.append(exc)
+            waiter = threading.Thread(target=wait_for_lock)
+            waiter.start()
+            wait_for(lambda: query(db_dsn, "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted", (pid,)),
+                     "the stray build to wait")
+            resume = spawn(db_dsn, "run", "ix")
+            waiter.join(90)
+            if waiter.is_alive():  # not cancelled: end it, so that the test fails rather than hangs
+                query(db_dsn, "SELECT pg_terminate_backend(%s)", (pid,))
+                waiter.join(10)
+            assert len(cancelled) == 1 and isinstance(cancelled[0], psycopg.errors.QueryCanceled), cancelled
+        assert resume.poll() is None  # it waits for the blocker, and for nothing else
         blocker.rollback()
         code, err = finish(resume, 120)
         assert code == 3 and "ready for cutover" in err, err
+        assert f"cancelling the orphaned index builds on \"public\".\"Orders_new\" in backends [{pid}]" in err, err
     finally:
         blocker.close()
         if proc.poll() is None:
@@ -104,6 +132,39 @@ window = "1h"
     (valid, definition), = query(db_dsn, "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i"
                                          " WHERE i.indrelid = '\"Orders_new\"'::regclass AND NOT i.indisprimary")
     assert valid and '("Account", created_at)' in definition
+    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+def test_an_invalid_index_left_by_an_interrupted_concurrent_build_is_dropped_and_rebuilt(db_dsn, tmp_path):
+    """An index of the deferred name left invalid in the catalog (what an interrupted CREATE INDEX
+    CONCURRENTLY of an earlier version leaves): the resume drops it and builds it as the source's."""
+    create_orders(db_dsn, 3_000)
+    p = write_plan(tmp_path / "ix.toml", """
+[migration]
+name = "ix"
+source = 'public."Orders"'
+[rollback]
+window = "1h"
+""")
+    r = mover(db_dsn, "run", p, env={"MOVER_FAULT": "kill@index_building"})
+    assert r.returncode == -9, r.stderr
+    (name,), = query(db_dsn, "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = '\"Orders\"'::regclass"
+                             " AND NOT indisprimary")
+    name = name.strip('"') + "_m1"
+    # A unique build over duplicate values fails and leaves its index invalid.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(sql.SQL('CREATE UNIQUE INDEX CONCURRENTLY {} ON "Orders_new" (status)').format(
+                sql.Identifier(name)))
+    assert query(db_dsn, "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(quote_ident(%s))",
+                 (name,)) == [(False,)]
+    code, err = finish(spawn(db_dsn, "run", "ix"), 120)
+    assert code == 3, err
+    assert "is invalid (a build was interrupted); rebuilding" in err, err
+    (valid, unique, definition), = query(
+        db_dsn, "SELECT i.indisvalid, i.indisunique, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+                " WHERE i.indrelid = '\"Orders_new\"'::regclass AND NOT i.indisprimary")
+    assert valid and not unique and '("Account", created_at)' in definition
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import backfill, capture, control, introspect, names, partitions, shape
+from mover import backfill, capture, control, introspect, names, partitions, ranges, shape
 from mover.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
@@ -22,7 +22,13 @@ class Backfill(Step):
                      " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]
         if introspect.exists(cur, m.target):
             mapping = ctx.mapping(cur)
-            out += [copy_sql.next_bound(mapping, None)[0], copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
+            out.append(copy_sql.next_bound(mapping, None)[0])
+            if ranges.integer_key(mapping) is not None:
+                out += ["-- in a dense region of the integer key, the upper bound is lo + rows / density of the last"
+                        f" done range instead (at least one key in {ranges.DENSE} values), the last range when no"
+                        " key lies above it:",
+                        copy_sql.key_above(mapping, ["<lo + rows / density>"])[0]]
+            out.append(copy_sql.copy_range(mapping, None, ["<hi>"])[0])
         indexes = backfill.deferred_indexes(cur, ctx)
         if indexes:
             out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX CONCURRENTLY"

@@ -5,13 +5,14 @@ Invariants:
   few milliseconds it takes to find the next bound; so the planner never holds the key list,
   ranges adapt their size to what the claimant asks for, and keys inserted above the original
   maximum fall into the last, open-ended range.
-- A bound is the key `rows` keys on (an index-only OFFSET scan), or for a one-column integer key
-  in a dense region lo + rows / density, the density that of the last done range (Spirit's
-  optimistic chunker). Arithmetic only where that density is at least 1/DENSE: a key is unique,
-  so a range of span rows * DENSE holds at most DENSE times the rows asked, however dense the
-  keys it runs into. No key above the candidate, or a candidate past the type's maximum, makes
-  it the open last range. Either way the bound is stored before any work, so ranges still tile
-  the key space (each lo the previous hi) and resume, leases and the watermark are unchanged.
+- A bound is the key `rows` keys on (an index-only OFFSET scan, which visits the heap under
+  writes), or, for a one-column integer key in a dense region, lo + rows / density, the density
+  (rows per value) that of the last done range (Spirit's optimistic chunker). Arithmetic only
+  where that density is at least 1/DENSE: keys are unique, so a span of at most rows * DENSE
+  values holds at most DENSE times the rows asked, however dense the keys it runs into. No key
+  above the candidate, or a candidate past the type's maximum, makes it the open last range.
+  Either way the bound is stored before any work, so ranges still tile the key space (each lo
+  the previous hi) and resume, leases and the watermark are unchanged.
 - A claim is `FOR UPDATE SKIP LOCKED` on the range rows: workers never wait for each other.
   A claimed range has an owner and a lease that the owner's process extends while it lives.
 - The work on a range and its done mark commit in one transaction that first locks the range

@@ -166,6 +166,17 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
     return KeyRange(kind, range_no, lo, hi, cut)
 
 
+def bound_statements(m: Mapping) -> list[Any]:
+    """What _bound can run on the source, for plan check: the OFFSET scan and, for an integer
+    key, the probe that ends a range cut by arithmetic."""
+    out: list[Any] = [copy_sql.next_bound(m, None)[0]]
+    if integer_key(m) is not None:
+        out += [f"-- in a dense region of the integer key (the last done range held at least one key in {DENSE}"
+                " values), the upper bound is lo + rows / that density instead, the last range when no key lies"
+                " above it:", copy_sql.key_above(m, ["<lo + rows / density>"])[0]]
+    return out
+
+
 def _bound(cur: psycopg.Cursor, mid: int, kind: str, m: Mapping, lo: list[str] | None,
            rows: int) -> tuple[list[str] | None, str]:
     """The next range's upper bound (None: open-ended) and how it was found. Runs under the

@@ -180,9 +180,10 @@ def claim_all(conn, mid, mapping, rows, after_each=None):
 
 
 def count_between(conn, c) -> int:
-    return conn.execute("SELECT count(*) FROM t WHERE (%s::numeric IS NULL OR id > %s::numeric)"
-                        " AND (%s::numeric IS NULL OR id <= %s::numeric)",
-                        [*(c.lo or [None]) * 2, *(c.hi or [None]) * 2]).fetchone()[0]
+    """The rows of t in (lo, hi], counted in plain SQL."""
+    bounds = {"lo": None if c.lo is None else int(c.lo[0]), "hi": None if c.hi is None else int(c.hi[0])}
+    return conn.execute("SELECT count(*) FROM t WHERE (%(lo)s::numeric IS NULL OR id > %(lo)s::numeric)"
+                        " AND (%(hi)s::numeric IS NULL OR id <= %(hi)s::numeric)", bounds).fetchone()[0]
 
 
 def assert_tiled(conn, cut):

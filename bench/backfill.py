@@ -151,6 +151,7 @@ def _stats_read(conn, pgss: bool) -> dict:
                             WHEN query ~* '^\\s*INSERT INTO .*SELECT' AND query !~* 'mover\\.'
                                  THEN 'copy (INSERT ... SELECT)'
                             WHEN query ~* 'OFFSET' THEN 'range bound (index-only OFFSET probe)'
+                            WHEN query ~* '^\\s*SELECT EXISTS \\(SELECT FROM' THEN 'range bound (EXISTS above lo+span)'
                             WHEN query ~* 'UPDATE mover\\.ranges' THEN 'range claim / done mark (mover.ranges)'
                             WHEN query ~* 'CREATE INDEX' THEN 'index builds'
                             WHEN query ~* 'ATTACH PARTITION' THEN 'attach partition indexes'

@@ -5,6 +5,14 @@ Invariants:
   few milliseconds it takes to find the next bound; so the planner never holds the key list,
   ranges adapt their size to what the claimant asks for, and keys inserted above the original
   maximum fall into the last, open-ended range.
+- A bound is the key `rows` keys on (an index-only OFFSET scan, which visits the heap under
+  writes), or, for a one-column integer key in a dense region, lo + rows / density, the density
+  (rows per value) that of the last done range (Spirit's optimistic chunker). Arithmetic only
+  where that density is at least 1/DENSE: keys are unique, so a span of at most rows * DENSE
+  values holds at most DENSE times the rows asked, however dense the keys it runs into. No key
+  above the candidate, or a candidate past the type's maximum, makes it the open last range.
+  Either way the bound is stored before any work, so ranges still tile the key space (each lo
+  the previous hi) and resume, leases and the watermark are unchanged.
 - A claim is `FOR UPDATE SKIP LOCKED` on the range rows: workers never wait for each other.
   A claimed range has an owner and a lease that the owner's process extends while it lives.
 - The work on a range and its done mark commit in one transaction that first locks the range
@@ -21,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -49,6 +57,30 @@ class KeyRange:
     range_no: int
     lo: list[str] | None
     hi: list[str] | None  # None: open-ended, the last range
+    # How claim() found hi: "probe" (OFFSET scan) or "arithmetic"; None for a range taken over.
+    cut: str | None = field(default=None, compare=False)
+
+
+# The key types whose bounds claim() may cut by arithmetic (format_type's names), and their maximum.
+INTEGER_MAX = {"smallint": 2**15 - 1, "integer": 2**31 - 1, "bigint": 2**63 - 1}
+DENSE = 4  # arithmetic where at least one key in DENSE values exists: at most DENSE times the rows asked
+IRREGULAR = 2  # ... and the last done range held at most IRREGULAR times the rows asked now
+
+
+def integer_key(m: Mapping) -> int | None:
+    """The maximum of a one-column smallint / integer / bigint key, else None: only such a key's
+    bounds are cut by arithmetic."""
+    return INTEGER_MAX.get(m.src_key_types[0]) if len(m.key) == 1 else None
+
+
+def arithmetic_bound(lo: int, rows: int, last_lo: int, last_hi: int, last_rows: int) -> int | None:
+    """lo plus the span that held `rows` keys in the last done range (lo, hi], or None where the
+    probe must cut: keys sparser than 1/DENSE there (a gap, a sparse region), or that range held
+    far more than asked (it ran into a denser region: its density says little about the next)."""
+    width = last_hi - last_lo
+    if width <= 0 or last_rows <= 0 or last_rows * DENSE < width or last_rows > IRREGULAR * rows:
+        return None
+    return lo + max(1, rows * width // last_rows)
 
 
 def ensure_frontier(cur: psycopg.Cursor, mid: int, kind: str) -> None:
@@ -123,10 +155,7 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
     if frontier is None or frontier[2]:
         return None
     lo, range_no, _ = frontier
-    stmt, params = copy_sql.next_bound(m, lo)
-    cur.execute(stmt, [*params, max(rows, 1) - 1])
-    found = cur.fetchone()
-    hi = list(found) if found else None
+    hi, cut = _bound(cur, mid, kind, m, lo, max(rows, 1))
     cur.execute(
         "INSERT INTO mover.ranges (migration_id, kind, range_no, lo, hi, status, owner, attempts, lease_expires_at)"
         " VALUES (%s, %s, %s, %s, %s, 'running', %s, 1, clock_timestamp() + make_interval(secs => %s))",
@@ -134,7 +163,43 @@ def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, row
     )
     cur.execute("UPDATE mover.frontiers SET next_lo = %s, next_range_no = %s, exhausted = %s"
                 " WHERE migration_id = %s AND kind = %s", (hi, range_no + 1, hi is None, mid, kind))
-    return KeyRange(kind, range_no, lo, hi)
+    return KeyRange(kind, range_no, lo, hi, cut)
+
+
+def bound_statements(m: Mapping) -> list[Any]:
+    """What _bound can run on the source, for plan check: the OFFSET scan and, for an integer
+    key, the probe that ends a range cut by arithmetic."""
+    out: list[Any] = [copy_sql.next_bound(m, None)[0]]
+    if integer_key(m) is not None:
+        out += [f"-- in a dense region of the integer key (the last done range held at least one key in {DENSE}"
+                " values), the upper bound is lo + rows / that density instead, the last range when no key lies"
+                " above it:", copy_sql.key_above(m, ["<lo + rows / density>"])[0]]
+    return out
+
+
+def _bound(cur: psycopg.Cursor, mid: int, kind: str, m: Mapping, lo: list[str] | None,
+           rows: int) -> tuple[list[str] | None, str]:
+    """The next range's upper bound (None: open-ended) and how it was found. Runs under the
+    frontier's lock, so the last done range read here is the one the frontier has passed."""
+    top = integer_key(m)
+    if top is not None and lo is not None:
+        # Both bounds: the first range's lo and the last one's hi are open, their span unknown.
+        cur.execute("SELECT lo[1], hi[1], rows FROM mover.ranges WHERE migration_id = %s AND kind = %s"
+                    " AND status = 'done' AND lo IS NOT NULL AND hi IS NOT NULL ORDER BY range_no DESC LIMIT 1",
+                    (mid, kind))
+        last = cur.fetchone()
+        candidate = None if last is None or last[2] is None else arithmetic_bound(
+            int(lo[0]), rows, int(last[0]), int(last[1]), last[2])
+        if candidate is not None:
+            if candidate >= top:  # nothing above the type's maximum: never sent to the server
+                return None, "arithmetic"
+            stmt, params = copy_sql.key_above(m, [str(candidate)])
+            cur.execute(stmt, params)
+            return ([str(candidate)] if one(cur)[0] else None), "arithmetic"
+    stmt, params = copy_sql.next_bound(m, lo)
+    cur.execute(stmt, [*params, rows - 1])
+    found = cur.fetchone()
+    return (list(found) if found else None), "probe"
 
 
 def hold(cur: psycopg.Cursor, mid: int, key_range: KeyRange, worker: str) -> None:

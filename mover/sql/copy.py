@@ -1,5 +1,8 @@
 """SQL of the backfill: find a range's upper bound, copy the range in one set-based statement.
 
+The upper bound comes from an index-only OFFSET scan (next_bound), or, for an integer key in a
+dense region, from key arithmetic checked by one index probe (key_above; mover/ranges.py).
+
 No conflict clause: capture replays a key only after the range that covers it is done, so a
 key the copy inserts cannot already be in the target. A unique violation here is a bug to
 surface, not a row to skip. A row whose values do not convert (class 22, or a constraint of
@@ -25,6 +28,14 @@ def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list[Any
         cols=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key),
         src=m.src.ident, where=where,
         order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
+    return q, params
+
+
+def key_above(m: Mapping, bound: list[str]) -> tuple[sql.Composed, list[Any]]:
+    """Whether any key lies above `bound` (text form): the first index entry answers, so it stays
+    cheap where the OFFSET scan would visit every key of the range."""
+    where, params = range_predicate("s", m, bound, None)
+    q = sql.SQL("SELECT EXISTS (SELECT FROM {src} s WHERE {where})").format(src=m.src.ident, where=where)
     return q, params
 
 

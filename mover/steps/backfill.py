@@ -6,10 +6,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import backfill, capture, control, introspect, names, partitions, shape
+from mover import backfill, capture, control, introspect, names, partitions, ranges, shape
 from mover.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
+from mover.sql.mapping import Mapping
 from mover.steps.base import Step
 
 
@@ -22,7 +23,11 @@ class Backfill(Step):
                      " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]
         if introspect.exists(cur, m.target):
             mapping = ctx.mapping(cur)
-            out += [copy_sql.next_bound(mapping, None)[0], copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
+            out += [*ranges.bound_statements(mapping), copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
+        elif introspect.exists(cur, ctx.original):
+            # Before create_target (plan check): the bounds are cut on the source alone, its key says how.
+            source = introspect.describe(cur, ctx.original)
+            out += ranges.bound_statements(Mapping.between(source, source, tuple(m.key_columns)))
         indexes = backfill.deferred_indexes(cur, ctx)
         if indexes:
             out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX at once"

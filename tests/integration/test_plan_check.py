@@ -682,3 +682,21 @@ def test_unlogged_source_plan_creates_an_unlogged_target(db, tmp_path):
     result = mover(db, "plan", "check", str(path))
     assert result.returncode == 0, result.stderr
     assert 'CREATE UNLOGGED TABLE "public"."cache_new"' in flat(result.stdout)
+
+
+@pytest.mark.parametrize(("ddl", "arithmetic"), [
+    ("CREATE TABLE public.keyed (id bigint PRIMARY KEY, v text)", True),
+    ("CREATE TABLE public.keyed (id smallint PRIMARY KEY, v text)", True),
+    ("CREATE TABLE public.keyed (id text PRIMARY KEY, v text)", False),
+    ("CREATE TABLE public.keyed (id int NOT NULL, v text NOT NULL, PRIMARY KEY (id, v))", False),
+])
+def test_plan_check_prints_every_statement_that_cuts_a_range_bound(db, tmp_path, ddl, arithmetic):
+    execute(db, ddl)
+    path = write_plan(tmp_path, plan_toml(source="public.keyed"))
+    result = mover(db, "plan", "check", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    backfill = next(s["sql"] for s in json.loads(result.stdout)["steps"] if s["name"] == "backfill")
+    assert any(" OFFSET %s LIMIT 1" in s and s.startswith("SELECT") for s in backfill), backfill
+    # The probe that ends a range cut by key arithmetic: only for a one-column integer key.
+    exists = [s for s in backfill if s.startswith('SELECT EXISTS (SELECT FROM "public"."keyed" s WHERE')]
+    assert len(exists) == (1 if arithmetic else 0), backfill

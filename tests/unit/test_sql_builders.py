@@ -168,3 +168,11 @@ def test_swap_partner_index_names_and_validation_are_quoted():
     assert len(carry.partner_index(7, DST, long, "k", True).encode()) <= 63
     assert text(carry.validate_sql("Sales", "Order Lines", 'fk "1"')) == (
         'ALTER TABLE "Sales"."Order Lines" VALIDATE CONSTRAINT "fk ""1"""')
+
+
+def test_key_above_is_one_exists_probe_on_the_key_index():
+    q, params = copy.key_above(_mapping(), ["7", "b"])
+    assert text(q) == (
+        'SELECT EXISTS (SELECT FROM "Sales"."Order Items" s'
+        ' WHERE ("s"."Item ID", "s"."line") > (CAST(%s AS integer), CAST(%s AS text)))')
+    assert params == ["7", "b"]

@@ -226,7 +226,8 @@ def test_plan_check_lists_each_partitions_index_builds_that_the_backfill_runs(db
     r = mover(db_dsn, "plan", "check", plan, "--json")
     assert r.returncode == 0, r.stderr
     (backfill,) = [s for s in json.loads(r.stdout)["steps"] if s["name"] == "backfill"]
-    built = {m for s in backfill["sql"] for m in re.findall(r'CREATE INDEX "(\w+)" ON "public"."events_(?:p|default)', s)}
+    built = {m for s in backfill["sql"]
+             for m in re.findall(r'CREATE INDEX "(\w+)" ON "public"."events_(?:p|default)', s)}
     on_only = {m for s in backfill["sql"] for m in re.findall(r'INDEX IF NOT EXISTS "(\w+)" ON ONLY', s)}
     attached = [s for s in backfill["sql"] if "ATTACH PARTITION" in s]
     assert not any("CONCURRENTLY" in s or re.search(r'CREATE INDEX "\w+" ON "public"."events_new"', s)

@@ -363,7 +363,7 @@ def _pgss_reset(conn) -> bool:
 PGSS_GROUPS = r"""
 SELECT CASE WHEN query ~ 'FULL JOIN' THEN 'compare (range statement)'
             WHEN query ~* 'OFFSET' THEN 'range bound probe (OFFSET)'
-            WHEN query ~* '^\s*SELECT EXISTS \(SELECT FROM' THEN 'range bound (EXISTS above lo+span)'
+            WHEN query ~* '^\s*SELECT \S+ FROM .* ORDER BY .* LIMIT' THEN 'range bound (key above lo+span)'
             WHEN query ~ 'jsonb_build_object\(\s*.oid.' THEN 'shape check (catalog description)'
             WHEN query ~ 'mover\.ranges' THEN 'claim, hold, done mark (mover.ranges)'
             WHEN query ~ 'mover\.frontiers' THEN 'claim: frontier'

@@ -195,7 +195,7 @@ def _bound(cur: psycopg.Cursor, mid: int, kind: str, m: Mapping, lo: list[str] |
                 return None, "arithmetic"
             stmt, params = copy_sql.key_above(m, [str(candidate)])
             cur.execute(stmt, params)
-            return ([str(candidate)] if one(cur)[0] else None), "arithmetic"
+            return ([str(candidate)] if cur.fetchone() else None), "arithmetic"
     stmt, params = copy_sql.next_bound(m, lo)
     cur.execute(stmt, [*params, rows - 1])
     found = cur.fetchone()

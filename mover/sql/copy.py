@@ -32,10 +32,13 @@ def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list[Any
 
 
 def key_above(m: Mapping, bound: list[str]) -> tuple[sql.Composed, list[Any]]:
-    """Whether any key lies above `bound` (text form): the first index entry answers, so it stays
-    cheap where the OFFSET scan would visit every key of the range."""
+    """A row when any key lies above `bound` (text form): the first entry of the key's index
+    answers, where the OFFSET scan would visit every key of the range. Not EXISTS: the planner
+    drops an EXISTS subquery's ORDER BY and may then read the table from its start for the first
+    row above the bound, which on an append-mostly table is at its end (a whole-table scan)."""
     where, params = range_predicate("s", m, bound, None)
-    q = sql.SQL("SELECT EXISTS (SELECT FROM {src} s WHERE {where})").format(src=m.src.ident, where=where)
+    q = sql.SQL("SELECT 1 FROM {src} s WHERE {where} ORDER BY {order} LIMIT 1").format(
+        src=m.src.ident, where=where, order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
     return q, params
 
 

@@ -170,9 +170,10 @@ def test_swap_partner_index_names_and_validation_are_quoted():
         'ALTER TABLE "Sales"."Order Lines" VALIDATE CONSTRAINT "fk ""1"""')
 
 
-def test_key_above_is_one_exists_probe_on_the_key_index():
+def test_key_above_reads_the_first_key_index_entry_above_the_bound():
     q, params = copy.key_above(_mapping(), ["7", "b"])
     assert text(q) == (
-        'SELECT EXISTS (SELECT FROM "Sales"."Order Items" s'
-        ' WHERE ("s"."Item ID", "s"."line") > (CAST(%s AS integer), CAST(%s AS text)))')
+        'SELECT 1 FROM "Sales"."Order Items" s'
+        ' WHERE ("s"."Item ID", "s"."line") > (CAST(%s AS integer), CAST(%s AS text))'
+        ' ORDER BY "s"."Item ID", "s"."line" LIMIT 1')
     assert params == ["7", "b"]

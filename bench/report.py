@@ -123,10 +123,10 @@ def summary(compact: bool = False) -> str:
         limit = r["limit"]["total_s"]
         partman = r.get("pg_partman", {}).get("total_s")
         rows = [("single statement: `INSERT INTO partitioned SELECT *` + index builds", f"{limit:.1f}", "1.00", "")]
-        for key, what in (("mover_1w", "mover, 1 worker"), ("mover_1w_2i", "mover, 1 worker, 2 index build sessions"),
-                          ("mover_2w", "mover, 2 workers")):
+        for key in ("mover_1w", "mover_1w_1i", "mover_1w_2i", "mover_2w"):
             if key in r:
-                t = r[key]["step_s"]
+                t, w, i = r[key]["step_s"], r[key]["workers"], r[key]["index_builds"]
+                what = f"mover, {w} worker{'s' if w > 1 else ''}, {i} index build session{'s' if i > 1 else ''}"
                 rows.append((what, f"{t:.1f}", f"{t / limit:.2f}", f"{partman / t:.1f}x" if partman else ""))
         if partman:
             rows.append(("pg_partman `partition_data_proc`", f"{partman:.1f}", f"{partman / limit:.2f}", ""))

@@ -48,12 +48,14 @@ class BackfillSettings:
     max_replica_lag_ms: int = 30_000  # 0: do not check
     max_attempts: int = 5  # a range failing this often is marked failed
     synchronous_commit: bool = False
-    # CREATE INDEX sessions at once after the copy (0: as many as workers): a plain table's
-    # indexes, or a partitioned target's per-partition builds, side by side.
+    # CREATE INDEX sessions at once after the copy (0: as many as workers, at least 2): a plain
+    # table's indexes, or a partitioned target's per-partition builds, side by side. At least 2:
+    # the copy workers are idle by then, and only mover reads the new table.
     index_builds: int = 0
+    DEFAULT_MIN_INDEX_BUILDS = 2
 
     def index_sessions(self) -> int:
-        return self.index_builds or self.workers
+        return self.index_builds or max(self.workers, self.DEFAULT_MIN_INDEX_BUILDS)
 
 
 @dataclass(frozen=True)

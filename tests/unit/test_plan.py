@@ -409,9 +409,11 @@ def test_accept_parity_round_trips_and_leaves_older_canonical_forms_alone():
     assert "accept_parity" in bad(doc(cutover={"accept_parity": ["", "x"]})).message
 
 
-def test_index_builds_default_to_the_workers_and_round_trip():
+def test_index_builds_default_to_the_workers_at_least_two_and_round_trip():
     plain = parse_plan(doc(backfill={"workers": 3}))
     assert (plain.backfill.index_builds, plain.backfill.index_sessions()) == (0, 3)
+    assert parse_plan(doc(backfill={"workers": 1})).backfill.index_sessions() == 2
+    assert parse_plan(doc(backfill={"workers": 1, "index_builds": 1})).backfill.index_sessions() == 1
     own = parse_plan(doc(backfill={"workers": 1, "index_builds": 4}))
     assert own.backfill.index_sessions() == 4
     assert plan_from_canonical(own.canonical()).backfill.index_sessions() == 4

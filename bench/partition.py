@@ -194,9 +194,11 @@ def phases(conn, name: str) -> dict:
     out["drain_s"] = secs(copied, ix_first) if ix_first else None  # the drain, then reading what to build
     out["drain_apply_s"], out["drained"] = (float(drain_ms) / 1000, drained) if drain_ms is not None else (None, None)
     out["index_builds_s"] = secs(ix_first, ix_last)
-    out["attach_s"] = secs(ix_last, an_start or ix_all)
-    out["analyze_s"] = secs(an_start, an_end)
-    out["rest_s"] = secs(an_end, end)
+    out["attach_s"] = secs(ix_last, ix_all)
+    out["analyze_s"] = secs(an_start, an_end)  # beside the builds, or after them
+    out["analyze_after_builds_s"] = max(0.0, secs(max(ix_all, an_start), an_end)) \
+        if ix_all and an_start and an_end else None
+    out["rest_s"] = secs(max(an_end, ix_all) if ix_all else an_end, end)
     return out
 
 
@@ -393,6 +395,7 @@ def ratios(r: dict) -> dict:
 def phase_words(p: dict) -> str:
     parts = [("copy", "copy_s"), ("final drain", "drain_s"), ("of which applying", "drain_apply_s"),
              ("index builds", "index_builds_s"), ("attach", "attach_s"), ("ANALYZE", "analyze_s"),
+             ("of which after the builds", "analyze_after_builds_s"),
              ("done mark", "rest_s")]
     words = ", ".join(f"{w} {p[k]:.1f} s" for w, k in parts if p.get(k) is not None)
     return f"{words} ({p['builds']} builds, {p['build_sum_s']:.1f} s summed)"

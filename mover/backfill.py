@@ -36,7 +36,7 @@ from psycopg import sql
 
 from mover import capture, control, faults, introspect, names, partitions, ranges, throttle
 from mover.context import Context, Reporter
-from mover.db import Database, bind, is_retryable
+from mover.db import Database, bind, is_retryable, one
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
@@ -491,3 +491,83 @@ def build_indexes(ctx: Context) -> None:
             cur, ctx.mid, ctx.owner, "backfill", "indexes_built",
             f"{len(builds)} index builds on {ctx.new}, up to {sessions} at once",
             {"builds": len(builds), "indexes": len(pending), "sessions": sessions}, ms))
+
+
+class Analyze:
+    """ANALYZE of the new table after the copy, so that reconcile's and the application's plans
+    have statistics (autovacuum never analyzes a partitioned parent).
+
+    Beside the index builds where it can: in a session of its own, out of a transaction block,
+    where PostgreSQL analyzes each partition in a transaction of its own and so holds one
+    partition's lock at a time (inside a block it would keep every partition it analyzed locked
+    against the builds until its end). Not where a deferred index has expressions (ANALYZE
+    gathers their statistics only from indexes that exist), and not behind a transaction-mode
+    pooler (no session timeouts there): then after the builds, in a transaction, as before."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        self.started = 0.0
+        self.ms = 0.0
+
+    LOCK_TIMEOUT = "30min"
+
+    @property
+    def beside(self) -> bool:
+        return self.thread is not None
+
+    def statement(self) -> sql.Composed:
+        return sql.SQL("ANALYZE {}").format(self.ctx.new.ident)
+
+    def beside_builds(self) -> bool:
+        def expressions(cur: psycopg.Cursor) -> bool:
+            oids = [ix.oid for _, ix in deferred_indexes(cur, self.ctx)]
+            cur.execute("SELECT coalesce(bool_or(indexprs IS NOT NULL), false) FROM pg_index"
+                        " WHERE indexrelid = ANY(%s)", (oids,))
+            return bool(one(cur)[0])
+        return not self.ctx.db.pooled() and not self.ctx.db.transaction(expressions)
+
+    def start(self) -> None:
+        """Start it beside the builds, where it can."""
+        if not self.beside_builds():
+            return
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._beside, name="mover-analyze", daemon=True)
+        self.thread.start()
+
+    def _beside(self) -> None:
+        db = Database(self.ctx.db.dsn)
+        try:
+            # A partition's build holds its lock for as long as that build takes.
+            db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
+            self.ms = (time.monotonic() - self.started) * 1000
+        except BaseException as exc:  # raised by finish(), in the step's thread
+            self.error = exc
+        finally:
+            db.close()
+
+    def finish(self) -> float:
+        """Wait for it, or run it now; its duration in ms."""
+        if self.thread is None:
+            started = time.monotonic()
+            # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
+            self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",
+                                    label="analyze")
+            return (time.monotonic() - started) * 1000
+        while self.thread.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
+            self.thread.join(0.5)
+        if self.error is not None:
+            raise self.error
+        return self.ms
+
+    def abandon(self) -> None:
+        """The builds failed: wait for ANALYZE to end (the builds' error is the one raised; a
+        failure of its own is said here). The resume runs it again."""
+        if self.thread is None:
+            return
+        while self.thread.is_alive():
+            self.thread.join(0.5)
+        if self.error is not None:
+            log.error("ANALYZE of %s beside the index builds also failed: %s: %s", self.ctx.new,
+                      type(self.error).__name__, self.error)

@@ -35,7 +35,9 @@ class Backfill(Step):
                        " before the cutover); a partitioned target builds each partition's, then attaches them"
                        " to its parent's index ON ONLY")
         out += backfill.index_statements(ctx, indexes, self._partitions(ctx, cur))
-        out.append(sql.SQL("ANALYZE {}").format(m.target.ident))
+        out += ["-- beside the index builds, in a session of its own out of a transaction block (one partition"
+                " locked at a time), unless a deferred index has expressions or a pooler stands in the way:"
+                " then after them, in a transaction", backfill.Analyze(ctx).statement()]
         return out
 
     @staticmethod
@@ -63,14 +65,16 @@ class Backfill(Step):
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
                                                      f"applied {applied.claimed} logged changes after the copy",
                                                      {"applied": applied.claimed}, ms))
-        backfill.build_indexes(ctx)
-        # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
-        started = time.monotonic()
-        ctx.db.transaction(lambda cur: cur.execute(sql.SQL("ANALYZE {}").format(m.target.ident)),
-                           statement_timeout="0", label="analyze")
-        ms = (time.monotonic() - started) * 1000
+        analyze = backfill.Analyze(ctx)
+        analyze.start()
+        try:
+            backfill.build_indexes(ctx)
+        except BaseException:
+            analyze.abandon()
+            raise
+        ms = analyze.finish()
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "analyzed",
-                                                     f"analyzed {m.target}", None, ms))
+                                                     f"analyzed {m.target}", {"beside_builds": analyze.beside}, ms))
 
         def finish(cur: psycopg.Cursor) -> None:
             invalid = [ix.name for ix in introspect.describe(cur, m.target).indexes if not ix.is_valid]

@@ -242,6 +242,18 @@ def test_plan_check_lists_each_partitions_index_builds_that_the_backfill_runs(db
     parent = query(db_dsn, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
                            " WHERE i.indrelid = 'events_new'::regclass AND NOT i.indisprimary AND i.indisvalid")
     assert {n for (n,) in parent} == on_only
+    # ANALYZE ran beside the builds, and left statistics on the parent and on every partition with rows.
+    (beside,), = query(db_dsn, "SELECT detail->>'beside_builds' FROM mover.events WHERE kind = 'analyzed'")
+    assert beside == "true"
+    assert query(db_dsn, "SELECT count(*) > 0 FROM pg_statistic WHERE starelid = 'events_new'::regclass"
+                         " AND stainherit") == [(True,)]
+    unanalyzed = query(db_dsn, "SELECT h.inhrelid::regclass::text FROM pg_inherits h"
+                               " JOIN pg_class c ON c.oid = h.inhrelid"
+                               " WHERE h.inhparent = 'events_new'::regclass AND c.reltuples > 0"
+                               " AND NOT EXISTS (SELECT FROM pg_statistic s WHERE s.starelid = h.inhrelid)")
+    assert unanalyzed == []
+    assert query(db_dsn, "SELECT count(*) FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid"
+                         " WHERE h.inhparent = 'events_new'::regclass AND c.reltuples > 0")[0][0] >= 20
 
 
 def drain_and_judge(dsn: str, writer: EventWriter, *tables: str) -> None:

@@ -168,6 +168,19 @@ window = "1h"
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
 
 
+def test_an_expression_index_is_built_before_analyze_gathers_its_statistics(db_dsn, tmp_path):
+    """ANALYZE gathers an expression index's statistics only if the index exists: with one among
+    the deferred indexes it runs after the builds, not beside them, and the statistics are there."""
+    create_orders(db_dsn, 3_000)
+    execute(db_dsn, 'CREATE INDEX orders_lower_status ON "Orders" (lower(status))')
+    p = write_plan(tmp_path / "ix.toml", '[migration]\nname = "ix"\nsource = \'public."Orders"\'\n')
+    code, err = finish(spawn(db_dsn, "run", p), 120)
+    assert code == 3, err
+    assert query(db_dsn, "SELECT detail->>'beside_builds' FROM mover.events WHERE kind = 'analyzed'") == [("false",)]
+    assert query(db_dsn, "SELECT count(*) > 0 FROM pg_statistic WHERE starelid = 'orders_lower_status_m1'::regclass"
+                 ) == [(True,)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Persistence
 

@@ -173,7 +173,8 @@ def test_an_expression_index_is_built_before_analyze_gathers_its_statistics(db_d
     the deferred indexes it runs after the builds, not beside them, and the statistics are there."""
     create_orders(db_dsn, 3_000)
     execute(db_dsn, 'CREATE INDEX orders_lower_status ON "Orders" (lower(status))')
-    p = write_plan(tmp_path / "ix.toml", '[migration]\nname = "ix"\nsource = \'public."Orders"\'\n')
+    p = write_plan(tmp_path / "ix.toml",
+                   '[migration]\nname = "ix"\nsource = \'public."Orders"\'\n[rollback]\nwindow = "1h"\n')
     code, err = finish(spawn(db_dsn, "run", p), 120)
     assert code == 3, err
     assert query(db_dsn, "SELECT detail->>'beside_builds' FROM mover.events WHERE kind = 'analyzed'") == [("false",)]

@@ -8,8 +8,9 @@ Invariants:
 - Ranges are claimed from mover/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling).
 - Range sizes adapt so that one range takes about [backfill] target_range_ms, within
   min_rows / max_rows; the process never holds more than one range's bounds per worker.
-- Workers also apply the change log between ranges (one applier at a time, capture.py), so
-  the log stays short while the copy runs.
+- The change log is applied while the copy runs, so that it stays short: by an applier session
+  of its own beside the workers (so a lone worker need not stop copying for it), and by the
+  workers between ranges when the applier is not at it (one applier at a time, capture.py).
 - Pause, the rows/s cap and replica lag make workers wait between ranges, never inside one.
 - Secondary indexes are built after the copy with a plain CREATE INDEX, each in a transaction of
   its own, up to [backfill] index_builds at once in sessions of their own. Nothing but mover
@@ -48,6 +49,7 @@ log = logging.getLogger("mover.backfill")
 
 KIND = "backfill"
 IDLE_WAIT_SECONDS = 0.2
+APPLY_IDLE_SECONDS = 0.2
 
 
 def next_range_rows(current: int, rows: int, ms: float, s: BackfillSettings) -> int:
@@ -230,8 +232,35 @@ def copy_range(cur: psycopg.Cursor, ctx: Context, m: Mapping, lo: list[str] | No
     return copy_range(cur, ctx, m, lo, middle) + copy_range(cur, ctx, m, middle, hi)
 
 
+class Applier(ranges.RangeWorker):
+    """Applies the change log while the workers copy, in a session of its own: what the writers
+    changed in copied ranges is replayed beside the copy instead of between its ranges. The
+    same batches as the workers' (capture.drain: the applier lock, keys of done ranges only),
+    so they never replay a key concurrently; waits, as they do, while mover is paused or a
+    replica lags. Ends when `done` is set (the workers have stopped)."""
+
+    def __init__(self, ctx: Context, done: threading.Event):
+        super().__init__(ctx.db.dsn, ctx.migration, f"{control.new_owner_id()}:applier", stop=ctx.stop,
+                         lost=ctx.lease_lost, registry=set(), report=ctx.report)
+        self.done = done
+
+    def _run(self) -> None:
+        settings = self.ctx.plan.backfill
+        pacer = throttle.Throttle(limits(settings), settings.workers)
+        while not self.done.is_set():
+            self.ctx.checkpoint()
+            m = self.ctx.refresh()
+            if m.state == "aborted" or m.step != "backfill":
+                return
+            if self.db.transaction(bind(pacer.reason, m.paused)):
+                self.done.wait(1.0)
+                continue
+            if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed < capture.BATCH:
+                self.done.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+
+
 def copy_all(ctx: Context) -> None:
-    """Run [backfill] workers in this process until every range is copied."""
+    """Run [backfill] workers in this process, and the applier beside them, until every range is copied."""
     settings = ctx.plan.backfill
     def prepare(cur: psycopg.Cursor) -> tuple[int, int]:
         ranges.ensure_frontier(cur, ctx.mid, KIND)
@@ -244,7 +273,18 @@ def copy_all(ctx: Context) -> None:
     workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
                for i in range(settings.workers)]
-    ranges.run_workers(workers, "worker")
+    done = threading.Event()
+    applier = Applier(ctx, done)
+    thread = threading.Thread(target=applier.run, name="mover-applier", daemon=True)
+    thread.start()
+    try:
+        ranges.run_workers(workers, "worker")
+    finally:
+        done.set()
+        while thread.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
+            thread.join(0.5)
+    if applier.error is not None:
+        raise applier.error
     ctx.checkpoint()
     ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
 

@@ -96,6 +96,31 @@ def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path)
     assert writer.errors == []
 
 
+def test_the_log_is_applied_while_the_only_worker_copies_a_range(db_dsn, tmp_path):
+    """The applier replays the writers' changes to copied ranges beside the copy: with the only
+    worker held inside its third range's transaction, changes to the first two ranges reach the
+    new table meanwhile (without the applier they would wait for that range to end)."""
+    create_orders(db_dsn, 3_000)
+    release = tmp_path / "release"
+    proc = spawn(db_dsn, "run", plan_file(tmp_path, workers=1),
+                 env={"MOVER_FAULT": "hang@range_copied:3", "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        assert "hanging at range_copied:3" in proc.stderr.readline()
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            app_execute(conn, 'UPDATE {t} SET "Account" = -1, note = \'applied beside\' WHERE id IN (10, 700)')
+        wait_for(lambda: query(db_dsn, 'SELECT count(*) FROM "Orders_new" WHERE id IN (10, 700)'
+                                       " AND note = 'applied beside'") == [(2,)],
+                 "the changes to copied ranges to be applied", 30)
+        assert proc.poll() is None  # still inside range 3
+        release.touch()
+        code, err = finish(proc, 120)
+        assert code == 3, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
 def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
     # 20 capped ranges of 1,000 rows, one per 500 ms: ~9 s of copy left after the first two, room

@@ -281,8 +281,7 @@ def copy_all(ctx: Context) -> None:
         ranges.run_workers(workers, "worker")
     finally:
         done.set()
-        while thread.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
-            thread.join(0.5)
+        ranges.join(thread)
     if applier.error is not None:
         raise applier.error
     ctx.checkpoint()
@@ -460,8 +459,7 @@ class _Builds:
             t.start()
         self._session(self.ctx.db)
         for t in threads:
-            while t.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
-                t.join(0.5)
+            ranges.join(t)
         if self.error is not None:
             raise self.error
 
@@ -544,14 +542,15 @@ class Analyze:
     gathers their statistics only from indexes that exist), and not behind a transaction-mode
     pooler (no session timeouts there): then after the builds, in a transaction, as before."""
 
+    # A partition's build holds the lock ANALYZE waits for as long as that build takes.
+    LOCK_TIMEOUT = "30min"
+
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
         self.started = 0.0
         self.ms = 0.0
-
-    LOCK_TIMEOUT = "30min"
 
     @property
     def beside(self) -> bool:
@@ -579,7 +578,6 @@ class Analyze:
     def _beside(self) -> None:
         db = Database(self.ctx.db.dsn)
         try:
-            # A partition's build holds its lock for as long as that build takes.
             db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
             self.ms = (time.monotonic() - self.started) * 1000
         except BaseException as exc:  # raised by finish(), in the step's thread
@@ -595,8 +593,7 @@ class Analyze:
             self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",
                                     label="analyze")
             return (time.monotonic() - started) * 1000
-        while self.thread.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
-            self.thread.join(0.5)
+        ranges.join(self.thread)
         if self.error is not None:
             raise self.error
         return self.ms
@@ -606,8 +603,7 @@ class Analyze:
         failure of its own is said here). The resume runs it again."""
         if self.thread is None:
             return
-        while self.thread.is_alive():
-            self.thread.join(0.5)
+        ranges.join(self.thread)
         if self.error is not None:
             log.error("ANALYZE of %s beside the index builds also failed: %s: %s", self.ctx.new,
                       type(self.error).__name__, self.error)

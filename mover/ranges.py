@@ -363,18 +363,22 @@ class RangeWorker:
             self.db.close()
 
 
+def join(thread: threading.Thread) -> None:
+    """Wait for a thread, in slices so that Ctrl-C still reaches the waiting (main) thread."""
+    while thread.is_alive():
+        thread.join(0.5)
+
+
 def run_workers(workers: Sequence[RangeWorker], name: str) -> None:
     """Run workers[0] in this thread and the others in threads of their own; the first error
     any of them kept is raised once all have stopped."""
-    import threading
     threads = [threading.Thread(target=w.run, name=f"mover-{name}-{i}", daemon=True)
                for i, w in enumerate(workers[1:], 1)]
     for t in threads:
         t.start()
     workers[0].run()
     for t in threads:
-        while t.is_alive():  # joined in slices so that Ctrl-C still reaches this thread
-            t.join(0.5)
+        join(t)
     errors = [w.error for w in workers if w.error is not None]
     if errors:
         raise errors[0]

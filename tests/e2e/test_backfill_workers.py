@@ -199,7 +199,8 @@ def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_pat
     proc = spawn(db_dsn, "run", plan_file(tmp_path, workers=1), env={"MOVER_FAULT": "hang@index_building"})
     try:
         assert "hanging at index_building" in proc.stderr.readline()
-        # What a crash in the middle of CREATE INDEX CONCURRENTLY leaves: an invalid index by that name.
+        # What a crash in the middle of CREATE INDEX CONCURRENTLY (an earlier version's build) leaves:
+        # an invalid index by that name.
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             name = conn.execute("SELECT 'Orders by account_m' || id FROM mover.migrations").fetchone()[0]
             try:

@@ -10,8 +10,6 @@ import time
 import uuid
 
 import psycopg
-import pytest
-from psycopg import sql
 
 from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
 
@@ -71,15 +69,12 @@ def same_rows(dsn, a, b):
 # kill -9 during an index build
 
 
+IX_PLAN = '[migration]\nname = "ix"\nsource = \'public."Orders"\'\n[rollback]\nwindow = "1h"\n'
+
+
 def test_kill9_during_an_index_build_then_resume_cancels_the_orphan(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    p = write_plan(tmp_path / "ix.toml", """
-[migration]
-name = "ix"
-source = 'public."Orders"'
-[rollback]
-window = "1h"
-""")
+    p = write_plan(tmp_path / "ix.toml", IX_PLAN)
     release = tmp_path / "release"
     proc = spawn(db_dsn, "run", p, env={"MOVER_FAULT": "hang@index_building", "MOVER_FAULT_RELEASE": str(release)})
     blocker = psycopg.connect(db_dsn)
@@ -135,46 +130,12 @@ window = "1h"
     assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
 
 
-def test_an_invalid_index_left_by_an_interrupted_concurrent_build_is_dropped_and_rebuilt(db_dsn, tmp_path):
-    """An index of the deferred name left invalid in the catalog (what an interrupted CREATE INDEX
-    CONCURRENTLY of an earlier version leaves): the resume drops it and builds it as the source's."""
-    create_orders(db_dsn, 3_000)
-    p = write_plan(tmp_path / "ix.toml", """
-[migration]
-name = "ix"
-source = 'public."Orders"'
-[rollback]
-window = "1h"
-""")
-    r = mover(db_dsn, "run", p, env={"MOVER_FAULT": "kill@index_building"})
-    assert r.returncode == -9, r.stderr
-    (name,), = query(db_dsn, "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = '\"Orders\"'::regclass"
-                             " AND NOT indisprimary")
-    name = name.strip('"') + "_m1"
-    # A unique build over duplicate values fails and leaves its index invalid.
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            conn.execute(sql.SQL('CREATE UNIQUE INDEX CONCURRENTLY {} ON "Orders_new" (status)').format(
-                sql.Identifier(name)))
-    assert query(db_dsn, "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(quote_ident(%s))",
-                 (name,)) == [(False,)]
-    code, err = finish(spawn(db_dsn, "run", "ix"), 120)
-    assert code == 3, err
-    assert "is invalid (a build was interrupted); rebuilding" in err, err
-    (valid, unique, definition), = query(
-        db_dsn, "SELECT i.indisvalid, i.indisunique, pg_get_indexdef(i.indexrelid) FROM pg_index i"
-                " WHERE i.indrelid = '\"Orders_new\"'::regclass AND NOT i.indisprimary")
-    assert valid and not unique and '("Account", created_at)' in definition
-    assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
-
-
 def test_an_expression_index_is_built_before_analyze_gathers_its_statistics(db_dsn, tmp_path):
     """ANALYZE gathers an expression index's statistics only if the index exists: with one among
     the deferred indexes it runs after the builds, not beside them, and the statistics are there."""
     create_orders(db_dsn, 3_000)
     execute(db_dsn, 'CREATE INDEX orders_lower_status ON "Orders" (lower(status))')
-    p = write_plan(tmp_path / "ix.toml",
-                   '[migration]\nname = "ix"\nsource = \'public."Orders"\'\n[rollback]\nwindow = "1h"\n')
+    p = write_plan(tmp_path / "ix.toml", IX_PLAN)
     code, err = finish(spawn(db_dsn, "run", p), 120)
     assert code == 3, err
     assert query(db_dsn, "SELECT detail->>'beside_builds' FROM mover.events WHERE kind = 'analyzed'") == [("false",)]

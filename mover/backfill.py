@@ -9,8 +9,8 @@ Invariants:
 - Range sizes adapt so that one range takes about [backfill] target_range_ms, within
   min_rows / max_rows; the process never holds more than one range's bounds per worker.
 - The change log is applied while the copy runs, so that it stays short: by an applier session
-  of its own beside the workers (so a lone worker need not stop copying for it), and by the
-  workers between ranges when the applier is not at it (one applier at a time, capture.py).
+  of its own beside the orchestrator's workers (so they need not stop copying for it), and by
+  `mover worker` processes between their ranges (one applier at a time, capture.py).
 - Pause, the rows/s cap and replica lag make workers wait between ranges, never inside one.
 - Secondary indexes are built after the copy with a plain CREATE INDEX, each in a transaction of
   its own, up to [backfill] index_builds at once in sessions of their own. Nothing but mover
@@ -72,9 +72,13 @@ class Worker(ranges.RangeWorker):
     Runs in the orchestrator's process (as a thread) or alone (`mover worker NAME`)."""
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
-                 lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1):
+                 lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1,
+                 applier_beside: bool = False):
         super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report)
         self.n_workers = n_workers
+        # An Applier runs in this process (copy_all): the worker goes straight on to its next
+        # range. A `mover worker` process on its own applies between its ranges.
+        self.applier_beside = applier_beside
         self._pending_checked = 0.0
 
     def _run(self) -> None:
@@ -146,7 +150,8 @@ class Worker(ranges.RangeWorker):
                     psycopg.Cursor.execute, "UPDATE mover.workers SET range_rows = %s, rows_done = rows_done + %s"
                     " WHERE migration_id = %s AND worker_id = %s", (pacer.range_rows(rows_hint), rows, mid,
                                                                      self.wid)))
-                capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
+                if not self.applier_beside:
+                    capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
                 pending = None
                 if time.monotonic() - self._pending_checked > 2:
                     self._pending_checked = time.monotonic()
@@ -271,7 +276,7 @@ def copy_all(ctx: Context) -> None:
     estimate, copied = ctx.db.transaction(prepare)
     ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
     workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
-                      registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
+                      registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True)
                for i in range(settings.workers)]
     done = threading.Event()
     applier = Applier(ctx, done)

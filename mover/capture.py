@@ -92,7 +92,7 @@ class Applied:
 def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> bool:
     fn = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
     cur.execute(sql.SQL("SELECT {}(hashtext(%s), %s::int)").format(sql.Identifier(fn)),
-                ("mover.apply.reverse" if reverse else "mover.apply", mid))
+                (control.APPLIER_LOCKS[1 if reverse else 0], mid))
     got = one(cur)[0]
     return True if wait else bool(got)
 

@@ -16,6 +16,7 @@ mover/backfill.py, the change logs and mover.capture_stats to mover/capture.py.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import uuid
@@ -32,6 +33,8 @@ from psycopg.rows import dict_row
 from mover.db import one
 from mover.errors import BadInput, Failed, LeaseHeld, LeaseLost, NotFound
 from mover.names import CONTROL_SCHEMA, QualifiedName
+
+log = logging.getLogger("mover.control")
 
 STEPS = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
 LEASE_SECONDS = 30
@@ -550,8 +553,30 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
         (owner, host, pid, LEASE_SECONDS, m.id),
     )
     if holder is not None and holder != owner:
+        ended = end_stale_appliers(cur, m.id)
         event(cur, m.id, owner, None, "lease_taken_over", f"lease taken over from {holder}",
-              {"previous": holder, "previous_live": bool(live)})
+              {"previous": holder, "previous_live": bool(live), "applier_sessions_ended": ended})
+
+
+APPLIER_LOCKS = ("mover.apply", "mover.apply.reverse")  # capture.py's advisory locks, keyed (name, migration)
+
+
+def end_stale_appliers(cur: psycopg.Cursor, mid: int) -> list[int]:
+    """At a takeover: end every other session holding the migration's applier lock. The process
+    whose lease expired may be stalled rather than dead (a paused VM, SIGSTOP) inside a replay
+    batch, and a transaction that never ends would keep every later applier out (their batches
+    only try the lock). A live `mover worker` caught in a batch retries it on a new connection;
+    the stalled process finds its connection gone, then its lease lost. Returns their pids."""
+    cur.execute(
+        "SELECT pid, pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        # pg_advisory_xact_lock(int4, int4) shows its keys as classid, objid (unsigned) and objsubid 2
+        " AND classid::bigint IN (SELECT hashtext(n)::bigint & 4294967295 FROM unnest(%s::text[]) n)"
+        " AND objid::bigint = %s AND objsubid = 2 AND pid <> pg_backend_pid()", (list(APPLIER_LOCKS), mid))
+    pids = [r[0] for r in cur.fetchall()]
+    if pids:
+        log.warning("ended the sessions %s holding the applier lock of migration %s at the takeover", pids, mid)
+    return pids
 
 
 def heartbeat(cur: psycopg.Cursor, mid: int, owner: str) -> bool:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import re
 
+import psycopg
 import pytest
 
-from mover import api, control, steps
+from mover import api, capture, control, steps
 from mover.db import Database
 from mover.errors import BadInput, LeaseLost, Waiting
 from tests.workload import create_orders, write_plan
@@ -146,4 +147,36 @@ def test_a_lease_released_by_finishing_is_not_reported_lost(db_dsn, tmp_path):
         db.transaction(lambda cur: control.mark_aborted(cur, m, "me"))  # releases the lease
         assert db.transaction(lambda cur: control.heartbeat(cur, m.id, "me"))  # finished, not lost
     finally:
+        db.close()
+
+
+def test_a_takeover_ends_the_stale_holder_of_the_applier_lock(db_dsn, tmp_path):
+    """A process whose lease expired while it was stalled inside a replay batch keeps the applier
+    lock for as long as it is stalled; every later batch only tries the lock, so nothing would
+    be applied. The process taking the lease over ends that session."""
+    create_orders(db_dsn, 100)
+    plan = write_plan(tmp_path / "orders.toml", PLAN)
+    api.run(db_dsn, plan, one_step=True)
+    db, stalled = Database(db_dsn), psycopg.connect(db_dsn)
+    try:
+        m = db.transaction(lambda cur: control.get(cur, "orders_sm"))
+        db.transaction(lambda cur: control.acquire_lease(cur, m, "stalled"))
+        capture.lock_applier(stalled.cursor(), m.id, False)  # its batch, never committed
+        stalled_pid = stalled.info.backend_pid
+        db.transaction(lambda cur: cur.execute(
+            "UPDATE mover.migrations SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = %s",
+            (m.id,)))
+        db.transaction(lambda cur: control.acquire_lease(cur, m, "taker"))
+        (ended,), = db.transaction(lambda cur: cur.execute(
+            "SELECT detail->'applier_sessions_ended' FROM mover.events WHERE kind = 'lease_taken_over'"
+            " ORDER BY id DESC LIMIT 1").fetchall())
+        assert ended == [stalled_pid]
+        with pytest.raises(psycopg.OperationalError):
+            stalled.execute("SELECT 1")
+        # The lock is free again: a batch gets it.
+        assert db.transaction(lambda cur: capture._lock_applier(cur, m.id, False, wait=False))
+        # A takeover from nobody, or of one's own lease, ends nothing.
+        db.transaction(lambda cur: control.acquire_lease(cur, m, "taker"))
+    finally:
+        stalled.close()
         db.close()

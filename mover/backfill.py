@@ -244,6 +244,8 @@ class Applier(ranges.RangeWorker):
     so they never replay a key concurrently; waits, as they do, while mover is paused or a
     replica lags. Ends when `done` is set (the workers have stopped)."""
 
+    role = "mover-applier"  # its own name in pg_stat_activity: its transactions are not a worker's
+
     def __init__(self, ctx: Context, done: threading.Event):
         super().__init__(ctx.db.dsn, ctx.migration, f"{control.new_owner_id()}:applier", stop=ctx.stop,
                          lost=ctx.lease_lost, registry=set(), report=ctx.report)

@@ -2,9 +2,9 @@
 the swap back, retire, abort, the capture's install).
 
 Before the attempt: autovacuum is paused on the two tables (`autovacuum_enabled = off`; on each
-partition of a partitioned one) and a running autovacuum worker on them is cancelled (it would
-hold SHARE UPDATE EXCLUSIVE until the deadlock detector made it yield, about a second into our
-lock wait); sessions whose open transaction holds a lock on them are named. The pause is
+partition of a partitioned one), and in each attempt's transaction, just before its lock, a
+running autovacuum worker on them is cancelled (it would hold SHARE UPDATE EXCLUSIVE until the
+deadlock detector made it yield, about a second into our lock wait); sessions whose open transaction holds a lock on them are named. The pause is
 recorded as an event in the same transaction that sets it, and restored after the attempt, or at
 the next run after a crash (`restore_pending`). When the attempts are spent, the sessions still
 holding locks are named in the Waiting error (and so in `mover status`); with `[cutover]
@@ -213,21 +213,33 @@ def _cancel(cur: psycopg.Cursor, pid: int, terminate: bool) -> bool:
         return False
 
 
-def cancel_autovacuum(ctx: Context, tables: Sequence[QualifiedName]) -> list[int]:
-    """Cancel autovacuum workers on `tables`: one would make our lock wait until the deadlock
-    detector makes it yield anyway; with autovacuum paused it does not come back meanwhile."""
-    def go(cur: psycopg.Cursor) -> list[int]:
-        # A worker on a partition locks the partition only: the partitions are looked at too.
-        found = [b for b in blockers(cur, [t for _, t in storage_tables(cur, tables)]) if b.autovacuum]
-        return [b.pid for b in found if _cancel(cur, b.pid, terminate=False)]
-    pids = ctx.db.transaction(go, label="cancel autovacuum")
-    if pids:
-        ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, ctx.migration.step,
-                                                     "autovacuum_cancelled",
-                                                     f"cancelled autovacuum worker(s) {pids} on the tables",
-                                                     {"pids": pids}), label="record")
-        ctx.report("autovacuum_cancelled", pids=pids)
-    return pids
+def _cancel_autovacuum(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list[int]:
+    # A worker on a partition locks the partition only: the partitions are looked at too.
+    found = [b for b in blockers(cur, [t for _, t in storage_tables(cur, tables)]) if b.autovacuum]
+    return [b.pid for b in found if _cancel(cur, b.pid, terminate=False)]
+
+
+def clearing_autovacuum(tables: Sequence[QualifiedName], fn: Callable[[psycopg.Cursor], T],
+                        cancelled: list[int]) -> Callable[[psycopg.Cursor], T]:
+    """`fn`, with the autovacuum workers on `tables` cancelled first in the same transaction (their
+    pids added to `cancelled`). Each attempt clears anew: a cancelled worker does not exit, it goes
+    on to the next table in its list -- which may be our other table -- and the cancel's signal is
+    sent at once, so the lock we ask for next waits only for the worker to roll back."""
+    def go(cur: psycopg.Cursor) -> T:
+        cancelled.extend(pid for pid in _cancel_autovacuum(cur, tables) if pid not in cancelled)
+        return fn(cur)
+    return go
+
+
+def record_cancelled(ctx: Context, pids: list[int]) -> None:
+    """The autovacuum_cancelled event (and output line) for the workers `clearing_autovacuum` cancelled."""
+    if not pids:
+        return
+    ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, ctx.migration.step,
+                                                 "autovacuum_cancelled",
+                                                 f"cancelled autovacuum worker(s) {pids} on the tables",
+                                                 {"pids": pids}), label="record")
+    ctx.report("autovacuum_cancelled", pids=pids)
 
 
 def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: list[Blocker]) -> list[dict[str, Any]]:
@@ -283,27 +295,27 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
     referencing = ctx.db.transaction(bind(referencing_tables, tables), label="referencing tables")
     watched = list(dict.fromkeys([*tables, *extra_tables, *referencing]))
     restore_pending(ctx)
-    # A running worker holds the SHARE UPDATE EXCLUSIVE lock the pause's ALTER TABLE needs: cancelled
-    # first, and once more after the pause (one may have started in between).
-    cancel_autovacuum(ctx, tables)
+    cancelled: list[int] = []
     try:
-        ctx.db.transaction(bind(pause_autovacuum, ctx, tables), lock_timeout=f"{c.lock_timeout_ms}ms",
-                           attempts=3, label="pause autovacuum")
+        # A running worker holds the SHARE UPDATE EXCLUSIVE lock the pause's ALTER TABLE needs.
+        ctx.db.transaction(clearing_autovacuum(tables, bind(pause_autovacuum, ctx, tables), cancelled),
+                           lock_timeout=f"{c.lock_timeout_ms}ms", attempts=3, label="pause autovacuum")
     except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as exc:
         # ALTER TABLE SET takes SHARE UPDATE EXCLUSIVE (a running VACUUM or index build holds it)
         # and needs ownership: without the pause, the lock attempt goes on as before.
         log.warning("could not pause autovacuum on %s (%s); going on without", ", ".join(map(str, tables)),
                     type(exc).__name__)
+    record_cancelled(ctx, cancelled)
+    cancelled = []
     try:
         faults.point("lock:paused")
-        cancel_autovacuum(ctx, tables)
         early = ctx.db.transaction(bind(blockers, watched, min_age_s=c.lock_timeout_ms / 1000), label="blockers")
         if early:
             ctx.report("lock_blockers", what=what, sessions=describe_all(early))
 
         def attempt() -> T:
-            return ctx.db.transaction(fn, lock_timeout=f"{c.lock_timeout_ms}ms", statement_timeout=statement_timeout,
-                                      attempts=c.attempts, label=label)
+            return ctx.db.transaction(clearing_autovacuum(tables, fn, cancelled), lock_timeout=f"{c.lock_timeout_ms}ms",
+                                      statement_timeout=statement_timeout, attempts=c.attempts, label=label)
         try:
             return attempt()
         except psycopg.errors.LockNotAvailable as exc:
@@ -317,6 +329,7 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
             found = ctx.db.transaction(bind(blockers, watched), label="blockers")
             raise _blocked(ctx, tables[0], what, retry, found) from exc
     finally:
+        record_cancelled(ctx, cancelled)
         restore_pending(ctx, after_crash=False)
 
 

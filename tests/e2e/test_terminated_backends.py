@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.test_crash_resume import PLAN
 from tests.workload import Writer, assert_oracle, create_orders, finish, mover, spawn, write_plan
 
-ALL = ("mover", "mover-worker", "mover-reconcile", "mover-heartbeat")
+ALL = ("mover", "mover-worker", "mover-applier", "mover-reconcile", "mover-heartbeat")
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def hang_terminate_release(dsn, tmp_path, args, point, kinds, must):
 
 @pytest.mark.parametrize("point, kinds, must", [
     ("range_copied:3", ("mover-worker",), ("mover-worker",)),  # a worker inside its copy transaction
-    ("backfill_range:2", ALL, ("mover", "mover-worker", "mover-heartbeat")),  # every connection, between ranges
+    ("backfill_range:2", ALL, ("mover", "mover-worker", "mover-applier", "mover-heartbeat")),  # every connection, between ranges
     ("reconcile_compared:1", ALL, ("mover-heartbeat",)),  # inside a reconcile range's transaction
 ])
 def test_terminated_backends_before_cutover_lose_nothing(db_dsn, orders, tmp_path, point, kinds, must):

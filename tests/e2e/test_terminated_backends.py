@@ -78,7 +78,8 @@ def hang_terminate_release(dsn, tmp_path, args, point, kinds, must):
 
 @pytest.mark.parametrize("point, kinds, must", [
     ("range_copied:3", ("mover-worker",), ("mover-worker",)),  # a worker inside its copy transaction
-    ("backfill_range:2", ALL, ("mover", "mover-worker", "mover-applier", "mover-heartbeat")),  # every connection, between ranges
+    # every connection, between ranges
+    ("backfill_range:2", ALL, ("mover", "mover-worker", "mover-applier", "mover-heartbeat")),
     ("reconcile_compared:1", ALL, ("mover-heartbeat",)),  # inside a reconcile range's transaction
 ])
 def test_terminated_backends_before_cutover_lose_nothing(db_dsn, orders, tmp_path, point, kinds, must):

@@ -5,11 +5,11 @@ Before the attempt: autovacuum is paused on the two tables (`autovacuum_enabled 
 partition of a partitioned one), and in each attempt's transaction, just before its lock, a
 running autovacuum worker on them is cancelled (it would hold SHARE UPDATE EXCLUSIVE until the
 deadlock detector made it yield, about a second into our lock wait); sessions whose open
-transaction holds a lock on them are named. The pause is recorded as an event in the same transaction that sets it, and restored after the attempt, or at
-the next run after a crash (`restore_pending`). When the attempts are spent, the sessions still
-holding locks are named in the Waiting error (and so in `mover status`); with `[cutover]
-terminate_blockers` they are cancelled, terminated after `blocker_grace`, reported, and the
-transaction is tried once more.
+transaction holds a lock on them are named. The pause is recorded as an event in the same
+transaction that sets it, and restored after the attempt, or at the next run after a crash
+(`restore_pending`). When the attempts are spent, the sessions still holding locks are named in
+the Waiting error (and so in `mover status`); with `[cutover] terminate_blockers` they are
+cancelled, terminated after `blocker_grace`, reported, and the transaction is tried once more.
 """
 
 from __future__ import annotations

@@ -224,10 +224,7 @@ def copy_range(cur: psycopg.Cursor, ctx: Context, m: Mapping, lo: list[str] | No
         if exc is not None and keys:
             message = str(exc).splitlines()[0]
             control.record_divergence(cur, ctx.mid, keys[0], "apply_error",
-                                      {"error": message, "sqlstate": exc.sqlstate, "direction": "forward",
-                                       "during": "backfill",
-                                       # e.g. "Partition key of the failing row contains (...) = (...)"
-                                       **({"detail": exc.diag.message_detail} if exc.diag.message_detail else {})})
+                                      {**capture.data_error(exc), "direction": "forward", "during": "backfill"})
             control.event(cur, ctx.mid, ctx.owner, KIND, "apply_error",
                           f"copying key {keys[0]} into {m.dst} failed: {message}")
         elif exc is not None:

@@ -190,10 +190,7 @@ def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: 
     failed = replay_set(cur, m, keys)
     reverse = m.src == ctx.new
     for key, exc in failed.items():
-        columns = {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate,
-                   "direction": "reverse" if reverse else "forward"}
-        if exc.diag.message_detail:  # e.g. the value that no partition takes
-            columns["detail"] = exc.diag.message_detail
+        columns = {**data_error(exc), "direction": "reverse" if reverse else "forward"}
         # A row the application keeps changing fails at each replay: one open divergence per key.
         cur.execute("SELECT id FROM mover.divergences WHERE migration_id = %s AND key = %s AND kind = 'apply_error'"
                     " AND resolved_at IS NULL AND columns->>'direction' = %s ORDER BY id LIMIT 1",
@@ -214,6 +211,19 @@ def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: 
 
 # A replay that fails on the data (class 22 or 23) is contained; anything else is a real error.
 DATA_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
+
+
+def data_error(exc: psycopg.Error) -> dict[str, Any]:
+    """What an apply_error divergence records of a copy or replay that failed on a row's data."""
+    out: dict[str, Any] = {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate}
+    if exc.diag.message_detail:  # e.g. "Partition key of the failing row contains (...) = (...)"
+        out["detail"] = exc.diag.message_detail
+    return out
+
+
+def no_partition(exc: psycopg.Error) -> bool:
+    """The row's value has no partition in a partitioned destination without a DEFAULT one."""
+    return exc.sqlstate == "23514" and (exc.diag.message_primary or "").startswith("no partition of relation")
 CLOSURE_ROUNDS = 20  # a swap or a cycle closes in a round or two; a chain of n rows in n
 CLOSURE_MAX_KEYS = 50_000
 CLOSURE_ATTEMPTS = 3
@@ -378,14 +388,14 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
 
 
 def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composed,
-                keys: list[list[str]], mapping: Mapping | None = None) -> dict[tuple[Any, ...], str]:
+                keys: list[list[str]], mapping: Mapping | None = None) -> dict[tuple[Any, ...], psycopg.Error]:
     """Replay the given keys by state now (`mover repair`), in the caller's transaction, holding
     the forward applier's lock so no batch replays the same keys from another snapshot (race 2).
     `statement` is sql.capture.replay_keys() for `mapping`, the mapping whose key types the keys
     are in; with the mapping, a key that fails alone is replayed with the keys it conflicts with
     (race 7). Returns the keys that failed on data (class 22 or 23), with the error."""
     _lock_applier(cur, ctx.mid, False, wait=True)
-    failed: dict[tuple[Any, ...], str] = {}
+    failed: dict[tuple[Any, ...], psycopg.Error] = {}
     for key in dict.fromkeys(tuple(k) for k in keys):
         cur.execute("SAVEPOINT mover_key")
         try:
@@ -401,5 +411,5 @@ def replay_keys(cur: psycopg.Cursor, ctx: Context, statement: sql.Composed,
                 continue
             except DATA_ERRORS:
                 pass  # the key's own error names it; its closure's may be another row's
-        failed[key] = f"{str(error).splitlines()[0]} [{error.sqlstate}]"
+        failed[key] = error
     return failed

@@ -641,6 +641,8 @@ def repair(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
         out.print(f"{r['repaired']} divergences repaired, {r['still_open']} still differ, {r['failed']} failed")
         for line in r["errors"]:
             err.print(f"  {line}", highlight=False, markup=False)
+        if r["hint"]:
+            err.print(f"next: {r['hint']}", highlight=False, markup=False)
     _still_open(result["status"])
 
 

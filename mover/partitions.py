@@ -310,8 +310,10 @@ def check_plan(cur: psycopg.Cursor, spec: PartitionSpec, source: names.Qualified
     lay = layout(cur, spec, source, source.name, target.schema)
     if lay.missing:
         raise PlanError(f"[target.partition]: rows of {source} would have no partition: {'; '.join(lay.missing)}",
-                        hint="add the values to [target.partition] values, or set default = true for a "
-                             "DEFAULT partition")
+                        hint=("add the values to [target.partition] values, or set default = true for a "
+                              "DEFAULT partition") if spec.by == "list" else
+                             ("set default = true for a DEFAULT partition, or give those rows a value in "
+                              f"{', '.join(names.display_ident(c) for c in spec.columns)} first"))
     for p in lay.partitions:
         if introspect.exists(cur, names.QualifiedName(target.schema, p.name)):
             raise PlanError(f"[target.partition] name: partition {p.name!r} would be created, but a table of "

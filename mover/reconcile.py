@@ -474,7 +474,7 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
     m = dataclasses.replace(spec.mapping, src_key_types=spec.dst_key_types)
     stmt = replay_keys_sql(m)
     rows = ctx.db.transaction(lambda cur: control.open_divergence_rows(cur, ctx.mid, did))
-    out: dict[str, Any] = {"repaired": 0, "still_open": 0, "failed": 0, "errors": []}
+    out: dict[str, Any] = {"repaired": 0, "still_open": 0, "failed": 0, "errors": [], "hint": None}
     for i in range(0, len(rows), REPAIR_BATCH):
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
@@ -488,7 +488,13 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
                 d = now.get(key)
                 if key in errors:
                     failed += 1
-                    messages.append(f"key {list(key)}: {errors[key]}")
+                    e = capture.data_error(errors[key])
+                    detail = f" ({e['detail']})" if "detail" in e else ""
+                    messages.append(f"key {list(key)}: {e['error']}{detail} [{e['sqlstate']}]")
+                    if capture.no_partition(errors[key]):
+                        out["hint"] = (f"no partition of {m.dst} takes the value shown: create one that does "
+                                       f"(CREATE TABLE ... PARTITION OF {m.dst} FOR VALUES ...), then run "
+                                       f"`mover repair {ctx.migration.name}` again")
                 elif d is None or d["pending"]:
                     done.append(r["id"])
                 else:

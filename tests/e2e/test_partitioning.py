@@ -290,8 +290,14 @@ def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_
             assert "2100-01-15" in " ".join(r[0] for r in rows)
             r = mover(db_dsn, "cutover", "events_part")
             assert r.returncode != 0
-            # The application gives those rows up; repair re-syncs them (gone now) and clears them.
+            # Repair cannot place them either: it names the value and the way out.
             writer.pause()
+            r = mover(db_dsn, "repair", "events_part")
+            err = " ".join(r.stderr.split())
+            assert r.returncode == 3 and "2100-01-15" in err, r.stderr
+            assert "next: no partition of \"public\".\"events_new\" takes the value shown" in err, r.stderr
+            assert status(db_dsn)["divergences"] >= 1  # still open: nothing was resolved by hiding it
+            # The application gives those rows up; repair re-syncs them (gone now) and clears them.
             query(db_dsn, mirrored_delete("DELETE FROM events WHERE created_at > '2099-01-01'")
                   + " RETURNING 1")  # moved ones too
             r = mover(db_dsn, "repair", "events_part")

@@ -168,6 +168,7 @@ class Planned:
 
     columns: frozenset[str] = frozenset()  # columns whose type the plan changes
     partitioned: bool = False  # the target is partitioned: its key and storage differ
+    partition_columns: frozenset[str] = frozenset()  # NOT NULL on the new table when its key is primary
     renames: dict[str, str] = field(default_factory=dict)  # name after -> name before (indexes, constraints)
     dropped_foreign_keys: frozenset[str] = frozenset()
     # Before the swap only: what the swap itself makes on the new table (publication membership,
@@ -211,6 +212,8 @@ def _planned_reason(d: Difference, p: Planned) -> str:
     if p.partitioned and d.kind in ("kind", "reloptions", "constraint", "index", "index_name", "constraint_name",
                                     "replica_identity"):
         return "[target.partition]: a partitioned table's key holds the partition columns and it stores no rows"
+    if d.kind == "column_not_null" and column in p.partition_columns:
+        return "[target.partition]: the primary key holds the partition columns, and a key's columns are NOT NULL"
     if d.kind in ("index_name", "constraint_name") and d.item in p.renames.values():
         return "the new table's objects carry mover's names"
     # Both ways: the swap back (rollback) compares the new table "before" with the original "after".
@@ -355,7 +358,8 @@ def renames(mid: int, source_desc: dict[str, Any], target_name: str, key_index: 
 
 
 def planned(plan: Plan, renamed: dict[str, str], *, at_swap: bool) -> Planned:
-    return Planned(columns=frozenset(plan.columns), partitioned=plan.partition is not None, renames=renamed,
+    return Planned(columns=frozenset(plan.columns), partitioned=plan.partition is not None,
+                   partition_columns=frozenset(plan.partition.columns if plan.partition else ()), renames=renamed,
                    dropped_foreign_keys=frozenset(plan.drop_foreign_keys), at_swap=at_swap,
                    accepted=frozenset(plan.cutover.accept_parity))
 

@@ -302,6 +302,17 @@ def check_plan(cur: psycopg.Cursor, spec: PartitionSpec, source: names.Qualified
         change = (f"the {kind} ({', '.join(info.key)}) becomes ({', '.join(new_key)}): "
                   f"({', '.join(info.key)}) alone is no longer enforced unique by the new table "
                   f"(PostgreSQL enforces uniqueness on a partitioned table only over the partition columns too)")
+        nullable = [c for c in new_key if c not in info.key and not have[c].not_null] if kind == "primary key" else []
+        if nullable:
+            change += (f"; a primary key's columns are NOT NULL, so {', '.join(map(names.display_ident, nullable))} "
+                       f"becomes NOT NULL")
+        for col in nullable:
+            cur.execute(q.has_null(source, col))
+            if one(cur)[0]:
+                raise PlanError(f"[target.partition]: rows of {source} have NULL in column {names.display_ident(col)}, "
+                                f"which the new primary key ({', '.join(new_key)}) cannot hold",
+                                hint=f"give those rows a value in {names.display_ident(col)} first, or partition by "
+                                     f"another column")
         if not spec.accept_key_change:
             raise PlanError(f"[target.partition]: {change}",
                             hint="if the application keeps that key unique itself, say so with "

@@ -504,6 +504,45 @@ def test_hash_and_list_conversions_under_writer(db_dsn, tmp_path, partition, exp
     assert writer.moved > 10
 
 
+def not_null(dsn: str, table: str, column: str) -> bool:
+    return query(dsn, "SELECT attnotnull FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s",
+                 table, column)[0][0]
+
+
+def test_a_nullable_partition_column_is_refused_while_it_holds_null_then_made_not_null_as_planned(db_dsn, tmp_path):
+    """The new primary key (id, tenant_id) makes a nullable partition column NOT NULL: plan check
+    refuses while a row holds NULL there (the copy could not place it), says so otherwise, and the
+    swap and the swap back count the NOT NULL as planned, not as a parity difference."""
+    create_events(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE events ALTER tenant_id DROP NOT NULL")
+        conn.execute("ALTER TABLE events_mirror ALTER tenant_id DROP NOT NULL")
+        conn.execute(mirrored("UPDATE events SET tenant_id = NULL WHERE id = 7"))
+    plan = plan_file(tmp_path, 'by = "hash"\ncolumn = "tenant_id"\nmodulus = 4\naccept_key_change = true\n')
+    r = mover(db_dsn, "plan", "check", plan)
+    assert r.returncode == 2 and "NULL in column \"tenant_id\"" in " ".join(r.stderr.split()), r.stderr
+    assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
+    query(db_dsn, mirrored("UPDATE events SET tenant_id = 3 WHERE id = 7") + " RETURNING 1")
+    r = mover(db_dsn, "plan", "check", plan)
+    assert r.returncode == 0 and "so \"tenant_id\" becomes NOT NULL" in " ".join(r.stdout.split()), r.stdout
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        assert not_null(db_dsn, "events_new", "tenant_id") and not not_null(db_dsn, "events", "tenant_id")
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+        r = mover(db_dsn, "rollback", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert relkind(db_dsn, "events") == "r" and not not_null(db_dsn, "events", "tenant_id")
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+    finally:
+        writer.halt()
+    assert writer.errors == []
+
+
 def test_refusals_name_the_cause_and_create_nothing(db_dsn, tmp_path):
     create_events(db_dsn)
 

@@ -462,12 +462,13 @@ def status(cur: psycopg.Cursor, source: names.QualifiedName, target: names.Quali
         typ = column_type(introspect.describe(cur, table), cols[0])
         if typ in TIME_TYPES:
             # The boundary the table crosses next, and how far past now the newest partition reaches.
-            cur.execute(sql.SQL("SELECT min(b) FILTER (WHERE b > now()), max(b) - now() FROM"
+            # As text from the server, like the bounds themselves (pg_get_expr), not Python's form.
+            cur.execute(sql.SQL("SELECT (min(b) FILTER (WHERE b > now()))::text, max(b) - now() FROM"
                                 " (SELECT CAST(u AS {}) AS b FROM unnest(%s::text[]) u) x").format(
                                 trusted(typ, "format_type")),
                         (uppers,))
             nxt, ahead = one(cur)
-            out["next_boundary"] = None if nxt is None else str(nxt)
+            out["next_boundary"] = nxt
             out["ahead"] = None if ahead is None else _words(ahead)
         elif typ in INTEGER_TYPES:
             cur.execute(q.first_value(table, cols[0], True))

@@ -211,6 +211,9 @@ def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: 
 
 # A replay that fails on the data (class 22 or 23) is contained; anything else is a real error.
 DATA_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
+CLOSURE_ROUNDS = 20  # a swap or a cycle closes in a round or two; a chain of n rows in n
+CLOSURE_MAX_KEYS = 50_000
+CLOSURE_ATTEMPTS = 3
 
 
 def data_error(exc: psycopg.Error) -> dict[str, Any]:
@@ -224,9 +227,6 @@ def data_error(exc: psycopg.Error) -> dict[str, Any]:
 def no_partition(exc: psycopg.Error) -> bool:
     """The row's value has no partition in a partitioned destination without a DEFAULT one."""
     return exc.sqlstate == "23514" and (exc.diag.message_primary or "").startswith("no partition of relation")
-CLOSURE_ROUNDS = 20  # a swap or a cycle closes in a round or two; a chain of n rows in n
-CLOSURE_MAX_KEYS = 50_000
-CLOSURE_ATTEMPTS = 3
 
 
 def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], psycopg.Error]:

@@ -167,14 +167,18 @@ class Planned:
     """What the plan and mover change on purpose, for compare()."""
 
     columns: frozenset[str] = frozenset()  # columns whose type the plan changes
-    partitioned: bool = False  # the target is partitioned: its key and storage differ
-    partition_columns: frozenset[str] = frozenset()  # NOT NULL on the new table when its key is primary
+    # The target is partitioned by these: its key and storage differ, and a primary key makes them NOT NULL.
+    partition_columns: frozenset[str] = frozenset()
     renames: dict[str, str] = field(default_factory=dict)  # name after -> name before (indexes, constraints)
     dropped_foreign_keys: frozenset[str] = frozenset()
     # Before the swap only: what the swap itself makes on the new table (publication membership,
     # replica identity, NOT VALID checks, statistics names, and whatever else swap_made lists).
     at_swap: bool = False
     accepted: frozenset[str] = frozenset()  # [cutover] accept_parity
+
+    @property
+    def partitioned(self) -> bool:
+        return bool(self.partition_columns)
 
 
 # Aspects the swap transaction makes or moves (mover/cutover.py, mover/carry.py, mover/metadata.py): before the swap
@@ -358,7 +362,7 @@ def renames(mid: int, source_desc: dict[str, Any], target_name: str, key_index: 
 
 
 def planned(plan: Plan, renamed: dict[str, str], *, at_swap: bool) -> Planned:
-    return Planned(columns=frozenset(plan.columns), partitioned=plan.partition is not None,
+    return Planned(columns=frozenset(plan.columns),
                    partition_columns=frozenset(plan.partition.columns if plan.partition else ()), renames=renamed,
                    dropped_foreign_keys=frozenset(plan.drop_foreign_keys), at_swap=at_swap,
                    accepted=frozenset(plan.cutover.accept_parity))

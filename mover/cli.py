@@ -127,9 +127,35 @@ def _print_traceback(exc: BaseException) -> None:
     err.print(mask("".join(traceback.format_exception(exc))), highlight=False, markup=False, end="")
 
 
-class _MaskingFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return mask(super().format(record))
+class _ConsoleLog(logging.Handler):
+    """Log records through the same console as everything else (a raw stderr line would tear a
+    live progress bar), masked. A warning reads like the other messages, `warning: ...` then its
+    `next:` (a record's `next` attribute, from `extra=`), and is said once per process: a
+    throttle that meets the same condition in every worker would otherwise repeat it."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+        self._said: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = mask(record.getMessage())
+            if record.exc_info and self.formatter:
+                message += "\n" + mask(self.formatter.formatException(record.exc_info))
+            if record.levelno >= logging.WARNING:
+                if message in self._said:
+                    return
+                self._said.add(message)
+                self.console.print(f"warning: {message}", style="yellow", highlight=False, markup=False)
+                hint = getattr(record, "next", None)
+                if hint:
+                    self.console.print(f"next: {mask(str(hint))}", highlight=False, markup=False)
+                return
+            self.console.print(f"{self.formatter.formatTime(record) if self.formatter else ''} {record.name} "
+                               f"{record.levelname} {message}", highlight=False, markup=False)
+        except Exception:  # a log line must never take the command down
+            self.handleError(record)
 
 
 def _dsn(dsn: str | None) -> str:
@@ -137,6 +163,15 @@ def _dsn(dsn: str | None) -> str:
     value = dsn or State.dsn or os.environ.get("DATABASE_URL", "")
     remember_secrets(value)
     return value
+
+
+def _print_table(table: Table) -> None:
+    """A table on a terminal fits its width; off a terminal (a pipe, a file, a script) nothing
+    may be cut or folded: the columns take the width their contents need."""
+    if out.is_terminal:
+        out.print(table)
+        return
+    Console(file=out.file, width=10_000, color_system=None).print(table)
 
 
 def _print_json(value: Any) -> None:
@@ -206,7 +241,7 @@ def _show_status(st: dict[str, Any]) -> None:
         table.add_row("partitions", line)
     if st["error"]:
         table.add_row("error", escape(st["error"]))
-    out.print(table)
+    _print_table(table)
 
 
 # The steps at which range workers run (and a pause or a cap can hold them).
@@ -221,10 +256,10 @@ def main_options(debug: bool = typer.Option(False, "--debug", help="Tracebacks a
     State.dsn = dsn
     remember_secrets(dsn)
     remember_secrets(os.environ.get("DATABASE_URL"))
+    handler = _ConsoleLog(err)
+    handler.setFormatter(logging.Formatter())
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    for handler in logging.getLogger().handlers:  # no log line may carry a password either
-        handler.setFormatter(_MaskingFormatter(handler.formatter._fmt if handler.formatter else None))
+                        handlers=[handler], force=True)
 
 
 @app.command()
@@ -543,7 +578,7 @@ def divergences(name: str = NameArgument, dsn: str | None = DsnOption, as_json: 
     for d in rows:
         table.add_row(str(d["id"]), ", ".join(d["key"]), d["kind"], _details(d["kind"], d["columns"]),
                       d["found_at"], _resolution(d))
-    out.print(table)
+    _print_table(table)
     if not rows:
         err.print("no open divergences" if not all_ else "no divergences")
 
@@ -624,7 +659,7 @@ def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json
         by_kind = st["reconcile"]["divergences"]["open"]
         table.add_row("open divergences", ", ".join(f"{k}: {v}" for k, v in by_kind.items()) or "none")
         table.add_row("step / state", f"{st['step']} / {st['state']}")
-        out.print(table)
+        _print_table(table)
     _still_open(result["status"])
 
 
@@ -675,7 +710,7 @@ def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
     for e in rows:
         table.add_row(e["at"], e["step"] or "", e["kind"], e["message"],
                       "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
-    out.print(table)
+    _print_table(table)
 
 
 @app.command()

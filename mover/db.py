@@ -305,9 +305,15 @@ def open_database(dsn: str) -> Database:
         db.connection()
     except psycopg.OperationalError as exc:
         raise Failed(f"cannot connect to {redact(dsn) or 'the database given by the PG* variables'}: "
-                     f"{mask(str(exc).strip().splitlines()[-1] if str(exc).strip() else str(exc))}",
+                     f"{mask(_one_line(exc))}",
                      hint="check --dsn, DATABASE_URL or the PG* variables") from exc
     return db
+
+
+def _one_line(exc: BaseException) -> str:
+    """libpq's message on one line, every part kept (the cause, "Connection refused", is on the
+    first line and the advice on the next), single-spaced."""
+    return "; ".join(" ".join(part.split()) for part in str(exc).strip().splitlines() if part.strip()) or repr(exc)
 
 
 def _first_words(statement: sql.SQL | sql.Composed | str, conn: psycopg.Connection) -> str:

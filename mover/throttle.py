@@ -53,7 +53,11 @@ class Throttle:
             row = cur.fetchone()
             if not (row and row[0]):
                 self._lag_visible = False
-                log.warning("this role cannot read replica lag (grant pg_read_all_stats); lag is not checked")
+                log.warning("this role cannot read the standbys' replay lag, so [backfill] max_replica_lag "
+                            "(%gs) is not enforced", limit / 1000,
+                            extra={"next": "GRANT pg_read_all_stats TO the role mover runs as, or set "
+                                           "[backfill] max_replica_lag = \"0s\" in the plan (no standby to "
+                                           "watch); the next range reads it again"})
             else:
                 cur.execute("SELECT max(extract(epoch FROM replay_lag)) FROM pg_stat_replication")
                 row = cur.fetchone()

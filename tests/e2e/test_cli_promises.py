@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import urllib.parse
 import uuid
@@ -89,7 +90,9 @@ def test_password_is_never_printed(db_dsn, tmp_path):
     run("run", plan, expect=3)
     run("status", "masked", expect=0)
     run("status", "--json", expect=0)
-    run("events", "masked", expect=0)
+    # Off a terminal (a pipe) nothing is cut, however narrow the terminal the shell reports.
+    events = run("events", "masked", env={"COLUMNS": "60"}, expect=0).stdout
+    assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", events) and "…" not in events, events
     run("--debug", "status", "nope", expect=2)
     run("-v", "cutover", "masked", expect=0)
     # A server that cannot be reached: the message names the connection, with the password masked.
@@ -97,6 +100,9 @@ def test_password_is_never_printed(db_dsn, tmp_path):
     unreachable = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit(":", 1)[0] + f":{closed_port()}"))
     r = run("status", dsn_arg=unreachable, expect=1)
     assert "cannot connect to" in r.stderr and "password=***" in r.stderr, r.stderr
+    # libpq's cause and its advice both kept, on one line, single-spaced.
+    said = " ".join(r.stderr.split("\nnext:")[0].split("\n"))
+    assert "Connection refused" in said and "Is the server running" in said and "  " not in said, r.stderr
     r = run("--debug", "status", dsn_arg=unreachable, expect=1)
     keyvalue = f"host=127.0.0.1 port={closed_port()} user=postgres password={SECRET} dbname=x"
     r = run("status", dsn_arg=keyvalue, expect=1)

@@ -143,13 +143,20 @@ def test_cli_pgpassword_is_never_printed():
 
 
 def test_log_lines_and_their_tracebacks_are_masked():
+    import io
     import logging
 
-    from mover.cli import _MaskingFormatter
+    from rich.console import Console
+
+    from mover.cli import _ConsoleLog
     dsn = "postgrs://bob:Zq9-secret@h/db"
     try:
         raise ValueError(f"cannot use {dsn}")
     except ValueError:
         record = logging.LogRecord("mover", logging.WARNING, __file__, 1, "retrying %s", (dsn,), sys.exc_info())
-    line = _MaskingFormatter("%(levelname)s %(message)s").format(record)
+    buf = io.StringIO()
+    handler = _ConsoleLog(Console(file=buf, width=200, color_system=None))
+    handler.setFormatter(logging.Formatter())
+    handler.emit(record)
+    line = buf.getvalue()
     assert "Zq9-secret" not in line and "ValueError" in line and "retrying postgrs://bob:***@h/db" in line

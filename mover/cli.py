@@ -490,7 +490,11 @@ def cutover(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool
 def rollback(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
              give_up_rows: bool = GiveUpRowsOption) -> None:
     """During the rollback window: swap the original table back, losing nothing."""
-    st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
+    reporter = ProgressReporter(err)
+    try:
+        st = api.rollback(_dsn(dsn), name, give_up_rows=give_up_rows, report=reporter, stop=_interruptible())
+    finally:
+        reporter.close()
     _result(st, as_json)
 
 

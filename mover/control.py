@@ -336,8 +336,26 @@ def require_command(m: Migration, command: str) -> None:
         # One word for the end everywhere the operator reads it: step "retire", state "done".
         step = STEPS[-1] if m.step == FINISHED else m.step
         raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {step!r}, "
-                       f"state {m.state!r} (allowed at: {allowed})",
-                       hint=f"`mover status {m.name}` shows where it stands")
+                       f"state {m.state!r} (allowed at: {allowed})", hint=_way_to(m, command))
+
+
+# The commands that move a migration on, in the order an operator would consider them.
+_MOVES = ("run", "cutover", "rollback", "retire", "abort")
+
+
+def _way_to(m: Migration, command: str) -> str:
+    """The `next:` of a refused command: the command that gets the migration to where `command`
+    applies (`mover run` while that is ahead), or what applies where it stands (it is behind)."""
+    if m.state in TERMINAL:
+        return f"the migration is {m.state}; `mover history {m.name}` lists its steps"
+    allowed = [s for s in STEPS if s in COMMANDS[command]]
+    here = STEPS.index(m.step) if m.step in STEPS else len(STEPS)
+    if allowed and here < STEPS.index(allowed[0]):
+        return (f"`mover run {m.name}` takes it to step {allowed[0]!r}, then `mover {command} {m.name}`"
+                if command != "run" else f"`mover run {m.name}`")
+    moves = [f"`mover {c} {m.name}`" for c in _MOVES if c != command and m.step in COMMANDS[c]
+             and not (c == "abort" and m.step == "rollback_window")]
+    return f"at step {m.step!r}: " + (", ".join(moves) if moves else f"`mover status {m.name}`")
 
 
 def _one_row(cur: psycopg.Cursor, mid: int, what: str) -> None:

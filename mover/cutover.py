@@ -483,6 +483,7 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
         left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
         raise refuse_losing(ctx, left or exc.rows, command, "new") from None
     ctx.refresh()
+    ctx.report("rolled_back", lock_ms=round(held, 1))
     carry.validate(ctx)  # the next cutover's preflight resumes it after a crash
     return held
 

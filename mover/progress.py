@@ -59,8 +59,19 @@ class ProgressReporter:
                 self.close()
                 lag = "" if f["lag_seconds"] is None else f", lag {f['lag_seconds']:.1f}s"
                 self.console.print(f"rollback window of {f['name']!r} open until {f['ends_at']}: keeping the old "
-                                   f"table in sync ({f['pending']} changes pending{lag})", highlight=False,
+                                   f"table in sync ({f['pending']:,} changes pending{lag})", highlight=False,
                                    markup=False)
+                return
+            if kind == "follow":
+                self.close()
+                lag = "" if f["lag_s"] is None else f", oldest {f['lag_s']:.1f} s old"
+                self.console.print(f"{f['step']}: {f['applied']:,} changes applied {f['direction']}, "
+                                   f"{f['backlog']:,} pending{lag}", highlight=False, markup=False)
+                return
+            if kind in ("cutover", "rolled_back"):
+                self.close()
+                self.console.print(f"{'swapped in' if kind == 'cutover' else 'swapped back'}; lock held "
+                                   f"{f['lock_ms']:.1f} ms", highlight=False, markup=False)
                 return
             if kind in ("capture", "backfill"):
                 return  # frequent and small; `mover status` shows the backlog

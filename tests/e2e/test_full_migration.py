@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import psycopg
 
@@ -68,6 +69,7 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
 
         r = mover(db_dsn, "cutover", "orders_bigint")
         assert r.returncode == 0, r.stderr
+        assert re.search(r"swapped in; lock held \d+\.\d ms", r.stderr), r.stderr
         writer.pause()  # just after the swap: nothing committed before it is missing from the new table
         assert_oracle(db_dsn, "Orders")
         writer.resume()
@@ -88,6 +90,7 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
 
         r = mover(db_dsn, "retire", "orders_bigint")  # window still open
         assert r.returncode == 3, r.stderr
+        assert re.search(r"still open until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", r.stderr), r.stderr
         r = mover(db_dsn, "retire", "orders_bigint", "--force")
         assert r.returncode == 0, r.stderr
     finally:
@@ -125,6 +128,10 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
         writer.resume()
         r = mover(db_dsn, "rollback", "orders_bigint")
         assert r.returncode == 0, r.stderr
+        assert re.search(r"swapped back; lock held \d+\.\d ms", r.stderr), r.stderr
+        r = mover(db_dsn, "cutover", "orders_bigint")  # back at reconcile: the way on is `mover run`
+        assert r.returncode == 2 and "next: `mover run orders_bigint` takes it to step 'cutover'" in r.stderr, \
+            r.stderr
         writer.pause()
         assert_oracle(db_dsn, "Orders")  # nothing committed in the window is missing from the original
         assert column_type(db_dsn, "Orders", "id") == "integer"  # the original is back

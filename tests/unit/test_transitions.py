@@ -54,3 +54,17 @@ def test_abort_after_the_swap_says_to_roll_back_first():
     with pytest.raises(BadInput, match="after its cutover") as info:
         control.require_command(migration("rollback_window"), "abort")
     assert "mover rollback orders-bigint" in (info.value.hint or "")
+
+
+@pytest.mark.parametrize(("step", "command", "hint"), [
+    # After a rollback the migration is back at reconcile: run takes it to the gate, then the cutover.
+    ("reconcile", "cutover",
+     "`mover run orders-bigint` takes it to step 'cutover', then `mover cutover orders-bigint`"),
+    ("backfill", "rollback", "`mover run orders-bigint` takes it to step 'rollback_window'"),
+    ("rollback_window", "cutover", "at step 'rollback_window': `mover run orders-bigint`, "
+                                   "`mover rollback orders-bigint`, `mover retire orders-bigint`"),
+])
+def test_a_refused_command_says_the_command_that_leads_on(step, command, hint):
+    with pytest.raises(BadInput) as info:
+        control.require_command(migration(step), command)
+    assert hint in (info.value.hint or ""), info.value.hint

@@ -400,6 +400,7 @@ def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
 
     # One attempt per call: _retried() runs it again after a lock timeout, reading the catalog afresh.
     db.transaction(build, statement_timeout="0", lock_timeout="10s", attempts=1, label="create index")
+    ctx.report("index", name=b.name, state="built")
     faults.point("index_built")
 
 
@@ -519,6 +520,8 @@ def build_indexes(ctx: Context) -> None:
     sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan
                                    ).backfill.index_sessions()
     started = time.monotonic()
+    if builds:
+        ctx.report("index_builds", total=len(builds), sessions=sessions)
     _Builds(ctx, builds, sessions).run()
     for name, ix in pending:
         if partitioned:

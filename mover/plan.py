@@ -37,6 +37,14 @@ def parse_duration_ms(text: str) -> int:
     return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
 
 
+def duration_text(ms: int) -> str:
+    """Milliseconds as the plan writes them: the largest unit that divides them ("2h", "90s", "0")."""
+    for unit in ("d", "h", "min", "s"):
+        if ms and ms % _UNIT_MS[unit] == 0:
+            return f"{ms // _UNIT_MS[unit]}{unit}"
+    return f"{ms}ms" if ms else "0"
+
+
 @dataclass(frozen=True)
 class BackfillSettings:
     range_rows: int = 10_000  # the first range's size; later ones adapt toward target_range_ms

@@ -25,6 +25,7 @@ class ProgressReporter:
         self.started = time.monotonic()
         self.copied_here = 0
         self.workers: set[str] = set()
+        self.index_bar = False
 
     def __call__(self, kind: str, **f: Any) -> None:
         with self.lock:
@@ -61,6 +62,18 @@ class ProgressReporter:
                 self.console.print(f"rollback window of {f['name']!r} open until {f['ends_at']}: keeping the old "
                                    f"table in sync ({f['pending']:,} changes pending{lag})", highlight=False,
                                    markup=False)
+                return
+            if kind == "index_builds":  # one bar for every build, not a line each
+                self.close()
+                self.progress = Progress(TextColumn(f"index builds ({f['sessions']} at once)"), BarColumn(),
+                                         MofNCompleteColumn(), TimeRemainingColumn(), console=self.console)
+                self.progress.start()
+                self.task = self.progress.add_task("index builds", total=f["total"], completed=0)
+                self.index_bar = True
+                return
+            if kind == "index" and self.index_bar and self.progress is not None:
+                if f["state"] == "built":
+                    self.progress.advance(self.task)
                 return
             if kind == "follow":
                 self.close()
@@ -110,6 +123,7 @@ class ProgressReporter:
         return kind == "reconcile_range"
 
     def close(self) -> None:
+        self.index_bar = False
         if self.progress is not None:
             self.progress.stop()
             self.progress = None

@@ -7,6 +7,7 @@ from mover import capture, carry, control, cutover
 from mover.context import Context
 from mover.db import bind
 from mover.errors import Waiting
+from mover.plan import duration_text
 from mover.steps.base import Step
 
 
@@ -14,8 +15,8 @@ class RollbackWindow(Step):
     name = "rollback_window"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
-        return [f"-- until the window ({ctx.plan.rollback.window_ms} ms) ends, apply the reverse change log to "
-                f"{ctx.migration.old}; `mover rollback {ctx.migration.name}` swaps back"]
+        return [f"-- until the window ({duration_text(ctx.plan.rollback.window_ms)}) ends, apply the reverse "
+                f"change log to {ctx.migration.old}; `mover rollback {ctx.migration.name}` swaps back"]
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration

@@ -422,3 +422,10 @@ def test_index_builds_default_to_the_workers_at_least_two_and_round_trip():
     del stored["backfill"]["index_builds"]
     assert plan_from_canonical(stored).backfill.index_sessions() == 3
     assert "index_builds must be between 0 and 64" in bad(doc(backfill={"index_builds": 65})).message
+
+
+@pytest.mark.parametrize(("ms", "text"), [(7_200_000, "2h"), (90_000, "90s"), (86_400_000, "1d"), (0, "0"),
+                                         (1_500, "1500ms"), (300_000, "5min")])
+def test_durations_are_shown_as_the_plan_writes_them(ms, text):
+    from mover.plan import duration_text
+    assert duration_text(ms) == text and parse_duration_ms(text) == ms

@@ -1,0 +1,35 @@
+"""The console's lines for engine reports: words and one number format, one bar for index builds."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from mover.progress import ProgressReporter
+
+
+def said(*reports: tuple[str, dict]) -> str:
+    buf = io.StringIO()
+    reporter = ProgressReporter(Console(file=buf, width=200, color_system=None))
+    for kind, fields in reports:
+        reporter(kind, **fields)
+    reporter.close()
+    return buf.getvalue()
+
+
+def test_index_builds_are_one_bar_not_a_line_each():
+    builds = [("index", {"name": f"p{i}_idx", "state": s}) for i in range(20) for s in ("building", "built")]
+    text = said(("index_builds", {"total": 20, "sessions": 2}), *builds)
+    assert "state=" not in text and "p3_idx" not in text, text
+
+
+def test_swap_follow_and_window_lines_read_as_words():
+    text = said(("cutover", {"lock_ms": 17.61}), ("rolled_back", {"lock_ms": 47.5}),
+                ("follow", {"step": "cutover", "direction": "forward", "applied": 9004, "backlog": 4572,
+                            "lag_s": None}),
+                ("window_sync", {"name": "m", "ends_at": "2026-12-02T05:00:00+00:00", "pending": 12345,
+                                 "lag_seconds": 1.25}))
+    assert "swapped in; lock held 17.6 ms" in text and "swapped back; lock held 47.5 ms" in text, text
+    assert "cutover: 9,004 changes applied forward, 4,572 pending" in text and "None" not in text, text
+    assert "12,345 changes pending" in text, text

@@ -126,3 +126,36 @@ def test_docs_say_which_keys_mover_set_changes():
     assert len(rows) == sum(len(keys) for keys in _SCHEMA.values())
     for section, key, may_change in rows:
         assert ("`mover set`" in may_change) == (key in SETTABLE.get(section, ())), f"[{section}] {key}"
+
+
+# Commented-out keys that show an example value rather than the default.
+EXAMPLES = {"name", "old_name", "drop_foreign_keys", "accept_lossy"}
+
+
+@pytest.mark.parametrize("file", sorted(EXPECTED))
+def test_example_plan_comments_show_the_parsers_defaults(file):
+    """"Defaults are shown": each commented-out `# key = value` line, uncommented, changes nothing."""
+    import tomllib
+
+    from mover.plan import parse_plan
+    lines = (PLANS / file).read_text().splitlines()
+    base = load_plan(PLANS / file)
+    for i, line in enumerate(lines):
+        m = re.match(r"^# (\w+) = (.+)$", line)
+        if not m or m.group(1) in EXAMPLES:
+            continue
+        uncommented = [*lines[:i], line[2:], *lines[i + 1:]]
+        assert parse_plan(tomllib.loads("\n".join(uncommented))) == base, f"{file}: {line!r} is not the default"
+
+
+@pytest.mark.parametrize("file", sorted(EXPECTED))
+def test_example_plan_comments_agree_with_the_docs(file):
+    """What the docs and plan check say, the example plans' comments say too (claims once contradicted)."""
+    text = (PLANS / file).read_text()
+    doc = (ROOT / "docs" / "plan.md").read_text()
+    # Index builds: plain CREATE INDEX, several at once (docs/plan.md's index_builds row).
+    assert "plain `CREATE INDEX`" in doc and "CONCURRENTLY sessions" not in text, file
+    if "index_builds" in text:
+        assert "plain CREATE INDEX" in text, file
+    # What the swap carries (the README's exceptions): nothing of it is to be re-created by hand.
+    assert not re.search(r"re-create[^.]*(extended statistics|replica identity|publication)", text, re.S), file

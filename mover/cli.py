@@ -310,6 +310,8 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         if part["key_change"]:
             out.print(f"key change accepted ([target.partition] accept_key_change): {part['key_change']}",
                       highlight=False, markup=False)
+        if part.get("row_movement"):
+            out.print(f"note: {part['row_movement']}", highlight=False, markup=False)
         out.print(f"{len(part['partitions'])} partitions to create:", highlight=False, markup=False)
         for p in part["partitions"]:
             out.print(f"  {p['name']}  {p['bound']}", highlight=False, markup=False)

@@ -331,7 +331,24 @@ def check_plan(cur: psycopg.Cursor, spec: PartitionSpec, source: names.Qualified
                             f"that name exists in {names.display_ident(target.schema)}",
                             hint="choose another [target.partition] name pattern, or drop that table")
     return {"by": spec.by, "columns": list(spec.columns), "key": list(new_key), "key_change": change,
+            "row_movement": row_movement(cur, info.oid, spec),
             "partitions": [p.describe() for p in lay.partitions]}
+
+
+def row_movement(cur: psycopg.Cursor, source_oid: int, spec: PartitionSpec) -> str | None:
+    """What the application's row triggers see change after the conversion: PostgreSQL runs an
+    UPDATE that moves a row to another partition as a DELETE there and an INSERT here, and fires
+    the row triggers as such (an audit trigger logs D + I where it logged U). None without any."""
+    # tgtype bit 0: FOR EACH ROW; mover's own capture triggers are not the application's.
+    cur.execute("SELECT coalesce(string_agg(quote_ident(tgname), ', ' ORDER BY tgname), '') FROM pg_trigger"
+                " WHERE tgrelid = %s AND NOT tgisinternal AND tgtype::int & 1 = 1"
+                " AND tgname !~ '^mover_m[0-9]+_'", (source_oid,))
+    triggers = one(cur)[0]
+    if not triggers:
+        return None
+    return (f"an UPDATE that changes {', '.join(map(names.display_ident, spec.columns))} so that the row moves to "
+            f"another partition fires the row triggers ({triggers}) as a DELETE and an INSERT, not an UPDATE "
+            f"(PostgreSQL's row movement; docs/partitioning.md)")
 
 
 def child_index_name(partition: str, index: str) -> str:

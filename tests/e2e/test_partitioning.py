@@ -213,6 +213,15 @@ def test_plan_check_lists_partitions_and_the_key_change(db_dsn, tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"{len(names)} partitions to create:" in r.stdout and f"  {oldest}  FROM " in r.stdout
     assert "key change accepted ([target.partition] accept_key_change)" in r.stdout
+    assert part["row_movement"] is None and "row movement" not in r.stdout  # no row trigger on events
+    # With a row trigger, plan check says what it will see of an UPDATE that moves a row.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'")
+        conn.execute("CREATE TRIGGER audit_events AFTER UPDATE ON events FOR EACH ROW EXECUTE FUNCTION audit()")
+    r = mover(db_dsn, "plan", "check", plan_file(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"note: an UPDATE that changes \"?created_at\"? .* fires the row triggers \(audit_events\) as a "
+                     r"DELETE and an INSERT", r.stdout), r.stdout
     assert relkind(db_dsn, "events") == "r"  # nothing created
     assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
 

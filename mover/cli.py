@@ -217,7 +217,8 @@ def _show_status(st: dict[str, Any]) -> None:
         line += f" (waiting: {', '.join(b['waiting_for']) or 'paused'})"
     table.add_row("backfill", escape(line))
     c = st["capture"]
-    table.add_row("capture", f"{c['pending']} pending, {c['applied']:,} applied ({c['direction']})")
+    if st["state"] not in ("done", "aborted") or c["pending"]:  # after retire or abort no log is left
+        table.add_row("capture", f"{c['pending']:,} pending, {c['applied']:,} applied ({c['direction']})")
     r = st.get("reconcile")
     if r and r["ranges_total"]:
         table.add_row("reconcile", f"{r['ranges_done']}/{r['ranges_total']} ranges verified, {r['rows_compared']:,} "
@@ -240,7 +241,8 @@ def _show_status(st: dict[str, Any]) -> None:
             line += f", ~{p['default_rows_estimate']:,} rows in the default partition"
         table.add_row("partitions", line)
     if st["error"]:
-        table.add_row("error", escape(st["error"]))
+        # A migration waiting for the operator (the gate, the window, a lock not had) says why; that is no error.
+        table.add_row("waiting" if st["state"] == "waiting" else "error", escape(st["error"]))
     _print_table(table)
 
 

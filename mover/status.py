@@ -24,8 +24,10 @@ def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any
     rate = one(cur)[0]
     estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
         introspect.estimate_rows(cur, m.source)
+    if not workers:
+        rate = None  # the speed of copies that stopped is no speed now
     eta = None
-    if rate and estimate and not st["finished"] and workers:  # no ETA when nobody copies
+    if rate and estimate and not st["finished"]:
         eta = max(estimate - st["rows"], 0) / float(rate)
     return {"rows_copied": st["rows"], "ranges_done": st["done"], "ranges_total": st["total"],
             "ranges_failed": st["failed"], "rows_estimate": estimate, "workers": workers,
@@ -70,7 +72,8 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
             and not control.process_alive(m.lease_pid):
         # The lease holder ran here and its process is gone (kill -9): failed now, not when the
         # lease runs out.
-        state, error = "failed", f"process {m.lease_pid} died; `mover run {m.name}` resumes"
+        state, error = "failed", (error or f"process {m.lease_pid} ended without finishing (killed, or it lost its "
+                                           f"connection to the server)") + f"; `mover run {m.name}` resumes"
     elif state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
         # The row says running, but no live process holds the lease: it died mid-step.
         state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
@@ -78,8 +81,9 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "name": m.name,
         "step": step,
         "state": state,
-        "steps": [{"name": s["name"], "status": s["status"],
-                   "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])}
+        # A step recorded as running whose process is gone is not running: it failed with the migration.
+        "steps": [{"name": s["name"], "status": "failed" if s["status"] == "running" and state == "failed"
+                   else s["status"], "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])}
                   for s in control.steps(cur, m.id)],
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
         # Which of those names exist now (after retire or abort some are gone).
@@ -93,7 +97,8 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "divergences": control.open_divergences(cur, m.id),
         "reconcile": _reconcile_status(cur, m),
         "cutover": None if m.cutover_at is None else {"at": iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},
-        "rollback_window_ends_at": iso(m.window_ends_at),
+        # Only while the window is open: after a rollback, a retire (forced or not) or an abort it is history.
+        "rollback_window_ends_at": iso(m.window_ends_at) if m.step == "rollback_window" else None,
         "lease": None if m.lease_owner is None else {"owner": m.lease_owner, "expires_at": iso(m.lease_expires_at)},
         "error": error,
         "created_at": iso(m.created_at),
@@ -114,7 +119,10 @@ def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | N
 def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     verified = control.reconcile_ranges(cur, m.id)
     counts = control.divergence_counts(cur, m.id)
+    # The ranges are cut as the pass goes, so their count is no denominator: the source's row estimate is.
+    estimate = introspect.estimate_rows(cur, m.source) if m.step in ("reconcile", "cutover") else None
     return {"ranges_done": verified["ranges_done"], "ranges_total": verified["ranges_total"],
+            "rows_estimate": estimate,
             "ranges_failed": verified["ranges_failed"], "rows_compared": verified["source_rows"],
             "verified_at": iso(verified["newest_verification"]),
             # The range workers of the migration (backfill and reconcile alike) wait on one throttle.

@@ -71,10 +71,10 @@ def _eta(seconds: float | None) -> str:
 
 def _reconcile_eta(snap: dict[str, Any], rate: float | None) -> float | None:
     r = snap["reconcile"]
-    if not rate or not r["ranges_done"] or r["ranges_done"] >= r["ranges_total"]:
+    left = (r.get("rows_estimate") or 0) - r["rows_compared"]
+    if not rate or left <= 0 or snap["state"] != "running":
         return None
-    per_range = r["rows_compared"] / r["ranges_done"]
-    return float((r["ranges_total"] - r["ranges_done"]) * per_range / rate)
+    return float(left / rate)
 
 
 def line(snap: dict[str, Any]) -> str:
@@ -84,7 +84,9 @@ def line(snap: dict[str, Any]) -> str:
     parts = [datetime.now().strftime("%H:%M:%S"), snap["name"], f"{snap['step']}/{snap['state']}",
              f"backfill {b['rows_copied']:,}" + (f"/{b['rows_estimate']:,}" if b["rows_estimate"] else "")
              + f" rows {b['rows_per_second'] or round(brate or 0):,} rows/s ETA {_eta(b['eta_seconds'])}",
-             f"reconcile {r['ranges_done']}/{r['ranges_total']} ranges {round(rrate or 0):,} rows/s",
+             f"reconcile {r['rows_compared']:,}" + (f"/{r['rows_estimate']:,}" if r.get("rows_estimate") else "")
+             + f" rows in {r['ranges_done']} ranges {round(rrate or 0):,} rows/s"
+             f" ETA {_eta(_reconcile_eta(snap, rrate))}",
              f"capture {c['pending']:,} pending lag {_seconds(c['lag_seconds'])}"
              f" ({c['direction']})",
              f"workers {snap['backfill']['workers']}", f"divergences {snap['divergences']}"]
@@ -103,7 +105,8 @@ def screen(snap: dict[str, Any]) -> RenderableType:
                          ("   " + datetime.now().strftime("%H:%M:%S"), "dim"))
 
     timeline = Table.grid(padding=(0, 2))
-    marks = {"done": ("✔", "green"), "running": ("▶", "bold blue"), "pending": ("·", "dim"), "undone": ("↺", "yellow")}
+    marks = {"done": ("✔", "green"), "running": ("▶", "bold blue"), "pending": ("·", "dim"), "undone": ("↺", "yellow"),
+             "failed": ("✘", "red")}
     for s in snap["steps"]:
         mark, style = marks.get(s["status"], ("?", ""))
         when = (s["finished_at"] or s["started_at"] or "")[11:19]
@@ -115,7 +118,8 @@ def screen(snap: dict[str, Any]) -> RenderableType:
     brate, rrate = b["rows_per_second"] or _rate(snap, "backfill"), _rate(snap, "reconcile")
     progress.add_row("backfill", f"{b['rows_copied']:,} rows", f"{b['rows_estimate'] or 0:,} (estimate)",
                      f"{round(brate or 0):,}", _eta(b["eta_seconds"]))
-    progress.add_row("reconcile", f"{r['ranges_done']} ranges, {r['rows_compared']:,} rows", str(r["ranges_total"]),
+    progress.add_row("reconcile", f"{r['rows_compared']:,} rows in {r['ranges_done']} ranges",
+                     f"{r['rows_estimate']:,} (estimate)" if r.get("rows_estimate") else "-",
                      f"{round(rrate or 0):,}", _eta(_reconcile_eta(snap, rrate)))
 
     backlog, lag = history(snap)

@@ -286,8 +286,12 @@ def test_kill_9_reads_failed_at_once_and_sigterm_is_named(db_dsn, tmp_path):
     pid = p.proc.pid
     assert p.kill()
     st = status(db_dsn, "slow")  # at once, not after the lease's 30 s
-    assert st["state"] == "failed" and st["error"] == f"process {pid} died; `mover run slow` resumes", st
+    assert st["state"] == "failed" and st["error"] == (f"process {pid} ended without finishing (killed, or it lost "
+                                                      f"its connection to the server); `mover run slow` resumes"), st
     assert st["backfill"]["workers"] == 0 and st["backfill"]["eta_seconds"] is None, st
+    # One state everywhere: the step it was running failed with it, and a stopped copy has no speed.
+    assert [s["status"] for s in st["steps"] if s["name"] == "backfill"] == ["failed"], st["steps"]
+    assert "running" not in [s["status"] for s in st["steps"]] and st["backfill"]["rows_per_second"] is None, st
     assert "ETA" not in mover(db_dsn, "status", "slow").stdout
 
     before = copied_ranges(db_dsn, "slow")

@@ -466,11 +466,12 @@ def history(name: str | None = typer.Argument(None, help="One migration and its 
                          "" if h["cutover_lock_ms"] is None else f", cutover lock {h['cutover_lock_ms']:.1f} ms"])
         out.print(f"{h['name']}  {h['outcome']}{took} (source {h['source']}, started {h['created_at']}{extra})",
                   highlight=False, markup=False)
-        for s in h["steps"]:
-            if s["started_at"] is None:
-                continue
-            took = "running" if s["seconds"] is None else _seconds(s["seconds"])
-            out.print(f"  {s['name']:<16} {s['status']:<8} {took}", highlight=False, markup=False)
+        for a in h["attempts"]:  # each attempt its own line: a failure, a rollback, a second cutover
+            took = "" if a["seconds"] is None else _seconds(a["seconds"])
+            lock = "" if a["lock_ms"] is None else f", lock held {a['lock_ms']:.1f} ms"
+            why = f" ({a['message']})" if a["message"] and a["outcome"] not in ("done", "running") else ""
+            out.print(f"  {a['started_at']}  {a['step']:<16} {a['outcome']:<12} {took}{lock}{why}",
+                      highlight=False, markup=False)
 
 
 def _seconds(value: float) -> str:

@@ -17,6 +17,56 @@ def outcome(m: control.Migration) -> str:
     return "done" if m.step == control.FINISHED else m.state
 
 
+# How an attempt of a step ended, from the events that record an outcome (control.record_outcome).
+_OUTCOMES = ("failed", "waiting", "paused", "interrupted")
+
+
+def attempts(story: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every attempt of every step, oldest first, each with its own time: a step run again after
+    a failure, a wait at the gate, a crash or a rollback is a row per attempt (the steps table
+    keeps one start and one end per step, which stretch across them all), and a rollback is a row
+    of its own with its lock. An attempt still open when a later one of the same step starts was
+    interrupted (its process died)."""
+    rows: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}
+
+    def close(row: dict[str, Any], e: dict[str, Any], outcome: str) -> None:
+        row.update(ended_at=e["at"], outcome=outcome,
+                   seconds=round((e["at"] - row["started_at"]).total_seconds(), 3))
+        if outcome != "done":
+            row["message"] = e["message"]
+
+    for e in story:
+        step, kind, detail = e["step"], e["kind"], e.get("detail") or {}
+        if kind == "step_started" and step:
+            if step in open_:
+                close(open_.pop(step), e, "interrupted")
+            open_[step] = {"step": step, "started_at": e["at"], "ended_at": None, "seconds": None,
+                           "outcome": "running", "lock_ms": None, "message": None}
+            rows.append(open_[step])
+        elif kind == "step_done" and step:
+            row = open_.pop(step, None)
+            if row is None:  # done in the transaction that started it
+                row = {"step": step, "started_at": e["at"], "lock_ms": None, "message": None}
+                rows.append(row)
+            close(row, e, "done")
+            if step == "cutover":
+                row["lock_ms"] = detail.get("lock_ms", e["duration_ms"])
+        elif kind == "rolled_back":
+            if "rollback_window" in open_:
+                close(open_.pop("rollback_window"), e, "rolled back")
+            rows.append({"step": "rollback", "started_at": e["at"], "ended_at": e["at"], "seconds": None,
+                         "outcome": "done", "lock_ms": detail.get("lock_ms", e["duration_ms"]),
+                         "message": e["message"]})
+        elif kind in _OUTCOMES and step in open_:
+            close(open_.pop(step), e, kind)
+        elif kind == "aborted":
+            for row in open_.values():
+                close(row, e, "aborted")
+            open_.clear()
+    return [{**r, "started_at": iso(r["started_at"]), "ended_at": iso(r["ended_at"])} for r in rows]
+
+
 def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]]:
     """The migrations (one name: it and its aborted attempts, which registration set aside as
     NAME#id), oldest first."""
@@ -28,18 +78,20 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
     counts = {mid: (rolled_back, failed) for mid, rolled_back, failed in cur.fetchall()}
     result = []
     for m in migrations:
+        tried = attempts(control.story(cur, m.id))
         steps = []
         for s in control.steps(cur, m.id):
-            seconds = None
-            if s["started_at"] is not None and s["finished_at"] is not None:
-                seconds = round((s["finished_at"] - s["started_at"]).total_seconds(), 3)
+            # The step's time is that of the attempt that finished it, not the span of all its attempts.
+            done = [a for a in tried if a["step"] == s["name"] and a["outcome"] == "done"]
             steps.append({"name": s["name"], "status": s["status"], "started_at": iso(s["started_at"]),
-                          "finished_at": iso(s["finished_at"]), "seconds": seconds})
+                          "finished_at": iso(s["finished_at"]),
+                          "seconds": done[-1]["seconds"] if done and s["status"] == "done" else None,
+                          "attempts": sum(a["step"] == s["name"] for a in tried)})
         total = None if m.finished_at is None else round((m.finished_at - m.created_at).total_seconds(), 3)
         rolled_back, failures = counts.get(m.id, (0, 0))
         result.append({"name": m.name, "id": m.id, "outcome": outcome(m),
                        "step": control.STEPS[-1] if m.step == control.FINISHED else m.step, "state": m.state,
                        "source": str(m.source), "created_at": iso(m.created_at), "finished_at": iso(m.finished_at),
                        "seconds": total, "cutover_lock_ms": m.cutover_lock_ms, "rollbacks": rolled_back,
-                       "failures": failures, "steps": steps})
+                       "failures": failures, "steps": steps, "attempts": tried})
     return result

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from mover import control, samples, status
+from mover import control, history, samples, status
 
 # ---------------------------------------------------------------------------------------------
 # The model (also what `mover report --json` prints)
@@ -30,6 +30,7 @@ def gather(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
         "name": m.name,
         "status": status.status_of(cur, m),
         "plan": m.plan,
+        "attempts": history.attempts(story),
         "events": [_event(e) for e in story],
         "samples": [{**p, "at": status.iso(p["at"])} for p in points],
         "rates": {kind: [(status.iso(at), round(r, 1)) for at, r in samples.rates(points, f"{kind}_rows")]
@@ -137,6 +138,7 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28
 table { border-collapse: collapse; width: 100%; } td, th { text-align: left; padding: 3px 8px; vertical-align: top; }
 tr:nth-child(even) td { background: #f8fafc; } th { background: #e2e8f0; }
 .done { color: #15803d; } .running { color: #1d4ed8; } .pending { color: #64748b; } .undone { color: #b45309; }
+.failed, .interrupted { color: #b91c1c; } .waiting, .rolled_back { color: #b45309; }
 .tick { font-size: 11px; fill: #475569; } figure { margin: 12px 0; } figcaption { font-weight: 600; }
 .legend { font-size: 12px; } pre { background: #f1f5f9; padding: 8px; overflow-x: auto; font-size: 12px; }
 .nodata { color: #64748b; } .bar { height: 14px; background: #60a5fa; display: inline-block; }
@@ -173,11 +175,15 @@ def _lock_wait(w: dict[str, Any]) -> str:
 def render_html(r: dict[str, Any]) -> str:
     esc = html.escape
     st = r["status"]
-    steps = st["steps"]
-    timeline = _table(["step", "status", "started", "finished", "took"],
-                      [[s["name"], s["status"], s["started_at"], s["finished_at"],
-                        _duration(s["started_at"], s["finished_at"])] for s in steps],
-                      [s["status"] for s in steps])
+    tried = r["attempts"]
+    # A row per attempt: a failed cutover, a rollback and the cutover after it each with its own time and lock.
+    timeline = _table(["step", "outcome", "started", "ended", "took", "lock held (ms)", "why"],
+                      [[a["step"], a["outcome"], a["started_at"], a["ended_at"] or "",
+                        _duration(a["started_at"], a["ended_at"]),
+                        "" if a["lock_ms"] is None else f"{a['lock_ms']:.1f}",
+                        a["message"] if a["outcome"] not in ("done", "running") else ""] for a in tried],
+                      [a["outcome"].replace(" ", "_") for a in tried])
+    failed = [a for a in tried if a["outcome"] in ("failed", "interrupted")]
     rates = line_chart("rows/s over time", {"backfill": r["rates"]["backfill"],
                                             "reconcile": r["rates"]["reconcile"]}, "rows/s")
     sm = r["samples"]
@@ -218,7 +224,10 @@ def render_html(r: dict[str, Any]) -> str:
          f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)"],
         ["open divergences", st["divergences"]],
         ["samples", f"{len(sm)} ({', '.join(f'{k} in {v}' for k, v in waits.items()) or 'never waiting'})"],
-        ["error", st["error"] or ""]])
+        ["failed attempts", "; ".join(f"{a['step']} {a['outcome']} at {a['started_at']}: {a['message'] or '?'}"
+                                      for a in failed) or "none"],
+        ["rollbacks", str(sum(a["step"] == "rollback" for a in tried))],
+        ["waiting" if st["state"] == "waiting" else "error", st["error"] or ""]])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>mover report: {esc(r['name'])}</title>
 <style>{CSS}</style></head><body>

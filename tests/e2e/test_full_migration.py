@@ -157,6 +157,16 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
     finally:
         writer.halt()
     assert writer.errors == []
+    # History: each cutover and the rollback its own row with its own time and lock, none spanning the others.
+    (h,) = json.loads(mover(db_dsn, "history", "orders_bigint", "--json").stdout)
+    rows = [a for a in h["attempts"] if a["step"] in ("cutover", "rollback") and a["outcome"] == "done"]
+    assert [a["step"] for a in rows] == ["cutover", "rollback", "cutover"], h["attempts"]
+    assert all(a["lock_ms"] and a["lock_ms"] < 10_000 for a in rows), rows
+    assert all(a["seconds"] < 60 for a in rows if a["seconds"] is not None), rows
+    cut = next(s for s in h["steps"] if s["name"] == "cutover")
+    assert cut["attempts"] >= 2 and cut["seconds"] == rows[-1]["seconds"], (cut, rows)
+    text = mover(db_dsn, "history", "orders_bigint").stdout
+    assert re.search(r"rollback +done .*lock held \d+\.\d ms", text), text
 
 
 def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path):

@@ -85,7 +85,7 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
             done = [a for a in tried if a["step"] == s["name"] and a["outcome"] == "done"]
             steps.append({"name": s["name"], "status": s["status"], "started_at": iso(s["started_at"]),
                           "finished_at": iso(s["finished_at"]),
-                          "seconds": done[-1]["seconds"] if done and s["status"] == "done" else None,
+                          "seconds": done[-1]["seconds"] if done else None,
                           "attempts": sum(a["step"] == s["name"] for a in tried)})
         total = None if m.finished_at is None else round((m.finished_at - m.created_at).total_seconds(), 3)
         rolled_back, failures = counts.get(m.id, (0, 0))

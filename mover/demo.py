@@ -60,6 +60,8 @@ source = 'public."Orders"'
 columns = {{ id = "bigint" }}
 
 [backfill]
+# the first range's keys; later ranges grow or shrink so that each takes
+# about target_range_ms (500 ms by default), within min_rows..max_rows
 range_rows = 20000
 
 [cutover]
@@ -494,7 +496,8 @@ def main(rows: int = 300_000, keep: bool = False, console: Console | None = None
             raise Failed(f"the writer saw {writer.errors} errors; last: {writer.last_error}")
         console.print("   [bold green]✓ tables match: 0 differences either way[/bold green]")
 
-        heading(8, "Retire (`mover retire --force`) with the writer running again")
+        heading(8, "Retire with the writer running again (`mover retire --force`: --force ends the 10-minute "
+                   "rollback window now instead of waiting it out)")
         writer.resume()
         time.sleep(1.0)
         st = api.retire(dsn, MIGRATION, force=True, report=reporter)

@@ -10,6 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+# Narrow enough that the figures beside the bar fit an 80-column terminal uncut.
+BAR_WIDTH = 12
+
 
 class ProgressReporter:
     """Turns engine reports into a live backfill progress bar (rows, rows/s, range size, workers,
@@ -24,7 +27,6 @@ class ProgressReporter:
         self.estimate = 0
         self.started = time.monotonic()
         self.copied_here = 0
-        self.workers: set[str] = set()
         self.index_bar = False
 
     def __call__(self, kind: str, **f: Any) -> None:
@@ -34,22 +36,19 @@ class ProgressReporter:
                 self.rows, self.estimate, self.copied_here = f["rows"], f["estimate"], 0
                 self.started = time.monotonic()
                 self.progress = Progress(
-                    TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]} rows/s | range {task.fields[range_rows]} rows | "
-                               "{task.fields[workers]} workers | capture backlog {task.fields[backlog]}"),
+                    TextColumn("backfill"), BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(),
+                    # Workers and the range size are in `mover status` and `mover watch`.
+                    TextColumn("{task.fields[rate]} rows/s, backlog {task.fields[backlog]}"),
                     TimeRemainingColumn(), console=self.console)
                 self.progress.start()
                 self.task = self.progress.add_task("backfill", total=max(self.estimate, self.rows, 1),
-                                                   completed=self.rows, rate="-", range_rows="-",
-                                                   workers=f["workers"], backlog="-")
+                                                   completed=self.rows, rate="-", backlog="-")
                 return
             if kind == "backfill" and self.progress is not None:
                 self.rows += f["rows"]
                 self.copied_here += f["rows"]
-                self.workers.add(f["worker"])
                 rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
-                fields: dict[str, Any] = {"rate": f"{rate:,.0f}", "range_rows": f"{f['range_rows']:,}",
-                                          "workers": len(self.workers)}
+                fields: dict[str, Any] = {"rate": f"{rate:,.0f}"}
                 if f.get("capture_pending") is not None:
                     fields["backlog"] = f"{f['capture_pending']:,}"
                 self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
@@ -65,8 +64,9 @@ class ProgressReporter:
                 return
             if kind == "index_builds":  # one bar for every build, not a line each
                 self.close()
-                self.progress = Progress(TextColumn(f"index builds ({f['sessions']} at once)"), BarColumn(),
-                                         MofNCompleteColumn(), TimeRemainingColumn(), console=self.console)
+                self.progress = Progress(TextColumn(f"index builds ({f['sessions']} at once)"),
+                                         BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(), TimeRemainingColumn(),
+                                         console=self.console)
                 self.progress.start()
                 self.task = self.progress.add_task("index builds", total=f["total"], completed=0)
                 self.index_bar = True
@@ -99,9 +99,8 @@ class ProgressReporter:
             self.rows, self.estimate, self.copied_here = 0, f.get("estimate") or 0, 0
             self.started = time.monotonic()
             self.progress = Progress(
-                TextColumn(f"reconcile ({f['mode']})"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} rows/s | {task.fields[ranges]} ranges | "
-                           "{task.fields[differences]} differences"),
+                TextColumn(f"reconcile ({f['mode']})"), BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]} rows/s, {task.fields[differences]} differ"),
                 TimeRemainingColumn(), console=self.console)
             self.progress.start()
             self.task = self.progress.add_task("reconcile", total=self.estimate or None, completed=0, rate="-",

@@ -33,3 +33,16 @@ def test_swap_follow_and_window_lines_read_as_words():
     assert "swapped in; lock held 17.6 ms" in text and "swapped back; lock held 47.5 ms" in text, text
     assert "cutover: 9,004 changes applied forward, 4,572 pending" in text and "None" not in text, text
     assert "12,345 changes pending" in text, text
+
+
+def test_the_bars_fit_an_80_column_terminal_uncut():
+    buf = io.StringIO()
+    reporter = ProgressReporter(Console(file=buf, width=80, force_terminal=True, color_system=None))
+    reporter("reconcile_start", mode="full", estimate=300_000)
+    reporter("reconcile_range", rows=30_020, differences=0)
+    reporter.close()
+    reporter("backfill_start", estimate=2_000_000, rows=0, workers=2)
+    reporter("backfill", rows=1_234_567, worker="w1", range_rows=134_465, capture_pending=12_345)
+    reporter.close()
+    text = buf.getvalue()
+    assert "30020/300000" in text and "1234567/2000000" in text and "…" not in text, text

@@ -215,7 +215,9 @@ def render_html(r: dict[str, Any]) -> str:
     t = st["tables"]
     summary = _table(None, [
         ["step / state", f"{st['step']} / {st['state']}"],
-        ["tables", f"source {t['source']}, target {t['target']}, old {t['old']}"],
+        # Only the tables that exist now: no old table before the swap, none after retire.
+        ["tables", ", ".join(f"{role} {t[role]}" for role in ("source", "target", "old")
+                             if role in st["tables_present"]) or "none left"],
         ["key", ", ".join(st["key"])],
         ["rows copied", f"{st['backfill']['rows_copied']:,} in {st['backfill']['ranges_done']} ranges"],
         ["rows compared", f"{st['reconcile']['rows_compared']:,} in {st['reconcile']['ranges_done']} ranges"],

@@ -100,6 +100,10 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
     assert_oracle(db_dsn, "Orders")
     st = status(db_dsn)
     assert (st["step"], st["state"]) == ("retire", "done")
+    # Nothing stale once retired early: no window end, no dropped table, no change log.
+    assert st["rollback_window_ends_at"] is None and st["tables_present"] == ["source"], st
+    text = mover(db_dsn, "status", "orders_bigint").stdout
+    assert "Orders_old" not in text and "rollback window" not in text and "capture" not in text, text
     snap = catalog_snapshot(db_dsn)
     assert snap["mover_objects"] == []
     assert [t for t in snap["triggers"]] == []

@@ -3,10 +3,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import carry, cutover, hooks, introspect
+from mover import carry, cutover, hooks, introspect, lockwatch
 from mover.checks import foreign_keys
 from mover.context import Context
-from mover.sql import ddl
 from mover.steps.base import Step
 from mover.steps.create_target import target_ddl
 from mover.steps.reconcile import last_check
@@ -23,7 +22,8 @@ class Cutover(Step):
             + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
-            ddl.lock_tables([m.source, m.target, *carry.also_locked(cur, m.source)]),
+            "-- one LOCK TABLE per relation, in this order (those that exist):",
+            *(lockwatch.lock_sql(t) for t in cutover.swap_locks(cur, ctx, m.source, m.target)),
             "-- apply the last logged changes, then:",
         ]
         if introspect.exists(cur, m.target):

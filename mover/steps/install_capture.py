@@ -20,6 +20,7 @@ class InstallCapture(Step):
 
         def install(cur: psycopg.Cursor) -> None:
             control.guard(cur, m.id, self.name, ctx.owner)
+            lockwatch.lock_all(cur, [m.source], "SHARE ROW EXCLUSIVE")  # what CREATE TRIGGER takes; named if it waits
             capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name)
             control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}")
 

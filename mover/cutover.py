@@ -537,13 +537,20 @@ def inert_old_sql(cur: psycopg.Cursor, old: names.QualifiedName) -> list[Stateme
     return out
 
 
+def retire_locks(ctx: Context) -> list[QualifiedName]:
+    """What retire locks first (ACCESS EXCLUSIVE, those that exist), each named if it waits: the
+    live table, the old one unless kept, the migration's logs and notes."""
+    m = ctx.migration
+    return [m.source, *([] if ctx.plan.rollback.keep_old else [m.old]), *lockwatch.own_tables(ctx.mid)]
+
+
 def retire(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
     keep = ctx.plan.rollback.keep_old
 
     def drop(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, "retire", ctx.owner)
-        lockwatch.lock_all(cur, [m.source, m.old, *lockwatch.own_tables(ctx.mid)])  # each named if it waits
+        lockwatch.lock_all(cur, retire_locks(ctx))
         if not keep:
             # Rows the new table never took exist only in the old one, which is about to go.
             left = rows_only_on(cur, ctx, "original")

@@ -106,15 +106,23 @@ def lock_sql(table: QualifiedName, mode: str = "ACCESS EXCLUSIVE") -> sql.Compos
         table.ident, sql.SQL("ACCESS EXCLUSIVE" if mode == "ACCESS EXCLUSIVE" else "SHARE ROW EXCLUSIVE"))
 
 
+def lock_statements(cur: psycopg.Cursor, tables: Sequence[QualifiedName],
+                    mode: str = "ACCESS EXCLUSIVE") -> list[tuple[QualifiedName, sql.Composed]]:
+    """lock_sql of each of `tables` that exists now, in order (one query asks which)."""
+    cur.execute("SELECT to_regclass(t) IS NOT NULL FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i",
+                ([str(t) for t in tables],))
+    exists = [r[0] for r in cur.fetchall()]
+    return [(t, lock_sql(t, mode)) for t, there in zip(tables, exists, strict=True) if there]
+
+
 def lock_all(cur: psycopg.Cursor, tables: Sequence[QualifiedName], mode: str = "ACCESS EXCLUSIVE") -> None:
-    """Lock each of `tables` that exists, in order, one statement each (lock_sql), remembering
-    which one the transaction waits for (waiting_on): a lock_timeout then names it. In order: the
-    live table first, as the application's writers take it before the log their trigger writes."""
-    for t in tables:
-        if introspect.table_oid(cur, t) is None:
-            continue
+    """Lock each of `tables` that exists, in order, one statement each (lock_statements: what plan
+    check prints), remembering which one the transaction waits for (waiting_on): a lock_timeout
+    then names it. In order: the live table first, as the application's writers take it before
+    the log their trigger writes. Which exist is asked before the first lock."""
+    for t, stmt in lock_statements(cur, tables, mode):
         _waiting.on = t
-        cur.execute(lock_sql(t, mode))
+        cur.execute(stmt)
     _waiting.on = None
 
 

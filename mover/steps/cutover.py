@@ -22,11 +22,13 @@ class Cutover(Step):
             + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
-            "-- one LOCK TABLE per relation, in this order (those that exist):",
-            *(lockwatch.lock_sql(t) for t in cutover.swap_locks(cur, ctx, m.source, m.target)),
-            "-- apply the last logged changes, then:",
         ]
+
+        def locks() -> list[sql.Composable | str]:
+            return [s for _, s in lockwatch.lock_statements(cur, cutover.swap_locks(cur, ctx, m.source, m.target))]
+
         if introspect.exists(cur, m.target):
+            out += locks()
             stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
         else:
             # Not created yet (`plan check`): the swap's statements are read from a rehearsed
@@ -36,9 +38,11 @@ class Cutover(Step):
             try:
                 for stmt in target_ddl(cur, ctx.plan, m.source, m.target, m.id):
                     cur.execute(stmt)
+                out += [*locks(), "-- and the migration's change log (created by install_capture)"]
                 stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
             finally:
                 cur.execute("ROLLBACK TO SAVEPOINT mover_describe_cutover")
+        out.append("-- apply the last logged changes, then:")
         out += [cutover.render(cur, s) for s in stmts]
         out.append(sql.SQL("COMMIT"))
         if carried.to_validate:

@@ -101,9 +101,10 @@ _waiting = threading.local()  # the relation lock_all is waiting for, per thread
 
 
 def lock_sql(table: QualifiedName, mode: str = "ACCESS EXCLUSIVE") -> sql.Composed:
-    assert mode in ("ACCESS EXCLUSIVE", "SHARE ROW EXCLUSIVE")
-    return sql.SQL("LOCK TABLE {} IN {} MODE").format(
-        table.ident, sql.SQL("ACCESS EXCLUSIVE" if mode == "ACCESS EXCLUSIVE" else "SHARE ROW EXCLUSIVE"))
+    if mode == "SHARE ROW EXCLUSIVE":
+        return sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(table.ident)
+    assert mode == "ACCESS EXCLUSIVE", mode
+    return sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table.ident)
 
 
 def lock_statements(cur: psycopg.Cursor, tables: Sequence[QualifiedName],

@@ -114,7 +114,8 @@ def test_abort_runs_what_it_lists(db_dsn, tmp_path):
             Recording.sent = []
             runner.abort(ctx)
             # Its LOCK TABLE statements first, one per relation (mover/lockwatch.py lock_all), as the rollback's.
-            assert [s for s in ddl_only(Recording.sent) if not s.startswith("LOCK")] == want and any(s.startswith("DROP TABLE") for s in want)
+            ran = [s for s in ddl_only(Recording.sent) if not s.startswith("LOCK")]
+            assert ran == want and any(s.startswith("DROP TABLE") for s in want)
             assert ctx.refresh().state == "aborted"
     finally:
         db.close()

@@ -15,14 +15,20 @@ between rounds cannot move.
 
 Variants (names for --variant):
   none        no trigger: the baseline
-  mover       mover's trigger as shipped: a plpgsql row trigger appending the key to a log with
-              a bigint identity primary key (mover/sql/capture.py)
+  mover       mover's trigger as shipped: a plpgsql row trigger, SECURITY DEFINER without a SET
+              clause (its body fully qualified), appending the key to a log with a bigint
+              identity seq and a plain (not unique) index on it (mover/sql/capture.py)
+  invoker     the design before issue 20: the same function SECURITY INVOKER (the log granted to
+              PUBLIC), the log's seq its primary key
   statement   statement-level triggers with transition tables, one per event (PostgreSQL
               allows transition tables only on single-event triggers), each one INSERT ... SELECT
               of the keys into the same log
-  definer     mover's function made SECURITY DEFINER with SET search_path (a GUC save and
-              restore on every call)
-  no_log_pk   mover's trigger, the log without its primary key index
+  definer_set mover's function with SET search_path = pg_catalog, pg_temp (a GUC save and
+              restore on every call): what a pinned search_path would cost instead of the
+              qualified body
+  log_pk      mover's trigger, the log's seq a primary key instead of a plain index (what the
+              unique check costs)
+  no_log_index  mover's trigger, the log without any index on seq
   unlogged    mover's trigger, the log UNLOGGED: what the log's WAL costs (not shippable: an
               unlogged log is empty after a crash, losing changes)
   fillfactor  mover's trigger, the log at fillfactor 50
@@ -55,9 +61,9 @@ from psycopg import sql
 from bench.common import bindir, connect, create_database, save, server, table
 
 MID = 999999
-VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk", "unlogged", "fillfactor", "seq_cache",
-            "partitioned_log")
-DEFAULT_VARIANTS = ("none", "mover", "statement", "definer", "no_log_pk")
+VARIANTS = ("none", "mover", "invoker", "statement", "definer_set", "log_pk", "no_log_index", "unlogged",
+            "fillfactor", "seq_cache", "partitioned_log")
+DEFAULT_VARIANTS = ("none", "mover", "invoker", "definer_set", "log_pk")
 WORKLOADS = ("tpcb-like", "simple-update")
 
 
@@ -74,8 +80,7 @@ def install(cur: psycopg.Cursor, variant: str) -> None:
     if variant == "none":
         return
     if variant == "statement":
-        cur.execute(q.create_log(log, ("aid",), ("integer",)))
-        for stmt in q.grant_log(log):
+        for stmt in q.create_log(log, ("aid",), ("integer",)):
             cur.execute(stmt)
         for event, refs, body in (
                 ("INSERT", "NEW TABLE AS n", "INSERT INTO {log} (aid) SELECT aid FROM n"),
@@ -92,11 +97,17 @@ def install(cur: psycopg.Cursor, variant: str) -> None:
                 sql.Identifier(f"{trigger}_{event.lower()}"), sql.SQL(event), accounts.ident, sql.SQL(refs), f))
         return
     capture.install(cur, MID, accounts, ("aid",), "bench")
-    if variant == "definer":
-        cur.execute(sql.SQL("ALTER FUNCTION {}() SECURITY DEFINER SET search_path = pg_catalog, pg_temp").format(
-            fn.ident))
-    elif variant == "no_log_pk":
-        cur.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(log.ident, sql.Identifier(f"{log.name}_pkey")))
+    seq_index = sql.Identifier(log.schema, f"{log.name}_seq")
+    if variant == "definer_set":
+        cur.execute(sql.SQL("ALTER FUNCTION {}() SET search_path = pg_catalog, pg_temp").format(fn.ident))
+    elif variant in ("log_pk", "invoker"):
+        cur.execute(sql.SQL("DROP INDEX {}").format(seq_index))
+        cur.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (seq)").format(log.ident))
+        if variant == "invoker":
+            cur.execute(sql.SQL("ALTER FUNCTION {}() SECURITY INVOKER").format(fn.ident))
+            cur.execute(sql.SQL("GRANT INSERT ON {} TO PUBLIC").format(log.ident))
+    elif variant == "no_log_index":
+        cur.execute(sql.SQL("DROP INDEX {}").format(seq_index))
     elif variant == "unlogged":
         cur.execute(sql.SQL("ALTER TABLE {} SET UNLOGGED").format(log.ident))
     elif variant == "fillfactor":

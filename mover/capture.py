@@ -25,6 +25,7 @@ from psycopg import sql
 from mover import control, introspect, names, privileges, ranges
 from mover.context import Context
 from mover.db import one
+from mover.errors import PlanError
 from mover.sql import capture as q
 from mover.sql.copy import covered_by
 from mover.sql.mapping import Mapping, named_bound
@@ -32,6 +33,21 @@ from mover.sql.mapping import Mapping, named_bound
 log = logging.getLogger("mover.capture")
 
 BATCH = 5000
+
+
+def key_equality(cur: psycopg.Cursor, info: introspect.TableInfo, key: tuple[str, ...]) -> tuple[str, ...]:
+    """The schema of each key column's equality operator, from the operator class of the table's
+    key index (the one that decides which rows are one key). Refused if it is not named `=`."""
+    cur.execute(q.key_equality(), {"table": info.oid, "index": info.key_index, "columns": list(key)})
+    found = {r[0]: (r[1], r[2]) for r in cur.fetchall()}
+    out = []
+    for k in key:
+        schema, op = found.get(k, ("pg_catalog", "="))
+        if op != "=":
+            raise PlanError(f"the key column {k!r} of {info.name} compares with operator {schema}.{op}, not `=`; the "
+                            "capture trigger cannot name it", hint="use a key whose operator class's equality is `=`")
+        out.append(schema)
+    return tuple(out)
 
 
 def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
@@ -45,8 +61,8 @@ def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: 
     collations = tuple(info.column(k).collation for k in key)
     log_table = names.change_log(mid, reverse)
     fn = names.capture_function(mid, reverse)
-    return [q.create_log(log_table, key, key_types, collations), *q.grant_log(log_table),
-            q.create_trigger_function(fn, log_table, key, migration),
+    return [*q.create_log(log_table, key, key_types, collations),
+            *q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key)),
             *q.create_trigger(names.capture_trigger(mid, reverse), table, fn)]
 
 
@@ -54,9 +70,65 @@ def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tupl
             reverse: bool = False) -> None:
     for stmt in install_sql(cur, mid, table, key, migration, reverse):
         cur.execute(stmt)
-    # In the same transaction: a writer that could not run the trigger refuses the install (or the
-    # swap that installs the reverse capture), instead of failing the application's writes.
-    privileges.require_capture_path(cur, table, names.change_log(mid, reverse), migration)
+    # In the same transaction: a trigger that could not insert into its log refuses the install
+    # (or the swap that installs the reverse capture), instead of failing the application's writes.
+    privileges.require_capture_path(cur, names.capture_function(mid, reverse), names.change_log(mid, reverse),
+                                    migration)
+
+
+def _trigger_table(cur: psycopg.Cursor, fn: names.QualifiedName) -> names.QualifiedName | None:
+    cur.execute("SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE t.tgfoid = to_regprocedure(%s) ORDER BY t.tgname LIMIT 1", (fn.ident.as_string(cur) + "()",))
+    row = cur.fetchone()
+    return names.QualifiedName(row[0], row[1]) if row else None
+
+
+def upgrade_sql(cur: psycopg.Cursor, mid: int, key: tuple[str, ...], migration: str,
+                reverse: bool = False) -> list[sql.Composed]:
+    """A capture an older mover installed (a SECURITY INVOKER function, the log granted to PUBLIC:
+    any role could forge log rows that failed the application's writes) brought to this design in
+    place: the function replaced (CREATE OR REPLACE: no lock on the table, the next row a writer
+    logs runs the new body), the log's grants revoked. Nothing when it already is, or is gone.
+    The old log keeps its primary key on seq: with no role but its owner able to insert, nothing
+    else can collide with it (dropping it would take an ACCESS EXCLUSIVE lock on the log)."""
+    fn, log_table = names.capture_function(mid, reverse), names.change_log(mid, reverse)
+    cur.execute("SELECT p.prosecdef, has_table_privilege('public', c.oid, 'INSERT')"
+                " FROM pg_proc p, pg_class c WHERE p.oid = to_regprocedure(%s) AND c.oid = to_regclass(%s)",
+                (fn.ident.as_string(cur) + "()", log_table.ident.as_string(cur)))
+    row = cur.fetchone()
+    table = _trigger_table(cur, fn) if row is not None and not (row[0] and not row[1]) else None
+    if table is None:
+        return []
+    info = introspect.describe(cur, table)
+    return [*q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key)),
+            q.revoke_log(log_table)]
+
+
+def upgrade(ctx: Context) -> None:
+    """On resume, each direction's capture of the migration brought to this design (upgrade_sql),
+    checked as an install is, and recorded."""
+    m = ctx.migration
+
+    def go(cur: psycopg.Cursor) -> list[str]:
+        done = []
+        for reverse in (False, True):
+            stmts = upgrade_sql(cur, m.id, tuple(m.key_columns), m.name, reverse)
+            for stmt in stmts:
+                cur.execute(stmt)
+            if stmts:
+                privileges.require_capture_path(cur, names.capture_function(m.id, reverse),
+                                                names.change_log(m.id, reverse), m.name)
+                done.append(str(names.capture_function(m.id, reverse)))
+        if done:
+            control.event(cur, m.id, ctx.owner, m.step, "capture_upgraded",
+                          f"capture function(s) {', '.join(done)} replaced by SECURITY DEFINER ones; PUBLIC's"
+                          " grants on the change log revoked", {"functions": done})
+        return done
+
+    done = ctx.db.transaction(go, label="upgrade capture")
+    if done:
+        ctx.report("capture_upgraded", functions=", ".join(done))
 
 
 def remove_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None,

@@ -337,6 +337,13 @@ def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> Prepared:
                     mapping, introspect.describe(cur, ctx.original).key_index)
 
 
+def swap_locks(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName) -> list[QualifiedName]:
+    """What the swap locks, in this order (ACCESS EXCLUSIVE, those that exist): both tables, the
+    referencing tables and views, then mover's own (the logs and notes the swap drops) -- after
+    the live table, as the application's writers take it before the log."""
+    return [live, other, *carry.also_locked(cur, live), *lockwatch.own_tables(ctx.mid)]
+
+
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
                  extra_tables: Sequence[QualifiedName] = ()) -> float:
     """The swap (or swap back) under the lock discipline (mover/lockwatch.py): returns how long
@@ -362,7 +369,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = _swap_tables(ctx, forward)
         key_index = prepared.key_index  # part of the shape: fixed
-        cur.execute(ddl.lock_tables([live, other, *carry.also_locked(cur, live)]))
+        lockwatch.lock_all(cur, swap_locks(cur, ctx, live, other))
         locked_at = time.monotonic()
         # Where the lock's time goes (in the cutover event): verifying the catalog everything was
         # built from, the drain, reading the catalog again (only when it changed), the DDL, the
@@ -424,9 +431,10 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
                   "catalog_ms": (read_at - drained_at) * 1000, "ddl_ms": (ddl_at - read_at) * 1000,
                   "parity_ms": (ran_at - ddl_at) * 1000,
                   "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt, "prepare_ms": prepare_ms}
-        # Checked after the install, in the same transaction: a writer that could not run the new
-        # trigger refuses the swap instead of failing the application's writes.
-        privileges.require_capture_path(cur, m.source, names.change_log(ctx.mid, forward), m.name)
+        # Checked after the install, in the same transaction: a new log another role could write
+        # (default privileges) refuses the swap instead of exposing the application's writes.
+        privileges.require_capture_path(cur, names.capture_function(ctx.mid, forward),
+                                        names.change_log(ctx.mid, forward), m.name)
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         phases["finish_ms"] = (time.monotonic() - ran_at) * 1000  # the capture path check
@@ -530,12 +538,20 @@ def inert_old_sql(cur: psycopg.Cursor, old: names.QualifiedName) -> list[Stateme
     return out
 
 
+def retire_locks(ctx: Context) -> list[QualifiedName]:
+    """What retire locks first (ACCESS EXCLUSIVE, those that exist), each named if it waits: the
+    live table, the old one unless kept, the migration's logs and notes."""
+    m = ctx.migration
+    return [m.source, *([] if ctx.plan.rollback.keep_old else [m.old]), *lockwatch.own_tables(ctx.mid)]
+
+
 def retire(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
     keep = ctx.plan.rollback.keep_old
 
     def drop(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, "retire", ctx.owner)
+        lockwatch.lock_all(cur, retire_locks(ctx))
         if not keep:
             # Rows the new table never took exist only in the old one, which is about to go.
             left = rows_only_on(cur, ctx, "original")
@@ -564,6 +580,7 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
 
     def undo(cur: psycopg.Cursor) -> None:
+        lockwatch.lock_all(cur, [live, m.target, *lockwatch.own_tables(ctx.mid)])  # each named if it waits
         # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
         # cannot leave any; an older release could): dropping the new table would lose them.
         left = rows_only_on(cur, ctx, "new")

@@ -10,11 +10,18 @@ transaction that sets it, and restored after the attempt, or at the next run aft
 (`restore_pending`). When the attempts are spent, the sessions still holding locks are named in
 the Waiting error (and so in `mover status`); with `[cutover] terminate_blockers` they are
 cancelled, terminated after `blocker_grace`, reported, and the transaction is tried once more.
+
+Watched: the step's tables, the tables whose foreign keys reference them, any the step names,
+and the migration's own change logs and notes (the swap, retire and abort drop them; a session
+of the application's role idle in a transaction that wrote the source holds the log too). A
+step takes its locks one relation at a time through `lock_all`, which remembers the relation it
+is waiting on: the error names that relation, then the sessions holding it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -23,7 +30,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from mover import control, faults, introspect
+from mover import control, faults, introspect, names
 from mover.context import Context
 from mover.db import bind
 from mover.errors import Waiting
@@ -65,8 +72,11 @@ _BLOCKERS = """
 SELECT a.pid, a.usename, a.application_name, a.state,
        extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
        to_char(a.query_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC'), a.backend_type,
-       array_agg(DISTINCT l.relation::regclass::text ORDER BY l.relation::regclass::text)
+       -- Qualified and always quoted, as QualifiedName prints (whatever the session's search_path)
+       array_agg(DISTINCT format('"%%s"."%%s"', replace(n.nspname, '"', '""'), replace(c.relname, '"', '""'))
+                 ORDER BY format('"%%s"."%%s"', replace(n.nspname, '"', '""'), replace(c.relname, '"', '""')))
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE l.locktype = 'relation' AND l.granted AND l.relation = ANY(%(oids)s)
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.pid <> pg_backend_pid()
@@ -85,6 +95,45 @@ def blockers(cur: psycopg.Cursor, tables: Sequence[QualifiedName], *, min_age_s:
     # Not the query text: it may carry the application's data, and it would land in the events.
     out = [Blocker(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7])) for r in cur.fetchall()]
     return [b for b in out if b.autovacuum or (b.xact_age_s or 0.0) >= min_age_s]
+
+
+_waiting = threading.local()  # the relation lock_all is waiting for, per thread (a transaction's)
+
+
+def lock_sql(table: QualifiedName, mode: str = "ACCESS EXCLUSIVE") -> sql.Composed:
+    if mode == "SHARE ROW EXCLUSIVE":
+        return sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(table.ident)
+    assert mode == "ACCESS EXCLUSIVE", mode
+    return sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table.ident)
+
+
+def lock_statements(cur: psycopg.Cursor, tables: Sequence[QualifiedName],
+                    mode: str = "ACCESS EXCLUSIVE") -> list[tuple[QualifiedName, sql.Composed]]:
+    """lock_sql of each of `tables` that exists now, in order (one query asks which)."""
+    cur.execute("SELECT to_regclass(t) IS NOT NULL FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i",
+                ([str(t) for t in tables],))
+    exists = [r[0] for r in cur.fetchall()]
+    return [(t, lock_sql(t, mode)) for t, there in zip(tables, exists, strict=True) if there]
+
+
+def lock_all(cur: psycopg.Cursor, tables: Sequence[QualifiedName], mode: str = "ACCESS EXCLUSIVE") -> None:
+    """Lock each of `tables` that exists, in order, one statement each (lock_statements: what plan
+    check prints), remembering which one the transaction waits for (waiting_on): a lock_timeout
+    then names it. In order: the live table first, as the application's writers take it before
+    the log their trigger writes. Which exist is asked before the first lock."""
+    for t, stmt in lock_statements(cur, tables, mode):
+        _waiting.on = t
+        cur.execute(stmt)
+    _waiting.on = None
+
+
+def waiting_on() -> QualifiedName | None:
+    return getattr(_waiting, "on", None)
+
+
+def own_tables(mid: int) -> list[QualifiedName]:
+    """The migration's relations in mover's schema that its locked steps lock (create, drop)."""
+    return [names.change_log(mid), names.change_log(mid, True), names.applied_notes(mid)]
 
 
 def referencing_tables(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list[QualifiedName]:
@@ -293,7 +342,8 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
     the transaction locks); neither has its autovacuum paused."""
     c = ctx.plan.cutover
     referencing = ctx.db.transaction(bind(referencing_tables, tables), label="referencing tables")
-    watched = list(dict.fromkeys([*tables, *extra_tables, *referencing]))
+    watched = list(dict.fromkeys([*tables, *extra_tables, *referencing, *own_tables(ctx.mid)]))
+    _waiting.on = None
     restore_pending(ctx)
     cancelled: list[int] = []
     try:
@@ -321,23 +371,34 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
         except psycopg.errors.LockNotAvailable as exc:
             found = ctx.db.transaction(bind(blockers, watched), label="blockers")
             if not (c.terminate_blockers and found):
-                raise _blocked(ctx, tables[0], what, retry, found) from exc
+                raise _blocked(ctx, watched, what, retry, found) from exc
         terminate_blockers(ctx, watched, found)
         try:
             return attempt()
         except psycopg.errors.LockNotAvailable as exc:
             found = ctx.db.transaction(bind(blockers, watched), label="blockers")
-            raise _blocked(ctx, tables[0], what, retry, found) from exc
+            raise _blocked(ctx, watched, what, retry, found) from exc
     finally:
         record_cancelled(ctx, cancelled)
         restore_pending(ctx, after_crash=False)
 
 
-def _blocked(ctx: Context, table: QualifiedName, what: str, retry: str, found: list[Blocker]) -> LockBlocked:
+def _blocked(ctx: Context, watched: Sequence[QualifiedName], what: str, retry: str,
+             found: list[Blocker]) -> LockBlocked:
+    """The relation the last attempt waited on (lock_all), else every watched one a session held;
+    the sessions holding it first."""
     c = ctx.plan.cutover
+    waited = waiting_on()
+    _waiting.on = None
+    if waited is not None:
+        held = str(waited)
+        found = sorted(found, key=lambda b: held not in b.tables)
+        target = str(waited)
+    else:
+        target = ", ".join(dict.fromkeys(t for b in found for t in b.tables)) or str(watched[0])
     named = f"; held by {describe_all(found)}" if found else ""
     hint = (f"retry `{retry}` when the table is quieter, end the blocking session(s) (`SELECT "
             f"pg_terminate_backend(pid)`), set `[cutover] terminate_blockers = true`, or raise [cutover] "
             f"lock_timeout / attempts (`mover set {ctx.migration.name} cutover.attempts=...`)")
-    return LockBlocked(f"could not lock {table} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
+    return LockBlocked(f"could not lock {target} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
                        f" migration {ctx.migration.name!r}; nothing was changed{named}", hint, found)

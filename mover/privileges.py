@@ -1,10 +1,12 @@
 """Privileges as facts from the catalog, checked before they are relied on.
 
-The capture trigger runs as whichever role writes the table (it is not SECURITY DEFINER, see
-sql/capture.py): every such role must be able to insert into the change log. mover grants that
-to PUBLIC, but a GRANT by a role that does not own the object is a silent no-op (PostgreSQL
-only logs a WARNING), so the grants are verified with has_*_privilege, never assumed; a missing
-one refuses the step before any application write could fail on it (invariant 3).
+The capture trigger's function is SECURITY DEFINER, owned by mover's role (see sql/capture.py):
+the roles that write the table need nothing on the change log, and no other role may hold any
+right on it but SELECT -- a role that could insert, delete, truncate or put a trigger on the log
+could make the trigger's insert fail (invariant 3) or lose logged keys. Default privileges of
+schema mover can grant rights on a new log behind mover's back, so the log's ACL is read from
+the catalog in the transaction that installs it; a grant there refuses the step before any
+application write runs the trigger.
 
 The migrating role's own needs (docs/operating.md, "Privileges") are checked the same way by `plan check`.
 """
@@ -24,8 +26,8 @@ from mover.errors import PlanError
 @dataclass(frozen=True)
 class Missing:
     role: str  # as SQL would quote it; PUBLIC for the pseudo-role
-    what: str  # "USAGE on schema ...", ...
-    grant: str  # the statement that fixes it
+    what: str  # "lacks USAGE on schema ...", "holds INSERT on ...", ...
+    grant: str  # the statement that fixes it (a GRANT or a REVOKE)
 
 
 def _ident(cur: psycopg.Cursor, name: str | None) -> str:
@@ -46,46 +48,61 @@ def writers(cur: psycopg.Cursor, table: names.QualifiedName) -> list[str]:
     return [r[0] for r in cur.fetchall()]
 
 
-def capture_path_missing(cur: psycopg.Cursor, table: names.QualifiedName,
+def capture_path_missing(cur: psycopg.Cursor, function: names.QualifiedName,
                          log: names.QualifiedName) -> list[Missing]:
-    """What PUBLIC or a writer of `table` lacks to run the capture trigger, which inserts into `log`
-    (a table with an identity column: its sequence needs no privilege of its own, unlike serial's)."""
+    """What stands between the capture trigger (`function`, inserting into `log`) and a write that
+    cannot fail on another role's doing: the function must be SECURITY DEFINER, its owner able to
+    insert into the log (a table with an identity column: its sequence needs no privilege of its
+    own), and no role but the log's owner may hold a right on the log other than SELECT."""
     schema = _ident(cur, log.schema)
     log_sql = log.ident.as_string(cur)
+    fn_sql = function.ident.as_string(cur) + "()"
+    cur.execute("SELECT p.prosecdef, pg_get_userbyid(p.proowner), has_schema_privilege(p.proowner, %s, 'USAGE'),"
+                " has_table_privilege(p.proowner, %s::regclass, 'INSERT')"
+                " FROM pg_proc p WHERE p.oid = %s::regprocedure", (log.schema, log_sql, fn_sql))
+    definer, owner, usage, insert = one(cur)
+    shown = _ident(cur, owner)
     missing: list[Missing] = []
-    for role in ["public", *writers(cur, table)]:
-        shown = "PUBLIC" if role == "public" else _ident(cur, role)
-        cur.execute("SELECT has_schema_privilege(%s, %s, 'USAGE'), has_table_privilege(%s, %s::regclass, 'INSERT')",
-                    (role, log.schema, role, log_sql))
-        usage, insert = one(cur)
-        if not usage:
-            missing.append(Missing(shown, f"USAGE on schema {schema}", f"GRANT USAGE ON SCHEMA {schema} TO {shown}"))
-        if not insert:
-            missing.append(Missing(shown, f"INSERT on {log_sql}", f"GRANT INSERT ON {log_sql} TO {shown}"))
+    if not definer:
+        missing.append(Missing(shown, f"owns {fn_sql}, which is not SECURITY DEFINER",
+                               f"ALTER FUNCTION {fn_sql} SECURITY DEFINER"))
+    if not usage:
+        missing.append(Missing(shown, f"lacks USAGE on schema {schema}", f"GRANT USAGE ON SCHEMA {schema} TO {shown}"))
+    if not insert:
+        missing.append(Missing(shown, f"lacks INSERT on {log_sql}", f"GRANT INSERT ON {log_sql} TO {shown}"))
+    # aclexplode: grantee 0 is PUBLIC. The owner's own entries and those of superusers aside.
+    cur.execute("SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END,"
+                " string_agg(a.privilege_type, ', ' ORDER BY a.privilege_type)"
+                " FROM pg_class c, aclexplode(c.relacl) a"
+                " WHERE c.oid = %s::regclass AND a.grantee <> c.relowner AND a.privilege_type <> 'SELECT'"
+                " AND NOT coalesce((SELECT rolsuper FROM pg_roles WHERE oid = a.grantee), false)"
+                " GROUP BY a.grantee ORDER BY 1 NULLS FIRST", (log_sql,))
+    for grantee, privs in cur.fetchall():
+        who = "PUBLIC" if grantee is None else _ident(cur, grantee)
+        missing.append(Missing(who, f"holds {privs} on {log_sql} (a role but its owner could fail or empty the log)",
+                               f"REVOKE ALL ON {log_sql} FROM {who}"))
     return missing
 
 
-def require_capture_path(cur: psycopg.Cursor, table: names.QualifiedName, log: names.QualifiedName,
+def require_capture_path(cur: psycopg.Cursor, function: names.QualifiedName, log: names.QualifiedName,
                          migration: str) -> None:
-    """Refuse (exit 2, in the caller's transaction, so nothing is installed) unless PUBLIC and
-    every writer of `table` can run the capture trigger."""
-    missing = capture_path_missing(cur, table, log)
+    """Refuse (exit 2, in the caller's transaction, so nothing is installed) unless the capture
+    trigger's insert depends on nothing another role can change."""
+    missing = capture_path_missing(cur, function, log)
     if missing:
-        raise PlanError(capture_message(table, missing), hint=capture_hint(cur, missing, migration))
+        raise PlanError(capture_message(log, missing), hint=capture_hint(cur, missing, migration))
 
 
-def capture_message(table: names.QualifiedName, missing: list[Missing]) -> str:
-    lacks = "; ".join(f"{m.role} lacks {m.what}" for m in missing)
-    return (f"the capture trigger on {table} would fail the application's writes: it runs as the writing role, "
-            f"and {lacks}")
+def capture_message(log: names.QualifiedName, missing: list[Missing]) -> str:
+    lacks = "; ".join(f"{m.role} {m.what}" for m in missing)
+    return f"the capture trigger's change log {log} is not safe for the application's writes: {lacks}"
 
 
 def capture_hint(cur: psycopg.Cursor, missing: list[Missing], migration: str) -> str:
-    # PUBLIC's privileges reach every role: when PUBLIC lacks one, granting it there is the whole fix.
-    grants = list(dict.fromkeys(m.grant for m in missing if m.role == "PUBLIC")) or \
-        list(dict.fromkeys(m.grant for m in missing))
+    grants = list(dict.fromkeys(m.grant for m in missing))
     who = "the owner of schema " + _ident(cur, names.CONTROL_SCHEMA) + " (or a superuser)"
-    return f"as {who} run: {'; '.join(grants)}; then the same `mover ... {migration}` command again"
+    return (f"as {who} run: {'; '.join(grants)} (and drop any default privileges of that schema that grant them);"
+            f" then the same `mover ... {migration}` command again")
 
 
 def setup_missing(cur: psycopg.Cursor, source: names.QualifiedName, target: names.QualifiedName) -> list[Missing]:

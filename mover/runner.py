@@ -56,6 +56,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     gone = False
     try:
         lockwatch.restore_pending(ctx)  # a crash between pausing autovacuum and restoring it
+        capture.upgrade(ctx)  # a capture an older mover installed (granted to PUBLIC)
         yield ctx
     except (LeaseLost, LeaseHeld):
         raise

@@ -1,9 +1,9 @@
-"""Privileges: mover's role can do each step, and every writer of the source can run the
-capture trigger."""
+"""Privileges: mover's role can do each step, and no other role can make the capture trigger's
+insert fail."""
 
 from __future__ import annotations
 
-from mover import control, introspect, privileges
+from mover import capture, control, introspect, privileges
 from mover import names as mover_names
 from mover.checks import Subject
 from mover.errors import PlanError
@@ -17,19 +17,22 @@ def setup(s: Subject) -> None:
 
 
 def capture_path(s: Subject) -> None:
-    """Can every writer of the source run the capture trigger? Its log is created and granted in
-    a savepoint, asked about, and rolled back (the trigger itself is not: it would lock the table)."""
+    """Is the capture trigger's insert safe from other roles? Its log and function are created in
+    a savepoint, asked about (default privileges of schema mover apply to the log as they would at
+    the install), and rolled back (the trigger itself is not: it would lock the table)."""
     cur, source = s.cur, s.src
-    log_table = mover_names.change_log(0)
+    log_table, fn = mover_names.change_log(0), mover_names.capture_function(0)
     info = introspect.describe(cur, source)
+    key = tuple(info.key)
     cur.execute("SAVEPOINT mover_capture_check")
     try:
-        cur.execute(capture_sql.create_log(log_table, tuple(info.key), tuple(info.column(k).type for k in info.key)))
-        for stmt in capture_sql.grant_log(log_table):
+        for stmt in [*capture_sql.create_log(log_table, key, tuple(info.column(k).type for k in key)),
+                     *capture_sql.create_trigger_function(fn, log_table, key, s.plan.name,
+                                                          capture.key_equality(cur, info, key))]:
             cur.execute(stmt)
-        missing = privileges.capture_path_missing(cur, source, log_table)
+        missing = privileges.capture_path_missing(cur, fn, log_table)
     finally:
         cur.execute("ROLLBACK TO SAVEPOINT mover_capture_check")
     if missing:
-        raise PlanError(privileges.capture_message(source, missing),
+        raise PlanError(privileges.capture_message(log_table, missing),
                         hint=privileges.capture_hint(cur, missing, s.plan.name))

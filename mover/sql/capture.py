@@ -20,55 +20,96 @@ from mover.sql.mapping import Mapping, collated, ident_list, key_column_defs, ke
 
 
 def create_log(log: QualifiedName, key: tuple[str, ...], key_types: tuple[str, ...],
-               collations: tuple[tuple[str, str] | None, ...] = ()) -> sql.Composed:
+               collations: tuple[tuple[str, str] | None, ...] = ()) -> list[sql.Composed]:
+    """The log and its index on seq. No unique key: the trigger's insert must not be able to fail
+    on a row someone else put there (invariant 3). seq orders and names the rows for the applier's
+    claim; two rows sharing one (possible only if the log's owner, or a superuser, inserted with
+    OVERRIDING SYSTEM VALUE) are claimed and replayed together, which replay by state allows."""
     # The key's own collation: the watermark test (covered_by) compares log keys with a bound.
     cols = key_column_defs(key, key_types, collations)
+    return [sql.SQL("CREATE TABLE {log} (seq bigint GENERATED ALWAYS AS IDENTITY, {cols},"
+                    " logged_at timestamptz NOT NULL DEFAULT now())").format(log=log.ident, cols=cols),
+            sql.SQL("CREATE INDEX {ix} ON {log} (seq)").format(ix=sql.Identifier(log.name + "_seq"), log=log.ident)]
+
+
+def key_equality() -> sql.SQL:
+    """Per key column (%(columns)s, in order) of the table's key index (%(table)s oid, %(index)s
+    name): the schema of its operator class's equality operator, and that operator's name. The
+    trigger compares old and new keys with exactly the operator that decides key identity."""
     return sql.SQL(
-        "CREATE TABLE {log} (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {cols},"
-        " logged_at timestamptz NOT NULL DEFAULT now())"
-    ).format(log=log.ident, cols=cols)
+        """
+SELECT a.attname, n.nspname, o.oprname
+FROM pg_index i
+JOIN pg_class ic ON ic.oid = i.indexrelid
+CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indclass::oid[]) AS k(attnum, opclass)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+JOIN pg_opclass c ON c.oid = k.opclass
+JOIN pg_amop p ON p.amopfamily = c.opcfamily AND p.amopmethod = c.opcmethod AND p.amopstrategy = 3
+                AND p.amoplefttype = c.opcintype AND p.amoprighttype = c.opcintype
+JOIN pg_operator o ON o.oid = p.amopopr
+JOIN pg_namespace n ON n.oid = o.oprnamespace
+WHERE i.indrelid = %(table)s AND ic.relname = %(index)s AND a.attname = ANY(%(columns)s)
+""")
 
 
 def create_trigger_function(function: QualifiedName, log: QualifiedName, key: tuple[str, ...],
-                            migration: str) -> sql.Composed:
+                            migration: str, equality: tuple[str, ...] | None = None) -> list[sql.Composed]:
     """The function body is a string literal (PostgreSQL takes no parameters there); the names
-    inside it are composed with Identifier first, so they are quoted exactly once."""
+    inside it are composed with Identifier first, so they are quoted exactly once. `equality` is
+    the schema of each key column's equality operator (key_equality; pg_catalog by default).
+
+    SECURITY DEFINER, owned by mover's role: the writing roles need no right on the log, and no
+    other role has any (nothing another role writes can make the trigger's insert fail,
+    invariant 3). Without a SET clause (a GUC save and restore on every row, bench/README.md):
+    instead nothing in the body resolves through the caller's search_path, which a writing role
+    or a CREATE on public could fill with its own operators or functions and run them with
+    mover's rights. The log is schema-qualified; every operator is OPERATOR(schema.=), the key
+    type's own; the one function is pg_catalog.format; TG_OP is compared with
+    OPERATOR(pg_catalog.=) (text = text). Plain comparison, not IS DISTINCT FROM (which resolves
+    `=` by search path): key columns are NOT NULL."""
+    schemas = equality or tuple("pg_catalog" for _ in key)
+    eq = sql.SQL("OPERATOR(pg_catalog.=)")
     new_key = sql.SQL(", ").join(sql.SQL("NEW.{}").format(sql.Identifier(k)) for k in key)
     old_key = sql.SQL(", ").join(sql.SQL("OLD.{}").format(sql.Identifier(k)) for k in key)
+    same_key = sql.SQL(" AND ").join(
+        sql.SQL("OLD.{k} OPERATOR({s}.=) NEW.{k}").format(k=sql.Identifier(k), s=sql.Identifier(s))
+        for k, s in zip(key, schemas, strict=True))
     body = sql.SQL(
         """
 BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
+    IF TG_OP {eq} 'TRUNCATE' THEN
         -- The rows are gone before anyone could log their keys: refuse rather than diverge.
         RAISE EXCEPTION USING ERRCODE = 'object_in_use',
-            MESSAGE = format('%s is being moved by mover migration %s; TRUNCATE would not reach the copy',
-                             TG_TABLE_NAME, {migration}),
-            HINT = format('delete the rows instead, or `mover abort %s` first', {migration});
+            MESSAGE = pg_catalog.format('%s is being moved by mover migration %s; TRUNCATE would not reach the copy',
+                                        TG_TABLE_NAME, {migration}),
+            HINT = pg_catalog.format('delete the rows instead, or `mover abort %s` first', {migration});
     END IF;
-    IF TG_OP <> 'DELETE' THEN
-        INSERT INTO {log} ({cols}) VALUES ({new_key});
+    IF TG_OP {eq} 'DELETE' THEN
+        INSERT INTO {log} ({cols}) VALUES ({old_key});
+        RETURN NULL;
     END IF;
-    IF TG_OP = 'DELETE' OR (TG_OP = 'UPDATE' AND ROW({old_key}) IS DISTINCT FROM ROW({new_key})) THEN
+    INSERT INTO {log} ({cols}) VALUES ({new_key});
+    IF TG_OP {eq} 'UPDATE' AND NOT ({same_key}) THEN
         INSERT INTO {log} ({cols}) VALUES ({old_key});
     END IF;
     RETURN NULL;
 END
 """
-    ).format(log=log.ident, cols=ident_list(key), new_key=new_key, old_key=old_key,
+    ).format(log=log.ident, cols=ident_list(key), new_key=new_key, old_key=old_key, same_key=same_key, eq=eq,
              migration=sql.Literal(migration))
-    # Not SECURITY DEFINER: the function runs as the application's role, so a search_path that
-    # role controls can hijack nothing but its own rights (a definer function would need a
-    # SET search_path clause, which costs a GUC save and restore on every row). The role needs
-    # USAGE on the schema and INSERT on the log, granted to PUBLIC: a forged log row is
-    # harmless, since replay reads the key's real state.
-    return sql.SQL("CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS {body}").format(
-        fn=function.ident, body=sql.Literal(body.as_string()))
+    # CREATE OR REPLACE: a capture installed by an older mover (SECURITY INVOKER, the log granted
+    # to PUBLIC) is brought to this one in place on resume (capture.upgrade). EXECUTE revoked:
+    # another role could otherwise attach the function to a table of its own and log keys
+    # through it with mover's rights (a trigger's function is checked for EXECUTE only when the
+    # trigger is created, not when it fires).
+    return [sql.SQL("CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS {body}")
+            .format(fn=function.ident, body=sql.Literal(body.as_string())),
+            sql.SQL("REVOKE ALL ON FUNCTION {fn}() FROM PUBLIC").format(fn=function.ident)]
 
 
-def grant_log(log: QualifiedName) -> list[sql.Composed]:
-    assert log.schema is not None  # change logs live in the control schema (names.change_log)
-    return [sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(sql.Identifier(log.schema)),
-            sql.SQL("GRANT INSERT ON {} TO PUBLIC").format(log.ident)]
+def revoke_log(log: QualifiedName) -> sql.Composed:
+    """What an older mover granted on the log (INSERT to PUBLIC), taken back: no grant is needed."""
+    return sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(log.ident)
 
 
 def truncate_trigger(trigger: str) -> str:

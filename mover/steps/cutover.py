@@ -3,10 +3,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import carry, cutover, hooks, introspect
+from mover import carry, cutover, hooks, introspect, lockwatch
 from mover.checks import foreign_keys
 from mover.context import Context
-from mover.sql import ddl
 from mover.steps.base import Step
 from mover.steps.create_target import target_ddl
 from mover.steps.reconcile import last_check
@@ -23,10 +22,13 @@ class Cutover(Step):
             + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
-            ddl.lock_tables([m.source, m.target, *carry.also_locked(cur, m.source)]),
-            "-- apply the last logged changes, then:",
         ]
+
+        def locks() -> list[sql.Composable | str]:
+            return [s for _, s in lockwatch.lock_statements(cur, cutover.swap_locks(cur, ctx, m.source, m.target))]
+
         if introspect.exists(cur, m.target):
+            out += locks()
             stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
         else:
             # Not created yet (`plan check`): the swap's statements are read from a rehearsed
@@ -36,9 +38,11 @@ class Cutover(Step):
             try:
                 for stmt in target_ddl(cur, ctx.plan, m.source, m.target, m.id):
                     cur.execute(stmt)
+                out += [*locks(), "-- and the migration's change log (created by install_capture)"]
                 stmts, carried = cutover.swap_plan(cur, ctx, forward=True)
             finally:
                 cur.execute("ROLLBACK TO SAVEPOINT mover_describe_cutover")
+        out.append("-- apply the last logged changes, then:")
         out += [cutover.render(cur, s) for s in stmts]
         out.append(sql.SQL("COMMIT"))
         if carried.to_validate:

@@ -7,19 +7,23 @@ from mover import capture, control, lockwatch
 from mover.context import Context
 from mover.steps.base import Step
 
+INSTALL_LOCK = "SHARE ROW EXCLUSIVE"  # what CREATE TRIGGER takes
+
 
 class InstallCapture(Step):
     name = "install_capture"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
-        return list(capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name))
+        return [*(s for _, s in lockwatch.lock_statements(cur, [m.source], INSTALL_LOCK)),
+                *capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name)]
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
 
         def install(cur: psycopg.Cursor) -> None:
             control.guard(cur, m.id, self.name, ctx.owner)
+            lockwatch.lock_all(cur, [m.source], INSTALL_LOCK)  # named if it waits
             capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name)
             control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import cutover, hooks
+from mover import cutover, hooks, lockwatch
 from mover.context import Context
 from mover.steps.base import Step
 
@@ -12,7 +12,8 @@ class Retire(Step):
     name = "retire"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
-        return [cutover.render(cur, s) for s in cutover.retire_sql(cur, ctx)]
+        return [*(s for _, s in lockwatch.lock_statements(cur, cutover.retire_locks(ctx))),
+                *(cutover.render(cur, s) for s in cutover.retire_sql(cur, ctx))]
 
     def run(self, ctx: Context) -> None:
         hooks.run(ctx, "before_retire")

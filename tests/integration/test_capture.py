@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import psycopg
-import pytest
 
 from tests.workload import mover, write_plan
 
@@ -47,71 +46,102 @@ def test_each_write_logs_exactly_the_keys_it_touches(db_dsn, tmp_path):
             conn.execute("DROP ROLE cap_app")
 
 
-def test_capture_path_check_matches_what_each_writer_can_really_do(db_dsn):
-    """privileges.capture_path_missing names exactly the writers that a trigger inserting into the
-    log would fail: the owner, a role with only column UPDATE, a member inheriting it, a role with
-    only DELETE; not a reader. Checked against the real trigger, run as each role."""
-    import uuid
-
+def test_capture_path_check_refuses_rights_of_other_roles_on_the_log(db_dsn, tmp_path):
+    """privileges.capture_path_missing: the installed capture is SECURITY DEFINER and its log grants
+    nothing; a right another role holds on the log (granted, or by the schema's default
+    privileges, which plan check sees on its rehearsed log) is named with the REVOKE to run."""
     from psycopg import sql
 
-    from mover import privileges
-    from mover.names import QualifiedName
+    from mover import names, privileges
 
-    tag = uuid.uuid4().hex[:6]
-    owner, group, member, deleter, reader = (f"{r}_{tag}" for r in ("own", "grp", "mem", "del", "rd"))
-    ident = sql.Identifier
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        for role in (owner, group, member, deleter, reader):
-            conn.execute(sql.SQL("CREATE ROLE {}").format(ident(role)))
+        conn.execute("CREATE TABLE t (k int PRIMARY KEY, v text)")
+        conn.execute("DROP ROLE IF EXISTS cap_other")
+        conn.execute("CREATE ROLE cap_other")
+    plan = write_plan(tmp_path / "p.toml", '[migration]\nname = "cap"\nsource = "t"\n[rollback]\nwindow = "1h"\n')
+    assert mover(db_dsn, "step", plan).returncode == 0
+    assert mover(db_dsn, "step", "cap").returncode == 0  # install_capture
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
         try:
-            conn.execute(sql.SQL("GRANT {} TO {}").format(ident(group), ident(member)))
-            conn.execute("CREATE SCHEMA logs")  # owned by the superuser; PUBLIC has no USAGE
-            conn.execute("CREATE TABLE logs.l (seq bigint GENERATED ALWAYS AS IDENTITY, k int)")
-            conn.execute("GRANT INSERT ON logs.l TO PUBLIC")
-            conn.execute("CREATE TABLE t (k int PRIMARY KEY, v text)")
-            conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
-            conn.execute(sql.SQL("ALTER TABLE t OWNER TO {}").format(ident(owner)))
-            conn.execute(sql.SQL("GRANT UPDATE (v) ON t TO {}").format(ident(group)))
-            conn.execute(sql.SQL("GRANT SELECT ON t TO {}, {}, {}").format(ident(group), ident(deleter), ident(reader)))
-            conn.execute(sql.SQL("GRANT DELETE ON t TO {}").format(ident(deleter)))
-            conn.execute("CREATE FUNCTION log_k() RETURNS trigger LANGUAGE plpgsql AS"
-                         " $$BEGIN INSERT INTO logs.l (k) VALUES (coalesce(NEW.k, OLD.k)); RETURN NULL; END$$")
-            conn.execute("CREATE TRIGGER log_k AFTER UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION log_k()")
-            table, log = QualifiedName("public", "t"), QualifiedName("logs", "l")
-            writers = {owner, group, member, deleter}
+            (mid,) = conn.execute("SELECT id FROM mover.migrations").fetchone()
+            fn, log = names.capture_function(mid), names.change_log(mid)
             with conn.cursor() as cur:
-                assert set(privileges.writers(cur, table)) == writers  # the reader is none
-                missing = privileges.capture_path_missing(cur, table, log)
-            assert {m.role for m in missing} == {"PUBLIC", *(f'"{w}"' for w in writers)}
-            assert {m.what for m in missing} == {'USAGE on schema "logs"'}
-
-            def write_as(role, statement):
-                conn.execute(sql.SQL("SET ROLE {}").format(ident(role)))
-                try:
-                    conn.execute(statement)
-                finally:
-                    conn.execute("RESET ROLE")
-
-            writes = {owner: "UPDATE t SET v = 'o' WHERE k = 1", group: "UPDATE t SET v = 'g' WHERE k = 2",
-                      member: "UPDATE t SET v = 'm' WHERE k = 3", deleter: "DELETE FROM t WHERE k = 4"}
-            for role, statement in writes.items():  # the check was right: each one fails in the trigger
-                with pytest.raises(psycopg.errors.InsufficientPrivilege, match='schema logs'):
-                    write_as(role, statement)
-            conn.execute("GRANT USAGE ON SCHEMA logs TO PUBLIC")
-            with conn.cursor() as cur:
-                assert privileges.capture_path_missing(cur, table, log) == []
-            for role, statement in writes.items():
-                write_as(role, statement)
-            assert conn.execute("SELECT count(*) FROM logs.l").fetchone()[0] == 4
+                assert privileges.capture_path_missing(cur, fn, log) == []
+                assert cur.execute("SELECT relacl FROM pg_class WHERE oid = %s::regclass",
+                                   (str(log),)).fetchone()[0] is None  # the owner's defaults: no grant
+                cur.execute(sql.SQL("GRANT INSERT, TRIGGER ON {} TO cap_other").format(log.ident))
+                cur.execute(sql.SQL("GRANT SELECT, DELETE ON {} TO PUBLIC").format(log.ident))
+                missing = privileges.capture_path_missing(cur, fn, log)
+                assert [(m.role, m.what.split(" on ")[0], m.grant) for m in missing] == [
+                    ("PUBLIC", "holds DELETE", f"REVOKE ALL ON {log.ident.as_string(cur)} FROM PUBLIC"),
+                    ('"cap_other"', "holds INSERT, TRIGGER", f"REVOKE ALL ON {log.ident.as_string(cur)} FROM"
+                                                              ' "cap_other"')]
+                cur.execute(sql.SQL("REVOKE ALL ON {} FROM PUBLIC, cap_other").format(log.ident))
+                cur.execute(sql.SQL("ALTER FUNCTION {}() SECURITY INVOKER").format(fn.ident))
+                assert [m.grant for m in privileges.capture_path_missing(cur, fn, log)] == \
+                    [f"ALTER FUNCTION {fn.ident.as_string(cur)}() SECURITY DEFINER"]
+                cur.execute(sql.SQL("ALTER FUNCTION {}() SECURITY DEFINER").format(fn.ident))
+            # A new log would get INSERT for PUBLIC from the schema's default privileges: plan check says so.
+            conn.execute("ALTER DEFAULT PRIVILEGES IN SCHEMA mover GRANT INSERT ON TABLES TO PUBLIC")
+            conn.execute("CREATE TABLE t2 (k int PRIMARY KEY)")
+            other = write_plan(tmp_path / "q.toml", '[migration]\nname = "cap2"\nsource = "t2"\n'
+                               '[rollback]\nwindow = "1h"\n')
+            out = mover(db_dsn, "plan", "check", other)
+            assert out.returncode == 2, out.stderr
+            flat = " ".join(out.stderr.split())
+            assert "PUBLIC holds INSERT on" in flat and "REVOKE ALL ON" in flat and "default privileges" in flat, flat
         finally:
-            conn.execute("DROP SCHEMA IF EXISTS logs CASCADE")
-            conn.execute("DROP TABLE IF EXISTS t")
-            conn.execute("DROP FUNCTION IF EXISTS log_k()")
-            for role in (owner, group, member, deleter, reader):
-                conn.execute(sql.SQL("DROP OWNED BY {}").format(ident(role)))
-            for role in (member, owner, group, deleter, reader):
-                conn.execute(sql.SQL("DROP ROLE {}").format(ident(role)))
+            conn.execute("ALTER DEFAULT PRIVILEGES IN SCHEMA mover REVOKE INSERT ON TABLES FROM PUBLIC")
+            conn.execute("DROP OWNED BY cap_other")
+            conn.execute("DROP ROLE cap_other")
+
+
+def test_a_capture_installed_by_an_older_mover_is_upgraded_on_resume(db_dsn, tmp_path):
+    """The upgrade path: a migration whose capture an older mover installed (the function SECURITY
+    INVOKER, with the unqualified body, the log granted to PUBLIC, its primary key on seq) is
+    brought to this design by the next command that resumes it, recorded as an event; capture
+    goes on (the log's rows and the trigger are kept)."""
+    from psycopg import sql
+
+    from mover import names
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (k int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 100) g")
+    plan = write_plan(tmp_path / "p.toml", '[migration]\nname = "up"\nsource = "t"\n[rollback]\nwindow = "1h"\n')
+    assert mover(db_dsn, "step", plan).returncode == 0
+    assert mover(db_dsn, "step", "up").returncode == 0  # install_capture
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        (mid,) = conn.execute("SELECT id FROM mover.migrations").fetchone()
+        fn, log = names.capture_function(mid), names.change_log(mid)
+        old_body = ("BEGIN IF TG_OP <> 'DELETE' THEN INSERT INTO {log} (k) VALUES (NEW.k); END IF;"
+                    " IF TG_OP = 'DELETE' OR (TG_OP = 'UPDATE' AND ROW(OLD.k) IS DISTINCT FROM ROW(NEW.k)) THEN"
+                    " INSERT INTO {log} (k) VALUES (OLD.k); END IF; RETURN NULL; END")
+        conn.execute(sql.SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql SECURITY INVOKER"
+                             " AS {}").format(fn.ident, sql.Literal(sql.SQL(old_body).format(log=log.ident)
+                                                                    .as_string(conn))))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA mover TO PUBLIC"))
+        conn.execute(sql.SQL("GRANT INSERT ON {} TO PUBLIC").format(log.ident))
+        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier("mover", f"{log.name}_seq")))
+        conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (seq)").format(log.ident))
+        conn.execute("UPDATE t SET v = 'y' WHERE k = 1")
+    out = mover(db_dsn, "step", "up")  # resumes: the backfill
+    assert out.returncode == 0, out.stderr
+    assert "capture_upgraded" in out.stdout + out.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        definer, src = conn.execute("SELECT prosecdef, prosrc FROM pg_proc WHERE oid = %s::regprocedure",
+                                    (f"{fn}()",)).fetchone()
+        assert definer and "OPERATOR(pg_catalog.=)" in src and "IS DISTINCT FROM" not in src
+        assert not conn.execute("SELECT has_table_privilege('public', %s::regclass, 'INSERT')",
+                                (str(log),)).fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM mover.events WHERE kind = 'capture_upgraded'").fetchone()[0] == 1
+        conn.execute("UPDATE t SET k = 1000 WHERE k = 2")  # the new body, on the old log
+        logged = {r[0] for r in conn.execute(sql.SQL("SELECT k FROM {}").format(log.ident))}
+        assert {2, 1000} <= logged, logged
+    out = mover(db_dsn, "step", "up")  # nothing left to upgrade: no second event
+    assert out.returncode == 0, out.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM mover.events WHERE kind = 'capture_upgraded'").fetchone()[0] == 1
 
 
 def test_replay_into_an_unanalyzed_partitioned_target_is_driven_by_the_keys(db_dsn, tmp_path):

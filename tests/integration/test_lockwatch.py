@@ -25,7 +25,7 @@ def test_referencing_tables_and_their_blockers_are_named(db_dsn):
                 assert refs == [QualifiedName("public", "Child")]
                 found = lockwatch.blockers(cur, [parent, *refs])
                 assert [(b.pid, b.application_name, b.state, b.tables, b.autovacuum) for b in found] == \
-                    [(holder.info.backend_pid, "app-child", "idle in transaction", ('"Child"',), False)]
+                    [(holder.info.backend_pid, "app-child", "idle in transaction", ('"public"."Child"',), False)]
                 assert f"pid {holder.info.backend_pid} (user " in found[0].describe()
                 # Younger than the threshold: not named before the attempt (only autovacuum always is).
                 assert lockwatch.blockers(cur, refs, min_age_s=3600) == []

@@ -64,6 +64,28 @@ def test_swap_statements():
     assert text(ddl.drop_constraint(DST, "c")) == 'ALTER TABLE "Sales"."Order Items_new" DROP CONSTRAINT "c"'
 
 
+def test_capture_function_body_resolves_nothing_through_the_search_path():
+    """Issue 20: the SECURITY DEFINER body names every operator and function with its schema (a
+    CREATE on public must not put code of another role into it); no SET clause, EXECUTE revoked."""
+    import re
+
+    function, log = QualifiedName("mover", "m1_capture"), QualifiedName("mover", "m1_changes")
+    create, revoke = (text(s) for s in capture.create_trigger_function(function, log, ("k", "Part"), "m",
+                                                                        ("pg_catalog", "ext")))
+    assert create.startswith('CREATE OR REPLACE FUNCTION "mover"."m1_capture"() RETURNS trigger LANGUAGE plpgsql'
+                             ' SECURITY DEFINER AS ') and " SET " not in create.split(" AS ")[0]
+    assert revoke == 'REVOKE ALL ON FUNCTION "mover"."m1_capture"() FROM PUBLIC'
+    body = create.split(" AS ", 1)[1]
+    assert 'OLD."k" OPERATOR("pg_catalog".=) NEW."k"' in body and 'OLD."Part" OPERATOR("ext".=) NEW."Part"' in body
+    assert 'INSERT INTO "mover"."m1_changes"' in body and "IS DISTINCT FROM" not in body
+    # Left once the qualified operators, RAISE's USING options and the string literals are gone:
+    # no operator symbol, and every function call is pg_catalog's.
+    bare = re.sub(r"OPERATOR\([^)]*\)|''[^']*''|(ERRCODE|MESSAGE|HINT) =", " ", body)
+    assert not re.search(r"[=<>!~+*/|&^%#@-]", bare.replace("--", " ")), bare
+    calls = re.findall(r"([\w.\"]+)\s*\(", bare)
+    assert set(calls) <= {"pg_catalog.format", "NOT", "VALUES", '"mover"."m1_changes"'}, calls
+
+
 def test_capture_triggers_fire_always_and_on_truncate():
     function = QualifiedName("mover", "capture_fn_1")
     statements = [text(s) for s in capture.create_trigger("mover_capture_1", SRC, function)]

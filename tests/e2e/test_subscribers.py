@@ -179,3 +179,18 @@ def test_subscriber_stays_in_step_for_each_kind_of_publication(logical, tmp_path
         # A leftover slot would retain WAL: the subscription drops its slot with it.
         _sql(sub, "DROP SUBSCRIPTION IF EXISTS sub")
         _sql(source, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active")
+
+
+def test_cutover_refuses_a_publication_made_since_registration(db_dsn, tmp_path):
+    """plan check ran before the publication existed: the cutover checks again, before the swap."""
+    create_orders(db_dsn, ROWS)
+    plan = write_plan(tmp_path / "plan.toml", PLAN.format(target=PARTITION))
+    assert mover(db_dsn, "run", plan).returncode == 3
+    _sql(db_dsn, 'CREATE PUBLICATION pub FOR TABLE "Orders"')
+    r = mover(db_dsn, "cutover", "orders_sub", env=WIDE)
+    assert r.returncode == 2 and '"pub"' in r.stderr and "publish_via_partition_root" in r.stderr, r.stderr
+    assert _sql(db_dsn, """SELECT relkind FROM pg_class WHERE oid = '"Orders"'::regclass""") == [("r",)]
+    _run_printed(db_dsn, r.stderr)
+    r = mover(db_dsn, "cutover", "orders_sub")
+    assert r.returncode == 0, r.stderr
+    assert _sql(db_dsn, """SELECT relkind FROM pg_class WHERE oid = '"Orders"'::regclass""") == [("p",)]

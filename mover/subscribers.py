@@ -56,7 +56,7 @@ def all_tables(cur: psycopg.Cursor) -> list[PlanError]:
         listed = sql.SQL(" FOR TABLE {}").format(_table_list(tables)) if tables else sql.SQL("")
         create = sql.SQL("CREATE PUBLICATION {p}{f} WITH (publish = {w}, publish_via_partition_root = {r})").format(
             p=sql.Identifier(pub), f=listed,
-            w=sql.Literal(publish), r=sql.SQL("true" if via_root else "false"))
+            w=sql.Literal(publish), r=sql.Literal(bool(via_root)))
         statements: list[sql.Composable] = [sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pub)), create]
         cur.execute("SELECT current_user")
         row = cur.fetchone()

@@ -194,3 +194,15 @@ def test_cutover_refuses_a_publication_made_since_registration(db_dsn, tmp_path)
     r = mover(db_dsn, "cutover", "orders_sub")
     assert r.returncode == 0, r.stderr
     assert _sql(db_dsn, """SELECT relkind FROM pg_class WHERE oid = '"Orders"'::regclass""") == [("p",)]
+
+
+def test_a_publication_of_the_control_schema_is_refused(db_dsn, tmp_path):
+    create_orders(db_dsn, 100)
+    _sql(db_dsn, "CREATE PUBLICATION pub FOR TABLES IN SCHEMA mover")
+    plan = write_plan(tmp_path / "plan.toml", PLAN.format(target=WIDEN))
+    for args in (("init",), ("plan", "check", plan)):
+        r = mover(db_dsn, *args, env=WIDE)
+        assert r.returncode == 2 and '"pub"' in r.stderr and "control schema" in r.stderr, r.stderr
+    _run_printed(db_dsn, r.stderr)
+    assert mover(db_dsn, "init").returncode == 0
+    assert mover(db_dsn, "plan", "check", plan).returncode == 0

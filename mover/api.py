@@ -26,6 +26,7 @@ from mover import (
     samples,
     shape,
     steps,
+    subscribers,
 )
 from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
@@ -33,7 +34,7 @@ from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, is_connection_lost, one
 from mover.db import open_database as _database
-from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
+from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting, combined
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
@@ -54,7 +55,15 @@ def _require_schema(db: Database) -> None:
 
 
 def init(dsn: str) -> str:
-    _database(dsn).close()
+    db = _database(dsn)
+    try:
+        # Before anything is created: a publication that would publish mover's tables to
+        # subscribers that lack them (mover/subscribers.py).
+        problems = db.transaction(subscribers.init_refusals)
+    finally:
+        db.close()
+    if problems:
+        raise combined(problems, hint="then `mover init` again")
     return control.init_schema(dsn)
 
 

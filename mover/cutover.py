@@ -35,9 +35,11 @@ from mover import (
     privileges,
     ranges,
     shape,
+    subscribers,
 )
 from mover.context import Context
-from mover.errors import Failed, Waiting
+from mover.db import one
+from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
 from mover.sql import ddl
 from mover.sql.mapping import Mapping
@@ -68,6 +70,14 @@ def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
                 problems.append(f"index {ix.name!r} on {ctx.new} is invalid")
         if problems:
             raise Failed("; ".join(problems), hint=f"run `mover run {ctx.migration.name}` to rebuild it")
+        # A publication made since registration (plan check refused those before it) whose
+        # subscribers the swap would break (mover/subscribers.py).
+        source = ctx.migration.source
+        assert source.schema is not None
+        cur.execute("SELECT to_regclass(%s)::oid", (str(source),))
+        refused = subscribers.plan_refusals(cur, source.schema, int(one(cur)[0]), ctx.plan.partition is not None)
+        if refused:
+            raise combined(refused, hint=f"then `mover cutover {ctx.migration.name}` again")
     ctx.db.transaction(check)
     # Drain outside the lock so the locked transaction has little left to apply.
     capture.drain(ctx, reverse=False, backfill_done=True)

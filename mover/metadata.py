@@ -182,11 +182,19 @@ def plan_notes(cur: psycopg.Cursor, source_oid: int, changed_columns: dict[str, 
     elif mode != "d":
         at_swap.append("replica identity " + (f"USING INDEX {names.display_ident(index)} (the new table's copy)"
                                               if mode == "i" else ddl.REPLICA_IDENTITY[mode]))
-    cur.execute("SELECT p.pubname, p.pubviaroot FROM pg_publication_rel pr JOIN pg_publication p"
+    cur.execute("SELECT p.pubname, p.pubviaroot, (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a"
+                " WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))"
+                " FROM pg_publication_rel pr JOIN pg_publication p"
                 " ON p.oid = pr.prpubid WHERE pr.prrelid = %s ORDER BY 1", (source_oid,))
-    for pub, via_root in cur.fetchall():
+    for pub, via_root, published in cur.fetchall():
         at_swap.append(f"membership of publication {names.display_ident(pub)} (with its column list and row"
                        f" filter; the old table leaves it)")
+        for column, new_type in changed_columns.items():
+            if published is None or column in published:
+                # A subscriber applies the values as text into its own column type.
+                at_swap.append(f"subscribers of publication {names.display_ident(pub)} receive column"
+                               f" {names.display_ident(column)} as {new_type}: change its type on each subscriber"
+                               f" before the cutover, or their apply stops on the first value the old type cannot hold")
         if partitioned and not via_root:
             # Subscribers would receive the partitions' names, which they do not have.
             not_carried.append(f"the table name in publication {names.display_ident(pub)}: without"

@@ -105,6 +105,7 @@ def _registry() -> list[Check]:
         Check("dependents the swap moves are owned", carried.owned),
         Check("privileges", privileges.setup),
         Check("publications", metadata.publications),
+        Check("subscribers", metadata.subscribers_in_step),
         Check("metadata carried", metadata.carried),
         Check("target DDL", rehearsal.create_target, clean=True),
         Check("lossy type changes", types.lossy, clean=True),

@@ -3,7 +3,7 @@ and what would make the swap fail (a publication mover's role cannot alter)."""
 
 from __future__ import annotations
 
-from mover import metadata, names
+from mover import metadata, names, subscribers
 from mover.checks import Subject
 from mover.errors import PlanError
 
@@ -19,3 +19,10 @@ def publications(s: Subject) -> None:
                            f" (ALTER PUBLICATION), which only its owner can do",
                            hint=f"ALTER PUBLICATION {names.display_ident(pub)} OWNER TO the role mover runs as"
                                 f" (or GRANT {names.display_ident(owner)} TO it), then `mover plan check` again"))
+
+
+def subscribers_in_step(s: Subject) -> None:
+    """Publications whose subscribers the migration would break (mover/subscribers.py)."""
+    assert s.src.schema is not None
+    for problem in subscribers.plan_refusals(s.cur, s.src.schema, s.table.oid, s.plan.partition is not None):
+        s.report(problem)

@@ -90,7 +90,10 @@ def test_metadata_survives_swap_and_rollback_under_writer(db_dsn, tmp_path):
     notes = json.loads(r.stdout)["metadata"]
     assert notes["at_swap"] == ['replica identity USING INDEX "Orders_pkey" (the new table\'s copy)',
                                 'membership of publication "orders_pub" (with its column list and row filter;'
-                                " the old table leaves it)"]
+                                " the old table leaves it)",
+                                'subscribers of publication "orders_pub" receive column "id" as bigint: change its type'
+                                " on each subscriber before the cutover, or their apply stops on the first value the"
+                                " old type cannot hold"]
     assert [n.split(" of column")[0] for n in notes["at_create_target"][:3]] == [
         "statistics target 500", "the compression setting", "the storage setting"]
     assert notes["not_carried"] == []

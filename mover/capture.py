@@ -167,9 +167,15 @@ def _apply(cur: psycopg.Cursor, ctx: Context, m: Mapping, reverse: bool,
            cond: tuple[sql.Composable, dict[str, Any]], limit: int, wait_for_lock: bool) -> Applied:
     covered, params = cond
     log_table = names.change_log(ctx.mid, reverse)
+    if wait_for_lock:
+        # Under the swap's lock (the only caller that waits), most drains find the log empty: one
+        # index probe instead of the replay statement, which on a wide table costs its planning.
+        cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} c WHERE {})").format(log_table.ident, covered), params)
+        if not one(cur)[0]:
+            return Applied()
     cur.execute("SAVEPOINT mover_replay")
     try:
-        cur.execute(q.replay(m, log_table, covered=covered, skip_locked=not wait_for_lock),
+        cur.execute(_replay_statement(cur, m, log_table, covered, skip_locked=not wait_for_lock),
                     {**params, "limit": limit})
         claimed, deleted, upserted = one(cur)
         cur.execute("RELEASE SAVEPOINT mover_replay")
@@ -179,6 +185,23 @@ def _apply(cur: psycopg.Cursor, ctx: Context, m: Mapping, reverse: bool,
         cur.execute("ROLLBACK TO SAVEPOINT mover_replay")
         log.info("replay batch failed on data (%s); replaying it as a closure of keys", exc.sqlstate)
     return _apply_key_by_key(cur, ctx, m, log_table, covered, params, limit)
+
+
+_REPLAY_STATEMENTS: dict[tuple[Any, ...], sql.SQL] = {}
+
+
+def _replay_statement(cur: psycopg.Cursor, m: Mapping, log_table: names.QualifiedName, covered: sql.Composable,
+                      *, skip_locked: bool) -> sql.SQL:
+    """q.replay's text, composed once per mapping: composing it is linear in the columns (140 ms a
+    batch for 800 of them, measured), and an unchanged text lets psycopg prepare it server-side."""
+    key = (m, log_table, covered.as_string(cur), skip_locked)
+    stmt = _REPLAY_STATEMENTS.get(key)
+    if stmt is None:
+        if len(_REPLAY_STATEMENTS) >= 32:  # mappings change with the tables' shapes: keep few
+            _REPLAY_STATEMENTS.clear()
+        stmt = _REPLAY_STATEMENTS[key] = sql.SQL(q.replay(m, log_table, covered=covered,
+                                                          skip_locked=skip_locked).as_string(cur))
+    return stmt
 
 
 def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: names.QualifiedName,

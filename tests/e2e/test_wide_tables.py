@@ -33,7 +33,7 @@ window = "1h"
 """
 
 
-def create_wide(dsn: str, rows: int = 250) -> None:
+def create_wide(dsn: str, rows: int = 150) -> None:
     # c1..c1598 plus id and one text column: 1600 columns, the server's limit.
     cols = [sql.SQL("{} int").format(sql.Identifier(f"c{i}")) for i in range(1, COLUMNS - 1)]
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -284,16 +284,31 @@ def conflicting_keys(m: Mapping, indexes: list[list[str]], computed: tuple[str, 
         cols=ident_list([*(c.name for c in m.columns), *computed]), parts=sql.SQL("\nUNION\n").join(parts))
 
 
-def delete_keys(m: Mapping) -> sql.Composed:
-    """Delete the destination rows of the given keys (the first half of a closure's replay)."""
-    return sql.SQL("WITH {keys} DELETE FROM {dst} d USING keys l WHERE {d_eq_l}").format(
-        keys=_key_set(m), dst=m.dst.ident, d_eq_l=key_equal("d", "l", m.key))
+def replace_closure(m: Mapping, indexes: list[list[str]], computed: tuple[str, ...] = ()) -> sql.Composed:
+    """Replace the destination rows of the given keys by their source rows in ONE statement, so
+    in one snapshot of the source: with the keys, the destination rows that hold a unique value
+    one of those source rows takes now (conflicting_keys, evaluated again in this snapshot) are
+    replaced too. The closure was computed by earlier statements; meanwhile the application may
+    have moved a value into the set from a row outside it (a swap through a temporary value),
+    and two statements (delete, then insert) would read two snapshots and fail on it. The insert
+    waits for the delete (it reads the delete's count first); a row deleted by this statement
+    no longer holds its unique values. Returns the number of rows inserted."""
+    dkey = sql.SQL(", ").join(sql.Identifier("d", k) for k in m.key)
+    parts = [sql.SQL("SELECT {dkey} FROM {dst} d WHERE ({exprs}) IN (SELECT {exprs} FROM converted)").format(
+        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(trusted(e, "pg_get_indexdef") for e in exprs))
+        for exprs in indexes]
+    values = sql.SQL(", ").join([source_values("s", m), *(sql.Identifier("s", c) for c in computed)])
+    lkey = sql.SQL(", ").join(sql.Identifier("l", k) for k in m.key)
+    pulled = sql.SQL("\nUNION\n").join([sql.SQL("SELECT {} FROM keys l").format(lkey), *parts])
+    return sql.SQL(
+        """WITH {keys}, converted AS MATERIALIZED (SELECT * FROM (SELECT {values} FROM {src} s
+    JOIN keys l ON {s_eq_l}) AS c ({cols})),
+all_keys AS MATERIALIZED ({pulled}),
+gone AS (DELETE FROM {dst} d USING all_keys l WHERE {d_eq_l} RETURNING 1)
+INSERT INTO {dst} ({dcols}){overriding} SELECT {svalues} FROM {src} s JOIN all_keys l ON {s_eq_l}
+WHERE (SELECT count(*) FROM gone) >= 0""").format(
+        keys=_key_set(m), values=values, src=m.src.ident, s_eq_l=key_equal("s", "l", m.key),
+        cols=ident_list([*(c.name for c in m.columns), *computed]), pulled=pulled, dst=m.dst.ident,
+        d_eq_l=key_equal("d", "l", m.key), dcols=ident_list(c.name for c in m.columns), overriding=overriding(m),
+        svalues=source_values("s", m))
 
-
-def insert_keys(m: Mapping) -> sql.Composed:
-    """Insert the source rows of the given keys (the second half, once their old versions and
-    those of every row they conflict with are gone)."""
-    return sql.SQL("WITH {keys} INSERT INTO {dst} ({cols}){overriding} SELECT {values} FROM {src} s"
-                   " JOIN keys l ON {s_eq_l}").format(
-        keys=_key_set(m), dst=m.dst.ident, cols=ident_list(c.name for c in m.columns), overriding=overriding(m),
-        values=source_values("s", m), src=m.src.ident, s_eq_l=key_equal("s", "l", m.key))

@@ -166,18 +166,73 @@ def _shown(expr: sql.Composable) -> sql.Composed:
         t=text, n=sql.Literal(VALUE_CHARS))
 
 
-def _column_detail(spec: Spec, s: str, t: str) -> sql.Composable:
+def _column_detail(spec: Spec, s: str, t: str, columns: Sequence[Compared] | None = None) -> sql.Composable:
     """{"column": [source value, target value]} for each column that differs."""
     pairs = [
         sql.SQL("{name}, CASE WHEN {a} IS DISTINCT FROM {b} THEN jsonb_build_array({sv}, {tv}) END").format(
             name=sql.Literal(c.name), a=compared(c, s, "src"), b=compared(c, t, "dst"),
             sv=_shown(value(c, s, "src")), tv=_shown(sql.Identifier(t, c.name)))
-        for c in spec.non_key]
+        for c in (spec.non_key if columns is None else columns)]
     if not pairs:
         return sql.SQL("'{}'::jsonb")
     objects = [sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(pairs[i:i + JSONB_PAIRS]))
                for i in range(0, len(pairs), JSONB_PAIRS)]
     return sql.SQL("jsonb_strip_nulls({})").format(sql.SQL(" || ").join(objects))
+
+
+# ---------------------------------------------------------------------------------------------
+# Wide tables
+#
+# A join whose output needs every column of both sides forms tuples of 2 x the table's width,
+# and PostgreSQL forms no tuple of more than 1664 columns (MaxTupleAttributeNumber): a table
+# wider than about 830 columns could not be compared by the statements above, while the server
+# accepts tables of up to 1600. Such a table is compared with each side narrowed first, in a
+# subquery the planner keeps (OFFSET 0), to its key, one composite of its compared values and
+# its row hash; the join then carries a handful of columns. Two composites are equal when each
+# field is by its type's own equality (record_eq), NULL equal to NULL: the same definition of
+# equal as the column-by-column IS DISTINCT FROM (each pair has one type: the source's side is
+# cast to the target's type, or the target's back, or both are text). The differing columns of
+# a row that differs are found in groups of WIDE_GROUP columns, each its own subquery joining
+# the two rows again. Narrow tables keep the plain join (bench/README.md: it is the faster).
+
+WIDE_COLUMNS = 700  # 2 x this, plus keys and aggregates, stays well under 1664
+WIDE_GROUP = 400
+
+
+def is_wide(spec: Spec) -> bool:
+    return len(spec.columns) > WIDE_COLUMNS
+
+
+def _narrowed(spec: Spec, side: str, where: sql.Composable) -> sql.Composed:
+    """One side as (key..., v: composite of the compared non-key values, h: row hash), aliased
+    s or t like the table it reads."""
+    m = spec.mapping
+    alias = "s" if side == "src" else "t"
+    return sql.SQL("(SELECT {keys}, ROW({vals}) AS v, {h} AS h FROM {tbl} {a} WHERE {where} OFFSET 0) {a}").format(
+        keys=sql.SQL(", ").join(sql.Identifier(alias, k) for k in m.key),
+        vals=sql.SQL(", ").join(compared(c, alias, side) for c in spec.non_key),
+        h=row_hash(spec, alias, side), tbl=(m.src if side == "src" else m.dst).ident, a=sql.Identifier(alias),
+        where=where)
+
+
+def _differs_wide(spec: Spec) -> sql.Composed:
+    k0 = spec.mapping.key[0]
+    return sql.SQL("({s} IS NULL OR {t} IS NULL OR s.v IS DISTINCT FROM t.v)").format(
+        s=sql.Identifier("s", k0), t=sql.Identifier("t", k0))
+
+
+def _column_detail_wide(spec: Spec) -> sql.Composed:
+    """_column_detail in groups: each a scalar subquery reading the row of each side again by
+    the key of the narrowed rows s and t (the same snapshot: one statement)."""
+    m = spec.mapping
+    on = sql.SQL(" AND ").join(
+        sql.SQL("{} = {} AND {} = {}").format(sql.Identifier("s2", k), sql.Identifier("s", k),
+                                              sql.Identifier("t2", k), sql.Identifier("t", k)) for k in m.key)
+    cols = spec.non_key
+    groups = [sql.SQL("(SELECT {d} FROM {src} s2, {dst} t2 WHERE {on})").format(
+        d=_column_detail(spec, "s2", "t2", cols[i:i + WIDE_GROUP]), src=m.src.ident, dst=m.dst.ident, on=on)
+        for i in range(0, len(cols), WIDE_GROUP)]
+    return sql.SQL("({})").format(sql.SQL(" || ").join(groups))
 
 
 def _key_of(spec: Spec, i: int, element: str = "e") -> sql.Composable:
@@ -212,7 +267,7 @@ def detail(spec: Spec, keys: sql.Composable, log: QualifiedName | None) -> sql.C
             keys=sql.SQL(", ").join(_key_of(spec, i) for i in range(len(m.key))),
             lkeys=sql.SQL(", ").join(sql.Identifier("l", k) for k in m.key), log=log.ident,
             notnull=sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("l", k)) for k in m.key))
-    return sql.SQL(
+    q = sql.SQL(
         """
 SELECT e.value AS key,
        CASE WHEN t.{k0} IS NULL THEN 'missing_in_target'
@@ -223,13 +278,20 @@ SELECT e.value AS key,
        CASE WHEN s.{k0} IS NOT NULL THEN {hash_s} END AS src_hash,
        CASE WHEN t.{k0} IS NOT NULL THEN {hash_t} END AS dst_hash
 FROM jsonb_array_elements({keys}) AS e
-LEFT JOIN {src} s ON {lookup_s}
-LEFT JOIN {dst} t ON {lookup_t}
+LEFT JOIN {src} ON {on_s}
+LEFT JOIN {dst} ON {on_t}
 WHERE (s.{k0} IS NOT NULL OR t.{k0} IS NOT NULL) AND {differs}
-"""
-    ).format(k0=sql.Identifier(k0), columns=_column_detail(spec, "s", "t"), pending=pending,
-             hash_s=row_hash(spec, "s", "src"), hash_t=row_hash(spec, "t", "dst"), keys=keys,
-             src=m.src.ident, dst=m.dst.ident, lookup_s=lookup_s, lookup_t=lookup_t, differs=differs(spec))
+""")
+    if is_wide(spec):
+        return q.format(k0=sql.Identifier(k0), columns=_column_detail_wide(spec), pending=pending,
+                        hash_s=sql.SQL("s.h"), hash_t=sql.SQL("t.h"), keys=keys,
+                        src=sql.SQL("LATERAL {}").format(_narrowed(spec, "src", lookup_s)),
+                        dst=sql.SQL("LATERAL {}").format(_narrowed(spec, "dst", lookup_t)),
+                        on_s=sql.SQL("true"), on_t=sql.SQL("true"), differs=_differs_wide(spec))
+    return q.format(k0=sql.Identifier(k0), columns=_column_detail(spec, "s", "t"), pending=pending,
+                    hash_s=row_hash(spec, "s", "src"), hash_t=row_hash(spec, "t", "dst"), keys=keys,
+                    src=sql.SQL("{} s").format(m.src.ident), dst=sql.SQL("{} t").format(m.dst.ident),
+                    on_s=lookup_s, on_t=lookup_t, differs=differs(spec))
 
 
 def compare_range(spec: Spec, log: QualifiedName | None, notes: QualifiedName, lo: list[str] | None,
@@ -247,21 +309,27 @@ def compare_range(spec: Spec, log: QualifiedName | None, notes: QualifiedName, l
     k0 = sql.Identifier(m.key[0])
     mark = sql.SQL("(SELECT coalesce(max(a.seq), 0) FROM {} a)").format(notes.ident) if notes is not None \
         else sql.SQL("0::bigint")
+    wide = is_wide(spec)
     q = sql.SQL(
         """
 WITH j AS (
     SELECT count(s.{k0}) AS src_rows, count(t.{k0}) AS dst_rows,
            sum({hash_s}) FILTER (WHERE s.{k0} IS NOT NULL) AS src_sum,
            jsonb_agg({key_text}) FILTER (WHERE {differs}) AS keys
-    FROM (SELECT * FROM {src} s WHERE {s_where}) s
-    FULL JOIN (SELECT * FROM {dst} t WHERE {t_where}) t ON {on}
+    FROM {src}
+    FULL JOIN {dst} ON {on}
 )
 SELECT j.src_rows, j.dst_rows, j.src_sum, {mark} AS mark, d.*
 FROM j LEFT JOIN LATERAL ({detail}) d ON true
 """
-    ).format(k0=k0, hash_s=row_hash(spec, "s", "src"), key_text=_key_text(spec), differs=differs(spec),
-             src=m.src.ident, dst=m.dst.ident, s_where=s_where, t_where=t_where, on=key_equal("s", "t", m.key),
-             mark=mark, detail=detail(spec, sql.SQL("coalesce(j.keys, '[]'::jsonb)"), log))
+    ).format(k0=k0, hash_s=sql.SQL("s.h") if wide else row_hash(spec, "s", "src"), key_text=_key_text(spec),
+             differs=_differs_wide(spec) if wide else differs(spec),
+             src=_narrowed(spec, "src", s_where) if wide
+             else sql.SQL("(SELECT * FROM {} s WHERE {}) s").format(m.src.ident, s_where),
+             dst=_narrowed(spec, "dst", t_where) if wide
+             else sql.SQL("(SELECT * FROM {} t WHERE {}) t").format(m.dst.ident, t_where),
+             on=key_equal("s", "t", m.key), mark=mark,
+             detail=detail(spec, sql.SQL("coalesce(j.keys, '[]'::jsonb)"), log))
     return q, s_params + t_params
 
 

@@ -205,3 +205,52 @@ def test_replay_into_an_unanalyzed_partitioned_target_is_driven_by_the_keys(db_d
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT (SELECT count(*) FROM (TABLE ev EXCEPT ALL TABLE ev_new) a),"
                             " (SELECT count(*) FROM (TABLE ev_new EXCEPT ALL TABLE ev) b)").fetchone() == (0, 0)
+
+
+def test_a_value_moved_into_a_closure_after_it_was_computed_is_replayed_at_once(db_dsn, monkeypatch):
+    """Race 7 under a swapping writer: between the statements that compute a closure and the one
+    that replaces it, the application swaps a value from a row outside the set into it (committed,
+    on its own connection). The replacement reads the source in one snapshot and pulls that row in:
+    one attempt, no halving, and the target equals the source (EXCEPT ALL both ways)."""
+    from mover import capture, introspect
+    from mover.names import QualifiedName
+    from mover.sql.mapping import Mapping
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acct (id int PRIMARY KEY, email text NOT NULL UNIQUE, note text)")
+        conn.execute("INSERT INTO acct SELECT g, 'u' || g || '@x', 'n' FROM generate_series(1, 100) g")
+        conn.execute("CREATE TABLE acct_new (id bigint PRIMARY KEY, email text NOT NULL UNIQUE, note text)")
+        conn.execute("INSERT INTO acct_new SELECT * FROM acct")
+    app = psycopg.connect(db_dsn, autocommit=True)
+
+    def swap(a: int, b: int) -> None:  # the application's swap through a temporary value
+        with app.transaction():
+            ea = app.execute("SELECT email FROM acct WHERE id = %s", (a,)).fetchone()[0]
+            eb = app.execute("SELECT email FROM acct WHERE id = %s", (b,)).fetchone()[0]
+            app.execute("UPDATE acct SET email = 'tmp' WHERE id = %s", (a,))
+            app.execute("UPDATE acct SET email = %s WHERE id = %s", (ea, b))
+            app.execute("UPDATE acct SET email = %s WHERE id = %s", (eb, a))
+
+    swap(1, 2)  # what the keys to replay hold
+    computed = capture._closure
+    calls = []
+
+    def closure_then_a_swap(*args):
+        keys = computed(*args)
+        calls.append(list(keys))
+        swap(2, 50 + len(calls))  # row 51, 52...: outside the set until the statement pulls it in
+        return keys
+
+    monkeypatch.setattr(capture, "_closure", closure_then_a_swap)
+    try:
+        with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:
+            m = Mapping.between(introspect.describe(cur, QualifiedName("public", "acct")),
+                                introspect.describe(cur, QualifiedName("public", "acct_new")), ("id",))
+            assert capture.replay_set(cur, m, [("1",), ("2",)]) == {}
+            conn.commit()
+            for a, b in (("acct", "acct_new"), ("acct_new", "acct")):
+                cur.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) d")
+                assert cur.fetchone()[0] == 0, (a, b)
+    finally:
+        app.close()
+    assert len(calls) == 1, calls

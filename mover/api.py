@@ -258,7 +258,7 @@ def follow(dsn: str, name_or_plan: str, *, report: Reporter = log_reporter, stop
     try:
         m = _locate(db, name_or_plan, owner)
         if m.state == "aborted":
-            raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+            raise BadInput(f"migration {m.name!r} was aborted", hint=_AFRESH)
         _follow(db, m, owner, report=report, stop=stop or threading.Event(), interval=interval)
         return status(dsn, m.name, db=db)
     except psycopg.Error as exc:
@@ -273,7 +273,7 @@ def _run(db: Database, dsn: str, name_or_plan: str, owner: str, one_step: bool, 
          stop: threading.Event | None) -> dict[str, Any]:
     m = _locate(db, name_or_plan, owner)
     if m.state == "aborted":
-        raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+        raise BadInput(f"migration {m.name!r} was aborted", hint=_AFRESH)
     if wait:
         _follow(db, m, owner, report=report, stop=stop or threading.Event())
     elif m.state != "done":
@@ -283,6 +283,11 @@ def _run(db: Database, dsn: str, name_or_plan: str, owner: str, one_step: bool, 
                               hint=f"run `mover cutover {m.name}` to swap")
             runner.advance(ctx, one_step=one_step)
     return status(dsn, m.name, db=db)
+
+
+# What gets an aborted migration going again: its plan file registers it afresh (the aborted
+# attempt is kept under another name, control.set_aside_aborted).
+_AFRESH = "`mover run PLAN` with its plan file starts it afresh (the aborted attempt's history is kept)"
 
 
 def _follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, stop: threading.Event,

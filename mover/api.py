@@ -36,7 +36,7 @@ from mover.db import Database, bind, is_connection_lost, one
 from mover.db import open_database as _database
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting, combined
 from mover.names import QualifiedName
-from mover.plan import Plan, load_plan, plan_from_canonical
+from mover.plan import Edit, Plan, edits, load_plan, plan_from_canonical
 from mover.sql import ddl
 
 if TYPE_CHECKING:  # imported where the workers start (api.work); only the annotation needs it here
@@ -109,7 +109,9 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             existing = control.find(cur, plan.name)
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
+                changes = _check_update(cur, existing, plan)
                 return {"plan": str(path), "name": plan.name, "registered": True, "ok": True,
+                        "edits": [{"key": c.key, "takes_effect": c.effect} for c in changes],
                         "status": status_mod.status_of(cur, existing), "steps": [], **_hooks_and_warnings(plan)}
             r = resolve_plan(cur, plan)
             mid = _next_id(cur)
@@ -172,6 +174,36 @@ def _same_shape(existing: control.Migration, plan: Plan) -> None:
             hint=how)
 
 
+def _check_update(cur: psycopg.Cursor, existing: control.Migration, plan: Plan) -> list[Edit]:
+    """An edit of a registered plan (same shape), checked against the catalog the way registration
+    checks the same settings, every problem at once; returns the edits, each with when it takes
+    effect (plan.TAKES_EFFECT). Nothing is stored when one is refused."""
+    from mover.checks import foreign_keys  # the check registration runs, on the tables as they are now
+
+    found = edits(existing.plan, plan)
+    problems: list[PlanError] = []
+    for e in found:
+        if e.effect is None:
+            problems.append(PlanError(
+                f"{e.key} of migration {plan.name!r} changed, but it is read only when the plan is registered: "
+                f"the edit would have no effect", hint=f"restore {e.key} in the plan file as it was registered"))
+    if any(e.path == "drop_foreign_keys" for e in found):
+        recorded = control.shapes(cur, existing.id)
+        oids = [d["oid"] for d in (recorded["source"], recorded["target"]) if d is not None]
+        try:
+            foreign_keys.check_dropped(cur, plan.drop_foreign_keys, oids, existing.source)
+        except PlanError as exc:
+            problems.append(exc)
+    if any(e.path == "partitions.manager" for e in found) and plan.upkeep.manager == "pg_partman":
+        try:
+            partitions.check_partman(cur, existing.source)
+        except PlanError as exc:
+            problems.append(exc)
+    if problems:
+        raise combined(problems)
+    return found
+
+
 def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
     def register(cur: psycopg.Cursor) -> control.Migration:
         existing = control.find(cur, plan.name)
@@ -182,7 +214,10 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
         if existing is not None:
             _same_shape(existing, plan)
             if existing.plan != plan.canonical():
-                control.update_plan(cur, existing.id, plan.canonical(), actor)
+                changes = _check_update(cur, existing, plan)
+                control.update_plan(cur, existing.id, plan.canonical(), actor, [c.describe() for c in changes])
+                for c in changes:
+                    log.warning("plan of %r updated: %s", plan.name, c.describe())
             return control.get_by_id(cur, existing.id)
         r = resolve_plan(cur, plan)
         m = control.register(cur, name=plan.name, plan=plan.canonical(),
@@ -232,7 +267,7 @@ def follow(dsn: str, name_or_plan: str, *, report: Reporter = log_reporter, stop
     try:
         m = _locate(db, name_or_plan, owner)
         if m.state == "aborted":
-            raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+            raise BadInput(f"migration {m.name!r} was aborted", hint=_AFRESH)
         _follow(db, m, owner, report=report, stop=stop or threading.Event(), interval=interval)
         return status(dsn, m.name, db=db)
     except psycopg.Error as exc:
@@ -247,7 +282,7 @@ def _run(db: Database, dsn: str, name_or_plan: str, owner: str, one_step: bool, 
          stop: threading.Event | None) -> dict[str, Any]:
     m = _locate(db, name_or_plan, owner)
     if m.state == "aborted":
-        raise BadInput(f"migration {m.name!r} was aborted", hint="run its plan file to start it afresh")
+        raise BadInput(f"migration {m.name!r} was aborted", hint=_AFRESH)
     if wait:
         _follow(db, m, owner, report=report, stop=stop or threading.Event())
     elif m.state != "done":
@@ -257,6 +292,11 @@ def _run(db: Database, dsn: str, name_or_plan: str, owner: str, one_step: bool, 
                               hint=f"run `mover cutover {m.name}` to swap")
             runner.advance(ctx, one_step=one_step)
     return status(dsn, m.name, db=db)
+
+
+# What gets an aborted migration going again: its plan file registers it afresh (the aborted
+# attempt is kept under another name, control.set_aside_aborted).
+_AFRESH = "`mover run PLAN` with its plan file starts it afresh (the aborted attempt's history is kept)"
 
 
 def _follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, stop: threading.Event,

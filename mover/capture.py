@@ -165,8 +165,18 @@ def _lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool, wait: bool) -> b
     fn = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
     cur.execute(sql.SQL("SELECT {}(hashtext(%s), %s::int)").format(sql.Identifier(fn)),
                 (control.APPLIER_LOCKS[1 if reverse else 0], mid))
-    got = one(cur)[0]
-    return True if wait else bool(got)
+    got = True if wait else bool(one(cur)[0])
+    if got:
+        # Whoever holds the applier lock writes the application's tables (replay, repair, adopt's
+        # re-sync): from here on this transaction checks its constraints at once, deferrable ones
+        # included. A DEFERRABLE INITIALLY DEFERRED unique index or foreign key would otherwise
+        # queue its check to the COMMIT: the swap's DDL, in the same transaction after its drain,
+        # then fails ("cannot ALTER TABLE ... because it has pending trigger events"), and a row
+        # the constraint rejects raises at the COMMIT, past the savepoints that make it a
+        # divergence (invariant 3). Checked at the end of each statement instead, a replay needs
+        # nothing deferred: each one reaches the source's committed state, which satisfies them.
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    return got
 
 
 def lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool) -> None:

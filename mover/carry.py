@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # A statement of the swap: its SQL, or its SQL and the parameters it runs with.
 Statement = sql.SQL | sql.Composed | tuple[sql.SQL | sql.Composed, tuple[Any, ...]]
 
-VALIDATE_EVENT = "constraints_to_validate"
+VALIDATE_EVENT = shape.VALIDATE_EVENT  # which another migration's shape check reads (shape.validated_by_another)
 
 
 @dataclass

@@ -294,6 +294,8 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         return
     if result["registered"]:
         out.print(f"plan {plan} is registered as migration {result['name']!r}:", highlight=False, markup=False)
+        for e in result.get("edits", []):
+            out.print(f"changed: {e['key']}, takes effect {e['takes_effect']}", highlight=False, markup=False)
         _show_status(result["status"])
         _show_hooks(result)
         return

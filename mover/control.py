@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -227,10 +228,14 @@ def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash:
     return get_by_id(cur, mid)
 
 
-def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str) -> None:
-    """Tunables changed between runs (the shape hash is the same): keep the new values."""
+def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str,
+                changes: Sequence[str] = ()) -> None:
+    """Tunables changed between runs (the shape hash is the same): keep the new values. `changes`
+    says which, and when each takes effect (plan.edits)."""
     cur.execute("UPDATE mover.migrations SET plan = %s, updated_at = now() WHERE id = %s", (json.dumps(plan), mid))
-    event(cur, mid, actor, None, "plan_updated", "tunable settings changed", {"plan": plan})
+    message = "tunable settings changed" + (": " + "; ".join(changes) if changes else "")
+    event(cur, mid, actor, None, "plan_updated", message,
+          {"plan": plan, **({"changes": list(changes)} if changes else {})})
 
 
 def shapes(cur: psycopg.Cursor, mid: int) -> dict[str, dict[str, Any] | None]:

@@ -391,6 +391,9 @@ class EmbeddedPostgres:
             "max_connections": "200",
             "shared_buffers": "128MB",
             "logging_collector": "off",
+            # Two-phase commit on, as many production servers have it: the tests of a prepared
+            # transaction that blocks mover's lock need it (the default, 0, refuses PREPARE).
+            "max_prepared_transactions": "10",
         }
         if self.fast:
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")

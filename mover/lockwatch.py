@@ -136,6 +136,52 @@ def own_tables(mid: int) -> list[QualifiedName]:
     return [names.change_log(mid), names.change_log(mid, True), names.applied_notes(mid)]
 
 
+@dataclass(frozen=True)
+class PreparedBlocker:
+    """A prepared transaction (two-phase commit) holding a lock on a watched table. It has no
+    session: no pid to cancel or terminate, and it holds its locks until someone commits or rolls
+    it back by its gid (its owner or a superuser, connected to its database)."""
+
+    gid: str
+    owner: str
+    database: str
+    prepared_age_s: float
+    tables: tuple[str, ...]
+
+    @property
+    def literal(self) -> str:
+        return "'" + self.gid.replace("'", "''") + "'"
+
+    def describe(self) -> str:
+        return (f"prepared transaction {self.literal} (owner {self.owner}, database {self.database}, prepared "
+                f"{self.prepared_age_s:.1f} s ago, holding {', '.join(self.tables)})")
+
+
+# A prepared transaction's locks have no pid; its own transactionid lock, held under the same
+# virtual transaction, says which entry of pg_prepared_xacts it is.
+_PREPARED = """
+SELECT p.gid, p.owner, p.database, extract(epoch FROM clock_timestamp() - p.prepared)::float8,
+       array_agg(DISTINCT l.relation::regclass::text ORDER BY l.relation::regclass::text)
+FROM pg_locks l
+JOIN pg_locks x ON x.locktype = 'transactionid' AND x.pid IS NULL AND x.virtualtransaction = l.virtualtransaction
+JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
+WHERE l.locktype = 'relation' AND l.granted AND l.pid IS NULL AND l.relation = ANY(%(oids)s)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+GROUP BY p.gid, p.owner, p.database, p.prepared
+ORDER BY p.prepared
+"""
+
+
+def prepared_blockers(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list[PreparedBlocker]:
+    """Prepared transactions holding a lock on any of `tables`, oldest first (`blockers` cannot
+    see them: they are in no session of pg_stat_activity)."""
+    oids = [oid for t in tables if (oid := introspect.table_oid(cur, t)) is not None]
+    if not oids:
+        return []
+    cur.execute(_PREPARED, {"oids": oids})
+    return [PreparedBlocker(r[0], r[1], r[2], r[3], tuple(r[4])) for r in cur.fetchall()]
+
+
 def referencing_tables(cur: psycopg.Cursor, tables: Sequence[QualifiedName]) -> list[QualifiedName]:
     """Tables (other than `tables`) whose foreign keys reference one of `tables`: a swap that
     re-points those keys locks them too, so their blockers are watched as well."""
@@ -327,10 +373,11 @@ def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: lis
 class LockBlocked(Waiting):
     """The lock was not granted within the attempts; names the sessions that held it."""
 
-    def __init__(self, message: str, hint: str, found: list[Blocker]):
+    def __init__(self, message: str, hint: str, found: list[Blocker], prepared: Sequence[PreparedBlocker] = ()):
         super().__init__(message, hint=hint)
         self.blockers = found
-        self.detail = {"blockers": [asdict(b) for b in found]}
+        self.detail = {"blockers": [asdict(b) for b in found],
+                       **({"prepared": [asdict(p) for p in prepared]} if prepared else {})}
 
 
 def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Sequence[QualifiedName], what: str,
@@ -386,7 +433,7 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
 def _blocked(ctx: Context, watched: Sequence[QualifiedName], what: str, retry: str,
              found: list[Blocker]) -> LockBlocked:
     """The relation the last attempt waited on (lock_all), else every watched one a session held;
-    the sessions holding it first."""
+    the sessions holding it first, and any prepared transaction holding a watched table."""
     c = ctx.plan.cutover
     waited = waiting_on()
     _waiting.on = None
@@ -396,9 +443,18 @@ def _blocked(ctx: Context, watched: Sequence[QualifiedName], what: str, retry: s
         target = str(waited)
     else:
         target = ", ".join(dict.fromkeys(t for b in found for t in b.tables)) or str(watched[0])
+    prepared = ctx.db.transaction(bind(prepared_blockers, watched), label="prepared transactions")
     named = f"; held by {describe_all(found)}" if found else ""
     hint = (f"retry `{retry}` when the table is quieter, end the blocking session(s) (`SELECT "
             f"pg_terminate_backend(pid)`), set `[cutover] terminate_blockers = true`, or raise [cutover] "
             f"lock_timeout / attempts (`mover set {ctx.migration.name} cutover.attempts=...`)")
+    if prepared:
+        # No session to signal: only its COMMIT PREPARED or ROLLBACK PREPARED releases the lock.
+        named += f"{'; and' if found else '; held by'} {'; '.join(p.describe() for p in prepared)}"
+        ends = "; ".join(f"`COMMIT PREPARED {p.literal}` or `ROLLBACK PREPARED {p.literal}` (in database "
+                         f"{p.database}, as {p.owner} or a superuser)" for p in prepared)
+        hint = (f"end the prepared transaction(s), whose locks last until they are committed or rolled back by "
+                f"their gid ({ends}; `[cutover] terminate_blockers` cannot end them: they have no session), "
+                f"then retry `{retry}`" + (f"; for the session(s): {hint}" if found else ""))
     return LockBlocked(f"could not lock {target} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
-                       f" migration {ctx.migration.name!r}; nothing was changed{named}", hint, found)
+                       f" migration {ctx.migration.name!r}; nothing was changed{named}", hint, found, prepared)

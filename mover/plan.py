@@ -287,6 +287,63 @@ SETTABLE = {
 }
 
 
+# An edit of a registered plan (its shape hash unchanged): when each changeable setting takes
+# effect, by its place in the canonical form (`section.key`, or a whole section). None: read only
+# when the plan is registered, so an edit is refused rather than stored without effect. `mover run
+# PLAN` and `plan check PLAN` check an edit against the catalog as registration would (api.py,
+# _check_update) and name these; docs/plan.md's "May change?" column says the same.
+TAKES_EFFECT: dict[str, str | None] = {
+    "target.accept_lossy": None,  # acknowledges the type changes of [target] columns, which are fixed
+    "drop_foreign_keys": "at the next cutover (the swap leaves these on the old table)",
+    "backfill": "at each backfill worker's next range",
+    "cutover": "at the next lock mover takes and the next cutover",
+    "reconcile": "at the next reconcile range",
+    "rollback.window_ms": "at the cutover (the window's end is fixed when the swap commits)",
+    "rollback.keep_old": "at retire",
+    "partitions": "at the next `mover partitions maintain`",
+    "hooks": "at the hook's next run",
+}
+# The plan file's spelling of canonical keys that hold milliseconds.
+_FILE_KEYS = {"lock_timeout_ms": "lock_timeout", "blocker_grace_ms": "blocker_grace", "window_ms": "window",
+              "max_replica_lag_ms": "max_replica_lag"}
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str  # "section.key" in the canonical form, or a section without keys
+    effect: str | None  # TAKES_EFFECT's; None: not changeable after registration
+
+    @property
+    def key(self) -> str:
+        """As the plan file names it: `[cutover] lock_timeout`, `[target] drop_foreign_keys`."""
+        section, _, key = self.path.partition(".")
+        if section == "drop_foreign_keys":
+            return "[target] drop_foreign_keys"
+        return f"[{section}] {_FILE_KEYS.get(key, key)}" if key else f"[{section}]"
+
+    def describe(self) -> str:
+        return f"{self.key} {self.effect}" if self.effect else f"{self.key} (read only at registration)"
+
+
+def edits(registered: dict[str, Any], plan: Plan) -> list[Edit]:
+    """What `plan` changes in the registered canonical form (the fixed parts are the shape hash's,
+    checked before this), each with when it takes effect."""
+    new = plan.canonical()
+    out = []
+    for section in sorted(set(registered) | set(new)):
+        a, b = registered.get(section), new.get(section)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict) and section != "hooks":
+            paths = [f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:
+            paths = [section]
+        for path in paths:
+            effect = TAKES_EFFECT.get(path, TAKES_EFFECT.get(section, "?"))
+            out.append(Edit(path, effect))
+    return out
+
+
 def _qn(name: QualifiedName | None) -> list[str | None] | None:
     return None if name is None else [name.schema, name.name]
 

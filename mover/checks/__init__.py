@@ -98,6 +98,7 @@ def _registry() -> list[Check]:
         Check("names are free", names.free),
         Check("column types", types.columns),
         Check("key collations", key.deterministic_collations),
+        Check("key is not deferrable", key.immediate),
         Check("exclusion constraints", refused_objects.exclusion_constraints),
         Check("partitioning", partitioning.plan),
         Check("outbound foreign keys", foreign_keys.outbound),

@@ -40,10 +40,19 @@ def narrower_referencing_columns(cur: psycopg.Cursor, source_oid: int, new_types
 
 
 def outbound(s: Subject) -> None:
-    plan, source = s.plan, s.src
-    fks = dict(introspect.outbound_foreign_keys(s.cur, s.table.oid))
-    unknown = [n for n in plan.drop_foreign_keys if n not in fks]
+    check_dropped(s.cur, s.plan.drop_foreign_keys, [s.table.oid], s.src)
+
+
+def check_dropped(cur: psycopg.Cursor, dropped: tuple[str, ...], oids: list[int], source: names.QualifiedName) -> None:
+    """Each name in [target] drop_foreign_keys is a foreign key of the source: its own, on the
+    tables `oids` (at registration the source; for an edit of a registered plan also the new
+    table, which carries them after a cutover)."""
+    fks: dict[str, str] = {}
+    for oid in oids:
+        fks.update(introspect.outbound_foreign_keys(cur, oid))
+    unknown = [n for n in dropped if n not in fks]
     if unknown:
         raise PlanError(f"[target] drop_foreign_keys: {', '.join(names.display_ident(n) for n in unknown)} "
                         f"{'is not a foreign key' if len(unknown) == 1 else 'are not foreign keys'} of {source}",
-                        hint=f"its foreign keys are: {', '.join(names.display_ident(n) for n in fks) or 'none'}")
+                        hint=f"its foreign keys are: "
+                             f"{', '.join(names.display_ident(n) for n in sorted(fks)) or 'none'}")

@@ -127,3 +127,55 @@ def test_backs_off_from_a_conflicting_lock(db_dsn, tmp_path, operation):
     assert (st["step"], st["state"]) == expected[operation], st
     if operation in ("install_capture", "rollback"):
         assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+
+
+@contextmanager
+def prepared_holding(dsn: str, table: str, gid: str):
+    """A prepared transaction (two-phase commit) that wrote `table`: it holds ROW EXCLUSIVE on it,
+    in no session, until COMMIT PREPARED or ROLLBACK PREPARED."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if int(conn.execute("SHOW max_prepared_transactions").fetchone()[0]) == 0:
+            pytest.skip("the server has max_prepared_transactions = 0: no prepared transaction can block anything")
+        conn.execute("BEGIN")
+        conn.execute(sql.SQL("UPDATE {} SET note = note WHERE id = 1").format(sql.Identifier(table)))
+        conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+        try:
+            yield
+        finally:
+            if conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (gid,)).fetchone():
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+
+
+@pytest.mark.parametrize("operation", ["install_capture", "cutover"])
+def test_a_prepared_transaction_that_blocks_the_lock_is_named(db_dsn, tmp_path, operation):
+    """Issue 21, item 11: a prepared transaction has no session to terminate; mover names it (gid,
+    owner, database, age) and the statements that end it, and says that terminate_blockers
+    cannot; once it is rolled back the same command goes through."""
+    create_orders(db_dsn, 500)
+    plan = write_plan(tmp_path / "locked.toml", PLAN.replace("attempts = 2", "attempts = 2\nterminate_blockers = true"))
+    setup, command, _ = CASES[operation]
+    for args, code in setup:
+        r = mover(db_dsn, *[plan if a == "PLAN" else a for a in args])
+        assert r.returncode == code, r.stderr
+    if operation == "install_capture":
+        r = mover(db_dsn, "step", plan)
+        assert r.returncode == 0, r.stderr
+    command = tuple(plan if a == "PLAN" else a for a in command)
+    gid = "app's 2pc 1"
+    with prepared_holding(db_dsn, "Orders", gid):
+        before = catalog_snapshot(db_dsn)
+        r = mover(db_dsn, *command)
+        assert r.returncode == 3, r.stderr
+        err = " ".join(r.stderr.split())  # the message as one line, wherever the terminal wrapped it
+        assert "prepared transaction 'app''s 2pc 1' (owner postgres, database " in err, err
+        assert "prepared " in err and " s ago, holding " in err, err
+        assert "COMMIT PREPARED 'app''s 2pc 1'" in err and "ROLLBACK PREPARED 'app''s 2pc 1'" in err
+        assert "terminate_blockers` cannot end them" in err, err
+        assert f"retry `mover {command[0]} " in err and "pg_terminate_backend" not in err, err
+        assert "blockers_cancelled" not in err
+        assert catalog_snapshot(db_dsn) == before
+        st = status(db_dsn)
+        assert st["state"] == "waiting", st
+    r = mover(db_dsn, *command)
+    assert r.returncode in (0, 3), r.stderr
+    assert status(db_dsn)["step"] == ("cutover" if operation == "install_capture" else "rollback_window")

@@ -533,6 +533,52 @@ def test_changed_tunables_of_a_registered_plan_are_fine(db, tmp_path):
     assert snapshot(db) == before
 
 
+def _with_drop(text: str, *fks: str) -> str:
+    return text.replace("[target]\n", f"[target]\ndrop_foreign_keys = [{', '.join(toml_value(f) for f in fks)}]\n")
+
+
+def test_an_edit_of_a_registered_plan_is_checked_like_a_registration(db, tmp_path):
+    """Issue 21, item 10: `run` and `plan check` of an edited registered plan refuse a
+    [target] drop_foreign_keys name that is not a foreign key of the source (as registration
+    does), and an edit of a key read only at registration; an accepted edit is stored with when it
+    takes effect, and a foreign key added to drop_foreign_keys after registration is honoured at
+    the cutover, as docs/plan.md says."""
+    execute(db, "CREATE TABLE public.customers (id int PRIMARY KEY); INSERT INTO public.customers VALUES (1);"
+                " ALTER TABLE public.orders ADD COLUMN customer_id int DEFAULT 1 REFERENCES public.customers")
+    first = plan_toml(name="orders-first", columns={"id": "bigint"})
+    _register(db, write_plan(tmp_path, first, "first.toml"))
+    before = snapshot(db)
+    unknown = write_plan(tmp_path, _with_drop(first, "no_such_fkey"), "unknown.toml")
+    lossy = write_plan(tmp_path, first.replace("[target]\n", '[target]\naccept_lossy = ["id"]\n'), "lossy.toml")
+    for command in (["plan", "check"], ["run"], ["step"]):
+        assert_bad(mover(db, *command, str(unknown)),
+                   ['[target] drop_foreign_keys: "no_such_fkey" is not a foreign key of "public"."orders"',
+                    'its foreign keys are: "orders_customer_id_fkey"'])
+        assert_bad(mover(db, *command, str(lossy)),
+                   ["[target] accept_lossy of migration 'orders-first' changed, but it is read only when the plan"
+                    " is registered", "restore [target] accept_lossy"])
+        assert snapshot(db) == before
+    real = write_plan(tmp_path, _with_drop(first, "orders_customer_id_fkey").replace('"1h"', '"0s"'), "real.toml")
+    result = mover(db, "plan", "check", str(real))
+    assert result.returncode == 0, result.stderr
+    out = flat(result.stdout)
+    assert "changed: [target] drop_foreign_keys, takes effect at the next cutover" in out, out
+    assert "changed: [rollback] window, takes effect at the cutover" in out, out
+    result = mover(db, "run", str(real))
+    assert result.returncode == 3, result.stderr
+    with connect(db) as conn:
+        message, changes = conn.execute("SELECT message, detail->'changes' FROM mover.events"
+                                        " WHERE kind = 'plan_updated'").fetchone()
+        assert "[target] drop_foreign_keys at the next cutover" in message, message
+        assert len(changes) == 2, changes
+    result = mover(db, "cutover", "orders-first")
+    assert result.returncode == 0, result.stderr
+    with connect(db) as conn:
+        fks = conn.execute("SELECT conrelid::regclass::text FROM pg_constraint"
+                           " WHERE conname = 'orders_customer_id_fkey'").fetchall()
+    assert fks in ([], [("orders_old",)]), fks  # not on the live table (the old one is retired at once)
+
+
 def test_every_problem_is_reported_in_one_run(db, tmp_path):
     # Three independent problems (a taken target name, a column that does not exist, a type that
     # does not exist): one run names all three, each with its own next step, and changes nothing.

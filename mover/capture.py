@@ -27,6 +27,7 @@ from mover.context import Context
 from mover.db import one
 from mover.errors import PlanError
 from mover.sql import capture as q
+from mover.sql import trusted
 from mover.sql.copy import covered_by
 from mover.sql.mapping import Mapping, named_bound
 
@@ -281,8 +282,8 @@ def _replay_statement(cur: psycopg.Cursor, m: Mapping, log_table: names.Qualifie
     if stmt is None:
         if len(_REPLAY_STATEMENTS) >= 32:  # mappings change with the tables' shapes: keep few
             _REPLAY_STATEMENTS.clear()
-        stmt = _REPLAY_STATEMENTS[key] = sql.SQL(q.replay(m, log_table, covered=covered,
-                                                          skip_locked=skip_locked).as_string(cur))
+        stmt = _REPLAY_STATEMENTS[key] = trusted(q.replay(m, log_table, covered=covered,
+                                                          skip_locked=skip_locked).as_string(cur), "composed")
     return stmt
 
 

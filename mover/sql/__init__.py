@@ -22,6 +22,7 @@ SOURCES = {
     "plan type": "a type from the plan's [target] columns, resolved by the server (to_regtype) in plan check",
     "keyword": "an SQL keyword the caller chose from a closed set",
     "plan hook": "the operator's own statement from the plan's [hooks] (sql = ...), run as written",
+    "composed": "a statement mover composed with psycopg.sql and rendered once (as_string), kept to run again",
 }
 
 

@@ -692,3 +692,59 @@ def test_a_failing_index_build_stops_every_build_session_and_the_resume_builds_t
     assert query(db_dsn, "SELECT bool_and(indisvalid), count(*) FROM pg_index WHERE indrelid = 'events_new'::regclass"
                  ) == [(True, 3)]
     assert differences(db_dsn, "events", "events_new", COLUMNS) == (0, 0)
+
+
+def test_rows_the_old_table_cannot_hold_are_reverse_divergences_retire_goes_ahead_rollback_refuses(db_dsn, tmp_path):
+    """Issue 21 item 1: after the cutover the key is (id, created_at), so the live table can hold
+    two rows with one id; the old table (key id) cannot. The reverse replay must not fail its batch
+    (it did: CardinalityViolation, and no command got out of rollback_window): such an id is a
+    divergence, rollback refuses without --give-up-rows, retire goes ahead (the rows live in the
+    new table). Every other row of the writer's reaches the old table, judged by the mirror."""
+    create_events(db_dsn)
+    text = PLAN.format(partition=MONTHLY).replace("[rollback]\n", "[cutover]\nauto = true\n\n[rollback]\n")
+    plan = write_plan(tmp_path / "events.toml", text)
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3 and "rollback window" in r.stderr, r.stderr
+        assert relkind(db_dsn, "events") == "p"
+        writer.wait_for_ops(writer.ops + 50)
+        # Negative ids: the writer (ids 1..max) never touches them, the mirror never holds them.
+        # -1 twice in one statement, -2 once (replayed), then a second -2 in another month.
+        query(db_dsn, "INSERT INTO events (id, created_at, tenant_id, region, payload) VALUES"
+                      " (-1, now() - interval '10 days', 1, 'de', 'a'), (-1, now() - interval '100 days', 1, 'de', 'b'),"
+                      " (-2, now() - interval '20 days', 1, 'de', 'c') RETURNING 1")
+        r = mover(db_dsn, "run", "events_part")
+        assert r.returncode == 3, r.stderr
+        query(db_dsn, "INSERT INTO events (id, created_at, tenant_id, region, payload) VALUES"
+                      " (-2, now() - interval '200 days', 1, 'de', 'd') RETURNING 1")
+        writer.wait_for_ops(writer.ops + 50)
+        writer.pause()
+        assert writer.idle.wait(30)
+        r = mover(db_dsn, "run", "events_part")
+        assert r.returncode == 3, r.stderr
+        diverged = query(db_dsn, "SELECT DISTINCT key::text, columns->>'direction' FROM mover.divergences"
+                                 " WHERE resolved_at IS NULL ORDER BY 1")
+        assert diverged == [("{-1}", "reverse"), ("{-2}", "reverse")], diverged
+        # Independently: the old table holds what the application committed, but for those ids;
+        # -2 in its first state (the second row never reached it).
+        both = sql.SQL(", ").join(sql.Identifier(c) for c in COLUMNS)
+        for a, b in (("events_old", MIRROR), (MIRROR, "events_old"), ("events", MIRROR), (MIRROR, "events")):
+            n = query(db_dsn, sql.SQL("SELECT count(*) FROM (SELECT {c} FROM {a} WHERE id > 0 EXCEPT ALL"
+                                      " SELECT {c} FROM {b}) d").format(c=both, a=sql.Identifier(a),
+                                                                         b=sql.Identifier(b)))[0][0]
+            assert n == 0, (a, b, n)
+        assert query(db_dsn, "SELECT payload FROM events_old WHERE id < 0") == [("c",)]
+        writer.resume()
+
+        r = mover(db_dsn, "rollback", "events_part")
+        assert r.returncode == 3 and "--give-up-rows" in r.stderr and "key ['-1']: the source holds several rows" in r.stderr, r.stderr
+        assert relkind(db_dsn, "events") == "p"
+        r = mover(db_dsn, "retire", "events_part", "--force")
+        assert r.returncode == 0, r.stderr
+        assert query(db_dsn, "SELECT to_regclass('events_old')") == [(None,)]
+        assert query(db_dsn, "SELECT payload FROM events WHERE id < 0 ORDER BY payload") == [
+            ("a",), ("b",), ("c",), ("d",)]
+    finally:
+        writer.halt()
+    assert writer.errors == []

@@ -398,7 +398,7 @@ WITH RECURSIVE tab AS (
 SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     SELECT concat_ws(':', 'c', c.oid, c.relname, c.relnamespace, n.xmin, c.relowner, c.relkind, c.relacl,
                      c.relrowsecurity, c.relforcerowsecurity, c.relispopulated, c.relreplident,
-                     c.relpersistence, c.relispartition,
+                     c.relpersistence, c.relispartition, c.reloftype,
                      CASE WHEN c.relkind IN ('v', 'm') THEN c.reloptions
                           ELSE ARRAY(SELECT o FROM unnest(c.reloptions) o
                                      WHERE split_part(o, '=', 1) <> 'autovacuum_enabled') END) AS x

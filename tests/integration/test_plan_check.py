@@ -329,6 +329,8 @@ CASES = [
                " CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')"),
     Case("inheritance-parent", plan_toml(source="animals"), ['"public"."animals"', "inheritance children"],
          setup="CREATE TABLE animals (id int PRIMARY KEY); CREATE TABLE dogs () INHERITS (animals)"),
+    Case("typed-table", plan_toml(source="typed"), ['"public"."typed"', "typed table (OF point2)"],
+         setup="CREATE TYPE point2 AS (id int, v text); CREATE TABLE typed OF point2 (PRIMARY KEY (id))"),
     Case("drop-foreign-keys-unknown-name",
          plan_toml(source="invoices").replace("[target]\n", '[target]\ndrop_foreign_keys = ["invoices_fk", '
                                               '"invoices_customer_id_fkey"]\n'),

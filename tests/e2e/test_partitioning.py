@@ -750,3 +750,59 @@ def test_rows_the_old_table_cannot_hold_are_reverse_divergences_retire_goes_ahea
     finally:
         writer.halt()
     assert writer.errors == []
+
+
+def test_an_outbound_foreign_key_is_carried_to_the_partitioned_table_under_writer(db_dsn, tmp_path):
+    """Issue 21 item 3: PostgreSQL 15-17 take no NOT VALID foreign key on a partitioned table, so
+    the cutover failed, its next: repeating itself. The key goes NOT VALID onto each partition
+    under the lock, is validated there after it, then added to the partitioned table (attaching
+    the partitions' copies): enforced through the window, the rollback, the second cutover and
+    retire, under a writer, judged by the mirror."""
+    create_events(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE tenants (id int PRIMARY KEY); INSERT INTO tenants SELECT generate_series(0, 19);"
+                     " ALTER TABLE events ADD CONSTRAINT events_tenant_fkey FOREIGN KEY (tenant_id) REFERENCES tenants")
+    plan = plan_file(tmp_path)
+    r = mover(db_dsn, "plan", "check", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert "NOT VALID" in out and 'VALIDATE CONSTRAINT "events_tenant_fkey"' in out, out
+    assert 'ALTER TABLE "public"."events" ADD CONSTRAINT "events_tenant_fkey" FOREIGN KEY (tenant_id)' in out, out
+
+    def fks(table):
+        return query(db_dsn, "SELECT c.relname, k.convalidated, k.conparentid <> 0 FROM pg_constraint k"
+                             " JOIN pg_class c ON c.oid = k.conrelid WHERE k.contype = 'f' AND c.relname LIKE %s"
+                             " AND c.relnamespace = 'public'::regnamespace ORDER BY 1", table + "%")
+
+    def refuses_an_unknown_tenant():
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            query(db_dsn, "INSERT INTO events (created_at, tenant_id, region) VALUES (now(), 99, 'de') RETURNING 1")
+
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3 and "mover cutover events_part" in r.stderr, r.stderr
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        live = [f for f in fks("events") if not f[0].startswith("events_old")]
+        # The partitioned table holds it, validated; each partition's copy is attached to it.
+        assert ("events", True, False) in live and len(live) > 10 and all(v for _, v, _ in live), live
+        assert fks("events_old") == []  # the reverse replay checks no parent
+        refuses_an_unknown_tenant()
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+        r = mover(db_dsn, "rollback", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert fks("events") == [("events", True, False)] and fks("events_new") == []
+        refuses_an_unknown_tenant()
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        refuses_an_unknown_tenant()
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+        r = mover(db_dsn, "retire", "events_part", "--force")
+        assert r.returncode == 0, r.stderr
+        assert ("events", True, False) in fks("events")
+        refuses_an_unknown_tenant()
+    finally:
+        writer.halt()
+    assert writer.errors == []

@@ -806,3 +806,38 @@ def test_an_outbound_foreign_key_is_carried_to_the_partitioned_table_under_write
     finally:
         writer.halt()
     assert writer.errors == []
+
+
+def test_a_rollback_before_the_partitions_foreign_keys_were_attached_carries_them_back(db_dsn, tmp_path):
+    """kill -9 right after the swap, before the partitions' copies of the foreign key were validated
+    and attached: the rollback takes them off the partitions and gives the old table its key back,
+    validated; the next cutover carries it again. Under a writer, judged by the mirror."""
+    create_events(db_dsn)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE tenants (id int PRIMARY KEY); INSERT INTO tenants SELECT generate_series(0, 19);"
+                     " ALTER TABLE events ADD CONSTRAINT events_tenant_fkey FOREIGN KEY (tenant_id) REFERENCES tenants")
+    plan = plan_file(tmp_path)
+
+    def fks():
+        return query(db_dsn, "SELECT c.relname, k.convalidated FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                             " WHERE k.contype = 'f' AND c.relnamespace = 'public'::regnamespace ORDER BY 1")
+
+    writer = EventWriter(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3, r.stderr
+        r = mover(db_dsn, "cutover", "events_part", env={"MOVER_FAULT": "kill@validate"})
+        assert r.returncode == -9, r.stderr
+        held = fks()
+        assert all(not valid for _, valid in held) and "events" not in [t for t, _ in held] and len(held) > 10, held
+        r = mover(db_dsn, "rollback", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert fks() == [("events", True)]
+        drain_and_judge(db_dsn, writer, "events", "events_new")
+        r = mover(db_dsn, "cutover", "events_part")
+        assert r.returncode == 0, r.stderr
+        assert ("events", True) in fks() and all(v for _, v in fks())
+        drain_and_judge(db_dsn, writer, "events", "events_old")
+    finally:
+        writer.halt()
+    assert writer.errors == []

@@ -333,6 +333,13 @@ CASES = [
                " CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')"),
     Case("inheritance-parent", plan_toml(source="animals"), ['"public"."animals"', "inheritance children"],
          setup="CREATE TABLE animals (id int PRIMARY KEY); CREATE TABLE dogs () INHERITS (animals)"),
+    Case("not-valid-foreign-key-to-a-partitioned-target",
+         plan_toml(source="invoices").replace("[target]\n", '[target]\n[target.partition]\nby = "hash"\n'
+                                              'column = "id"\nmodulus = 2\n'),
+         ["[target.partition]", 'foreign key "invoices_customer_id_fkey"', "NOT VALID", "VALIDATE CONSTRAINT"],
+         setup=INVOICES + "; ALTER TABLE invoices DROP CONSTRAINT invoices_customer_id_fkey;"
+                          " ALTER TABLE invoices ADD CONSTRAINT invoices_customer_id_fkey FOREIGN KEY (customer_id)"
+                          " REFERENCES customers NOT VALID", also_run=True),
     Case("typed-table", plan_toml(source="typed"), ['"public"."typed"', "typed table (OF point2)"],
          setup="CREATE TYPE point2 AS (id int, v text); CREATE TABLE typed OF point2 (PRIMARY KEY (id))"),
     Case("drop-foreign-keys-unknown-name",

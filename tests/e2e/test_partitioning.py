@@ -819,8 +819,9 @@ def test_a_rollback_before_the_partitions_foreign_keys_were_attached_carries_the
     plan = plan_file(tmp_path)
 
     def fks():
-        return query(db_dsn, "SELECT c.relname, k.convalidated FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
-                             " WHERE k.contype = 'f' AND c.relnamespace = 'public'::regnamespace ORDER BY 1")
+        return query(db_dsn, "SELECT c.relname, k.convalidated FROM pg_constraint k"
+                             " JOIN pg_class c ON c.oid = k.conrelid WHERE k.contype = 'f'"
+                             " AND c.relnamespace = 'public'::regnamespace ORDER BY 1")
 
     writer = EventWriter(db_dsn).start()
     try:

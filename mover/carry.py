@@ -141,7 +141,7 @@ def _partition_only_keys(cur: psycopg.Cursor, live_oid: int, mid: int) -> list[t
 
 
 def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip: tuple[str, ...], out: Carried,
-                  after_name: QualifiedName, other_oid: int, mid: int) -> None:
+                  after_name: QualifiedName, other_oid: int, mid: int, *, own_only: bool = False) -> None:
     """Outbound (the table's own, self-references included) and inbound (other tables' that
     reference it) foreign keys move to the table taking the name, NOT VALID, validated after.
     The other table keeps none: the replay into it must not wait for the parent's rows, nor
@@ -159,6 +159,8 @@ def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip:
              for name, definition, valid, tables in _partition_only_keys(cur, live_oid, mid)]
     leaves = _leaves(cur, other_oid)
     for own, schema, table_name, name, definition, validated, comment, held_by in rows:
+        if not own and own_only:
+            continue
         if own and name in skip:
             continue  # acknowledged in [target] drop_foreign_keys: left on the old table
         child = QualifiedName(schema, table_name) if schema is not None else live
@@ -335,6 +337,17 @@ def carry_sql(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qua
     _row_security(cur, live_oid, live, after_name, out)
     _names(cur, ctx, live, other, out)
     return out
+
+
+def outbound_rehearsal_sql(cur: psycopg.Cursor, source: QualifiedName, target: QualifiedName,
+                           skip: tuple[str, ...]) -> list[sql.SQL | sql.Composed]:
+    """What the swap and `validate` would run to carry the source's own foreign keys to `target`,
+    aimed at `target` under its present name: plan check runs it on the rehearsed (empty) target,
+    so that a form the server refuses is found there, not at the cutover."""
+    out = Carried()
+    _foreign_keys(cur, _oid(cur, source), source, skip, out, target, _oid(cur, target), 0, own_only=True)
+    after = [s for s in out.after if not isinstance(s, tuple)]  # carry's foreign key statements take no parameters
+    return [*after, *(validate_sql(*c) for c in out.to_validate), *(attach_sql(*c) for c in out.to_attach)]
 
 
 def also_locked(cur: psycopg.Cursor, table: QualifiedName) -> list[QualifiedName]:

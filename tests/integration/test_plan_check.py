@@ -340,6 +340,10 @@ CASES = [
          setup=INVOICES + "; ALTER TABLE invoices DROP CONSTRAINT invoices_customer_id_fkey;"
                           " ALTER TABLE invoices ADD CONSTRAINT invoices_customer_id_fkey FOREIGN KEY (customer_id)"
                           " REFERENCES customers NOT VALID", also_run=True),
+    # The swap carries the foreign key (mover/carry.py): plan check tries that DDL on the rehearsed target.
+    Case("foreign-key-the-new-type-cannot-carry", plan_toml(source="invoices", columns={"customer_id": "text"}),
+         ["[target] columns", 'column "customer_id" cannot become \'text\'', "invoices_customer_id_fkey",
+          "incompatible types"], setup=INVOICES, also_run=True),
     Case("typed-table", plan_toml(source="typed"), ['"public"."typed"', "typed table (OF point2)"],
          setup="CREATE TYPE point2 AS (id int, v text); CREATE TABLE typed OF point2 (PRIMARY KEY (id))"),
     Case("drop-foreign-keys-unknown-name",

@@ -316,7 +316,14 @@ def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: 
 
 
 # A replay that fails on the data (class 22 or 23) is contained; anything else is a real error.
-DATA_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
+# Also contained: an upsert that meets one destination row twice (21000, CardinalityViolation).
+# Several source rows then map to one destination key: after a partition conversion the live
+# table's key is the old one plus the partition columns, so the reverse replay can find two rows
+# of one id, which the old table cannot hold (and forward, two source keys the target's key type
+# takes as equal). The batch is then replayed key by key, and such a key is a divergence like
+# any other row the destination cannot hold (invariant 9: rollback refuses to leave it behind).
+DATA_ERRORS = (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.CardinalityViolation)
+SEVERAL_ROWS = "21000"
 CLOSURE_ROUNDS = 20  # a swap or a cycle closes in a round or two; a chain of n rows in n
 CLOSURE_MAX_KEYS = 50_000
 CLOSURE_ATTEMPTS = 3
@@ -325,6 +332,10 @@ CLOSURE_ATTEMPTS = 3
 def data_error(exc: psycopg.Error) -> dict[str, Any]:
     """What an apply_error divergence records of a copy or replay that failed on a row's data."""
     out: dict[str, Any] = {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate}
+    if exc.sqlstate == SEVERAL_ROWS:
+        # PostgreSQL's wording names the upsert, not the data: say what the row is.
+        out["error"] = ("the source holds several rows with this key, and the destination's key holds one: "
+                        + out["error"])
     if exc.diag.message_detail:  # e.g. "Partition key of the failing row contains (...) = (...)"
         out["detail"] = exc.diag.message_detail
     return out

@@ -12,6 +12,10 @@ statement runs (what `plan check` prints is what runs), in two parts:
   which now resolves to the table that took it, so they re-create each object there.
 Foreign keys are added NOT VALID (no scan under the lock) and validated after the lock is
 released (`validate`), each one recorded so that a crash in between resumes the validation.
+PostgreSQL before 18 takes no NOT VALID foreign key on a partitioned table: an outbound one that
+moves to a partitioned table is added NOT VALID to each of its partitions (plain tables), each
+validated after the lock, then added to the partitioned table itself, which attaches the
+partitions' validated copies without scanning them again (`to_attach`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class Carried:
     after: list[Statement] = field(default_factory=list)
     # (schema, table, constraint) added NOT VALID that were valid before: VALIDATE after the lock
     to_validate: list[tuple[str, str, str]] = field(default_factory=list)
+    # (schema, partitioned table, constraint, definition): added after its partitions' copies are validated
+    to_attach: list[tuple[str, str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what plan check says about the swap
 
 
@@ -106,8 +112,36 @@ def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qualif
         ]
 
 
+def _leaves(cur: psycopg.Cursor, oid: int) -> list[QualifiedName]:
+    """The leaf partitions of a partitioned table (none for a plain one)."""
+    cur.execute("SELECT n.nspname, c.relname FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.isleaf AND t.relid <> %s ORDER BY 1, 2",
+                (oid, oid))
+    return [QualifiedName(s, n) for s, n in cur.fetchall()]
+
+
+def _partition_only_keys(cur: psycopg.Cursor, live_oid: int, mid: int) -> list[tuple[Any, ...]]:
+    """Outbound foreign keys a swap put on the partitions of `live` (partitioned) that are not yet on
+    `live` itself (a swap back before `validate` attached them): like _foreign_keys' rows, one per
+    name, valid if the swap recorded it to attach; with the partitions that hold a copy."""
+    leaves = _leaves(cur, live_oid)
+    if not leaves:
+        return []
+    attach = {name for _, _, name, _ in pending_attach(cur, mid)}
+    cur.execute("""
+        SELECT k.conname, min(pg_get_constraintdef(k.oid)), bool_and(k.convalidated),
+               array_agg(ARRAY[n.nspname, c.relname] ORDER BY n.nspname, c.relname)
+        FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE k.contype = 'f' AND k.conparentid = 0 AND k.conrelid IN (SELECT relid FROM pg_partition_tree(%(oid)s)
+                                                                       WHERE isleaf AND relid <> %(oid)s)
+        AND NOT EXISTS (SELECT 1 FROM pg_constraint p WHERE p.conrelid = %(oid)s AND p.conname = k.conname)
+        GROUP BY k.conname ORDER BY k.conname""", {"oid": live_oid})
+    return [(name, definition.removesuffix(" NOT VALID"), valid or name in attach,
+             [QualifiedName(s, t) for s, t in tables]) for name, definition, valid, tables in cur.fetchall()]
+
+
 def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip: tuple[str, ...], out: Carried,
-                  after_name: QualifiedName) -> None:
+                  after_name: QualifiedName, other_oid: int, mid: int, *, own_only: bool = False) -> None:
     """Outbound (the table's own, self-references included) and inbound (other tables' that
     reference it) foreign keys move to the table taking the name, NOT VALID, validated after.
     The other table keeps none: the replay into it must not wait for the parent's rows, nor
@@ -119,23 +153,40 @@ def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip:
         FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE k.contype = 'f' AND k.conparentid = 0 AND (k.conrelid = %(oid)s OR k.confrelid = %(oid)s)
         ORDER BY k.conrelid = %(oid)s DESC, n.nspname, c.relname, k.conname""", {"oid": live_oid})
-    for own, schema, table_name, name, definition, validated, comment in cur.fetchall():
+    rows = [(*r, None) for r in cur.fetchall()]
+    # A swap back before `validate` attached them: the partitions hold the only copies.
+    rows += [(True, None, None, name, definition, valid, None, tables)
+             for name, definition, valid, tables in _partition_only_keys(cur, live_oid, mid)]
+    leaves = _leaves(cur, other_oid)
+    for own, schema, table_name, name, definition, validated, comment, held_by in rows:
+        if not own and own_only:
+            continue
         if own and name in skip:
             continue  # acknowledged in [target] drop_foreign_keys: left on the old table
-        child = QualifiedName(schema, table_name)
+        child = QualifiedName(schema, table_name) if schema is not None else live
         table = after_name if own else child
-        out.before.append(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
-            live.ident if own else child.ident, sql.Identifier(name)))
+        out.before += [sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(t.ident, sql.Identifier(name))
+                       for t in (held_by or [live if own else child])]
         # pg_get_constraintdef() text; the referenced table's name resolves after the renames
         text = definition if definition.endswith(" NOT VALID") else definition + " NOT VALID"
-        out.after.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(table.ident, sql.Identifier(name),
-                                                                               trusted(text, "pg_get_constraintdef")))
-        if comment is not None:
-            out.after.append(sql.SQL("COMMENT ON CONSTRAINT {} ON {} IS {}").format(
-                sql.Identifier(name), table.ident, sql.Literal(comment)))
-        if validated:
+        on = leaves if own and leaves else [table]
+        out.after += [sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(t.ident, sql.Identifier(name),
+                                                                            trusted(text, "pg_get_constraintdef"))
+                      for t in on]
+        if own and leaves:
+            # Never a NOT VALID one: the partitioned table's own copy could only be added validated
+            # (plan check refuses such a key: mover/checks/foreign_keys.py).
+            assert validated, name
             assert table.schema is not None
-            out.to_validate.append((table.schema, table.name, name))
+            out.to_attach.append((table.schema, table.name, name, definition))
+        if comment is not None:
+            # On the partitioned table's copy once it exists: `validate` adds it there.
+            out.after += [] if own and leaves else [sql.SQL("COMMENT ON CONSTRAINT {} ON {} IS {}").format(
+                sql.Identifier(name), table.ident, sql.Literal(comment))]
+            if own and leaves:
+                out.notes.append(f"the comment on foreign key {name} is not carried to the partitioned table")
+        if validated:
+            out.to_validate += [(t.schema, t.name, name) for t in on if t.schema is not None]
 
 
 ENABLE = {"D": "DISABLE TRIGGER", "R": "ENABLE REPLICA TRIGGER", "A": "ENABLE ALWAYS TRIGGER"}
@@ -279,12 +330,24 @@ def carry_sql(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qua
     out = Carried()
     live_oid = _oid(cur, live)
     _views(cur, live_oid, out)
-    _foreign_keys(cur, live_oid, live, ctx.plan.drop_foreign_keys if forward else (), out, after_name)
+    _foreign_keys(cur, live_oid, live, ctx.plan.drop_foreign_keys if forward else (), out, after_name,
+                  _oid(cur, other), ctx.mid)
     _triggers(cur, live_oid, live.ident, after_name.ident, out)
     _rules(cur, live_oid, live, after_name, out)
     _row_security(cur, live_oid, live, after_name, out)
     _names(cur, ctx, live, other, out)
     return out
+
+
+def outbound_rehearsal_sql(cur: psycopg.Cursor, source: QualifiedName, target: QualifiedName,
+                           skip: tuple[str, ...]) -> list[sql.SQL | sql.Composed]:
+    """What the swap and `validate` would run to carry the source's own foreign keys to `target`,
+    aimed at `target` under its present name: plan check runs it on the rehearsed (empty) target,
+    so that a form the server refuses is found there, not at the cutover."""
+    out = Carried()
+    _foreign_keys(cur, _oid(cur, source), source, skip, out, target, _oid(cur, target), 0, own_only=True)
+    after = [s for s in out.after if not isinstance(s, tuple)]  # carry's foreign key statements take no parameters
+    return [*after, *(validate_sql(*c) for c in out.to_validate), *(attach_sql(*c) for c in out.to_attach)]
 
 
 def also_locked(cur: psycopg.Cursor, table: QualifiedName) -> list[QualifiedName]:
@@ -304,12 +367,37 @@ def also_locked(cur: psycopg.Cursor, table: QualifiedName) -> list[QualifiedName
     return [QualifiedName(s, n) for s, n in cur.fetchall()] + views
 
 
-def record_validation(cur: psycopg.Cursor, ctx: Context, to_validate: list[tuple[str, str, str]]) -> None:
-    """The constraints the swap added NOT VALID: `validate` works through them after the lock,
-    and again (from this record) after a crash in between."""
+def record_validation(cur: psycopg.Cursor, ctx: Context, to_validate: list[tuple[str, str, str]],
+                      to_attach: list[tuple[str, str, str, str]] | None = None) -> None:
+    """The constraints the swap added NOT VALID (and those to add to a partitioned table after
+    them): `validate` works through them after the lock, and again (from this record) after a
+    crash in between."""
     control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, VALIDATE_EVENT,
                   f"{len(to_validate)} foreign keys to validate after the swap",
-                  {"constraints": [list(c) for c in to_validate]})
+                  {"constraints": [list(c) for c in to_validate], "attach": [list(c) for c in to_attach or []]})
+
+
+def pending_attach(cur: psycopg.Cursor, mid: int) -> list[tuple[str, str, str, str]]:
+    """(schema, partitioned table, constraint, definition) of the last swap's record that the
+    table does not hold yet."""
+    cur.execute("SELECT detail FROM mover.events WHERE migration_id = %s AND kind = %s ORDER BY id DESC LIMIT 1",
+                (mid, VALIDATE_EVENT))
+    row = cur.fetchone()
+    out = []
+    for schema, table, name, definition in ((row[0] or {}).get("attach", []) if row else []):
+        cur.execute("SELECT EXISTS (SELECT 1 FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE n.nspname = %s AND c.relname = %s AND k.conname = %s)", (schema, table, name))
+        if not one(cur)[0]:
+            out.append((schema, table, name, definition))
+    return out
+
+
+def attach_sql(schema: str, table: str, name: str, definition: str) -> sql.Composed:
+    """The partitioned table's own copy of a foreign key its partitions hold validated: PostgreSQL
+    attaches theirs (no scan; a partition created since gets a copy, validated as it is added)."""
+    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
+        sql.Identifier(schema, table), sql.Identifier(name), trusted(definition, "pg_get_constraintdef"))
 
 
 def pending_validation(cur: psycopg.Cursor, mid: int) -> list[tuple[str, str, str]]:
@@ -346,6 +434,14 @@ def validate(ctx: Context) -> list[tuple[str, str, str]]:
             # a validated constraint of the migrated table changes its recorded shape
             shape.rerecord(cur, ctx.mid)
         ctx.db.transaction(one_constraint, statement_timeout="0", label="validate foreign key")
+        done.append((schema, table, name))
+    for schema, table, name, definition in ctx.db.transaction(lambda cur: pending_attach(cur, ctx.mid),
+                                                              label="pending attach"):
+        def attach(cur: psycopg.Cursor, schema: str = schema, table: str = table, name: str = name,
+                   definition: str = definition) -> None:
+            cur.execute(attach_sql(schema, table, name, definition))
+            shape.rerecord(cur, ctx.mid)
+        ctx.db.transaction(attach, statement_timeout="0", label="add foreign key to the partitioned table")
         done.append((schema, table, name))
     if done:
         ctx.db.transaction(lambda cur: control.event(
@@ -398,7 +494,7 @@ WITH RECURSIVE tab AS (
 SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     SELECT concat_ws(':', 'c', c.oid, c.relname, c.relnamespace, n.xmin, c.relowner, c.relkind, c.relacl,
                      c.relrowsecurity, c.relforcerowsecurity, c.relispopulated, c.relreplident,
-                     c.relpersistence, c.relispartition,
+                     c.relpersistence, c.relispartition, c.reloftype,
                      CASE WHEN c.relkind IN ('v', 'm') THEN c.reloptions
                           ELSE ARRAY(SELECT o FROM unnest(c.reloptions) o
                                      WHERE split_part(o, '=', 1) <> 'autovacuum_enabled') END) AS x

@@ -426,7 +426,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         read_at = time.monotonic()
         trips = execute_batched(cur, stmts)
         ddl_at = time.monotonic()
-        carry.record_validation(cur, ctx, carried.to_validate)
+        carry.record_validation(cur, ctx, carried.to_validate, carried.to_attach)
         # Both tables in one query: the one that now carries the name must look to the application
         # as the other did (parity), and both are recorded again (only the names changed; the
         # shapes are those checked above, the lock is held).

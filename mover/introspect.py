@@ -276,7 +276,7 @@ class Metadata:
     policies: tuple[str, ...]
     user_triggers: tuple[str, ...]
     rules: tuple[str, ...]
-    inheritance: str | None  # why the table takes part in inheritance or partitioning, if it does
+    inheritance: str | None  # why the table takes part in inheritance or partitioning, or is typed, if it does
 
 
 def metadata(cur: psycopg.Cursor, oid: int) -> Metadata:
@@ -300,7 +300,12 @@ def metadata(cur: psycopg.Cursor, oid: int) -> Metadata:
     cur.execute("SELECT rulename FROM pg_rewrite WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY 1", (oid,))
     rules = tuple(r[0] for r in cur.fetchall())
     inheritance = None
-    if is_partition:
+    cur.execute("SELECT format_type(reloftype, NULL) FROM pg_class WHERE oid = %s AND reloftype <> 0", (oid,))
+    typed = cur.fetchone()
+    if typed:
+        # CREATE TABLE ... OF type: the new table mover builds would be a plain one.
+        inheritance = f"is a typed table (OF {typed[0]})"
+    elif is_partition:
         inheritance = "is a partition of another table"
     else:
         cur.execute("SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = %s),"

@@ -251,6 +251,7 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
 
     same("kind", "table", before.get("kind"), after.get("kind"))
     same("persistence", "table", before.get("persistence"), after.get("persistence"))
+    same("of_type", "table", before.get("of_type"), after.get("of_type"))  # CREATE TABLE ... OF type
     # Columns, by name (a type change is planned per column).
     b_cols = {c["name"]: c for c in before["columns"]}
     a_cols = {c["name"]: c for c in after["columns"]}

@@ -80,6 +80,10 @@ SELECT c.oid, jsonb_build_object(
                                      AND k.contype IN ('p', 'u', 'x')))), '{}'::jsonb)
         FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
         WHERE i.indrelid = c.oid))
+    -- A typed table's type (CREATE TABLE ... OF type): only when it has one, so that the
+    -- descriptions (and fingerprints) recorded for other tables stay what they were.
+    || CASE WHEN c.reloftype <> 0 THEN jsonb_build_object('of_type', format_type(c.reloftype, NULL))
+            ELSE '{}'::jsonb END
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = ANY(%s)
 """
@@ -148,6 +152,11 @@ def diff(old: dict[str, Any], new: dict[str, Any] | None, side: str = "source") 
     if old.get("kind") != new.get("kind"):
         out.append(Change(side, "kind", f"table {now} changed kind from {old.get('kind')!r} to {new.get('kind')!r}",
                           False))
+    if old.get("of_type") != new.get("of_type"):
+        was, became = old.get("of_type"), new.get("of_type")
+        out.append(Change(side, "of_type", f"table {now} " + (f"was made a typed table (OF {became})" if became else
+                                                              f"is no longer a typed table (it was OF {was})")
+                          + (f" (it was OF {was})" if was and became else ""), False))
     out += _diff_columns(side, now, old["columns"], new["columns"])
     out += _diff_constraints(side, now, old["constraints"], new["constraints"])
     out += _diff_indexes(side, now, old["indexes"], new["indexes"])

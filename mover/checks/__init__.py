@@ -102,6 +102,7 @@ def _registry() -> list[Check]:
         Check("exclusion constraints", refused_objects.exclusion_constraints),
         Check("partitioning", partitioning.plan),
         Check("outbound foreign keys", foreign_keys.outbound),
+        Check("NOT VALID foreign keys to a partitioned table", foreign_keys.not_valid_to_partitioned),
         Check("inheritance", refused_objects.table_properties),
         Check("dependents the swap moves are owned", carried.owned),
         Check("privileges", privileges.setup),

@@ -56,3 +56,19 @@ def check_dropped(cur: psycopg.Cursor, dropped: tuple[str, ...], oids: list[int]
                         f"{'is not a foreign key' if len(unknown) == 1 else 'are not foreign keys'} of {source}",
                         hint=f"its foreign keys are: "
                              f"{', '.join(names.display_ident(n) for n in sorted(fks)) or 'none'}")
+
+
+def not_valid_to_partitioned(s: Subject) -> None:
+    """PostgreSQL before 18 takes no NOT VALID foreign key on a partitioned table, and mover carries
+    a foreign key to one by validating it (mover/carry.py): a NOT VALID one, whose old rows may
+    break it, cannot be carried to a partitioned target."""
+    if s.plan.partition is None:
+        return
+    s.cur.execute("SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = %s AND NOT convalidated"
+                  " ORDER BY conname", (s.table.oid,))
+    broken = [r[0] for r in s.cur.fetchall() if r[0] not in s.plan.drop_foreign_keys]
+    if broken:
+        raise PlanError(f"[target.partition]: the foreign key {names.display_ident(broken[0])} of {s.src} is "
+                        f"NOT VALID, and a partitioned table takes a foreign key only validated",
+                        hint=f"validate it first (ALTER TABLE {s.src} VALIDATE CONSTRAINT "
+                             f"{names.display_ident(broken[0])}), or list it in [target] drop_foreign_keys")

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from mover import introspect, names
+from mover import carry, introspect, names
 from mover.checks import Subject
 from mover.db import is_retryable
 from mover.errors import PlanError
@@ -64,6 +64,10 @@ def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: Qua
         assert source_oid is not None  # resolved by the caller
         for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
             cur.execute(ddl.add_constraint(target, name, definition))
+        # The source's own foreign keys as the swap and the validation after it carry them (to a
+        # partitioned target: onto each partition, then the parent): on this empty table, cheap.
+        for fk in carry.outbound_rehearsal_sql(cur, source, target, plan.drop_foreign_keys):
+            cur.execute(fk)
         if out is not None:
             out.append(introspect.describe(cur, target))
     except psycopg.Error as exc:

@@ -206,3 +206,20 @@ def publication_add(publication: str, table: QualifiedName, columns: list[str] |
 
 def publication_drop(publication: str, table: QualifiedName) -> sql.Composed:
     return sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(sql.Identifier(publication), table.ident)
+
+
+def drop_column(table: QualifiedName, column: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table.ident, sql.Identifier(column))
+
+
+def add_generated_column(table: QualifiedName, column: str, type_text: str, collation: tuple[str, str] | None,
+                         expression: str, not_null: bool) -> sql.Composed:
+    """A stored generated column: `expression` is the source column's, printed by pg_get_expr()."""
+    return sql.SQL("ALTER TABLE {t} ADD COLUMN {c} {ty}{coll} GENERATED ALWAYS AS ({e}) STORED{nn}").format(
+        t=table.ident, c=sql.Identifier(column), ty=trusted(type_text, "format_type"),
+        coll=sql.SQL(" COLLATE {}").format(sql.Identifier(*collation)) if collation else sql.SQL(""),
+        e=trusted(expression, "pg_get_expr"), nn=sql.SQL(" NOT NULL") if not_null else sql.SQL(""))
+
+
+def comment_on_column(table: QualifiedName, column: str, comment: str) -> sql.Composed:
+    return sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(table.ident, sql.Identifier(column), sql.Literal(comment))

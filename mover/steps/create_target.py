@@ -5,7 +5,7 @@ from psycopg import sql
 
 from mover import control, introspect, metadata, names, partitions
 from mover.context import Context
-from mover.errors import Failed
+from mover.errors import Failed, PlanError
 from mover.plan import Plan
 from mover.sql import ddl
 from mover.sql import partitions as sql_partitions
@@ -23,8 +23,11 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     # the backfill copies. It is added back NOT VALID at the swap (mover/cutover.py), as it was.
     stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_checks(cur, info.oid)]
     have = {c.name: c for c in info.columns}
+    drop, add = _regenerated(cur, info, plan.columns, target)
+    stmts += drop
     stmts += [ddl.alter_column_type(target, col, typ, _kept_collation(cur, have[col], typ) if col in have else None)
               for col, typ in sorted(plan.columns.items())]
+    stmts += add
     # A widened identity column keeps the old type's maximum (LIKE copies it as an explicit value).
     for seq in introspect.owned_sequences(cur, info.oid):
         if seq.identity and seq.column in plan.columns:
@@ -60,6 +63,76 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     # Statistics targets, storage, compression, extended statistics, security labels.
     stmts += metadata.create_sql(cur, info.oid, target, plan.columns, mid)
     return stmts
+
+
+# The stored generated columns of %(rel)s at or after the first one that reads a column in
+# %(changed)s (attnums): its expression, NOT NULL, storage (and the type's), compression, comment.
+_GENERATED_AFTER = """
+WITH reads AS (
+    SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = %(rel)s AND a.attgenerated = 's' AND NOT a.attisdropped
+    AND EXISTS (SELECT 1 FROM pg_depend d LEFT JOIN pg_attrdef ad ON ad.oid = d.objid
+                WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = %(rel)s AND d.refobjsubid = ANY(%(changed)s)
+                AND ((d.classid = 'pg_class'::regclass AND d.objid = %(rel)s AND d.objsubid = a.attnum)
+                     OR (d.classid = 'pg_attrdef'::regclass AND ad.adrelid = %(rel)s AND ad.adnum = a.attnum)))
+)
+SELECT a.attname, a.attgenerated = 's', pg_get_expr(ad.adbin, ad.adrelid), a.attnotnull, a.attstorage, t.typstorage,
+       nullif(a.attcompression::text, ''), col_description(a.attrelid, a.attnum)
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+WHERE a.attrelid = %(rel)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attnum >= (SELECT min(attnum) FROM reads)
+ORDER BY a.attnum
+"""
+
+
+def _regenerated(cur: psycopg.Cursor, info: introspect.TableInfo, columns: dict[str, str],
+                 target: names.QualifiedName) -> tuple[list[sql.Composed], list[sql.Composed]]:
+    """A stored generated column that reads a column whose type changes blocks ALTER ... TYPE
+    ("cannot alter type of a column used by a generated column"). The target is mover's own, and
+    empty: drop such columns before the type changes and add them back after, with the source's
+    expression over the new types (computed, never copied: copy_columns leaves them out). Every
+    column from the first such one on is re-added in order, so the column order stays the
+    source's; that is possible only when all of them are generated columns (re-adding a plain
+    column would lose what LIKE copied), else the plan is refused, naming the column."""
+    if not columns:
+        return [], []
+    attnums = _attnums(cur, info.oid, [c.name for c in info.columns if c.name in columns])
+    cur.execute(_GENERATED_AFTER, {"rel": info.oid, "changed": attnums})
+    rows = cur.fetchall()
+    if not rows:
+        return [], []
+    plain = [r[0] for r in rows if not r[1]]
+    if plain:
+        first = rows[0][0]
+        raise PlanError(
+            f"[target] columns: the generated column {names.display_ident(first)} of {info.name} reads a column "
+            f"whose type changes, so mover creates it again over the new type; the column "
+            f"{names.display_ident(plain[0])} after it is not generated, and would have to move",
+            hint="change the type of the columns it reads in another migration without it, or move the "
+                 "generated column to the end of the table first")
+    drop = [ddl.drop_column(target, r[0]) for r in rows]
+    add: list[sql.Composed] = []
+    for name, _, expression, not_null, storage, type_storage, compression, comment in rows:
+        col = info.column(name)
+        add.append(ddl.add_generated_column(target, name, col.type, col.collation, expression, not_null))
+        if storage != type_storage:
+            add.append(ddl.set_storage(target, name, storage))
+        if compression:
+            add.append(ddl.set_compression(target, name, compression))
+        if comment is not None:
+            add.append(ddl.comment_on_column(target, name, comment))
+    # The validated CHECK constraints the drop took with it (LIKE had copied them); the NOT VALID
+    # ones come back at the swap anyway.
+    cur.execute("SELECT k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s"
+                " AND k.contype = 'c' AND k.convalidated AND k.conkey && %s::int2[] ORDER BY k.conname",
+                (info.oid, _attnums(cur, info.oid, [r[0] for r in rows])))
+    add += [ddl.add_constraint(target, conname, definition) for conname, definition in cur.fetchall()]
+    return drop, add
+
+
+def _attnums(cur: psycopg.Cursor, oid: int, columns: list[str]) -> list[int]:
+    cur.execute("SELECT attnum FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) AND NOT attisdropped",
+                (oid, columns))
+    return [r[0] for r in cur.fetchall()]
 
 
 def _kept_collation(cur: psycopg.Cursor, column: introspect.Column, type_text: str) -> tuple[str, str] | None:

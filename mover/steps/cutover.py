@@ -48,6 +48,9 @@ class Cutover(Step):
         if carried.to_validate:
             out.append("-- after the lock, one transaction each (SHARE UPDATE EXCLUSIVE: writes go on):")
             out += [carry.validate_sql(schema, table, name) for schema, table, name in carried.to_validate]
+        if carried.to_attach:
+            out.append("-- then, on the partitioned table (attaches the partitions' validated copies, no scan):")
+            out += [carry.attach_sql(*c) for c in carried.to_attach]
         out += [f"-- {note}" for note in carried.notes if "no partner" not in note or introspect.exists(cur, m.target)]
         source_oid = introspect.table_oid(cur, m.source)
         if source_oid is not None:
@@ -55,7 +58,8 @@ class Cutover(Step):
                     foreign_keys.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
         if ctx.plan.drop_foreign_keys:
             out.append(f"-- foreign keys not carried over (acknowledged in [target] drop_foreign_keys): "
-                       f"{', '.join(ctx.plan.drop_foreign_keys)}")
+                       f"{', '.join(ctx.plan.drop_foreign_keys)}; they stay on the old table, so after retire "
+                       f"{m.source} has no such foreign key")
         return out
 
     def run(self, ctx: Context) -> None:

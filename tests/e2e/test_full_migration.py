@@ -268,3 +268,71 @@ def test_truncate_of_a_table_being_moved_is_refused_with_a_clear_error(db_dsn, t
             assert "orders_bigint" in str(exc) and "mover abort orders_bigint" in (exc.diag.message_hint or "")
         assert conn.execute('SELECT count(*) FROM "Orders"').fetchone()[0] == 500
     assert_oracle(db_dsn, "Orders")
+
+
+GENERATED_PLAN = """
+[migration]
+name = "orders_amount"
+source = 'public."Orders"'
+
+[target]
+columns = {{ amount = "numeric(16,2)" }}
+
+[backfill]
+range_rows = 500
+
+[rollback]
+window = "1h"
+"""
+
+
+def test_a_type_change_of_a_column_a_generated_column_reads_under_writer_cutover_rollback(db_dsn, tmp_path):
+    """Issue 21 item 8: ALTER TABLE refuses the type change of a column a stored generated column
+    reads; mover builds a new table, so it creates the generated column again over the new type:
+    its values computed there (never copied), through the cutover and the rollback, under a writer.
+    Judged by the mirror (the written columns) and by recomputing the generated one."""
+    create_orders(db_dsn, 2000)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute('ALTER TABLE "Orders" ADD COLUMN amount_x2 numeric GENERATED ALWAYS AS (amount * 2) STORED,'
+                     " ADD CONSTRAINT x2_positive CHECK (amount_x2 >= 0)")
+        conn.execute('COMMENT ON COLUMN "Orders".amount_x2 IS \'twice\'')
+    plan = write_plan(tmp_path / "orders.toml", GENERATED_PLAN.format())
+    r = mover(db_dsn, "plan", "check", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def judge(*tables):
+        writer.pause()
+        try:
+            assert mover(db_dsn, "run", "orders_amount").returncode == 3
+            assert_oracle(db_dsn, *tables)
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                for t in tables:
+                    wrong = conn.execute(f'SELECT count(*) FROM "{t}" WHERE amount_x2 IS DISTINCT FROM amount * 2'
+                                         ).fetchone()[0]
+                    assert wrong == 0, t
+        finally:
+            writer.resume()
+
+    writer = Writer(db_dsn).start()
+    try:
+        r = mover(db_dsn, "run", plan)
+        assert r.returncode == 3 and "mover cutover orders_amount" in r.stderr, r.stderr
+        judge("Orders", "Orders_new")
+        assert mover(db_dsn, "cutover", "orders_amount").returncode == 0
+        assert column_type(db_dsn, "Orders", "amount") == "numeric(16,2)"
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            # Where it was (the last column), still generated, its CHECK and comment kept.
+            assert conn.execute("SELECT attname, attgenerated, col_description(attrelid, attnum) FROM pg_attribute"
+                                " WHERE attrelid = '\"Orders\"'::regclass AND attnum > 0 AND NOT attisdropped"
+                                " ORDER BY attnum DESC LIMIT 1").fetchone() == ("amount_x2", "s", "twice")
+            assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = '\"Orders\"'::regclass"
+                                " AND conname = 'x2_positive'").fetchone()[0] == 1
+        judge("Orders", "Orders_old")
+        r = mover(db_dsn, "rollback", "orders_amount")
+        assert r.returncode == 0, r.stderr
+        assert column_type(db_dsn, "Orders", "amount") == "numeric(12,2)"
+        judge("Orders", "Orders_new")
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    assert writer.ops > 50

@@ -69,8 +69,25 @@ def test_description_and_diff_as_the_owner_without_superuser(db_dsn):
                 assert after('ALTER TABLE "Odd ""T""" SET (fillfactor = 70)', 'ANALYZE "Odd ""T"""',
                              "INSERT INTO \"Odd \"\"T\"\"\" VALUES (1, 'a', 1)") == []
                 cur.execute("ROLLBACK")
+            # Issue 21 item 9: whether a table is typed (OF type) is in its shape, both ways.
+            conn.execute("CREATE TYPE shape_t AS (id int, v text)")
+            conn.execute("CREATE TABLE shape_typed OF shape_t (PRIMARY KEY (id))")
+            conn.execute("CREATE TABLE shape_plain (id int PRIMARY KEY, v text)")
+            with conn.cursor() as cur:
+                typed = shape.describe_table(cur, QualifiedName("public", "shape_typed"))
+                plain = shape.describe_table(cur, QualifiedName("public", "shape_plain"))
+                assert typed["of_type"] == "shape_t" and "of_type" not in plain
+                cur.execute("BEGIN")
+                cur.execute("ALTER TABLE shape_typed NOT OF")
+                cur.execute("ALTER TABLE shape_plain OF shape_t")
+                now = shape.describe(cur, [typed["oid"], plain["oid"]])
+                assert [(c.kind, c.item) for c in shape.diff(typed, now[typed["oid"]])] == [("of_type", None)]
+                assert [(c.kind, c.item) for c in shape.diff(plain, now[plain["oid"]])] == [("of_type", None)]
+                cur.execute("ROLLBACK")
         finally:
             conn.execute("RESET ROLE")
             conn.execute('DROP TABLE IF EXISTS "Odd ""T"""')
+            conn.execute('DROP TABLE IF EXISTS shape_typed, shape_plain')
+            conn.execute('DROP TYPE IF EXISTS shape_t')
             conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

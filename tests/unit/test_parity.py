@@ -103,6 +103,7 @@ def test_each_aspect_is_compared():
         "index_comment:orders_qty": lambda d: d["metadata"].update(index_comments={}),
         "index:orders_qty": lambda d: d["indexes"]["orders_qty_m1"].update(definition="USING hash (qty)"),
         "column_not_null:qty": lambda d: d["columns"][1].update(not_null=True),
+        "of_type:table": lambda d: d.update(of_type="point2"),  # a typed table (OF type), issue 21 item 9
     }
     for key, fn in cases.items():
         bad = [d.key for d in parity.unplanned(compare(new_table(fn)))]

@@ -31,7 +31,7 @@ from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, is_connection_lost, one
+from mover.db import Database, bind, conversion_settings, is_connection_lost, one
 from mover.db import open_database as _database
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
@@ -86,7 +86,7 @@ def _provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migrati
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
         window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None, lease_pid=None,
-        lease_expires_at=None)
+        lease_expires_at=None, settings={})
 
 
 def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
@@ -178,7 +178,8 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
         r = resolve_plan(cur, plan)
         m = control.register(cur, name=plan.name, plan=plan.canonical(),
                              plan_hash=plan.shape_hash(r["source"].schema),
-                             source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
+                             source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor,
+                             settings=conversion_settings(cur))
         shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/shape.py)
         return m
     try:

@@ -41,6 +41,11 @@ class Context:
     give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
     _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        # Every transaction of this migration runs with the conversion settings it was registered
+        # with, whatever this process's PGTZ or PGOPTIONS (mover/db.py CONVERSION_SETTINGS).
+        self.db.pin(self.migration.settings)
+
     @property
     def plan(self) -> Plan:
         return plan_from_canonical(self.migration.plan)
@@ -51,6 +56,7 @@ class Context:
 
     def refresh(self) -> control.Migration:
         self.migration = self.db.transaction(lambda cur: control.get_by_id(cur, self.mid))
+        self.db.pin(self.migration.settings)
         return self.migration
 
     def checkpoint(self) -> None:

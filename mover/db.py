@@ -196,6 +196,27 @@ def pin_session(conn: psycopg.Connection) -> None:
         _apply(cur, PINNED, local=False, direct_pid=conn.info.backend_pid)
 
 
+class RowSecurityApplies(Failed):
+    """A row-level security policy applies to mover's role on a table it read (42501 under
+    row_security = off): the step stopped instead of seeing a filtered share of the rows."""
+
+
+def row_security_hint(cur: psycopg.Cursor, role: str) -> str:
+    who = sql.Identifier(role).as_string(cur)
+    return (f"as a superuser run `ALTER ROLE {who} BYPASSRLS` (or make no policy apply to {who}: "
+            f"`ALTER TABLE ... NO FORCE ROW LEVEL SECURITY` when it owns the table), then run the same mover "
+            f"command again; see docs/operating.md \"Security\"")
+
+
+def _row_security_error(exc: psycopg.Error, conn: psycopg.Connection) -> RowSecurityApplies:
+    role = conn.info.parameter_status("session_authorization") or conn.info.user or "mover's role"
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else "row-level security"
+    return RowSecurityApplies(
+        f"{message} (mover's role {role}; mover's sessions run with row_security = off, so that a policy "
+        f"made after plan check stops the step instead of hiding rows from it)",
+        hint=row_security_hint(conn.cursor(), role))
+
+
 def connect(dsn: str, *, role: str = "mover", settings: dict[str, str] | None = None) -> psycopg.Connection:
     """An autocommit connection: transactions are explicit (`conn.transaction()`), so no
     implicit transaction is ever left idle.
@@ -314,6 +335,10 @@ class Database:
                             # Safe only where a crash loses the effect and its done mark together.
                             cur.execute("SET LOCAL synchronous_commit = off")
                         return fn(cur)
+                except pgerrors.InsufficientPrivilege as exc:
+                    if "row-level security" in str(exc):
+                        raise _row_security_error(exc, conn) from exc
+                    raise
                 except psycopg.OperationalError:
                     if conn.broken or conn.closed:
                         self._conn = None
@@ -393,5 +418,5 @@ def sqlstate(exc: BaseException) -> str | None:
 
 
 __all__ = ["Database", "open_database", "connect", "redact", "mask", "dsn_problem", "remember_secrets",
-           "is_retryable", "is_connection_lost", "pgerrors",
+           "is_retryable", "RowSecurityApplies", "row_security_hint", "is_connection_lost", "pgerrors",
            "sqlstate"]

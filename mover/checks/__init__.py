@@ -85,6 +85,7 @@ def _registry() -> list[Check]:
         privileges,
         refused_objects,
         rehearsal,
+        row_security,
         source,
         types,
     )
@@ -94,6 +95,7 @@ def _registry() -> list[Check]:
         Check("source is an ordinary table", source.is_ordinary, fatal=True),
         Check("source has a key", source.describe, fatal=True),
         Check("names", names.resolve, fatal=True),
+        Check("row-level security", row_security.policies),
         Check("source is not being moved", names.not_being_moved),
         Check("names are free", names.free),
         Check("column types", types.columns),

@@ -164,6 +164,11 @@ PINNED: dict[str, str] = {"row_security": "off", "search_path": "pg_catalog, pg_
 # bytea_output), money and to_char (lc_monetary, lc_numeric, lc_time). Read from the registering
 # session, stored with the migration (mover.migrations.session_settings) and set in every
 # transaction of it, whatever the client's PGTZ, PGDATESTYLE or PGOPTIONS (invariant 8).
+# Before a migration's settings are known (and under them): dates are written in ISO, the only
+# style psycopg reads timestamptz in. "ISO" alone leaves DateStyle's field order (DMY, MDY, which
+# decides how text converts to a date) as the session had it, and registration records that.
+OUTPUT_STYLE: dict[str, str] = {"DateStyle": "ISO"}
+
 CONVERSION_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle", "extra_float_digits", "bytea_output",
                        "lc_monetary", "lc_numeric", "lc_time")
 
@@ -233,7 +238,8 @@ def connect(dsn: str, *, role: str = "mover", settings: dict[str, str] | None = 
                            prepare_threshold=None)
     try:
         with conn.cursor() as cur:
-            _apply(cur, {**PINNED, **(settings or {})}, local=False, direct_pid=conn.info.backend_pid)
+            _apply(cur, {**OUTPUT_STYLE, **PINNED, **(settings or {})}, local=False,
+                   direct_pid=conn.info.backend_pid)
     except BaseException:
         conn.close()
         raise
@@ -273,7 +279,7 @@ class Database:
         self.dsn = dsn
         self.role = role
         self.attempts = attempts
-        self.settings: dict[str, str] = {**PINNED, **(settings or {})}
+        self.settings: dict[str, str] = {**OUTPUT_STYLE, **PINNED, **(settings or {})}
         self._conn: psycopg.Connection | None = None
         self._pooled: tuple[psycopg.Connection, bool] | None = None
 

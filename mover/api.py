@@ -114,20 +114,22 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
                     "metadata": r["metadata"],
-                    "steps": out_steps, **_hooks_and_warnings(plan)}
+                    "steps": out_steps, **_hooks_and_warnings(plan, r["warnings"])}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
         with conn.transaction(force_rollback=True), conn.cursor() as cur:
+            db.pin_local(cur)  # the pinned settings, behind a pooler too (as Database.transaction)
             cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
             return check(cur)
     finally:
         db.close()
 
 
-def _hooks_and_warnings(plan: Plan) -> dict[str, Any]:
-    """The plan's hooks, and what the operator should know before the swap."""
-    warnings = []
+def _hooks_and_warnings(plan: Plan, found: list[str] | None = None) -> dict[str, Any]:
+    """The plan's hooks, and what the operator should know before the swap (`found`: what the
+    checks saw in the database, mover/checks/search_path.py)."""
+    warnings = list(found or [])
     if plan.columns:
         # PostgreSQL re-plans a prepared statement after the swap, and refuses one whose result
         # type changed: every execution fails until the application prepares it again.

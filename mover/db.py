@@ -301,6 +301,10 @@ class Database:
             with self._conn.cursor() as cur:
                 _apply(cur, merged, local=False, direct_pid=self._conn.info.backend_pid)
 
+    def pin_local(self, cur: psycopg.Cursor) -> None:
+        """This Database's settings for the transaction `cur` is in (one not run by `transaction`)."""
+        _apply(cur, self.settings, local=True)
+
     def sibling(self, role: str | None = None) -> Database:
         """Another Database on the same DSN with the same settings: for a thread of its own."""
         return Database(self.dsn, role=role or self.role, attempts=self.attempts, settings=self.settings)

@@ -43,6 +43,7 @@ class Subject:
     partitioning: Any = None  # what a conversion to a partitioned table creates (mover/partitions.py)
     metadata: dict[str, list[str]] = field(default_factory=dict)  # carried when, or not (mover/carry.py)
     problems: list[PlanError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what plan check says without refusing
 
     def report(self, problem: PlanError) -> None:
         """One more problem; the check may go on looking for others of its own."""
@@ -86,6 +87,7 @@ def _registry() -> list[Check]:
         refused_objects,
         rehearsal,
         row_security,
+        search_path,
         source,
         types,
     )
@@ -96,6 +98,7 @@ def _registry() -> list[Check]:
         Check("source has a key", source.describe, fatal=True),
         Check("names", names.resolve, fatal=True),
         Check("row-level security", row_security.policies),
+        Check("writable schemas on the search path", search_path.writable_by_others),
         Check("source is not being moved", names.not_being_moved),
         Check("names are free", names.free),
         Check("column types", types.columns),
@@ -135,7 +138,7 @@ def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
-            "lossy": s.lossy, "partitioning": s.partitioning, "metadata": s.metadata}
+            "lossy": s.lossy, "partitioning": s.partitioning, "metadata": s.metadata, "warnings": s.warnings}
 
 
 __all__ = ["Check", "Subject", "combined", "resolved", "run"]

@@ -31,7 +31,7 @@ from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, conversion_settings, is_connection_lost, one
+from mover.db import Database, bind, conversion_settings, is_connection_lost, one, search_path
 from mover.db import open_database as _database
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
@@ -86,7 +86,7 @@ def _provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migrati
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
         window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None, lease_pid=None,
-        lease_expires_at=None, settings={})
+        lease_expires_at=None, settings={"search_path": search_path(r["operator_schemas"])})
 
 
 def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
@@ -181,7 +181,11 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
         m = control.register(cur, name=plan.name, plan=plan.canonical(),
                              plan_hash=plan.shape_hash(r["source"].schema),
                              source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor,
-                             settings=conversion_settings(cur))
+                             settings={**conversion_settings(cur),
+                                       "search_path": search_path(r["operator_schemas"])})
+        # The shape is described under the search_path every later step runs with: format_type and
+        # pg_get_expr qualify names by it, and a description read under another would differ.
+        db.pin_local(cur, m.settings)
         shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/shape.py)
         return m
     try:

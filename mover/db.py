@@ -173,6 +173,12 @@ CONVERSION_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle", "extra_float_di
                        "lc_monetary", "lc_numeric", "lc_time")
 
 
+def search_path(schemas: list[str]) -> str:
+    """PINNED's search_path with `schemas` (checked writable by no other role) after pg_catalog."""
+    quoted = ['"' + s.replace('"', '""') + '"' for s in schemas]
+    return ", ".join(["pg_catalog", *quoted, "pg_temp"])
+
+
 def conversion_settings(cur: psycopg.Cursor) -> dict[str, str]:
     """This session's values of CONVERSION_SETTINGS: what registration records."""
     cur.execute("SELECT s, current_setting(s) FROM unnest(%s::text[]) s", (list(CONVERSION_SETTINGS),))
@@ -293,7 +299,9 @@ class Database:
     def pin(self, settings: dict[str, str]) -> None:
         """From now on every transaction and session of this Database runs with `settings` (a
         migration's recorded conversion settings) besides PINNED; the open session gets them now."""
-        merged = {**self.settings, **settings, **PINNED}
+        # A migration's search_path (db.search_path: pg_catalog first, pg_temp last, in between only
+        # schemas no other role can write) replaces PINNED's; row_security stays off whatever it says.
+        merged = {**self.settings, **settings, "row_security": PINNED["row_security"]}
         if merged == self.settings:
             return
         self.settings = merged
@@ -301,9 +309,15 @@ class Database:
             with self._conn.cursor() as cur:
                 _apply(cur, merged, local=False, direct_pid=self._conn.info.backend_pid)
 
-    def pin_local(self, cur: psycopg.Cursor) -> None:
-        """This Database's settings for the transaction `cur` is in (one not run by `transaction`)."""
-        _apply(cur, self.settings, local=True)
+    def pin_local(self, cur: psycopg.Cursor, settings: dict[str, str] | None = None) -> None:
+        """This Database's settings (and `settings` over them) for the transaction `cur` is in."""
+        _apply(cur, {**self.settings, **(settings or {}), "row_security": PINNED["row_security"]}, local=True)
+
+    def startup_search_path(self) -> str:
+        """The search_path this connection started with (the role's, the database's, the client's)."""
+        with self.connection().cursor() as cur:
+            cur.execute("SELECT reset_val FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'search_path'")
+            return str(one(cur)[0])
 
     def sibling(self, role: str | None = None) -> Database:
         """Another Database on the same DSN with the same settings: for a thread of its own."""

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import re
 
+import psycopg
+
 from mover import privileges
 from mover.checks import Subject
 from mover.db import one
+from mover.errors import PlanError
+from mover.names import QualifiedName
 
 _ELEMENT = re.compile(r'\s*(?:"((?:[^"]|"")*)"|([^,\s]+))\s*(?:,|$)')
 
@@ -22,6 +26,49 @@ def split(path: str) -> list[str]:
     for quoted, bare in _ELEMENT.findall(path):
         out.append(quoted.replace('""', '"') if quoted else bare)
     return [s for s in out if s]
+
+
+def create_grantees(cur: psycopg.Cursor, schema: str) -> str:
+    """Who other than its owner may create in `schema` (PUBLIC, roles), as text; empty if no one."""
+    cur.execute(
+        "SELECT coalesce(string_agg(DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'"
+        " ELSE quote_ident(pg_get_userbyid(a.grantee)) END, ', '), '')"
+        " FROM pg_namespace n, aclexplode(n.nspacl) a"
+        " WHERE n.nspname = %s AND a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner", (schema,))
+    return str(one(cur)[0])
+
+
+def key_operator_schemas(cur: psycopg.Cursor, table: QualifiedName, key: list[str]) -> list[str]:
+    """The schemas other than pg_catalog that hold the operators of the key columns' types'
+    default btree operator classes (citext's, in the schema its extension went to): a key must
+    compare with its own equality and ordering, not fall back to text's through an implicit cast."""
+    cur.execute(
+        "SELECT DISTINCT n.nspname FROM pg_attribute a"
+        " JOIN pg_type t ON t.oid = a.atttypid"
+        " JOIN pg_opclass c ON c.opcmethod = (SELECT oid FROM pg_am WHERE amname = 'btree') AND c.opcdefault"
+        "  AND c.opcintype = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"
+        " JOIN pg_amop ao ON ao.amopfamily = c.opcfamily"
+        " JOIN pg_operator o ON o.oid = ao.amopopr"
+        " JOIN pg_namespace n ON n.oid = o.oprnamespace"
+        " WHERE a.attrelid = %s::regclass AND a.attname = ANY(%s) AND n.nspname <> 'pg_catalog'"
+        " ORDER BY 1", (table.ident.as_string(cur), key))
+    return [r[0] for r in cur.fetchall()]
+
+
+def key_operators(s: Subject) -> None:
+    """The key's operator schemas go on the migration's search_path (db.search_path), which no
+    other role may then be able to write."""
+    s.operator_schemas = key_operator_schemas(s.cur, s.src, list(s.table.key))
+    for schema in s.operator_schemas:
+        grantees = create_grantees(s.cur, schema)
+        if grantees:
+            shown = '"' + schema.replace('"', '""') + '"'
+            s.report(PlanError(
+                f"[migration] source: the key of {s.src} compares with operators in schema {shown}, which grants "
+                f"CREATE to {grantees}: mover's sessions would have to search it, and anyone who can create there "
+                f"could shadow them (CVE-2018-1058)",
+                hint=f"`REVOKE CREATE ON SCHEMA {shown} FROM PUBLIC` (and from those roles), or move the extension "
+                     f"to a schema of its own (`ALTER EXTENSION ... SET SCHEMA ...`); then `mover plan check` again"))
 
 
 def role_path(s: Subject, role: str) -> str:
@@ -56,13 +103,7 @@ def writable_by_others(s: Subject) -> None:
                 continue
             seen.setdefault(name, []).append(role)
     for schema, whose in seen.items():
-        # CREATE granted to PUBLIC (grantee 0) or to a role that does not own the schema.
-        s.cur.execute(
-            "SELECT coalesce(string_agg(DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC'"
-            " ELSE quote_ident(pg_get_userbyid(a.grantee)) END, ', '), '')"
-            " FROM pg_namespace n, aclexplode(n.nspacl) a"
-            " WHERE n.nspname = %s AND a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner", (schema,))
-        grantees = one(s.cur)[0]
+        grantees = create_grantees(s.cur, schema)
         if grantees:
             shown = '"' + schema.replace('"', '""') + '"'
             s.warnings.append(

@@ -386,3 +386,45 @@ def test_shadowing_objects_in_a_writable_schema_never_run_in_a_mover_session(hos
     # the shadows must not run in the application's sessions either (the trigger's
     # ROW(OLD.k) IS DISTINCT FROM ROW(NEW.k)). Join this assertion then:
     # assert runs == [], runs
+
+
+CITEXT_PLAN = HIJACK_PLAN.replace('"hijack"', '"citext"').replace("range_rows = 500", "range_rows = 300")
+
+
+def test_a_key_whose_operators_live_outside_pg_catalog_compares_with_them(db_dsn, tmp_path):
+    """citext's = and < live in the schema of its extension (public here, which on PostgreSQL 15
+    no other role can write): with search_path pinned to pg_catalog, an unqualified `<` on a citext
+    key would silently become text's (through citext's implicit cast), whose order differs (in
+    "C", every 'K...' sorts before every 'k...'), and key ranges cut in one order and read in the
+    other lose rows. The migration's search_path holds the key's operator schema."""
+    create_orders(db_dsn, 3_000)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION citext")
+        conn.execute('ALTER TABLE "Orders" ADD COLUMN code citext COLLATE "C"')
+        conn.execute("""UPDATE "Orders" SET code = CASE WHEN id % 2 = 0 THEN 'K' ELSE 'k' END"""
+                     """ || lpad(id::text, 8, '0')""")
+        conn.execute("""CREATE SEQUENCE "Orders_code_seq" START 10000000""")
+        conn.execute("""ALTER TABLE "Orders" ALTER code SET NOT NULL,"""
+                     """ ALTER code SET DEFAULT 'K' || nextval('"Orders_code_seq"'),"""
+                     ' DROP CONSTRAINT "Orders_pkey", ADD PRIMARY KEY (code), ADD UNIQUE (id)')
+    plan = write_plan(tmp_path / "citext.toml", CITEXT_PLAN)
+    writer = Writer(db_dsn, seed=71).start()
+    try:
+        out = mover(db_dsn, "run", plan)
+        assert out.returncode == 3 and "equals" in out.stderr, out.stderr
+        writer.pause()
+        assert mover(db_dsn, "run", "citext").returncode == 3
+        assert differences(db_dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(db_dsn, "Orders", "Orders_new")
+        writer.resume()
+        out = mover(db_dsn, "cutover", "citext")
+        assert out.returncode == 0, out.stderr
+        writer.pause()
+        assert mover(db_dsn, "run", "citext").returncode == 3
+        assert_oracle(db_dsn, "Orders", "Orders_old")
+    finally:
+        writer.halt()
+    assert writer.errors == [] and writer.ops > 0
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        settings = conn.execute("SELECT session_settings FROM mover.migrations WHERE name = 'citext'").fetchone()[0]
+    assert settings["search_path"] == 'pg_catalog, "public", pg_temp', settings

@@ -32,7 +32,7 @@ from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
 from mover.context import Context, Reporter, log_reporter
-from mover.db import Database, bind, is_connection_lost, one
+from mover.db import Database, bind, conversion_settings, is_connection_lost, one, search_path
 from mover.db import open_database as _database
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting, combined
 from mover.names import QualifiedName
@@ -95,7 +95,7 @@ def _provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migrati
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
         window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None, lease_pid=None,
-        lease_expires_at=None)
+        lease_expires_at=None, settings={"search_path": search_path(r["operator_schemas"])})
 
 
 def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
@@ -125,20 +125,22 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                     "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
                     "metadata": r["metadata"],
-                    "steps": out_steps, **_hooks_and_warnings(plan)}
+                    "steps": out_steps, **_hooks_and_warnings(plan, r["warnings"])}
         # Rolled back whatever happens: checking a plan changes nothing. (Not READ ONLY: the
         # target's DDL is rehearsed, in a savepoint that is rolled back too.)
         conn = db.connection()
         with conn.transaction(force_rollback=True), conn.cursor() as cur:
+            db.pin_local(cur)  # the pinned settings, behind a pooler too (as Database.transaction)
             cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
             return check(cur)
     finally:
         db.close()
 
 
-def _hooks_and_warnings(plan: Plan) -> dict[str, Any]:
-    """The plan's hooks, and what the operator should know before the swap."""
-    warnings = []
+def _hooks_and_warnings(plan: Plan, found: list[str] | None = None) -> dict[str, Any]:
+    """The plan's hooks, and what the operator should know before the swap (`found`: what the
+    checks saw in the database, mover/checks/search_path.py)."""
+    warnings = list(found or [])
     if plan.columns:
         # PostgreSQL re-plans a prepared statement after the swap, and refuses one whose result
         # type changed: every execution fails until the application prepares it again.
@@ -222,7 +224,12 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
         r = resolve_plan(cur, plan)
         m = control.register(cur, name=plan.name, plan=plan.canonical(),
                              plan_hash=plan.shape_hash(r["source"].schema),
-                             source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor)
+                             source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor,
+                             settings={**conversion_settings(cur),
+                                       "search_path": search_path(r["operator_schemas"])})
+        # The shape is described under the search_path every later step runs with: format_type and
+        # pg_get_expr qualify names by it, and a description read under another would differ.
+        db.pin_local(cur, m.settings)
         shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/shape.py)
         return m
     try:

@@ -458,7 +458,7 @@ class _Builds:
             for b in self.todo:
                 _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, self.ctx.db, b))
             return
-        threads = [threading.Thread(target=self._session, args=(Database(self.ctx.db.dsn),),
+        threads = [threading.Thread(target=self._session, args=(self.ctx.db.sibling(),),
                                     name=f"mover-index-{i}", daemon=True) for i in range(1, self.sessions)]
         for t in threads:
             t.start()
@@ -583,7 +583,7 @@ class Analyze:
         self.thread.start()
 
     def _beside(self) -> None:
-        db = Database(self.ctx.db.dsn)
+        db = self.ctx.db.sibling()
         try:
             db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
             self.ms = (time.monotonic() - self.started) * 1000

@@ -41,6 +41,19 @@ class Context:
     give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
     _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        # Every transaction of this migration runs with the conversion settings it was registered
+        # with, whatever this process's PGTZ or PGOPTIONS (mover/db.py CONVERSION_SETTINGS).
+        self.db.pin(self._settings())
+
+    def _settings(self) -> dict[str, str]:
+        settings = dict(self.migration.settings)
+        if "search_path" not in settings and self.migration.id > 0:
+            # Registered before mover recorded a search_path: its shape was described under the
+            # session's own, which format_type and pg_get_expr qualify names by; keep that one.
+            settings["search_path"] = self.db.startup_search_path()
+        return settings
+
     @property
     def plan(self) -> Plan:
         return plan_from_canonical(self.migration.plan)
@@ -51,6 +64,7 @@ class Context:
 
     def refresh(self) -> control.Migration:
         self.migration = self.db.transaction(lambda cur: control.get_by_id(cur, self.mid))
+        self.db.pin(self._settings())
         return self.migration
 
     def checkpoint(self) -> None:

@@ -21,7 +21,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -65,6 +65,9 @@ class Migration:
     lease_host: str | None
     lease_pid: int | None
     lease_expires_at: datetime | None
+    # The conversion settings fixed at registration (mover/db.py CONVERSION_SETTINGS); empty for a
+    # migration registered before they were recorded.
+    settings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, r: dict[str, Any]) -> Migration:
@@ -78,7 +81,7 @@ class Migration:
             cutover_at=r["cutover_at"], cutover_lock_ms=r["cutover_lock_ms"],
             window_ends_at=r["window_ends_at"], finished_at=r["finished_at"],
             lease_owner=r["lease_owner"], lease_host=r["lease_host"], lease_pid=r["lease_pid"],
-            lease_expires_at=r["lease_expires_at"],
+            lease_expires_at=r["lease_expires_at"], settings=dict(r.get("session_settings") or {}),
         )
 
     @property
@@ -117,15 +120,20 @@ def init_schema(dsn: str) -> str:
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
 
-    from mover.db import application_name
+    from mover.db import application_name, pin_session
 
     _check_init_privileges(dsn)
+
     # A creator keeps libpq's own DSN handling (URLs, key=value, PG* variables, passfile); no
-    # server-side prepared statements, as on all of mover's connections (see db.connect).
-    engine = create_engine("postgresql+psycopg://",
-                           creator=lambda: psycopg.connect(dsn, application_name=application_name("mover-init"),
-                                                           prepare_threshold=None),
-                           poolclass=NullPool)
+    # server-side prepared statements, and the pinned search_path and row_security, as on all of
+    # mover's connections (see db.connect).
+    def creator() -> psycopg.Connection:
+        conn = psycopg.connect(dsn, application_name=application_name("mover-init"), prepare_threshold=None)
+        pin_session(conn)
+        conn.commit()
+        return conn
+
+    engine = create_engine("postgresql+psycopg://", creator=creator, poolclass=NullPool)
     cfg = Config()
     cfg.set_main_option("script_location", str(alembic_dir()))
     try:
@@ -211,20 +219,22 @@ def active_on_source(cur: psycopg.Cursor, source: QualifiedName) -> Migration | 
 
 
 def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash: str, source: QualifiedName,
-             target: QualifiedName, old: QualifiedName, key: list[str], actor: str) -> Migration:
+             target: QualifiedName, old: QualifiedName, key: list[str], actor: str,
+             settings: dict[str, str]) -> Migration:
     cur.execute(
         """
         INSERT INTO mover.migrations (name, plan, plan_hash, source_schema, source_table, target_schema,
-                                      target_table, old_schema, old_table, key_columns)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id
+                                      target_table, old_schema, old_table, key_columns, session_settings)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id
         """,
         (name, json.dumps(plan), plan_hash, source.schema, source.name, target.schema, target.name,
-         old.schema, old.name, key),
+         old.schema, old.name, key, json.dumps(settings)),
     )
     mid = one(cur)[0]
     cur.executemany("INSERT INTO mover.steps (migration_id, name, position) VALUES (%s, %s, %s)",
                     [(mid, s, i) for i, s in enumerate(STEPS)])
-    event(cur, mid, actor, None, "registered", f"migration {name!r} registered", {"plan": plan})
+    event(cur, mid, actor, None, "registered", f"migration {name!r} registered",
+          {"plan": plan, "settings": settings})
     return get_by_id(cur, mid)
 
 

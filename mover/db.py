@@ -151,15 +151,105 @@ def application_name(role: str = "mover") -> str:
     return f"{role}:{socket.gethostname()}:{os.getpid()}"[:63]
 
 
-def connect(dsn: str, *, role: str = "mover") -> psycopg.Connection:
+# What every mover session runs with, whoever the client is (docs/operating.md "Security"):
+# - row_security off: a read that a policy would filter raises instead (42501), so a backfill or a
+#   reconcile sees every row or fails, never a tenant's share of the table (invariant 1);
+# - search_path pg_catalog, pg_temp (pg_temp last, as pg_dump pins it): no schema another role can
+#   write decides what an unqualified name or operator in mover's SQL means (invariant 11,
+#   CVE-2018-1058). mover's own objects are always schema-qualified.
+PINNED: dict[str, str] = {"row_security": "off", "search_path": "pg_catalog, pg_temp"}
+
+# The settings that change what a conversion or a comparison yields: timestamp <-> timestamptz and
+# date/interval text (TimeZone, DateStyle, IntervalStyle), float and bytea text (extra_float_digits,
+# bytea_output), money and to_char (lc_monetary, lc_numeric, lc_time). Read from the registering
+# session, stored with the migration (mover.migrations.session_settings) and set in every
+# transaction of it, whatever the client's PGTZ, PGDATESTYLE or PGOPTIONS (invariant 8).
+# Before a migration's settings are known (and under them): dates are written in ISO, the only
+# style psycopg reads timestamptz in. "ISO" alone leaves DateStyle's field order (DMY, MDY, which
+# decides how text converts to a date) as the session had it, and registration records that.
+OUTPUT_STYLE: dict[str, str] = {"DateStyle": "ISO"}
+
+CONVERSION_SETTINGS = ("TimeZone", "DateStyle", "IntervalStyle", "extra_float_digits", "bytea_output",
+                       "lc_monetary", "lc_numeric", "lc_time")
+
+
+def search_path(schemas: list[str]) -> str:
+    """PINNED's search_path with `schemas` (checked writable by no other role) after pg_catalog."""
+    quoted = ['"' + s.replace('"', '""') + '"' for s in schemas]
+    return ", ".join(["pg_catalog", *quoted, "pg_temp"])
+
+
+def conversion_settings(cur: psycopg.Cursor) -> dict[str, str]:
+    """This session's values of CONVERSION_SETTINGS: what registration records."""
+    cur.execute("SELECT s, current_setting(s) FROM unnest(%s::text[]) s", (list(CONVERSION_SETTINGS),))
+    return {name: value for name, value in cur.fetchall()}
+
+
+def _apply(cur: psycopg.Cursor, settings: dict[str, str], *, local: bool, direct_pid: int | None = None) -> None:
+    """set_config for each setting in one statement; with direct_pid, only when the server session
+    is that pid (not behind a transaction-mode pooler, where a session setting would stay behind
+    for the pooler's other clients)."""
+    # Qualified throughout: this statement may be parsed under a search_path mover did not set yet.
+    names, values = list(settings), list(settings.values())
+    query = ("SELECT pg_catalog.set_config(n, v, %s) FROM pg_catalog.unnest(%s::pg_catalog.text[])"
+             " WITH ORDINALITY AS a(n, i) JOIN pg_catalog.unnest(%s::pg_catalog.text[]) WITH ORDINALITY AS b(v, i)"
+             " USING (i)")
+    if direct_pid is None:
+        cur.execute(query, (local, names, values))
+    else:
+        cur.execute(query + " WHERE pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) %s",
+                    (local, names, values, direct_pid))
+
+
+def pin_session(conn: psycopg.Connection) -> None:
+    """PINNED for a connection mover did not open through `connect` (Alembic's), on a direct one."""
+    with conn.cursor() as cur:
+        _apply(cur, PINNED, local=False, direct_pid=conn.info.backend_pid)
+
+
+class RowSecurityApplies(Failed):
+    """A row-level security policy applies to mover's role on a table it read (42501 under
+    row_security = off): the step stopped instead of seeing a filtered share of the rows."""
+
+
+def row_security_hint(cur: psycopg.Cursor, role: str) -> str:
+    who = sql.Identifier(role).as_string(cur)
+    return (f"as a superuser run `ALTER ROLE {who} BYPASSRLS` (or make no policy apply to {who}: "
+            f"`ALTER TABLE ... NO FORCE ROW LEVEL SECURITY` when it owns the table), then run the same mover "
+            f"command again; see docs/operating.md \"Security\"")
+
+
+def _row_security_error(exc: psycopg.Error, conn: psycopg.Connection) -> RowSecurityApplies:
+    role = conn.info.parameter_status("session_authorization") or conn.info.user or "mover's role"
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else "row-level security"
+    return RowSecurityApplies(
+        f"{message} (mover's role {role}; mover's sessions run with row_security = off, so that a policy "
+        f"made after plan check stops the step instead of hiding rows from it)",
+        hint=row_security_hint(conn.cursor(), role))
+
+
+def connect(dsn: str, *, role: str = "mover", settings: dict[str, str] | None = None) -> psycopg.Connection:
     """An autocommit connection: transactions are explicit (`conn.transaction()`), so no
     implicit transaction is ever left idle.
+
+    The session gets PINNED and `settings` (a migration's conversion settings) on a direct
+    connection, for the statements that run outside a transaction (Database.autocommit: index
+    builds, ANALYZE); `Database.transaction` sets them again with SET LOCAL semantics, which is
+    what holds behind a transaction-mode pooler.
 
     prepare_threshold=None: psycopg would otherwise prepare a statement run 5 times on the
     server session; behind a transaction-mode pooler (PgBouncer) that session is shared by other
     clients, which then meet "prepared statement _pg3_0 already exists / does not exist"."""
-    return psycopg.connect(dsn, autocommit=True, application_name=application_name(role),
+    conn = psycopg.connect(dsn, autocommit=True, application_name=application_name(role),
                            prepare_threshold=None)
+    try:
+        with conn.cursor() as cur:
+            _apply(cur, {**OUTPUT_STYLE, **PINNED, **(settings or {})}, local=False,
+                   direct_pid=conn.info.backend_pid)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def is_connection_lost(exc: BaseException) -> bool:
@@ -191,10 +281,11 @@ def _retry_logger(label: str | None) -> Callable[[RetryCallState], None]:
 class Database:
     """One lazily (re)opened connection plus the transaction runner."""
 
-    def __init__(self, dsn: str, *, role: str = "mover", attempts: int = 8):
+    def __init__(self, dsn: str, *, role: str = "mover", attempts: int = 8, settings: dict[str, str] | None = None):
         self.dsn = dsn
         self.role = role
         self.attempts = attempts
+        self.settings: dict[str, str] = {**OUTPUT_STYLE, **PINNED, **(settings or {})}
         self._conn: psycopg.Connection | None = None
         self._pooled: tuple[psycopg.Connection, bool] | None = None
 
@@ -202,8 +293,35 @@ class Database:
         if self._conn is None or self._conn.closed or self._conn.broken:
             if self._conn is not None:
                 self._conn.close()
-            self._conn = connect(self.dsn, role=self.role)
+            self._conn = connect(self.dsn, role=self.role, settings=self.settings)
         return self._conn
+
+    def pin(self, settings: dict[str, str]) -> None:
+        """From now on every transaction and session of this Database runs with `settings` (a
+        migration's recorded conversion settings) besides PINNED; the open session gets them now."""
+        # A migration's search_path (db.search_path: pg_catalog first, pg_temp last, in between only
+        # schemas no other role can write) replaces PINNED's; row_security stays off whatever it says.
+        merged = {**self.settings, **settings, "row_security": PINNED["row_security"]}
+        if merged == self.settings:
+            return
+        self.settings = merged
+        if self._conn is not None and not (self._conn.closed or self._conn.broken):
+            with self._conn.cursor() as cur:
+                _apply(cur, merged, local=False, direct_pid=self._conn.info.backend_pid)
+
+    def pin_local(self, cur: psycopg.Cursor, settings: dict[str, str] | None = None) -> None:
+        """This Database's settings (and `settings` over them) for the transaction `cur` is in."""
+        _apply(cur, {**self.settings, **(settings or {}), "row_security": PINNED["row_security"]}, local=True)
+
+    def startup_search_path(self) -> str:
+        """The search_path this connection started with (the role's, the database's, the client's)."""
+        with self.connection().cursor() as cur:
+            cur.execute("SELECT reset_val FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'search_path'")
+            return str(one(cur)[0])
+
+    def sibling(self, role: str | None = None) -> Database:
+        """Another Database on the same DSN with the same settings: for a thread of its own."""
+        return Database(self.dsn, role=role or self.role, attempts=self.attempts, settings=self.settings)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -233,14 +351,18 @@ class Database:
                 conn = self.connection()
                 try:
                     with conn.transaction(), conn.cursor() as cur:
-                        cur.execute(
-                            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-                            (lock_timeout, statement_timeout),
-                        )
+                        # The session's settings again, SET LOCAL: behind a transaction-mode pooler
+                        # this transaction may run on a server session mover never configured.
+                        _apply(cur, {**self.settings, "lock_timeout": lock_timeout,
+                                     "statement_timeout": statement_timeout}, local=True)
                         if not synchronous_commit:
                             # Safe only where a crash loses the effect and its done mark together.
                             cur.execute("SET LOCAL synchronous_commit = off")
                         return fn(cur)
+                except pgerrors.InsufficientPrivilege as exc:
+                    if "row-level security" in str(exc):
+                        raise _row_security_error(exc, conn) from exc
+                    raise
                 except psycopg.OperationalError:
                     if conn.broken or conn.closed:
                         self._conn = None
@@ -326,5 +448,5 @@ def sqlstate(exc: BaseException) -> str | None:
 
 
 __all__ = ["Database", "open_database", "connect", "redact", "mask", "dsn_problem", "remember_secrets",
-           "is_retryable", "is_connection_lost", "pgerrors",
+           "is_retryable", "RowSecurityApplies", "row_security_hint", "is_connection_lost", "pgerrors",
            "sqlstate"]

@@ -69,13 +69,23 @@ class TableInfo:
 
 
 def resolve(cur: psycopg.Cursor, name: QualifiedName) -> QualifiedName | None:
-    """The schema-qualified name of an existing relation (unqualified names follow search_path)."""
-    cur.execute(
-        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE c.oid = to_regclass(%s)",
-        (_regclass_text(name),),
-    )
-    row = cur.fetchone()
+    """The schema-qualified name of an existing relation. An unqualified name (a plan's) follows
+    the search_path the session started with, the operator's and the application's, not the one
+    mover's sessions pin (mover/db.py PINNED): it names a table, it runs nothing."""
+    if name.schema is None:
+        cur.execute("SELECT current_setting('search_path'), reset_val FROM pg_settings WHERE name = 'search_path'")
+        pinned, startup = one(cur)
+        cur.execute("SELECT set_config('search_path', %s, true)", (startup,))
+    try:
+        cur.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.oid = to_regclass(%s)",
+            (_regclass_text(name),),
+        )
+        row = cur.fetchone()
+    finally:
+        if name.schema is None:
+            cur.execute("SELECT set_config('search_path', %s, true)", (pinned,))
     return QualifiedName(row[0], row[1]) if row else None
 
 

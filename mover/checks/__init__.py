@@ -43,6 +43,8 @@ class Subject:
     partitioning: Any = None  # what a conversion to a partitioned table creates (mover/partitions.py)
     metadata: dict[str, list[str]] = field(default_factory=dict)  # carried when, or not (mover/carry.py)
     problems: list[PlanError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what plan check says without refusing
+    operator_schemas: list[str] = field(default_factory=list)  # the key's operators' (checks/search_path.py)
 
     def report(self, problem: PlanError) -> None:
         """One more problem; the check may go on looking for others of its own."""
@@ -85,6 +87,8 @@ def _registry() -> list[Check]:
         privileges,
         refused_objects,
         rehearsal,
+        row_security,
+        search_path,
         source,
         types,
     )
@@ -94,6 +98,9 @@ def _registry() -> list[Check]:
         Check("source is an ordinary table", source.is_ordinary, fatal=True),
         Check("source has a key", source.describe, fatal=True),
         Check("names", names.resolve, fatal=True),
+        Check("row-level security", row_security.policies),
+        Check("writable schemas on the search path", search_path.writable_by_others),
+        Check("key operators", search_path.key_operators),
         Check("source is not being moved", names.not_being_moved),
         Check("names are free", names.free),
         Check("column types", types.columns),
@@ -136,7 +143,8 @@ def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
-            "lossy": s.lossy, "partitioning": s.partitioning, "metadata": s.metadata}
+            "lossy": s.lossy, "partitioning": s.partitioning, "metadata": s.metadata, "warnings": s.warnings,
+            "operator_schemas": s.operator_schemas}
 
 
 __all__ = ["Check", "Subject", "combined", "resolved", "run"]

@@ -180,7 +180,7 @@ def test_a_range_that_keeps_failing_is_marked_failed_without_stopping_the_others
         conn.execute("CREATE DOMAIN account_no AS integer CHECK (picky(VALUE))")
         app_execute(conn, 'UPDATE {t} SET "Account" = 100000 WHERE id = 2600')
     plan = write_plan(tmp_path / "narrow.toml", PLAN.format(workers=2, rate=0).replace(
-        'columns = { id = "bigint" }', 'columns = { "Account" = "account_no" }'))
+        'columns = { id = "bigint" }', 'columns = { "Account" = "public.account_no" }'))
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 1
     assert "1 backfill ranges failed" in r.stderr and "picky about 100000" in r.stderr

@@ -243,4 +243,4 @@ def test_a_narrowing_through_a_domain_is_named(db_dsn, tmp_path):
             "INSERT INTO d VALUES (1, 'abcdefgh')")
     r = mover(db_dsn, "plan", "check", plan(tmp_path, "dom", "d", '{ code = "varchar(5)" }'))
     assert r.returncode == 2, r.stderr
-    assert '"code" code20 -> character varying(5): length narrowing' in r.stderr, r.stderr
+    assert '"code" public.code20 -> character varying(5): length narrowing' in r.stderr, r.stderr

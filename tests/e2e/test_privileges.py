@@ -222,7 +222,9 @@ def test_dependents_the_migrating_role_cannot_recreate_are_refused_up_front(role
     out = mover(r.app, "plan", "check", plan)
     assert out.returncode == 2, out.stderr
     flat = " ".join(out.stderr.split())
-    assert "mover's role does not own" in flat and "table lines" in flat and "view orders_v" in flat, out.stderr
+    # Qualified: mover's sessions resolve names through pg_catalog only (docs/operating.md "Security").
+    assert "mover's role does not own" in flat and "table public.lines" in flat, out.stderr
+    assert "view public.orders_v" in flat, out.stderr
     r.su(sql.SQL("ALTER TABLE lines OWNER TO {}").format(sql.Identifier(r.app_name)),
          sql.SQL("ALTER VIEW orders_v OWNER TO {}").format(sql.Identifier(r.app_name)))
     out = mover(r.app, "plan", "check", plan)

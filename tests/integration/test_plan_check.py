@@ -382,10 +382,11 @@ CARRIED = [
     Case("inbound-foreign-key", plan_toml(),
          ['ALTER TABLE "public"."lines" DROP CONSTRAINT "lines_order_id_fkey"',
           'ALTER TABLE "public"."lines" ADD CONSTRAINT "lines_order_id_fkey" FOREIGN KEY (order_id) REFERENCES'
-          ' orders(id) NOT VALID', 'VALIDATE CONSTRAINT "lines_order_id_fkey"'],
+          ' public.orders(id) NOT VALID', 'VALIDATE CONSTRAINT "lines_order_id_fkey"'],
          setup="CREATE TABLE lines (id int PRIMARY KEY, order_id int REFERENCES orders)"),
     Case("inbound-foreign-key-mixed-case", plan_toml(),
-         ['ALTER TABLE "Sales"."Lines" ADD CONSTRAINT "Order FK" FOREIGN KEY (o) REFERENCES orders(id) NOT VALID'],
+         ['ALTER TABLE "Sales"."Lines" ADD CONSTRAINT "Order FK" FOREIGN KEY (o) REFERENCES public.orders(id)'
+          ' NOT VALID'],
          setup='CREATE TABLE "Sales"."Lines" (id int PRIMARY KEY, o int CONSTRAINT "Order FK" REFERENCES orders)'),
     Case("dependent-view", plan_toml(),
          ['DROP VIEW "Sales"."Big Orders"', 'CREATE VIEW "Sales"."Big Orders" AS'],
@@ -410,7 +411,7 @@ CARRIED = [
     Case("outbound-foreign-key", plan_toml(source="invoices"),
          ['ALTER TABLE "public"."invoices" DROP CONSTRAINT "invoices_customer_id_fkey"',
           'ALTER TABLE "public"."invoices" ADD CONSTRAINT "invoices_customer_id_fkey" FOREIGN KEY (customer_id)'
-          ' REFERENCES customers(id) NOT VALID'], setup=INVOICES),
+          ' REFERENCES public.customers(id) NOT VALID'], setup=INVOICES),
     Case("outbound-foreign-key-partly-acknowledged",
          plan_toml(source="invoices").replace("[target]\n",
                                               '[target]\ndrop_foreign_keys = ["invoices_customer_id_fkey"]\n'),
@@ -419,8 +420,8 @@ CARRIED = [
          setup=INVOICES + """; CREATE TABLE "Sales".regions (r text PRIMARY KEY);
                ALTER TABLE invoices ADD COLUMN region text CONSTRAINT "Invoice Region" REFERENCES "Sales".regions"""),
     Case("outbound-foreign-key-self-reference", plan_toml(source="tree"),
-         ['ALTER TABLE "public"."tree" ADD CONSTRAINT "tree_parent_fkey" FOREIGN KEY (parent) REFERENCES tree(id)'
-          ' NOT VALID'],
+         ['ALTER TABLE "public"."tree" ADD CONSTRAINT "tree_parent_fkey" FOREIGN KEY (parent)'
+          ' REFERENCES public.tree(id) NOT VALID'],
          setup="CREATE TABLE tree (id int PRIMARY KEY, parent int REFERENCES tree)"),
 ]
 

@@ -64,10 +64,6 @@ def rename_table(table: QualifiedName, new_name: str) -> sql.Composed:
     return sql.SQL("ALTER TABLE {t} RENAME TO {n}").format(t=table.ident, n=sql.Identifier(new_name))
 
 
-def lock_tables(tables: list[QualifiedName]) -> sql.Composed:
-    return sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(", ").join(t.ident for t in tables))
-
-
 def drop_table(table: QualifiedName) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {}").format(table.ident)
 

@@ -32,6 +32,16 @@ def spawn(dsn: str, *args: str, env: dict | None = None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
 
 
+def hung_at(proc: subprocess.Popen, point: str) -> bool:
+    """Whether a mover spawned with MOVER_FAULT=hang@POINT reached it: its stderr lines up to the
+    fault's own (progress lines may come before it); False if the process ended first."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if f"hanging at {point}" in line:
+            return True
+    return False
+
+
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     """Wait for a spawned mover while draining its pipes (a full pipe would block it forever);
     returns (exit code, stderr)."""

@@ -15,6 +15,7 @@ from tests.workload import (
     create_orders,
     differences,
     finish,
+    hung_at,
     mover,
     spawn,
     write_plan,
@@ -105,7 +106,7 @@ def test_the_log_is_applied_while_the_only_worker_copies_a_range(db_dsn, tmp_pat
     proc = spawn(db_dsn, "run", plan_file(tmp_path, workers=1),
                  env={"MOVER_FAULT": "hang@range_copied:3", "MOVER_FAULT_RELEASE": str(release)})
     try:
-        assert "hanging at range_copied:3" in proc.stderr.readline()
+        assert hung_at(proc, "range_copied:3")
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             app_execute(conn, 'UPDATE {t} SET "Account" = -1, note = \'applied beside\' WHERE id IN (10, 700)')
         wait_for(lambda: query(db_dsn, 'SELECT count(*) FROM "Orders_new" WHERE id IN (10, 700)'
@@ -198,7 +199,7 @@ def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_pat
     create_orders(db_dsn, 3_000)
     proc = spawn(db_dsn, "run", plan_file(tmp_path, workers=1), env={"MOVER_FAULT": "hang@index_building"})
     try:
-        assert "hanging at index_building" in proc.stderr.readline()
+        assert hung_at(proc, "index_building")
         # What a crash in the middle of CREATE INDEX CONCURRENTLY (an earlier version's build) leaves:
         # an invalid index by that name.
         with psycopg.connect(db_dsn, autocommit=True) as conn:

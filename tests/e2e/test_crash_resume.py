@@ -12,7 +12,18 @@ import time
 import psycopg
 import pytest
 
-from tests.workload import Spawned, Writer, assert_oracle, create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import (
+    Spawned,
+    Writer,
+    assert_oracle,
+    create_orders,
+    differences,
+    finish,
+    hung_at,
+    mover,
+    spawn,
+    write_plan,
+)
 
 PLAN = """
 [migration]
@@ -270,7 +281,7 @@ def test_immediate_shutdown_of_postgres_mid_backfill(tmp_path):
         release = tmp_path / "release"
         proc = spawn(dsn, "run", plan,
                      env={"MOVER_FAULT": "hang@backfill_range:3", "MOVER_FAULT_RELEASE": str(release)})
-        assert "hanging at backfill_range:3" in proc.stderr.readline()
+        assert hung_at(proc, "backfill_range:3")
         server.restart(immediate=True)
         release.touch()
         code, err = finish(proc, 120)

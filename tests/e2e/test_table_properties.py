@@ -11,7 +11,7 @@ import uuid
 
 import psycopg
 
-from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import create_orders, differences, finish, hung_at, mover, spawn, write_plan
 
 
 def query(dsn, q, params=()):
@@ -79,7 +79,7 @@ def test_kill9_during_an_index_build_then_resume_cancels_the_orphan(db_dsn, tmp_
     proc = spawn(db_dsn, "run", p, env={"MOVER_FAULT": "hang@index_building", "MOVER_FAULT_RELEASE": str(release)})
     blocker = psycopg.connect(db_dsn)
     try:
-        assert "hanging at index_building" in proc.stderr.readline()
+        assert hung_at(proc, "index_building")
         # A lock on the new table that conflicts with the build's SHARE lock makes the build wait:
         # the moment a crash leaves a backend that goes on (and would commit its index) by itself.
         blocker.execute('LOCK "Orders_new" IN ROW EXCLUSIVE MODE')

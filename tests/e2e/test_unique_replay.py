@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from tests import workload
-from tests.workload import WriterThread, finish, mover, spawn, write_plan
+from tests.workload import WriterThread, finish, hung_at, mover, spawn, write_plan
 
 ACCT_COLUMNS = ("id", "email", "handle", "note")
 
@@ -129,7 +129,7 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     release = tmp_path / "release"
     proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@backfill_range:2", "MOVER_FAULT_RELEASE": str(release)})
     try:
-        assert "hanging at backfill_range:2" in proc.stderr.readline()
+        assert hung_at(proc, "backfill_range:2")
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             copied = conn.execute("SELECT max(id) FROM acct_new").fetchone()[0]
             assert 2 < copied < 2500

@@ -189,8 +189,8 @@ def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario
     r = mover(dsn, "plan", "check", plan)
     assert r.returncode == 0, r.stderr
     # the int column referencing the widened key is named, with the way out
-    assert '"order_id" of order_lines (integer) references "id", which becomes bigint' in r.stdout
-    assert "second migration of order_lines" in r.stdout
+    assert '"order_id" of public.order_lines (integer) references "id", which becomes bigint' in r.stdout
+    assert "second migration of public.order_lines" in r.stdout
 
     writer = Writer(dsn).start()
     try:

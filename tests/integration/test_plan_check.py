@@ -344,7 +344,7 @@ CASES = [
     Case("foreign-key-the-new-type-cannot-carry", plan_toml(source="invoices", columns={"customer_id": "text"}),
          ["[target] columns", 'column "customer_id" cannot become \'text\'', "invoices_customer_id_fkey",
           "incompatible types"], setup=INVOICES, also_run=True),
-    Case("typed-table", plan_toml(source="typed"), ['"public"."typed"', "typed table (OF point2)"],
+    Case("typed-table", plan_toml(source="typed"), ['"public"."typed"', "typed table (OF public.point2)"],
          setup="CREATE TYPE point2 AS (id int, v text); CREATE TABLE typed OF point2 (PRIMARY KEY (id))"),
     Case("drop-foreign-keys-unknown-name",
          plan_toml(source="invoices").replace("[target]\n", '[target]\ndrop_foreign_keys = ["invoices_fk", '

@@ -396,6 +396,10 @@ def test_a_key_whose_operators_live_outside_pg_catalog_compares_with_them(db_dsn
     key would silently become text's (through citext's implicit cast), whose order differs (in
     "C", every 'K...' sorts before every 'k...'), and key ranges cut in one order and read in the
     other lose rows. The migration's search_path holds the key's operator schema."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # Asked of the server, not assumed: the pgserver wheel's 16.2 ships no citext.
+        if not conn.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'citext'").fetchone()[0]:
+            pytest.skip("this server has no citext extension (the pgserver wheel's build ships none)")
     create_orders(db_dsn, 3_000)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION citext")

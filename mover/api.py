@@ -31,12 +31,13 @@ from mover import (
 from mover import follow as follow_engine
 from mover import reconcile as reconcile_engine
 from mover import status as status_mod
+from mover.checks import edits as edits_check
 from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, conversion_settings, is_connection_lost, one, search_path
 from mover.db import open_database as _database
-from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting, combined
+from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
-from mover.plan import Edit, Plan, edits, load_plan, plan_from_canonical
+from mover.plan import Plan, load_plan, plan_from_canonical
 from mover.sql import ddl
 
 if TYPE_CHECKING:  # imported where the workers start (api.work); only the annotation needs it here
@@ -57,13 +58,9 @@ def _require_schema(db: Database) -> None:
 def init(dsn: str) -> str:
     db = _database(dsn)
     try:
-        # Before anything is created: a publication that would publish mover's tables to
-        # subscribers that lack them (mover/subscribers.py).
-        problems = db.transaction(subscribers.init_refusals)
+        subscribers.refuse_init(db)  # before anything is created
     finally:
         db.close()
-    if problems:
-        raise combined(problems, hint="then `mover init` again")
     return control.init_schema(dsn)
 
 
@@ -109,7 +106,7 @@ def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
             existing = control.find(cur, plan.name)
             if existing is not None and existing.state not in ("aborted",):
                 _same_shape(existing, plan)
-                changes = _check_update(cur, existing, plan)
+                changes = edits_check.check(cur, existing, plan)
                 return {"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                         "edits": [{"key": c.key, "takes_effect": c.effect} for c in changes],
                         "status": status_mod.status_of(cur, existing), "steps": [], **_hooks_and_warnings(plan)}
@@ -176,36 +173,6 @@ def _same_shape(existing: control.Migration, plan: Plan) -> None:
             hint=how)
 
 
-def _check_update(cur: psycopg.Cursor, existing: control.Migration, plan: Plan) -> list[Edit]:
-    """An edit of a registered plan (same shape), checked against the catalog the way registration
-    checks the same settings, every problem at once; returns the edits, each with when it takes
-    effect (plan.TAKES_EFFECT). Nothing is stored when one is refused."""
-    from mover.checks import foreign_keys  # the check registration runs, on the tables as they are now
-
-    found = edits(existing.plan, plan)
-    problems: list[PlanError] = []
-    for e in found:
-        if e.effect is None:
-            problems.append(PlanError(
-                f"{e.key} of migration {plan.name!r} changed, but it is read only when the plan is registered: "
-                f"the edit would have no effect", hint=f"restore {e.key} in the plan file as it was registered"))
-    if any(e.path == "drop_foreign_keys" for e in found):
-        recorded = control.shapes(cur, existing.id)
-        oids = [d["oid"] for d in (recorded["source"], recorded["target"]) if d is not None]
-        try:
-            foreign_keys.check_dropped(cur, plan.drop_foreign_keys, oids, existing.source)
-        except PlanError as exc:
-            problems.append(exc)
-    if any(e.path == "partitions.manager" for e in found) and plan.upkeep.manager == "pg_partman":
-        try:
-            partitions.check_partman(cur, existing.source)
-        except PlanError as exc:
-            problems.append(exc)
-    if problems:
-        raise combined(problems)
-    return found
-
-
 def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
     def register(cur: psycopg.Cursor) -> control.Migration:
         existing = control.find(cur, plan.name)
@@ -216,7 +183,7 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
         if existing is not None:
             _same_shape(existing, plan)
             if existing.plan != plan.canonical():
-                changes = _check_update(cur, existing, plan)
+                changes = edits_check.check(cur, existing, plan)
                 control.update_plan(cur, existing.id, plan.canonical(), actor, [c.describe() for c in changes])
                 for c in changes:
                     log.warning("plan of %r updated: %s", plan.name, c.describe())

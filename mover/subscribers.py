@@ -24,7 +24,8 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.errors import PlanError
+from mover.db import Database
+from mover.errors import PlanError, combined
 from mover.names import CONTROL_SCHEMA
 
 
@@ -126,6 +127,14 @@ def partitions_by_name(cur: psycopg.Cursor, source_oid: int) -> list[PlanError]:
 def init_refusals(cur: psycopg.Cursor) -> list[PlanError]:
     """What `mover init` refuses before it creates anything."""
     return all_tables(cur) + in_schemas(cur, [CONTROL_SCHEMA])
+
+
+def refuse_init(db: Database) -> None:
+    """`mover init`'s refusal, before it creates anything: every publication that would publish
+    mover's tables to subscribers that lack them, at once."""
+    problems = db.transaction(init_refusals, label="publications")
+    if problems:
+        raise combined(problems, hint="then `mover init` again")
 
 
 def plan_refusals(cur: psycopg.Cursor, source_schema: str, source_oid: int, partitioned: bool) -> list[PlanError]:

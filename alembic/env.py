@@ -1,4 +1,4 @@
-"""Alembic environment for mover's control schema. Run through `mover init` (mover/control.py),
+"""Alembic environment for mover's control schema. Run through `mover init` (mover/state/control.py),
 which hands over an open connection in config.attributes["connection"]."""
 
 from alembic import context

@@ -294,8 +294,9 @@ def writes_during_backfill(dsn: str, workdir: Path, rows: int, baseline_s: int =
 
 
 def capture_overhead(dsn: str, runs: int, seconds: int, scale: int) -> dict:
-    from mover import capture, names
+    from mover import names
     from mover.db import Database
+    from mover.engines import capture
     pgdsn = create_database(dsn, "bench_pgbench")
     pgbench = str(bindir() / "pgbench")
     subprocess.run([pgbench, "-i", "-q", "-s", str(scale), pgdsn], check=True, capture_output=True)

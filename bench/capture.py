@@ -74,7 +74,7 @@ def _names():
 
 
 def install(cur: psycopg.Cursor, variant: str) -> None:
-    from mover import capture
+    from mover.engines import capture
     from mover.sql import capture as q
     accounts, log, fn, trigger = _names()
     if variant == "none":
@@ -126,7 +126,7 @@ def install(cur: psycopg.Cursor, variant: str) -> None:
 
 
 def remove(cur: psycopg.Cursor, variant: str) -> None:
-    from mover import capture
+    from mover.engines import capture
     accounts, log, fn, trigger = _names()
     if variant == "none":
         return

@@ -49,7 +49,7 @@ def server(dsn: str | None):
     if dsn:
         yield dsn, None
         return
-    from mover.embedded import EmbeddedPostgres
+    from mover.demo.embedded import EmbeddedPostgres
     pg = EmbeddedPostgres(settings={**SERVER_SETTINGS, **_stat_statements_settings()})
     try:
         yield pg.start(), pg
@@ -185,7 +185,7 @@ def mover_cli(dsn: str, *args: str, env: dict | None = None, code: Path | None =
 
 
 def bindir() -> Path | None:
-    from mover.embedded import _find_binaries
+    from mover.demo.embedded import _find_binaries
     try:
         return Path(_find_binaries().bindir)
     except Exception:

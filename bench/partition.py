@@ -210,10 +210,12 @@ def explain_apply(dsn: str, name: str, *, midcopy: bool = False) -> dict:
     partitions not analyzed yet); else on what the log holds at the step's end."""
     import psycopg
 
-    from mover import capture, control, names
-    from mover.context import Context
+    from mover import names
     from mover.db import Database
+    from mover.engines import capture
+    from mover.engines.context import Context
     from mover.sql import capture as q
+    from mover.state import control
     db = Database(dsn)
     out: dict = {}
     try:

@@ -125,7 +125,8 @@ def mover_pass(dsn: str, workers: int, injected, code: Path | None = None) -> di
 
 
 def spec(dsn: str):
-    from mover import introspect, reconcile
+    from mover.catalog import introspect
+    from mover.engines import reconcile
     from mover.names import QualifiedName
     from mover.sql.mapping import Mapping
     with connect(dsn) as conn, conn.transaction(), conn.cursor() as cur:
@@ -385,19 +386,19 @@ def _pgss_read(conn) -> list[dict]:
 
 
 PROFILED = {  # functions of a 1-worker pass whose cumulative time cProfile reports (file suffix, name)
-    "the whole reconcile engine (reconcile.run)": ("mover/reconcile.py", "run"),
-    "one range: verify_range": ("mover/reconcile.py", "verify_range"),
-    "  the compare statement (_compare)": ("mover/reconcile.py", "_compare"),
-    "  recording (_record: divergences, notes, fingerprints)": ("mover/reconcile.py", "_record"),
-    "  done mark": ("mover/ranges.py", "mark_done"),
-    "  range hold": ("mover/ranges.py", "hold"),
-    "shape checks (shape.verify, every caller)": ("mover/shape.py", "verify"),
-    "claim (frontier + bound probe)": ("mover/ranges.py", "claim"),
-    "drain between ranges (capture.drain)": ("mover/capture.py", "drain"),
-    "migration row refresh": ("mover/context.py", "refresh"),
-    "throttle reason": ("mover/throttle.py", "reason"),
-    "spec_for (column probes)": ("mover/reconcile.py", "spec_for"),
-    "start of the pass (_start_pass)": ("mover/reconcile.py", "_start_pass"),
+    "the whole reconcile engine (reconcile.run)": ("mover/engines/reconcile.py", "run"),
+    "one range: verify_range": ("mover/engines/reconcile.py", "verify_range"),
+    "  the compare statement (_compare)": ("mover/engines/reconcile.py", "_compare"),
+    "  recording (_record: divergences, notes, fingerprints)": ("mover/engines/reconcile.py", "_record"),
+    "  done mark": ("mover/state/ranges.py", "mark_done"),
+    "  range hold": ("mover/state/ranges.py", "hold"),
+    "shape checks (shape.verify, every caller)": ("mover/catalog/shape.py", "verify"),
+    "claim (frontier + bound probe)": ("mover/state/ranges.py", "claim"),
+    "drain between ranges (capture.drain)": ("mover/engines/capture.py", "drain"),
+    "migration row refresh": ("mover/engines/context.py", "refresh"),
+    "throttle reason": ("mover/engines/throttle.py", "reason"),
+    "spec_for (column probes)": ("mover/engines/reconcile.py", "spec_for"),
+    "start of the pass (_start_pass)": ("mover/engines/reconcile.py", "_start_pass"),
     "status printed at the end (api.status)": ("mover/api.py", "status"),
     "all transactions (Database.transaction)": ("mover/db.py", "transaction"),
     "commits (psycopg Transaction.__exit__)": ("psycopg/transaction.py", "__exit__"),

@@ -1,7 +1,7 @@
 """The commands as plain functions (used by the CLI, the demo and the tests): each opens the
 database and hands over: plan checks to mover/checks/, registration and transitions to
-mover/control.py, the steps and the operator commands (legal per control.COMMANDS) to
-mover/runner.py, the reads to mover/status.py, range workers to chunks.run_workers."""
+mover/state/control.py, the steps and the operator commands (legal per control.COMMANDS) to
+mover/runner/__init__.py, the reads to mover/views/status.py, range workers to chunks.run_workers."""
 
 from __future__ import annotations
 
@@ -14,34 +14,26 @@ from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
 
-from mover import adopt as adopt_engine
-from mover import backfill as backfill_engine
-from mover import (
-    checks,
-    control,
-    parity,
-    partitions,
-    ranges,
-    runner,
-    samples,
-    shape,
-    steps,
-    subscribers,
-)
-from mover import follow as follow_engine
-from mover import reconcile as reconcile_engine
-from mover import status as status_mod
+from mover import checks, runner, steps
+from mover.catalog import shape, subscribers
 from mover.checks import edits as edits_check
-from mover.context import Context, Reporter, log_reporter
 from mover.db import Database, bind, conversion_settings, is_connection_lost, one, search_path
 from mover.db import open_database as _database
+from mover.engines import adopt as adopt_engine
+from mover.engines import backfill as backfill_engine
+from mover.engines import parity, partitions
+from mover.engines import reconcile as reconcile_engine
+from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, plan_from_canonical
+from mover.runner import follow as follow_engine
 from mover.sql import ddl
+from mover.state import control, ranges, samples
+from mover.views import status as status_mod
 
 if TYPE_CHECKING:  # imported where the workers start (api.work); only the annotation needs it here
-    from mover.heartbeat import Heartbeat
+    from mover.state.heartbeat import Heartbeat
 
 log = logging.getLogger("mover")
 
@@ -197,7 +189,7 @@ def _register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration
         # The shape is described under the search_path every later step runs with: format_type and
         # pg_get_expr qualify names by it, and a description read under another would differ.
         db.pin_local(cur, m.settings)
-        shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/shape.py)
+        shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/catalog/shape.py)
         return m
     try:
         return db.transaction(register, label="register")
@@ -460,7 +452,7 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
 
 
 def parity_report(dsn: str, name: str) -> dict[str, Any]:
-    """`mover parity NAME`: the metadata differences (mover/parity.py), read-only."""
+    """`mover parity NAME`: the metadata differences (mover/engines/parity.py), read-only."""
     db = _database(dsn)
     try:
         _require_schema(db)
@@ -476,7 +468,7 @@ def parity_report(dsn: str, name: str) -> dict[str, Any]:
 def history(dsn: str, name: str | None = None) -> list[dict[str, Any]]:
     """`mover history [NAME]`: every migration (or NAME and its aborted attempts) with its outcome
     and step durations."""
-    from mover import history as history_mod
+    from mover.views import history as history_mod
     db = _database(dsn)
     try:
         _require_schema(db)
@@ -570,7 +562,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
          stop: threading.Event | None = None) -> dict[str, Any]:
     """`mover worker NAME`: help an orchestrator from any host with the ranges of the backfill, then
     of a reconcile pass it has started; returns when there are none left to take."""
-    from mover.heartbeat import Heartbeat
+    from mover.state.heartbeat import Heartbeat
     db = _database(dsn)
     stop = stop or threading.Event()
     try:
@@ -792,7 +784,7 @@ def _partman_maintain(db: Database, m: control.Migration, plan: Plan, premake: i
 
 
 # ---------------------------------------------------------------------------------------------
-# Watching and reporting (the views themselves: mover/watch.py, mover/report.py)
+# Watching and reporting (the views themselves: mover/views/watch.py, mover/views/report.py)
 
 WATCH_WINDOW_SECONDS = 600  # the sparklines' "last minutes"
 
@@ -800,7 +792,7 @@ WATCH_WINDOW_SECONDS = 600  # the sparklines' "last minutes"
 def watch(dsn: str, name: str, show: Callable[[dict[str, Any]], None], *, interval: float,
           stop: threading.Event) -> dict[str, Any]:
     """Call show(snapshot) every `interval` seconds until the migration is done or aborted, or
-    `stop` is set; returns the last snapshot. A snapshot is the status (mover/status.py) plus the
+    `stop` is set; returns the last snapshot. A snapshot is the status (mover/views/status.py) plus the
     live workers one by one, the samples of the last minutes, and this watch's own readings (one per
     interval: finer than the samples, which come every few seconds at best)."""
     db = _database(dsn)
@@ -836,7 +828,7 @@ def _watch_snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
 def report(dsn: str, name: str) -> dict[str, Any]:
     """Everything `mover report` shows, in one snapshot: the plan, the status, the whole event story,
     every sample, every divergence with its resolution."""
-    from mover import report as report_mod
+    from mover.views import report as report_mod
     db = _database(dsn)
     try:
         _require_schema(db)

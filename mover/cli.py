@@ -24,7 +24,7 @@ from rich.table import Table
 from mover import api
 from mover.db import is_connection_lost, mask, remember_secrets
 from mover.errors import BadInput, MoverError, Waiting
-from mover.progress import ProgressReporter
+from mover.views.progress import ProgressReporter
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
@@ -736,7 +736,7 @@ def watch(name: str = NameArgument, dsn: str | None = DsnOption,
 def _watch(name: str, dsn: str | None, interval: float) -> None:
     from rich.live import Live
 
-    from mover import watch as view
+    from mover.views import watch as view
     stop = threading.Event()
     try:
         if out.is_terminal:
@@ -759,7 +759,7 @@ def report(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
                                                  help="Write the self-contained HTML page here.")) -> None:
     """The whole story of a migration (plan, timeline, charts, divergences, locks, who did what): an HTML
     page to attach to the change ticket, or JSON."""
-    from mover import report as report_mod
+    from mover.views import report as report_mod
     r = api.report(_dsn(dsn), name)
     if html_file is not None:
         html_file.write_text(report_mod.render_html(r), encoding="utf-8")
@@ -778,7 +778,7 @@ def demo(rows: int = typer.Option(300_000, "--rows", help="Rows in the sample ta
          keep: bool = typer.Option(False, "--keep",
                                    help="Leave the server running at the end (prints its DSN).")) -> None:
     """Start an embedded PostgreSQL, a live writer, and migrate a table through every step."""
-    from mover import demo as demo_mod
+    from mover.demo import demo as demo_mod
     demo_mod.main(rows=rows, keep=keep, console=err)
 
 

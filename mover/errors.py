@@ -68,7 +68,7 @@ class NotFound(BadInput):
 
 
 class ShapeChanged(BadInput):
-    """A table's shape changed since mover recorded it (mover/shape.py): nothing is copied,
+    """A table's shape changed since mover recorded it (mover/catalog/shape.py): nothing is copied,
     compared or swapped across it; `mover adopt NAME` or `mover abort NAME`, as the hint says."""
 
     event_kind = "shape_changed"

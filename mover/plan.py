@@ -82,10 +82,10 @@ class CutoverSettings:
     lock_timeout_ms: int = 200
     attempts: int = 30
     # Sessions still holding a lock on the tables once the attempts are spent: cancelled, then
-    # terminated after blocker_grace, and the lock tried once more (mover/lockwatch.py). Off by default.
+    # terminated after blocker_grace, and the lock tried once more (mover/engines/lockwatch.py). Off by default.
     terminate_blockers: bool = False
     blocker_grace_ms: int = 5000
-    # Metadata differences the operator lets through the swap's parity check (mover/parity.py):
+    # Metadata differences the operator lets through the swap's parity check (mover/engines/parity.py):
     # "kind:item" keys as `mover parity NAME` prints them, or a bare kind.
     accept_parity: tuple[str, ...] = ()
 
@@ -97,7 +97,7 @@ HOOK_TIMEOUT_MS = 30_000
 
 @dataclass(frozen=True)
 class Hook:
-    """[hooks.<event>]: a shell command or SQL (exactly one), run by mover/hooks.py."""
+    """[hooks.<event>]: a shell command or SQL (exactly one), run by mover/engines/hooks.py."""
     sql: str | None = None
     command: str | None = None
     timeout_ms: int = HOOK_TIMEOUT_MS
@@ -123,7 +123,7 @@ _NAME_FIELDS = {"table", "YYYY", "MM", "DD", "N"}
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    """`[target.partition]`: how the new table is partitioned (mover/partitions.py creates it)."""
+    """`[target.partition]`: how the new table is partitioned (mover/engines/partitions.py creates it)."""
     by: str  # range | list | hash
     columns: tuple[str, ...]
     interval: str | None = None  # range over time: day | week | month | year
@@ -153,7 +153,7 @@ class PartitionUpkeep:
     premake: int | None = None  # None: [target.partition] premake
     retention: str | None = None  # e.g. "12 months": partitions wholly older are detached
     drop_detached: bool = False
-    manager: str = "mover"  # or "pg_partman": handed over once retired (mover/partitions.py)
+    manager: str = "mover"  # or "pg_partman": handed over once retired (mover/engines/partitions.py)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from mover.embedded import EmbeddedPostgres
+from mover.demo.embedded import EmbeddedPostgres
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from mover.embedded import EmbeddedPostgres
+from mover.demo.embedded import EmbeddedPostgres
 
 
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:

@@ -12,7 +12,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # mover/shape.py: the description of the original table ("source", recorded at registration)
+    # mover/catalog/shape.py: the description of the original table ("source", recorded at registration)
     # and of the new one ("target", recorded when mover has finished building it), both found by
     # oid whatever the swap names them; recorded again when mover renames them or an operator
     # adopts a change. The description is kept next to the fingerprint so that an error can say

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from mover import introspect
+from mover.catalog import introspect
 from mover.errors import PlanError, combined
 from mover.names import QualifiedName
 from mover.plan import Plan
@@ -40,8 +40,8 @@ class Subject:
     old: QualifiedName | None = None
     rehearsed: introspect.TableInfo | None = None  # the target as the rehearsal created it
     lossy: dict[str, str] = field(default_factory=dict)
-    partitioning: Any = None  # what a conversion to a partitioned table creates (mover/partitions.py)
-    metadata: dict[str, list[str]] = field(default_factory=dict)  # carried when, or not (mover/carry.py)
+    partitioning: Any = None  # what a conversion to a partitioned table creates (mover/engines/partitions.py)
+    metadata: dict[str, list[str]] = field(default_factory=dict)  # carried when, or not (mover/engines/carry.py)
     problems: list[PlanError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what plan check says without refusing
     operator_schemas: list[str] = field(default_factory=list)  # the key's operators' (checks/search_path.py)

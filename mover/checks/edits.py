@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import psycopg
 
-from mover import control, partitions
 from mover.checks import foreign_keys
+from mover.engines import partitions
 from mover.errors import PlanError, combined
 from mover.plan import Edit, Plan, edits
+from mover.state import control
 
 
 def check(cur: psycopg.Cursor, existing: control.Migration, plan: Plan) -> list[Edit]:

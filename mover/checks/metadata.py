@@ -1,9 +1,10 @@
-"""The rest of the table's metadata (mover/metadata.py): what is carried when, what cannot be,
+"""The rest of the table's metadata (mover/catalog/metadata.py): what is carried when, what cannot be,
 and what would make the swap fail (a publication mover's role cannot alter)."""
 
 from __future__ import annotations
 
-from mover import metadata, names, subscribers
+from mover import names
+from mover.catalog import metadata, subscribers
 from mover.checks import Subject
 from mover.errors import PlanError
 
@@ -22,7 +23,7 @@ def publications(s: Subject) -> None:
 
 
 def subscribers_in_step(s: Subject) -> None:
-    """Publications whose subscribers the migration would break (mover/subscribers.py)."""
+    """Publications whose subscribers the migration would break (mover/catalog/subscribers.py)."""
     assert s.src.schema is not None
     for problem in subscribers.plan_refusals(s.cur, s.src.schema, s.table.oid, s.plan.partition is not None):
         s.report(problem)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from mover import control, introspect, names
+from mover import names
+from mover.catalog import introspect
 from mover.checks import Subject
 from mover.db import one
 from mover.errors import PlanError
 from mover.names import QualifiedName
+from mover.state import control
 
 
 def _sibling(source: QualifiedName, name: QualifiedName | None, key: str, suffix: str) -> QualifiedName:

@@ -3,11 +3,13 @@ insert fail."""
 
 from __future__ import annotations
 
-from mover import capture, control, introspect, privileges
 from mover import names as mover_names
+from mover.catalog import introspect, privileges
 from mover.checks import Subject
+from mover.engines import capture
 from mover.errors import PlanError
 from mover.sql import capture as capture_sql
+from mover.state import control
 
 
 def setup(s: Subject) -> None:

@@ -1,10 +1,11 @@
 """What the swap cannot carry over, refused rather than lost at the cutover: exclusion
 constraints and inheritance. (Triggers, rules, row-level security, dependent views and foreign
-keys are carried over: mover/carry.py.)"""
+keys are carried over: mover/engines/carry.py.)"""
 
 from __future__ import annotations
 
-from mover import introspect, names
+from mover import names
+from mover.catalog import introspect
 from mover.checks import Subject
 from mover.errors import PlanError
 

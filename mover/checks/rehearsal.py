@@ -9,9 +9,11 @@ from typing import Any
 
 import psycopg
 
-from mover import carry, introspect, names
+from mover import names
+from mover.catalog import introspect
 from mover.checks import Subject
 from mover.db import is_retryable
+from mover.engines import carry
 from mover.errors import PlanError
 from mover.names import QualifiedName
 from mover.plan import Plan
@@ -59,7 +61,7 @@ def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: Qua
     try:
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
-        # The NOT VALID checks come back at the swap (mover/cutover.py): they must fit the new types.
+        # The NOT VALID checks come back at the swap (mover/engines/cutover.py): they must fit the new types.
         source_oid = introspect.table_oid(cur, source)
         assert source_oid is not None  # resolved by the caller
         for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):

@@ -11,7 +11,7 @@ import re
 
 import psycopg
 
-from mover import privileges
+from mover.catalog import privileges
 from mover.checks import Subject
 from mover.db import one
 from mover.errors import PlanError

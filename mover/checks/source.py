@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mover import introspect, names
+from mover import names
+from mover.catalog import introspect
 from mover.checks import Subject
 from mover.db import one
 from mover.errors import PlanError

@@ -6,7 +6,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import conversion, introspect, names
+from mover import names
+from mover.catalog import conversion, introspect
 from mover.checks import Subject
 from mover.errors import PlanError
 from mover.names import QualifiedName

@@ -1,7 +1,7 @@
 """SQL of the backfill: find a range's upper bound, copy the range in one set-based statement.
 
 The upper bound comes from an index-only OFFSET scan (next_bound), or, for an integer key in a
-dense region, from key arithmetic checked by one index probe (key_above; mover/ranges.py).
+dense region, from key arithmetic checked by one index probe (key_above; mover/state/ranges.py).
 
 No conflict clause: capture replays a key only after the range that covers it is done, so a
 key the copy inserts cannot already be in the target. A unique violation here is a bug to

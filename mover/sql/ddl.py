@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from mover.introspect import Index
+from mover.catalog.introspect import Index
 from mover.names import QualifiedName
 from mover.sql import trusted
 
@@ -127,7 +127,7 @@ def sequence_as(seq: QualifiedName, type_name: str) -> sql.Composed:
     return sql.SQL("ALTER SEQUENCE {} AS {}").format(seq.ident, trusted(type_name, "keyword"))
 
 
-# The rest of a table's metadata (mover/metadata.py). Values that are catalog-printed text
+# The rest of a table's metadata (mover/catalog/metadata.py). Values that are catalog-printed text
 # (statistics column lists, publication row filters) are trusted like index definitions.
 
 STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}

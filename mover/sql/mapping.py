@@ -13,8 +13,8 @@ from typing import Any
 
 from psycopg import sql
 
-from mover.conversion import lossy_reason
-from mover.introspect import TableInfo
+from mover.catalog.conversion import lossy_reason
+from mover.catalog.introspect import TableInfo
 from mover.names import QualifiedName
 from mover.sql import trusted
 

@@ -7,7 +7,7 @@ PostgreSQL allows it.
 
 from __future__ import annotations
 
-from mover import control
+from mover.state import control
 from mover.steps.backfill import Backfill
 from mover.steps.base import Step
 from mover.steps.create_target import CreateTarget

@@ -6,11 +6,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import backfill, capture, control, introspect, names, partitions, ranges, shape
-from mover.context import Context
+from mover import names
+from mover.catalog import introspect, shape
+from mover.engines import backfill, capture, partitions
+from mover.engines.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
+from mover.state import control, ranges
 from mover.steps.base import Step
 
 
@@ -82,7 +85,7 @@ class Backfill(Step):
                 raise Failed(f"indexes {invalid} on {m.target} are invalid", hint=f"run `mover run {m.name}` again")
             rows, ranges, _ = control.range_totals(cur, m.id, "backfill")
             # mover has finished building the new table (deferred indexes included): from here
-            # on its shape is fixed too (mover/shape.py).
+            # on its shape is fixed too (mover/catalog/shape.py).
             ctx.check_shape(cur)
             shape.record(cur, m.id, target=m.target)
             control.finish_step(cur, m, self.name, ctx.owner,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover.context import Context
+from mover.engines.context import Context
 
 
 class Step:

@@ -3,12 +3,15 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import control, introspect, metadata, names, partitions
-from mover.context import Context
+from mover import names
+from mover.catalog import introspect, metadata
+from mover.engines import partitions
+from mover.engines.context import Context
 from mover.errors import Failed, PlanError
 from mover.plan import Plan
 from mover.sql import ddl
 from mover.sql import partitions as sql_partitions
+from mover.state import control
 from mover.steps.base import Step
 
 
@@ -20,7 +23,7 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     stmts = [ddl.create_target(target, source, unlogged=introspect.persistence(cur, source) == "u",
                                partition_by=sql_partitions.partition_by(spec.by, spec.columns) if spec else None)]
     # LIKE copies every CHECK as validated; one the source has NOT VALID may be broken by rows that
-    # the backfill copies. It is added back NOT VALID at the swap (mover/cutover.py), as it was.
+    # the backfill copies. It is added back NOT VALID at the swap (mover/engines/cutover.py), as it was.
     stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_checks(cur, info.oid)]
     have = {c.name: c for c in info.columns}
     drop, add = _regenerated(cur, info, plan.columns, target)

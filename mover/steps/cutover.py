@@ -3,9 +3,10 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import carry, cutover, hooks, introspect, lockwatch
+from mover.catalog import introspect
 from mover.checks import foreign_keys
-from mover.context import Context
+from mover.engines import carry, cutover, hooks, lockwatch
+from mover.engines.context import Context
 from mover.steps.base import Step
 from mover.steps.create_target import target_ddl
 from mover.steps.reconcile import last_check

@@ -3,8 +3,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, lockwatch
-from mover.context import Context
+from mover.engines import capture, lockwatch
+from mover.engines.context import Context
+from mover.state import control
 from mover.steps.base import Step
 
 INSTALL_LOCK = "SHARE ROW EXCLUSIVE"  # what CREATE TRIGGER takes

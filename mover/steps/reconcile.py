@@ -3,10 +3,13 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import control, introspect, names, ranges, reconcile
-from mover.context import Context
+from mover import names
+from mover.catalog import introspect
+from mover.engines import reconcile
+from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.sql import compare
+from mover.state import control, ranges
 from mover.steps.base import Step
 
 
@@ -23,7 +26,7 @@ class Reconcile(Step):
                f" {s.settle_rounds} rounds)"]
         if introspect.exists(cur, m.target):
             spec = reconcile.spec_for(cur, ctx.mapping(cur))
-            out += ranges.bound_statements(spec.mapping)  # cut as the backfill's (mover/ranges.py)
+            out += ranges.bound_statements(spec.mapping)  # cut as the backfill's (mover/state/ranges.py)
             out.append(compare.compare_range(spec, names.change_log(m.id), names.applied_notes(m.id),
                                              None, ["<hi>"])[0])
         return out

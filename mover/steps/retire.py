@@ -3,8 +3,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import cutover, hooks, lockwatch
-from mover.context import Context
+from mover.engines import cutover, hooks, lockwatch
+from mover.engines.context import Context
 from mover.steps.base import Step
 
 

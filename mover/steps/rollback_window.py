@@ -3,11 +3,12 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover import capture, carry, control, cutover
-from mover.context import Context
 from mover.db import bind
+from mover.engines import capture, carry, cutover
+from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.plan import duration_text
+from mover.state import control
 from mover.steps.base import Step
 
 

@@ -268,7 +268,7 @@ def test_immediate_shutdown_of_postgres_mid_backfill(tmp_path):
     """The server dies (immediate shutdown, no checkpoint) while mover copies and the writer
     writes; mover reconnects and retries whole transactions, or a rerun resumes."""
     from mover import api
-    from mover.embedded import EmbeddedPostgres
+    from mover.demo.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(fast=False)
     dsn = server.start()

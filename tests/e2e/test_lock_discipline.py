@@ -1,4 +1,4 @@
-"""Lock discipline (mover/lockwatch.py) with real sessions: a blocking transaction is named in
+"""Lock discipline (mover/engines/lockwatch.py) with real sessions: a blocking transaction is named in
 the output and the status; with terminate_blockers it is ended and reported; autovacuum is paused
 for the locked transaction and its setting comes back, also after a kill -9."""
 

@@ -18,8 +18,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import api, control
+from mover import api
 from mover.errors import MoverError, Waiting
+from mover.state import control
 from tests.conftest import connect, dsn_with_dbname
 from tests.workload import write_plan
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from mover import errors
-from mover.embedded import EmbeddedPostgres
+from mover.demo.embedded import EmbeddedPostgres
 from tests.workload import ROOT, Spawned, create_orders, mover, write_plan
 
 PLAN = """

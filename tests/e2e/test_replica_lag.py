@@ -13,7 +13,7 @@ import time
 import psycopg
 
 from mover import api
-from mover.embedded import EmbeddedPostgres
+from mover.demo.embedded import EmbeddedPostgres
 from tests.workload import assert_oracle, create_orders, differences, finish, mover, spawn, write_plan
 
 PLAN = """

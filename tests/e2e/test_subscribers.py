@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mover.embedded import EmbeddedPostgres
+from mover.demo.embedded import EmbeddedPostgres
 from tests.workload import MIRROR, ORDERS_COLUMNS, ORDERS_DDL, Writer, assert_oracle, create_orders, mover, write_plan
 
 ROWS = 3000

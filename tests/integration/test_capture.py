@@ -52,7 +52,8 @@ def test_capture_path_check_refuses_rights_of_other_roles_on_the_log(db_dsn, tmp
     privileges, which plan check sees on its rehearsed log) is named with the REVOKE to run."""
     from psycopg import sql
 
-    from mover import names, privileges
+    from mover import names
+    from mover.catalog import privileges
 
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (k int PRIMARY KEY, v text)")
@@ -151,10 +152,12 @@ def test_replay_into_an_unanalyzed_partitioned_target_is_driven_by_the_keys(db_d
     to another month, a deleted row), and leaves the transaction's settings as they were."""
     from psycopg import sql
 
-    from mover import capture, control, names
-    from mover.context import Context
+    from mover import names
     from mover.db import Database
+    from mover.engines import capture
+    from mover.engines.context import Context
     from mover.sql import capture as q
+    from mover.state import control
 
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE ev (id bigint PRIMARY KEY, created_at timestamptz NOT NULL, v text)")
@@ -212,7 +215,8 @@ def test_a_value_moved_into_a_closure_after_it_was_computed_is_replayed_at_once(
     that replaces it, the application swaps a value from a row outside the set into it (committed,
     on its own connection). The replacement reads the source in one snapshot and pulls that row in:
     one attempt, no halving, and the target equals the source (EXCEPT ALL both ways)."""
-    from mover import capture, introspect
+    from mover.catalog import introspect
+    from mover.engines import capture
     from mover.names import QualifiedName
     from mover.sql.mapping import Mapping
 

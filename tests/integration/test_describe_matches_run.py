@@ -9,9 +9,11 @@ import re
 import psycopg
 from psycopg import sql
 
-from mover import api, control, cutover, runner, steps
+from mover import api, runner, steps
 from mover.db import Database
+from mover.engines import cutover
 from mover.plan import load_plan
+from mover.state import control
 from mover.steps import rollback_window
 from tests.workload import create_orders, write_plan
 
@@ -41,7 +43,7 @@ class Recording(psycopg.Cursor):
         return super().execute(query, params, **kwargs)
 
 
-# The lock discipline's autovacuum pause and its restore (mover/lockwatch.py) wrap each locked
+# The lock discipline's autovacuum pause and its restore (mover/engines/lockwatch.py) wrap each locked
 # step rather than belong to it: plan check says so in a comment, not statement by statement.
 AUTOVACUUM_PAUSE = re.compile(r"ALTER TABLE \S+ (SET|RESET) \(autovacuum_enabled")
 
@@ -113,7 +115,8 @@ def test_abort_runs_what_it_lists(db_dsn, tmp_path):
                                                                        for s in cutover.abort_sql(cur, ctx)]))
             Recording.sent = []
             runner.abort(ctx)
-            # Its LOCK TABLE statements first, one per relation (mover/lockwatch.py lock_all), as the rollback's.
+            # Its LOCK TABLE statements first, one per relation (mover/engines/lockwatch.py lock_all),
+            # as the rollback's.
             ran = [s for s in ddl_only(Recording.sent) if not s.startswith("LOCK")]
             assert ran == want and any(s.startswith("DROP TABLE") for s in want)
             assert ctx.refresh().state == "aborted"
@@ -137,7 +140,7 @@ CREATE MATERIALIZED VIEW orders_mv AS SELECT count(*) AS n FROM "Orders";
 
 
 def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp_path):
-    """The statements that move the dependents (mover/carry.py) are the ones plan check lists."""
+    """The statements that move the dependents (mover/engines/carry.py) are the ones plan check lists."""
     db, m = _setup(db_dsn, tmp_path, "orders_dependents", DEPENDENTS)
     try:
         with runner.leased(db, m, control.new_owner_id()) as ctx:

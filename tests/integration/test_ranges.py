@@ -8,10 +8,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mover import control, introspect, ranges
+from mover.catalog import introspect
 from mover.names import QualifiedName
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
+from mover.state import control, ranges
 from tests.conftest import require_icu
 from tests.workload import mover, write_plan
 

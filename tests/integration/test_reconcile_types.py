@@ -12,7 +12,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from mover import introspect, reconcile
+from mover.catalog import introspect
+from mover.engines import reconcile
 from mover.names import QualifiedName
 from mover.sql import compare
 from mover.sql.mapping import Mapping

@@ -1,4 +1,4 @@
-"""Progress samples (mover/samples.py): what one records, that a run leaves some, and that a sample
+"""Progress samples (mover/state/samples.py): what one records, that a run leaves some, and that a sample
 that fails inside the heartbeat's transaction leaves that transaction usable (a savepoint), so the
 lease is still extended. And the lock waits `mover watch` names, either way round."""
 
@@ -10,8 +10,10 @@ import time
 
 import psycopg
 
-from mover import api, control, report, samples, status, watch
+from mover import api
 from mover.db import Database, bind
+from mover.state import control, samples
+from mover.views import report, status, watch
 from tests.workload import create_orders, write_plan
 
 PLAN = """

@@ -1,4 +1,4 @@
-"""mover/shape.py against the real catalog, read by a role that is no superuser (the table's
+"""mover/catalog/shape.py against the real catalog, read by a role that is no superuser (the table's
 owner): what the description holds, and the diff each kind of DDL produces."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from mover import shape
+from mover.catalog import shape
 from mover.names import QualifiedName
 
 

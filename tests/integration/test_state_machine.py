@@ -1,4 +1,4 @@
-"""The state machine (mover/control.py): the Alembic CHECKs agree with the step list, operator
+"""The state machine (mover/state/control.py): the Alembic CHECKs agree with the step list, operator
 commands are refused at steps the transition table does not allow (changing nothing), and a
 transition by a process that no longer holds the lease, or that works from a stale step, hits
 zero rows and raises LeaseLost (writing nothing, events included)."""
@@ -10,9 +10,11 @@ import re
 import psycopg
 import pytest
 
-from mover import api, capture, control, steps
+from mover import api, steps
 from mover.db import Database
+from mover.engines import capture
 from mover.errors import BadInput, LeaseLost, Waiting
+from mover.state import control
 from tests.workload import create_orders, write_plan
 
 PLAN = """

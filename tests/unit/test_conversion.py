@@ -1,11 +1,11 @@
-"""Which type changes plan check names as lossy (mover/conversion.py), by catalog oid and typmod."""
+"""Which type changes plan check names as lossy (mover/catalog/conversion.py), by catalog oid and typmod."""
 
 from __future__ import annotations
 
 import pytest
 
-from mover import conversion as cv
-from mover.introspect import Column
+from mover.catalog import conversion as cv
+from mover.catalog.introspect import Column
 
 
 def col(oid: int, typmod: int = -1) -> Column:

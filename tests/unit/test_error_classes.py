@@ -6,8 +6,9 @@ import psycopg
 import pytest
 from psycopg import errors as e
 
-from mover import backfill, ranges
+from mover.engines import backfill
 from mover.errors import Failed
+from mover.state import ranges
 
 
 @pytest.mark.parametrize("exc", [

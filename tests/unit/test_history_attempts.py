@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from mover.history import attempts
+from mover.views.history import attempts
 
 T0 = datetime(2026, 12, 1, 21, 0, tzinfo=UTC)
 

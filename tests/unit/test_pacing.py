@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mover import throttle
-from mover.backfill import limits, next_range_rows
+from mover.engines import throttle
+from mover.engines.backfill import limits, next_range_rows
 from mover.plan import BackfillSettings
 
 

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from mover.progress import ProgressReporter
+from mover.views.progress import ProgressReporter
 
 
 def said(*reports: tuple[str, dict]) -> str:

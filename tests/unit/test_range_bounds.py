@@ -1,12 +1,12 @@
-"""The arithmetic that cuts a one-column integer key's range bounds (mover/ranges.py)."""
+"""The arithmetic that cuts a one-column integer key's range bounds (mover/state/ranges.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mover import ranges
 from mover.names import QualifiedName
 from mover.sql.mapping import Mapping
+from mover.state import ranges
 
 
 @pytest.mark.parametrize(("last", "want"), [

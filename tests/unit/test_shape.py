@@ -1,10 +1,10 @@
-"""mover/shape.py's pure part: the diff of two catalog descriptions, the fingerprint, the hint."""
+"""mover/catalog/shape.py's pure part: the diff of two catalog descriptions, the fingerprint, the hint."""
 
 from __future__ import annotations
 
 import copy
 
-from mover import shape
+from mover.catalog import shape
 
 
 def col(name, position, type_="integer", not_null=False, default=None, collation=None, identity="", generated=""):

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from mover import control
 from mover.errors import BadInput
 from mover.names import QualifiedName
+from mover.state import control
 
 
 def migration(step: str, state: str = "running") -> control.Migration:

@@ -7,7 +7,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 
-from mover import report, samples, watch
+from mover.state import samples
+from mover.views import report, watch
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -14,12 +14,12 @@ import subprocess
 
 import psycopg
 
-from mover import control
-from mover.context import Context
 from mover.db import mask
+from mover.engines.context import Context
 from mover.errors import Failed
 from mover.plan import Hook
 from mover.sql import trusted
+from mover.state import control
 
 log = logging.getLogger("mover.hooks")
 

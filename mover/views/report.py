@@ -1,7 +1,7 @@
 """`mover report`: one self-contained HTML page a team attaches to the change ticket.
 
 The plan, the step timeline, rows/s and capture backlog over time (from the progress samples,
-mover/samples.py), divergences and how each was resolved, lock waits and hold times, and who
+mover/state/samples.py), divergences and how each was resolved, lock waits and hold times, and who
 ran what when. Inline CSS and SVG drawn here: no script, no font or image fetched, so the page
 reads the same offline and years later. Every value is HTML-escaped (names, messages and keys
 come from the database).
@@ -16,7 +16,8 @@ from typing import Any
 
 import psycopg
 
-from mover import control, history, samples, status
+from mover.state import control, samples
+from mover.views import history, status
 
 # ---------------------------------------------------------------------------------------------
 # The model (also what `mover report --json` prints)

@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from mover import control
 from mover.db import one
 from mover.errors import LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
+from mover.state import control
 
 if TYPE_CHECKING:  # both import this module's neighbours; only the annotations need them
-    from mover.context import Reporter
     from mover.db import Database
+    from mover.engines.context import Reporter
 
 
 def worker_id(n: int = 0) -> str:
@@ -321,8 +321,8 @@ class RangeWorker:
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
                  lost: threading.Event, registry: set[str], report: Reporter) -> None:
-        from mover.context import Context
         from mover.db import Database
+        from mover.engines.context import Context
         self.db = Database(dsn, role=self.role)
         self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
         self.wid, self.registry, self.report = wid, registry, report

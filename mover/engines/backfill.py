@@ -5,7 +5,7 @@ Invariants:
   range with one INSERT ... SELECT (no conflict clause: see sql/copy.py), mark it done. A crash
   loses both or neither, which is why these transactions may commit with
   synchronous_commit = off (a later synchronous commit flushes the WAL before it anyway).
-- Ranges are claimed from mover/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling).
+- Ranges are claimed from mover/state/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling).
 - Range sizes adapt so that one range takes about [backfill] target_range_ms, within
   min_rows / max_rows; the process never holds more than one range's bounds per worker.
 - The change log is applied while the copy runs, so that it stays short: by an applier session
@@ -35,15 +35,18 @@ from functools import partial
 import psycopg
 from psycopg import sql
 
-from mover import capture, control, faults, introspect, names, partitions, ranges, throttle
-from mover.context import Context, Reporter
+from mover import faults, names
+from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
+from mover.engines import capture, partitions, throttle
+from mover.engines.context import Context, Reporter
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
 from mover.sql import partitions as sql_partitions
 from mover.sql.mapping import Mapping
+from mover.state import control, ranges
 
 log = logging.getLogger("mover.backfill")
 

@@ -1,7 +1,7 @@
 """Drives a migration through its steps under the orchestrator's lease.
 
 The lease is a row in mover.migrations (owner, expiry, heartbeat), kept alive by a heartbeat
-thread on its own connection (mover/heartbeat.py); every step transaction re-checks it (control.guard), so a
+thread on its own connection (mover/state/heartbeat.py); every step transaction re-checks it (control.guard), so a
 process that lost it cannot commit anything. Failures are recorded on the migration row and
 re-raised; the next `mover run NAME` resumes from the recorded step.
 """
@@ -16,12 +16,15 @@ from typing import Any
 
 import psycopg
 
-from mover import capture, control, faults, hooks, lockwatch, ranges, samples, shape, steps
-from mover import cutover as cutover_engine
-from mover.context import Context, Reporter, log_reporter
+from mover import faults, steps
+from mover.catalog import shape
 from mover.db import Database, bind, is_connection_lost, mask
+from mover.engines import capture, hooks, lockwatch
+from mover.engines import cutover as cutover_engine
+from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, ServerGone, ShapeChanged, Waiting
-from mover.heartbeat import Heartbeat
+from mover.state import control, ranges, samples
+from mover.state.heartbeat import Heartbeat
 from mover.steps import rollback_window
 
 log = logging.getLogger("mover.runner")

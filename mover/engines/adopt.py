@@ -12,7 +12,7 @@ every row already there the column's default as evaluated now, which may differ 
 row's value: the application may have updated it, the default may be volatile or changed
 since. So every row of the other table gets the column's value from the live row with the same
 key, range by range, each range in one transaction that holds the replay lock of that
-direction (mover/capture.py). Why this is correct: no replay runs while a range is re-synced; a
+direction (mover/engines/capture.py). Why this is correct: no replay runs while a range is re-synced; a
 write to the live table that committed before the range's statement is seen by it, and one
 that commits after it is in the change log, which the applier replays by state afterwards with
 a mapping that includes the column. Rows not in the other table yet are copied later by the
@@ -33,12 +33,15 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import backfill, capture, control, faults, introspect, names, ranges, shape
-from mover.context import Context
+from mover import faults, names
+from mover.catalog import introspect, shape
 from mover.db import bind
+from mover.engines import backfill, capture
+from mover.engines.context import Context
 from mover.errors import Failed, ShapeChanged
 from mover.names import QualifiedName
 from mover.sql import ddl, trusted
+from mover.state import control, ranges
 
 log = logging.getLogger("mover.adopt")
 

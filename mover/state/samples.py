@@ -3,7 +3,7 @@ rows copied and compared, capture backlog and lag in both directions, workers, a
 wait for (pause, rows/s cap, replica lag).
 
 A sample is a `sample` row in mover.events (its numbers in detail), written by the orchestrator's
-heartbeat (mover/runner.py) on the heartbeat's own connection, in a savepoint: a sample that
+heartbeat (mover/runner/__init__.py) on the heartbeat's own connection, in a savepoint: a sample that
 fails costs a warning, never the lease. Cheap and bounded: one sample per beat at most (every
 5 s), and the interval grows with the run (a thousandth of its age), so that a week-long run
 keeps some thousands of samples rather than a hundred thousand. Lock waits and hold times need
@@ -19,7 +19,8 @@ from typing import Any
 
 import psycopg
 
-from mover import control, status
+from mover.state import control
+from mover.views import status
 
 log = logging.getLogger("mover.samples")
 

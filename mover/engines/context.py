@@ -11,12 +11,14 @@ from typing import Any, Protocol
 
 import psycopg
 
-from mover import control, introspect, partitions, shape
+from mover.catalog import introspect, shape
 from mover.db import Database
+from mover.engines import partitions
 from mover.errors import Interrupted, LeaseLost
 from mover.names import QualifiedName
 from mover.plan import Plan, plan_from_canonical
 from mover.sql.mapping import Mapping
+from mover.state import control
 
 log = logging.getLogger("mover")
 

@@ -1,6 +1,6 @@
 """Metadata parity: does the live table look to the application after the swap as it did before?
 
-The shape (mover/shape.py) is what mover's copy depends on; parity is everything else the
+The shape (mover/catalog/shape.py) is what mover's copy depends on; parity is everything else the
 application, replication and the planner see: owner, grants, comments, replica identity,
 publications, statistics, storage and compression, security labels, triggers, policies, rules,
 dependent views, referencing foreign keys. Two descriptions are compared by a pure function;
@@ -9,8 +9,8 @@ when mover makes it on purpose (the names the new table's indexes take), "accept
 operator listed it in `[cutover] accept_parity`, and otherwise unplanned.
 
 Where it runs:
-- the swap (mover/cutover.py): the live table described before the lock, with the swap's
-  statements (under the lock only a digest of what that read is checked, mover/carry.py), and
+- the swap (mover/engines/cutover.py): the live table described before the lock, with the swap's
+  statements (under the lock only a digest of what that read is checked, mover/engines/carry.py), and
   the table that carries its name after the DDL, inside the locked transaction; an unplanned difference rolls the swap
   back (exit 3) - nothing is swapped across a lost grant or publication;
 - `mover parity NAME`: before the swap, the two tables modulo the planned changes and what the
@@ -25,10 +25,12 @@ from typing import Any
 
 import psycopg
 
-from mover import control, introspect, names, shape
-from mover.backfill import deferred_index_name
+from mover import names
+from mover.catalog import introspect, shape
+from mover.engines.backfill import deferred_index_name
 from mover.errors import BadInput, Waiting
 from mover.plan import Plan
+from mover.state import control
 
 BASELINE_EVENT = "parity_baseline"
 
@@ -40,7 +42,7 @@ SELECT jsonb_build_object(
     'owner', pg_get_userbyid(c.relowner),
     'comment', obj_description(c.oid, 'pg_class'),
     -- autovacuum_enabled is left out: mover turns it off around each lock attempt and restores
-    -- it after (mover/lockwatch.py), so a description taken under the lock reads mover's own value.
+    -- it after (mover/engines/lockwatch.py), so a description taken under the lock reads mover's own value.
     'reloptions', to_jsonb(coalesce(ARRAY(SELECT o FROM unnest(c.reloptions) o
                                           WHERE split_part(o, '=', 1) <> 'autovacuum_enabled'), '{}')),
     'row_security', c.relrowsecurity,
@@ -187,8 +189,8 @@ class Planned:
         return bool(self.partition_columns)
 
 
-# Aspects the swap transaction makes or moves (mover/cutover.py, mover/carry.py, mover/metadata.py): before the swap
-# the new table lacks them on purpose.
+# Aspects the swap transaction makes or moves (mover/engines/cutover.py, mover/engines/carry.py,
+# mover/catalog/metadata.py): before the swap the new table lacks them on purpose.
 SWAP_MADE = frozenset({"publication", "constraint", "trigger", "rule", "policy", "view", "referenced_by"})
 # ... and what it sets, whatever the new table has before.
 SWAP_SET = frozenset({"replica_identity", "replica_identity_index", "statistics_name", "row_security"})
@@ -274,7 +276,7 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
     b_con, a_con = before["constraints"], {rn.get(k, k): v for k, v in after["constraints"].items()}
     for name in sorted(b_con.keys() | a_con.keys()):
         # Validation is compared on its own: the swap adds foreign keys NOT VALID and validates
-        # them after the lock is released (mover/carry.py).
+        # them after the lock is released (mover/engines/carry.py).
         bd, ad = (_valid_text((b_con.get(name) or {}).get("definition")),
                   _valid_text((a_con.get(name) or {}).get("definition")))
         same("constraint", name, bd, ad)
@@ -356,7 +358,7 @@ def _compare_statistics(before: dict[str, Any], after: dict[str, Any]) -> list[D
 
 def renames(mid: int, source_desc: dict[str, Any], target_name: str, key_index: str) -> dict[str, str]:
     """The names the new table's indexes and key take (mover/steps/create_target.py,
-    mover/backfill.py), mapped to the source's names they stand for."""
+    mover/engines/backfill.py), mapped to the source's names they stand for."""
     out: dict[str, str] = {}
     for ix_name, ix in source_desc["indexes"].items():
         if ix_name == key_index:

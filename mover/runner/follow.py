@@ -4,7 +4,7 @@ the cutover gate and in the rollback window, so the drain under the swap's lock 
 It holds no lease while it follows: the operator's `cutover`, `rollback`, `retire` or `abort`
 from another terminal takes the lease as usual. The two appliers cannot conflict:
 - each follower batch first takes ROW EXCLUSIVE on both tables with NOWAIT, then the applier
-  lock (mover/capture.py) without waiting. A swap, rollback or retire that holds or waits for its
+  lock (mover/engines/capture.py) without waiting. A swap, rollback or retire that holds or waits for its
   ACCESS EXCLUSIVE lock makes the batch give up at once (the operator's drain goes first), and a
   batch that got its table locks never waits for anything the operator's transaction holds, so
   the swap's own drain at most waits for one short batch to commit (no deadlock).
@@ -21,10 +21,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import capture, control
-from mover.context import Context
 from mover.db import bind
+from mover.engines import capture
+from mover.engines.context import Context
 from mover.errors import Interrupted
+from mover.state import control
 
 log = logging.getLogger("mover.follow")
 

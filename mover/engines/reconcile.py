@@ -7,7 +7,7 @@ Invariants:
 - A key that differs while a change to it is still pending in the log is re-checked, alone,
   after the applier has caught up, a bounded number of rounds; only a difference that
   persists is recorded as a divergence, in the transaction that marks the range done.
-- Ranges are claimed from mover/ranges.py (kind 'reconcile': SKIP LOCKED, leases, attempt
+- Ranges are claimed from mover/state/ranges.py (kind 'reconcile': SKIP LOCKED, leases, attempt
   ceiling), by [reconcile] workers threads; a crashed reconcile resumes with the ranges it
   had not finished, and a range's result commits with its done mark (race 6 included).
 - Each verified range keeps its row counts and fingerprints. A later pass re-verifies only
@@ -35,15 +35,18 @@ from typing import Any
 
 import psycopg
 
-from mover import capture, control, faults, introspect, names, ranges, throttle
-from mover.context import Context, Reporter
+from mover import faults, names
+from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
+from mover.engines import capture, throttle
+from mover.engines.context import Context, Reporter
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
 from mover.sql import trusted
 from mover.sql.capture import replay_keys as replay_keys_sql
 from mover.sql.mapping import Mapping
+from mover.state import control, ranges
 
 log = logging.getLogger("mover.reconcile")
 

@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from mover import samples
+from mover.state import samples
 
 SPARK = "▁▂▃▄▅▆▇█"
 

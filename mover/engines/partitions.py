@@ -23,7 +23,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import introspect, names
+from mover import names
+from mover.catalog import introspect
 from mover.db import one
 from mover.errors import PlanError
 from mover.plan import PartitionSpec

@@ -41,7 +41,7 @@ from rich.table import Table
 from mover import api
 from mover.db import one
 from mover.errors import Failed, Interrupted, Waiting
-from mover.progress import ProgressReporter
+from mover.views.progress import ProgressReporter
 
 SCHEMA = "public"
 TABLE = "Orders"
@@ -372,7 +372,7 @@ def _status_table(st: dict[str, Any]) -> Table:
 
 
 def main(rows: int = 300_000, keep: bool = False, console: Console | None = None) -> None:
-    from mover.embedded import EmbeddedPostgres
+    from mover.demo.embedded import EmbeddedPostgres
 
     console = console or Console(stderr=True)
     if rows < 1:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import psycopg
 
-from mover import control
 from mover.db import connect
+from mover.state import control
 
 log = logging.getLogger("mover.heartbeat")
 

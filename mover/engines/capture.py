@@ -22,14 +22,16 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import control, introspect, names, privileges, ranges
-from mover.context import Context
+from mover import names
+from mover.catalog import introspect, privileges
 from mover.db import one
+from mover.engines.context import Context
 from mover.errors import PlanError
 from mover.sql import capture as q
 from mover.sql import trusted
 from mover.sql.copy import covered_by
 from mover.sql.mapping import Mapping, named_bound
+from mover.state import control, ranges
 
 log = logging.getLogger("mover.capture")
 
@@ -141,7 +143,7 @@ def remove_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None,
         stmts += [q.drop_trigger(trigger, table), q.drop_trigger(q.truncate_trigger(trigger), table)]
     stmts += [q.drop_function(names.capture_function(mid, reverse)), q.drop_table(names.change_log(mid, reverse))]
     if not reverse:
-        # Reconcile's notes of applied keys (mover/reconcile.py) live and die with the forward log;
+        # Reconcile's notes of applied keys (mover/engines/reconcile.py) live and die with the forward log;
         # the log's drop took their trigger with it.
         stmts += [q.drop_table(names.applied_notes(mid)), q.drop_function(names.notes_function(mid))]
     return stmts

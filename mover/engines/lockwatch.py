@@ -30,11 +30,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from mover import control, faults, introspect, names
-from mover.context import Context
+from mover import faults, names
+from mover.catalog import introspect
 from mover.db import bind
+from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.names import QualifiedName
+from mover.state import control
 
 log = logging.getLogger("mover.lockwatch")
 

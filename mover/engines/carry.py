@@ -26,13 +26,15 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from mover import control, faults, introspect, names, shape
+from mover import faults, names
+from mover.catalog import introspect, shape
 from mover.db import one
 from mover.names import QualifiedName
 from mover.sql import ddl, trusted
+from mover.state import control
 
 if TYPE_CHECKING:
-    from mover.context import Context
+    from mover.engines.context import Context
 
 # A statement of the swap: its SQL, or its SQL and the parameters it runs with.
 Statement = sql.SQL | sql.Composed | tuple[sql.SQL | sql.Composed, tuple[Any, ...]]
@@ -451,7 +453,7 @@ def validate(ctx: Context) -> list[tuple[str, str, str]]:
 
 
 # What the swap's statements, its parity description of the live table and the two tables' shapes
-# (mover/shape.py, which the swap's drain maps columns by) are built from (cutover.swap_plan with
+# (mover/catalog/shape.py, which the swap's drain maps columns by) are built from (cutover.swap_plan with
 # carry_sql and metadata.swap_sql, parity.live_description, shape.DESCRIBE: all read before the
 # lock, read nothing else): the two tables and, recursively, the views that read them; their
 # indexes, sequences, column defaults, publications, extended statistics, security labels and the

@@ -9,7 +9,7 @@ original table and "target" the new one, whatever names the swap gives them, sin
 found by oid. Checking is one catalog query (readable by any role: no superuser, no event
 trigger), run at every step start, in every range's transaction, in every replay transaction
 (through Context.mapping) and inside the cutover's lock (there through the digest of the
-catalog rows DESCRIBE reads, mover/carry.py, and in full only when that digest changed since the
+catalog rows DESCRIBE reads, mover/engines/carry.py, and in full only when that digest changed since the
 check before the lock).
 
 describe() and diff() are the pure part; verify() and record() go through control.shapes / store_shape.
@@ -24,10 +24,11 @@ from typing import Any
 
 import psycopg
 
-from mover import control, names
+from mover import names
 from mover.db import one
 from mover.errors import BadInput, ShapeChanged
 from mover.names import QualifiedName, display_ident
+from mover.state import control
 
 SIDES = ("source", "target")
 

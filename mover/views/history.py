@@ -7,8 +7,8 @@ from typing import Any
 
 import psycopg
 
-from mover import control
-from mover.status import iso
+from mover.state import control
+from mover.views.status import iso
 
 
 def outcome(m: control.Migration) -> str:

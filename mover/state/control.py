@@ -9,8 +9,8 @@ guarded by the lease, and by the step it leaves where that matters, that must hi
 (else LeaseLost), with an events row in the same transaction. A process that lost its lease, or
 that works from a stale idea of the step, changes nothing.
 
-The work tables belong to their engines: mover.ranges and mover.workers to mover/ranges.py and
-mover/backfill.py, the change logs and mover.capture_stats to mover/capture.py.
+The work tables belong to their engines: mover.ranges and mover.workers to mover/state/ranges.py and
+mover/engines/backfill.py, the change logs and mover.capture_stats to mover/engines/capture.py.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def alembic_dir() -> Path:
     packaged = resources.files("mover") / "_alembic"
     if packaged.is_dir():
         return Path(str(packaged))
-    here = Path(__file__).resolve().parent.parent / "alembic"
+    here = Path(__file__).resolve().parents[2] / "alembic"  # mover/state/control.py
     if here.is_dir():
         return here
     raise Failed("mover's control-schema revisions are missing from this installation",
@@ -249,7 +249,7 @@ def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str,
 
 
 def shapes(cur: psycopg.Cursor, mid: int) -> dict[str, dict[str, Any] | None]:
-    """The recorded descriptions of the original ("source") and new ("target") table (mover/shape.py)."""
+    """The recorded descriptions of the original ("source") and new ("target") table (mover/catalog/shape.py)."""
     cur.execute("SELECT source_shape, target_shape FROM mover.migrations WHERE id = %s", (mid,))
     row = cur.fetchone()
     return {"source": row[0], "target": row[1]} if row else {"source": None, "target": None}
@@ -275,7 +275,7 @@ def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str
 
 def events(cur: psycopg.Cursor, mid: int, limit: int = 50) -> list[dict[str, Any]]:
     with cur.connection.cursor(row_factory=dict_row) as dcur:
-        # Progress samples (mover/samples.py) are for charts; they would drown the story here.
+        # Progress samples (mover/state/samples.py) are for charts; they would drown the story here.
         dcur.execute("SELECT * FROM (SELECT at, actor, step, kind, message, duration_ms, id FROM mover.events"
                      " WHERE migration_id = %s AND kind <> 'sample' ORDER BY id DESC LIMIT %s) e ORDER BY id",
                      (mid, limit))
@@ -707,7 +707,7 @@ def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reconcile ranges (mover/reconcile.py): what each verified range held on both sides
+# Reconcile ranges (mover/engines/reconcile.py): what each verified range held on both sides
 
 
 def store_range_fingerprint(cur: psycopg.Cursor, mid: int, range_no: int, src_rows: int, src_fingerprint: int,

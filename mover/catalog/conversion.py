@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mover.introspect import Column
+from mover.catalog.introspect import Column
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
 TEXT, VARCHAR, BPCHAR, NAME, CHAR = 25, 1043, 1042, 19, 18

@@ -22,27 +22,16 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from mover import (
-    capture,
-    carry,
-    control,
-    faults,
-    introspect,
-    lockwatch,
-    metadata,
-    names,
-    parity,
-    privileges,
-    ranges,
-    shape,
-    subscribers,
-)
-from mover.context import Context
+from mover import faults, names
+from mover.catalog import introspect, metadata, privileges, shape, subscribers
 from mover.db import one
+from mover.engines import capture, carry, lockwatch, parity
+from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
 from mover.sql import ddl
 from mover.sql.mapping import Mapping
+from mover.state import control, ranges
 
 log = logging.getLogger("mover.cutover")
 
@@ -71,7 +60,7 @@ def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
         if problems:
             raise Failed("; ".join(problems), hint=f"run `mover run {ctx.migration.name}` to rebuild it")
         # A publication made since registration (plan check refused those before it) whose
-        # subscribers the swap would break (mover/subscribers.py).
+        # subscribers the swap would break (mover/catalog/subscribers.py).
         source = ctx.migration.source
         assert source.schema is not None
         cur.execute("SELECT to_regclass(%s)::oid", (str(source),))
@@ -83,7 +72,7 @@ def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
     capture.drain(ctx, reverse=False, backfill_done=True)
     if ctx.plan.reconcile.before_cutover and last_check is not None:
         # The last check, outside the lock: re-verify every range that received an applied change
-        # since reconcile verified it (mover/reconcile.py). What the lock's own drain applies after
+        # since reconcile verified it (mover/engines/reconcile.py). What the lock's own drain applies after
         # this is the same state replay whose results this pass has just checked.
         still_open = last_check(ctx)
         if still_open:
@@ -289,7 +278,7 @@ def _carry_unvalidated_checks(cur: psycopg.Cursor, from_table: names.QualifiedNa
 def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list[Statement], carry.Carried]:
     """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
     of it runs: what `plan check` prints is what the swap executes. The live table gives up the
-    name, its capture and the application's objects (mover/carry.py); the other takes the name,
+    name, its capture and the application's objects (mover/engines/carry.py); the other takes the name,
     the sequences, those objects and the capture the other way."""
     m = ctx.migration
     if forward:
@@ -356,7 +345,7 @@ def swap_locks(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qu
 
 def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
                  extra_tables: Sequence[QualifiedName] = ()) -> float:
-    """The swap (or swap back) under the lock discipline (mover/lockwatch.py): returns how long
+    """The swap (or swap back) under the lock discipline (mover/engines/lockwatch.py): returns how long
     the lock was held, in ms. `extra_tables` (tables whose foreign keys the swap re-points) are
     watched for blocking sessions too."""
     m = ctx.migration
@@ -397,7 +386,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             mapping = prepared.mapping
         # Everything logged so far committed before our lock: drain it all.
         failures: dict[str, Any] = {}
-        drained = 0  # changes applied under the lock: what a follower (mover/follow.py) keeps small
+        drained = 0  # changes applied under the lock: what a follower (mover/runner/follow.py) keeps small
         while True:
             got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
                                       wait_for_lock=True, limit=DRAIN_BATCH)

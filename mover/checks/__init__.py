@@ -91,6 +91,7 @@ def _registry() -> list[Check]:
         search_path,
         source,
         types,
+        versions,
     )
     return [
         Check("source exists", source.exists, fatal=True),
@@ -107,6 +108,8 @@ def _registry() -> list[Check]:
         Check("key collations", key.deterministic_collations),
         Check("key is not deferrable", key.immediate),
         Check("exclusion constraints", refused_objects.exclusion_constraints),
+        Check("temporal keys (PostgreSQL 18)", versions.temporal_keys),
+        Check("NOT NULL NO INHERIT to a partitioned table (PostgreSQL 18)", versions.no_inherit_not_null),
         Check("partitioning", partitioning.plan),
         Check("outbound foreign keys", foreign_keys.outbound),
         Check("NOT VALID foreign keys to a partitioned table", foreign_keys.not_valid_to_partitioned),

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from mover import names
 from mover.catalog import introspect
-from mover.checks import Subject
+from mover.checks import Subject, versions
 from mover.errors import PlanError
 
 
 def exclusion_constraints(s: Subject) -> None:
+    temporal = versions.temporal_key_indexes(s)  # refused as such (checks/versions.py)
     for ix in s.table.indexes:
-        if ix.is_exclusion:
+        if ix.is_exclusion and ix.oid not in temporal:
             s.report(PlanError(f"{s.src} has the exclusion constraint index {names.display_ident(ix.name)}, which "
                                f"mover cannot recreate yet",
                                hint="drop the exclusion constraint for the migration, or move the table by other "

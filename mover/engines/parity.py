@@ -203,15 +203,15 @@ def compare(before: dict[str, Any], after: dict[str, Any], planned: Planned) -> 
     """Every difference between two parity descriptions (describe()), each marked planned,
     accepted or unplanned."""
     found = _raw(before, after, planned)
-    return [_classify(d, planned, before) for d in found]
+    return [_classify(d, planned, before, after) for d in found]
 
 
 def unplanned(diffs: list[Difference]) -> list[Difference]:
     return [d for d in diffs if d.status == "unplanned"]
 
 
-def _classify(d: Difference, p: Planned, before: dict[str, Any]) -> Difference:
-    reason = _planned_reason(d, p, before)
+def _classify(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> Difference:
+    reason = _planned_reason(d, p, before, after)
     if reason:
         return Difference(d.kind, d.item, d.before, d.after, "planned", reason)
     if d.key in p.accepted or d.kind in p.accepted:
@@ -219,7 +219,7 @@ def _classify(d: Difference, p: Planned, before: dict[str, Any]) -> Difference:
     return d
 
 
-def _planned_reason(d: Difference, p: Planned, before: dict[str, Any]) -> str:
+def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> str:
     column = d.item.split(".", 1)[0] if d.kind.startswith("column_") else None
     if column is not None and column in p.columns and d.kind in ("column_type", "column_storage",
                                                                   "column_compression", "column_default"):
@@ -242,6 +242,9 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any]) -> str:
     if (p.at_swap and d.kind == "column_not_null" and d.before and not d.after
             and before.get("metadata", {}).get("columns", {}).get(column, {}).get("not_null_valid") is False):
         return "NOT NULL ... NOT VALID (PostgreSQL 18): old rows may hold NULL; added as it was at the swap"
+    if (p.at_swap and d.kind == "constraint_comment" and d.after is None and d.item in before["constraints"]
+            and d.item not in after["constraints"]):
+        return "made at the swap, with its constraint"
     if p.at_swap and d.kind == "index" and d.after is None:
         return "built after the backfill"
     if p.at_swap and (d.kind in SWAP_SET or d.kind in SWAP_MADE and d.after is None):

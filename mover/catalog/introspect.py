@@ -172,8 +172,17 @@ def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Server)
     )
     row = cur.fetchone()
     if row is None:
+        temporal = ""
+        if srv.temporal_constraints:
+            cur.execute(sql.SQL("SELECT string_agg(pg_get_constraintdef(k.oid), ', ') FROM pg_constraint k"
+                                " WHERE k.conrelid = %s AND k.contype IN ('p', 'u') AND {}").format(
+                srv.conperiod("k")), (oid,))
+            keys = one(cur)[0]
+            # A temporal key is an exclusion constraint underneath: rows differ by their periods.
+            temporal = (f" ({keys} is a temporal key: rows may share its values in different periods, so it"
+                        f" does not identify a row)") if keys else ""
         raise PlanError(
-            f"table {name} has no primary key or unique index on NOT NULL columns",
+            f"table {name} has no primary key or unique index on NOT NULL columns{temporal}",
             hint="add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again",
         )
     return tuple(row[1]), row[0]

@@ -98,6 +98,7 @@ def _registry() -> list[Check]:
         Check("source is a user table", source.is_user_table, fatal=True),
         Check("source is an ordinary table", source.is_ordinary, fatal=True),
         Check("source has a key", source.describe, fatal=True),
+        Check("source's table access method", source.heap),
         Check("names", names.resolve, fatal=True),
         Check("row-level security", row_security.policies),
         Check("writable schemas on the search path", search_path.writable_by_others),

@@ -237,8 +237,11 @@ def _diff_constraints(side: str, t: QualifiedName, old: dict[str, Any], new: dic
         if name in old:
             continue
         what = kinds.get(n["type"], n["type"])
+        # A NOT NULL constraint (PostgreSQL 18) comes with a new column (adoptable with it) or makes
+        # an existing column NOT NULL (a change of that column, which is not).
         out.append(Change(side, "constraint_added", f"{what} constraint {display_ident(name)} was added to {t}:"
-                                                    f" {n['definition']}", n["type"] == "c", name, {"constraint": n}))
+                                                    f" {n['definition']}", n["type"] in ("c", "n"), name,
+                          {"constraint": n}))
     return out
 
 

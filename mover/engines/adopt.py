@@ -187,11 +187,6 @@ def _finish_columns_and_checks(ctx: Context, live: QualifiedName, other: Qualifi
 
     def finish(cur: psycopg.Cursor) -> None:
         info = introspect.describe(cur, other)
-        have = {c.name: c for c in info.columns}
-        for c in columns:
-            if c.get("not_null") and not have[c["name"]].not_null:
-                cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
-                    t=other.ident, c=sql.Identifier(c["name"])))
         cur.execute("SELECT conname, convalidated FROM pg_constraint WHERE conrelid = %s", (info.oid,))
         existing: dict[str, bool] = dict(cur.fetchall())
         for name in validations:
@@ -216,6 +211,14 @@ def _finish_columns_and_checks(ctx: Context, live: QualifiedName, other: Qualifi
             # included when it is not validated there: the same validation state on both tables.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} {d}").format(
                 t=other.ident, c=sql.Identifier(name), d=trusted(con["definition"], "pg_get_constraintdef")))
+        # After the constraints: on 18 a new NOT NULL column brings its NOT NULL constraint, added
+        # above under the live table's name (SET NOT NULL first would have made one of another
+        # name, and a column takes one only).
+        have = {c.name: c for c in introspect.describe(cur, other).columns}
+        for c in columns:
+            if c.get("not_null") and not have[c["name"]].not_null:
+                cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
+                    t=other.ident, c=sql.Identifier(c["name"])))
     ctx.db.transaction(finish, label="adopt constraints", statement_timeout="300s", **_lock_timeout(ctx))
 
 

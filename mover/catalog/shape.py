@@ -159,8 +159,10 @@ def diff(old: dict[str, Any], new: dict[str, Any] | None, side: str = "source") 
         out.append(Change(side, "of_type", f"table {now} " + (f"was made a typed table (OF {became})" if became else
                                                               f"is no longer a typed table (it was OF {was})")
                           + (f" (it was OF {was})" if was and became else ""), False))
-    out += _diff_columns(side, now, old["columns"], new["columns"])
-    out += _diff_constraints(side, now, old["constraints"], new["constraints"])
+    columns = _diff_columns(side, now, old["columns"], new["columns"])
+    out += columns
+    out += _implied_dropped(_diff_constraints(side, now, old["constraints"], new["constraints"]), columns,
+                            old["constraints"], new["constraints"])
     out += _diff_indexes(side, now, old["indexes"], new["indexes"])
     return out
 
@@ -237,12 +239,31 @@ def _diff_constraints(side: str, t: QualifiedName, old: dict[str, Any], new: dic
         if name in old:
             continue
         what = kinds.get(n["type"], n["type"])
-        # A NOT NULL constraint (PostgreSQL 18) comes with a new column (adoptable with it) or makes
-        # an existing column NOT NULL (a change of that column, which is not).
         out.append(Change(side, "constraint_added", f"{what} constraint {display_ident(name)} was added to {t}:"
-                                                    f" {n['definition']}", n["type"] in ("c", "n"), name,
-                          {"constraint": n}))
+                                                    f" {n['definition']}", n["type"] == "c", name, {"constraint": n}))
     return out
+
+
+# Column changes that bring, drop or rename their column's NOT NULL constraint with them (PostgreSQL 18).
+_NOT_NULL_WITH = ("column_added", "column_not_null", "column_dropped", "column_recreated", "column_renamed")
+
+
+def _implied_dropped(constraints: list[Change], columns: list[Change], old: dict[str, Any],
+                     new: dict[str, Any]) -> list[Change]:
+    """The constraint changes without those a column change already says: on PostgreSQL 18 a NOT
+    NULL constraint is a pg_constraint row, added by ADD COLUMN ... NOT NULL or SET NOT NULL,
+    dropped with its column or by DROP NOT NULL, its definition renamed with its column. The
+    column's change names it (and decides whether it can be adopted) on every version alike; a
+    NOT NULL constraint's own change (renamed, validated) still shows."""
+    touched = {c.item for c in columns if c.kind in _NOT_NULL_WITH}
+
+    def implied(c: Change) -> bool:
+        if c.kind not in ("constraint_added", "constraint_dropped", "constraint_changed"):
+            return False
+        defs = [d[c.item]["definition"] for d in (old, new) if c.item in d and d[c.item]["type"] == "n"]
+        return bool(defs) and any(not_null_column(d) in touched for d in defs)
+
+    return [c for c in constraints if not implied(c)]
 
 
 def _unvalidated(definition: str) -> str:

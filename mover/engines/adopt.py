@@ -211,15 +211,26 @@ def _finish_columns_and_checks(ctx: Context, live: QualifiedName, other: Qualifi
             # included when it is not validated there: the same validation state on both tables.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} {d}").format(
                 t=other.ident, c=sql.Identifier(name), d=trusted(con["definition"], "pg_get_constraintdef")))
-        # After the constraints: on 18 a new NOT NULL column brings its NOT NULL constraint, added
-        # above under the live table's name (SET NOT NULL first would have made one of another
-        # name, and a column takes one only).
         have = {c.name: c for c in introspect.describe(cur, other).columns}
         for c in columns:
             if c.get("not_null") and not have[c["name"]].not_null:
+                # PostgreSQL 18 names a NOT NULL constraint: the other table's takes the live table's
+                # name (SET NOT NULL would make up another, which the swap's parity check refuses).
+                named = _not_null_name(cur, live, c["name"])
                 cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
-                    t=other.ident, c=sql.Identifier(c["name"])))
+                    t=other.ident, c=sql.Identifier(c["name"])) if named is None else
+                    sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {n} NOT NULL {c}").format(
+                    t=other.ident, n=sql.Identifier(named), c=sql.Identifier(c["name"])))
     ctx.db.transaction(finish, label="adopt constraints", statement_timeout="300s", **_lock_timeout(ctx))
+
+
+def _not_null_name(cur: psycopg.Cursor, live: QualifiedName, column: str) -> str | None:
+    """The name of a column's NOT NULL constraint (PostgreSQL 18; None before, or if it has none)."""
+    cur.execute("SELECT k.conname FROM pg_constraint k JOIN pg_attribute a ON a.attrelid = k.conrelid"
+                " AND a.attnum = k.conkey[1] WHERE k.conrelid = %s::regclass AND k.contype = 'n' AND a.attname = %s",
+                (str(live), column))
+    row = cur.fetchone()
+    return row[0] if row else None
 
 
 def _live_definition(cur: psycopg.Cursor, live: QualifiedName, name: str) -> str | None:

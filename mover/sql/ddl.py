@@ -221,7 +221,7 @@ def add_generated_column(table: QualifiedName, column: str, type_text: str, coll
     return sql.SQL("ALTER TABLE {t} ADD COLUMN {c} {ty}{coll} GENERATED ALWAYS AS ({e}) {kind}{nn}").format(
         t=table.ident, c=sql.Identifier(column), ty=trusted(type_text, "format_type"),
         coll=sql.SQL(" COLLATE {}").format(sql.Identifier(*collation)) if collation else sql.SQL(""),
-        e=trusted(expression, "pg_get_expr"), kind=sql.SQL("VIRTUAL" if virtual else "STORED"), nn=nn)
+        e=trusted(expression, "pg_get_expr"), kind=sql.SQL("VIRTUAL") if virtual else sql.SQL("STORED"), nn=nn)
 
 
 def comment_on_column(table: QualifiedName, column: str, comment: str) -> sql.Composed:

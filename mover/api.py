@@ -149,7 +149,7 @@ def _hooks_and_warnings(plan: Plan, found: list[str] | None = None) -> dict[str,
 def _same_shape(existing: control.Migration, plan: Plan) -> None:
     if existing.plan_hash != plan.shape_hash(existing.source.schema):
         # The hint names what works at the migration's step: abort only before the cutover.
-        if existing.state == "done" or existing.step == "finished":
+        if existing.state == "done" or existing.step == control.FINISHED:
             how = (f"migration {plan.name!r} is done (retired); give the changed plan a new [migration] name to run "
                    f"it as a new migration")
         elif existing.step in control.COMMANDS["abort"]:
@@ -362,9 +362,8 @@ def reconcile(dsn: str, name: str, *, full: bool = False, **kw: Any) -> dict[str
             except Waiting:
                 pass  # recorded; the caller reports the divergences
         else:
-            ctx.db.transaction(lambda cur: control.set_state(
-                cur, ctx.mid, "waiting", owner=ctx.owner,
-                error=f"{result.open} divergences" if result.open else None))
+            ctx.db.transaction(lambda cur: control.wait_at_gate(cur, ctx.migration, ctx.owner,
+                                                                control.divergence_counts(cur, ctx.mid)))
     st = _operator_command(dsn, name, "reconcile", go, **kw)
     return {"pass": out.get("pass"), "status": st}
 
@@ -376,9 +375,8 @@ def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw: Any) 
     def go(ctx: Context) -> None:
         out["repair"] = reconcile_engine.repair(ctx, divergence_id)
         if ctx.migration.step == "cutover":
-            left = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid))
-            ctx.db.transaction(lambda cur: control.set_state(
-                cur, ctx.mid, "waiting", owner=ctx.owner, error=f"{left} divergences" if left else None))
+            ctx.db.transaction(lambda cur: control.wait_at_gate(cur, ctx.migration, ctx.owner,
+                                                                control.divergence_counts(cur, ctx.mid)))
     st = _operator_command(dsn, name, "repair", go, **kw)
     return {"repair": out.get("repair"), "status": st}
 
@@ -572,11 +570,11 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
             m = db.transaction(lambda cur: control.get(cur, name))
             if m.state in ("aborted", "failed", "done"):
                 break
-            if m.step in ("create_target", "install_capture"):
+            if m.step in control.SETTING_UP:
                 stop.wait(1.0)  # the orchestrator has not reached the backfill yet
                 continue
             kind = backfill_engine.KIND if m.step == "backfill" else reconcile_engine.KIND
-            if m.step not in ("backfill", "reconcile", "cutover"):
+            if m.step not in control.HELPED:
                 break
             if kind in served:
                 if kind == backfill_engine.KIND and _orchestrated(db, m):

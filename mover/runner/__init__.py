@@ -149,30 +149,13 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
     while True:
         ctx.checkpoint()
         m = ctx.refresh()
-        if m.state in ("done", "aborted") or m.step == "finished":
+        if m.state in control.TERMINAL or m.step == control.FINISHED:
             return m
         # Every step starts from the recorded shapes (ShapeChanged otherwise), the gate included.
         ctx.db.transaction(bind(shape.verify_at_step, m, ctx.swapped), label="shape check")
         step = steps.BY_NAME[m.step]
         if step.gate and not (through_cutover or ctx.plan.cutover.auto):
-            # Waiting at the gate still keeps the new table in step with the live one.
-            capture.drain(ctx, reverse=False, backfill_done=True)
-            # The gate tells the truth: a replay that failed since reconcile left open divergences
-            # (replayed once more first: the application may have fixed the row since).
-            ctx.db.transaction(bind(cutover_engine.retry_unapplied, ctx, reverse=False))
-            counts = ctx.db.transaction(bind(control.divergence_counts, m.id))
-            error = None
-            if counts["open"]:
-                kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
-                error = f"{counts['open']} divergences ({kinds})"
-            ctx.db.transaction(bind(control.set_state, m.id, "waiting", owner=ctx.owner, error=error))
-            if error:
-                raise Waiting(f"migration {m.name!r} is at the cutover gate, but {m.target} differs from {m.source}: "
-                              f"{error} open; cutover refuses until they are resolved",
-                              hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
-                                   f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
-            raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
-                          hint=f"run `mover cutover {m.name}` to swap it in")
+            step.wait(ctx)  # raises Waiting: the operator decides
         ctx.db.transaction(bind(control.start_step, m, step.name, ctx.owner))
         step.run(ctx)
         faults.point(f"after:{step.name}")
@@ -193,7 +176,10 @@ def cutover(ctx: Context) -> control.Migration:
     try:
         return advance(ctx)
     except Waiting:
-        ctx.db.transaction(bind(control.set_state, ctx.mid, "waiting", owner=ctx.owner), label="window open")
+        m = ctx.refresh()
+        if m.step != "rollback_window":
+            raise  # not the window: a zero-length one ended, and the retire after it waits for a lock
+        ctx.db.transaction(bind(control.wait_in_window, m, ctx.owner), label="window open")
         return ctx.refresh()
 
 

@@ -36,7 +36,7 @@ def following(m: control.Migration) -> bool:
     """Whether the follower drains now: at the gate (before the swap) or in the window."""
     if m.state in control.TERMINAL:
         return False
-    return (m.step == "cutover" and m.cutover_at is None) or m.step == "rollback_window"
+    return m.step in control.FOLLOWED and not (m.step == "cutover" and m.cutover_at is not None)
 
 
 def window_over(m: control.Migration) -> bool:

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+from typing import NoReturn
+
 import psycopg
 from psycopg import sql
 
 from mover.catalog import introspect
 from mover.checks import foreign_keys
-from mover.engines import carry, cutover, hooks, lockwatch
+from mover.db import bind
+from mover.engines import capture, carry, cutover, hooks, lockwatch
 from mover.engines.context import Context
+from mover.errors import Waiting
+from mover.state import control
 from mover.steps.base import Step
 from mover.steps.create_target import target_ddl
 from mover.steps.reconcile import last_check
@@ -62,6 +67,25 @@ class Cutover(Step):
                        f"{', '.join(ctx.plan.drop_foreign_keys)}; they stay on the old table, so after retire "
                        f"{m.source} has no such foreign key")
         return out
+
+    def wait(self, ctx: Context) -> NoReturn:
+        """The gate (`mover run` stops here until `mover cutover`, or [cutover] auto): keep the
+        target in step with the source while waiting, and tell the truth about it."""
+        m = ctx.migration
+        capture.drain(ctx, reverse=False, backfill_done=True)
+        # A replay that failed since reconcile left open divergences: replayed once more first (the
+        # application may have fixed the row since).
+        ctx.db.transaction(bind(cutover.retry_unapplied, ctx, reverse=False))
+        counts = ctx.db.transaction(bind(control.divergence_counts, m.id))
+        ctx.db.transaction(bind(control.wait_at_gate, m, ctx.owner, counts), label="wait at the gate")
+        if counts["open"]:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
+            raise Waiting(f"migration {m.name!r} is at the cutover gate, but {m.target} differs from {m.source}: "
+                          f"{counts['open']} divergences ({kinds}) open; cutover refuses until they are resolved",
+                          hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
+                               f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
+        raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
+                      hint=f"run `mover cutover {m.name}` to swap it in")
 
     def run(self, ctx: Context) -> None:
         hooks.run(ctx, "before_cutover")

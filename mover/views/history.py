@@ -90,7 +90,7 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
         total = None if m.finished_at is None else round((m.finished_at - m.created_at).total_seconds(), 3)
         rolled_back, failures = counts.get(m.id, (0, 0))
         result.append({"name": m.name, "id": m.id, "outcome": outcome(m),
-                       "step": control.STEPS[-1] if m.step == control.FINISHED else m.step, "state": m.state,
+                       "step": control.shown_step(m.step), "state": m.state,
                        "source": str(m.source), "created_at": iso(m.created_at), "finished_at": iso(m.finished_at),
                        "seconds": total, "cutover_lock_ms": m.cutover_lock_ms, "rollbacks": rolled_back,
                        "failures": failures, "steps": steps, "attempts": tried})

@@ -24,7 +24,7 @@ def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any
                 " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
                 " AND finished_at > now() - interval '30 seconds'", (m.id,))
     rate = one(cur)[0]
-    estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
+    estimate = None if m.step not in control.BUILDING else \
         introspect.estimate_rows(cur, m.source)
     if not workers:
         rate = None  # the speed of copies that stopped is no speed now
@@ -64,7 +64,7 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
     applied = int(one(cur)[0])
-    step = "retire" if m.step == "finished" else m.step
+    step = control.shown_step(m.step)
     state, error = m.state, m.error
     if state in control.TERMINAL:
         # An error recorded on the way ("ready for cutover", "window is open") is history once the
@@ -122,7 +122,7 @@ def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, An
     verified = control.reconcile_ranges(cur, m.id)
     counts = control.divergence_counts(cur, m.id)
     # The ranges are cut as the pass goes, so their count is no denominator: the source's row estimate is.
-    estimate = introspect.estimate_rows(cur, m.source) if m.step in ("reconcile", "cutover") else None
+    estimate = introspect.estimate_rows(cur, m.source) if m.step in control.COMPARING else None
     return {"ranges_done": verified["ranges_done"], "ranges_total": verified["ranges_total"],
             "rows_estimate": estimate,
             "ranges_failed": verified["ranges_failed"], "rows_compared": verified["source_rows"],

@@ -23,9 +23,9 @@ import psycopg
 from psycopg import sql
 
 from mover import faults, names
-from mover.catalog import introspect, metadata, privileges, shape, subscribers
+from mover.catalog import introspect, privileges, shape, subscribers
 from mover.db import one
-from mover.engines import capture, carry, lockwatch, parity
+from mover.engines import capture, carry, lockwatch, metadata, parity
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName

@@ -23,7 +23,8 @@ from mover.engines import capture, hooks, lockwatch
 from mover.engines import cutover as cutover_engine
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, ServerGone, ShapeChanged, Waiting
-from mover.state import control, ranges, samples
+from mover.runner import sampler
+from mover.state import control, ranges
 from mover.state.heartbeat import Heartbeat
 from mover.steps import rollback_window
 
@@ -36,7 +37,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     """Hold the migration's lease for the duration; record how the work ended (an operator
     command's outcome under the command's name: an abort that could not lock is the abort's
     event, not the step's)."""
-    sample = samples.Sampler(migration.id, owner)
+    sample = sampler.Sampler(migration.id, owner)
 
     def acquire(cur: psycopg.Cursor) -> None:
         control.acquire_lease(cur, migration, owner)

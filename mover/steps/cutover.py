@@ -6,7 +6,6 @@ import psycopg
 from psycopg import sql
 
 from mover.catalog import introspect
-from mover.checks import foreign_keys
 from mover.db import bind
 from mover.engines import capture, carry, cutover, hooks, lockwatch
 from mover.engines.context import Context
@@ -61,7 +60,7 @@ class Cutover(Step):
         source_oid = introspect.table_oid(cur, m.source)
         if source_oid is not None:
             out += [f"-- warning: {w}" for w in
-                    foreign_keys.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
+                    introspect.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
         if ctx.plan.drop_foreign_keys:
             out.append(f"-- foreign keys not carried over (acknowledged in [target] drop_foreign_keys): "
                        f"{', '.join(ctx.plan.drop_foreign_keys)}; they stay on the old table, so after retire "

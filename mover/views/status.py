@@ -153,7 +153,7 @@ def iso(value: datetime | None) -> str | None:
 
 
 def sample_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
-    """What a periodic sample records (mover/state/samples.py): counters and gauges only, from the same
+    """What a periodic sample records (mover/runner/sampler.py): counters and gauges only, from the same
     reads as status_of, so that a chart and the status never disagree on what a number means."""
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)

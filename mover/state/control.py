@@ -218,6 +218,15 @@ def active_on_source(cur: psycopg.Cursor, source: QualifiedName) -> Migration | 
     return rows[0] if rows else None
 
 
+def next_id(cur: psycopg.Cursor) -> int:
+    """The id registration gives the next migration, so that `plan check` shows the names (which
+    carry it: mover.m7_changes...) the run will use. Peeked, not taken: a registration by someone
+    else in between would take it, and the names shift by one."""
+    cur.execute("SELECT pg_sequence_last_value(pg_get_serial_sequence('mover.migrations', 'id'))")
+    last = one(cur)[0]
+    return 1 if last is None else int(last) + 1
+
+
 def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash: str, source: QualifiedName,
              target: QualifiedName, old: QualifiedName, key: list[str], actor: str,
              settings: dict[str, str]) -> Migration:
@@ -672,6 +681,13 @@ def heartbeat(cur: psycopg.Cursor, mid: int, owner: str) -> bool:
         return True
     cur.execute("SELECT lease_owner IS NULL AND state = ANY(%s) FROM mover.migrations WHERE id = %s",
                 (list(TERMINAL), mid))
+    row = cur.fetchone()
+    return bool(row and row[0])
+
+
+def lease_live(cur: psycopg.Cursor, mid: int) -> bool:
+    """Whether a live process holds the migration's lease (whoever it is)."""
+    cur.execute("SELECT lease_expires_at > clock_timestamp() FROM mover.migrations WHERE id = %s", (mid,))
     row = cur.fetchone()
     return bool(row and row[0])
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 
+from mover.errors import NotFound
 from mover.state import control
 from mover.views.status import iso
 
@@ -73,6 +74,9 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
     migrations = control.list_all(cur)
     if name is not None:
         migrations = [m for m in migrations if m.name == name or m.name.startswith(f"{name}#")]
+        if not migrations:
+            raise NotFound(f"no migration named {name!r}, now or in the past",
+                           hint="`mover history` lists every migration")
     cur.execute("SELECT migration_id, count(*) FILTER (WHERE kind = 'rolled_back'),"
                 " count(*) FILTER (WHERE kind = 'failed') FROM mover.events GROUP BY migration_id")
     counts = {mid: (rolled_back, failed) for mid, rolled_back, failed in cur.fetchall()}

@@ -109,6 +109,30 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     }
 
 
+def named(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
+    """`mover status NAME`."""
+    return status_of(cur, control.get(cur, name))
+
+
+def every(cur: psycopg.Cursor) -> list[dict[str, Any]]:
+    """`mover status`: every migration's."""
+    return [status_of(cur, m) for m in control.list_all(cur)]
+
+
+def divergences(cur: psycopg.Cursor, name: str, include_resolved: bool = False) -> list[dict[str, Any]]:
+    """`mover divergences NAME [--all]`: the open ones (or all), oldest first."""
+    m = control.get(cur, name)
+    return [{**d, "found_at": iso(d["found_at"]), "resolved_at": iso(d["resolved_at"]),
+             "checked_at": iso(d["checked_at"])}
+            for d in control.list_divergences(cur, m.id, include_resolved)]
+
+
+def events(cur: psycopg.Cursor, name: str, limit: int = 50) -> list[dict[str, Any]]:
+    """`mover events NAME`: the last `limit` events, progress samples left out."""
+    m = control.get(cur, name)
+    return [{**e, "at": iso(e["at"])} for e in control.events(cur, m.id, limit)]
+
+
 def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:
     if not m.plan.get("partition"):
         return None

@@ -91,7 +91,7 @@ def test_watch_names_lock_waits_either_way(db_dsn, tmp_path):
                 waiter = threading.Thread(target=_read_orders, args=(db_dsn, waiter_name))
                 waiter.start()
                 pid = _waiting_pid(db_dsn, waiter_name)
-                snap = db.transaction(bind(api._watch_snapshot, "orders_sampled"))
+                snap = db.transaction(bind(watch.snapshot, "orders_sampled"))
                 (w,) = [w for w in snap["lock_waits"] if w["pid"] == pid]
                 assert w["blocked_by"] == [holder.info.backend_pid] and w["mover"] == waiter_name.startswith("mover")
                 assert f"behind pid {holder.info.backend_pid}" in watch.line(snap)

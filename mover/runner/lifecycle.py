@@ -20,6 +20,7 @@ from mover.engines import hooks
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.state import control
+from mover.steps import cutover as cutover_step
 from mover.steps import rollback_window
 
 
@@ -61,7 +62,7 @@ def rollback(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
     """`mover rollback`: swap back within the window; the migration returns to reconcile."""
     control.require_command(ctx.refresh(), "rollback")
     hooks.run(ctx, "before_rollback")
-    cutover_engine.swap_back(ctx, give_up_rows)
+    cutover_step.swap_back(ctx, give_up_rows)
     hooks.run(ctx, "after_rollback")
     return ctx.migration
 

@@ -106,6 +106,17 @@ def test_imports_point_down():
     assert upward() == [], "imports that point up a layer:\n" + "\n".join(upward())
 
 
+def test_api_calls_only_the_layer_below():
+    """The facade reaches nothing past the runner and the views (no engine, no control table),
+    only the foundation besides."""
+    known = set(modules())
+    below = ("mover.runner", "mover.views")
+    foundation = dict(LAYERS)["foundation"]
+    reached = sorted(i for i in imports(modules()["mover.api"], known)
+                     if not any(i == p or i.startswith(p + ".") for p in below) and i not in foundation)
+    assert reached == [], f"mover/api.py reaches past the runner and the views: {reached}"
+
+
 def test_each_allowance_is_still_needed():
     """An allowance whose import is gone is removed from the list, so the list says what is left."""
     known = set(modules())

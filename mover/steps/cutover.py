@@ -1,3 +1,9 @@
+"""The cutover step: the gate it waits at until the operator says go (wait), what `plan check`
+prints of the swap (describe), and the swap itself (run). The cutover's sequence and the
+rollback's (swap_in, swap_back, at the end of this file) read top to bottom, each line a call into
+the engine that does it (mover/engines/cutover.py).
+"""
+
 from __future__ import annotations
 
 from typing import NoReturn

@@ -1,4 +1,4 @@
-"""The layers' import order (docs/design.md, "Module map"): every module of mover/ imports only
+"""The layers' import order (docs/design.md, "Architecture"): every module of mover/ imports only
 from its own layer or a layer below it. Read from the source (ast), every import statement
 counted, those inside functions and under TYPE_CHECKING included: a lazy import up the stack is
 still an arrow pointing up."""

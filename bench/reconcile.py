@@ -125,12 +125,11 @@ def mover_pass(dsn: str, workers: int, injected, code: Path | None = None) -> di
 
 
 def spec(dsn: str):
-    from mover.catalog import introspect
+    from mover.catalog import conversion, introspect
     from mover.engines import reconcile
     from mover.names import QualifiedName
-    from mover.sql.mapping import Mapping
     with connect(dsn) as conn, conn.transaction(), conn.cursor() as cur:
-        m = Mapping.between(introspect.describe(cur, QualifiedName("public", SOURCE)),
+        m = conversion.mapping(introspect.describe(cur, QualifiedName("public", SOURCE)),
                             introspect.describe(cur, QualifiedName("public", TARGET)), ("id",))
         return reconcile.spec_for(cur, m)
 

@@ -1,7 +1,7 @@
 """The commands as plain functions (used by the CLI, the demo and the tests): each opens the
 database and hands over: plan checks to mover/checks/, registration and transitions to
 mover/state/control.py, the steps and the operator commands (legal per control.COMMANDS) to
-mover/runner/__init__.py, the reads to mover/views/status.py, range workers to chunks.run_workers."""
+mover/runner/__init__.py, the reads to mover/views/status.py, range workers to rangework.run_workers."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from mover.db import Database, bind, conversion_settings, is_connection_lost, on
 from mover.db import open_database as _database
 from mover.engines import adopt as adopt_engine
 from mover.engines import backfill as backfill_engine
-from mover.engines import parity, partitions
+from mover.engines import parity, partitions, rangework
 from mover.engines import reconcile as reconcile_engine
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
@@ -613,7 +613,7 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
     registry: set[str] = set()
-    workers: list[ranges.RangeWorker]
+    workers: list[rangework.RangeWorker]
     if kind == backfill_engine.KIND:
         workers = [backfill_engine.Worker(db.dsn, m, ranges.worker_id(i), stop=stop, lost=lost, registry=registry,
                                           report=report, n_workers=threads) for i in range(threads)]
@@ -632,7 +632,7 @@ def _serve(db: Database, m: control.Migration, kind: str, threads: int, report: 
     beat = heartbeat(db.dsn, keep, lost, name=f"worker-lease-{m.id}")
     beat.start()
     try:
-        ranges.run_workers(workers, f"helper-{kind}")
+        rangework.run_workers(workers, f"helper-{kind}")
     finally:
         beat.stop()
 

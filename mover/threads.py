@@ -5,7 +5,8 @@ Invariants:
 - Nothing a thread raises vanishes. A Group keeps the first error any of its threads raised
   (first in time: a failure that set the shared stop flag wins over the Interrupted it caused in
   the others), logs any later one, and raises the first in the thread that joins it: the
-  orchestrator's step, which then fails with it.
+  orchestrator's step, which then fails with it. Only a KeyboardInterrupt (a second Ctrl-C or
+  SIGTERM, which cuts the main thread's transaction short) goes before an error kept earlier.
 - On the first error the Group calls its `on_error` (range workers: set the shared stop flag, so
   that the others stop at their next safe point, between transactions).
 - A thread is never killed: a Group is joined only when its threads have ended by themselves
@@ -36,6 +37,7 @@ class Group:
         self.on_error = on_error
         self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None
+        self._where = ""  # the name of the thread that raised it
         self._lock = threading.Lock()
 
     @property
@@ -65,16 +67,23 @@ class Group:
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
+        here = threading.current_thread().name
+        other: BaseException | None
         with self._lock:
-            first = self._error is None
-            if first:
-                self._error = exc
-        if not first:  # while the first stops the others: said, not raised
-            # A stop or a lost lease after the first error is what that error set off.
-            level = logging.DEBUG if isinstance(exc, (Interrupted, LeaseLost)) else logging.ERROR
-            log.log(level, "%s also failed: %s: %s", threading.current_thread().name, type(exc).__name__, exc)
-            return
-        if self.on_error is not None:
+            kept, kept_where = self._error, self._where
+            # A KeyboardInterrupt (a second Ctrl-C or SIGTERM, in the main thread) ends the
+            # process at once, cutting its open transaction short: that is what it must say,
+            # over an error kept before (the Interrupted of a thread that stopped on the first).
+            if kept is None or (not isinstance(exc, Exception) and isinstance(kept, Exception)):
+                self._error, self._where = exc, here
+                other, where = kept, kept_where
+            else:
+                other, where = exc, here
+        if other is not None:  # said, not raised
+            # A stop or a lost lease besides the first error is what that error set off.
+            level = logging.DEBUG if isinstance(other, (Interrupted, LeaseLost)) else logging.ERROR
+            log.log(level, "%s also failed: %s: %s", where, type(other).__name__, other)
+        if kept is None and self.on_error is not None:
             self.on_error(exc)
 
     def wait(self, threads: Sequence[threading.Thread] | None = None, timeout: float | None = None) -> bool:

@@ -63,6 +63,27 @@ def test_the_callers_own_workers_error_is_raised_once_the_threads_have_stopped()
     assert ended.is_set()  # raised only after the other worker ended
 
 
+def test_a_second_signal_in_the_callers_worker_goes_before_the_stops_of_the_others():
+    # The first SIGTERM set the stop flag: the thread stops at its safe point (Interrupted). The
+    # second arrives as KeyboardInterrupt in the caller's worker, inside its open transaction:
+    # that is the one the pool raises (the CLI then says the transaction was rolled back).
+    stop = threading.Event()
+    stopped = threading.Event()
+
+    def thread_worker(stop: threading.Event) -> None:
+        assert stop.wait(30)
+        stopped.set()
+        raise Interrupted("stopped at a safe point")
+
+    def callers_worker(stop: threading.Event) -> None:
+        stop.set()  # the first signal
+        assert stopped.wait(30)
+        raise KeyboardInterrupt  # the second
+
+    with pytest.raises(KeyboardInterrupt):
+        rangework.run_workers([FakeWorker(stop, callers_worker), FakeWorker(stop, thread_worker)], "test")
+
+
 def test_workers_that_end_by_themselves_raise_nothing():
     stop = threading.Event()
     done = []

@@ -5,9 +5,11 @@ A range is read or written in one burst, so a cap is kept by two means: a range 
 than the cap allows in `burst_ms` (at most a second), and after it the worker waits out the
 rest of the time its rows are worth. The cap is shared evenly by the process's workers.
 
-Its one caller is the range loop (mover/engines/rangework.py): gate() before each range (wait,
-and why, or go with how many keys), pace() after it (what the rows were worth). Those two calls
-are where an application-impact governor (issue 25) takes the throttle's place.
+The range engines ask it from one place, their shared loop (mover/engines/rangework.py): gate()
+before each range (wait, and why, or go with how many keys), pace() after it (what the rows were
+worth). Those two calls are where an application-impact governor (issue 25) takes the throttle's
+place. (The backfill's applier session asks reason() too, to wait on pause and lag as the
+workers do.)
 """
 
 from __future__ import annotations

@@ -394,7 +394,7 @@ PROFILED = {  # functions of a 1-worker pass whose cumulative time cProfile repo
     "shape checks (shape.verify, every caller)": ("mover/catalog/shape.py", "verify"),
     "claim (frontier + bound probe)": ("mover/state/ranges.py", "claim"),
     "drain between ranges (capture.drain)": ("mover/engines/capture.py", "drain"),
-    "migration row refresh": ("mover/engines/context.py", "refresh"),
+    "migration row before each range (the range loop's _look)": ("mover/engines/rangework.py", "_look"),
     "throttle reason": ("mover/engines/throttle.py", "reason"),
     "spec_for (column probes)": ("mover/engines/reconcile.py", "spec_for"),
     "start of the pass (_start_pass)": ("mover/engines/reconcile.py", "_start_pass"),

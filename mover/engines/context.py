@@ -65,9 +65,13 @@ class Context:
         return self.migration.id
 
     def refresh(self) -> control.Migration:
-        self.migration = self.db.transaction(lambda cur: control.get_by_id(cur, self.mid))
-        self.db.pin(self._settings())
+        self.use(self.db.transaction(lambda cur: control.get_by_id(cur, self.mid)))
         return self.migration
+
+    def use(self, migration: control.Migration) -> None:
+        """Work from `migration`, the row as a transaction has just read it."""
+        self.migration = migration
+        self.db.pin(self._settings())
 
     def checkpoint(self) -> None:
         """Called between transactions: the only places a run stops on request."""

@@ -12,6 +12,7 @@ import psycopg
 
 from mover.db import Database, bind
 from mover.engines import backfill as backfill_engine
+from mover.engines import rangework
 from mover.engines import reconcile as reconcile_engine
 from mover.engines.context import Context, Reporter
 from mover.state import control, ranges
@@ -56,7 +57,7 @@ def serve(db: Database, m: control.Migration, kind: str, threads: int, report: R
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
     registry: set[str] = set()
-    workers: list[ranges.RangeWorker]
+    workers: list[rangework.RangeWorker]
     if kind == backfill_engine.KIND:
         workers = [backfill_engine.Worker(db.dsn, m, ranges.worker_id(i), stop=stop, lost=lost, registry=registry,
                                           report=report, n_workers=threads) for i in range(threads)]
@@ -75,6 +76,6 @@ def serve(db: Database, m: control.Migration, kind: str, threads: int, report: R
     beat = Heartbeat(db.dsn, keep, lost, name=f"worker-lease-{m.id}")
     beat.start()
     try:
-        ranges.run_workers(workers, f"helper-{kind}")
+        rangework.run_workers(workers, f"helper-{kind}")
     finally:
         beat.stop()

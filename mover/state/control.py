@@ -9,8 +9,9 @@ guarded by the lease, and by the step it leaves where that matters, that must hi
 (else LeaseLost), with an events row in the same transaction. A process that lost its lease, or
 that works from a stale idea of the step, changes nothing.
 
-The work tables belong to their engines: mover.ranges and mover.workers to mover/state/ranges.py and
-mover/engines/backfill.py, the change logs and mover.capture_stats to mover/engines/capture.py.
+The work tables belong to their owners: mover.ranges, mover.frontiers and mover.workers to
+mover/state/ranges.py (the only code that writes them), the change logs and mover.capture_stats
+to mover/engines/capture.py.
 """
 
 from __future__ import annotations
@@ -770,14 +771,6 @@ def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # Reconcile ranges (mover/engines/reconcile.py): what each verified range held on both sides
-
-
-def store_range_fingerprint(cur: psycopg.Cursor, mid: int, range_no: int, src_rows: int, src_fingerprint: int,
-                            dst_rows: int, dst_fingerprint: int, differences: int) -> None:
-    cur.execute("UPDATE mover.ranges SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
-                " differences = %s, verified_at = clock_timestamp()"
-                " WHERE migration_id = %s AND kind = 'reconcile' AND range_no = %s",
-                (src_rows, src_fingerprint, dst_rows, dst_fingerprint, differences, mid, range_no))
 
 
 def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:

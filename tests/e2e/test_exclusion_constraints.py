@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import signal
 import threading
 
 import psycopg
@@ -343,3 +344,20 @@ def test_a_constraint_the_converted_rows_break_stops_the_backfill_until_they_fit
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
     assert exclusions(db_dsn)["booking_new"] == {f"booking_no_overlap_m{migration_id(db_dsn)}": DEFINITION}
     assert_oracle(db_dsn, "booking_new")
+
+
+@pytest.mark.parametrize("point", ["index_building", "index_build_done"])
+def test_a_crash_in_the_constraint_build_resumes_and_builds_it_once(db_dsn, tmp_path, point):
+    """kill -9 of `mover run` before the constraint's transaction, and inside it after ADD CONSTRAINT
+    (with its ACCESS EXCLUSIVE lock on the new table and the applier lock held by the orphaned
+    backend until it notices or is cancelled): `mover run` carries on, builds the constraint once,
+    and the tables hold what the application committed."""
+    create_bookings(db_dsn)
+    plan = write_plan(tmp_path / "booking.toml", PLAN.format(partition=""))
+    r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": f"kill@{point}"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    app_execute(db_dsn, "UPDATE booking SET note = 'after the crash' WHERE id < 2000")
+    r = mover(db_dsn, "run", "booking")
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert exclusions(db_dsn)["booking_new"] == {f"booking_no_overlap_m{migration_id(db_dsn)}": DEFINITION}
+    assert_oracle(db_dsn, "booking", "booking_new")

@@ -567,7 +567,7 @@ def index_statements(ctx: Context, indexes: list[tuple[str, introspect.Index]],
     out: list[sql.Composable | str] = []
     for name, ix in indexes:
         if ix.by_constraint:
-            continue  # after the plain builds, one at a time (build_constraints)
+            continue  # after the plain builds, one at a time (build_indexes, build_constraint)
         out += [b.statement() for b in planned_builds(name, ix, ctx.new, parts)]
         if parts is not None:
             assert ctx.new.schema is not None  # the control tables hold schema-qualified names

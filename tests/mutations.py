@@ -39,6 +39,8 @@ EVERY_COLUMN = "tests/e2e/test_reconcile.py::test_a_difference_in_any_column_of_
 TAKEN_OVER = ("tests/e2e/test_reconcile.py::"
               "test_a_range_taken_over_while_its_keys_settle_is_not_committed_by_the_old_worker")
 STALLED = "tests/e2e/test_crash_resume.py::test_stalled_orchestrator_cannot_commit_after_takeover"
+THREAD_ERRORS = ("tests/integration/test_rangework.py::test_a_worker_threads_error_fails_the_backfill_with_that_error",
+                 "tests/integration/test_rangework.py::test_an_applier_error_fails_the_backfill_with_that_error")
 
 # (file, exact text, replacement)
 BLIND_RECONCILE = ("mover/sql/compare.py",
@@ -97,6 +99,10 @@ FAULTS = [
           [("mover/state/ranges.py", "    if cur.fetchone() is None:\n        raise LeaseLost(",
             "    if cur.fetchone() is None and False:\n        raise LeaseLost(")],
           [TAKEN_OVER, STALLED], blind=False),
+    Fault("a thread's error vanishes (mover/threads.py)",
+          [("mover/threads.py", "in the waiting thread\n            self._fail(exc)\n",
+            "in the waiting thread\n            del exc  # dropped\n")],
+          list(THREAD_ERRORS), blind=False),
 ]
 
 

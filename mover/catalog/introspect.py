@@ -16,7 +16,7 @@ from psycopg import sql
 from mover.catalog import server
 from mover.db import one
 from mover.errors import NotFound, PlanError
-from mover.names import QualifiedName
+from mover.names import QualifiedName, display_ident
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,15 @@ class Index:
     is_valid: bool
     is_exclusion: bool
     definition_tail: str  # pg_get_indexdef() from " USING ..." on: trusted text produced by the catalog
+    # pg_get_constraintdef() of the constraint this index backs, when only adding that constraint
+    # makes the index (BUILT_BY_CONSTRAINT: an exclusion constraint, whose index carries its name);
+    # None for an index CREATE INDEX builds (a plain or unique one, a PRIMARY KEY's, a UNIQUE's).
+    constraint_def: str | None = None
+
+    @property
+    def by_constraint(self) -> bool:
+        """Built (on the target) by ALTER TABLE ... ADD CONSTRAINT, not CREATE INDEX."""
+        return self.constraint_def is not None
 
 
 @dataclass(frozen=True)
@@ -188,6 +197,13 @@ def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Server)
     return tuple(row[1]), row[0]
 
 
+# The constraints whose index only the constraint itself can make: CREATE INDEX builds the index of
+# an exclusion constraint without its operators, and ADD CONSTRAINT ... USING INDEX takes only a
+# PRIMARY KEY or UNIQUE one. (PostgreSQL 18's temporal keys, PRIMARY KEY / UNIQUE ... WITHOUT
+# OVERLAPS, are exclusion constraints underneath, conperiod set: they belong here too.)
+BUILT_BY_CONSTRAINT = "k.contype = 'x'"
+
+
 def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
     # pg_get_indexdef() reads "CREATE [UNIQUE] INDEX name ON schema.table USING ...". Names may
     # contain " USING ", so the tail is cut after the exact prefix the catalog would print.
@@ -196,7 +212,9 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
         SELECT i.indexrelid, ic.relname, i.indisprimary, i.indisunique, i.indisvalid, i.indisexclusion,
                pg_get_indexdef(i.indexrelid),
                format('CREATE %%sINDEX %%I ON %%s%%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
-                      ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname)
+                      ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname),
+               (SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k
+                 WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid AND """ + BUILT_BY_CONSTRAINT + """)
         FROM pg_index i
         JOIN pg_class ic ON ic.oid = i.indexrelid
         JOIN pg_class c ON c.oid = i.indrelid
@@ -207,11 +225,11 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
         (oid,),
     )
     out = []
-    for ioid, iname, primary, unique, valid, exclusion, definition, prefix in cur.fetchall():
+    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint in cur.fetchall():
         if not definition.startswith(prefix) or not definition[len(prefix):].startswith("USING "):
             raise PlanError(f"cannot read the definition of index {iname!r}: {definition!r}",
                             hint="report this definition; mover does not handle this index form yet")
-        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):]))
+        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):], constraint))
     return tuple(out)
 
 
@@ -223,10 +241,11 @@ def outbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str]
 
 
 def index_comments(cur: psycopg.Cursor, index_oid: int) -> tuple[str | None, str | None]:
-    """The comment on an index, and on the constraint it backs (a primary key's, a unique one's)."""
+    """The comment on an index, and on the constraint it backs (a primary key's, a unique one's,
+    an exclusion constraint's)."""
     cur.execute("SELECT obj_description(%s, 'pg_class'),"
                 " (SELECT obj_description(oid, 'pg_constraint') FROM pg_constraint WHERE conindid = %s"
-                "   AND contype IN ('p', 'u') LIMIT 1)", (index_oid, index_oid))
+                "   AND contype IN ('p', 'u', 'x') LIMIT 1)", (index_oid, index_oid))
     row = one(cur)
     return row[0], row[1]
 
@@ -357,6 +376,33 @@ def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
 
 
 INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}
+
+
+def narrower_referencing_columns(cur: psycopg.Cursor, source_oid: int, new_types: dict[str, str]) -> list[str]:
+    """Referencing columns of inbound foreign keys narrower than the key column they reference
+    becomes (an int column referencing a key widened to bigint): fine today, but the key's new
+    values beyond the column's range cannot be referenced. One line each, naming the column."""
+    cur.execute("""
+        SELECT k.conname, k.conrelid::regclass::text, ca.attname, format_type(ca.atttypid, NULL), pa.attname
+        FROM pg_constraint k
+        CROSS JOIN LATERAL unnest(k.conkey, k.confkey) AS u(child_att, parent_att)
+        JOIN pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = u.child_att
+        JOIN pg_attribute pa ON pa.attrelid = k.confrelid AND pa.attnum = u.parent_att
+        WHERE k.contype = 'f' AND k.confrelid = %s AND k.conrelid <> %s AND k.conparentid = 0
+        ORDER BY 2, 1, 3""", (source_oid, source_oid))
+    out = []
+    for conname, child, column, child_type, key_column in cur.fetchall():
+        new_type = new_types.get(key_column)
+        if new_type is None:
+            continue
+        cur.execute("SELECT format_type(to_regtype(%s), NULL)", (new_type,))
+        canonical = one(cur)[0]
+        if INTEGER_MAX.get(canonical, 0) > INTEGER_MAX.get(child_type, 2 ** 63):
+            out.append(f"column {display_ident(column)} of {child} ({child_type}) references "
+                       f"{display_ident(key_column)}, which becomes {canonical}: once the key passes the "
+                       f"{child_type} range, rows referencing the new keys cannot be written; widen it with a "
+                       f"second migration of {child} (foreign key {display_ident(conname)})")
+    return out
 
 
 def estimate_rows(cur: psycopg.Cursor, table: QualifiedName) -> int:

@@ -54,6 +54,12 @@ class Server:
         Before 17 CREATE TABLE ... (LIKE ... INCLUDING IDENTITY) PARTITION BY fails."""
         return self.major >= 17
 
+    @property
+    def exclusion_on_partitioned(self) -> bool:
+        """Exclusion constraints on partitioned tables, when they compare every partition column
+        with equality (two rows one excludes then fall in one partition)."""
+        return self.major >= 17
+
     # -- PostgreSQL 18 -------------------------------------------------------------------------
 
     @property

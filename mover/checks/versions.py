@@ -18,12 +18,14 @@ def temporal_keys(s: Subject) -> None:
     """PRIMARY KEY / UNIQUE (..., col WITHOUT OVERLAPS) and FOREIGN KEY (..., PERIOD col) (18).
 
     A temporal key is an exclusion constraint underneath (a GiST index, pg_index.indisexclusion,
-    pg_constraint.conperiod): mover builds no exclusion constraint on the target yet. The exclusion
-    work (branch `exclusion`: built on the target like the deferred indexes, carried through swap
-    and rollback, replay violations recorded as divergences) is what temporal keys will build on;
-    until it lands, they are refused here. A PERIOD foreign key of the source references such a
-    key and goes with it (another table's PERIOD key referencing the source references one of
-    the source's temporal keys, refused as such)."""
+    pg_constraint.conperiod) that is a PRIMARY KEY or UNIQUE constraint. Exclusion constraints
+    (contype 'x') are built on the target after the copy and named back at the swap
+    (engines/backfill.py); temporal keys are what builds on that next: the same build, as the key
+    or unique constraint they are, their replay conflicts found by overlap rather than equality,
+    and the PERIOD foreign keys that reference them validated after the swap like the others.
+    Until then they are refused here. A PERIOD foreign key of the source references such a key
+    and goes with it (another table's PERIOD key referencing the source references one of the
+    source's temporal keys, refused as such)."""
     srv = server.of(s.cur)
     if not srv.temporal_constraints:
         return
@@ -35,8 +37,8 @@ def temporal_keys(s: Subject) -> None:
         con = names.display_ident(name)
         if contype in ("p", "u"):
             s.report(PlanError(
-                f"{s.src} has the temporal key {con} ({definition}): WITHOUT OVERLAPS is an exclusion constraint"
-                f" underneath, which mover cannot build on the new table yet",
+                f"{s.src} has the temporal key {con} ({definition}): WITHOUT OVERLAPS makes it an exclusion"
+                f" constraint that is a key, which mover does not build on the new table yet",
                 hint="move the table by other means, or drop the constraint for the migration and add it back"
                      " after the retire"))
         elif contype == "f" and own and name not in s.plan.drop_foreign_keys:
@@ -45,16 +47,6 @@ def temporal_keys(s: Subject) -> None:
                 f" the temporal keys they reference, which mover cannot build yet",
                 hint="drop the foreign key for the migration and add it back after the retire, or name it in"
                      " [target] drop_foreign_keys to leave it on the old table"))
-
-
-def temporal_key_indexes(s: Subject) -> set[int]:
-    """The oids of the source's indexes that back temporal keys (18), which temporal_keys reports."""
-    srv = server.of(s.cur)
-    if not srv.temporal_constraints:
-        return set()
-    s.cur.execute(sql.SQL("SELECT k.conindid FROM pg_constraint k WHERE k.conrelid = %s AND k.contype IN ('p', 'u')"
-                          " AND {period}").format(period=srv.conperiod("k")), (s.table.oid,))
-    return {r[0] for r in s.cur.fetchall()}
 
 
 def no_inherit_not_null(s: Subject) -> None:

@@ -5,7 +5,8 @@ Invariants:
   range with one INSERT ... SELECT (no conflict clause: see sql/copy.py), mark it done. A crash
   loses both or neither, which is why these transactions may commit with
   synchronous_commit = off (a later synchronous commit flushes the WAL before it anyway).
-- Ranges are claimed from mover/state/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling).
+- Ranges are claimed from mover/state/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling)
+  by the loop every range worker runs (mover/engines/rangework.py); Worker is its copy.
 - Range sizes adapt so that one range takes about [backfill] target_range_ms, within
   min_rows / max_rows; the process never holds more than one range's bounds per worker.
 - The change log is applied while the copy runs, so that it stays short: by an applier session
@@ -21,6 +22,12 @@ Invariants:
   or is cancelled by the resume, which stops mover's orphaned builders before its drain. An
   invalid index (left by an interrupted CONCURRENTLY build of an earlier version) is dropped and
   rebuilt.
+- An exclusion constraint is built after them, by ADD CONSTRAINT (its index only comes with it),
+  one at a time (ACCESS EXCLUSIVE on the new table, which only mover uses), in a transaction that
+  first replays the change log under the applier lock until a batch finds it caught up: the
+  constraint then meets the source's rows as of one snapshot, which satisfy it. Rows that still
+  break it (values the type change made equal, a row whose replay failed) stop the step with
+  their keys' values named (ConstraintBuildFailed); `mover run` builds it again once they fit.
 """
 
 from __future__ import annotations
@@ -35,12 +42,12 @@ from functools import partial
 import psycopg
 from psycopg import sql
 
-from mover import faults, names
+from mover import faults, names, threads
 from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
-from mover.engines import capture, partitions, throttle
+from mover.engines import capture, partitions, rangework, throttle
 from mover.engines.context import Context, Reporter
-from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
+from mover.errors import ConstraintBuildFailed, Failed, LeaseLost
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
@@ -51,7 +58,6 @@ from mover.state import control, ranges
 log = logging.getLogger("mover.backfill")
 
 KIND = "backfill"
-IDLE_WAIT_SECONDS = 0.2
 APPLY_IDLE_SECONDS = 0.2
 
 
@@ -70,108 +76,61 @@ def limits(s: BackfillSettings) -> throttle.Limits:
                            max_rows=s.max_rows, burst_ms=s.target_range_ms)
 
 
-class Worker(ranges.RangeWorker):
+class Worker(rangework.RangeWorker):
     """One backfill worker: claims ranges, copies them, applies the change log in between.
     Runs in the orchestrator's process (as a thread) or alone (`mover worker NAME`)."""
+
+    kind = KIND
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
                  lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1,
                  applier_beside: bool = False):
-        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report)
-        self.n_workers = n_workers
+        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report,
+                         n_workers=n_workers)
         # An Applier runs in this process (copy_all): the worker goes straight on to its next
         # range. A `mover worker` process on its own applies between its ranges.
         self.applier_beside = applier_beside
         self._pending_checked = 0.0
+        self._settings = self.ctx.plan.backfill
+        self._configured = 0  # [backfill] range_rows as last read
+        self._rows = 0  # the next range's size: adapts toward target_range_ms (next_range_rows)
+        self._mapping: Mapping | None = None
 
-    def _run(self) -> None:
-        ctx, mid = self.ctx, self.ctx.mid
-        self.registry.add(self.wid)
-        self.db.transaction(self._register)
-        settings = ctx.plan.backfill
-        rows_hint = settings.range_rows
-        range_rows = settings.range_rows
-        pacer = throttle.Throttle(limits(settings), self.n_workers)
-        waiting: str | None = None
-        owed = 0.0  # monotonic time before which no further range may start (the cap's budget)
-        try:
-            while True:
-                ctx.checkpoint()
-                m = ctx.refresh()
-                if m.state == "aborted" or m.step != "backfill":
-                    return
-                settings = plan_from_canonical(m.plan).backfill  # `mover set` takes effect here
-                pacer.limits = limits(settings)
-                if settings.range_rows != range_rows:
-                    # `mover set backfill.range_rows`: the next range starts again from that size.
-                    range_rows = rows_hint = settings.range_rows
-                reason = self.db.transaction(bind(pacer.reason, m.paused))
-                if reason:
-                    waiting = reason
-                    self._wait(reason, 1.0)
-                    continue
-                if waiting:
-                    waiting = None
-                    self._wait(None, 0)
-                mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
-                key_range = self.db.transaction(bind(
-                    ranges.claim, mid, KIND, self.wid, mapping, pacer.range_rows(rows_hint),
-                    settings.max_attempts), label="claim")
-                if key_range is not None:
-                    faults.point("claimed")  # between building the mapping and copying with it
-                    if owed > time.monotonic():
-                        waiting = pacer.cap_reason()
-                        self._wait(waiting, owed - time.monotonic())
-                if key_range is None:
-                    st = self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))
-                    if st["open"] == 0:
-                        return  # nothing left to copy here; failed ranges are the orchestrator's to report
-                    # Others are still copying, or a worker died: its ranges come back when its lease
-                    # expires, at once when it died on this host.
-                    self.db.transaction(lambda cur: ranges.release_dead_local_owners(cur, mid))
-                    capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
-                    self.ctx.stop.wait(IDLE_WAIT_SECONDS)
-                    continue
-                started = time.monotonic()
-                try:
-                    rows, ms = ranges.work(self.db, mid, key_range, self.wid,
-                                           bind(self._copy, mapping, key_range),
-                                           synchronous_commit=settings.synchronous_commit)
-                except LeaseLost as exc:
-                    log.warning("%s", exc)
-                    continue
-                except (psycopg.Error, MoverError) as exc:
-                    if ranges.is_connection_failure(exc) or isinstance(exc, ShapeChanged):
-                        raise
-                    self.db.transaction(ctx.check_shape)  # a range that failed on a changed table says so
-                    outcome = ranges.record_failure(self.db, mid, key_range, self.wid, exc, settings.max_attempts)
-                    log.error("backfill range %s failed (%s): %s", key_range.range_no, outcome, exc)
-                    continue
-                faults.point(f"backfill_range:{key_range.range_no}")
-                rows_hint = next_range_rows(rows_hint, rows, ms, settings)
-                self.db.transaction(bind(
-                    psycopg.Cursor.execute, "UPDATE mover.workers SET range_rows = %s, rows_done = rows_done + %s"
-                    " WHERE migration_id = %s AND worker_id = %s", (pacer.range_rows(rows_hint), rows, mid,
-                                                                     self.wid)))
-                if not self.applier_beside:
-                    capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
-                pending = None
-                if time.monotonic() - self._pending_checked > 2:
-                    self._pending_checked = time.monotonic()
-                    pending = self.db.transaction(lambda cur: capture.pending(cur, mid)[0])
-                self.report("backfill", range_no=key_range.range_no, rows=rows, ms=round(ms, 1),
-                            range_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
-                pause = pacer.pace(rows, time.monotonic() - started)
-                if pause and key_range.hi is None:
-                    # The key space's last range: no new one follows, so no "waiting: rows/s cap"
-                    # with nothing left to copy. A retried range claimed after it still waits
-                    # out this budget first (below).
-                    owed = time.monotonic() + pause
-                elif pause:
-                    waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
-                    self._wait(waiting, pause)
-        finally:
-            self._leave()
+    def settings(self, m: control.Migration) -> rangework.Settings | None:
+        if m.step != KIND:
+            return None
+        s = self._settings = plan_from_canonical(m.plan).backfill
+        if s.range_rows != self._configured:
+            # The first range, or `mover set backfill.range_rows`: the next range starts again from that size.
+            self._configured = self._rows = s.range_rows
+        return rangework.Settings(limits(s), self._rows, s.max_attempts)
+
+    def mapping(self, cur: psycopg.Cursor) -> Mapping:
+        # Checks, between ranges, that both tables still have their recorded shape (invariant 7).
+        self._mapping = self.ctx.mapping(cur)
+        return self._mapping
+
+    def work(self, key_range: ranges.KeyRange) -> rangework.Done:
+        assert self._mapping is not None  # built by the claim
+        rows, ms = ranges.work(self.db, self.ctx.mid, key_range, self.wid,
+                               bind(self._copy, self._mapping, key_range),
+                               synchronous_commit=self._settings.synchronous_commit)
+        return rangework.Done(rows, ms)
+
+    def finished(self, key_range: ranges.KeyRange, done: rangework.Done) -> None:
+        self._rows = next_range_rows(self._rows, done.rows, done.ms, self._settings)
+        if not self.applier_beside:
+            capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
+        pending = None
+        if time.monotonic() - self._pending_checked > 2:
+            self._pending_checked = time.monotonic()
+            pending = self.db.transaction(lambda cur: capture.pending(cur, self.ctx.mid)[0])
+        self.report("backfill", range_no=key_range.range_no, rows=done.rows, ms=round(done.ms, 1),
+                    range_rows=self.pacer.range_rows(self._rows), worker=self.wid, capture_pending=pending)
+
+    def idle(self) -> None:
+        # Waiting for the other workers' last ranges: keep the change log short meanwhile.
+        capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
 
     def _copy(self, cur: psycopg.Cursor, mapping: Mapping, key_range: ranges.KeyRange) -> int:
         rows = copy_range(cur, self.ctx, mapping, key_range.lo, key_range.hi)
@@ -237,37 +196,46 @@ def copy_range(cur: psycopg.Cursor, ctx: Context, m: Mapping, lo: list[str] | No
     return copy_range(cur, ctx, m, lo, middle) + copy_range(cur, ctx, m, middle, hi)
 
 
-class Applier(ranges.RangeWorker):
+class Applier:
     """Applies the change log while the workers copy, in a session of its own: what the writers
     changed in copied ranges is replayed beside the copy instead of between its ranges. The
     same batches as the workers' (capture.drain: the applier lock, keys of done ranges only),
     so they never replay a key concurrently; waits, as they do, while mover is paused or a
     replica lags. Ends when `done` is set (the workers have stopped)."""
 
-    role = "mover-applier"  # its own name in pg_stat_activity: its transactions are not a worker's
-
     def __init__(self, ctx: Context, done: threading.Event):
-        super().__init__(ctx.db.dsn, ctx.migration, f"{control.new_owner_id()}:applier", stop=ctx.stop,
-                         lost=ctx.lease_lost, registry=set(), report=ctx.report)
+        # Its own name in pg_stat_activity: its transactions are not a worker's.
+        self.ctx = Context(db=ctx.db.sibling(role="mover-applier"), migration=ctx.migration,
+                           owner=f"{control.new_owner_id()}:applier", report=ctx.report, stop=ctx.stop,
+                           lease_lost=ctx.lease_lost)
         self.done = done
+        self.pacer = throttle.Throttle(limits(ctx.plan.backfill))
 
-    def _run(self) -> None:
-        settings = self.ctx.plan.backfill
-        pacer = throttle.Throttle(limits(settings), settings.workers)
-        while not self.done.is_set():
-            self.ctx.checkpoint()
-            m = self.ctx.refresh()
-            if m.state == "aborted" or m.step != "backfill":
-                return
-            if self.db.transaction(bind(pacer.reason, m.paused)):
-                self.done.wait(1.0)
-                continue
-            if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed < capture.BATCH:
-                self.done.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+    def _look(self, cur: psycopg.Cursor) -> tuple[control.Migration, str | None]:
+        m = control.get_by_id(cur, self.ctx.mid)
+        self.pacer.limits = limits(plan_from_canonical(m.plan).backfill)
+        return m, self.pacer.reason(cur, m.paused)
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                self.ctx.checkpoint()
+                m, wait = self.ctx.db.transaction(self._look)
+                self.ctx.use(m)
+                if m.state == "aborted" or m.step != KIND:
+                    return
+                if wait:
+                    self.done.wait(throttle.RECHECK_SECONDS)
+                    continue
+                if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).log_rows < capture.BATCH:
+                    self.done.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+        finally:
+            self.ctx.db.close()
 
 
 def copy_all(ctx: Context) -> None:
-    """Run [backfill] workers in this process, and the applier beside them, until every range is copied."""
+    """Run [backfill] workers in this process, and the applier beside them, until every range is
+    copied. A failure of either stops the others (their shared stop flag) and is raised here."""
     settings = ctx.plan.backfill
     def prepare(cur: psycopg.Cursor) -> tuple[int, int]:
         ranges.ensure_frontier(cur, ctx.mid, KIND)
@@ -281,16 +249,14 @@ def copy_all(ctx: Context) -> None:
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True)
                for i in range(settings.workers)]
     done = threading.Event()
-    applier = Applier(ctx, done)
-    thread = threading.Thread(target=applier.run, name="mover-applier", daemon=True)
-    thread.start()
+    group = threads.Group(on_error=lambda _: ctx.stop.set())
+    group.start(Applier(ctx, done).run, "mover-applier")
     try:
-        ranges.run_workers(workers, "worker")
+        rangework.run_workers(workers, "worker", group)
     finally:
         done.set()
-        ranges.join(thread)
-    if applier.error is not None:
-        raise applier.error
+        group.wait()
+    group.join()
     ctx.checkpoint()
     ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
 
@@ -324,7 +290,8 @@ def stop_orphaned_builders(ctx: Context) -> None:
     from the dead client), but its SHARE lock would hold up the step's drain and builds. Only the
     lease holder builds on the new table, and it calls this before it starts: any mover backend
     holding or awaiting a build's lock (SHARE, or SHARE UPDATE EXCLUSIVE for an earlier version's
-    concurrent build or an ANALYZE) on the new table or its partitions is an orphan. Cancel them
+    concurrent build or an ANALYZE, or ACCESS EXCLUSIVE for a constraint's ADD CONSTRAINT, which
+    also holds the applier lock) on the new table or its partitions is an orphan. Cancel them
     and wait until they are gone."""
     def builders(cur: psycopg.Cursor) -> list[int]:
         cur.execute(
@@ -332,7 +299,8 @@ def stop_orphaned_builders(ctx: Context) -> None:
             " WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database"
             "   WHERE datname = current_database())"
             " AND l.relation IN (SELECT %s::regclass UNION ALL SELECT relid FROM pg_partition_tree(%s::regclass))"
-            " AND l.mode IN ('ShareLock', 'ShareUpdateExclusiveLock') AND l.pid <> pg_backend_pid()"
+            " AND l.mode IN ('ShareLock', 'ShareUpdateExclusiveLock', 'AccessExclusiveLock')"
+            " AND l.pid <> pg_backend_pid()"
             " AND a.application_name LIKE 'mover%%'", (str(ctx.new), str(ctx.new)))
         return [r[0] for r in cur.fetchall()]
 
@@ -363,19 +331,28 @@ def _check_client(cur: psycopg.Cursor) -> None:
 
 def _copy_index_comment(ctx: Context, name: str, ix: introspect.Index) -> None:
     def copy(cur: psycopg.Cursor) -> None:
-        comment, _ = introspect.index_comments(cur, ix.oid)
+        comment, constraint_comment = introspect.index_comments(cur, ix.oid)
         if comment is not None:
             cur.execute(ddl.comment_on_index(names.QualifiedName(ctx.new.schema, name), comment))
+        if constraint_comment is not None and ix.by_constraint:
+            # The constraint's own comment: it is named like its index (the swap renames both).
+            cur.execute(ddl.comment_on_constraint(ctx.new, name, constraint_comment))
     ctx.db.transaction(copy, label="index comment")
 
 
 @dataclass(frozen=True)
 class IndexBuild:
     """One CREATE INDEX: index `name` on `table` (the new table, or one of its
-    partitions), defined as the source's index `ix`."""
+    partitions), defined as the source's index `ix`; or, for an index only its constraint makes
+    (an exclusion constraint's), one ADD CONSTRAINT of that name on the new table."""
     name: str
     ix: introspect.Index
     table: names.QualifiedName
+
+    def statement(self) -> sql.Composed:
+        if self.ix.constraint_def is not None:
+            return ddl.add_constraint(self.table, self.name, self.ix.constraint_def)
+        return ddl.create_index(self.name, self.table, self.ix, concurrently=False)
 
 
 def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
@@ -396,13 +373,72 @@ def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
 
     def build(cur: psycopg.Cursor) -> None:
         _check_client(cur)
-        cur.execute(ddl.create_index(b.name, b.table, b.ix, concurrently=False))
+        cur.execute(b.statement())
         faults.point("index_build_done")  # built, not committed: a crash here leaves no index
         control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built", f"index {b.name} built",
                       {"source_index": b.ix.name, "table": str(b.table)}, (time.monotonic() - started) * 1000)
 
     # One attempt per call: _retried() runs it again after a lock timeout, reading the catalog afresh.
     db.transaction(build, statement_timeout="0", lock_timeout="10s", attempts=1, label="create index")
+    ctx.report("index", name=b.name, state="built")
+    faults.point("index_built")
+
+
+def _replay_to_one_snapshot(cur: psycopg.Cursor, ctx: Context) -> int:
+    """In the caller's transaction, under the applier lock (which it keeps to its end): replay the
+    change log until a batch finds fewer entries than it asks for. That batch read the log and
+    the source in one snapshot and took every entry it showed, so each key of the new table
+    holds its source row as of that snapshot: rows the source held together, which satisfy the
+    source's constraints. (Between batches, the new table can hold a row moved into a place whose
+    leaving row is replayed by the next batch only: harmless while no constraint is built.)
+    Returns the log entries replayed."""
+    capture.lock_applier(cur, ctx.mid, reverse=False)
+    mapping = ctx.mapping(cur)
+    total = 0
+    while True:
+        got = capture.apply_batch(cur, ctx, mapping, reverse=False, backfill_done=True, wait_for_lock=True,
+                                  limit=capture.BATCH)
+        total += got.log_rows
+        if got.log_rows < capture.BATCH:
+            return total
+
+
+def build_constraint(ctx: Context, b: IndexBuild) -> None:
+    """Add the constraint `b` (its index comes with it) to the new table, in one transaction on
+    the session's connection: the log replayed to one snapshot first (_replay_to_one_snapshot),
+    then ADD CONSTRAINT, which checks every row. Transactional: a crash leaves no constraint, or
+    a whole one. Rows that break it stop the step (ConstraintBuildFailed): the constraint cannot
+    be carried while they exist, and nothing else is at fault."""
+    schema = b.table.schema
+    assert schema is not None  # the new table is named with its schema
+    if ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, b.name)) is True:
+        return
+    faults.point("index_building")
+    started = time.monotonic()
+    ctx.report("index", name=b.name, state="building")
+
+    def build(cur: psycopg.Cursor) -> None:
+        _check_client(cur)
+        replayed = _replay_to_one_snapshot(cur, ctx)
+        cur.execute(b.statement())
+        faults.point("index_build_done")  # built, not committed: a crash here leaves no constraint
+        control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built", f"constraint {b.name} built",
+                      {"source_index": b.ix.name, "table": str(b.table), "constraint": True, "replayed": replayed},
+                      (time.monotonic() - started) * 1000)
+
+    try:
+        ctx.db.transaction(build, statement_timeout="0", lock_timeout="10s", attempts=1, label="add constraint")
+    except (psycopg.errors.ExclusionViolation, psycopg.errors.UniqueViolation) as exc:
+        m = ctx.migration
+        detail = f" ({exc.diag.message_detail.rstrip('.')})" if exc.diag.message_detail else ""
+        raise ConstraintBuildFailed(
+            f"the constraint {names.display_ident(b.ix.name)} of {m.source} cannot be built on {b.table} as"
+            f" {names.display_ident(b.name)}: rows of the new table break it{detail}. The copy holds the source's"
+            f" rows as of one snapshot, converted to the new column types: values the conversion made equal (a"
+            f" lossy type change), or a row whose replay failed (`mover divergences {m.name}`), break it there"
+            f" though not in {m.source}",
+            hint=f"change those rows in {m.source} so that they no longer conflict once converted (or repair the"
+                 f" divergences), then `mover run {m.name}` builds it again; or `mover abort {m.name}`") from None
     ctx.report("index", name=b.name, state="built")
     faults.point("index_built")
 
@@ -427,18 +463,18 @@ class _Builds:
     """`sessions` build sessions (threads, each with its own connection) taking builds from one
     list; several may build on one table (a plain build's SHARE lock does not conflict with
     itself). After the first failure no session takes another build; the ones under way finish,
-    and the failure is raised once all have stopped."""
+    and the failure is raised once all have stopped (mover/threads.py)."""
 
     def __init__(self, ctx: Context, builds: list[IndexBuild], sessions: int):
         self.ctx = ctx
         self.todo = list(builds)
-        self.error: BaseException | None = None
+        self.group = threads.Group()
         self.lock = threading.Lock()
         self.sessions = min(sessions, len(builds))
 
     def _next(self) -> IndexBuild | None:
         with self.lock:
-            if self.error is None and self.todo:
+            if not self.group.failed and self.todo:
                 return self.todo.pop(0)
             return None
 
@@ -446,12 +482,6 @@ class _Builds:
         try:
             while (b := self._next()) is not None:
                 _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b))
-        except BaseException as exc:  # kept, and raised by run() once every session has stopped
-            with self.lock:
-                if self.error is None:
-                    self.error = exc
-                else:  # a second failure while the first stops the others: said, not raised
-                    log.error("index build session also failed: %s: %s", type(exc).__name__, exc)
         finally:
             if db is not self.ctx.db:
                 db.close()
@@ -461,41 +491,45 @@ class _Builds:
             for b in self.todo:
                 _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, self.ctx.db, b))
             return
-        threads = [threading.Thread(target=self._session, args=(self.ctx.db.sibling(),),
-                                    name=f"mover-index-{i}", daemon=True) for i in range(1, self.sessions)]
-        for t in threads:
-            t.start()
-        self._session(self.ctx.db)
-        for t in threads:
-            ranges.join(t)
-        if self.error is not None:
-            raise self.error
+        for i in range(1, self.sessions):
+            self.group.start(partial(self._session, self.ctx.db.sibling()), f"mover-index-{i}")
+        self.group.call(partial(self._session, self.ctx.db))
+        self.group.join()
 
 
 def planned_builds(name: str, ix: introspect.Index, table: names.QualifiedName,
                    parts: list[names.QualifiedName] | None) -> list[IndexBuild]:
     """The builds of the deferred index `name`: on `table` itself, or, when `parts` (the
     partitions of a partitioned `table`) are given, each partition's part of it (each then
-    resumable by itself). Plan check lists these, and the step runs them."""
-    if parts is None:
+    resumable by itself). Plan check lists these, and the step runs them. A constraint's index is
+    the constraint's one build on `table`, partitioned or not (PostgreSQL 17 and later build each
+    partition's part in that statement)."""
+    if parts is None or ix.by_constraint:
         return [IndexBuild(name, ix, table)]
     return [IndexBuild(partitions.child_index_name(p.name, name), ix, p) for p in parts]
 
 
 def index_statements(ctx: Context, indexes: list[tuple[str, introspect.Index]],
-                     parts: list[names.QualifiedName] | None) -> list[sql.Composable]:
+                     parts: list[names.QualifiedName] | None) -> list[sql.Composable | str]:
     """What build_indexes runs for `indexes`, for plan check: the builds, then on a partitioned
     table each parent index ON ONLY and its partitions' attached."""
-    out: list[sql.Composable] = []
+    out: list[sql.Composable | str] = []
     for name, ix in indexes:
-        out += [ddl.create_index(b.name, b.table, b.ix, concurrently=False)
-                for b in planned_builds(name, ix, ctx.new, parts)]
+        if ix.by_constraint:
+            continue  # after the plain builds, one at a time (build_indexes, build_constraint)
+        out += [b.statement() for b in planned_builds(name, ix, ctx.new, parts)]
         if parts is not None:
             assert ctx.new.schema is not None  # the control tables hold schema-qualified names
             out.append(sql_partitions.create_index_on_only(name, ctx.new, ix.is_unique, ix.definition_tail))
             parent_index = names.QualifiedName(ctx.new.schema, name)
             out += [sql_partitions.attach_index(parent_index, names.QualifiedName(b.table.schema, b.name))
                     for b in planned_builds(name, ix, ctx.new, parts)]
+    constraints = [b for name, ix in indexes if ix.by_constraint for b in planned_builds(name, ix, ctx.new, parts)]
+    if constraints:
+        out.append("-- then each exclusion constraint, one at a time, in a transaction that first replays the change"
+                   " log under the applier lock until a batch finds it caught up (the rows as of one snapshot of"
+                   " the source)")
+        out += [b.statement() for b in constraints]
     return out
 
 
@@ -511,9 +545,13 @@ def build_indexes(ctx: Context) -> None:
     partitioned = parts is not None
     pending: list[tuple[str, introspect.Index]] = []
     builds: list[IndexBuild] = []
+    constraints: list[tuple[str, introspect.Index]] = []
     for name, ix in todo:
         if ctx.db.transaction(bind(introspect.index_state, schema, name)) is True:
             _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
+            continue
+        if ix.by_constraint:
+            constraints.append((name, ix))
             continue
         pending.append((name, ix))
         # A partitioned table: each partition's index, then (below) the parent's ON ONLY,
@@ -523,8 +561,8 @@ def build_indexes(ctx: Context) -> None:
     sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan
                                    ).backfill.index_sessions()
     started = time.monotonic()
-    if builds:
-        ctx.report("index_builds", total=len(builds), sessions=sessions)
+    if builds or constraints:
+        ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions)
     _Builds(ctx, builds, sessions).run()
     for name, ix in pending:
         if partitioned:
@@ -533,12 +571,19 @@ def build_indexes(ctx: Context) -> None:
             _retried(ctx, f"attaching the partitions' indexes to {name}", attach)
             faults.point("index_built")
         _copy_index_comment(ctx, name, ix)
-    if builds:
+    # After the plain builds, one at a time: ADD CONSTRAINT takes ACCESS EXCLUSIVE on the new
+    # table, which would wait for every build's SHARE lock (and they for it).
+    for name, ix in constraints:
+        for b in planned_builds(name, ix, ctx.new, parts):
+            _retried(ctx, f"building constraint {name}", partial(build_constraint, ctx, b))
+        _copy_index_comment(ctx, name, ix)
+    if builds or constraints:
         ms = (time.monotonic() - started) * 1000
         ctx.db.transaction(lambda cur: control.event(
             cur, ctx.mid, ctx.owner, "backfill", "indexes_built",
-            f"{len(builds)} index builds on {ctx.new}, up to {sessions} at once",
-            {"builds": len(builds), "indexes": len(pending), "sessions": sessions}, ms))
+            f"{len(builds) + len(constraints)} index builds on {ctx.new}, up to {sessions} at once",
+            {"builds": len(builds), "indexes": len(pending), "constraints": len(constraints), "sessions": sessions},
+            ms))
 
 
 class Analyze:
@@ -549,16 +594,16 @@ class Analyze:
     where PostgreSQL analyzes each partition in a transaction of its own and so holds one
     partition's lock at a time (inside a block it would keep every partition it analyzed locked
     against the builds until its end). Not where a deferred index has expressions (ANALYZE
-    gathers their statistics only from indexes that exist), and not behind a transaction-mode
-    pooler (no session timeouts there): then after the builds, in a transaction, as before."""
+    gathers their statistics only from indexes that exist), not where an exclusion constraint is
+    built (its ADD CONSTRAINT would wait for ANALYZE), and not behind a transaction-mode pooler (no
+    session timeouts there): then after the builds, in a transaction, as before."""
 
     # A partition's build holds the lock ANALYZE waits for as long as that build takes.
     LOCK_TIMEOUT = "30min"
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.error: BaseException | None = None
-        self.thread: threading.Thread | None = None
+        self.thread: threads.Group | None = None  # beside the builds: its session's thread
         self.started = 0.0
         self.ms = 0.0
 
@@ -570,28 +615,31 @@ class Analyze:
         return sql.SQL("ANALYZE {}").format(self.ctx.new.ident)
 
     def beside_builds(self) -> bool:
-        def expressions(cur: psycopg.Cursor) -> bool:
-            oids = [ix.oid for _, ix in deferred_indexes(cur, self.ctx)]
+        def after_builds(cur: psycopg.Cursor) -> bool:
+            deferred = deferred_indexes(cur, self.ctx)
+            if any(ix.by_constraint for _, ix in deferred):
+                # ADD CONSTRAINT's ACCESS EXCLUSIVE lock would wait for ANALYZE's (it holds SHARE
+                # UPDATE EXCLUSIVE as long as it reads).
+                return True
+            oids = [ix.oid for _, ix in deferred]
             cur.execute("SELECT coalesce(bool_or(indexprs IS NOT NULL), false) FROM pg_index"
                         " WHERE indexrelid = ANY(%s)", (oids,))
             return bool(one(cur)[0])
-        return not self.ctx.db.pooled() and not self.ctx.db.transaction(expressions)
+        return not self.ctx.db.pooled() and not self.ctx.db.transaction(after_builds)
 
     def start(self) -> None:
         """Start it beside the builds, where it can."""
         if not self.beside_builds():
             return
         self.started = time.monotonic()
-        self.thread = threading.Thread(target=self._beside, name="mover-analyze", daemon=True)
-        self.thread.start()
+        self.thread = threads.Group()
+        self.thread.start(self._beside, "mover-analyze")
 
     def _beside(self) -> None:
         db = self.ctx.db.sibling()
         try:
             db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
             self.ms = (time.monotonic() - self.started) * 1000
-        except BaseException as exc:  # raised by finish(), in the step's thread
-            self.error = exc
         finally:
             db.close()
 
@@ -603,9 +651,7 @@ class Analyze:
             self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",
                                     label="analyze")
             return (time.monotonic() - started) * 1000
-        ranges.join(self.thread)
-        if self.error is not None:
-            raise self.error
+        self.thread.join()  # raises what ANALYZE raised, in the step's thread
         return self.ms
 
     def abandon(self) -> None:
@@ -613,7 +659,7 @@ class Analyze:
         failure of its own is said here). The resume runs it again."""
         if self.thread is None:
             return
-        ranges.join(self.thread)
-        if self.error is not None:
+        self.thread.wait()
+        if (error := self.thread.error) is not None:
             log.error("ANALYZE of %s beside the index builds also failed: %s: %s", self.ctx.new,
-                      type(self.error).__name__, self.error)
+                      type(error).__name__, error)

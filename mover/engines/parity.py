@@ -193,7 +193,7 @@ class Planned:
 
 
 # Aspects the swap transaction makes or moves (mover/engines/cutover.py, mover/engines/carry.py,
-# mover/catalog/metadata.py): before the swap the new table lacks them on purpose.
+# mover/engines/metadata.py): before the swap the new table lacks them on purpose.
 SWAP_MADE = frozenset({"publication", "constraint", "trigger", "rule", "policy", "view", "referenced_by"})
 # ... and what it sets, whatever the new table has before.
 SWAP_SET = frozenset({"replica_identity", "replica_identity_index", "statistics_name", "row_security"})
@@ -225,7 +225,7 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
                                                                   "column_compression", "column_default"):
         return "[target] columns changes this column's type"
     if p.partitioned and d.kind in ("kind", "reloptions", "constraint", "index", "index_name", "constraint_name",
-                                    "replica_identity"):
+                                    "replica_identity") and not _exclusion(d):
         return "[target.partition]: a partitioned table's key holds the partition columns and it stores no rows"
     if d.kind == "column_not_null" and column in p.partition_columns:
         return "[target.partition]: the primary key holds the partition columns, and a key's columns are NOT NULL"
@@ -237,7 +237,7 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
     if d.kind == "constraint" and d.item in p.dropped_foreign_keys and None in (d.before, d.after):
         return "[target] drop_foreign_keys"
     if d.kind == "constraint" and None in (d.before, d.after) and (d.item in p.renames.values()
-                                                                    or d.item in p.renames):
+                                                                    or d.item in p.renames) and not _exclusion(d):
         return "carried as a unique index under mover's name"
     if (p.at_swap and d.kind == "column_not_null" and d.before and not d.after
             and before.get("metadata", {}).get("columns", {}).get(column, {}).get("not_null_valid") is False):
@@ -245,11 +245,18 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
     if (p.at_swap and d.kind == "constraint_comment" and d.after is None and d.item in before["constraints"]
             and d.item not in after["constraints"]):
         return "made at the swap, with its constraint"
-    if p.at_swap and d.kind == "index" and d.after is None:
+    if p.at_swap and (d.kind == "index" or _exclusion(d)) and d.after is None:
         return "built after the backfill"
     if p.at_swap and (d.kind in SWAP_SET or d.kind in SWAP_MADE and d.after is None):
         return "made at the swap"
     return ""
+
+
+def _exclusion(d: Difference) -> bool:
+    """An exclusion constraint's difference: a partitioned table takes the constraint as it is
+    (where PostgreSQL allows one at all: plan check refuses the others), so partitioning plans
+    none of it; and one that went missing must not pass as the new key's."""
+    return d.kind == "constraint" and any(isinstance(v, str) and v.startswith("EXCLUDE ") for v in (d.before, d.after))
 
 
 def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Difference]:

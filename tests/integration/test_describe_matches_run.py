@@ -9,10 +9,12 @@ import re
 import psycopg
 from psycopg import sql
 
-from mover import api, runner, steps
+from mover import steps
 from mover.db import Database
 from mover.engines import cutover
 from mover.plan import load_plan
+from mover.runner import lifecycle, register
+from mover.runner.lease import leased
 from mover.state import control
 from mover.steps import rollback_window
 from tests.workload import create_orders, write_plan
@@ -70,7 +72,7 @@ def _setup(db_dsn, tmp_path, name, extra=""):
             conn.execute(extra)
     plan = write_plan(tmp_path / f"{name}.toml", PLAN.format(name=name))
     db = Database(db_dsn)
-    m = api._register_or_load(db, load_plan(plan), "test")
+    m = register.register_or_load(db, load_plan(plan), "test")
     db.connection().cursor_factory = Recording
     return db, m
 
@@ -88,17 +90,17 @@ def _run_and_compare(ctx, name, run) -> list[str]:
 def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path):
     db, m = _setup(db_dsn, tmp_path, "orders_describe")
     try:
-        with runner.leased(db, m, control.new_owner_id()) as ctx:
+        with leased(db, m, control.new_owner_id()) as ctx:
             for name in ("create_target", "install_capture"):
                 assert ctx.refresh().step == name
-                assert _run_and_compare(ctx, name, lambda: runner.advance(ctx, one_step=True))
-            runner.advance(ctx, one_step=True)  # backfill
-            runner.advance(ctx, one_step=True)  # reconcile
+                assert _run_and_compare(ctx, name, lambda: lifecycle.advance(ctx, one_step=True))
+            lifecycle.advance(ctx, one_step=True)  # backfill
+            lifecycle.advance(ctx, one_step=True)  # reconcile
             assert ctx.refresh().step == "cutover"
-            swap = _run_and_compare(ctx, "cutover", lambda: runner.advance(ctx, through_cutover=True))
+            swap = _run_and_compare(ctx, "cutover", lambda: lifecycle.advance(ctx, through_cutover=True))
             assert any("RENAME TO" in s for s in swap) and any("CREATE TRIGGER" in s for s in swap)
             assert rollback_window.close(ctx, force=True)
-            dropped = _run_and_compare(ctx, "retire", lambda: runner.advance(ctx))
+            dropped = _run_and_compare(ctx, "retire", lambda: lifecycle.advance(ctx))
             assert len(dropped) >= 7  # both captures' triggers, functions, logs, the notes, the old table
             assert ctx.refresh().state == "done"
     finally:
@@ -108,13 +110,13 @@ def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path):
 def test_abort_runs_what_it_lists(db_dsn, tmp_path):
     db, m = _setup(db_dsn, tmp_path, "orders_abort")
     try:
-        with runner.leased(db, m, control.new_owner_id()) as ctx:
-            runner.advance(ctx, one_step=True)
-            runner.advance(ctx, one_step=True)
+        with leased(db, m, control.new_owner_id()) as ctx:
+            lifecycle.advance(ctx, one_step=True)
+            lifecycle.advance(ctx, one_step=True)
             want = ctx.db.transaction(lambda cur: described(ctx, cur, [cutover.render(cur, s)
                                                                        for s in cutover.abort_sql(cur, ctx)]))
             Recording.sent = []
-            runner.abort(ctx)
+            lifecycle.abort(ctx)
             # Its LOCK TABLE statements first, one per relation (mover/engines/lockwatch.py lock_all),
             # as the rollback's.
             ran = [s for s in ddl_only(Recording.sent) if not s.startswith("LOCK")]
@@ -143,10 +145,10 @@ def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp
     """The statements that move the dependents (mover/engines/carry.py) are the ones plan check lists."""
     db, m = _setup(db_dsn, tmp_path, "orders_dependents", DEPENDENTS)
     try:
-        with runner.leased(db, m, control.new_owner_id()) as ctx:
+        with leased(db, m, control.new_owner_id()) as ctx:
             for _ in range(4):  # create_target, install_capture, backfill, reconcile
-                runner.advance(ctx, one_step=True)
-            swap = _run_and_compare(ctx, "cutover", lambda: runner.advance(ctx, through_cutover=True))
+                lifecycle.advance(ctx, one_step=True)
+            swap = _run_and_compare(ctx, "cutover", lambda: lifecycle.advance(ctx, through_cutover=True))
             for fragment in ('DROP CONSTRAINT "lines_order_id_fkey"', 'DROP TRIGGER "orders_noop"',
                              'DROP POLICY "everyone"', 'DROP VIEW "public"."orders_v"',
                              'REFRESH MATERIALIZED VIEW "public"."orders_mv"', 'DISABLE TRIGGER "orders_noop"',
@@ -155,7 +157,7 @@ def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp
             want = ctx.db.transaction(lambda cur: described(ctx, cur, [cutover.render(cur, s) for s in
                                                                        cutover.swap_sql(cur, ctx, forward=False)]))
             Recording.sent = []
-            runner.rollback(ctx)
+            lifecycle.rollback(ctx)
             got = [s for s in ddl_only(Recording.sent) if not s.startswith(("LOCK", "ALTER TABLE \"public\".\"lines\" "
                                                                             "VALIDATE", "ALTER TABLE \"public\".\""
                                                                             "Orders\" VALIDATE"))]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mover.names import QualifiedName
-from mover.plan import _SCHEMA, SETTABLE, Plan, load_plan, plan_from_canonical
+from mover.plan import KEYS, SETTABLE, SETTINGS, Plan, load_plan, plan_from_canonical
+from mover.plan.declare import Count
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = ROOT / "plans"
@@ -106,26 +107,50 @@ def test_example_plan_comments_every_key(file):
     text = (PLANS / file).read_text()
     plan = load_plan(PLANS / file)
     for section in plan.document:
-        for key in _SCHEMA[section]:
+        for key in KEYS[section]:
             assert re.search(rf"(^|[\s#]){re.escape(key)}\b", text, re.M), f"{file}: [{section}] {key} not explained"
+
+
+def documented() -> dict[tuple[str, str], dict[str, str]]:
+    """docs/plan.md's "Every key" table: (section, key) -> its cells."""
+    doc = (ROOT / "docs" / "plan.md").read_text()
+    rows = {}
+    for line in re.findall(r"^\| `\[\w+\]` \| `\w+` \|.*\|$", doc, re.M):
+        section, key, type_, default, meaning, may_change = (c.strip() for c in line.strip("|").split(" | "))
+        rows[(section.strip("`[]"), key.strip("`"))] = {"type": type_, "default": default, "may_change": may_change}
+    return rows
 
 
 def test_docs_document_exactly_the_plan_keys():
     """docs/plan.md's reference table lists every key the parser accepts, and no other."""
-    doc = (ROOT / "docs" / "plan.md").read_text()
-    documented = set(re.findall(r"^\| `\[(\w+)\]` \| `(\w+)` \|", doc, re.M))
-    schema = {(section, key) for section, keys in _SCHEMA.items() for key in keys}
-    assert schema - documented == set(), "keys the parser accepts that docs/plan.md does not document"
-    assert documented - schema == set(), "keys docs/plan.md documents that the parser does not accept"
+    documented_keys = set(documented())
+    schema = {(section, key) for section, keys in KEYS.items() for key in keys}
+    assert schema - documented_keys == set(), "keys the parser accepts that docs/plan.md does not document"
+    assert documented_keys - schema == set(), "keys docs/plan.md documents that the parser does not accept"
+    assert set(SETTINGS) == schema
 
 
 def test_docs_say_which_keys_mover_set_changes():
     """The "May change?" column mentions `mover set` exactly for the keys `mover set` accepts."""
-    doc = (ROOT / "docs" / "plan.md").read_text()
-    rows = re.findall(r"^\| `\[(\w+)\]` \| `(\w+)` \|.*\| ([^|]*) \|$", doc, re.M)
-    assert len(rows) == sum(len(keys) for keys in _SCHEMA.values())
-    for section, key, may_change in rows:
-        assert ("`mover set`" in may_change) == (key in SETTABLE.get(section, ())), f"[{section}] {key}"
+    for (section, key), row in documented().items():
+        assert ("`mover set`" in row["may_change"]) == (key in SETTABLE.get(section, ())), f"[{section}] {key}"
+        assert SETTINGS[(section, key)].settable == (key in SETTABLE.get(section, ()))
+
+
+def test_docs_say_what_the_declarations_say():
+    """Each documented default is the declared one, a key documented as never changing is fixed
+    or read only at registration, and an integer's documented bounds are the parser's."""
+    for (section, key), row in documented().items():
+        s = SETTINGS[(section, key)]
+        shown = s.shown_default()
+        assert row["default"] == shown or row["default"].startswith(shown + " "), \
+            f"[{section}] {key}: docs/plan.md says the default is {row['default']}, the declaration {shown}"
+        never = s.fixed or s.registration_only
+        assert row["may_change"].startswith("no") == never, f"[{section}] {key}: {row['may_change']}"
+        if isinstance(s.kind, Count):
+            bounds = [int(n) for n in re.findall(r"\d+", row["type"].replace(",", ""))]
+            unbounded = "≥" in row["type"] and s.kind.hi >= 10**9  # no cap worth writing
+            assert bounds == ([s.kind.lo] if unbounded else [s.kind.lo, s.kind.hi]), f"[{section}] {key}: {row['type']}"
 
 
 # Commented-out keys that show an example value rather than the default.

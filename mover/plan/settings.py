@@ -1,0 +1,213 @@
+"""Every plan setting, declared once: its section, key, kind of value (checks and conversion),
+default, whether `mover set` may change it, when an edit takes effect (mover/plan/declare.py
+says how to read a declaration). A new tunable is one `setting(...)` line here and its row in
+docs/plan.md (tests/unit/test_example_plans.py holds the two together).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from mover.errors import PlanError
+from mover.names import QualifiedName
+from mover.plan.declare import (
+    Choice,
+    Columns,
+    Count,
+    Duration,
+    Flag,
+    Name,
+    Pattern,
+    Problems,
+    Read,
+    Strings,
+    Text,
+    nested,
+    section,
+    setting,
+    store,
+)
+from mover.plan.tables import Hook, HookTables, PartitionSpec, PartitionTable, check_partman_spec
+
+
+@section("migration")
+@dataclass(frozen=True)
+class MigrationKeys:
+    name: str = setting(Pattern(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}$",
+                                "must be 1-63 characters of letters, digits, '_', '.', '-'",
+                                'e.g. name = "orders_bigint"'), required=True, fixed=True)
+    source: QualifiedName = setting(Name(), required=True, fixed=True)
+
+
+def _lossy_columns_are_planned(s: Read, plan: dict[str, Read], problems: Problems) -> None:
+    for col in s.raw.get("accept_lossy", []):
+        if not isinstance(col, str) or col not in s.values["columns"]:
+            problems.add(f"[{s.name}] accept_lossy: {col!r} is not a column of [{s.name}] columns",
+                         "list the columns whose type change plan check reported as lossy")
+
+
+@section("target", check=_lossy_columns_are_planned)
+@dataclass(frozen=True)
+class TargetKeys:
+    """[target]'s keys. A table section that takes the same keys declares a subclass under its
+    own name (`@section("also")`), with _lossy_columns_are_planned as its check. `stored`: where
+    the canonical form has always kept a key (plans registered before must read the same)."""
+    target: QualifiedName | None = setting(Name(), None, key="name", stored="target.name", fixed=True,
+                                           shown="`<source>_new`")
+    columns: dict[str, str] = setting(Columns(), {}, fixed=True)
+    # Columns whose type change can lose information (plan check names them), acknowledged.
+    accept_lossy: tuple[str, ...] = setting(Strings(sort=True), (), registration_only=True)
+    # Outbound foreign keys the operator accepts the new table will lack after the swap.
+    drop_foreign_keys: tuple[str, ...] = setting(
+        Strings("must list distinct constraint names", 'e.g. drop_foreign_keys = ["invoices_customer_id_fkey"]',
+                distinct=True), (),
+        stored="drop_foreign_keys", effect="at the next cutover (the swap leaves these on the old table)")
+    partition: PartitionSpec | None = setting(PartitionTable(), None, stored="partition", fixed=True)
+
+
+def _min_rows_below_max(s: Read, plan: dict[str, Read], problems: Problems) -> None:
+    lo, hi = s.values["min_rows"], s.values["max_rows"]
+    if lo > hi:
+        problems.add(f"[backfill] min_rows ({lo}) is above max_rows ({hi})", "lower min_rows or raise max_rows")
+
+
+@section("backfill", effect="at each backfill worker's next range", check=_min_rows_below_max)
+@dataclass(frozen=True)
+class BackfillSettings:
+    # The first range's size; later ones adapt toward target_range_ms.
+    range_rows: int = setting(Count(1, 10_000_000), 10_000, settable=True, was=("chunk_rows",))
+    target_range_ms: int = setting(Count(10, 600_000), 500, settable=True, was=("target_chunk_ms",))
+    min_rows: int = setting(Count(1, 10_000_000), 1_000, settable=True)
+    max_rows: int = setting(Count(1, 10_000_000), 200_000, settable=True,
+                            default_from=lambda default, got: max(default, got["range_rows"]),
+                            shown="`max(200000, range_rows)`")
+    workers: int = setting(Count(1, 64), 1, settable=True)
+    max_rows_per_second: int = setting(Count(0, 10**9), 0, settable=True)  # 0: no cap
+    max_replica_lag_ms: int = setting(Duration(), 30_000, settable=True)  # 0: do not check
+    max_attempts: int = setting(Count(1, 100), 5, settable=True)  # a range failing this often is marked failed
+    synchronous_commit: bool = setting(Flag(), False)
+    # CREATE INDEX sessions at once after the copy (0: as many as workers, at least 2): a plain
+    # table's indexes, or a partitioned target's per-partition builds, side by side. At least 2:
+    # the copy workers are idle by then, and only mover reads the new table.
+    index_builds: int = setting(Count(0, 64), 0, settable=True)
+    DEFAULT_MIN_INDEX_BUILDS = 2
+
+    def index_sessions(self) -> int:
+        return self.index_builds or max(self.workers, self.DEFAULT_MIN_INDEX_BUILDS)
+
+
+@section("cutover", effect="at the next lock mover takes and the next cutover")
+@dataclass(frozen=True)
+class CutoverSettings:
+    auto: bool = setting(Flag(), False, settable=True)
+    lock_timeout_ms: int = setting(
+        Duration(1, 60_000, "1ms and 60s", "the application waits up to this long for each attempt; keep it short"),
+        200, settable=True)
+    attempts: int = setting(Count(1, 1000, "e.g. attempts = 30"), 30, settable=True)
+    # Sessions still holding a lock on the tables once the attempts are spent: cancelled, then
+    # terminated after blocker_grace, and the lock tried once more (mover/engines/lockwatch.py). Off by default.
+    terminate_blockers: bool = setting(Flag(), False, settable=True)
+    blocker_grace_ms: int = setting(Duration(0, 600_000, "0 and 10 minutes", 'e.g. blocker_grace = "5s"'), 5000,
+                                    settable=True)
+    # Metadata differences the operator lets through the swap's parity check (mover/engines/parity.py):
+    # "kind:item" keys as `mover parity NAME` prints them, or a bare kind.
+    accept_parity: tuple[str, ...] = setting(
+        Strings("must list the differences `mover parity NAME` names",
+                'e.g. accept_parity = ["grant:SELECT TO reporting"]'), (), only_set=True)
+
+
+@section("rollback")
+@dataclass(frozen=True)
+class RollbackSettings:
+    window_ms: int = setting(Duration(), 24 * 3_600_000, required=True,
+                             missing='e.g. window = "24h" (how long `mover rollback` stays possible after the cutover)',
+                             effect="at the cutover (the window's end is fixed when the swap commits)")
+    old_name: QualifiedName | None = setting(Name(), None, fixed=True, shown="`<source>_old`")
+    keep_old: bool = setting(Flag(), False, effect="at retire")
+
+
+@section("reconcile", effect="at the next reconcile range")
+@dataclass(frozen=True)
+class ReconcileSettings:
+    workers: int = setting(Count(1, 64), 1, settable=True)  # threads comparing ranges in the orchestrating process
+    # Keys per range (bench/reconcile.py: 50k-250k perform alike).
+    range_rows: int = setting(Count(100, 10_000_000), 100_000, settable=True)
+    # Re-verify the ranges changed since the last pass, just before the lock.
+    before_cutover: bool = setting(Flag(), True, settable=True)
+    # Re-checks of a key that differs while a change to it is pending.
+    settle_rounds: int = setting(Count(1, 1000), 10, settable=True)
+    max_attempts: int = setting(Count(1, 100), 5, settable=True)  # a range failing this often is marked failed
+    # Source rows compared per second, shared by the workers; 0: no cap.
+    max_rows_per_second: int = setting(Count(0, 10**9), 0, settable=True)
+
+
+def _upkeep_fits_the_partitioning(s: Read, plan: dict[str, Read], problems: Problems) -> None:
+    target = plan["target"]
+    partition: PartitionSpec | None = target.values["partition"]
+    if s.raw and partition is None and "partition" not in target.raw:
+        problems.add("[partitions] applies to a partitioned target only", "add [target.partition] or remove it")
+    if "retention" in s.raw:
+        if partition is None or partition.interval is None:
+            problems.add("[partitions] retention needs a range partitioning over time ([target.partition] interval "
+                         "= \"1 month\" etc.)", "add the interval, or remove retention")
+        elif not re.match(r"^\s*[1-9]\d*\s+(day|week|month|year)s?\s*$", retention := s.raw["retention"]):
+            problems.add(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {retention!r}",
+                         'e.g. retention = "12 months"')
+    if s.values["manager"] == "pg_partman" and partition is not None:
+        try:
+            check_partman_spec(partition, s.raw, problems.fail)
+        except PlanError as exc:
+            problems.keep(exc)
+
+
+@section("partitions", effect="at the next `mover partitions maintain`", check=_upkeep_fits_the_partitioning,
+         written=lambda plan: plan.partition is not None)
+@dataclass(frozen=True)
+class PartitionUpkeep:
+    """`[partitions]`: the policy `mover partitions maintain` applies after the cutover."""
+    premake: int | None = setting(Count(0, 1000, "e.g. premake = 3"), None, shown="`[target.partition] premake`")
+    retention: str | None = setting(Text(), None)  # e.g. "12 months": partitions wholly older are detached
+    drop_detached: bool = setting(Flag(), False)
+    # Or "pg_partman": handed over once retired (mover/engines/partitions.py).
+    manager: str = setting(Choice(("mover", "pg_partman"),
+                                  'e.g. manager = "pg_partman", or leave it out for mover\'s own upkeep'), "mover")
+
+
+# The canonical form's top-level keys in the order mover has always stored them (jsonb keeps no
+# order, but the text stays as it was); a new section's key follows them.
+STORED_ORDER = ("migration", "target", "backfill", "cutover", "rollback", "reconcile", "drop_foreign_keys",
+                "partition", "partitions", "hooks")
+
+
+@dataclass(frozen=True)
+class Plan(TargetKeys, MigrationKeys):
+    """A plan: [migration]'s and [target]'s keys as its own fields, then the other sections."""
+    backfill: BackfillSettings = nested(BackfillSettings)
+    cutover: CutoverSettings = nested(CutoverSettings)
+    rollback: RollbackSettings = nested(RollbackSettings)
+    reconcile: ReconcileSettings = nested(ReconcileSettings)
+    upkeep: PartitionUpkeep = nested(PartitionUpkeep)
+    hooks: dict[str, Hook] = setting(HookTables(), {}, section="hooks", effect="at the hook's next run")
+    document: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def canonical(self) -> dict[str, Any]:
+        """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""
+        return store(self, STORED_ORDER)
+
+    def shape_hash(self, schema: str | None = None) -> str:
+        """Hash of what defines the migration: source, target, columns and the old table's name.
+        Tunables (backfill, cutover and window settings) may change between runs. Unqualified
+        names count as in `schema` (the source's), so `orders` and `public.orders` agree."""
+        def qualified(name: QualifiedName | None) -> list[str | None] | None:
+            if name is None:
+                return None
+            return [name.schema or schema or self.source.schema, name.name]
+        shape = {"source": qualified(self.source), "target": qualified(self.target),
+                 "old": qualified(self.rollback.old_name), "columns": dict(sorted(self.columns.items()))}
+        if self.partition is not None:  # only when set: hashes of plans registered before stay the same
+            shape["partition"] = self.partition.as_dict()
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()

@@ -59,6 +59,8 @@ def test_each_flag_is_what_the_server_does(conn):
             # 17: the partition shares the parent's identity (before: it has none, a direct insert fails)
             "INSERT INTO t1 (at) VALUES (1)"),
         "unlogged_partitioned": accepts(conn, "CREATE UNLOGGED TABLE t (at int) PARTITION BY RANGE (at)"),
+        "exclusion_on_partitioned": accepts(conn, "CREATE TABLE t (at int) PARTITION BY RANGE (at)",
+                                            "ALTER TABLE t ADD EXCLUDE USING btree (at WITH =)"),
         "not_valid_foreign_key_on_partitioned": accepts(
             conn, "CREATE TABLE r (id int PRIMARY KEY)", "CREATE TABLE t (rid int, at int) PARTITION BY RANGE (at)",
             "ALTER TABLE t ADD FOREIGN KEY (rid) REFERENCES r NOT VALID"),

@@ -18,16 +18,20 @@ def text(q) -> str:
 
 # (server_version_num, what it has)
 VERSIONS = {
-    150018: dict(maintain_privilege=False, identity_on_partitioned=False, catalogued_not_null=False,
+    150018: dict(exclusion_on_partitioned=False,
+                 maintain_privilege=False, identity_on_partitioned=False, catalogued_not_null=False,
                  virtual_generated=False, temporal_constraints=False, enforced_flag=False, unlogged_partitioned=True,
                  not_valid_foreign_key_on_partitioned=False),
-    160002: dict(maintain_privilege=False, identity_on_partitioned=False, catalogued_not_null=False,
+    160002: dict(exclusion_on_partitioned=False,
+                 maintain_privilege=False, identity_on_partitioned=False, catalogued_not_null=False,
                  virtual_generated=False, temporal_constraints=False, enforced_flag=False, unlogged_partitioned=True,
                  not_valid_foreign_key_on_partitioned=False),
-    170010: dict(maintain_privilege=True, identity_on_partitioned=True, catalogued_not_null=False,
+    170010: dict(exclusion_on_partitioned=True,
+                 maintain_privilege=True, identity_on_partitioned=True, catalogued_not_null=False,
                  virtual_generated=False, temporal_constraints=False, enforced_flag=False, unlogged_partitioned=True,
                  not_valid_foreign_key_on_partitioned=False),
-    180006: dict(maintain_privilege=True, identity_on_partitioned=True, catalogued_not_null=True,
+    180006: dict(exclusion_on_partitioned=True,
+                 maintain_privilege=True, identity_on_partitioned=True, catalogued_not_null=True,
                  virtual_generated=True, temporal_constraints=True, enforced_flag=True, unlogged_partitioned=False,
                  not_valid_foreign_key_on_partitioned=True),
 }

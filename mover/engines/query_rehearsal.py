@@ -12,9 +12,10 @@ Invariants:
   one statement that a planner plans (mover/sql/statement_text.py, lexing as the server does:
   SELECT, INSERT, UPDATE, DELETE, MERGE, WITH, VALUES, TABLE); before 16 it is PREPAREd by the
   extended protocol, which refuses a second statement whatever the text.
-  Everything a rehearsal does in a transaction is rolled back (a savepoint with force_rollback):
-  the temporary view, the role it plans as, the settings. Before PostgreSQL 16 a generic plan
-  needs PREPARE, which a rollback does not undo: deallocated in the same transaction.
+  Everything a rehearsal does in a statement's transaction is rolled back (a savepoint with
+  force_rollback): the temporary view, the role it plans as, the settings, and the source's lock
+  with them. Before PostgreSQL 16 a generic plan needs PREPARE, which a rollback does not undo:
+  deallocated in the same transaction. What stays is the target's fresh statistics (ANALYZE).
 - No lock the application queues behind (invariant 3). The source is never renamed, altered or
   explicitly locked: the target is reached through a temporary view that carries the source's
   name (the temporary schema is searched first for relation names; a `schema.source` reference in
@@ -32,7 +33,6 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,14 +53,11 @@ from mover.sql import explain as explain_sql
 from mover.sql import statement_text
 from mover.state import control
 
-log = logging.getLogger("mover.rehearsal")
-
 T = TypeVar("T")
 
 # What one statement's planning may take (planning only: a statement is never executed).
 PLAN_TIMEOUT = "10s"
 ATTEMPTS = 3  # a lock not granted within lock_timeout: the statement's transaction is tried again
-TEXT_SHOWN = 240  # characters of a statement in the text output (the JSON has it whole)
 
 # Verdicts. The first three are marked: `mover rehearse` exits 3, the cutover's preflight refuses.
 SEQ_SCAN = "seq_scan"  # a sequential scan of the target where the source's plan used an index

@@ -151,3 +151,9 @@ def notes_function(mid: int) -> QualifiedName:
 
 def notes_trigger(mid: int) -> str:
     return f"mover_m{mid}_note_applied"
+
+
+def cast_probe(token: str) -> QualifiedName:
+    """The conversion probes' table (mover/sql/casts.py): created in a savepoint and rolled back,
+    named per probe so that two sessions probing at once never wait for each other's name."""
+    return QualifiedName(CONTROL_SCHEMA, f"cast_probe_{token}")

@@ -116,6 +116,12 @@ class Context:
         original = introspect.describe(cur, self.original)
         new = introspect.describe(cur, self.new)
         key = tuple(self.migration.key_columns)
-        m = conversion.mapping(new, original, key) if reverse else conversion.mapping(original, new, key)
+        if reverse:
+            # The rollback window's direction: how the server converts each changed column back
+            # (assignment, CAST, or not at all) decides how the replay writes it (invariant 9).
+            back = conversion.probe(cur, conversion.changed(new, original))
+            m = conversion.mapping(new, original, key, reverse=back)
+        else:
+            m = conversion.mapping(original, new, key)
         extra = tuple(c for c in partitions.partition_columns(cur, m.dst) if c not in key)
         return dataclasses.replace(m, dst_partition=extra) if extra else m

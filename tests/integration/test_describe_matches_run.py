@@ -48,10 +48,13 @@ class Recording(psycopg.Cursor):
 # The lock discipline's autovacuum pause and its restore (mover/engines/lockwatch.py) wrap each locked
 # step rather than belong to it: plan check says so in a comment, not statement by statement.
 AUTOVACUUM_PAUSE = re.compile(r"ALTER TABLE \S+ (SET|RESET) \(autovacuum_enabled")
+# The conversion probe's table (mover/catalog/conversion.py probe), made in a savepoint that is rolled
+# back when the rollback window's mapping is built: it asks the server, it changes nothing.
+CAST_PROBE = re.compile(r'CREATE TABLE "mover"\."cast_probe_')
 
 
 def ddl_only(texts) -> list[str]:
-    return [t for t in texts if DDL.match(t) and not AUTOVACUUM_PAUSE.match(t)]
+    return [t for t in texts if DDL.match(t) and not AUTOVACUUM_PAUSE.match(t) and not CAST_PROBE.match(t)]
 
 
 def joined(texts) -> str:

@@ -72,7 +72,8 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
                      for step in steps.ALL]
         return ({"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
                  "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                 "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                 "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
+                 "partitioning": r["partitioning"],
                  "metadata": r["metadata"], "steps": described, **hooks_and_warnings(plan, r["warnings"])}, None)
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.

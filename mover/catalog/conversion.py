@@ -258,3 +258,23 @@ def mapping(src: TableInfo, dst: TableInfo, key: tuple[str, ...], *, reverse: Pr
         overriding=any(c.identity == "a" for c in dst.columns),
         key_collations=tuple(src.column(k).collation for k in key),
     )
+
+
+def way_back(m: Mapping, new: TableInfo, old: TableInfo) -> dict[str, str]:
+    """In words, for plan check: each changed column of the rollback window's mapping `m` (built by
+    `mapping(new, old, key, reverse=...)`, as the replay builds it) whose values may not all go back
+    to the old table as written, and why. The same mapping the replay writes with: plan check says
+    what the window will do, not a guess at it."""
+    out = {}
+    for c in m.columns:
+        if c.cast_to is None or (c.convert == ASSIGN and c.checked is None):
+            continue
+        a, b = new.column(c.name).type, old.column(c.name).type
+        if c.convert == NONE:
+            out[c.name] = f"{a} -> {b}: no conversion whose result can be checked; only NULL goes back"
+        elif c.convert == CAST:
+            out[c.name] = f"{a} -> {b}: no assignment cast; converted with CAST, only the values that convert to {b} " \
+                          f"go back"
+        else:
+            out[c.name] = f"{a} -> {b}: {lossy_reason(new.column(c.name), old.column(c.name))}"
+    return out

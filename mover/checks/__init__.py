@@ -149,7 +149,7 @@ def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
-            "lossy": s.lossy, "carried_back": s.carried_back, "partitioning": s.partitioning,
+            "rehearsed": s.rehearsed, "lossy": s.lossy, "carried_back": s.carried_back, "partitioning": s.partitioning,
             "metadata": s.metadata, "warnings": s.warnings,
             "operator_schemas": s.operator_schemas}
 

@@ -45,8 +45,9 @@ def conversions(s: Subject, wanted: dict[str, str]) -> None:
     copy's own statement (mover/catalog/conversion.py probe): forward with an assignment cast, as
     ALTER TABLE ... TYPE without USING (invariant 8); back (the rollback window's replay of the
     application's writes into the old table) with one, or else with an explicit CAST, which then
-    carries back only the values it converts unchanged (s.carried_back says so); a key's old and
-    new types compare with each other, as the two tables' keys are matched and ranged."""
+    carries back only the values it converts unchanged (carried_back says so, once the target is
+    rehearsed); a key's old and new types compare with each other, as the two tables' keys are
+    matched and ranged. Not a clean-stage check: said beside every other problem of the plan."""
     info = s.table
     try:
         forward = conversion.probe(s.cur, {c: (info.column(c).type, t) for c, t in wanted.items()},
@@ -67,16 +68,12 @@ def conversions(s: Subject, wanted: dict[str, str]) -> None:
                      f"first (ALTER TABLE ... ALTER COLUMN {col_name} TYPE {typ} USING ...); then `mover plan check "
                      f"PLAN` again"))
             continue
-        home = back.columns[col]
-        if not home.explicit:
+        if not back.columns[col].explicit:
             s.report(PlanError(
                 f"[target] columns: column {col_name} cannot become {typ!r}: in the rollback window mover carries the "
                 f"application's writes back to the old table's {old}, and PostgreSQL has no cast from {typ} to {old}",
                 hint=f"choose a type that converts back to {old} (at least with CAST), or convert the column in the "
                      f"source table first; then `mover plan check PLAN` again"))
-        elif not home.assignment:
-            s.carried_back[col] = (f"{typ} -> {old}: no assignment cast; converted with CAST, only the values that "
-                                   f"convert to {old} go back")
     if forward.keys is not None:
         keys = ", ".join(names.display_ident(k) for k in wanted if k in info.key)
         s.report(PlanError(
@@ -123,15 +120,12 @@ def lossy(s: Subject) -> None:
 
 
 def carried_back(s: Subject) -> None:
-    """What a rollback cannot carry back: the application may write values after the cutover that
+    """What a rollback may not carry back: the application may write values after the cutover that
     the old type does not hold, or holds only changed (the reverse of a widening narrows). Such a
     row stays in the new table only, a divergence (invariant 9): `mover rollback` refuses while one
-    exists, `--give-up-rows` gives it up, `mover retire` keeps it. Said at plan check."""
+    exists, `--give-up-rows` gives it up, `mover retire` keeps it. Said at plan check, from the
+    mapping the window's replay builds (mover/engines/context.py), over the rehearsed target."""
     assert s.rehearsed is not None  # the lossy check's caller made sure
-    for col in sorted(s.plan.columns):
-        if col in s.carried_back:
-            continue
-        new, old = s.rehearsed.column(col), s.table.column(col)
-        reason = conversion.lossy_reason(new, old)
-        if reason:
-            s.carried_back[col] = f"{new.type} -> {old.type}: {reason}"
+    back = conversion.probe(s.cur, conversion.changed(s.rehearsed, s.table))
+    way = conversion.mapping(s.rehearsed, s.table, s.table.key, reverse=back)
+    s.carried_back = conversion.way_back(way, s.rehearsed, s.table)

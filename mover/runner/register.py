@@ -66,7 +66,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
                      "steps": [], **hooks_and_warnings(plan)}, existing)
         r = resolve(cur, plan)
         mid = control.next_id(cur)
-        ctx = Context(db=db, migration=provisional(plan, r, mid), owner="plan-check")
+        ctx = Context(db=db, migration=provisional(plan, r, mid), owner="plan-check", planned_target=r["rehearsed"])
         described = [{"name": step.name, "sql": [s if isinstance(s, str) else s.as_string(cur)
                                                  for s in step.describe(ctx, cur)]}
                      for step in steps.ALL]

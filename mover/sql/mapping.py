@@ -136,7 +136,12 @@ def source_values(alias: str, m: Mapping) -> sql.Composed:
     a bit string silently). A column without one (convert CAST, the rollback window's direction
     only) goes through CAST, and one without any conversion is refused unless NULL; a checked
     column's value is refused where converting it there and back changes it (`checked`)."""
-    return sql.SQL(", ").join(_value(sql.Identifier(alias, c.name), c) for c in m.columns)
+    return sql.SQL(", ").join(source_value(alias, c) for c in m.columns)
+
+
+def source_value(alias: str, c: MappedColumn) -> sql.Composable:
+    """One column of source_values: what the INSERT is given for `c` (plan check prints it)."""
+    return _value(sql.Identifier(alias, c.name), c)
 
 
 def destination_value(alias: str, c: MappedColumn) -> sql.Composable:

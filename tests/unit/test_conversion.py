@@ -133,3 +133,24 @@ def test_the_way_back_refuses_every_value_where_nothing_converts_or_nothing_comp
     # a lossy conversion whose result cannot be converted back to be compared: nothing goes back unchecked
     assert (by["price"].convert, by["price"].checked) == (NONE, None)
     assert by["label"].checked == "text"  # a type without `=`: compared by text form
+
+
+def test_plan_check_says_what_the_windows_mapping_does_on_the_way_back():
+    """conversion.way_back reads the mapping the replay writes with: a column through CAST, a checked
+    narrowing, one that takes only NULL; a column converted on assignment unchecked is not named."""
+    back = cv.Probed({"code": converts(False, collatable=True), "price": converts(True),
+                      "label": converts(True, collatable=True)})
+    said = cv.way_back(cv.mapping(NEW, OLD, ("id",), reverse=back), NEW, OLD)
+    assert said == {
+        "code": "text -> integer: no assignment cast; converted with CAST, only the values that convert to integer "
+                "go back",
+        "price": "double precision -> numeric: rounded to the float's decimal digits (and to the numeric's scale)",
+        "label": "text -> character varying(10): length narrowing: values longer than 10 characters do not fit"}
+    none = cv.Probed({"code": converts(False, explicit=False), "price": converts(True),
+                      "label": converts(True, collatable=True)})
+    said = cv.way_back(cv.mapping(NEW, OLD, ("id",), reverse=none), NEW, OLD)
+    assert said["code"] == "text -> integer: no conversion whose result can be checked; only NULL goes back"
+    widened = table("t", code=("bigint", cv.INT8), price=("numeric", cv.NUMERIC), big=("bigint", cv.INT8),
+                    label=("character varying(10)", cv.VARCHAR, 14))
+    exact = cv.Probed({"code": converts(True)})
+    assert cv.way_back(cv.mapping(OLD, widened, ("id",), reverse=exact), OLD, widened) == {}  # int -> bigint

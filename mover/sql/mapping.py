@@ -188,7 +188,9 @@ def _shown(v: sql.Composable) -> sql.Composed:
 
 
 def _refused(message: sql.Composable, typ: sql.Composable) -> sql.Composed:
-    """An expression of type `typ` that raises a data error (22P02) carrying `message` (REFUSAL)."""
+    """An expression of type `typ` that raises a data error (22P02) carrying `message` (REFUSAL).
+    Every message reads the column's value: never a constant, which the planner would fold (and
+    raise) before the CASE around it chose its branch."""
     return sql.SQL("CAST(CAST(CAST({} AS pg_catalog.int4) AS pg_catalog.text) AS {})").format(message, typ)
 
 

@@ -110,7 +110,6 @@ def _registry() -> list[Check]:
         Check("key is not deferrable", key.immediate),
         Check("partitioning", partitioning.plan),
         Check("exclusion constraints on a partitioned target", refused_objects.exclusion_constraints),
-        Check("temporal keys (PostgreSQL 18)", versions.temporal_keys),
         Check("NOT NULL NO INHERIT to a partitioned table (PostgreSQL 18)", versions.no_inherit_not_null),
         Check("outbound foreign keys", foreign_keys.outbound),
         Check("NOT VALID foreign keys to a partitioned table", foreign_keys.not_valid_to_partitioned),

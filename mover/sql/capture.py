@@ -245,7 +245,9 @@ _INDEX_READS = sql.SQL("""array(SELECT a.attname FROM pg_attribute a WHERE a.att
 def unique_indexes() -> sql.Composed:
     """The destination's unique indexes: each one's key column/expression texts, its predicate
     (a partial index's, else NULL), every column it reads (keys, expressions and predicate, from
-    indkey and pg_depend), and the plain columns among its keys. Takes %(table)s, the table's oid."""
+    indkey and pg_depend), and the plain columns among its keys. Takes %(table)s, the table's oid.
+    Not a temporal key's (PostgreSQL 18, WITHOUT OVERLAPS: unique, and an exclusion index): rows
+    equal on it also overlap, so exclusion_constraints() finds them with the rest."""
     return sql.SQL(
         """
 SELECT i.indexrelid::regclass::text,
@@ -254,7 +256,7 @@ SELECT i.indexrelid::regclass::text,
        {reads},
        array(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum > 0
              AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1]))
-FROM pg_index i WHERE i.indrelid = %(table)s AND i.indisunique ORDER BY i.indexrelid
+FROM pg_index i WHERE i.indrelid = %(table)s AND i.indisunique AND NOT i.indisexclusion ORDER BY i.indexrelid
 """).format(reads=_INDEX_READS)
 
 

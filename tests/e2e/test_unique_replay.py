@@ -4,32 +4,15 @@ replay to the source's final state; a row the other side cannot hold is never dr
 from __future__ import annotations
 
 import json
-import random
 import threading
 
 import psycopg
 from psycopg import sql
 
 from tests import workload
-from tests.workload import WriterThread, finish, hung_at, mover, spawn, write_plan
+from tests.workload import AppWriter, finish, hung_at, mover, plan_file, spawn
 
 ACCT_COLUMNS = ("id", "email", "handle", "note")
-
-PLAN = """
-[migration]
-name = "acct"
-source = "acct"
-
-[target]
-columns = {{ id = "bigint"{extra} }}
-{lossy}
-[backfill]
-range_rows = {range_rows}
-{throttle}
-[rollback]
-window = "1h"
-"""
-
 
 def create_acct(dsn: str, rows: int = 3000) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -42,9 +25,9 @@ def create_acct(dsn: str, rows: int = 3000) -> None:
         workload.create_mirror(conn, "acct", MIRROR)
 
 
-def plan_file(tmp_path, range_rows=500, extra="", throttle="", lossy="") -> str:
-    return write_plan(tmp_path / "acct.toml", PLAN.format(range_rows=range_rows, extra=extra, throttle=throttle,
-                                                          lossy=lossy))
+def acct_plan(tmp_path, range_rows=500, columns=None, backfill=None, target=None) -> str:
+    return plan_file(tmp_path, "acct", "acct", columns={"id": "bigint", **(columns or {})},
+                     target=target or {}, backfill={"range_rows": range_rows, **(backfill or {})})
 
 
 def status(dsn):
@@ -84,7 +67,7 @@ def rotate(conn: psycopg.Connection, ids: list[int], column: str = "email") -> N
 
 def test_swap_and_cycle_at_the_gate_replay_and_cut_over(db_dsn, tmp_path):
     create_acct(db_dsn)
-    plan = plan_file(tmp_path)
+    plan = acct_plan(tmp_path)
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -125,7 +108,7 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     # The target's secondary unique indexes are built after the backfill, so replays during it
     # cannot meet them; this guards that the swaps still arrive, across the copied bound.
     create_acct(db_dsn)
-    plan = plan_file(tmp_path, throttle="min_rows = 100\nmax_rows = 500\n")  # small ranges: some left to copy
+    plan = acct_plan(tmp_path, backfill={"min_rows": 100, "max_rows": 500})  # small ranges: some left to copy
     release = tmp_path / "release"
     proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@backfill_range:2", "MOVER_FAULT_RELEASE": str(release)})
     try:
@@ -145,44 +128,17 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     assert_oracle(db_dsn, "acct", "acct_new")
 
 
-class SwapWriter(WriterThread):
-    """An application that swaps unique values all the time: pairs and 3-cycles of random rows,
-    on its own connection, against the table by name (it follows the swap). Stops by itself
-    after `seconds`, or when told; pause() returns once it is idle between transactions."""
-
-    def __init__(self, dsn: str, rows: int, seed: int = 1, seconds: float = 120):
-        self.dsn, self.rows, self.seed, self.seconds = dsn, rows, seed, seconds
-        self.ops = 0
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.paused = threading.Event()
-        self.idle = threading.Event()
-
-
-    def _loop(self) -> None:
-        rnd = random.Random(self.seed)
-        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
-            while not self.stop.wait(0):
-                if self.paused.is_set():
-                    self.idle.set()
-                    self.stop.wait(0.01)
-                    continue
-                self.idle.clear()
-                ids = rnd.sample(range(1, self.rows + 1), rnd.choice((2, 2, 3)))
-                try:
-                    rotate(conn, ids, rnd.choice(("email", "email", "handle")))
-                    self.ops += 1
-                except psycopg.Error as exc:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                self.stop.wait(0.002)  # busy, not a tight loop: the machine is shared
-            self.idle.set()
-
+def swapper(rows: int):
+    """An application that swaps unique values all the time: pairs and 3-cycles of random rows."""
+    def swap(conn: psycopg.Connection, rnd) -> None:
+        rotate(conn, rnd.sample(range(1, rows + 1), rnd.choice((2, 2, 3))), rnd.choice(("email", "email", "handle")))
+    return swap
 
 
 def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
     create_acct(db_dsn)
-    plan = plan_file(tmp_path, range_rows=300, throttle="max_rows_per_second = 4000\n")
-    writer = SwapWriter(db_dsn, 3000).start()
+    plan = acct_plan(tmp_path, range_rows=300, backfill={"max_rows_per_second": 4000})
+    writer = AppWriter(db_dsn, each=swapper(3000), delay=0.002).start()  # busy, not a tight loop
     # Stops by itself after its time is up, so a stuck step cannot leave it running.
     timer = threading.Timer(240, writer.stop.set)
     timer.start()
@@ -225,7 +181,7 @@ def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
 
 def test_swap_in_the_window_then_rollback_loses_nothing(db_dsn, tmp_path):
     create_acct(db_dsn)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", acct_plan(tmp_path)).returncode == 3
     r = mover(db_dsn, "cutover", "acct")
     assert r.returncode == 0, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -251,7 +207,7 @@ def events_of(dsn, kind):
 
 def test_rows_the_old_table_rejects_block_rollback_and_abort_until_given_up(db_dsn, tmp_path):
     create_acct(db_dsn)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", acct_plan(tmp_path)).returncode == 3
     assert mover(db_dsn, "cutover", "acct").returncode == 0
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         # The new table's bigint key holds these; the old table's integer cannot.
@@ -298,7 +254,7 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
     create_acct(db_dsn)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE acct ADD COLUMN n integer NOT NULL DEFAULT 0")
-    plan = plan_file(tmp_path, extra=', n = "smallint"', lossy='accept_lossy = ["n"]\n')
+    plan = acct_plan(tmp_path, columns={"n": "smallint"}, target={"accept_lossy": ["n"]})
     assert mover(db_dsn, "run", plan).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("UPDATE acct SET n = 40000 WHERE id = 5")  # smallint cannot hold it
@@ -339,7 +295,7 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
 
 def test_abort_in_the_window_is_refused_and_rollback_then_abort_keep_every_write(db_dsn, tmp_path):
     create_acct(db_dsn)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", acct_plan(tmp_path)).returncode == 3
     assert mover(db_dsn, "cutover", "acct").returncode == 0
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         rotate(conn, [1, 2])
@@ -372,16 +328,8 @@ def test_swaps_with_composite_key_quoted_names_and_partial_index(db_dsn, tmp_pat
                      .format(t))
         conn.execute(sql.SQL("INSERT INTO {} SELECT g % 3, g, 'e' || g, 'h' || g, true, g"
                              " FROM generate_series(1, 900) g").format(t))
-    plan = write_plan(tmp_path / "odd.toml", '''
-[migration]
-name = "odd"
-source = '"Odd Schema"."Acct ""X"""'
-[target]
-columns = { "Line No" = "bigint", tiny = "smallint" }
-accept_lossy = ["tiny"]
-[rollback]
-window = "1h"
-''')
+    plan = plan_file(tmp_path, "odd", '"Odd Schema"."Acct ""X"""', columns={"Line No": "bigint", "tiny": "smallint"},
+                     target={"accept_lossy": ["tiny"]})
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
 

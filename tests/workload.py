@@ -499,7 +499,7 @@ class Writer(AppWriter):
     the swap), each statement with its mirror write (the oracle, create_mirror) in one statement.
     `hot=(lo, hi)`: only updates, only of keys in that id range."""
 
-    table: str = "Orders"
+    table: str = field(default="Orders", kw_only=False)  # Writer(dsn, table), as before AppWriter
     mirror: str | None = None  # the oracle table (create_mirror); default "<table>_mirror", if it exists
     hot: tuple | None = None
 

@@ -21,25 +21,12 @@ from tests.workload import (
     finish,
     hung_at,
     mover,
+    plan_text,
     spawn,
     write_plan,
 )
 
-PLAN = """
-[migration]
-name = "crashy"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 1000
-max_rows = 1000
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("crashy", columns={"id": "bigint"}, backfill={"range_rows": 1000, "max_rows": 1000})
 
 
 @pytest.fixture
@@ -110,11 +97,8 @@ def test_kill9_inside_the_cutover_swap_changes_nothing(db_dsn, orders):
     assert writer.errors == []
 
 
-RANDOM_PLAN = PLAN + """
-[reconcile]
-range_rows = 1500
-workers = 1
-"""
+RANDOM_PLAN = plan_text("crashy", columns={"id": "bigint"}, backfill={"range_rows": 1000, "max_rows": 1000},
+                        reconcile={"range_rows": 1500, "workers": 1})
 
 # Where a kill can land, by the step the migration is in: the fault points that step passes
 # (each one a moment of database work: inside a range's transaction, just after a commit, around

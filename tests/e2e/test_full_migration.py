@@ -16,27 +16,13 @@ from tests.workload import (
     create_orders,
     differences,
     mover,
-    write_plan,
+    plan_file,
 )
 
-PLAN = """
-[migration]
-name = "orders_bigint"
-source = 'public."Orders"'
 
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = {range_rows}
-
-[rollback]
-window = "{window}"
-"""
-
-
-def plan_file(tmp_path, range_rows=2000, window="1h"):
-    return write_plan(tmp_path / "orders.toml", PLAN.format(range_rows=range_rows, window=window))
+def orders_plan(tmp_path, range_rows=2000, window="1h", **sections):
+    return plan_file(tmp_path, "orders_bigint", columns={"id": "bigint"}, backfill={"range_rows": range_rows},
+                     window=window, **sections)
 
 
 def status(dsn):
@@ -53,7 +39,7 @@ def column_type(dsn, table, column):
 
 def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path)
     writer = Writer(db_dsn).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -116,7 +102,7 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
 
 def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
     create_orders(db_dsn, 5_000)
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path)
     writer = Writer(db_dsn, seed=7).start()
     try:
         assert mover(db_dsn, "run", plan).returncode == 3
@@ -176,7 +162,7 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
 def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
     before = catalog_snapshot(db_dsn)
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     assert_oracle(db_dsn, "Orders", "Orders_new")
     assert catalog_snapshot(db_dsn) != before  # the migration did create things
@@ -193,7 +179,7 @@ def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path):
 
 def test_zero_window_retires_in_one_run_with_auto_cutover(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = write_plan(tmp_path / "auto.toml", PLAN.format(range_rows=1000, window="0s") + "\n[cutover]\nauto = true\n")
+    plan = orders_plan(tmp_path, range_rows=1000, window="0s", cutover={"auto": True})
     writer = Writer(db_dsn, seed=3).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -218,7 +204,7 @@ def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_pa
         conn.execute('GRANT SELECT ("Account") ON "Orders" TO PUBLIC')
         conn.execute('ALTER TABLE "Orders" SET (fillfactor = 70)')
         conn.execute("""COMMENT ON TABLE "Orders" IS 'the orders'""")
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("SET ROLE mover_app")  # writes through the capture trigger as a plain role
@@ -258,7 +244,7 @@ def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_pa
 
 def test_truncate_of_a_table_being_moved_is_refused_with_a_clear_error(db_dsn, tmp_path):
     create_orders(db_dsn, 500)
-    assert mover(db_dsn, "step", plan_file(tmp_path)).returncode == 0  # create_target
+    assert mover(db_dsn, "step", orders_plan(tmp_path)).returncode == 0  # create_target
     assert mover(db_dsn, "step", "orders_bigint").returncode == 0  # install_capture
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         try:
@@ -268,22 +254,6 @@ def test_truncate_of_a_table_being_moved_is_refused_with_a_clear_error(db_dsn, t
             assert "orders_bigint" in str(exc) and "mover abort orders_bigint" in (exc.diag.message_hint or "")
         assert conn.execute('SELECT count(*) FROM "Orders"').fetchone()[0] == 500
     assert_oracle(db_dsn, "Orders")
-
-
-GENERATED_PLAN = """
-[migration]
-name = "orders_amount"
-source = 'public."Orders"'
-
-[target]
-columns = {{ amount = "numeric(16,2)" }}
-
-[backfill]
-range_rows = 500
-
-[rollback]
-window = "1h"
-"""
 
 
 def test_a_type_change_of_a_column_a_generated_column_reads_under_writer_cutover_rollback(db_dsn, tmp_path):
@@ -296,7 +266,7 @@ def test_a_type_change_of_a_column_a_generated_column_reads_under_writer_cutover
         conn.execute('ALTER TABLE "Orders" ADD COLUMN amount_x2 numeric GENERATED ALWAYS AS (amount * 2) STORED,'
                      " ADD CONSTRAINT x2_positive CHECK (amount_x2 >= 0)")
         conn.execute('COMMENT ON COLUMN "Orders".amount_x2 IS \'twice\'')
-    plan = write_plan(tmp_path / "orders.toml", GENERATED_PLAN.format())
+    plan = plan_file(tmp_path, "orders_amount", columns={"amount": "numeric(16,2)"}, backfill={"range_rows": 500})
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 0, r.stdout + r.stderr
 

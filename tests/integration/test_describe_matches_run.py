@@ -17,22 +17,7 @@ from mover.runner import lifecycle, register
 from mover.runner.lease import leased
 from mover.state import control
 from mover.steps import rollback_window
-from tests.workload import create_orders, write_plan
-
-PLAN = """
-[migration]
-name = "{name}"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = 100
-
-[rollback]
-window = "1h"
-"""
+from tests.workload import create_orders, plan_file
 
 DDL = re.compile(r"\s*(CREATE|ALTER|DROP|COMMENT|GRANT|REVOKE|LOCK|REFRESH|SELECT setval)\b", re.IGNORECASE)
 
@@ -70,7 +55,7 @@ def _setup(db_dsn, tmp_path, name, extra=""):
     if extra:
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             conn.execute(extra)
-    plan = write_plan(tmp_path / f"{name}.toml", PLAN.format(name=name))
+    plan = plan_file(tmp_path, name, columns={"id": "bigint"}, backfill={"range_rows": 100})
     db = Database(db_dsn)
     m = register.register_or_load(db, load_plan(plan), "test")
     db.connection().cursor_factory = Recording

@@ -300,10 +300,10 @@ def keys_of(change: Insert | Update | Delete, positions: tuple[int, ...], rel: R
     read raises KeyUnreadable: a change is never dropped."""
     where = f"{rel.namespace}.{rel.name}"
     if isinstance(change, Delete):
-        old = _key(change.old, positions)
-        if not _readable(old):
+        gone = _key(change.old, positions)
+        if not _readable(gone):
             raise KeyUnreadable(f"a DELETE on {where} came without its old key")
-        return [old]  # type: ignore[list-item]
+        return [gone]  # type: ignore[list-item]
     new = _key(change.new, positions)
     if isinstance(change, Insert):
         if not _readable(new):

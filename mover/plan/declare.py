@@ -284,7 +284,7 @@ class Setting:
     missing: str | None = None  # the hint when a required key is missing
     was: tuple[str, ...] = ()  # older spellings of the key, read with a warning
     stored: str = ""  # where the canonical form keeps it ("section.attr" unless given; forms registered before)
-    only_set: bool = False  # stored only when set, so canonical forms registered before it existed stay the same
+    only_set: bool = False  # stored only when not its default, so canonical forms registered before it stay the same
     default_from: Callable[[Any, dict[str, Any]], Any] | None = None  # (default, values read before) -> default
     shown: str | None = None  # docs/plan.md's Default cell, when not the default value itself
     key: str = ""
@@ -397,7 +397,7 @@ def store(plan: Any, order: tuple[str, ...] = ()) -> dict[str, Any]:
     for part in layout(type(plan)):
         for s in part.settings:
             value = getattr(held(plan, part), s.attr)
-            if s.only_set and not value:
+            if s.only_set and value == s.fresh_default():
                 continue
             *parents, last = s.path.split(".")
             place = out

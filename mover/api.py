@@ -21,7 +21,7 @@ from mover.db import Database, bind, conversion_settings, is_connection_lost, on
 from mover.db import open_database as _database
 from mover.engines import adopt as adopt_engine
 from mover.engines import backfill as backfill_engine
-from mover.engines import parity, partitions
+from mover.engines import logical, parity, partitions
 from mover.engines import reconcile as reconcile_engine
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, NotFound, PlanError, Waiting
@@ -416,6 +416,17 @@ def adopt(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
         out["adopted"] = adopt_engine.adopt(ctx)
     st = _operator_command(dsn, name, "adopt", go, **kw)
     return {"adopted": out.get("adopted", []), "status": st}
+
+
+def recapture(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
+    """`mover recapture NAME`: after its replication slot was lost, logical capture from a new one,
+    and the next reconcile pass over every range (mover/engines/logical.py recapture)."""
+    out: dict[str, Any] = {}
+
+    def go(ctx: Context) -> None:
+        out["slot"] = logical.recapture(ctx)
+    st = _operator_command(dsn, name, "recapture", go, **kw)
+    return {"slot": out.get("slot"), "status": st}
 
 
 def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:

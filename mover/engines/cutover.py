@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from psycopg import sql
 from mover import faults, names
 from mover.catalog import introspect, metadata, privileges, shape, subscribers
 from mover.db import one
-from mover.engines import capture, carry, lockwatch, parity
+from mover.engines import capture, carry, lockwatch, logical, parity
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
@@ -285,7 +286,8 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
         live, other, live_renamed = m.source, m.target, m.old
     else:
         live, other, live_renamed = m.source, m.old, m.target
-    out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
+    from_wal = logical.enabled(ctx)
+    out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward, logical_capture=from_wal))
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
     carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
@@ -296,7 +298,8 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
     out += carried.after
-    out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source)
+    out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source,
+                               logical_capture=from_wal)
     return out, carried
 
 
@@ -368,6 +371,10 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         control.guard(cur, ctx.mid, m.step, ctx.owner)
         live, other = _swap_tables(ctx, forward)
         key_index = prepared.key_index  # part of the shape: fixed
+        if flusher is not None:
+            # Before the tables, as every feeder takes it before the change log: no feed is under way
+            # while the lock's own feed reads the slot, and none can wait on a table we hold.
+            logical.lock_feeder(cur, ctx.mid)
         lockwatch.lock_all(cur, swap_locks(cur, ctx, live, other))
         locked_at = time.monotonic()
         # Where the lock's time goes (in the cutover event): verifying the catalog everything was
@@ -384,6 +391,14 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             # The digest covers every catalog row the shapes are described from (carry.SWAP_INPUTS):
             # equal, the shapes are those checked when the mapping was built, before the lock.
             mapping = prepared.mapping
+        fed: dict[str, Any] = {}
+        if flusher is not None:
+            # Race 4 with logical capture: every change committed before the lock is in the WAL before
+            # the insert position read now; the WAL is flushed to it and the slot read to it, into the
+            # log this transaction drains next (invariant 12).
+            fed = logical.feed_in(cur, ctx, flusher, logical.Source(prepared.oids[0], mapping.key,
+                                                                   mapping.src_key_types))
+            faults.point("swap:fed")
         # Everything logged so far committed before our lock: drain it all.
         failures: dict[str, Any] = {}
         drained = 0  # changes applied under the lock: what a follower (mover/runner/follow.py) keeps small
@@ -426,7 +441,7 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         shape.store(cur, ctx.mid, "source", now[original])
         shape.store(cur, ctx.mid, "target", now[new])
         ran_at = time.monotonic()
-        phases = {"verify_ms": (verified_at - locked_at) * 1000, "drain_ms": (drained_at - verified_at) * 1000,
+        phases = {**fed, "verify_ms": (verified_at - locked_at) * 1000, "drain_ms": (drained_at - verified_at) * 1000,
                   "catalog_ms": (read_at - drained_at) * 1000, "ddl_ms": (ddl_at - read_at) * 1000,
                   "parity_ms": (ran_at - ddl_at) * 1000,
                   "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt, "prepare_ms": prepare_ms}
@@ -434,6 +449,8 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
         # (default privileges) refuses the swap instead of exposing the application's writes.
         privileges.require_capture_path(cur, names.capture_function(ctx.mid, forward),
                                         names.change_log(ctx.mid, forward), m.name)
+        if not forward and logical.enabled(ctx):
+            logical.require_slot(cur, ctx.mid)  # made before the lock (swap_back): still there
         faults.point("swap:locked" if forward else "swap_back:locked")
         held_ms = (time.monotonic() - locked_at) * 1000
         phases["finish_ms"] = (time.monotonic() - ran_at) * 1000  # the capture path check
@@ -451,10 +468,13 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
     live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
     # The referencing tables and views the swap locks too: their blockers are named as well.
     also = ctx.db.transaction(lambda cur: carry.also_locked(cur, live), label="tables the swap locks")
-    held = lockwatch.run_locked(ctx, swap, tables=[live, other], what="swap in" if forward else "swap back",
-                                retry=f"mover {'cutover' if forward else command} {m.name}",
-                                label="cutover" if forward else "rollback", statement_timeout=LOCK_STATEMENT_TIMEOUT,
-                                extra_tables=[*also, *extra_tables])
+    # Logical capture's last feed flushes the WAL from a second session, connected before the lock.
+    flusher = logical.Flusher(ctx.db) if forward and logical.enabled(ctx) else None
+    with flusher or contextlib.nullcontext():
+        held = lockwatch.run_locked(ctx, swap, tables=[live, other], what="swap in" if forward else "swap back",
+                                    retry=f"mover {'cutover' if forward else command} {m.name}",
+                                    label="cutover" if forward else "rollback",
+                                    statement_timeout=LOCK_STATEMENT_TIMEOUT, extra_tables=[*also, *extra_tables])
     ctx._mappings.clear()  # the tables changed names
     return held
 
@@ -471,6 +491,11 @@ def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
                       hint=f"see `mover divergences {ctx.migration.name}`; `mover repair {ctx.migration.name}` "
                            f"once the rows fit") from None
     ctx.refresh()
+    if logical.enabled(ctx):
+        # The swap dropped the publication and the feed state; the slot is not transactional and goes
+        # now (a crash before this leaves it to logical.cleanup at the next run).
+        faults.point("swap:before_slot_drop")
+        logical.drop_slot(ctx.db, ctx.mid)
     ctx.report("cutover", lock_ms=round(held, 1))
     # After the lock: VALIDATE scans with writes going on (the rollback window resumes it after a crash).
     carry.validate(ctx)
@@ -483,16 +508,35 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
     left = ctx.db.transaction(lambda cur: retry_unapplied(cur, ctx, reverse=True), label="rollback check")
     if left and not give_up_rows:
         raise refuse_losing(ctx, left, command, "new")
+    if logical.enabled(ctx):
+        # The forward capture the swap back reinstalls reads a slot made now, before its lock
+        # (invariant 12): every write the application commits after the swap back is in it.
+        logical.prepare(ctx, ctx.original)
     try:
         held = _locked_swap(ctx, forward=False, give_up_rows=give_up_rows, command=command)
     except _Unapplied as exc:
+        _unprepare(ctx)
         capture.drain(ctx, reverse=True, backfill_done=True)
         left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
         raise refuse_losing(ctx, left or exc.rows, command, "new") from None
+    except BaseException:
+        _unprepare(ctx)
+        raise
     ctx.refresh()
     ctx.report("rolled_back", lock_ms=round(held, 1))
     carry.validate(ctx)  # the next cutover's preflight resumes it after a crash
     return held
+
+
+def _unprepare(ctx: Context) -> None:
+    """A swap back that did not commit: the slot and publication made for it would keep WAL for
+    nothing (the forward capture is not installed); dropped now, or by the next run's cleanup."""
+    if not logical.enabled(ctx):
+        return
+    try:
+        logical.cleanup(ctx)
+    except psycopg.Error as exc:
+        log.warning("could not drop the replication slot made for the rollback (%s); the next run drops it", exc)
 
 
 def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
@@ -500,7 +544,8 @@ def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     and the old table unless [rollback] keep_old (then what would still tie it to the live schema)."""
     m = ctx.migration
     out: list[Statement] = [*capture.remove_sql(cur, ctx.mid, m.source, reverse=True),
-                            *capture.remove_sql(cur, ctx.mid, None, reverse=False)]
+                            *capture.remove_sql(cur, ctx.mid, None, reverse=False,
+                                                logical_capture=logical.enabled(ctx))]
     if not ctx.plan.rollback.keep_old:
         out.append(ddl.drop_table(m.old))
     else:
@@ -550,6 +595,8 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
 
     def drop(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, "retire", ctx.owner)
+        if logical.enabled(ctx):
+            logical.lock_feeder(cur, ctx.mid)  # before the tables, as the feeders take it
         lockwatch.lock_all(cur, retire_locks(ctx))
         if not keep:
             # Rows the new table never took exist only in the old one, which is about to go.
@@ -564,6 +611,8 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
     # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
     lockwatch.run_locked(ctx, drop, tables=[m.source, m.old], what="retire", retry=f"mover retire {m.name}",
                          label="retire")
+    if logical.enabled(ctx):
+        logical.drop_slot(ctx.db, ctx.mid)  # gone at the cutover already, unless a crash came before
     ctx.refresh()
 
 
@@ -572,13 +621,16 @@ def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     m = ctx.migration
     # Under its current name: a source renamed during the migration keeps no capture trigger.
     live = shape.current_name(cur, ctx.mid, "source") or m.source
-    return [*capture.remove_sql(cur, ctx.mid, live, reverse=False), ddl.drop_table(m.target)]
+    return [*capture.remove_sql(cur, ctx.mid, live, reverse=False, logical_capture=logical.enabled(ctx)),
+            ddl.drop_table(m.target)]
 
 
 def abort(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
 
     def undo(cur: psycopg.Cursor) -> None:
+        if logical.enabled(ctx):
+            logical.lock_feeder(cur, ctx.mid)  # before the tables, as the feeders take it
         lockwatch.lock_all(cur, [live, m.target, *lockwatch.own_tables(ctx.mid)])  # each named if it waits
         # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
         # cannot leave any; an older release could): dropping the new table would lose them.
@@ -595,4 +647,7 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
     live = ctx.db.transaction(lambda cur: shape.current_name(cur, ctx.mid, "source") or m.source)
     lockwatch.run_locked(ctx, undo, tables=[live, m.target], what="abort", retry=f"mover abort {m.name}",
                          label="abort")
+    if logical.enabled(ctx):
+        faults.point("abort:before_slot_drop")
+        logical.drop_slot(ctx.db, ctx.mid)  # not transactional: after the drop of what uses it
     ctx.refresh()

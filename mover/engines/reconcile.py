@@ -25,6 +25,7 @@ in the same transaction, so the note can neither be missed nor commit without th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -38,7 +39,7 @@ import psycopg
 from mover import faults, names
 from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
-from mover.engines import capture, throttle
+from mover.engines import capture, logical, throttle
 from mover.engines.context import Context, Reporter
 from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
@@ -229,6 +230,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
     commit (the pass's end, the cutover) flushes them first, so nothing acts on a lost one."""
     mid = ctx.mid
     started = time.monotonic()
+    from_wal = logical.enabled(ctx) and not ctx.swapped
 
     def first(cur: psycopg.Cursor) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, int] | None]:
         ranges.hold(cur, mid, key_range, worker)
@@ -238,8 +240,11 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
         cur.execute("SET LOCAL jit = off")
         agg, diffs = _compare(cur, spec, mid, key_range)
         ctx.check_shape(cur)  # nothing is compared across a change of either table's shape
-        if any(d["pending"] for d in diffs):
-            return agg, diffs, None  # nothing written: settle the pending keys first
+        if any(d["pending"] for d in diffs) or (diffs and from_wal):
+            # Nothing written: settle the pending keys first. With logical capture a change can be
+            # committed and not in the log yet (fed after it): no difference counts before the
+            # re-check below, whose snapshot sees the log fed up to it.
+            return agg, diffs, None
         outcome = _record(cur, spec, mid, key_range, worker, agg, diffs, diffs, [])
         faults.point(f"reconcile_compared:{key_range.range_no}")  # inside the transaction: a crash loses the range
         _done(cur, mid, key_range, worker, agg["src_rows"], started)
@@ -265,6 +270,11 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
 
         def final(cur: psycopg.Cursor) -> dict[str, int]:
             ranges.hold(cur, mid, key_range, worker)
+            if flusher is not None:
+                # In this transaction's snapshot (repeatable read, taken at its first statement): the
+                # keys of every change committed before it are in the log it reads, fed here if the
+                # feeder has not yet; a key that still differs is a divergence, never feeder lag.
+                logical.feed_in(cur, ctx, flusher)
             now = _recheck(cur, spec, mid, keys)
             ctx.check_shape(cur)
             settled = [d for d in now if not d["pending"]]
@@ -274,8 +284,10 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
             _done(cur, mid, key_range, worker, agg["src_rows"], started)
             return result
 
-        outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, synchronous_commit=False,
-                                 label="reconcile range")
+        flusher = logical.Flusher(db) if from_wal else None
+        with flusher or contextlib.nullcontext():
+            outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, synchronous_commit=False,
+                                     label="reconcile range", repeatable_read=flusher is not None)
     return {**outcome, "rows": agg["src_rows"], "rechecked": rechecked,
             "ms": round((time.monotonic() - started) * 1000, 1)}
 

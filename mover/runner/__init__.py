@@ -19,7 +19,7 @@ import psycopg
 from mover import faults, steps
 from mover.catalog import shape
 from mover.db import Database, bind, is_connection_lost, mask
-from mover.engines import capture, hooks, lockwatch
+from mover.engines import capture, hooks, lockwatch, logical
 from mover.engines import cutover as cutover_engine
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, ServerGone, ShapeChanged, Waiting
@@ -60,6 +60,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     try:
         lockwatch.restore_pending(ctx)  # a crash between pausing autovacuum and restoring it
         capture.upgrade(ctx)  # a capture an older mover installed (granted to PUBLIC)
+        logical.cleanup(ctx)  # a replication slot a crash left behind would keep WAL forever
         yield ctx
     except (LeaseLost, LeaseHeld):
         raise

@@ -214,12 +214,12 @@ def running_transactions(cur: psycopg.Cursor) -> list[str]:
     """The transactions a new logical slot waits for: those with a transaction id, in any database,
     oldest first; prepared ones by their gid (they have no session)."""
     cur.execute("SELECT a.pid, a.usename, a.application_name, a.datname, a.state,"
-                " pg_catalog.extract(epoch FROM pg_catalog.clock_timestamp() - a.xact_start)::float8"
+                " EXTRACT(epoch FROM pg_catalog.clock_timestamp() - a.xact_start)::float8"
                 " FROM pg_catalog.pg_stat_activity a WHERE a.backend_xid IS NOT NULL"
                 " AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid() ORDER BY a.xact_start")
     out = [f"pid {pid} (user {user}, application {app!r}, database {db}, {state or '-'}, transaction open "
            f"{age or 0:.1f} s)" for pid, user, app, db, state, age in cur.fetchall()]
-    cur.execute("SELECT gid, owner, database, pg_catalog.extract(epoch FROM pg_catalog.clock_timestamp()"
+    cur.execute("SELECT gid, owner, database, EXTRACT(epoch FROM pg_catalog.clock_timestamp()"
                 " - prepared)::float8 FROM pg_catalog.pg_prepared_xacts ORDER BY prepared")
     out += [f"prepared transaction {gid!r} (owner {owner}, database {db}, prepared {age:.1f} s ago)"
             for gid, owner, db, age in cur.fetchall()]

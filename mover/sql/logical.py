@@ -165,7 +165,7 @@ def health(feed: QualifiedName) -> sql.Composed:
 SELECT f.slot, s.slot_name IS NOT NULL, s.wal_status, s.active_pid,
        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(),
                                   GREATEST(s.confirmed_flush_lsn, f.fed_lsn))::bigint,
-       pg_catalog.extract(epoch FROM pg_catalog.clock_timestamp() - f.fed_at)::float8,
+       EXTRACT(epoch FROM pg_catalog.clock_timestamp() - f.fed_at)::float8,
        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint,
        s.safe_wal_size, f.fed_lsn::text, s.confirmed_flush_lsn::text, f.changes, f.keys
 FROM {} f LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) f.slot

@@ -100,8 +100,7 @@ def _encoding(conn: psycopg.Connection) -> str:
 def install_sql(cur: psycopg.Cursor, mid: int) -> list[sql.Composed]:
     """What the capture's install transaction adds for logical capture (after prepare() made the
     publication and the slot): the feed state, starting where the slot starts."""
-    feed = names.feed_state(mid)
-    return [*q.create_feed_state(feed), q.init_feed_state(feed, slot_name(cur, mid))]
+    return [q.create_feed_state(names.feed_state(mid), slot_name(cur, mid))]
 
 
 def install(cur: psycopg.Cursor, mid: int) -> None:

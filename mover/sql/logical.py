@@ -107,17 +107,12 @@ def positions() -> sql.SQL:
     return sql.SQL("SELECT pg_catalog.pg_current_wal_insert_lsn()::text, pg_catalog.pg_current_wal_flush_lsn()::text")
 
 
-def create_feed_state(feed: QualifiedName) -> list[sql.Composed]:
+def create_feed_state(feed: QualifiedName, slot: str) -> sql.Composed:
     """One row: the slot, how far its changes are in the change log (fed_lsn, committed with the
-    keys it fed), when that was read, and counts. Granted to no one."""
-    return [sql.SQL("CREATE TABLE {} (one boolean PRIMARY KEY DEFAULT true CHECK (one), slot text NOT NULL,"
-                    " fed_lsn pg_lsn, fed_at timestamptz, changes bigint NOT NULL DEFAULT 0,"
-                    " keys bigint NOT NULL DEFAULT 0)").format(feed.ident)]
-
-
-def init_feed_state(feed: QualifiedName, slot: str) -> sql.Composed:
-    """fed_lsn NULL: feeding starts where the slot does."""
-    return sql.SQL("INSERT INTO {} (slot) VALUES ({})").format(feed.ident, sql.Literal(slot))
+    keys it fed; NULL: from where the slot starts), when that was read, and counts. Made with its
+    row in one statement; granted to no one."""
+    return sql.SQL("CREATE TABLE {} AS SELECT {}::text AS slot, NULL::pg_lsn AS fed_lsn, NULL::timestamptz AS fed_at,"
+                   " 0::bigint AS changes, 0::bigint AS keys").format(feed.ident, sql.Literal(slot))
 
 
 def read_feed_state(feed: QualifiedName) -> sql.Composed:

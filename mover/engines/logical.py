@@ -50,7 +50,7 @@ from mover.engines.context import Context
 from mover.errors import Failed, PlanError, SlotLost, Waiting
 from mover.names import QualifiedName
 from mover.sql import logical as q
-from mover.state import control
+from mover.state import control, ranges
 
 log = logging.getLogger("mover.logical")
 
@@ -667,8 +667,8 @@ def recapture(ctx: Context) -> str:
         lock_feeder(cur, ctx.mid)
         cur.execute(q.reset_feed_state(names.feed_state(ctx.mid)), (slot,))
         # The notes of applied keys say which ranges changed since the last pass; with a gap in the
-        # capture, any range may have: without them the next pass compares every one.
-        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(names.applied_notes(ctx.mid).ident))
+        # capture any range may have: with its ranges forgotten the next pass compares every one.
+        ranges.reset(cur, ctx.mid, "reconcile")
         control.mark_recaptured(cur, m, ctx.owner, slot=slot)
 
     ctx.db.transaction(restart, lock_timeout=f"{ctx.plan.cutover.lock_timeout_ms}ms",

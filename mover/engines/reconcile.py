@@ -254,7 +254,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
                                          synchronous_commit=False, label="reconcile range")
     rechecked = 0
     if outcome is None:
-        rechecked = sum(1 for d in diffs if d["pending"])
+        rechecked = sum(1 for d in diffs if d["pending"] or from_wal)
         # Some keys differ while a change to them waits in the log: let the applier catch up, then
         # look at those keys alone (not the range) until none is pending, a bounded number of rounds.
         keys = [d["key"] for d in diffs]
@@ -284,6 +284,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
             _done(cur, mid, key_range, worker, agg["src_rows"], started)
             return result
 
+        faults.point("reconcile_settled")  # the keys re-checked; their range's last transaction next
         flusher = logical.Flusher(db) if from_wal else None
         with flusher or contextlib.nullcontext():
             outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, synchronous_commit=False,
@@ -349,6 +350,8 @@ class Worker(ranges.RangeWorker):
             key_range = self.db.transaction(bind(
                 ranges.claim, mid, KIND, self.wid, self.spec.mapping, pacer.range_rows(settings.range_rows),
                 settings.max_attempts), synchronous_commit=False, label="claim")
+            if key_range is not None:
+                faults.point(f"reconcile_claimed:{key_range.range_no}")  # before the range is read
             if key_range is None:
                 if self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))["open"] == 0:
                     return

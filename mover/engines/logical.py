@@ -588,6 +588,7 @@ def feed(ctx: Context, *, catch_up: bool) -> Fed:
         total.changes += got.changes
         total.transactions += got.transactions
         total.at = got.at
+        total.moved = total.moved or got.moved
         if got.caught_up or not catch_up:
             total.caught_up = got.caught_up
             return total

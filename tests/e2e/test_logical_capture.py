@@ -94,13 +94,20 @@ def settle_and_compare(dsn, writer, live="Orders", other="Orders_new"):
     writer.resume()
 
 
-@pytest.mark.parametrize("point", ["feed:inserted", "feed:committed", "feed:advanced", "after:install_capture"])
-def test_kill9_at_the_feeders_points_then_resume(db_dsn, orders, point):
+@pytest.mark.parametrize("point,when", [
+    ("feed:inserted", "backfill"), ("after:install_capture", "backfill"),
+    ("feed:inserted", "gate"), ("feed:committed", "gate"), ("feed:advanced", "gate"),
+])
+def test_kill9_at_the_feeders_points_then_resume(db_dsn, orders, point, when):
     """Inside the feed's transaction (its keys and position lost together), after its commit and
     before the slot's advance (the next feed advances it first), after the advance: the resumed
-    run reaches the gate with every committed write in the target."""
+    run reaches the gate with every committed write in the target. At the gate every range is
+    copied: a change a crash dropped from the stream would be lost for good."""
     writer = Writer(db_dsn, seed=hash(point) % 1000).start()
     try:
+        if when == "gate":
+            assert mover(db_dsn, "run", orders).returncode == 3
+            orders = "wal"
         r = mover(db_dsn, "run", orders, env={"MOVER_FAULT": f"kill@{point}"})
         assert r.returncode == -signal.SIGKILL, r.stderr
         assert len(slots(db_dsn)) == 1

@@ -125,12 +125,11 @@ def mover_pass(dsn: str, workers: int, injected, code: Path | None = None) -> di
 
 
 def spec(dsn: str):
-    from mover.catalog import introspect
+    from mover.catalog import conversion, introspect
     from mover.engines import reconcile
     from mover.names import QualifiedName
-    from mover.sql.mapping import Mapping
     with connect(dsn) as conn, conn.transaction(), conn.cursor() as cur:
-        m = Mapping.between(introspect.describe(cur, QualifiedName("public", SOURCE)),
+        m = conversion.mapping(introspect.describe(cur, QualifiedName("public", SOURCE)),
                             introspect.describe(cur, QualifiedName("public", TARGET)), ("id",))
         return reconcile.spec_for(cur, m)
 
@@ -395,7 +394,7 @@ PROFILED = {  # functions of a 1-worker pass whose cumulative time cProfile repo
     "shape checks (shape.verify, every caller)": ("mover/catalog/shape.py", "verify"),
     "claim (frontier + bound probe)": ("mover/state/ranges.py", "claim"),
     "drain between ranges (capture.drain)": ("mover/engines/capture.py", "drain"),
-    "migration row refresh": ("mover/engines/context.py", "refresh"),
+    "migration row before each range (the range loop's _look)": ("mover/engines/rangework.py", "_look"),
     "throttle reason": ("mover/engines/throttle.py", "reason"),
     "spec_for (column probes)": ("mover/engines/reconcile.py", "spec_for"),
     "start of the pass (_start_pass)": ("mover/engines/reconcile.py", "_start_pass"),

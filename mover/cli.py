@@ -24,6 +24,7 @@ from rich.table import Table
 from mover import api
 from mover.db import is_connection_lost, mask, remember_secrets
 from mover.errors import BadInput, MoverError, Waiting
+from mover.state import control
 from mover.views.progress import ProgressReporter
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -200,8 +201,7 @@ def _interruptible() -> threading.Event:
 def _show_status(st: dict[str, Any]) -> None:
     # Every value is escaped: rich would take "[cutover]" in a hint for markup and drop it.
     table = Table(title=escape(f"migration {st['name']}"), show_header=False)
-    step = "retire" if st["step"] == "finished" else st["step"]
-    table.add_row("step / state", escape(f"{step} / {st['state']}"))
+    table.add_row("step / state", escape(f"{st['step']} / {st['state']}"))
     present = st.get("tables_present", list(st["tables"]))
     table.add_row("tables", escape(", ".join(f"{role} {st['tables'][role]}" for role in ("source", "target", "old")
                                              if role in present) or "none left"))
@@ -213,7 +213,7 @@ def _show_status(st: dict[str, Any]) -> None:
         line += f", {b['workers']} workers, {b['rows_per_second'] or 0:,} rows/s"
         if b["eta_seconds"] is not None:
             line += f", ETA {b['eta_seconds']}s"
-    if (b["paused"] or b["waiting_for"]) and st["step"] in _RANGE_STEPS:
+    if (b["paused"] or b["waiting_for"]) and st["step"] in control.RANGE_STEPS:
         line += f" (waiting: {', '.join(b['waiting_for']) or 'paused'})"
     table.add_row("backfill", escape(line))
     c = st["capture"]
@@ -247,10 +247,6 @@ def _show_status(st: dict[str, Any]) -> None:
         # A migration waiting for the operator (the gate, the window, a lock not had) says why; that is no error.
         table.add_row("waiting" if st["state"] == "waiting" else "error", escape(st["error"]))
     _print_table(table)
-
-
-# The steps at which range workers run (and a pause or a cap can hold them).
-_RANGE_STEPS = ("create_target", "install_capture", "backfill", "reconcile")
 
 
 @app.callback()

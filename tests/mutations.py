@@ -45,6 +45,8 @@ FEED_CRASH = "tests/e2e/test_logical_capture.py::test_kill9_at_the_feeders_point
 FLUSH = "tests/e2e/test_logical_capture.py::test_the_cutover_flushes_the_wal_before_it_reads_the_stream"
 NOT_FED = "tests/e2e/test_logical_capture.py::test_a_change_not_yet_fed_when_reconcile_reads_is_not_a_divergence"
 HOT_LOGICAL = "tests/e2e/test_logical_capture.py::test_hot_keys_under_logical_capture_never_become_divergences"
+THREAD_ERRORS = ("tests/integration/test_rangework.py::test_a_worker_threads_error_fails_the_backfill_with_that_error",
+                 "tests/integration/test_rangework.py::test_an_applier_error_fails_the_backfill_with_that_error")
 
 # (file, exact text, replacement)
 BLIND_RECONCILE = ("mover/sql/compare.py",
@@ -122,6 +124,10 @@ FAULTS = [
           [("mover/state/ranges.py", "    if cur.fetchone() is None:\n        raise LeaseLost(",
             "    if cur.fetchone() is None and False:\n        raise LeaseLost(")],
           [TAKEN_OVER, STALLED], blind=False),
+    Fault("a thread's error vanishes (mover/threads.py)",
+          [("mover/threads.py", "in the waiting thread\n            self._fail(exc)\n",
+            "in the waiting thread\n            del exc  # dropped\n")],
+          list(THREAD_ERRORS), blind=False),
 ]
 
 

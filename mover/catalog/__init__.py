@@ -1,2 +1,3 @@
 """Reads of the PostgreSQL catalog and what mover derives from them: table descriptions, the recorded
-shape, metadata, privileges, type conversions, publications. No step logic."""
+shape, privileges, type conversions (and the column mapping they give), publications. No step
+logic, no statements run on user tables (those are the engines': mover/engines/)."""

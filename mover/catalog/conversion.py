@@ -1,4 +1,5 @@
-"""Which type changes can lose information, and why. Pure functions over catalog descriptions.
+"""Which type changes can lose information, and why; and the column mapping between two tables
+that follows from it. Pure functions over catalog descriptions.
 
 A plan converts each value as ALTER TABLE ... TYPE would: with the assignment cast, which
 either errors (a value that does not fit: a longer string, an out-of-range number) or silently
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mover.catalog.introspect import Column
+from mover.catalog.introspect import Column, TableInfo
+from mover.sql.mapping import MappedColumn, Mapping
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
 TEXT, VARCHAR, BPCHAR, NAME, CHAR = 25, 1043, 1042, 19, 18
@@ -131,3 +133,21 @@ def lossy_reason(src: Column, dst: Column) -> str | None:
         if d == VARBIT and (src.typmod < 0 or dst.typmod < src.typmod):
             return f"length narrowing: bit strings longer than {dst.typmod} bits do not fit"
     return None
+
+
+def mapping(src: TableInfo, dst: TableInfo, key: tuple[str, ...]) -> Mapping:
+    """How `src`'s rows map onto `dst` (mover/sql/mapping.py): the copied columns, each cast to the
+    destination's type where it differs, and compared back in the source's type where that
+    conversion can lose information (lossy_reason)."""
+    cols = []
+    for d in dst.copy_columns:
+        s = src.column(d.name)
+        cols.append(MappedColumn(d.name, None if s.type == d.type else d.type,
+                                 s.type if s.type != d.type and lossy_reason(s, d) else None))
+    return Mapping(
+        src=src.name, dst=dst.name, key=key,
+        src_key_types=tuple(src.column(k).type for k in key),
+        columns=tuple(cols),
+        overriding=any(c.identity == "a" for c in dst.columns),
+        key_collations=tuple(src.column(k).collation for k in key),
+    )

@@ -403,7 +403,7 @@ def verify_at_step(cur: psycopg.Cursor, m: control.Migration, swapped: bool) -> 
     were recorded (control schema revision 0004) does not have yet, with an event."""
     before = control.shapes(cur, m.id)
     tables = {"source": m.old if swapped else m.source, "target": m.source if swapped else m.target}
-    built = swapped or m.step not in ("create_target", "install_capture", "backfill")
+    built = swapped or m.step not in control.BUILDING
     for side in SIDES:
         if before[side] is None and (side == "source" or built):
             cur.execute("SELECT to_regclass(%s) IS NOT NULL", (str(tables[side]),))

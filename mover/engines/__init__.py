@@ -1,2 +1,3 @@
-"""The engines: the data work of each step (copy, capture and replay, compare, swap, carry, parity),
-with no knowledge of the state machine. Steps (mover/steps/) call them; they call catalog/, sql/ and state/."""
+"""The engines: the data work of each step (copy, capture and replay, compare, swap, carry, metadata,
+parity, partition upkeep), with no knowledge of the state machine's order. Steps (mover/steps/) and
+the runner (mover/runner/) call them; they call catalog/, state/ and sql/."""

@@ -5,7 +5,8 @@ Invariants:
   range with one INSERT ... SELECT (no conflict clause: see sql/copy.py), mark it done. A crash
   loses both or neither, which is why these transactions may commit with
   synchronous_commit = off (a later synchronous commit flushes the WAL before it anyway).
-- Ranges are claimed from mover/state/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling).
+- Ranges are claimed from mover/state/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling)
+  by the loop every range worker runs (mover/engines/rangework.py); Worker is its copy.
 - Range sizes adapt so that one range takes about [backfill] target_range_ms, within
   min_rows / max_rows; the process never holds more than one range's bounds per worker.
 - The change log is applied while the copy runs, so that it stays short: by an applier session
@@ -35,12 +36,12 @@ from functools import partial
 import psycopg
 from psycopg import sql
 
-from mover import faults, names
+from mover import faults, names, threads
 from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
-from mover.engines import capture, partitions, throttle
+from mover.engines import capture, partitions, rangework, throttle
 from mover.engines.context import Context, Reporter
-from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
+from mover.errors import Failed, LeaseLost
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
@@ -51,7 +52,6 @@ from mover.state import control, ranges
 log = logging.getLogger("mover.backfill")
 
 KIND = "backfill"
-IDLE_WAIT_SECONDS = 0.2
 APPLY_IDLE_SECONDS = 0.2
 
 
@@ -70,108 +70,61 @@ def limits(s: BackfillSettings) -> throttle.Limits:
                            max_rows=s.max_rows, burst_ms=s.target_range_ms)
 
 
-class Worker(ranges.RangeWorker):
+class Worker(rangework.RangeWorker):
     """One backfill worker: claims ranges, copies them, applies the change log in between.
     Runs in the orchestrator's process (as a thread) or alone (`mover worker NAME`)."""
+
+    kind = KIND
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
                  lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1,
                  applier_beside: bool = False):
-        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report)
-        self.n_workers = n_workers
+        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report,
+                         n_workers=n_workers)
         # An Applier runs in this process (copy_all): the worker goes straight on to its next
         # range. A `mover worker` process on its own applies between its ranges.
         self.applier_beside = applier_beside
         self._pending_checked = 0.0
+        self._settings = self.ctx.plan.backfill
+        self._configured = 0  # [backfill] range_rows as last read
+        self._rows = 0  # the next range's size: adapts toward target_range_ms (next_range_rows)
+        self._mapping: Mapping | None = None
 
-    def _run(self) -> None:
-        ctx, mid = self.ctx, self.ctx.mid
-        self.registry.add(self.wid)
-        self.db.transaction(self._register)
-        settings = ctx.plan.backfill
-        rows_hint = settings.range_rows
-        range_rows = settings.range_rows
-        pacer = throttle.Throttle(limits(settings), self.n_workers)
-        waiting: str | None = None
-        owed = 0.0  # monotonic time before which no further range may start (the cap's budget)
-        try:
-            while True:
-                ctx.checkpoint()
-                m = ctx.refresh()
-                if m.state == "aborted" or m.step != "backfill":
-                    return
-                settings = plan_from_canonical(m.plan).backfill  # `mover set` takes effect here
-                pacer.limits = limits(settings)
-                if settings.range_rows != range_rows:
-                    # `mover set backfill.range_rows`: the next range starts again from that size.
-                    range_rows = rows_hint = settings.range_rows
-                reason = self.db.transaction(bind(pacer.reason, m.paused))
-                if reason:
-                    waiting = reason
-                    self._wait(reason, 1.0)
-                    continue
-                if waiting:
-                    waiting = None
-                    self._wait(None, 0)
-                mapping = self.db.transaction(lambda cur: ctx.mapping(cur))
-                key_range = self.db.transaction(bind(
-                    ranges.claim, mid, KIND, self.wid, mapping, pacer.range_rows(rows_hint),
-                    settings.max_attempts), label="claim")
-                if key_range is not None:
-                    faults.point("claimed")  # between building the mapping and copying with it
-                    if owed > time.monotonic():
-                        waiting = pacer.cap_reason()
-                        self._wait(waiting, owed - time.monotonic())
-                if key_range is None:
-                    st = self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))
-                    if st["open"] == 0:
-                        return  # nothing left to copy here; failed ranges are the orchestrator's to report
-                    # Others are still copying, or a worker died: its ranges come back when its lease
-                    # expires, at once when it died on this host.
-                    self.db.transaction(lambda cur: ranges.release_dead_local_owners(cur, mid))
-                    capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
-                    self.ctx.stop.wait(IDLE_WAIT_SECONDS)
-                    continue
-                started = time.monotonic()
-                try:
-                    rows, ms = ranges.work(self.db, mid, key_range, self.wid,
-                                           bind(self._copy, mapping, key_range),
-                                           synchronous_commit=settings.synchronous_commit)
-                except LeaseLost as exc:
-                    log.warning("%s", exc)
-                    continue
-                except (psycopg.Error, MoverError) as exc:
-                    if ranges.is_connection_failure(exc) or isinstance(exc, ShapeChanged):
-                        raise
-                    self.db.transaction(ctx.check_shape)  # a range that failed on a changed table says so
-                    outcome = ranges.record_failure(self.db, mid, key_range, self.wid, exc, settings.max_attempts)
-                    log.error("backfill range %s failed (%s): %s", key_range.range_no, outcome, exc)
-                    continue
-                faults.point(f"backfill_range:{key_range.range_no}")
-                rows_hint = next_range_rows(rows_hint, rows, ms, settings)
-                self.db.transaction(bind(
-                    psycopg.Cursor.execute, "UPDATE mover.workers SET range_rows = %s, rows_done = rows_done + %s"
-                    " WHERE migration_id = %s AND worker_id = %s", (pacer.range_rows(rows_hint), rows, mid,
-                                                                     self.wid)))
-                if not self.applier_beside:
-                    capture.drain(ctx, reverse=False, backfill_done=False, max_rounds=1)
-                pending = None
-                if time.monotonic() - self._pending_checked > 2:
-                    self._pending_checked = time.monotonic()
-                    pending = self.db.transaction(lambda cur: capture.pending(cur, mid)[0])
-                self.report("backfill", range_no=key_range.range_no, rows=rows, ms=round(ms, 1),
-                            range_rows=pacer.range_rows(rows_hint), worker=self.wid, capture_pending=pending)
-                pause = pacer.pace(rows, time.monotonic() - started)
-                if pause and key_range.hi is None:
-                    # The key space's last range: no new one follows, so no "waiting: rows/s cap"
-                    # with nothing left to copy. A retried range claimed after it still waits
-                    # out this budget first (below).
-                    owed = time.monotonic() + pause
-                elif pause:
-                    waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
-                    self._wait(waiting, pause)
-        finally:
-            self._leave()
+    def settings(self, m: control.Migration) -> rangework.Settings | None:
+        if m.step != KIND:
+            return None
+        s = self._settings = plan_from_canonical(m.plan).backfill
+        if s.range_rows != self._configured:
+            # The first range, or `mover set backfill.range_rows`: the next range starts again from that size.
+            self._configured = self._rows = s.range_rows
+        return rangework.Settings(limits(s), self._rows, s.max_attempts)
+
+    def mapping(self, cur: psycopg.Cursor) -> Mapping:
+        # Checks, between ranges, that both tables still have their recorded shape (invariant 7).
+        self._mapping = self.ctx.mapping(cur)
+        return self._mapping
+
+    def work(self, key_range: ranges.KeyRange) -> rangework.Done:
+        assert self._mapping is not None  # built by the claim
+        rows, ms = ranges.work(self.db, self.ctx.mid, key_range, self.wid,
+                               bind(self._copy, self._mapping, key_range),
+                               synchronous_commit=self._settings.synchronous_commit)
+        return rangework.Done(rows, ms)
+
+    def finished(self, key_range: ranges.KeyRange, done: rangework.Done) -> None:
+        self._rows = next_range_rows(self._rows, done.rows, done.ms, self._settings)
+        if not self.applier_beside:
+            capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
+        pending = None
+        if time.monotonic() - self._pending_checked > 2:
+            self._pending_checked = time.monotonic()
+            pending = self.db.transaction(lambda cur: capture.pending(cur, self.ctx.mid)[0])
+        self.report("backfill", range_no=key_range.range_no, rows=done.rows, ms=round(done.ms, 1),
+                    range_rows=self.pacer.range_rows(self._rows), worker=self.wid, capture_pending=pending)
+
+    def idle(self) -> None:
+        # Waiting for the other workers' last ranges: keep the change log short meanwhile.
+        capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
 
     def _copy(self, cur: psycopg.Cursor, mapping: Mapping, key_range: ranges.KeyRange) -> int:
         rows = copy_range(cur, self.ctx, mapping, key_range.lo, key_range.hi)
@@ -237,37 +190,46 @@ def copy_range(cur: psycopg.Cursor, ctx: Context, m: Mapping, lo: list[str] | No
     return copy_range(cur, ctx, m, lo, middle) + copy_range(cur, ctx, m, middle, hi)
 
 
-class Applier(ranges.RangeWorker):
+class Applier:
     """Applies the change log while the workers copy, in a session of its own: what the writers
     changed in copied ranges is replayed beside the copy instead of between its ranges. The
     same batches as the workers' (capture.drain: the applier lock, keys of done ranges only),
     so they never replay a key concurrently; waits, as they do, while mover is paused or a
     replica lags. Ends when `done` is set (the workers have stopped)."""
 
-    role = "mover-applier"  # its own name in pg_stat_activity: its transactions are not a worker's
-
     def __init__(self, ctx: Context, done: threading.Event):
-        super().__init__(ctx.db.dsn, ctx.migration, f"{control.new_owner_id()}:applier", stop=ctx.stop,
-                         lost=ctx.lease_lost, registry=set(), report=ctx.report)
+        # Its own name in pg_stat_activity: its transactions are not a worker's.
+        self.ctx = Context(db=ctx.db.sibling(role="mover-applier"), migration=ctx.migration,
+                           owner=f"{control.new_owner_id()}:applier", report=ctx.report, stop=ctx.stop,
+                           lease_lost=ctx.lease_lost)
         self.done = done
+        self.pacer = throttle.Throttle(limits(ctx.plan.backfill))
 
-    def _run(self) -> None:
-        settings = self.ctx.plan.backfill
-        pacer = throttle.Throttle(limits(settings), settings.workers)
-        while not self.done.is_set():
-            self.ctx.checkpoint()
-            m = self.ctx.refresh()
-            if m.state == "aborted" or m.step != "backfill":
-                return
-            if self.db.transaction(bind(pacer.reason, m.paused)):
-                self.done.wait(1.0)
-                continue
-            if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed < capture.BATCH:
-                self.done.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+    def _look(self, cur: psycopg.Cursor) -> tuple[control.Migration, str | None]:
+        m = control.get_by_id(cur, self.ctx.mid)
+        self.pacer.limits = limits(plan_from_canonical(m.plan).backfill)
+        return m, self.pacer.reason(cur, m.paused)
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                self.ctx.checkpoint()
+                m, wait = self.ctx.db.transaction(self._look)
+                self.ctx.use(m)
+                if m.state == "aborted" or m.step != KIND:
+                    return
+                if wait:
+                    self.done.wait(throttle.RECHECK_SECONDS)
+                    continue
+                if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed < capture.BATCH:
+                    self.done.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+        finally:
+            self.ctx.db.close()
 
 
 def copy_all(ctx: Context) -> None:
-    """Run [backfill] workers in this process, and the applier beside them, until every range is copied."""
+    """Run [backfill] workers in this process, and the applier beside them, until every range is
+    copied. A failure of either stops the others (their shared stop flag) and is raised here."""
     settings = ctx.plan.backfill
     def prepare(cur: psycopg.Cursor) -> tuple[int, int]:
         ranges.ensure_frontier(cur, ctx.mid, KIND)
@@ -281,16 +243,14 @@ def copy_all(ctx: Context) -> None:
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True)
                for i in range(settings.workers)]
     done = threading.Event()
-    applier = Applier(ctx, done)
-    thread = threading.Thread(target=applier.run, name="mover-applier", daemon=True)
-    thread.start()
+    group = threads.Group(on_error=lambda _: ctx.stop.set())
+    group.start(Applier(ctx, done).run, "mover-applier")
     try:
-        ranges.run_workers(workers, "worker")
+        rangework.run_workers(workers, "worker", group)
     finally:
         done.set()
-        ranges.join(thread)
-    if applier.error is not None:
-        raise applier.error
+        group.wait()
+    group.join()
     ctx.checkpoint()
     ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover run")
 
@@ -427,18 +387,18 @@ class _Builds:
     """`sessions` build sessions (threads, each with its own connection) taking builds from one
     list; several may build on one table (a plain build's SHARE lock does not conflict with
     itself). After the first failure no session takes another build; the ones under way finish,
-    and the failure is raised once all have stopped."""
+    and the failure is raised once all have stopped (mover/threads.py)."""
 
     def __init__(self, ctx: Context, builds: list[IndexBuild], sessions: int):
         self.ctx = ctx
         self.todo = list(builds)
-        self.error: BaseException | None = None
+        self.group = threads.Group()
         self.lock = threading.Lock()
         self.sessions = min(sessions, len(builds))
 
     def _next(self) -> IndexBuild | None:
         with self.lock:
-            if self.error is None and self.todo:
+            if not self.group.failed and self.todo:
                 return self.todo.pop(0)
             return None
 
@@ -446,12 +406,6 @@ class _Builds:
         try:
             while (b := self._next()) is not None:
                 _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b))
-        except BaseException as exc:  # kept, and raised by run() once every session has stopped
-            with self.lock:
-                if self.error is None:
-                    self.error = exc
-                else:  # a second failure while the first stops the others: said, not raised
-                    log.error("index build session also failed: %s: %s", type(exc).__name__, exc)
         finally:
             if db is not self.ctx.db:
                 db.close()
@@ -461,15 +415,10 @@ class _Builds:
             for b in self.todo:
                 _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, self.ctx.db, b))
             return
-        threads = [threading.Thread(target=self._session, args=(self.ctx.db.sibling(),),
-                                    name=f"mover-index-{i}", daemon=True) for i in range(1, self.sessions)]
-        for t in threads:
-            t.start()
-        self._session(self.ctx.db)
-        for t in threads:
-            ranges.join(t)
-        if self.error is not None:
-            raise self.error
+        for i in range(1, self.sessions):
+            self.group.start(partial(self._session, self.ctx.db.sibling()), f"mover-index-{i}")
+        self.group.call(partial(self._session, self.ctx.db))
+        self.group.join()
 
 
 def planned_builds(name: str, ix: introspect.Index, table: names.QualifiedName,
@@ -557,8 +506,7 @@ class Analyze:
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.error: BaseException | None = None
-        self.thread: threading.Thread | None = None
+        self.thread: threads.Group | None = None  # beside the builds: its session's thread
         self.started = 0.0
         self.ms = 0.0
 
@@ -582,16 +530,14 @@ class Analyze:
         if not self.beside_builds():
             return
         self.started = time.monotonic()
-        self.thread = threading.Thread(target=self._beside, name="mover-analyze", daemon=True)
-        self.thread.start()
+        self.thread = threads.Group()
+        self.thread.start(self._beside, "mover-analyze")
 
     def _beside(self) -> None:
         db = self.ctx.db.sibling()
         try:
             db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
             self.ms = (time.monotonic() - self.started) * 1000
-        except BaseException as exc:  # raised by finish(), in the step's thread
-            self.error = exc
         finally:
             db.close()
 
@@ -603,9 +549,7 @@ class Analyze:
             self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",
                                     label="analyze")
             return (time.monotonic() - started) * 1000
-        ranges.join(self.thread)
-        if self.error is not None:
-            raise self.error
+        self.thread.join()  # raises what ANALYZE raised, in the step's thread
         return self.ms
 
     def abandon(self) -> None:
@@ -613,7 +557,7 @@ class Analyze:
         failure of its own is said here). The resume runs it again."""
         if self.thread is None:
             return
-        ranges.join(self.thread)
-        if self.error is not None:
+        self.thread.wait()
+        if (error := self.thread.error) is not None:
             log.error("ANALYZE of %s beside the index builds also failed: %s: %s", self.ctx.new,
-                      type(self.error).__name__, self.error)
+                      type(error).__name__, error)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from mover.catalog import introspect, shape
+from mover.catalog import conversion, introspect, shape
 from mover.db import Database
 from mover.engines import partitions
 from mover.errors import Interrupted, LeaseLost
@@ -65,9 +65,13 @@ class Context:
         return self.migration.id
 
     def refresh(self) -> control.Migration:
-        self.migration = self.db.transaction(lambda cur: control.get_by_id(cur, self.mid))
-        self.db.pin(self._settings())
+        self.use(self.db.transaction(lambda cur: control.get_by_id(cur, self.mid)))
         return self.migration
+
+    def use(self, migration: control.Migration) -> None:
+        """Work from `migration`, the row as a transaction has just read it."""
+        self.migration = migration
+        self.db.pin(self._settings())
 
     def checkpoint(self) -> None:
         """Called between transactions: the only places a run stops on request."""
@@ -112,6 +116,6 @@ class Context:
         original = introspect.describe(cur, self.original)
         new = introspect.describe(cur, self.new)
         key = tuple(self.migration.key_columns)
-        m = Mapping.between(new, original, key) if reverse else Mapping.between(original, new, key)
+        m = conversion.mapping(new, original, key) if reverse else conversion.mapping(original, new, key)
         extra = tuple(c for c in partitions.partition_columns(cur, m.dst) if c not in key)
         return dataclasses.replace(m, dst_partition=extra) if extra else m

@@ -1,4 +1,6 @@
-"""Cutover engine: the swap, its mirror image (rollback), retire and abort.
+"""Cutover engine: the swap, its mirror image (rollback), retire and abort. The swap's phases are
+here (preflight, prepare, the Swap transaction's lock / verify / drain / rebuild / execute /
+check_parity / record, finish); mover/steps/cutover.py calls them in order, top to bottom.
 
 Invariants:
 - The swap is one short transaction under the plan's lock_timeout, retried with backoff on
@@ -13,10 +15,9 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,9 @@ import psycopg
 from psycopg import sql
 
 from mover import faults, names
-from mover.catalog import introspect, metadata, privileges, shape, subscribers
+from mover.catalog import introspect, privileges, shape, subscribers
 from mover.db import one
-from mover.engines import capture, carry, lockwatch, logical, parity
+from mover.engines import capture, carry, lockwatch, logical, metadata, parity
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
@@ -47,6 +48,9 @@ LastCheck = Callable[[Context], int]
 
 
 def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
+    """Before anything of the swap: no open divergence (invariant 4), every index of the target
+    valid, no publication whose subscribers the swap would break; the log drained outside the lock;
+    then the last check (a reconcile pass over what changed since reconcile verified it)."""
     carry.validate(ctx)  # what a swap back left NOT VALID before a crash
 
     def check(cur: psycopg.Cursor) -> None:
@@ -150,7 +154,7 @@ def refuse_losing(ctx: Context, rows: list[dict[str, Any]], command: str, side: 
                         f"`mover {command} {m.name} {GIVE_UP_FLAG}` to give them up (recorded in the events)")
 
 
-class _Unapplied(Exception):
+class Unapplied(Exception):
     """Changes that could not be applied under the swap's lock; the swap's transaction rolls back."""
 
     def __init__(self, failures: dict[str, Any], rows: list[dict[str, Any]] | None = None):
@@ -286,7 +290,7 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
         live, other, live_renamed = m.source, m.target, m.old
     else:
         live, other, live_renamed = m.source, m.old, m.target
-    from_wal = logical.enabled(ctx)
+    from_wal = logical.enabled(ctx)  # the forward capture logical: its publication goes, or comes back
     out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward, logical_capture=from_wal))
     if forward:
         out += _carry_unvalidated_checks(cur, m.source, m.target)
@@ -325,6 +329,16 @@ class Prepared:
     oids: tuple[int, int]  # (original, new), whatever they are named
     mapping: Mapping  # built after both tables' shapes were checked against the recorded ones
     key_index: str
+    prepare_ms: float = 0.0
+
+
+def prepare(ctx: Context, *, forward: bool) -> Prepared:
+    """Before the lock: reading the catalog is most of the swap's work, done here so that the lock
+    only compares one digest (and rebuilds, under the lock, on the rare change in between)."""
+    started = time.monotonic()
+    prepared = ctx.db.transaction(lambda cur: _prepare(cur, ctx, forward), label="cutover statements")
+    prepared.prepare_ms = (time.monotonic() - started) * 1000
+    return prepared
 
 
 def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> Prepared:
@@ -346,117 +360,161 @@ def swap_locks(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qu
     return [live, other, *carry.also_locked(cur, live), *lockwatch.own_tables(ctx.mid)]
 
 
-def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
-                 extra_tables: Sequence[QualifiedName] = ()) -> float:
-    """The swap (or swap back) under the lock discipline (mover/engines/lockwatch.py): returns how long
-    the lock was held, in ms. `extra_tables` (tables whose foreign keys the swap re-points) are
-    watched for blocking sessions too."""
+def drain_before_lock(ctx: Context) -> None:
+    """What arrived while the last check and the statements were read, drained outside the lock so
+    that the lock's drain is small. A row it could not apply is a divergence: refused as the
+    preflight refuses (under the lock, one would be refused by Unapplied)."""
     m = ctx.migration
-    # Reading the catalog is most of the swap's work: done here, before the lock, so the lock only
-    # compares one digest (and rebuilds, under the lock, on the rare change in between).
-    started = time.monotonic()
-    prepared = ctx.db.transaction(lambda cur: _prepare(cur, ctx, forward), label="cutover statements")
-    prepare_ms = (time.monotonic() - started) * 1000
-    if forward:
-        # What arrived while the last check and the statements were read, drained outside the lock
-        # so that the lock's drain is small. A row it could not apply is a divergence: refused as
-        # the preflight refuses (under the lock, one would be refused by _Unapplied).
-        capture.drain(ctx, reverse=False, backfill_done=True)
-        n = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid), label="cutover divergences")
-        if n:
-            raise Waiting(f"migration {m.name!r} has {n} unresolved divergences; cutover refused",
-                          hint=f"see them with `mover divergences {m.name}`")
+    capture.drain(ctx, reverse=False, backfill_done=True)
+    n = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid), label="cutover divergences")
+    if n:
+        raise Waiting(f"migration {m.name!r} has {n} unresolved divergences; cutover refused",
+                      hint=f"see them with `mover divergences {m.name}`")
 
-    def swap(cur: psycopg.Cursor) -> float:
-        control.guard(cur, ctx.mid, m.step, ctx.owner)
-        live, other = _swap_tables(ctx, forward)
-        key_index = prepared.key_index  # part of the shape: fixed
-        if flusher is not None:
+
+def refuse_rows_only_in_new(ctx: Context, give_up_rows: bool, command: str) -> None:
+    """Before the swap back: the reverse log drained, and a refusal before taking the lock when
+    rows are known to exist only in the new table (invariant 9)."""
+    capture.drain(ctx, reverse=True, backfill_done=True)
+    left = ctx.db.transaction(lambda cur: retry_unapplied(cur, ctx, reverse=True), label="rollback check")
+    if left and not give_up_rows:
+        raise refuse_losing(ctx, left, command, "new")
+
+
+class Swap:
+    """One attempt of the swap's (or the swap back's) transaction, in its phases: the cutover step
+    (mover/steps/cutover.py) calls them in order inside one transaction that lockwatch.run_locked
+    retries whole. Each phase is timed: where the lock's time goes is in the cutover event."""
+
+    def __init__(self, cur: psycopg.Cursor, ctx: Context, prepared: Prepared, *, forward: bool,
+                 give_up_rows: bool = False, command: str = "rollback", flusher: logical.Flusher | None = None):
+        self.cur, self.ctx, self.prepared, self.forward = cur, ctx, prepared, forward
+        self.give_up_rows, self.command = give_up_rows, command
+        self.flusher = flusher  # logical capture, forward: the second session that flushes the WAL
+        self.fed: dict[str, Any] = {}  # what the feed under the lock read, and how long it took
+        self.stmts, self.carried, self.parity_before = prepared.stmts, prepared.carried, prepared.parity_before
+        self.rebuilt = False
+        self.drained = 0  # changes applied under the lock: what a follower (mover/runner/follow.py) keeps small
+        self.trips = 0
+        self.marks: dict[str, float] = {}
+
+    def _mark(self, phase: str) -> None:
+        self.marks[phase] = time.monotonic()
+
+    def lock(self) -> None:
+        """The lease, then every lock, one relation at a time in swap_locks' order (lockwatch.lock_all
+        names the one waited on): each is waited for under lock_timeout before anything else."""
+        m, cur = self.ctx.migration, self.cur
+        control.guard(cur, self.ctx.mid, m.step, self.ctx.owner)
+        live, other = _swap_tables(self.ctx, self.forward)
+        if self.flusher is not None:
             # Before the tables, as every feeder takes it before the change log: no feed is under way
-            # while the lock's own feed reads the slot, and none can wait on a table we hold.
-            logical.lock_feeder(cur, ctx.mid)
-        lockwatch.lock_all(cur, swap_locks(cur, ctx, live, other))
-        locked_at = time.monotonic()
-        # Where the lock's time goes (in the cutover event): verifying the catalog everything was
-        # built from, the drain, reading the catalog again (only when it changed), the DDL, the
-        # parity check (the table that carries the name after the DDL).
-        stmts, carried, parity_before = prepared.stmts, prepared.carried, prepared.parity_before
-        rebuilt = carry.catalog_digest(cur, _swap_tables(ctx, forward)) != prepared.digest
-        verified_at = time.monotonic()
-        if rebuilt:
+            # while the lock's own reads the slot, and none waits on a table the swap holds.
+            logical.lock_feeder(cur, self.ctx.mid)
+        lockwatch.lock_all(cur, swap_locks(cur, self.ctx, live, other))
+        self._mark("locked")
+
+    def verify(self) -> None:
+        """The digest of the catalog rows everything was built from (invariant 7, race 8): equal, the
+        shapes checked, the statements and the parity description built before the lock stand."""
+        self.rebuilt = carry.catalog_digest(self.cur, _swap_tables(self.ctx, self.forward)) != self.prepared.digest
+        self._mark("verified")
+
+    def drain(self) -> None:
+        """Everything logged so far committed before our lock: drain it all (race 4). A change that
+        cannot be applied rolls the whole swap back (forward: Unapplied); swapping back, a row the
+        old table still rejects exists only in the new one (invariant 9): refused, or given up."""
+        cur, ctx = self.cur, self.ctx
+        if self.rebuilt:
             # ctx.mapping checks both tables' shapes under the lock: a change committed since the
             # preparation aborts the swap with ShapeChanged, and nothing is swapped.
-            mapping = ctx.mapping(cur, reverse=not forward)
+            mapping = ctx.mapping(cur, reverse=not self.forward)
         else:
             # The digest covers every catalog row the shapes are described from (carry.SWAP_INPUTS):
             # equal, the shapes are those checked when the mapping was built, before the lock.
-            mapping = prepared.mapping
-        fed: dict[str, Any] = {}
-        if flusher is not None:
-            # Race 4 with logical capture: every change committed before the lock is in the WAL before
-            # the insert position read now; the WAL is flushed to it and the slot read to it, into the
-            # log this transaction drains next (invariant 12).
-            fed = logical.feed_in(cur, ctx, flusher, logical.Source(prepared.oids[0], mapping.key,
-                                                                   mapping.src_key_types))
+            mapping = self.prepared.mapping
+        if self.flusher is not None:
+            # Race 4 with logical capture (invariant 12): every change committed before the lock ends
+            # before the WAL insert position read now; the WAL is flushed to it from the second session
+            # and the slot read to it, into the log drained next.
+            self.fed = logical.feed_in(cur, ctx, self.flusher,
+                                       logical.Source(self.prepared.oids[0], mapping.key, mapping.src_key_types))
             faults.point("swap:fed")
-        # Everything logged so far committed before our lock: drain it all.
         failures: dict[str, Any] = {}
-        drained = 0  # changes applied under the lock: what a follower (mover/runner/follow.py) keeps small
         while True:
-            got = capture.apply_batch(cur, ctx, mapping, reverse=not forward, backfill_done=True,
+            got = capture.apply_batch(cur, ctx, mapping, reverse=not self.forward, backfill_done=True,
                                       wait_for_lock=True, limit=DRAIN_BATCH)
             failures.update(got.failures)
-            drained += got.claimed
+            self.drained += got.claimed
             # Fewer log rows than asked for: the log is empty, and stays so (no write reaches the
             # locked table, and the applier lock keeps other appliers out): no empty batch after.
             if got.log_rows < DRAIN_BATCH:
                 break
-        if forward and failures:
-            raise _Unapplied(failures)
-        if not forward:
+        if self.forward and failures:
+            raise Unapplied(failures)
+        if not self.forward:
             # What the replay failed on earlier may go through now; what still fails exists only
             # in the new table, which the swap back would leave behind.
             left = retry_unapplied(cur, ctx, reverse=True)
-            if left and not give_up_rows:
-                raise _Unapplied({}, left)
-            give_up(cur, ctx, left, command)
-        drained_at = time.monotonic()
-        if rebuilt:
-            # Changed since they were read: never run statements built from a stale catalog, nor
-            # compare with a stale description. Under the lock nothing they read can change again,
-            # so one rebuild is the last.
-            stmts, carried = swap_plan(cur, ctx, forward=forward)
-            parity_before = parity.live_description(cur, ctx.mid, forward)
-        read_at = time.monotonic()
-        trips = execute_batched(cur, stmts)
-        ddl_at = time.monotonic()
-        carry.record_validation(cur, ctx, carried.to_validate, carried.to_attach)
-        # Both tables in one query: the one that now carries the name must look to the application
-        # as the other did (parity), and both are recorded again (only the names changed; the
-        # shapes are those checked above, the lock is held).
-        original, new = prepared.oids
+            if left and not self.give_up_rows:
+                raise Unapplied({}, left)
+            give_up(cur, ctx, left, self.command)
+        self._mark("drained")
+
+    def rebuild(self) -> None:
+        """Only when the digest changed: never run statements built from a stale catalog, nor
+        compare with a stale description. Under the lock nothing they read can change again, so one
+        rebuild is the last."""
+        if self.rebuilt:
+            self.stmts, self.carried = swap_plan(self.cur, self.ctx, forward=self.forward)
+            self.parity_before = parity.live_description(self.cur, self.ctx.mid, self.forward)
+        self._mark("read")
+
+    def execute(self) -> None:
+        """The swap's statements (swap_plan: the capture off the live table, the application's objects
+        off it, the renames, the sequences, the objects onto the other table, the capture the other
+        way), runs without parameters sent as one query; the foreign keys the carry added NOT VALID
+        recorded for their validation after the lock."""
+        self.trips = execute_batched(self.cur, self.stmts)
+        self._mark("ddl")
+        carry.record_validation(self.cur, self.ctx, self.carried.to_validate, self.carried.to_attach)
+
+    def check_parity(self) -> None:
+        """Both tables in one query: the one that now carries the name must look to the application
+        as the other did (an unplanned difference rolls the swap back), and both shapes are recorded
+        again (only the names changed; the shapes are those checked, the lock is held)."""
+        cur, ctx = self.cur, self.ctx
+        original, new = self.prepared.oids
         now = shape.describe(cur, [original, new])
-        parity.check_swap(cur, ctx, parity_before, key_index, forward=forward,
-                          after_shape=now[new if forward else original])
+        parity.check_swap(cur, ctx, self.parity_before, self.prepared.key_index, forward=self.forward,
+                          after_shape=now[new if self.forward else original])
         shape.store(cur, ctx.mid, "source", now[original])
         shape.store(cur, ctx.mid, "target", now[new])
-        ran_at = time.monotonic()
-        phases = {**fed, "verify_ms": (verified_at - locked_at) * 1000, "drain_ms": (drained_at - verified_at) * 1000,
-                  "catalog_ms": (read_at - drained_at) * 1000, "ddl_ms": (ddl_at - read_at) * 1000,
-                  "parity_ms": (ran_at - ddl_at) * 1000,
-                  "statements": len(stmts), "round_trips": trips, "rebuilt": rebuilt, "prepare_ms": prepare_ms}
-        # Checked after the install, in the same transaction: a new log another role could write
-        # (default privileges) refuses the swap instead of exposing the application's writes.
-        privileges.require_capture_path(cur, names.capture_function(ctx.mid, forward),
-                                        names.change_log(ctx.mid, forward), m.name)
-        if not forward and logical.enabled(ctx):
-            logical.require_slot(cur, ctx.mid)  # made before the lock (swap_back): still there
-        faults.point("swap:locked" if forward else "swap_back:locked")
-        held_ms = (time.monotonic() - locked_at) * 1000
-        phases["finish_ms"] = (time.monotonic() - ran_at) * 1000  # the capture path check
-        if forward:
+        self._mark("ran")
+
+    def record(self) -> float:
+        """The capture's path checked (a new log another role could write, by default privileges,
+        refuses the swap instead of exposing the application's writes), then the transition with
+        how long the lock was held and where that time went: the window opens (forward), or the
+        migration is back before the gate with its reconcile ranges to verify again. Returns the
+        lock's hold in ms."""
+        cur, ctx, m = self.cur, self.ctx, self.ctx.migration
+        privileges.require_capture_path(cur, names.capture_function(ctx.mid, self.forward),
+                                        names.change_log(ctx.mid, self.forward), m.name)
+        if not self.forward and logical.enabled(ctx):
+            logical.require_slot(cur, ctx.mid)  # made before the lock (logical.preparing_back): still there
+        faults.point("swap:locked" if self.forward else "swap_back:locked")
+        t = self.marks
+        held_ms = (time.monotonic() - t["locked"]) * 1000
+        phases = {**self.fed,  # logical capture's feed under the lock: feed_ms, flush_ms, decode_ms, ...
+                  "verify_ms": (t["verified"] - t["locked"]) * 1000, "drain_ms": (t["drained"] - t["verified"]) * 1000,
+                  "catalog_ms": (t["read"] - t["drained"]) * 1000, "ddl_ms": (t["ddl"] - t["read"]) * 1000,
+                  "parity_ms": (t["ran"] - t["ddl"]) * 1000, "statements": len(self.stmts), "round_trips": self.trips,
+                  "rebuilt": self.rebuilt, "prepare_ms": self.prepared.prepare_ms,
+                  "finish_ms": (time.monotonic() - t["ran"]) * 1000}  # the capture path check
+        if self.forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
-                                 detail={"lock_ms": held_ms, "drained": drained, **phases,
+                                 detail={"lock_ms": held_ms, "drained": self.drained, **phases,
                                          **({"foreign_keys_not_carried": list(ctx.plan.drop_foreign_keys)}
                                             if ctx.plan.drop_foreign_keys else {})})
         else:
@@ -464,79 +522,49 @@ def _locked_swap(ctx: Context, *, forward: bool, give_up_rows: bool = False, com
             ranges.reset(cur, ctx.mid, "reconcile")
         return held_ms
 
+
+def run_locked(ctx: Context, attempt: Callable[[psycopg.Cursor], float], *, forward: bool,
+               command: str = "rollback") -> float:
+    """The swap's transaction under the lock discipline (mover/engines/lockwatch.py: autovacuum
+    paused, blocking sessions named, lock_timeout, attempts): returns how long the lock was held,
+    in ms. The referencing tables and views the swap locks too are watched for blockers as well."""
+    m = ctx.migration
     faults.point("swap:before_lock" if forward else "swap_back:before_lock")
     live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
-    # The referencing tables and views the swap locks too: their blockers are named as well.
     also = ctx.db.transaction(lambda cur: carry.also_locked(cur, live), label="tables the swap locks")
-    # Logical capture's last feed flushes the WAL from a second session, connected before the lock.
-    flusher = logical.Flusher(ctx.db) if forward and logical.enabled(ctx) else None
-    with flusher or contextlib.nullcontext():
-        held = lockwatch.run_locked(ctx, swap, tables=[live, other], what="swap in" if forward else "swap back",
-                                    retry=f"mover {'cutover' if forward else command} {m.name}",
-                                    label="cutover" if forward else "rollback",
-                                    statement_timeout=LOCK_STATEMENT_TIMEOUT, extra_tables=[*also, *extra_tables])
+    held = lockwatch.run_locked(ctx, attempt, tables=[live, other], what="swap in" if forward else "swap back",
+                                retry=f"mover {'cutover' if forward else command} {m.name}",
+                                label="cutover" if forward else "rollback", statement_timeout=LOCK_STATEMENT_TIMEOUT,
+                                extra_tables=also)
     ctx._mappings.clear()  # the tables changed names
     return held
 
 
-def swap_in(ctx: Context, last_check: LastCheck | None = None) -> float:
-    preflight(ctx, last_check)
-    try:
-        held = _locked_swap(ctx, forward=True)
-    except _Unapplied as exc:
-        # Rolled back with the swap: replay outside the lock to record them as divergences.
+def refused(ctx: Context, exc: Unapplied, *, forward: bool, command: str = "rollback") -> Waiting:
+    """After a swap rolled back on changes it could not apply under its lock: replayed outside the
+    lock to record them as divergences; the refusal to raise."""
+    m = ctx.migration
+    if forward:
         capture.drain(ctx, reverse=False, backfill_done=True)
-        raise Waiting(f"{len(exc.failures)} changes to {ctx.migration.source} could not be applied to "
-                      f"{ctx.migration.target} under the cutover's lock ({exc.describe()}); nothing was swapped",
-                      hint=f"see `mover divergences {ctx.migration.name}`; `mover repair {ctx.migration.name}` "
-                           f"once the rows fit") from None
+        return Waiting(f"{len(exc.failures)} changes to {m.source} could not be applied to {m.target} under the "
+                       f"cutover's lock ({exc.describe()}); nothing was swapped",
+                       hint=f"see `mover divergences {m.name}`; `mover repair {m.name}` once the rows fit")
+    capture.drain(ctx, reverse=True, backfill_done=True)
+    left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
+    return refuse_losing(ctx, left or exc.rows, command, "new")
+
+
+def finish(ctx: Context, held: float, *, forward: bool) -> None:
+    """After the commit: say how long the lock was held, then VALIDATE the foreign keys the swap
+    added NOT VALID, with writes going on (after a crash: the window's run, or the next cutover's
+    preflight, resumes it). With logical capture the slot goes now: the swap dropped its publication
+    and feed state, a slot is not transactional (a crash before this leaves it to logical.cleanup)."""
     ctx.refresh()
-    if logical.enabled(ctx):
-        # The swap dropped the publication and the feed state; the slot is not transactional and goes
-        # now (a crash before this leaves it to logical.cleanup at the next run).
+    if forward and logical.enabled(ctx):
         faults.point("swap:before_slot_drop")
         logical.drop_slot(ctx.db, ctx.mid)
-    ctx.report("cutover", lock_ms=round(held, 1))
-    # After the lock: VALIDATE scans with writes going on (the rollback window resumes it after a crash).
+    ctx.report("cutover" if forward else "rolled_back", lock_ms=round(held, 1))
     carry.validate(ctx)
-    return held
-
-
-def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback") -> float:
-    capture.drain(ctx, reverse=True, backfill_done=True)
-    # Refuse before taking the lock when rows are known to exist only in the new table.
-    left = ctx.db.transaction(lambda cur: retry_unapplied(cur, ctx, reverse=True), label="rollback check")
-    if left and not give_up_rows:
-        raise refuse_losing(ctx, left, command, "new")
-    if logical.enabled(ctx):
-        # The forward capture the swap back reinstalls reads a slot made now, before its lock
-        # (invariant 12): every write the application commits after the swap back is in it.
-        logical.prepare(ctx, ctx.original)
-    try:
-        held = _locked_swap(ctx, forward=False, give_up_rows=give_up_rows, command=command)
-    except _Unapplied as exc:
-        _unprepare(ctx)
-        capture.drain(ctx, reverse=True, backfill_done=True)
-        left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
-        raise refuse_losing(ctx, left or exc.rows, command, "new") from None
-    except BaseException:
-        _unprepare(ctx)
-        raise
-    ctx.refresh()
-    ctx.report("rolled_back", lock_ms=round(held, 1))
-    carry.validate(ctx)  # the next cutover's preflight resumes it after a crash
-    return held
-
-
-def _unprepare(ctx: Context) -> None:
-    """A swap back that did not commit: the slot and publication made for it would keep WAL for
-    nothing (the forward capture is not installed); dropped now, or by the next run's cleanup."""
-    if not logical.enabled(ctx):
-        return
-    try:
-        logical.cleanup(ctx)
-    except psycopg.Error as exc:
-        log.warning("could not drop the replication slot made for the rollback (%s); the next run drops it", exc)
 
 
 def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
@@ -590,6 +618,9 @@ def retire_locks(ctx: Context) -> list[QualifiedName]:
 
 
 def retire(ctx: Context, give_up_rows: bool = False) -> None:
+    """The retire, top to bottom, in one transaction under the lock discipline: the lease, the
+    locks (retire_locks), a refusal while rows exist only in the old table it would drop
+    (invariant 9), the drops (retire_sql, what `plan check` prints), the migration done."""
     m = ctx.migration
     keep = ctx.plan.rollback.keep_old
 
@@ -626,6 +657,9 @@ def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
 
 
 def abort(ctx: Context, give_up_rows: bool = False) -> None:
+    """The abort, top to bottom, in one transaction under the lock discipline: the locks, a refusal
+    while rows exist only in the target it drops (invariant 9), the drops (abort_sql), the ranges
+    forgotten, the migration aborted."""
     m = ctx.migration
 
     def undo(cur: psycopg.Cursor) -> None:

@@ -33,8 +33,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -612,6 +614,37 @@ class Flusher:
 
     def flush(self) -> int:
         return flush(self.db)
+
+
+@contextlib.contextmanager
+def flusher(ctx: Context) -> Iterator[Flusher | None]:
+    """For the swap: the second session that flushes the WAL under its lock, connected before it;
+    None when the forward capture is not logical."""
+    if not enabled(ctx) or ctx.swapped:
+        yield None
+        return
+    with Flusher(ctx.db) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def preparing_back(ctx: Context) -> Iterator[None]:
+    """Around the swap back: with logical capture, the forward capture it installs reads a slot made
+    now, before its lock (invariant 12: every write the application commits after the swap back is
+    in it). If the swap back does not commit, the slot and publication made for it go again (they
+    would keep WAL for nothing; the next run's cleanup drops them otherwise)."""
+    if not enabled(ctx):
+        yield
+        return
+    prepare(ctx, ctx.original)
+    try:
+        yield
+    except BaseException:
+        try:
+            cleanup(ctx)
+        except psycopg.Error as exc:
+            log.warning("could not drop the slot made for the rollback (%s); the next run drops it", exc)
+        raise
 
 
 def feed_in(cur: psycopg.Cursor, ctx: Context, flusher: Flusher, src: Source | None = None) -> dict[str, Any]:

@@ -191,7 +191,7 @@ class Planned:
 
 
 # Aspects the swap transaction makes or moves (mover/engines/cutover.py, mover/engines/carry.py,
-# mover/catalog/metadata.py): before the swap the new table lacks them on purpose.
+# mover/engines/metadata.py): before the swap the new table lacks them on purpose.
 SWAP_MADE = frozenset({"publication", "constraint", "trigger", "rule", "policy", "view", "referenced_by"})
 # ... and what it sets, whatever the new table has before.
 SWAP_SET = frozenset({"replica_identity", "replica_identity_index", "statistics_name", "row_security"})

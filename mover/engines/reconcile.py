@@ -8,8 +8,9 @@ Invariants:
   after the applier has caught up, a bounded number of rounds; only a difference that
   persists is recorded as a divergence, in the transaction that marks the range done.
 - Ranges are claimed from mover/state/ranges.py (kind 'reconcile': SKIP LOCKED, leases, attempt
-  ceiling), by [reconcile] workers threads; a crashed reconcile resumes with the ranges it
-  had not finished, and a range's result commits with its done mark (race 6 included).
+  ceiling), by [reconcile] workers threads running the range loop (mover/engines/rangework.py;
+  Worker is its comparison); a crashed reconcile resumes with the ranges it had not finished,
+  and a range's result commits with its done mark (race 6 included).
 - Each verified range keeps its row counts and fingerprints. A later pass re-verifies only
   the ranges that changed since: those holding a key the applier replayed after the range was
   verified (noted by a trigger on the change log, see compare.create_notes), or an open
@@ -39,9 +40,9 @@ import psycopg
 from mover import faults, names
 from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
-from mover.engines import capture, logical, throttle
+from mover.engines import capture, logical, rangework, throttle
 from mover.engines.context import Context, Reporter
-from mover.errors import Failed, LeaseLost, MoverError, ShapeChanged
+from mover.errors import Failed
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
 from mover.sql import trusted
@@ -52,7 +53,6 @@ from mover.state import control, ranges
 log = logging.getLogger("mover.reconcile")
 
 KIND = "reconcile"
-IDLE_WAIT_SECONDS = 0.2
 RANGE_STATEMENT_TIMEOUT = "300s"
 REPAIR_BATCH = 200
 DRAIN_EVERY_SECONDS = 0.5
@@ -208,22 +208,18 @@ def _record(cur: psycopg.Cursor, spec: q.Spec, mid: int, key_range: ranges.KeyRa
     stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), key_range.lo, key_range.hi)
     cur.execute(stmt, [*params, agg["mark"]])
     src_fp, dst_fp = q.fingerprint(agg["src_sum"], first_diffs)
-    control.store_range_fingerprint(cur, mid, key_range.range_no, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp,
-                                    len(settled))
+    ranges.store_fingerprint(cur, mid, key_range, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp, len(settled))
     return {"found": found, "still_open": again, "resolved": len(resolved), "unsettled": len(unsettled)}
-
-
-def _done(cur: psycopg.Cursor, mid: int, key_range: ranges.KeyRange, worker: str, rows: int, started: float) -> None:
-    """The range's done mark, and its rows counted on the worker's row (what `mover status` shows),
-    in the range's own transaction rather than one more after it."""
-    ranges.mark_done(cur, mid, key_range, rows, (time.monotonic() - started) * 1000)
-    cur.execute("UPDATE mover.workers SET rows_done = rows_done + %s WHERE migration_id = %s AND worker_id = %s",
-                (rows, mid, worker))
 
 
 def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.KeyRange, worker: str,
                  settings: ReconcileSettings) -> dict[str, int]:
     """Compare one claimed range; commit its findings with its done mark.
+
+    The comparison's statement is built by mover/sql/compare.py and run here; the queue's part
+    of the transaction (ranges.hold first: the lease check of race 6; ranges.done last) is
+    mover/state/ranges.py's, called inside it, so findings, fingerprints and the done mark
+    commit together, or not at all when the range was taken over.
 
     Committed without waiting for the WAL flush (synchronous_commit off): a crash loses the
     findings and the done mark together, and the range is compared again; any later durable
@@ -243,11 +239,11 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
         if any(d["pending"] for d in diffs) or (diffs and from_wal):
             # Nothing written: settle the pending keys first. With logical capture a change can be
             # committed and not in the log yet (fed after it): no difference counts before the
-            # re-check below, whose snapshot sees the log fed up to it.
+            # re-check below, whose snapshot sees the log fed up to it (invariant 12).
             return agg, diffs, None
         outcome = _record(cur, spec, mid, key_range, worker, agg, diffs, diffs, [])
         faults.point(f"reconcile_compared:{key_range.range_no}")  # inside the transaction: a crash loses the range
-        _done(cur, mid, key_range, worker, agg["src_rows"], started)
+        ranges.done(cur, mid, key_range, worker, agg["src_rows"], (time.monotonic() - started) * 1000)
         return agg, diffs, outcome
 
     agg, diffs, outcome = db.transaction(first, statement_timeout=RANGE_STATEMENT_TIMEOUT,
@@ -281,7 +277,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
             unsettled = [d for d in now if d["pending"]]
             result = _record(cur, spec, mid, key_range, worker, agg, diffs, settled, unsettled)
             faults.point(f"reconcile_compared:{key_range.range_no}")
-            _done(cur, mid, key_range, worker, agg["src_rows"], started)
+            ranges.done(cur, mid, key_range, worker, agg["src_rows"], (time.monotonic() - started) * 1000)
             return result
 
         faults.point("reconcile_settled")  # the keys re-checked; their range's last transaction next
@@ -297,95 +293,50 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
 # Workers and passes
 
 
-class Worker(ranges.RangeWorker):
-    """One reconcile worker thread: claims ranges and verifies them until none is left."""
+class Worker(rangework.RangeWorker):
+    """One reconcile worker: claims ranges and verifies them until none is left."""
 
+    kind = KIND
     role = "mover-reconcile"
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, spec: q.Spec, result: PassResult, *,
                  stop: threading.Event, lost: threading.Event, registry: set[str], report: Reporter,
                  n_workers: int = 1):
-        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report)
-        self.spec, self.result, self.n_workers = spec, result, n_workers
+        super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report,
+                         n_workers=n_workers)
+        self.spec, self.result = spec, result
+        self._settings = self.ctx.plan.reconcile
+        self._drained = time.monotonic()  # run() drained the log as the pass started
 
-    def _run(self) -> None:
-        self.registry.add(self.wid)
-        self.db.transaction(self._register)
-        try:
-            self._loop()
-        finally:
-            self._leave()
+    def settings(self, m: control.Migration) -> rangework.Settings:
+        # It reads both whole tables: it waits on pause, replica lag and its cap like the backfill.
+        plan = plan_from_canonical(m.plan)
+        s = self._settings = plan.reconcile
+        return rangework.Settings(limits(plan), s.range_rows, s.max_attempts)
 
-    def _loop(self) -> None:
-        ctx, mid = self.ctx, self.ctx.mid
-        pacer = throttle.Throttle(throttle.Limits(), self.n_workers)
-        waiting: str | None = None
-        drained = time.monotonic()  # run() drained the log as the pass started
+    def mapping(self, cur: psycopg.Cursor) -> Mapping:
+        return self.spec.mapping  # checked against both tables' shape in each range's transaction
 
-        def look(cur: psycopg.Cursor) -> tuple[control.Migration, str | None]:
-            """The migration row (`mover set` takes effect here) and, in the same transaction, why
-            to wait: it reads both whole tables, so it waits on pause, replica lag and its cap like
-            the backfill."""
-            m = control.get_by_id(cur, mid)
-            pacer.limits = limits(plan_from_canonical(m.plan))
-            return m, (None if m.state == "aborted" else pacer.reason(cur, m.paused))
+    def work(self, key_range: ranges.KeyRange) -> rangework.Done:
+        faults.point(f"reconcile_claimed:{key_range.range_no}")  # claimed, not read yet
+        got = verify_range(self.db, self.ctx, self.spec, key_range, self.wid, self._settings)
+        return rangework.Done(got["rows"], got["ms"], got)
 
-        while True:
-            ctx.checkpoint()
-            m, reason = self.db.transaction(look)
-            ctx.migration = m
-            if m.state == "aborted":
-                return
-            settings = plan_from_canonical(m.plan).reconcile
-            if reason:
-                if reason != waiting:
-                    ctx.report("reconcile_waiting", reason=reason, worker=self.wid)
-                waiting = reason
-                self._wait(reason, 1.0)
-                continue
-            if waiting:
-                waiting = None
-                self._wait(None, 0)
-            # Not waiting for the flush either: a claim a crash loses is cut again from the frontier.
-            key_range = self.db.transaction(bind(
-                ranges.claim, mid, KIND, self.wid, self.spec.mapping, pacer.range_rows(settings.range_rows),
-                settings.max_attempts), synchronous_commit=False, label="claim")
-            if key_range is not None:
-                faults.point(f"reconcile_claimed:{key_range.range_no}")  # before the range is read
-            if key_range is None:
-                if self.db.transaction(lambda cur: ranges.state(cur, mid, KIND))["open"] == 0:
-                    return
-                # Others are still comparing, or a dead worker's lease has yet to expire.
-                ctx.stop.wait(IDLE_WAIT_SECONDS)
-                continue
-            try:
-                got = verify_range(self.db, ctx, self.spec, key_range, self.wid, settings)
-            except LeaseLost as exc:
-                log.warning("%s", exc)
-                continue
-            except (psycopg.Error, MoverError) as exc:
-                if ranges.is_connection_failure(exc) or isinstance(exc, ShapeChanged) or (
-                        isinstance(exc, MoverError) and exc.exit_code == 130):
-                    raise
-                self.db.transaction(ctx.check_shape)  # a range that failed on a changed table says so
-                outcome = ranges.record_failure(self.db, mid, key_range, self.wid, exc, settings.max_attempts)
-                log.error("reconcile range %s failed (%s): %s", key_range.range_no, outcome, exc)
-                continue
-            faults.point(f"reconcile_range:{key_range.range_no}")
-            self.result.add(ranges=1, rows=got["rows"], found=got["found"], still_open=got["still_open"],
-                            resolved=got["resolved"], unsettled=got["unsettled"], rechecked=got["rechecked"])
-            ctx.report("reconcile_range", range_no=key_range.range_no, rows=got["rows"], ms=got["ms"],
-                       differences=got["found"] + got["still_open"], worker=self.wid)
-            # Keep the log short between ranges, so few keys are pending when the next one is read;
-            # at most every DRAIN_EVERY_SECONDS: on a quiet log a drain per range is a transaction
-            # and a shape check per range for nothing (pending keys are settled by the range anyway).
-            if time.monotonic() - drained >= DRAIN_EVERY_SECONDS:
-                capture.drain(ctx, reverse=False, backfill_done=True, max_rounds=1)
-                drained = time.monotonic()
-            pause = pacer.pace(got["rows"], got["ms"] / 1000)
-            if pause and key_range.hi is not None:  # after the last range there is nothing to pace
-                waiting = pacer.cap_reason()  # cleared at the top of the loop, once it is over
-                self._wait(waiting, pause)
+    def finished(self, key_range: ranges.KeyRange, done: rangework.Done) -> None:
+        got = done.counts
+        self.result.add(ranges=1, rows=done.rows, found=got["found"], still_open=got["still_open"],
+                        resolved=got["resolved"], unsettled=got["unsettled"], rechecked=got["rechecked"])
+        self.report("reconcile_range", range_no=key_range.range_no, rows=done.rows, ms=done.ms,
+                    differences=got["found"] + got["still_open"], worker=self.wid)
+        # Keep the log short between ranges, so few keys are pending when the next one is read;
+        # at most every DRAIN_EVERY_SECONDS: on a quiet log a drain per range is a transaction
+        # and a shape check per range for nothing (pending keys are settled by the range anyway).
+        if time.monotonic() - self._drained >= DRAIN_EVERY_SECONDS:
+            capture.drain(self.ctx, reverse=False, backfill_done=True, max_rounds=1)
+            self._drained = time.monotonic()
+
+    def waiting(self, reason: str) -> None:
+        self.report("reconcile_waiting", reason=reason, worker=self.wid)
 
 
 def limits(plan: Plan) -> throttle.Limits:
@@ -424,7 +375,7 @@ def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
             ranges.retry_failed(cur, mid, KIND)
             ranges.release_dead_local_owners(cur, mid)
             return "resume"
-        cur.execute(q.reopen_changed(spec, notes), (mid, mid))
+        ranges.reopen(cur, mid, KIND, q.changed_since_verified(spec, notes), [mid])
         return "incremental"
 
     if ctx.db.transaction(lambda cur: introspect.exists(cur, notes)):
@@ -455,7 +406,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
         workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), spec, result, stop=ctx.stop,
                           lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
                    for i in range(settings.workers)]
-        ranges.run_workers(workers, "reconcile")
+        rangework.run_workers(workers, "reconcile")
     ctx.checkpoint()
     ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover reconcile")
     result.seconds = time.monotonic() - started

@@ -4,6 +4,12 @@ inside one: the operator's pause flag (`mover pause`), replica lag, and a rows/s
 A range is read or written in one burst, so a cap is kept by two means: a range is no bigger
 than the cap allows in `burst_ms` (at most a second), and after it the worker waits out the
 rest of the time its rows are worth. The cap is shared evenly by the process's workers.
+
+The range engines ask it from one place, their shared loop (mover/engines/rangework.py): gate()
+before each range (wait, and why, or go with how many keys), pace() after it (what the rows were
+worth). Those two calls are where an application-impact governor (issue 25) takes the throttle's
+place. (The backfill's applier session asks reason() too, to wait on pause and lag as the
+workers do.)
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import psycopg
 log = logging.getLogger("mover.throttle")
 
 REPLICA_CHECK_SECONDS = 5.0
+RECHECK_SECONDS = 1.0  # how long a worker waits on a reason before asking again
 
 
 @dataclass
@@ -27,6 +34,16 @@ class Limits:
     max_replica_lag_ms: int = 0  # 0: do not check
     max_rows: int = 10**9  # the largest range the engine wants
     burst_ms: int = 1000  # how long one range is meant to take: its share of the cap is sized on it
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The answer before a range: wait `seconds` and ask again (`wait` says why), or go with a
+    range of `rows` keys."""
+
+    wait: str | None = None
+    seconds: float = 0.0
+    rows: int = 0
 
 
 @dataclass
@@ -65,6 +82,14 @@ class Throttle:
         if limit and self._lag is not None and self._lag * 1000 > limit:
             return f"replica lag {self._lag:.1f}s above {limit / 1000:g}s"
         return None
+
+    def gate(self, cur: psycopg.Cursor, paused: bool, hint: int) -> Gate:
+        """Before each range: wait (pause, replica lag), or go with a range of about `hint` keys
+        within what the limits allow. In the caller's transaction, which read `paused`."""
+        reason = self.reason(cur, paused)
+        if reason:
+            return Gate(wait=reason, seconds=RECHECK_SECONDS)
+        return Gate(rows=self.range_rows(hint))
 
     def range_rows(self, hint: int) -> int:
         """Keys to ask for in the next range: the engine's hint, within max_rows (so `mover set`

@@ -1,7 +1,9 @@
-"""The follower (`mover follow NAME`, `mover run NAME --wait`): keeps the change log drained at
-the cutover gate and in the rollback window, so the drain under the swap's lock stays small.
+"""The follower (`mover follow NAME`, `mover run NAME --wait`): runs the steps that need no
+decision under the lease, then keeps the change log drained at the cutover gate and in the
+rollback window (control.FOLLOWED), so the drain under the swap's lock stays small, and retires
+when the window ends.
 
-It holds no lease while it follows: the operator's `cutover`, `rollback`, `retire` or `abort`
+It holds no lease while it drains: the operator's `cutover`, `rollback`, `retire` or `abort`
 from another terminal takes the lease as usual. The two appliers cannot conflict:
 - each follower batch first takes ROW EXCLUSIVE on both tables with NOWAIT, then the applier
   lock (mover/engines/capture.py) without waiting. A swap, rollback or retire that holds or waits for its
@@ -15,16 +17,19 @@ from another terminal takes the lease as usual. The two appliers cannot conflict
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from mover.db import bind
+from mover.db import Database, bind
 from mover.engines import capture, logical
-from mover.engines.context import Context
-from mover.errors import Interrupted
+from mover.engines.context import Context, Reporter
+from mover.errors import Interrupted, LeaseHeld, Waiting
+from mover.runner import lifecycle
+from mover.runner.lease import leased
 from mover.state import control
 
 log = logging.getLogger("mover.follow")
@@ -36,7 +41,7 @@ def following(m: control.Migration) -> bool:
     """Whether the follower drains now: at the gate (before the swap) or in the window."""
     if m.state in control.TERMINAL:
         return False
-    return (m.step == "cutover" and m.cutover_at is None) or m.step == "rollback_window"
+    return m.step in control.FOLLOWED and not (m.step == "cutover" and m.cutover_at is not None)
 
 
 def window_over(m: control.Migration) -> bool:
@@ -64,7 +69,7 @@ def drain_round(ctx: Context) -> dict[str, Any]:
     reverse = m.step == "rollback_window"
     applied = 0
     if not reverse:
-        logical.feed(ctx, catch_up=False)  # logical capture: the log fed from the slot, which then lets its WAL go
+        logical.feed(ctx, catch_up=False)  # logical capture: the log fed from the slot, which lets its WAL go
     for _ in range(20):  # bounded: the loop must notice the operator's command soon
         ctx.checkpoint()
         got = ctx.db.transaction(bind(_batch, ctx, reverse), attempts=1, statement_timeout="120s",
@@ -79,7 +84,46 @@ def drain_round(ctx: Context) -> dict[str, Any]:
             "lag_s": round(lag, 1) if lag is not None else None}
 
 
-def follow(ctx: Context, *, interval: float = INTERVAL_SECONDS) -> str:
+def follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, stop: threading.Event,
+           interval: float = INTERVAL_SECONDS) -> None:
+    """Steps under the lease; the gate and the window without it (the operator's commands take it).
+    Ends when the migration is done or aborted, when the operator took it elsewhere than the window
+    (a rollback, a retire, an abort), or on SIGTERM / Ctrl-C."""
+    ctx = Context(db=db, migration=m, owner=owner, report=report, stop=stop)
+    followed = False
+    while not stop.is_set():
+        m = ctx.refresh()
+        if m.state in control.TERMINAL or m.step == control.FINISHED:
+            return
+        if following(m):
+            followed = True
+            why = drain_while_waiting(ctx, interval=interval)
+            if why == "stopped":
+                report("follow_stopped", step=ctx.migration.step, reason="signal")
+                return
+            if why == "left" and not following(ctx.refresh()):
+                report("follow_done", step=ctx.migration.step, state=ctx.migration.state)
+                return  # a rollback, retire or abort from another terminal: the operator decides what next
+            if why != "window_over":
+                continue
+        elif followed:
+            return
+        # A step to run (or the window is over: close it and retire), under the lease.
+        try:
+            with leased(db, m, owner, report=report, stop=stop) as leased_ctx:
+                lifecycle.advance(leased_ctx)
+        except Waiting:
+            if not following(ctx.refresh()):
+                raise  # waiting for something else than the gate or window (divergences are at the gate)
+        except LeaseHeld:
+            # An operator command runs now; look again shortly.
+            if stop.wait(interval):
+                return
+        except Interrupted:
+            return
+
+
+def drain_while_waiting(ctx: Context, *, interval: float = INTERVAL_SECONDS) -> str:
     """Drain while the migration stays at the gate or in the window. Returns why it stopped:
     "left" (another step now: the operator cut over, rolled back, retired or aborted; the
     caller decides whether to go on), "window_over" (the window ended: the caller retires), or

@@ -430,10 +430,10 @@ def divergence_key(spec: Spec, alias: str = "d") -> list[sql.Composed]:
             for i, t in enumerate(spec.dst_key_types)]
 
 
-def reopen_changed(spec: Spec, notes: QualifiedName) -> sql.Composed:
-    """Done reconcile ranges with a change applied since their verification, or an open
-    divergence found by reconcile: back to pending, with a fresh set of attempts. Parameters:
-    migration id (twice). Returns the range numbers."""
+def changed_since_verified(spec: Spec, notes: QualifiedName) -> sql.Composed:
+    """The condition on a done reconcile range `c` that it must be verified again: a change applied
+    in it since its verification (a note), or an open divergence found by reconcile in it. One
+    parameter: the migration id. mover/state/ranges.py reopen() puts those ranges back in the queue."""
     m = spec.mapping
     notes_in = sql.SQL("EXISTS (SELECT 1 FROM {} a WHERE {})").format(
         notes.ident, _in_range("a", [sql.Identifier("a", k) for k in m.key], m.src_key_types, m))
@@ -441,10 +441,7 @@ def reopen_changed(spec: Spec, notes: QualifiedName) -> sql.Composed:
         "EXISTS (SELECT 1 FROM mover.divergences d WHERE d.migration_id = %s AND d.resolved_at IS NULL"
         " AND (d.kind IN ('missing_in_target', 'extra_in_target', 'different') OR {forward_error}) AND {in_range})"
     ).format(forward_error=FORWARD_APPLY_ERROR, in_range=_in_range("d", divergence_key(spec), spec.dst_key_types, m))
-    return sql.SQL(
-        "UPDATE mover.ranges c SET status = 'pending', attempts = 0, owner = NULL, lease_expires_at = NULL,"
-        " error = NULL WHERE c.migration_id = %s AND c.kind = 'reconcile' AND c.status = 'done'"
-        " AND ({} OR {}) RETURNING c.range_no").format(notes_in, open_in)
+    return sql.SQL("{} OR {}").format(notes_in, open_in)
 
 
 def divergences_in_range(spec: Spec, lo: list[str] | None, hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from psycopg import sql
 
-from mover.catalog.introspect import Index
 from mover.names import QualifiedName
 from mover.sql import trusted
 
@@ -32,7 +33,18 @@ def alter_column_type(table: QualifiedName, column: str, type_text: str,
         coll=sql.SQL(" COLLATE {}").format(sql.Identifier(*collation)) if collation else sql.SQL(""))
 
 
-def create_index(name: str, table: QualifiedName, index: Index, *, concurrently: bool) -> sql.Composed:
+class IndexDefinition(Protocol):
+    """What create_index needs of an index the catalog described (mover/catalog/introspect.py
+    Index): the builders sit below the catalog and read no catalog type of their own."""
+
+    @property
+    def is_unique(self) -> bool: ...
+
+    @property
+    def definition_tail(self) -> str: ...
+
+
+def create_index(name: str, table: QualifiedName, index: IndexDefinition, *, concurrently: bool) -> sql.Composed:
     """Recreate `index` on another table. The tail (`USING btree (a, b) WHERE ...`) is text the
     catalog printed for the source's index; the same column names exist in the target."""
     return sql.SQL("CREATE {unique}INDEX {conc}{name} ON {table} {tail}").format(
@@ -127,7 +139,7 @@ def sequence_as(seq: QualifiedName, type_name: str) -> sql.Composed:
     return sql.SQL("ALTER SEQUENCE {} AS {}").format(seq.ident, trusted(type_name, "keyword"))
 
 
-# The rest of a table's metadata (mover/catalog/metadata.py). Values that are catalog-printed text
+# The rest of a table's metadata (mover/engines/metadata.py). Values that are catalog-printed text
 # (statistics column lists, publication row filters) are trusted like index definitions.
 
 STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}

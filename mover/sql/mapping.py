@@ -2,7 +2,8 @@
 
 The same Mapping drives the forward direction (original -> new table, before cutover) and the
 reverse one (new -> original, during the rollback window); it is derived from the two tables'
-catalog descriptions, so after create_target no plan is needed to rebuild it.
+catalog descriptions (mover/catalog/conversion.py `mapping`), so after create_target no plan is
+needed to rebuild it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from typing import Any
 
 from psycopg import sql
 
-from mover.catalog.conversion import lossy_reason
-from mover.catalog.introspect import TableInfo
 from mover.names import QualifiedName
 from mover.sql import trusted
 
@@ -44,21 +43,6 @@ class Mapping:
     # is the source's plus these, so replay upserts on that and deletes a row that changed
     # partition (mover/sql/capture.py).
     dst_partition: tuple[str, ...] = ()
-
-    @classmethod
-    def between(cls, src: TableInfo, dst: TableInfo, key: tuple[str, ...]) -> Mapping:
-        cols = []
-        for d in dst.copy_columns:
-            s = src.column(d.name)
-            cols.append(MappedColumn(d.name, None if s.type == d.type else d.type,
-                                     s.type if s.type != d.type and lossy_reason(s, d) else None))
-        return cls(
-            src=src.name, dst=dst.name, key=key,
-            src_key_types=tuple(src.column(k).type for k in key),
-            columns=tuple(cols),
-            overriding=any(c.identity == "a" for c in dst.columns),
-            key_collations=tuple(src.column(k).collation for k in key),
-        )
 
     @property
     def non_key(self) -> tuple[MappedColumn, ...]:

@@ -4,13 +4,14 @@ and divergences.
 The only code that writes mover.migrations and mover.steps. The step order is STEPS, and
 COMMANDS (derived from it) says which operator command is legal at which step. Every change of
 a migration's step or state is a named transition (start_step, finish_step, mark_swapped,
-mark_swapped_back, mark_retired, mark_aborted, record_outcome, set_state, set_paused...): an UPDATE
+mark_swapped_back, mark_retired, mark_aborted, record_outcome, wait_at_gate, set_paused...): an UPDATE
 guarded by the lease, and by the step it leaves where that matters, that must hit exactly one row
 (else LeaseLost), with an events row in the same transaction. A process that lost its lease, or
 that works from a stale idea of the step, changes nothing.
 
-The work tables belong to their engines: mover.ranges and mover.workers to mover/state/ranges.py and
-mover/engines/backfill.py, the change logs and mover.capture_stats to mover/engines/capture.py.
+The work tables belong to their owners: mover.ranges, mover.frontiers and mover.workers to
+mover/state/ranges.py (the only code that writes them), the change logs and mover.capture_stats
+to mover/engines/capture.py.
 """
 
 from __future__ import annotations
@@ -223,6 +224,15 @@ def active_on_source(cur: psycopg.Cursor, source: QualifiedName) -> Migration | 
     return rows[0] if rows else None
 
 
+def next_id(cur: psycopg.Cursor) -> int:
+    """The id registration gives the next migration, so that `plan check` shows the names (which
+    carry it: mover.m7_changes...) the run will use. Peeked, not taken: a registration by someone
+    else in between would take it, and the names shift by one."""
+    cur.execute("SELECT pg_sequence_last_value(pg_get_serial_sequence('mover.migrations', 'id'))")
+    last = one(cur)[0]
+    return 1 if last is None else int(last) + 1
+
+
 def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash: str, source: QualifiedName,
              target: QualifiedName, old: QualifiedName, key: list[str], actor: str,
              settings: dict[str, str]) -> Migration:
@@ -316,9 +326,32 @@ def next_step(step: str) -> str:
     return STEPS[i + 1] if i + 1 < len(STEPS) else FINISHED
 
 
+def shown_step(step: str) -> str:
+    """One word for the end everywhere the operator reads it: step "retire" (state "done"), not the
+    internal FINISHED."""
+    return STEPS[-1] if step == FINISHED else step
+
+
 def _through(first: str, last: str) -> frozenset[str]:
     return frozenset(STEPS[STEPS.index(first):STEPS.index(last) + 1])
 
+
+# The runs of steps that more than one module asks about, named once here (in STEPS' order).
+# Before any range work: the target and the capture are being made.
+SETTING_UP = _through(STEPS[0], "install_capture")
+# The target is not complete yet: its deferred indexes come at the end of the backfill.
+BUILDING = _through(STEPS[0], "backfill")
+# Range workers may run, and a pause (or a rows/s cap) holds them at a range boundary.
+RANGE_STEPS = _through(STEPS[0], "reconcile")
+# Where a helper (`mover worker`) finds ranges to take: the backfill's, then reconcile passes.
+HELPED = _through("backfill", "cutover")
+# Reconcile passes run: at the step, and on demand (`mover reconcile`) at the gate.
+COMPARING = _through("reconcile", "cutover")
+# Before the swap: what mover built can still be dropped (abort).
+BEFORE_SWAP = _through(STEPS[0], "cutover")
+# Nothing to run until the operator decides, only a change log to keep drained: the gate (the
+# cutover step before its swap) and the rollback window. `mover follow` drains there.
+FOLLOWED = frozenset({"cutover", "rollback_window"})
 
 # Which operator command is legal at which step (and never once the migration is done or aborted).
 COMMANDS: dict[str, frozenset[str]] = {
@@ -328,14 +361,14 @@ COMMANDS: dict[str, frozenset[str]] = {
     "retire": _through("rollback_window", "retire"),
     # Before the swap abort drops what mover built. After it the new table is live: only a
     # rollback brings the original back (losing nothing, or refusing), and abort comes after.
-    "abort": _through(STEPS[0], "cutover"),
-    "reconcile": _through("reconcile", "cutover"),
-    "repair": _through("reconcile", "cutover"),
+    "abort": BEFORE_SWAP,
+    "reconcile": COMPARING,
+    "repair": COMPARING,
     "accept": frozenset(STEPS),
     # A change of the live table's shape is adopted on the other table up to the end of the window.
     "adopt": _through(STEPS[0], "rollback_window"),
     # Pause holds the range workers (backfill, reconcile) at a range boundary; later steps have none.
-    "pause": _through(STEPS[0], "reconcile"),
+    "pause": RANGE_STEPS,
     "unpause": frozenset(STEPS),
     # A lost replication slot is replaced while the forward capture is logical and installed.
     "recapture": _through("install_capture", "cutover"),
@@ -355,9 +388,8 @@ def require_command(m: Migration, command: str) -> None:
                        hint=f"nothing to pause; `mover status {m.name}` shows what it waits for")
     if m.state in TERMINAL or m.step not in COMMANDS[command]:
         allowed = ", ".join(s for s in STEPS if s in COMMANDS[command])
-        # One word for the end everywhere the operator reads it: step "retire", state "done".
-        step = STEPS[-1] if m.step == FINISHED else m.step
-        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step {step!r}, "
+        raise BadInput(f"cannot {VERBS.get(command, command)} migration {m.name!r}: it is at step "
+                       f"{shown_step(m.step)!r}, "
                        f"state {m.state!r} (allowed at: {allowed})", hint=_way_to(m, command))
 
 
@@ -390,13 +422,37 @@ def _one_row(cur: psycopg.Cursor, mid: int, what: str) -> None:
                         hint="another process took over or the migration moved on; nothing was written by this one")
 
 
-def set_state(cur: psycopg.Cursor, mid: int, state: str, *, owner: str, error: str | None = None) -> None:
-    """Say how the current step stands (waiting at a gate, with divergences...), under the lease."""
-    cur.execute("UPDATE mover.migrations SET state = %s, error = %s, updated_at = now()"
-                " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",
-                (state, error, mid, owner))
-    _one_row(cur, mid, f"set state {state!r}")
-    event(cur, mid, owner, None, "state", f"{state}" + (f": {error}" if error else ""), {"state": state})
+# The three ways a migration waits for the operator with its work done for now. Each is guarded by
+# the lease and by the step it waits at; the error column says what the operator must decide
+# (`mover status` shows it as "waiting"), or is cleared when nothing blocks.
+
+
+def wait_at_gate(cur: psycopg.Cursor, m: Migration, owner: str, counts: dict[str, Any]) -> None:
+    """At the cutover gate, before the swap: the target is in step; `counts` (divergence_counts)
+    says whether open divergences refuse the cutover."""
+    error = None
+    if counts["open"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
+        error = f"{counts['open']} divergences ({kinds})"
+    _wait(cur, m, owner, "cutover", error, "waiting at the cutover gate")
+
+
+def wait_in_window(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
+    """Swapped, in the rollback window: the reverse capture keeps the old table in step."""
+    _wait(cur, m, owner, "rollback_window", None, "waiting in the rollback window")
+
+
+def wait_for_divergences(cur: psycopg.Cursor, m: Migration, owner: str, open_: int) -> None:
+    """A reconcile pass at the reconcile step found rows that differ: repair, accept or abort."""
+    _wait(cur, m, owner, "reconcile", f"{open_} divergences", "waiting for the divergences to be resolved")
+
+
+def _wait(cur: psycopg.Cursor, m: Migration, owner: str, step: str, error: str | None, what: str) -> None:
+    cur.execute("UPDATE mover.migrations SET state = 'waiting', error = %s, updated_at = now()"
+                " WHERE id = %s AND step = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')",
+                (error, m.id, step, owner))
+    _one_row(cur, m.id, what)
+    event(cur, m.id, owner, step, "state", what + (f": {error}" if error else ""), {"state": "waiting"})
 
 
 def record_outcome(cur: psycopg.Cursor, mid: int, owner: str, step: str, state: str, error: str | None,
@@ -655,6 +711,13 @@ def heartbeat(cur: psycopg.Cursor, mid: int, owner: str) -> bool:
     return bool(row and row[0])
 
 
+def lease_live(cur: psycopg.Cursor, mid: int) -> bool:
+    """Whether a live process holds the migration's lease (whoever it is)."""
+    cur.execute("SELECT lease_expires_at > clock_timestamp() FROM mover.migrations WHERE id = %s", (mid,))
+    row = cur.fetchone()
+    return bool(row and row[0])
+
+
 def release_lease(cur: psycopg.Cursor, mid: int, owner: str) -> None:
     # Nobody runs it any more: a migration left 'running' (one step done, say) is ready to resume.
     cur.execute("UPDATE mover.migrations SET lease_owner = NULL, lease_host = NULL, lease_pid = NULL,"
@@ -733,14 +796,6 @@ def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # Reconcile ranges (mover/engines/reconcile.py): what each verified range held on both sides
-
-
-def store_range_fingerprint(cur: psycopg.Cursor, mid: int, range_no: int, src_rows: int, src_fingerprint: int,
-                            dst_rows: int, dst_fingerprint: int, differences: int) -> None:
-    cur.execute("UPDATE mover.ranges SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
-                " differences = %s, verified_at = clock_timestamp()"
-                " WHERE migration_id = %s AND kind = 'reconcile' AND range_no = %s",
-                (src_rows, src_fingerprint, dst_rows, dst_fingerprint, differences, mid, range_no))
 
 
 def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:

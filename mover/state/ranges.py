@@ -1,5 +1,10 @@
 """A queue of key ranges that several workers share: backfill ranges, and reconcile ranges.
 
+The owner of mover.ranges, mover.frontiers and mover.workers: every write to them is a function
+here (claims and leases, bounds, done marks, failed attempts, worker rows, a reconcile range's
+fingerprints); the engines call these, inside their own transactions where a write must commit
+with their work. The loop the workers run is mover/engines/rangework.py.
+
 Invariants:
 - Ranges are cut on demand, in key order, from a frontier row that a claimant locks for the
   few milliseconds it takes to find the next bound; so the planner never holds the key list,
@@ -26,23 +31,19 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from mover.db import one
-from mover.errors import LeaseLost
+from mover.db import Database, is_connection_lost, mask, one
+from mover.errors import Failed, LeaseLost
 from mover.sql import copy as copy_sql
 from mover.sql.mapping import Mapping
 from mover.state import control
-
-if TYPE_CHECKING:  # both import this module's neighbours; only the annotations need them
-    from mover.db import Database
-    from mover.engines.context import Reporter
 
 
 def worker_id(n: int = 0) -> str:
@@ -119,7 +120,10 @@ def release_dead_local_owners(cur: psycopg.Cursor, mid: int) -> int:
 def claim(cur: psycopg.Cursor, mid: int, kind: str, worker: str, m: Mapping, rows: int,
           max_attempts: int) -> KeyRange | None:
     """Take over an abandoned range, or cut a new one of about `rows` keys; None when no range
-    is left to hand out (others may still be working)."""
+    is left to hand out (others may still be working). The size asked is noted on the worker's
+    row: status shows the range size the workers ask for."""
+    cur.execute("UPDATE mover.workers SET range_rows = %s WHERE migration_id = %s AND worker_id = %s",
+                (rows, mid, worker))
     while True:
         cur.execute(
             """
@@ -217,6 +221,14 @@ def mark_done(cur: psycopg.Cursor, mid: int, key_range: KeyRange, rows: int, ms:
                 (rows, ms, mid, key_range.kind, key_range.range_no))
 
 
+def done(cur: psycopg.Cursor, mid: int, key_range: KeyRange, worker: str, rows: int, ms: float) -> None:
+    """The range's done mark, and its rows counted on the worker's row (what `mover status` shows),
+    in the transaction of the range's work, after hold() (race 6), rather than one more after it."""
+    mark_done(cur, mid, key_range, rows, ms)
+    cur.execute("UPDATE mover.workers SET rows_done = rows_done + %s WHERE migration_id = %s AND worker_id = %s",
+                (rows, mid, worker))
+
+
 def mark_failed_attempt(cur: psycopg.Cursor, mid: int, key_range: KeyRange, worker: str, error: str,
                         max_attempts: int) -> str:
     """After an error: back to pending for another try, or failed once out of attempts."""
@@ -239,11 +251,34 @@ def work(db: Database, mid: int, key_range: KeyRange, worker: str, fn: Callable[
         started = time.monotonic()
         rows = fn(cur)
         ms = (time.monotonic() - started) * 1000
-        mark_done(cur, mid, key_range, rows, ms)
+        done(cur, mid, key_range, worker, rows, ms)
         return rows, ms
 
     return db.transaction(tx, synchronous_commit=synchronous_commit, statement_timeout=statement_timeout,
                           label=f"{key_range.kind} key_range")
+
+
+def store_fingerprint(cur: psycopg.Cursor, mid: int, key_range: KeyRange, src_rows: int, src_fingerprint: int,
+                      dst_rows: int, dst_fingerprint: int, differences: int) -> None:
+    """What a verified reconcile range held on both sides (mover/engines/reconcile.py), in the
+    transaction of its done mark."""
+    cur.execute("UPDATE mover.ranges SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
+                " differences = %s, verified_at = clock_timestamp()"
+                " WHERE migration_id = %s AND kind = %s AND range_no = %s",
+                (src_rows, src_fingerprint, dst_rows, dst_fingerprint, differences, mid, key_range.kind,
+                 key_range.range_no))
+
+
+def reopen(cur: psycopg.Cursor, mid: int, kind: str, where: sql.Composable, params: Sequence[Any]) -> list[int]:
+    """Done ranges `c` for which `where` holds (with `params`) back to pending, with a fresh set of
+    attempts; their numbers. The condition is the engine's (reconcile: a change applied in the
+    range since it was verified, built by mover/sql/compare.py); the write to the queue is this
+    module's."""
+    cur.execute(sql.SQL("UPDATE mover.ranges c SET status = 'pending', attempts = 0, owner = NULL,"
+                        " lease_expires_at = NULL, error = NULL"
+                        " WHERE c.migration_id = %s AND c.kind = %s AND c.status = 'done' AND ({})"
+                        " RETURNING c.range_no").format(where), [mid, kind, *params])
+    return [r[0] for r in cur.fetchall()]
 
 
 def state(cur: psycopg.Cursor, mid: int, kind: str) -> dict[str, Any]:
@@ -313,80 +348,24 @@ def keep_leases(cur: psycopg.Cursor, mid: int, workers: list[str]) -> None:
                 " AND worker_id = ANY(%s)", (mid, workers))
 
 
-class RangeWorker:
-    """One worker on a queue of ranges, in its own connection and Context (threads share no
-    connection). Subclasses write _run(); run() keeps whatever it raised for run_workers."""
-
-    role = "mover-worker"
-
-    def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
-                 lost: threading.Event, registry: set[str], report: Reporter) -> None:
-        from mover.db import Database
-        from mover.engines.context import Context
-        self.db = Database(dsn, role=self.role)
-        self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
-        self.wid, self.registry, self.report = wid, registry, report
-        self.error: BaseException | None = None
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-    def _register(self, cur: psycopg.Cursor) -> None:
-        """A row in mover.workers: status counts the live ones and shows what they wait for."""
-        cur.execute("INSERT INTO mover.workers (migration_id, worker_id, host, pid) VALUES (%s, %s, %s, %s)"
-                    " ON CONFLICT DO NOTHING", (self.ctx.mid, self.wid, socket.gethostname(), os.getpid()))
-
-    def _wait(self, reason: str | None, seconds: float) -> None:
-        """Wait between ranges (never inside one), saying why in the worker's row."""
-        self.db.transaction(lambda cur: cur.execute(
-            "UPDATE mover.workers SET waiting_for = %s WHERE migration_id = %s AND worker_id = %s",
-            (reason, self.ctx.mid, self.wid)))
-        if seconds:
-            self.ctx.stop.wait(seconds)
-
-    def _leave(self) -> None:
-        self.registry.discard(self.wid)
-        try:
-            self.db.transaction(lambda cur: cur.execute(
-                "DELETE FROM mover.workers WHERE migration_id = %s AND worker_id = %s", (self.ctx.mid, self.wid)))
-        except psycopg.Error:
-            pass  # a dead worker's row is harmless: status counts only fresh heartbeats
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # surfaced by run_workers after every worker stopped
-            self.error = exc
-            self.ctx.stop.set()
-        finally:
-            self.registry.discard(self.wid)
-            self.db.close()
+def register_worker(cur: psycopg.Cursor, mid: int, worker: str) -> None:
+    """A row in mover.workers: status counts the live ones and shows what they wait for."""
+    cur.execute("INSERT INTO mover.workers (migration_id, worker_id, host, pid) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING", (mid, worker, socket.gethostname(), os.getpid()))
 
 
-def join(thread: threading.Thread) -> None:
-    """Wait for a thread, in slices so that Ctrl-C still reaches the waiting (main) thread."""
-    while thread.is_alive():
-        thread.join(0.5)
+def worker_waits(cur: psycopg.Cursor, mid: int, worker: str, reason: str | None) -> None:
+    """What the worker waits for between ranges (None: nothing), on its row."""
+    cur.execute("UPDATE mover.workers SET waiting_for = %s WHERE migration_id = %s AND worker_id = %s",
+                (reason, mid, worker))
 
 
-def run_workers(workers: Sequence[RangeWorker], name: str) -> None:
-    """Run workers[0] in this thread and the others in threads of their own; the first error
-    any of them kept is raised once all have stopped."""
-    threads = [threading.Thread(target=w.run, name=f"mover-{name}-{i}", daemon=True)
-               for i, w in enumerate(workers[1:], 1)]
-    for t in threads:
-        t.start()
-    workers[0].run()
-    for t in threads:
-        join(t)
-    errors = [w.error for w in workers if w.error is not None]
-    if errors:
-        raise errors[0]
+def unregister_worker(cur: psycopg.Cursor, mid: int, worker: str) -> None:
+    cur.execute("DELETE FROM mover.workers WHERE migration_id = %s AND worker_id = %s", (mid, worker))
 
 
 def require_finished(db: Database, mid: int, kind: str, migration: str, command: str) -> None:
     """After the workers stopped: every range done, or say which failed and what resumes."""
-    from mover.errors import Failed
     st = db.transaction(lambda cur: state(cur, mid, kind))
     what = "backfill" if kind == "backfill" else "reconcile"
     if st["failed"]:
@@ -403,7 +382,6 @@ def record_failure(db: Database, mid: int, key_range: KeyRange, worker: str, exc
                    max_attempts: int) -> str:
     """A range's work failed on data or SQL: count the attempt (back to pending, or failed
     once out of attempts) and record an event; the worker goes on with other ranges."""
-    from mover.db import mask
     message = mask(f"{type(exc).__name__}: {exc}")  # stored: never a password, whatever raised it
     outcome = db.transaction(lambda cur: mark_failed_attempt(cur, mid, key_range, worker, message, max_attempts))
     text = f"{key_range.kind} range {key_range.range_no} failed ({outcome}): {message}"
@@ -415,5 +393,4 @@ def is_connection_failure(exc: BaseException) -> bool:
     """Retries of the transaction are spent and the server is still unreachable: stop the worker.
     (A deadlock, a serialization failure or a lock timeout are OperationalErrors too, but the
     server is there: the range counts an attempt instead.)"""
-    from mover.db import is_connection_lost
     return is_connection_lost(exc)

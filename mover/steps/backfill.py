@@ -7,12 +7,11 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect, shape
+from mover.catalog import conversion, introspect, shape
 from mover.engines import backfill, capture, partitions
 from mover.engines.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
-from mover.sql.mapping import Mapping
 from mover.state import control, ranges
 from mover.steps.base import Step
 
@@ -30,7 +29,7 @@ class Backfill(Step):
         elif introspect.exists(cur, ctx.original):
             # Before create_target (plan check): the bounds are cut on the source alone, its key says how.
             source = introspect.describe(cur, ctx.original)
-            out += ranges.bound_statements(Mapping.between(source, source, tuple(m.key_columns)))
+            out += ranges.bound_statements(conversion.mapping(source, source, tuple(m.key_columns)))
         indexes = backfill.deferred_indexes(cur, ctx)
         if indexes:
             out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX at once"

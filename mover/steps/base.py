@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import NoReturn
+
 import psycopg
 from psycopg import sql
 
@@ -16,4 +18,8 @@ class Step:
         return []
 
     def run(self, ctx: Context) -> None:
+        raise NotImplementedError
+
+    def wait(self, ctx: Context) -> NoReturn:
+        """A gate's work while it waits for the operator, instead of run: raises Waiting."""
         raise NotImplementedError

@@ -4,8 +4,8 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect, metadata
-from mover.engines import partitions
+from mover.catalog import introspect
+from mover.engines import metadata, partitions
 from mover.engines.context import Context
 from mover.errors import Failed, PlanError
 from mover.plan import Plan

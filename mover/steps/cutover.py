@@ -1,12 +1,22 @@
+"""The cutover step: the gate it waits at until the operator says go (wait), what `plan check`
+prints of the swap (describe), and the swap itself (run). The cutover's sequence and the
+rollback's (swap_in, swap_back, at the end of this file) read top to bottom, each line a call into
+the engine that does it (mover/engines/cutover.py).
+"""
+
 from __future__ import annotations
+
+from typing import NoReturn
 
 import psycopg
 from psycopg import sql
 
 from mover.catalog import introspect
-from mover.checks import foreign_keys
-from mover.engines import carry, cutover, hooks, lockwatch
+from mover.db import bind
+from mover.engines import capture, carry, cutover, hooks, lockwatch, logical
 from mover.engines.context import Context
+from mover.errors import Waiting
+from mover.state import control
 from mover.steps.base import Step
 from mover.steps.create_target import target_ddl
 from mover.steps.reconcile import last_check
@@ -56,14 +66,84 @@ class Cutover(Step):
         source_oid = introspect.table_oid(cur, m.source)
         if source_oid is not None:
             out += [f"-- warning: {w}" for w in
-                    foreign_keys.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
+                    introspect.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
         if ctx.plan.drop_foreign_keys:
             out.append(f"-- foreign keys not carried over (acknowledged in [target] drop_foreign_keys): "
                        f"{', '.join(ctx.plan.drop_foreign_keys)}; they stay on the old table, so after retire "
                        f"{m.source} has no such foreign key")
         return out
 
+    def wait(self, ctx: Context) -> NoReturn:
+        """The gate (`mover run` stops here until `mover cutover`, or [cutover] auto): keep the
+        target in step with the source while waiting, and tell the truth about it."""
+        m = ctx.migration
+        capture.drain(ctx, reverse=False, backfill_done=True)
+        # A replay that failed since reconcile left open divergences: replayed once more first (the
+        # application may have fixed the row since).
+        ctx.db.transaction(bind(cutover.retry_unapplied, ctx, reverse=False))
+        counts = ctx.db.transaction(bind(control.divergence_counts, m.id))
+        ctx.db.transaction(bind(control.wait_at_gate, m, ctx.owner, counts), label="wait at the gate")
+        if counts["open"]:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
+            raise Waiting(f"migration {m.name!r} is at the cutover gate, but {m.target} differs from {m.source}: "
+                          f"{counts['open']} divergences ({kinds}) open; cutover refuses until they are resolved",
+                          hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
+                               f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
+        raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
+                      hint=f"run `mover cutover {m.name}` to swap it in")
+
     def run(self, ctx: Context) -> None:
         hooks.run(ctx, "before_cutover")
-        cutover.swap_in(ctx, last_check=last_check)
+        swap_in(ctx)
         hooks.run(ctx, "after_cutover")
+
+
+# ---------------------------------------------------------------------------------------------
+# The cutover's sequence, top to bottom, and the rollback's (the same the other way). Each line is
+# a call into the engine that does it: mover/engines/cutover.py (with carry.py, lockwatch.py,
+# parity.py, capture.py). docs/design.md, "The seven steps", says what each does and why.
+
+
+def swap_in(ctx: Context) -> float:
+    """The cutover: swap the target in under one short lock; returns how long it was held (ms)."""
+    cutover.preflight(ctx, last_check)  # no divergences, indexes valid, no subscriber broken; drain; last check
+    prepared = cutover.prepare(ctx, forward=True)  # before the lock: digest, shapes, statements, parity
+    cutover.drain_before_lock(ctx)  # what came meanwhile; a row that does not fit refuses (exit 3)
+    try:
+        with logical.flusher(ctx) as flusher:  # logical capture: a second session, to flush the WAL under the lock
+            held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=True, flusher=flusher),
+                                      forward=True)
+    except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
+        raise cutover.refused(ctx, exc, forward=True) from None
+    cutover.finish(ctx, held, forward=True)  # the slot dropped; VALIDATE the foreign keys added NOT VALID
+    return held
+
+
+def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback") -> float:
+    """The rollback (within the window): the old table takes the name back, losing nothing (or
+    refusing, invariant 9); the migration returns to before the gate."""
+    cutover.refuse_rows_only_in_new(ctx, give_up_rows, command)  # reverse log drained; refused early
+    with logical.preparing_back(ctx):  # logical capture: its publication and slot made before the lock
+        prepared = cutover.prepare(ctx, forward=False)  # before the lock: digest, shapes, statements, parity
+        try:
+            held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=False,
+                                                             give_up_rows=give_up_rows, command=command),
+                                      forward=False, command=command)
+        except cutover.Unapplied as exc:
+            raise cutover.refused(ctx, exc, forward=False, command=command) from None
+    cutover.finish(ctx, held, forward=False)
+    return held
+
+
+def _swap(cur: psycopg.Cursor, ctx: Context, prepared: cutover.Prepared, *, forward: bool,
+          give_up_rows: bool = False, command: str = "rollback", flusher: logical.Flusher | None = None) -> float:
+    """The swap's one transaction (retried whole by lockwatch under lock_timeout, invariant 3)."""
+    s = cutover.Swap(cur, ctx, prepared, forward=forward, give_up_rows=give_up_rows, command=command,
+                     flusher=flusher)
+    s.lock()  # ACCESS EXCLUSIVE: both tables, referencing tables, views, the logs; one at a time, in order
+    s.verify()  # the catalog digest (shape, invariant 7): unchanged, what was built before the lock stands
+    s.drain()  # logical capture fed to the lock first; the last logged changes (race 4, race 5)
+    s.rebuild()  # only if the digest changed: statements and parity description read again, under the lock
+    s.execute()  # swap and carry: capture off, objects off, renames, sequences, objects on, capture reversed
+    s.check_parity()  # the table that takes the name looks as the other did; both shapes recorded again
+    return s.record()  # capture path checked, the transition and the lock's phases recorded

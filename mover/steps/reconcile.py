@@ -45,8 +45,7 @@ def conclude(ctx: Context, result: reconcile.PassResult) -> None:
     """After a pass at the reconcile step: wait for the operator, or move on to the cutover gate."""
     m = ctx.migration
     if result.open:
-        ctx.db.transaction(lambda cur: control.set_state(cur, m.id, "waiting", owner=ctx.owner,
-                                                         error=f"{result.open} divergences"))
+        ctx.db.transaction(lambda cur: control.wait_for_divergences(cur, m, ctx.owner, result.open))
         raise Waiting(f"reconcile found {result.open} rows that differ between {m.source} and {m.target}",
                       hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs them"
                            f" from the source, `mover accept {m.name} --reason TEXT` accepts them; cutover is"

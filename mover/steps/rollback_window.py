@@ -1,3 +1,7 @@
+"""The rollback window: each run applies the reverse change log to the old table and waits
+(exit 3) until the window ends; then it closes. `mover rollback` swaps back within it
+(mover/steps/cutover.py swap_back, the cutover's sequence the other way)."""
+
 from __future__ import annotations
 
 import psycopg

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 
+from mover.errors import NotFound
 from mover.state import control
 from mover.views.status import iso
 
@@ -73,6 +74,9 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
     migrations = control.list_all(cur)
     if name is not None:
         migrations = [m for m in migrations if m.name == name or m.name.startswith(f"{name}#")]
+        if not migrations:
+            raise NotFound(f"no migration named {name!r}, now or in the past",
+                           hint="`mover history` lists every migration")
     cur.execute("SELECT migration_id, count(*) FILTER (WHERE kind = 'rolled_back'),"
                 " count(*) FILTER (WHERE kind = 'failed') FROM mover.events GROUP BY migration_id")
     counts = {mid: (rolled_back, failed) for mid, rolled_back, failed in cur.fetchall()}
@@ -90,7 +94,7 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
         total = None if m.finished_at is None else round((m.finished_at - m.created_at).total_seconds(), 3)
         rolled_back, failures = counts.get(m.id, (0, 0))
         result.append({"name": m.name, "id": m.id, "outcome": outcome(m),
-                       "step": control.STEPS[-1] if m.step == control.FINISHED else m.step, "state": m.state,
+                       "step": control.shown_step(m.step), "state": m.state,
                        "source": str(m.source), "created_at": iso(m.created_at), "finished_at": iso(m.finished_at),
                        "seconds": total, "cutover_lock_ms": m.cutover_lock_ms, "rollbacks": rolled_back,
                        "failures": failures, "steps": steps, "attempts": tried})

@@ -47,8 +47,7 @@ class ProgressReporter:
             if kind == "backfill" and self.progress is not None:
                 self.rows += f["rows"]
                 self.copied_here += f["rows"]
-                rate = self.copied_here / max(time.monotonic() - self.started, 1e-6)
-                fields: dict[str, Any] = {"rate": f"{rate:,.0f}"}
+                fields: dict[str, Any] = {"rate": _rate(self.copied_here, self.started)}
                 if f.get("capture_pending") is not None:
                     fields["backlog"] = f"{f['capture_pending']:,}"
                 self.progress.update(self.task, completed=self.rows, total=max(self.estimate, self.rows), **fields)
@@ -111,10 +110,9 @@ class ProgressReporter:
             self.rows += f["rows"]
             self.ranges += 1
             self.differences += f["differences"]
-            rate = self.rows / max(time.monotonic() - self.started, 1e-6)
             self.progress.update(self.task, completed=self.rows,
                                  total=max(self.estimate, self.rows) if self.estimate else None,
-                                 rate=f"{rate:,.0f}", ranges=self.ranges, differences=self.differences)
+                                 rate=_rate(self.rows, self.started), ranges=self.ranges, differences=self.differences)
             return True
         if kind == "reconcile_waiting" and self.progress is not None:
             self.progress.console.print(f"[dim]reconcile waits[/dim]: {f['reason']}")  # above the bar, kept
@@ -126,3 +124,13 @@ class ProgressReporter:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+RATE_AFTER_SECONDS = 1.0
+
+
+def _rate(rows: int, started: float) -> str:
+    """rows/s since `started`, or "-" within its first second: a rate over a few milliseconds says
+    nothing and, in the billions, would push the bar past the terminal's width."""
+    elapsed = time.monotonic() - started
+    return f"{rows / elapsed:,.0f}" if elapsed >= RATE_AFTER_SECONDS else "-"

@@ -24,7 +24,7 @@ def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any
                 " WHERE migration_id = %s AND kind = 'backfill' AND status = 'done'"
                 " AND finished_at > now() - interval '30 seconds'", (m.id,))
     rate = one(cur)[0]
-    estimate = None if m.step not in ("create_target", "install_capture", "backfill") else \
+    estimate = None if m.step not in control.BUILDING else \
         introspect.estimate_rows(cur, m.source)
     if not workers:
         rate = None  # the speed of copies that stopped is no speed now
@@ -65,7 +65,7 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
     applied = int(one(cur)[0])
     slot = logical.health(cur, m.id)  # logical capture's replication slot, while it is installed
-    step = "retire" if m.step == "finished" else m.step
+    step = control.shown_step(m.step)
     state, error = m.state, m.error
     if state in control.TERMINAL:
         # An error recorded on the way ("ready for cutover", "window is open") is history once the
@@ -112,6 +112,30 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     }
 
 
+def named(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
+    """`mover status NAME`."""
+    return status_of(cur, control.get(cur, name))
+
+
+def every(cur: psycopg.Cursor) -> list[dict[str, Any]]:
+    """`mover status`: every migration's."""
+    return [status_of(cur, m) for m in control.list_all(cur)]
+
+
+def divergences(cur: psycopg.Cursor, name: str, include_resolved: bool = False) -> list[dict[str, Any]]:
+    """`mover divergences NAME [--all]`: the open ones (or all), oldest first."""
+    m = control.get(cur, name)
+    return [{**d, "found_at": iso(d["found_at"]), "resolved_at": iso(d["resolved_at"]),
+             "checked_at": iso(d["checked_at"])}
+            for d in control.list_divergences(cur, m.id, include_resolved)]
+
+
+def events(cur: psycopg.Cursor, name: str, limit: int = 50) -> list[dict[str, Any]]:
+    """`mover events NAME`: the last `limit` events, progress samples left out."""
+    m = control.get(cur, name)
+    return [{**e, "at": iso(e["at"])} for e in control.events(cur, m.id, limit)]
+
+
 def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:
     if not m.plan.get("partition"):
         return None
@@ -125,7 +149,7 @@ def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, An
     verified = control.reconcile_ranges(cur, m.id)
     counts = control.divergence_counts(cur, m.id)
     # The ranges are cut as the pass goes, so their count is no denominator: the source's row estimate is.
-    estimate = introspect.estimate_rows(cur, m.source) if m.step in ("reconcile", "cutover") else None
+    estimate = introspect.estimate_rows(cur, m.source) if m.step in control.COMPARING else None
     return {"ranges_done": verified["ranges_done"], "ranges_total": verified["ranges_total"],
             "rows_estimate": estimate,
             "ranges_failed": verified["ranges_failed"], "rows_compared": verified["source_rows"],
@@ -156,7 +180,7 @@ def iso(value: datetime | None) -> str | None:
 
 
 def sample_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
-    """What a periodic sample records (mover/state/samples.py): counters and gauges only, from the same
+    """What a periodic sample records (mover/runner/sampler.py): counters and gauges only, from the same
     reads as status_of, so that a chart and the status never disagree on what a number means."""
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)

@@ -1,20 +1,58 @@
-"""`mover watch`: the view an operator keeps open during a long migration, drawn from the
-snapshots api.watch reads (the status read model, the live workers, the last minutes of
-progress samples). Full screen on a terminal; one line per interval otherwise (a log, a CI job)."""
+"""`mover watch`: the view an operator keeps open during a long migration, drawn from snapshots
+(the status read model, the live workers, the last minutes of progress samples) read once per
+interval. Full screen on a terminal; one line per interval otherwise (a log, a CI job)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from mover.state import samples
+from mover.db import Database, bind, one
+from mover.state import control, samples
+from mover.views import status
 
 SPARK = "▁▂▃▄▅▆▇█"
+WINDOW_SECONDS = 600  # the sparklines' "last minutes"
+
+
+def watch(db: Database, name: str, show: Callable[[dict[str, Any]], None], *, interval: float,
+          stop: threading.Event) -> dict[str, Any]:
+    """Call show(snapshot) every `interval` seconds until the migration is done or aborted, or
+    `stop` is set; returns the last snapshot. A snapshot is the status plus the live workers one by
+    one, the samples of the last minutes, and this watch's own readings (one per interval: finer
+    than the samples, which come every few seconds at best)."""
+    readings: list[dict[str, Any]] = []
+    while True:
+        snap = db.transaction(bind(snapshot, name), label="watch")
+        now = datetime.now(UTC)
+        readings = [r for r in readings if (now - r["at"]).total_seconds() < WINDOW_SECONDS]
+        readings.append({"at": now, "backfill_rows": snap["backfill"]["rows_copied"],
+                         "reconcile_rows": snap["reconcile"]["rows_compared"],
+                         "pending": snap["capture"]["pending"], "lag": snap["capture"]["lag_seconds"]})
+        snap["readings"] = readings
+        show(snap)
+        if snap["state"] in control.TERMINAL or stop.wait(interval):
+            return snap
+
+
+def snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
+    """One reading of the migration, in one transaction (the readings are the caller's)."""
+    m = control.get(cur, name)
+    snap = status.status_of(cur, m)
+    snap["worker_list"] = status.workers_of(cur, m)
+    snap["lock_waits"] = status.lock_waits(cur)
+    cur.execute("SELECT now() - make_interval(secs => %s)", (WINDOW_SECONDS,))
+    snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
+    snap["recent_events"] = [{**e, "at": status.iso(e["at"])} for e in control.events(cur, m.id, 6)]
+    return snap
 
 
 def sparkline(values: list[float], width: int = 40) -> str:

@@ -160,7 +160,7 @@ def test_setup_b_superuser_runs_init_and_grants(roles, tmp_path):
     r.su(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(A),
          sql.SQL("GRANT USAGE, CREATE ON SCHEMA mover TO {}").format(A),
          sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mover TO {}").format(A),
-         # plan check peeks at the next migration id (api._next_id)
+         # plan check peeks at the next migration id (control.next_id)
          sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA mover TO {}").format(A))
     plan = write_plan(tmp_path / "priv.toml", PLAN)
     # Default privileges that would grant the application's (or any) role rights on each new change
@@ -213,7 +213,7 @@ def test_dependents_the_migrating_role_cannot_recreate_are_refused_up_front(role
     r.su(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(A),  # setup B, as above
          sql.SQL("GRANT USAGE, CREATE ON SCHEMA mover TO {}").format(A),
          sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mover TO {}").format(A),
-         # plan check peeks at the next migration id (api._next_id)
+         # plan check peeks at the next migration id (control.next_id)
          sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA mover TO {}").format(A),
          "GRANT USAGE ON SCHEMA mover TO PUBLIC",
          'CREATE TABLE lines (id int PRIMARY KEY, order_id int REFERENCES "Orders")',

@@ -65,7 +65,7 @@ def setup_b(c: Cast, owner: str) -> sql.Composable:
     return sql.SQL("GRANT CREATE ON SCHEMA public TO {o}; GRANT USAGE, CREATE ON SCHEMA mover TO {o};"
                    " GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mover TO {o};"
                    " GRANT USAGE ON SCHEMA mover TO PUBLIC;"
-                   # plan check peeks at the next migration id (api._next_id)
+                   # plan check peeks at the next migration id (control.next_id)
                    " GRANT SELECT ON ALL SEQUENCES IN SCHEMA mover TO {o}").format(o=o)
 
 

@@ -215,10 +215,9 @@ def test_a_value_moved_into_a_closure_after_it_was_computed_is_replayed_at_once(
     that replaces it, the application swaps a value from a row outside the set into it (committed,
     on its own connection). The replacement reads the source in one snapshot and pulls that row in:
     one attempt, no halving, and the target equals the source (EXCEPT ALL both ways)."""
-    from mover.catalog import introspect
+    from mover.catalog import conversion, introspect
     from mover.engines import capture
     from mover.names import QualifiedName
-    from mover.sql.mapping import Mapping
 
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, email text NOT NULL UNIQUE, note text)")
@@ -248,7 +247,7 @@ def test_a_value_moved_into_a_closure_after_it_was_computed_is_replayed_at_once(
     monkeypatch.setattr(capture, "_closure", closure_then_a_swap)
     try:
         with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:
-            m = Mapping.between(introspect.describe(cur, QualifiedName("public", "acct")),
+            m = conversion.mapping(introspect.describe(cur, QualifiedName("public", "acct")),
                                 introspect.describe(cur, QualifiedName("public", "acct_new")), ("id",))
             assert capture.replay_set(cur, m, [("1",), ("2",)]) == {}
             conn.commit()

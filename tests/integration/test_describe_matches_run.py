@@ -10,10 +10,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mover import api, runner, steps
+from mover import steps
 from mover.db import Database
 from mover.engines import cutover, logical
 from mover.plan import load_plan
+from mover.runner import lifecycle, register
+from mover.runner.lease import leased
 from mover.state import control
 from mover.steps import rollback_window
 from tests.workload import create_orders, write_plan
@@ -72,7 +74,7 @@ def _setup(db_dsn, tmp_path, name, extra="", method="trigger"):
     capture = f'\n[capture]\nmethod = "{method}"\n' if method != "trigger" else ""
     plan = write_plan(tmp_path / f"{name}.toml", PLAN.format(name=name) + capture)
     db = Database(db_dsn)
-    m = api._register_or_load(db, load_plan(plan), "test")
+    m = register.register_or_load(db, load_plan(plan), "test")
     db.connection().cursor_factory = Recording
     return db, m
 
@@ -94,19 +96,19 @@ METHODS = pytest.mark.parametrize("method", ["trigger", "logical"])
 def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path, method):
     db, m = _setup(db_dsn, tmp_path, "orders_describe", method=method)
     try:
-        with runner.leased(db, m, control.new_owner_id()) as ctx:
+        with leased(db, m, control.new_owner_id()) as ctx:
             for name in ("create_target", "install_capture"):
                 assert ctx.refresh().step == name
-                assert _run_and_compare(ctx, name, lambda: runner.advance(ctx, one_step=True))
-            runner.advance(ctx, one_step=True)  # backfill
-            runner.advance(ctx, one_step=True)  # reconcile
+                assert _run_and_compare(ctx, name, lambda: lifecycle.advance(ctx, one_step=True))
+            lifecycle.advance(ctx, one_step=True)  # backfill
+            lifecycle.advance(ctx, one_step=True)  # reconcile
             assert ctx.refresh().step == "cutover"
-            swap = _run_and_compare(ctx, "cutover", lambda: runner.advance(ctx, through_cutover=True))
+            swap = _run_and_compare(ctx, "cutover", lambda: lifecycle.advance(ctx, through_cutover=True))
             assert any("RENAME TO" in s for s in swap) and any("CREATE TRIGGER" in s for s in swap)
             # Logical capture: the publication goes in the swap (the slot after its commit).
             assert any("DROP PUBLICATION" in s for s in swap) == (method == "logical")
             assert rollback_window.close(ctx, force=True)
-            dropped = _run_and_compare(ctx, "retire", lambda: runner.advance(ctx))
+            dropped = _run_and_compare(ctx, "retire", lambda: lifecycle.advance(ctx))
             assert len(dropped) >= 7  # both captures' triggers, functions, logs, the notes, the old table
             assert ctx.refresh().state == "done"
     finally:
@@ -117,13 +119,13 @@ def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path, method):
 def test_abort_runs_what_it_lists(db_dsn, tmp_path, method):
     db, m = _setup(db_dsn, tmp_path, "orders_abort", method=method)
     try:
-        with runner.leased(db, m, control.new_owner_id()) as ctx:
-            runner.advance(ctx, one_step=True)
-            runner.advance(ctx, one_step=True)
+        with leased(db, m, control.new_owner_id()) as ctx:
+            lifecycle.advance(ctx, one_step=True)
+            lifecycle.advance(ctx, one_step=True)
             want = ctx.db.transaction(lambda cur: described(ctx, cur, [cutover.render(cur, s)
                                                                        for s in cutover.abort_sql(cur, ctx)]))
             Recording.sent = []
-            runner.abort(ctx)
+            lifecycle.abort(ctx)
             # Its LOCK TABLE statements first, one per relation (mover/engines/lockwatch.py lock_all),
             # as the rollback's.
             ran = [s for s in ddl_only(Recording.sent) if not s.startswith("LOCK")]
@@ -153,10 +155,10 @@ def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp
     """The statements that move the dependents (mover/engines/carry.py) are the ones plan check lists."""
     db, m = _setup(db_dsn, tmp_path, "orders_dependents", DEPENDENTS, method=method)
     try:
-        with runner.leased(db, m, control.new_owner_id()) as ctx:
+        with leased(db, m, control.new_owner_id()) as ctx:
             for _ in range(4):  # create_target, install_capture, backfill, reconcile
-                runner.advance(ctx, one_step=True)
-            swap = _run_and_compare(ctx, "cutover", lambda: runner.advance(ctx, through_cutover=True))
+                lifecycle.advance(ctx, one_step=True)
+            swap = _run_and_compare(ctx, "cutover", lambda: lifecycle.advance(ctx, through_cutover=True))
             for fragment in ('DROP CONSTRAINT "lines_order_id_fkey"', 'DROP TRIGGER "orders_noop"',
                              'DROP POLICY "everyone"', 'DROP VIEW "public"."orders_v"',
                              'REFRESH MATERIALIZED VIEW "public"."orders_mv"', 'DISABLE TRIGGER "orders_noop"',
@@ -167,7 +169,7 @@ def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp
                 *(logical.prepare_sql(ctx, cur, ctx.original) if method == "logical" else []),
                 *(cutover.render(cur, s) for s in cutover.swap_sql(cur, ctx, forward=False))]))
             Recording.sent = []
-            runner.rollback(ctx)
+            lifecycle.rollback(ctx)
             got = [s for s in ddl_only(Recording.sent) if not s.startswith(("LOCK", "ALTER TABLE \"public\".\"lines\" "
                                                                             "VALIDATE", "ALTER TABLE \"public\".\""
                                                                             "Orders\" VALIDATE"))]

@@ -8,10 +8,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mover.catalog import introspect
+from mover.catalog import conversion, introspect
 from mover.names import QualifiedName
 from mover.sql import copy as copy_sql
-from mover.sql.mapping import Mapping
 from mover.state import control, ranges
 from tests.conftest import require_icu
 from tests.workload import mover, write_plan
@@ -30,7 +29,7 @@ def setup_table(dsn, ddl, fill, tmp_path):
         m = control.get(cur, "q")
         info = introspect.describe(cur, QualifiedName("public", "t"))
         ranges.ensure_frontier(cur, m.id, "backfill")
-    return conn, m.id, Mapping.between(info, info, info.key)
+    return conn, m.id, conversion.mapping(info, info, info.key)
 
 
 def cut_all(conn, mid, mapping, rows, after_each=None):

@@ -12,11 +12,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from mover.catalog import introspect
+from mover.catalog import conversion, introspect
 from mover.engines import reconcile
 from mover.names import QualifiedName
 from mover.sql import compare
-from mover.sql.mapping import Mapping
 
 # (case, setup SQL, source type, target type, [(source value, target value, equal)], has `=`)
 CASES = [
@@ -142,7 +141,7 @@ def build(dsn: str, setup: str, src_type: str, dst_type: str, pairs) -> None:
 
 
 def spec_of(cur) -> compare.Spec:
-    m = Mapping.between(introspect.describe(cur, QualifiedName("public", "s")),
+    m = conversion.mapping(introspect.describe(cur, QualifiedName("public", "s")),
                         introspect.describe(cur, QualifiedName("public", "t")), ("id",))
     return reconcile.spec_for(cur, m)
 
@@ -257,7 +256,7 @@ def test_composite_key_and_many_columns(db_dsn, form, monkeypatch):
             "UPDATE t SET c59 = -1, c3 = -1 WHERE a = 3 AND \"B key\" = '10'",
             "DELETE FROM t WHERE a = 1 AND \"B key\" = '15'")
     with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:
-        m = Mapping.between(introspect.describe(cur, QualifiedName("public", "s")),
+        m = conversion.mapping(introspect.describe(cur, QualifiedName("public", "s")),
                             introspect.describe(cur, QualifiedName("public", "t")), ("a", "B key"))
         spec = reconcile.spec_for(cur, m)
         stmt, params = compare.compare_range(spec, None, None, ["2", "99"], None)  # keys after (2, '99')

@@ -1,6 +1,7 @@
-"""Progress samples (mover/state/samples.py): what one records, that a run leaves some, and that a sample
-that fails inside the heartbeat's transaction leaves that transaction usable (a savepoint), so the
-lease is still extended. And the lock waits `mover watch` names, either way round."""
+"""Progress samples (mover/runner/sampler.py records them, mover/state/samples.py reads them): what
+one records, that a run leaves some, and that a sample that fails inside the heartbeat's
+transaction leaves that transaction usable (a savepoint), so the lease is still extended. And the
+lock waits `mover watch` names, either way round."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import psycopg
 
 from mover import api
 from mover.db import Database, bind
+from mover.runner import sampler
 from mover.state import control, samples
 from mover.views import report, status, watch
 from tests.workload import create_orders, write_plan
@@ -45,7 +47,7 @@ def test_a_run_records_samples_and_a_failed_sample_costs_nothing_else(db_dsn, tm
         owner = control.new_owner_id()
         control.acquire_lease(cur, m, owner)
 
-        sample = samples.Sampler(m.id, owner)
+        sample = sampler.Sampler(m.id, owner)
         cur.execute("ALTER TABLE mover.workers RENAME TO workers_elsewhere")  # the sample's read fails
         with caplog.at_level(logging.WARNING, logger="mover.samples"):
             sample(cur)
@@ -89,12 +91,12 @@ def test_watch_names_lock_waits_either_way(db_dsn, tmp_path):
                 waiter = threading.Thread(target=_read_orders, args=(db_dsn, waiter_name))
                 waiter.start()
                 pid = _waiting_pid(db_dsn, waiter_name)
-                snap = db.transaction(bind(api._watch_snapshot, "orders_sampled"))
+                snap = db.transaction(bind(watch.snapshot, "orders_sampled"))
                 (w,) = [w for w in snap["lock_waits"] if w["pid"] == pid]
                 assert w["blocked_by"] == [holder.info.backend_pid] and w["mover"] == waiter_name.startswith("mover")
                 assert f"behind pid {holder.info.backend_pid}" in watch.line(snap)
                 mid = db.transaction(lambda cur: control.get(cur, "orders_sampled").id)
-                db.transaction(lambda cur, mid=mid: samples.record(cur, mid, "test"))  # the report keeps it
+                db.transaction(lambda cur, mid=mid: sampler.record(cur, mid, "test"))  # the report keeps it
                 holder.rollback()
                 waiter.join(30)
                 assert not waiter.is_alive()

@@ -115,11 +115,15 @@ def test_stale_owner_transitions_hit_no_row(db_dsn, tmp_path):
         stale = [
             lambda cur: control.finish_step(cur, m, "install_capture", "old-owner"),
             lambda cur: control.start_step(cur, m, "install_capture", "old-owner"),
-            lambda cur: control.set_state(cur, m.id, "waiting", owner="old-owner"),
+            lambda cur: control.wait_at_gate(cur, m, "old-owner", {"open": 0, "open_by_kind": {}}),
             lambda cur: control.mark_aborted(cur, m, "old-owner"),
             lambda cur: control.mark_swapped(cur, m, "old-owner", lock_ms=1.0, window_ms=1000, detail={}),
             lambda cur: control.mark_retired(cur, m, "new-owner", message="x"),  # wrong step, right owner
             lambda cur: control.finish_step(cur, m, "backfill", "new-owner"),  # a step it is not at
+            # Each named wait belongs to one step; none is install_capture.
+            lambda cur: control.wait_at_gate(cur, m, "new-owner", {"open": 0, "open_by_kind": {}}),
+            lambda cur: control.wait_in_window(cur, m, "new-owner"),
+            lambda cur: control.wait_for_divergences(cur, m, "new-owner", 1),
         ]
         for transition in stale:
             with pytest.raises(LeaseLost):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from rich.console import Console
 
@@ -46,3 +47,9 @@ def test_the_bars_fit_an_80_column_terminal_uncut():
     reporter.close()
     text = buf.getvalue()
     assert "30020/300000" in text and "1234567/2000000" in text and "…" not in text, text
+
+
+def test_a_rate_is_shown_only_after_its_first_second():
+    from mover.views.progress import _rate
+    assert _rate(1_234_567, time.monotonic()) == "-"  # microseconds in: no rate, whatever the rows
+    assert _rate(3_000, time.monotonic() - 2) in ("1,500", "1,499")

@@ -30,6 +30,17 @@ def test_each_step_is_followed_by_the_next_and_the_last_by_finished():
     assert walked == [*control.STEPS, control.FINISHED]
 
 
+def test_named_phases_are_runs_of_steps_and_the_end_reads_retire():
+    """The step sets other modules ask about (control.BUILDING...) are contiguous runs of STEPS, and
+    the internal step after the last one is shown as the last."""
+    for phase in (control.SETTING_UP, control.BUILDING, control.RANGE_STEPS, control.HELPED, control.COMPARING,
+                  control.BEFORE_SWAP, control.FOLLOWED):
+        at = sorted(control.STEPS.index(s) for s in phase)
+        assert at == list(range(at[0], at[-1] + 1)), phase
+    assert control.COMMANDS["pause"] == control.RANGE_STEPS and control.COMMANDS["abort"] == control.BEFORE_SWAP
+    assert control.shown_step(control.FINISHED) == "retire" and control.shown_step("backfill") == "backfill"
+
+
 # abort after the swap has its own refusal (roll back first): the last test.
 @pytest.mark.parametrize(("command", "step"), [(c, s) for c in sorted(control.COMMANDS) for s in control.STEPS
                                                if (c, s) != ("abort", "rollback_window")])

@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 
+from mover.runner import sampler
 from mover.state import samples
 from mover.views import report, watch
 
@@ -32,7 +33,7 @@ def test_rates_between_samples_skip_a_counter_that_restarts():
 
 
 def test_sampling_interval_grows_with_the_run():
-    s = samples.Sampler(1, "me", min_seconds=5)
+    s = sampler.Sampler(1, "me", min_seconds=5)
     assert s.due()  # nothing recorded yet
     s.last = time.monotonic()
     assert not s.due()

@@ -8,6 +8,12 @@ At the swap, in its locked transaction (catalog-only statements): the replica id
 index exists only once the backfill built it), publication membership (the old table leaves
 the publication, or subscribers would see the reverse replay's writes twice), and the
 extended statistics' names. The swap back runs the same code the other way.
+
+Invariants:
+- Statements only, built from what the catalog printed before any of them runs: the create_target
+  step and the swap execute them (`plan check` prints the same lists; invariant 10 for the text).
+- Under the swap's lock, catalog-only statements (no scan, no rewrite): the lock is held briefly
+  (invariant 6). What cannot be carried is named by `plan check` (plan_notes) and by parity.
 """
 
 from __future__ import annotations

@@ -444,12 +444,23 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
     stmt = replay_keys_sql(m)
     rows = ctx.db.transaction(lambda cur: control.open_divergence_rows(cur, ctx.mid, did))
     out: dict[str, Any] = {"repaired": 0, "still_open": 0, "failed": 0, "errors": [], "hint": None}
+    with logical.flusher(ctx) as flusher:
+        _repair_batches(ctx, rows, spec, m, stmt, out, flusher)
+    return out
+
+
+def _repair_batches(ctx: Context, rows: list[dict[str, Any]], spec: q.Spec, m: Mapping, stmt: Any,
+                    out: dict[str, Any], flusher: logical.Flusher | None) -> None:
     for i in range(0, len(rows), REPAIR_BATCH):
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
 
         def tx(cur: psycopg.Cursor, batch: list[dict[str, Any]]) -> tuple[int, int, int, list[str]]:
             errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
+            if flusher is not None:
+                # Logical capture: the changes committed since the replay read the source, fed into
+                # the log this transaction reads, are pending there as the trigger's would be.
+                logical.feed_in(cur, ctx, flusher)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []
             for r in batch:
@@ -482,7 +493,6 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
         out["still_open"] += kept
         out["failed"] += failed
         out["errors"] += messages
-    return out
 
 
 def accept(cur: psycopg.Cursor, mid: int, reason: str, actor: str, did: int | None = None) -> list[int]:

@@ -89,8 +89,8 @@ window = "1h"
 MONTHLY = 'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\npremake = 2\naccept_key_change = true\n'
 
 
-def plan_file(tmp_path, partition: str = MONTHLY, index_builds: int = 0) -> str:
-    text = PLAN.format(partition=partition)
+def plan_file(tmp_path, partition: str = MONTHLY, index_builds: int = 0, method: str = "trigger") -> str:
+    text = PLAN.format(partition=partition) + (f'\n[capture]\nmethod = "{method}"\n' if method != "trigger" else "")
     if index_builds:
         text = text.replace("range_rows = 500\n", f"range_rows = 500\nindex_builds = {index_builds}\n")
     return write_plan(tmp_path / "events.toml", text)
@@ -276,10 +276,11 @@ def drain_and_judge(dsn: str, writer: EventWriter, *tables: str) -> None:
         writer.resume()
 
 
-@pytest.mark.parametrize("default", [True, False])
-def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_path, default):
+# With logical capture too: a partitioned target, its rows moving between partitions under the writer.
+@pytest.mark.parametrize("default,method", [(True, "trigger"), (False, "trigger"), (True, "logical")])
+def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_path, default, method):
     create_events(db_dsn)
-    plan = plan_file(tmp_path, MONTHLY + f"default = {str(default).lower()}\n")
+    plan = plan_file(tmp_path, MONTHLY + f"default = {str(default).lower()}\n", method=method)
     writer = EventWriter(db_dsn, outside=True).start()
     try:
         r = mover(db_dsn, "run", plan)

@@ -205,12 +205,13 @@ class Feeder:
         return self
 
     def _loop(self) -> None:
-        from mover.engines import logical
+        from mover.engines import backfill, capture, logical
         started = time.thread_time()
         try:
             while not self.stop_event.is_set():
-                if not logical.feed(self.ctx, catch_up=False).moved:
-                    self.stop_event.wait(0.02)  # nothing new flushed: poll again shortly
+                # As the backfill's applier feeds: a round, then a pause unless a full batch came.
+                if logical.feed(self.ctx, catch_up=False).keys < capture.BATCH:
+                    self.stop_event.wait(backfill.APPLY_IDLE_SECONDS)
         except Exception as exc:  # reported with the results: a feeder that failed measured nothing
             self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:

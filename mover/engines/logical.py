@@ -62,6 +62,13 @@ INSERT_CHUNK = 5_000  # keys per insert into the log
 FETCH = 2_000  # rows fetched at a time from the slot
 FEED_STATEMENT_TIMEOUT = "600s"  # a single application transaction of millions of rows is decoded whole
 SLOT_ATTEMPT_MS = 5_000  # one attempt to create the slot; the sessions it waits for are named after each
+# A stretch of WAL without any change of the source's is not recorded as fed (no write) while it is
+# shorter than IDLE_BYTES and the position was recorded less than IDLE_SECONDS ago: each record is
+# WAL itself, and an idle feeder would otherwise feed on its own writes forever. Past either bound
+# it is recorded, so that the slot lets the WAL go and the status's lag stays a few seconds.
+IDLE_BYTES = 1 << 20
+IDLE_SECONDS = 10.0
+_idle: dict[str, tuple[int, int]] = {}  # slot -> (position, WAL read to from there with nothing in it)
 CAPTURE_STEPS = ("install_capture", "backfill", "reconcile", "cutover")  # where the forward capture runs
 
 
@@ -501,13 +508,20 @@ def _read_stream(cur: psycopg.Cursor, ctx: Context, src: Source, slot: str, upto
     return fed, decoder.last_end, rows
 
 
-def _state(cur: psycopg.Cursor, mid: int) -> tuple[str, int | None] | None:
+@dataclass(frozen=True)
+class _State:
+    slot: str
+    fed: int | None  # the position fed up to (None: where the slot starts)
+    age: float | None  # seconds since it was recorded
+
+
+def _state(cur: psycopg.Cursor, mid: int) -> _State | None:
     feed = names.feed_state(mid)
     if not introspect.exists(cur, feed):
         return None  # logical capture is not installed (not yet, or no longer)
     cur.execute(q.read_feed_state(feed))
-    slot, fed, _ = one(cur)
-    return slot, (wire.lsn_int(fed) if fed else None)
+    slot, fed, age = one(cur)
+    return _State(slot, wire.lsn_int(fed) if fed else None, age)
 
 
 def _flush_position(cur: psycopg.Cursor) -> int:
@@ -533,7 +547,7 @@ def _feed_once(cur: psycopg.Cursor, ctx: Context, upto: int | None, wait: bool) 
     state = _state(cur, ctx.mid)
     if state is None:
         return Fed()
-    slot, fed_at = state
+    slot, fed_at = state.slot, state.fed
     row = require_slot(cur, ctx.mid, slot)
     assert row.confirmed is not None
     if fed_at is not None and row.confirmed < fed_at:
@@ -542,15 +556,20 @@ def _feed_once(cur: psycopg.Cursor, ctx: Context, upto: int | None, wait: bool) 
     start = max(row.confirmed, fed_at or 0)
     flushed = _flush_position(cur)
     target = flushed if upto is None else upto
-    if start >= target:
-        return Fed(at=start)
+    recent = state.age is not None and state.age < IDLE_SECONDS
+    read_from, read_to = _idle.get(slot, (-1, -1))
+    if start >= target or (recent and read_from == start and read_to >= target):
+        return Fed(at=start)  # nothing new, or nothing of the source's since it was read last
     if flushed < target:  # the caller flushed up to target before: never decode short of it silently
         raise Failed(f"the WAL is flushed up to {wire.lsn_text(flushed)} only, short of {wire.lsn_text(target)}: "
                      f"the feed would miss changes committed before it", hint="run the command again")
     fed, last_end, rows = _read_stream(cur, ctx, _source(cur, ctx), slot, target, FEED_CHANGES, fed_at)
-    fed.moved = True
     # Fewer rows than asked: the read stopped at `target`. Else it stopped after a whole transaction.
     fed.caught_up = rows < FEED_CHANGES
+    if fed.caught_up and not fed.changes and recent and target - start < IDLE_BYTES:
+        _idle[slot] = (start, target)  # nothing to record: no write, no WAL of our own to read next time
+        return Fed(at=start)
+    fed.moved = True
     fed.at = target if fed.caught_up or last_end is None else last_end
     cur.execute(q.record_fed(names.feed_state(ctx.mid)),
                 {"lsn": wire.lsn_text(fed.at), "changes": fed.changes, "keys": fed.keys})
@@ -564,7 +583,7 @@ def _advance(cur: psycopg.Cursor, ctx: Context, lsn: int) -> None:
     lock_feeder(cur, ctx.mid)
     state = _state(cur, ctx.mid)
     if state is not None:
-        cur.execute(q.advance(), {"slot": state[0], "lsn": wire.lsn_text(lsn)})
+        cur.execute(q.advance(), {"slot": state.slot, "lsn": wire.lsn_text(lsn)})
 
 
 def feed(ctx: Context, *, catch_up: bool) -> Fed:
@@ -662,7 +681,7 @@ def feed_in(cur: psycopg.Cursor, ctx: Context, flusher: Flusher, src: Source | N
     state = _state(cur, ctx.mid)
     if state is None:
         return {}
-    slot, fed_at = state
+    slot, fed_at = state.slot, state.fed
     row = require_slot(cur, ctx.mid, slot)
     cur.execute(q.positions())
     upto = wire.lsn_int(one(cur)[0])

@@ -116,7 +116,8 @@ def create_feed_state(feed: QualifiedName, slot: str) -> sql.Composed:
 
 
 def read_feed_state(feed: QualifiedName) -> sql.Composed:
-    return sql.SQL("SELECT slot, fed_lsn::text, fed_at FROM {}").format(feed.ident)
+    return sql.SQL("SELECT slot, fed_lsn::text, EXTRACT(epoch FROM pg_catalog.clock_timestamp() - fed_at)::float8"
+                   " FROM {}").format(feed.ident)
 
 
 def record_fed(feed: QualifiedName) -> sql.Composed:

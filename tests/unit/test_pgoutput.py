@@ -132,3 +132,36 @@ def test_malformed_and_unknown_messages_raise():
 def test_lsn_text_round_trip():
     for text in ("0/0", "0/1505640", "1A/FF00", "FFFFFFFF/FFFFFFFF"):
         assert p.lsn_text(p.lsn_int(text)) == text
+
+
+def _decode(case: str, key=("id",), after=None, source=None):
+    from mover.engines.logical import _Decoder
+    ms = [bytes.fromhex(m) for m in FIXTURES["cases"][case]["messages"]]
+    rel = next(m for m in map(p.parse, ms) if isinstance(m, p.Relation))
+    d = _Decoder(source or rel.relid, key, "utf-8", after)
+    return d, [k for m in ms for k in d.keys(m)]
+
+
+def test_the_feeders_decoder_skips_transactions_fed_already_and_stops_on_what_it_cannot_log():
+    from mover.errors import Failed
+    d, keys = _decode("two_transactions")
+    assert keys == [(b"40",), (b"41",)] and d.transactions == 2 and d.changes == 2
+    first_commit = next(m for m in map(p.parse, map(bytes.fromhex, FIXTURES["cases"]["two_transactions"]["messages"]))
+                        if isinstance(m, p.Commit))
+    # Fed up to the first transaction's end: only the second is logged again.
+    d, keys = _decode("two_transactions", after=first_commit.end_lsn)
+    assert keys == [(b"41",)] and d.transactions == 1 and d.last_end is not None
+    # TRUNCATE t, full_t: each table's Relation, then one Truncate naming both.
+    with pytest.raises(Failed, match="not of the source"):
+        _decode("truncate")
+    from mover.engines.logical import _Decoder
+    begin, rel, _, trunc, _ = FIXTURES["cases"]["truncate"]["messages"]
+    d = _Decoder(p.parse(bytes.fromhex(rel)).relid, ("id",), "utf-8", None)
+    d.keys(bytes.fromhex(begin))
+    d.keys(bytes.fromhex(rel))
+    with pytest.raises(Failed, match="TRUNCATE of the source reached logical capture"):
+        d.keys(bytes.fromhex(trunc))
+    with pytest.raises(Failed, match="not of the source"):
+        _decode("insert", source=1)
+    with pytest.raises(Failed, match="not part of its replica identity"):
+        _decode("insert", key=("v",))

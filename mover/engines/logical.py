@@ -709,9 +709,10 @@ def recapture(ctx: Context) -> str:
     if not enabled(ctx):
         raise PlanError(f"migration {m.name!r} captures with a trigger, not a replication slot: nothing to recapture",
                         hint=f"`mover status {m.name}`")
-    if not needs_slot(m):
-        raise PlanError(f"migration {m.name!r} has no logical capture at step {m.step!r}",
-                        hint=f"`mover status {m.name}`")
+    installed = ctx.db.transaction(lambda cur: _state(cur, ctx.mid) is not None)
+    if not needs_slot(m) or not installed:
+        raise PlanError(f"migration {m.name!r} has no logical capture installed at step {m.step!r}",
+                        hint=f"`mover run {m.name}` installs it" if needs_slot(m) else f"`mover status {m.name}`")
     slot = ctx.db.transaction(lambda cur: slot_name(cur, ctx.mid))
     drop_slot(ctx.db, ctx.mid)
     prepare(ctx, ctx.original)

@@ -77,7 +77,7 @@ def drain_round(ctx: Context) -> dict[str, Any]:
         if got is None:
             break
         applied += got.claimed
-        if got.claimed < capture.BATCH:
+        if got.log_rows < capture.BATCH:  # log rows: a closure's batch claims fewer keys than rows
             break
     pending, lag = ctx.db.transaction(bind(capture.pending, ctx.mid, reverse), label="backlog")
     return {"direction": "reverse" if reverse else "forward", "applied": applied, "backlog": pending,

@@ -191,12 +191,12 @@ class Feeder:
         self.errors: list[str] = []
 
     def __enter__(self) -> Feeder:
-        from mover import runner
         from mover.db import Database
+        from mover.runner.lease import leased
         from mover.state import control
         self.db = Database(self.dsn)
         m = self.db.transaction(lambda cur: control.get(cur, "bench_logical"))
-        self.lease = runner.leased(self.db, m, control.new_owner_id())
+        self.lease = leased(self.db, m, control.new_owner_id())
         self.ctx = self.lease.__enter__()
         self.backend = self.db.connection().info.backend_pid
         self.cpu_before = backend_cpu(self.backend)

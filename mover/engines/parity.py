@@ -90,7 +90,8 @@ SELECT jsonb_build_object(
             'columns', (SELECT jsonb_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
                          WHERE a.attrelid = c.oid AND a.attnum = ANY(pr.prattrs::int2[])),
             'row_filter', pg_get_expr(pr.prqual, pr.prrelid))), '{}')
-        FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = c.oid),
+        FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = c.oid
+        AND p.pubname !~ '^mover_m[0-9]+_'),
     'statistics', (SELECT coalesce(jsonb_object_agg(s.stxname, jsonb_build_object(
             'definition', format('(%%s) ON %%s', array_to_string(array(
                 SELECT CASE k WHEN 'd' THEN 'ndistinct' WHEN 'f' THEN 'dependencies' WHEN 'm' THEN 'mcv' END

@@ -117,16 +117,20 @@ def truncate_trigger(trigger: str) -> str:
     return trigger + "_truncate"
 
 
-def create_trigger(trigger: str, table: QualifiedName, function: QualifiedName) -> list[sql.Composed]:
+def create_trigger(trigger: str, table: QualifiedName, function: QualifiedName, *,
+                   rows: bool = True) -> list[sql.Composed]:
+    """The row trigger that logs keys and the statement trigger that refuses TRUNCATE; without
+    `rows` only the latter (logical capture reads the rows' changes from the WAL)."""
     # ENABLE ALWAYS: the triggers fire even in sessions with session_replication_role = replica
     # (logical replication appliers, some bulk loaders), which would otherwise skip them.
     t, tt = sql.Identifier(trigger), sql.Identifier(truncate_trigger(trigger))
+    row = [sql.SQL("CREATE TRIGGER {t} AFTER INSERT OR UPDATE OR DELETE ON {tbl} FOR EACH ROW EXECUTE FUNCTION {fn}()")
+           .format(t=t, tbl=table.ident, fn=function.ident)]
     return [
-        sql.SQL("CREATE TRIGGER {t} AFTER INSERT OR UPDATE OR DELETE ON {tbl} FOR EACH ROW EXECUTE FUNCTION {fn}()")
-        .format(t=t, tbl=table.ident, fn=function.ident),
+        *(row if rows else []),
         sql.SQL("CREATE TRIGGER {t} BEFORE TRUNCATE ON {tbl} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()")
         .format(t=tt, tbl=table.ident, fn=function.ident),
-        sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=t, tbl=table.ident),
+        *([sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=t, tbl=table.ident)] if rows else []),
         sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=tt, tbl=table.ident),
     ]
 

@@ -73,8 +73,11 @@ MONTHLY_DEFAULT = {**MONTHLY, "default": True}
 HASH = {"by": "hash", "column": "tenant_id", "modulus": 4, "accept_key_change": True}
 
 
-def plan_file(tmp_path, partition: dict = MONTHLY, *, backfill: dict | None = None, **sections) -> str:
-    """The events migration with `partition` as its [target.partition]."""
+def plan_file(tmp_path, partition: dict = MONTHLY, *, backfill: dict | None = None, method: str = "trigger",
+              **sections) -> str:
+    """The events migration with `partition` as its [target.partition], capturing by `method`."""
+    if method != "trigger":
+        sections["capture"] = {"method": method}
     return workload.plan_file(tmp_path, "events_part", "events", target={"partition": partition},
                               backfill={"range_rows": 500, **(backfill or {})}, **sections)
 
@@ -233,10 +236,11 @@ def drain_and_judge(dsn: str, writer: EventWriter, *tables: str) -> None:
         writer.resume()
 
 
-@pytest.mark.parametrize("default", [True, False])
-def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_path, default):
+# With logical capture too: a partitioned target, its rows moving between partitions under the writer.
+@pytest.mark.parametrize("default,method", [(True, "trigger"), (False, "trigger"), (True, "logical")])
+def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_path, default, method):
     create_events(db_dsn)
-    plan = plan_file(tmp_path, {**MONTHLY, "default": default})
+    plan = plan_file(tmp_path, {**MONTHLY, "default": default}, method=method)
     writer = EventWriter(db_dsn, outside=True).start()
     try:
         r = mover(db_dsn, "run", plan)

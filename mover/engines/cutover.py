@@ -435,7 +435,7 @@ class Swap:
             # equal, the shapes are those checked when the mapping was built, before the lock.
             mapping = self.prepared.mapping
         if self.flusher is not None:
-            # Race 4 with logical capture (invariant 12): every change committed before the lock ends
+            # Race 4 with logical capture (invariant 13): every change committed before the lock ends
             # before the WAL insert position read now; the WAL is flushed to it from the second session
             # and the slot read to it, into the log drained next.
             self.fed = logical.feed_in(cur, ctx, self.flusher,

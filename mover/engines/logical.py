@@ -10,7 +10,7 @@ applier, the backfill's watermark, reconcile's pending keys, repair, the cutover
 log as it reads the trigger's.
 
 Invariants:
-- The publication, then the slot, exist before the first range's snapshot (invariant 12): every
+- The publication, then the slot, exist before the first range's snapshot (invariant 13): every
   change committed after a range's snapshot is in the stream. The slot is created in a transaction
   of its own, first (PostgreSQL refuses it after a write), and waits for the transactions running
   then to end: bounded by [capture] slot_wait, in attempts that name the sessions it waits for.
@@ -137,7 +137,7 @@ def prepare_sql(ctx: Context, cur: psycopg.Cursor, table: QualifiedName) -> list
 
 def prepare(ctx: Context, table: QualifiedName) -> str:
     """Before the transaction that installs the capture on `table` (install_capture, the swap
-    back): mover's publication of `table`, committed, then the slot (invariant 12: a publication
+    back): mover's publication of `table`, committed, then the slot (invariant 13: a publication
     made after the slot would not publish what came before it). Re-entrant: what exists is kept
     when it is usable (a slot nothing has been fed from yet is dropped and made again if not)."""
     pub = names.capture_publication(ctx.mid)
@@ -649,7 +649,7 @@ def flusher(ctx: Context) -> Iterator[Flusher | None]:
 @contextlib.contextmanager
 def preparing_back(ctx: Context) -> Iterator[None]:
     """Around the swap back: with logical capture, the forward capture it installs reads a slot made
-    now, before its lock (invariant 12: every write the application commits after the swap back is
+    now, before its lock (invariant 13: every write the application commits after the swap back is
     in it). If the swap back does not commit, the slot and publication made for it go again (they
     would keep WAL for nothing; the next run's cleanup drops them otherwise)."""
     if not enabled(ctx):

@@ -237,7 +237,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
         if any(d["pending"] for d in diffs) or (diffs and from_wal):
             # Nothing written: settle the pending keys first. With logical capture a change can be
             # committed and not in the log yet (fed after it): no difference counts before the
-            # re-check below, whose snapshot sees the log fed up to it (invariant 12).
+            # re-check below, whose snapshot sees the log fed up to it (invariant 13).
             return agg, diffs, None
         outcome = _record(cur, spec, mid, key_range, worker, agg, diffs, diffs, [])
         faults.point(f"reconcile_compared:{key_range.range_no}")  # inside the transaction: a crash loses the range

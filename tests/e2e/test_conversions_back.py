@@ -28,23 +28,8 @@ from tests.workload import (
     catalog_snapshot,
     create_orders,
     mover,
-    write_plan,
+    plan_file,
 )
-
-PLAN = """
-[migration]
-name = "acct"
-source = '"Orders"'
-
-[target]
-columns = { Account = "text" }
-
-[backfill]
-range_rows = 500
-
-[rollback]
-window = "1h"
-"""
 
 # What the old table's integer holds unchanged: the text an integer prints as.
 GOES_BACK = r"^(0|-?[1-9][0-9]{0,9})$"  # (and in its range: the test writes no other)
@@ -88,7 +73,7 @@ def refused_keys(stderr: str) -> set[int]:
 def to_window(dsn: str, tmp_path, writer: Writer) -> str:
     """Registered, copied and compared under the writer, then swapped in (no accept_parity: the
     collation a column gains with text follows from the planned type change)."""
-    plan = write_plan(tmp_path / "acct.toml", PLAN)
+    plan = plan_file(tmp_path, "acct", columns={"Account": "text"}, backfill={"range_rows": 500})
     r = mover(dsn, "plan", "check", plan)
     assert r.returncode == 0, r.stderr
     flat = " ".join(r.stdout.split())
@@ -127,6 +112,8 @@ def test_integer_to_text_rows_that_cannot_go_back_are_kept_and_named(db_dsn, tmp
         r = mover(db_dsn, "run", "acct")
         assert r.returncode == 3, r.stderr  # the window, saying which rows the old table rejected
         assert refused_keys(r.stderr) == bad, (bad, r.stderr)
+        # next: what moves on with such rows (a plain rollback would refuse)
+        assert "`mover rollback acct --give-up-rows` swaps back without them" in " ".join(r.stderr.split()), r.stderr
         assert "does not convert to integer and back unchanged: '042' comes back as '42'" in " ".join(
             r.stderr.split()), r.stderr
         assert_oracle(db_dsn, "Orders")
@@ -180,19 +167,6 @@ def test_integer_to_text_and_back_when_every_value_converts(db_dsn, tmp_path):
     assert writer.errors == []
 
 
-NO_WAY = """
-[migration]
-name = "{name}"
-source = "codes"
-
-[target]
-columns = {{ {column} = "{type}" }}
-
-[rollback]
-window = "1h"
-"""
-
-
 def test_a_change_with_no_assignment_cast_is_refused_at_plan_check_nothing_created(db_dsn, tmp_path):
     """text -> integer and text -> jsonb have only an explicit cast (ALTER TABLE asks for USING):
     refused before anything is created, the column, both types and the way out named; also when the
@@ -202,8 +176,7 @@ def test_a_change_with_no_assignment_cast_is_refused_at_plan_check_nothing_creat
         conn.execute("""INSERT INTO codes VALUES (1, '42', '{"a": 1}', 5)""")
     before = catalog_snapshot(db_dsn)
     for column, typ in (("n", "integer"), ("doc", "jsonb")):
-        plan = write_plan(tmp_path / f"{column}.toml", NO_WAY.format(name=f"to_{column}", column=column, type=typ)
-                          .replace(" }", ', nope = "bigint" }'))
+        plan = plan_file(tmp_path, f"to_{column}", "codes", columns={column: typ, "nope": "bigint"})
         for command in (("plan", "check", plan), ("run", plan)):
             r = mover(db_dsn, *command)
             assert r.returncode == 2, (command, r.stderr)
@@ -215,7 +188,7 @@ def test_a_change_with_no_assignment_cast_is_refused_at_plan_check_nothing_creat
             assert catalog_snapshot(db_dsn) == before
     # Back: integer -> money converts, money -> integer not at all: the window could not carry a
     # value back. Refused at plan check too.
-    plan = write_plan(tmp_path / "pay.toml", NO_WAY.format(name="to_money", column="pay", type="money"))
+    plan = plan_file(tmp_path, "to_money", "codes", columns={"pay": "money"})
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 2, r.stderr
     flat = " ".join(r.stderr.split())

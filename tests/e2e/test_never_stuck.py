@@ -23,7 +23,7 @@ from mover import api
 from mover.errors import MoverError, Waiting
 from mover.state import control
 from tests.conftest import connect, dsn_with_dbname
-from tests.workload import plan_text, write_plan
+from tests.workload import plan_file, plan_text, write_plan
 
 PLAN = plan_text("ns", "ns", columns={"id": "bigint"}, backfill={"range_rows": 100})
 
@@ -200,25 +200,6 @@ def test_every_reachable_step_and_state_has_a_way_forward(pg_dsn, db_dsn, tmp_pa
 # exists, `--give-up-rows` swaps back without it, `mover retire` keeps it. Never a value changed
 # on its way back, never a command that fails.
 
-TYPE_PLAN = """
-[migration]
-name = "{name}"
-source = "{name}"
-
-[target]
-columns = {{ v = "{to}" }}
-{accept}
-
-[backfill]
-range_rows = 100
-
-[cutover]
-auto = true
-
-[rollback]
-window = "1h"
-"""
-
 # name: (source type, plan type, accept_lossy, values before, written after the swap: going back
 # unchanged, and not)
 TYPE_PAIRS = {
@@ -254,8 +235,8 @@ def test_an_accepted_type_change_can_always_leave_the_window(pg_dsn, db_dsn, tmp
         conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v {})").format(sql.Identifier(name), sql.SQL(old)))
         for i, v in enumerate(before, 1):
             conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(sql.Identifier(name)), (i, v))
-    plan = write_plan(tmp_path / f"{name}.toml", TYPE_PLAN.format(
-        name=name, to=new, accept='accept_lossy = ["v"]' if lossy else ""))
+    plan = plan_file(tmp_path, name, name, columns={"v": new}, backfill={"range_rows": 100}, cutover={"auto": True},
+                     **({"target": {"accept_lossy": ["v"]}} if lossy else {}))
     checked = api.check_plan(db_dsn, plan)
     assert checked["ok"], checked
     if stuck:  # plan check says what a rollback cannot carry back

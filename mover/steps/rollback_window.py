@@ -43,9 +43,14 @@ class RollbackWindow(Step):
             stuck = ctx.db.transaction(lambda cur: cutover.retry_unapplied(cur, ctx, reverse=True))
             rejected = (f"; {len({tuple(d['key']) for d in stuck})} rows exist only in {m.source}, the old table "
                         f"rejected them: {cutover.describe_rows(stuck)}") if stuck else ""
+            # With such rows a plain rollback would refuse: the hint names what does move on.
+            hint = (f"fix those rows in the application (each `mover run {m.name}` replays them again; `mover "
+                    f"divergences {m.name}` lists them), or `mover rollback {m.name} {cutover.GIVE_UP_FLAG}` swaps "
+                    f"back without them; `mover retire {m.name} --force` ends the window now, keeping them"
+                    if stuck else
+                    f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
             raise Waiting(f"the rollback window of {m.name!r} is open until"
-                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}",
-                          hint=f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
+                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}", hint=hint)
 
 
 def close(ctx: Context, *, force: bool) -> bool:

@@ -66,13 +66,14 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
                      "steps": [], **hooks_and_warnings(plan)}, existing)
         r = resolve(cur, plan)
         mid = control.next_id(cur)
-        ctx = Context(db=db, migration=provisional(plan, r, mid), owner="plan-check")
+        ctx = Context(db=db, migration=provisional(plan, r, mid), owner="plan-check", planned_target=r["rehearsed"])
         described = [{"name": step.name, "sql": [s if isinstance(s, str) else s.as_string(cur)
                                                  for s in step.describe(ctx, cur)]}
                      for step in steps.ALL]
         return ({"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
                  "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                 "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                 "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
+                 "partitioning": r["partitioning"],
                  "metadata": r["metadata"], "steps": described, **hooks_and_warnings(plan, r["warnings"])}, None)
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.

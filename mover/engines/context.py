@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
@@ -19,6 +19,9 @@ from mover.names import QualifiedName
 from mover.plan import Plan, plan_from_canonical
 from mover.sql.mapping import Mapping
 from mover.state import control
+
+if TYPE_CHECKING:
+    from mover.engines.throttle import Governor
 
 log = logging.getLogger("mover")
 
@@ -41,6 +44,8 @@ class Context:
     lease_lost: threading.Event = field(default_factory=threading.Event)
     workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
     give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
+    # The migration's throttle in this process while an engine's bulk work runs (throttle.governing).
+    governor: Governor | None = None
     _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

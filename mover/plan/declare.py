@@ -167,6 +167,73 @@ class Duration(Kind):
 
 
 @dataclass(frozen=True)
+class Percent(Kind):
+    """A share written as "50%" (or "off" where `off` allows it), kept as the file writes it,
+    normalised ("50 %" -> "50%", "OFF" -> "off"); within lo..hi percent. `percent()` reads it."""
+    lo: int = 0
+    hi: int = 100
+    off: bool = False
+    hint: str | None = None
+    toml = str
+
+    def read(self, value: str, at: At) -> Any:
+        text = value.strip().lower()
+        if self.off and text == "off":
+            return "off"
+        m = re.match(r"^(\d+(?:\.\d+)?)\s*%$", text)
+        if not m or not self.lo <= float(m.group(1)) <= self.hi:
+            off = ' or "off"' if self.off else ""
+            at.problem(f" must be a percentage between {self.lo}% and {self.hi}%{off}, got {value!r}",
+                       self.hint or f'e.g. {at.key} = "{at.default}"')
+            return at.default
+        return f"{float(m.group(1)):g}%"
+
+    def shown(self, default: str) -> str:
+        return f'`"{default}"`'
+
+
+def percent(text: str) -> float | None:
+    """A Percent setting as a fraction (0.5 for "50%"); None for "off"."""
+    return None if text == "off" else float(text.rstrip("%")) / 100
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|tb)?\s*$", re.I)
+_UNIT_BYTES = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}
+
+
+def size_text(n: int) -> str:
+    """Bytes as the plan writes them: the largest unit that divides them ("10GB", "0")."""
+    for unit in ("TB", "GB", "MB", "kB"):
+        if n and n % _UNIT_BYTES[unit.lower()] == 0:
+            return f"{n // _UNIT_BYTES[unit.lower()]}{unit}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class Size(Kind):
+    """An amount of bytes written "10GB", "512MB", "64kB" (PostgreSQL's units, 1024-based), "0"
+    or "off" (0: not checked). Kept in bytes."""
+    hint: str | None = None
+    toml = str
+
+    def read(self, value: str, at: At) -> Any:
+        if value.strip().lower() == "off":
+            return 0
+        m = _SIZE.match(value)
+        if not m:
+            at.problem(f" must be a size such as \"10GB\", \"512MB\" or \"off\", got {value!r}",
+                       self.hint or f'e.g. {at.key} = "{size_text(at.default) if at.default else "1GB"}"')
+            return at.default
+        return int(float(m.group(1)) * _UNIT_BYTES[(m.group(2) or "b").lower()])
+
+    def write(self, value: int) -> str:
+        return size_text(value)
+
+    def shown(self, default: int) -> str:
+        return f'`"{size_text(default) if default else "off"}"`'
+
+
+@dataclass(frozen=True)
 class Choice(Kind):
     options: tuple[str, ...]
     hint: str | None = None
@@ -284,7 +351,7 @@ class Setting:
     missing: str | None = None  # the hint when a required key is missing
     was: tuple[str, ...] = ()  # older spellings of the key, read with a warning
     stored: str = ""  # where the canonical form keeps it ("section.attr" unless given; forms registered before)
-    only_set: bool = False  # stored only when set, so canonical forms registered before it existed stay the same
+    only_set: bool = False  # stored only when not its default, so canonical forms registered before it stay the same
     default_from: Callable[[Any, dict[str, Any]], Any] | None = None  # (default, values read before) -> default
     shown: str | None = None  # docs/plan.md's Default cell, when not the default value itself
     key: str = ""
@@ -397,7 +464,7 @@ def store(plan: Any, order: tuple[str, ...] = ()) -> dict[str, Any]:
     for part in layout(type(plan)):
         for s in part.settings:
             value = getattr(held(plan, part), s.attr)
-            if s.only_set and not value:
+            if s.only_set and value == s.fresh_default():
                 continue
             *parents, last = s.path.split(".")
             place = out

@@ -67,14 +67,7 @@ class Backfill(Step):
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
                                                      f"applied {applied.claimed} logged changes after the copy",
                                                      {"applied": applied.claimed}, ms))
-        analyze = backfill.Analyze(ctx)
-        analyze.start()
-        try:
-            backfill.build_indexes(ctx)
-        except BaseException:
-            analyze.abandon()
-            raise
-        ms = analyze.finish()
+        analyze, ms = backfill.build_and_analyze(ctx)  # under the governor, as the copy
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "analyzed",
                                                      f"analyzed {m.target}", {"beside_builds": analyze.beside}, ms))
 

@@ -1,0 +1,326 @@
+"""The governor end to end (mover/engines/throttle.py): an application burst in the middle of the
+backfill throttles it (status and events say so, its ranges shrink) and it resumes after; a
+stalled replication slot makes mover wait before the slot's limit, with the helper workers of
+another process held by the same decision, and the slot is never invalidated; a helper takes the
+probe over when the orchestrator dies. Judged by the governor's decisions and events and by the
+oracle, never by how fast anything ran (bench/impact.py measures that)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import psycopg
+import pytest
+
+from mover import api
+from mover.demo.embedded import EmbeddedPostgres
+from tests.workload import app_execute, assert_oracle, create_orders, finish, mover, spawn, write_plan
+
+PLAN = """
+[migration]
+name = "gov"
+source = 'public."Orders"'
+
+[target]
+columns = {{ id = "bigint" }}
+
+[backfill]
+range_rows = {range_rows}
+max_rows = {range_rows}
+max_rows_per_second = {cap}
+
+[rollback]
+window = "1h"
+
+[throttle]
+{throttle}
+"""
+
+
+def plan_file(tmp_path, *, range_rows=2_000, cap=4_000, throttle=""):
+    return write_plan(tmp_path / "gov.toml", PLAN.format(range_rows=range_rows, cap=cap, throttle=throttle))
+
+
+def wait_for(predicate, what: str, *procs, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        for proc in procs:
+            if proc is not None and proc.poll() is not None:
+                _, err = proc.communicate()
+                raise AssertionError(f"mover exited ({proc.returncode}) before {what}: {err[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def query(dsn, q, params=()):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(q, params)
+        return cur.fetchall() if cur.description else []
+
+
+def events(dsn, *kinds):
+    """(at as epoch seconds, kind, message, detail) of the governor's events, oldest first."""
+    return query(dsn, "SELECT extract(epoch FROM at)::float8, kind, message, detail FROM mover.events"
+                      " WHERE kind = ANY(%s) ORDER BY id", (list(kinds),))
+
+
+def copied(dsn) -> list[tuple[int, float]]:
+    """(rows, finished_at as epoch seconds) of the backfill's done ranges, in the order they finished."""
+    return query(dsn, "SELECT rows, extract(epoch FROM finished_at)::float8 FROM mover.ranges"
+                      " WHERE kind = 'backfill' AND status = 'done' ORDER BY finished_at")
+
+
+def rows_copied(dsn) -> int:
+    return sum(r for r, _ in copied(dsn))
+
+
+def server_now(dsn) -> float:
+    return query(dsn, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
+
+
+class TimedWriter:
+    """The application: one-row updates of the source, mirrored for the oracle, each timed by the
+    test itself (completion time, latency in ms)."""
+
+    def __init__(self, dsn):
+        self.dsn, self.stop, self.times, self.errors = dsn, threading.Event(), [], []
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def _loop(self):
+        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
+            conn.execute("SET synchronous_commit = on")
+            k = 0
+            while not self.stop.is_set():
+                k = k % 50_000 + 7
+                started = time.perf_counter()
+                try:
+                    app_execute(conn, "UPDATE {t} SET amount = amount + 1 WHERE id = %s", (k,))
+                except psycopg.Error as exc:
+                    self.errors.append(exc)
+                self.times.append((time.time(), (time.perf_counter() - started) * 1000))
+                self.stop.wait(0.01)
+
+    def halt(self):
+        self.stop.set()
+        self.thread.join(30)
+
+    def median_between(self, a: float, b: float) -> float | None:
+        got = [ms for at, ms in self.times if a <= at < b]
+        return round(statistics.median(got), 2) if got else None
+
+
+class Burst:
+    """An application burst: sessions writing a lot of WAL (bulk inserts into a table of their
+    own), which every commit on the server then queues behind."""
+
+    def __init__(self, dsn, sessions=3):
+        self.dsn, self.stop = dsn, threading.Event()
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(sessions)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _loop(self):
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                conn.execute("INSERT INTO app_log (body) SELECT repeat('x', 200) FROM generate_series(1, 10000)")
+
+    def halt(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def test_an_application_burst_throttles_the_backfill_which_resumes_after_it(db_dsn, tmp_path):
+    # 60,000 rows at 4,000 rows/s in ranges of 2,000: a 15-second backfill with room for a burst.
+    # An absolute budget for the probe: far over a quiet server's commits, far under a burst's.
+    create_orders(db_dsn, 60_000)
+    query(db_dsn, "CREATE TABLE app_log (id bigserial PRIMARY KEY, body text)")
+    plan = plan_file(tmp_path, throttle='probe_latency = "25ms"')
+    writer = TimedWriter(db_dsn).start()
+    proc = spawn(db_dsn, "run", plan)
+    burst = Burst(db_dsn)
+    seen: list[dict] = []
+    try:
+        wait_for(lambda: rows_copied(db_dsn) >= 8_000, "the backfill to be under way", proc)
+        burst_at = server_now(db_dsn)
+        burst.start()
+
+        def throttled() -> bool:
+            st = api.status(db_dsn, "gov")
+            seen.append({"throttle": st["throttle"], "waiting": st["backfill"]["waiting_for"]})
+            return st["throttle"]["state"] in ("throttled", "floor") and \
+                any(w.startswith("throttled: probe latency") for w in st["backfill"]["waiting_for"])
+        wait_for(throttled, "the governor to throttle the backfill (a worker resting)", proc)
+        shown = mover(db_dsn, "status", "gov")
+        # Two ranges copied while throttled: the work goes on, in smaller ranges.
+        since = server_now(db_dsn)
+        wait_for(lambda: sum(1 for _, at in copied(db_dsn) if at > since) >= 2, "ranges copied while throttled", proc)
+        burst.halt()
+        burst_end = server_now(db_dsn)
+        wait_for(lambda: [e for e in events(db_dsn, "released") if e[0] > burst_at], "the governor to release", proc)
+        code, err = finish(proc, 300)
+        assert code == 3, err  # at the gate: the backfill finished
+    finally:
+        burst.halt()
+        writer.halt()
+        if proc.poll() is None:
+            proc.kill()
+    assert "throttle" in shown.stdout and "throttled: probe latency" in shown.stdout, shown.stdout
+    timeline = events(db_dsn, "throttle_baseline", "throttled", "released", "throttle_floor")
+    kinds = [k for _, k, _, _ in timeline]
+    assert kinds[0] == "throttle_baseline" and timeline[0][3]["budget_ms"] == 25, timeline
+    during = [e for e in timeline if e[1] == "throttled" and e[0] >= burst_at]
+    assert during, (timeline, seen[-3:])
+    first = during[0]
+    assert first[2].startswith("throttled: probe latency") and first[2].endswith("> 25.0 ms budget"), first
+    assert first[3]["duty"] < 1 and first[3]["budget_ms"] == 25.0
+    released = [e for e in timeline if e[1] == "released" and e[0] > first[0]]
+    assert released, timeline
+    # Each state change is one event: never one per range or per probe.
+    assert len(timeline) < 20, timeline
+    # While throttled, ranges were asked for at the duty's share of their size (2,000 unthrottled).
+    ranges = copied(db_dsn)
+    throttled_ranges = [rows for rows, at in ranges if first[0] < at < released[0][0]]
+    assert throttled_ranges and min(throttled_ranges) < 2_000, (throttled_ranges, timeline)
+    assert sum(rows for rows, _ in ranges) == 60_000
+    st = api.status(db_dsn, "gov")
+    assert st["throttle"]["throttled_seconds"] > 0 and st["throttle"]["state"] == "idle", st["throttle"]
+    # The application never failed, and its latency (measured here, for the record) was higher in the burst.
+    assert writer.errors == []
+    assert writer.median_between(0, burst_at) is not None, writer.times[:5]
+    print("writer median latency ms: before the burst", writer.median_between(0, burst_at),
+          "during", writer.median_between(burst_at, burst_end), "after", writer.median_between(burst_end, 1e12))
+    assert mover(db_dsn, "run", "gov").returncode == 3  # the writer has stopped: the gate drains the rest
+    assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
+def slot_row(dsn, name):
+    return query(dsn, "SELECT wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"
+                      " FROM pg_replication_slots WHERE slot_name = %s", (name,))[0]
+
+
+def test_a_stalled_slot_holds_mover_before_its_limit_and_is_never_invalidated(tmp_path):
+    # A logical slot nobody consumes, a server that invalidates a slot past 64 MB of WAL
+    # (max_slot_wal_keep_size), a plan limit of 16 MB below that, and ranges of about 1 MB of WAL.
+    with EmbeddedPostgres(fast=True, settings={"wal_level": "logical", "max_slot_wal_keep_size": "64MB",
+                                               "max_wal_size": "32MB", "min_wal_size": "32MB"}) as pg:
+        dsn = pg.dsn
+        api.init(dsn)
+        create_orders(dsn, 150_000)
+        query(dsn, "SELECT pg_create_logical_replication_slot('stalled', 'pgoutput')")
+        query(dsn, "CHECKPOINT")
+        plan = plan_file(tmp_path, range_rows=5_000, cap=0, throttle='max_slot_wal = "16MB"')
+        statuses: list[str] = []
+        stop = threading.Event()
+
+        def watch_slot():  # the slot's wal_status throughout, from outside mover
+            while not stop.wait(0.1):
+                statuses.append(slot_row(dsn, "stalled")[0])
+        watcher = threading.Thread(target=watch_slot, daemon=True)
+        watcher.start()
+        orchestrator = spawn(dsn, "run", plan)
+        helper = None
+        try:
+            def held() -> str | None:
+                rows = query(dsn, "SELECT waiting_for FROM mover.workers WHERE waiting_for LIKE 'replication slot%%'")
+                return rows[0][0] if rows else None
+            why = wait_for(held, "the backfill to wait for the slot", orchestrator)
+            assert why.startswith("replication slot stalled holds back") and "([throttle] max_slot_wal)" in why, why
+            # Held before the limit the server would invalidate the slot at, even across a checkpoint.
+            query(dsn, "CHECKPOINT")
+            status, retained = slot_row(dsn, "stalled")
+            assert status in ("reserved", "extended") and 16 * 2**20 < retained < 64 * 2**20, (status, retained)
+            st = api.status(dsn, "gov")
+            assert st["throttle"]["state"] == "waiting" and "replication slot stalled" in st["throttle"]["wait"]
+            before = rows_copied(dsn)
+            assert 0 < before < 150_000
+            # A helper on "another host" is held by the same published decision.
+            helper = spawn(dsn, "worker", "gov")
+            wait_for(lambda: query(dsn, "SELECT count(DISTINCT pid) FROM mover.workers"
+                                        " WHERE waiting_for LIKE 'replication slot%%'")[0][0] == 2,
+                     "the helper's workers to wait for the slot too", orchestrator, helper)
+            # The subscriber comes back and consumes: mover goes on, and waits again whenever the
+            # slot falls behind by the limit.
+            consuming = threading.Event()
+
+            def consume():
+                while not consuming.wait(0.2):
+                    query(dsn, "SELECT pg_replication_slot_advance('stalled', pg_current_wal_lsn())")
+            consumer = threading.Thread(target=consume, daemon=True)
+            consumer.start()
+            try:
+                code, err = finish(orchestrator, 300)
+                assert code == 3, err
+                code, err = finish(helper, 120)
+                assert code == 0, err
+            finally:
+                consuming.set()
+                consumer.join(30)
+        finally:
+            stop.set()
+            watcher.join(10)
+            for p in (orchestrator, helper):
+                if p is not None and p.poll() is None:
+                    p.kill()
+        assert statuses and "lost" not in statuses and "unreserved" not in statuses, sorted(set(statuses))
+        assert rows_copied(dsn) == 150_000
+        kinds = [k for _, k, _, _ in events(dsn, "throttle_waiting", "throttle_resumed")]
+        assert kinds[:2] == ["throttle_waiting", "throttle_resumed"], kinds
+        r = mover(dsn, "plan", "check", plan)
+        assert "replication slots: 1 (stalled holds back" in r.stdout, r.stdout
+        assert_oracle(dsn, "Orders", "Orders_new")
+
+
+def test_a_helper_takes_the_probe_over_when_the_orchestrator_dies(db_dsn, tmp_path):
+    create_orders(db_dsn, 16_000)
+    plan = plan_file(tmp_path, range_rows=1_000, cap=2_000)
+    orchestrator = spawn(db_dsn, "run", plan)
+    helper = None
+    try:
+        wait_for(lambda: rows_copied(db_dsn) >= 2_000, "the backfill to be under way", orchestrator)
+        prober = query(db_dsn, "SELECT prober FROM mover.throttle")[0][0]
+        assert f":{orchestrator.pid}:" in prober, prober
+        helper = spawn(db_dsn, "worker", "gov")
+        wait_for(lambda: query(db_dsn, "SELECT count(*) FROM mover.workers WHERE pid = %s", (helper.pid,))[0][0],
+                 "the helper to work", helper)
+        orchestrator.kill()
+        finish(orchestrator, 30)
+        wait_for(lambda: f":{helper.pid}:" in (query(db_dsn, "SELECT coalesce(prober, '') FROM mover.throttle")[0][0]),
+                 "the helper to take the probe over", helper)
+        code, err = finish(helper, 300)
+        assert code == 0, err
+    finally:
+        for p in (orchestrator, helper):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert rows_copied(db_dsn) == 16_000
+    # The budget the helper governed with is the one measured before the phase: taken over, not measured again.
+    baselines = events(db_dsn, "throttle_baseline")
+    assert len(baselines) == 1, baselines
+
+
+@pytest.mark.parametrize("increase", ["50%", "200%"])
+def test_the_baseline_is_measured_before_the_work_and_the_budget_follows_it(db_dsn, tmp_path, increase):
+    create_orders(db_dsn, 3_000)
+    plan = plan_file(tmp_path, range_rows=1_000, cap=0, throttle=f'max_latency_increase = "{increase}"')
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    got = events(db_dsn, "throttle_baseline")
+    assert [d["phase"] for _, _, _, d in got] == ["backfill", "index builds", "reconcile"], got
+    share = float(increase.rstrip("%")) / 100
+    for _, _, _, d in got:
+        assert d["budget_ms"] == pytest.approx(max(d["baseline_ms"] * (1 + share), d["baseline_ms"] + 1.0)), d
+        assert len(d["probes"]) == 8 and d["baseline_ms"] == pytest.approx(statistics.median(d["probes"]), abs=0.01)
+    assert api.status(db_dsn, "gov")["throttle"]["state"] == "idle"

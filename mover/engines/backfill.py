@@ -723,8 +723,8 @@ class Analyze:
 
 def build_and_analyze(ctx: Context) -> tuple[Analyze, float]:
     """The deferred indexes, and ANALYZE beside them where it can run there, under the migration's
-    governor (led from here: the copy's is over, and the baseline is measured again with mover
-    idle). Returns the ANALYZE, finished, and how long it took (ms)."""
+    governor (the backfill step's, or led from here when called alone). Returns the ANALYZE,
+    finished, and how long it took (ms)."""
     with throttle.governing(ctx, "index builds"):
         analyze = Analyze(ctx)
         analyze.start()

@@ -8,7 +8,7 @@ mover/engines/pacing.py, what it reads mover/engines/signals.py):
 - The signal is the server's, not the application's: a probe, a one-row write and commit on
   mover.throttle every 250 ms on a connection of its own, timed. Its median over the last five
   probes against a budget ([throttle] max_latency_increase over the probe's median before the
-  phase started, measured with mover idle; or [throttle] probe_latency) sets the duty, the share
+  step's bulk work started, measured with mover idle; or [throttle] probe_latency) sets the duty, the share
   of their time the engines work: they rest elapsed * (1 - duty) / duty after each unit of work
   and ask for ranges duty times their size. [throttle] max_wal_per_second feeds the same duty.
 - The guards are waits: a standby lagging more than [backfill] max_replica_lag or gone (failing
@@ -355,7 +355,7 @@ def describe(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
         lines.append("application latency: not governed ([throttle] max_latency_increase = \"off\")")
     else:
         lines.append(f"application latency: {probe} kept within {t.max_latency_increase} of its latency before each "
-                     f"bulk phase (measured then, with mover idle; at least {pacing.MIN_SLACK_MS:g} ms over it): "
+                     f"step's bulk work (measured then, with mover idle; at least {pacing.MIN_SLACK_MS:g} ms over it): "
                      f"over it, every engine works a smaller share of its time, never under {t.floor} "
                      f"([throttle] max_latency_increase, floor)")
     lag = plan.backfill.max_replica_lag_ms
@@ -392,9 +392,14 @@ def describe(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
 def governing(ctx: Context, phase: str) -> Iterator[Governor]:
     """Govern `phase` of ctx's migration from this process (the orchestrator's bulk work): the
     governor is ctx.governor meanwhile, for every loop the engine starts. Inside another
-    phase's governing, the same governor goes on."""
+    phase's governing (the backfill step's copy, then its index builds), the same governor goes
+    on with the baseline measured before the step, under the inner phase's name."""
     if ctx.governor is not None:
-        yield ctx.governor
+        outer, ctx.governor.phase = ctx.governor.phase, phase
+        try:
+            yield ctx.governor
+        finally:
+            ctx.governor.phase = outer
         return
     gov = Governor(ctx.db.dsn, ctx.migration, report=ctx.report)
     try:

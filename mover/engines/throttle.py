@@ -319,9 +319,11 @@ class Governor:
             if taken is not None:
                 log.info("nobody probes for migration %s: this process takes the governor over", self.mid)
                 self.leading, self.phase, self.baseline_ms = True, taken["phase"], taken["baseline_ms"]
-                self.decision = pacing.Decision(state="ok", duty=float(taken["duty"] or 1.0))
                 if self.baseline_ms is None:
-                    self._measure()  # the engines of this process wait meanwhile
+                    self.decision = pacing.Decision(state="measuring")  # this process's engines wait
+                    self._measure()
+                else:
+                    self.decision = pacing.Decision(state="ok", duty=float(taken["duty"] or 1.0))
                 self.decided_at = time.monotonic()
             return
         state = row["state"] if row["state"] != "idle" else "ok"
@@ -344,7 +346,6 @@ def describe(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     r = signals.read(cur)
     limits = limits_of(plan, None)
     t = plan.throttle
-    rate_now = 0.0
     h = pacing.human_bytes
     lines = []
     increase = percent(t.max_latency_increase)
@@ -384,7 +385,7 @@ def describe(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
                         if t.max_archive_backlog else ""))
     lines.append(f"WAL rate: kept under {h(t.max_wal_per_second)}/s ([throttle] max_wal_per_second)"
                  if t.max_wal_per_second else "WAL rate: not capped ([throttle] max_wal_per_second)")
-    wait, _ = guard_wait(r, limits, frozenset(), rate_now)
+    wait, _ = guard_wait(r, limits, frozenset(), 0.0)  # no rate yet: mover has written nothing
     return {"lines": lines, "wait": wait, "readings": r.as_dict()}
 
 

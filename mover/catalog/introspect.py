@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import psycopg
+from psycopg import sql
 
+from mover.catalog import server
 from mover.db import one
 from mover.errors import NotFound, PlanError
 from mover.names import QualifiedName, display_ident
@@ -22,9 +24,11 @@ class Column:
     name: str
     type: str  # format_type(), e.g. "numeric(12,2)"
     type_oid: int
+    # The column holds no NULL: NOT NULL and validated (on 18 a NOT NULL constraint added NOT
+    # VALID marks the column NOT NULL while old rows may still hold NULL: mover/catalog/server.py)
     not_null: bool
     identity: str  # '' | 'a' (ALWAYS) | 'd' (BY DEFAULT)
-    generated: str  # '' | 's' (STORED)
+    generated: str  # '' | 's' (STORED) | 'v' (VIRTUAL, PostgreSQL 18)
     # (schema, name) of the column's collation when it is not its type's default: every
     # comparison of key values must use it (a log column or a cast bound would take the default)
     collation: tuple[str, str] | None = None
@@ -45,14 +49,21 @@ class Index:
     is_exclusion: bool
     definition_tail: str  # pg_get_indexdef() from " USING ..." on: trusted text produced by the catalog
     # pg_get_constraintdef() of the constraint this index backs, when only adding that constraint
-    # makes the index (BUILT_BY_CONSTRAINT: an exclusion constraint, whose index carries its name);
-    # None for an index CREATE INDEX builds (a plain or unique one, a PRIMARY KEY's, a UNIQUE's).
+    # makes the index (BUILT_BY_CONSTRAINT: an exclusion constraint or a temporal key, whose index
+    # carries its name); None for an index CREATE INDEX builds (a plain or unique one, a PRIMARY
+    # KEY's, a UNIQUE's).
     constraint_def: str | None = None
+    constraint_type: str | None = None  # its pg_constraint.contype: 'x', or 'p' / 'u' for a temporal key
 
     @property
     def by_constraint(self) -> bool:
         """Built (on the target) by ALTER TABLE ... ADD CONSTRAINT, not CREATE INDEX."""
         return self.constraint_def is not None
+
+    @property
+    def constraint_kind(self) -> str:
+        """What the constraint is called in messages."""
+        return "temporal key" if self.constraint_type in ("p", "u") else "exclusion constraint"
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,8 @@ class TableInfo:
 
     @property
     def copy_columns(self) -> tuple[Column, ...]:
-        """Columns whose values are copied (stored generated columns compute themselves)."""
+        """Columns whose values are copied (generated columns compute themselves: stored ones on
+        write, virtual ones on read)."""
         return tuple(c for c in self.columns if not c.generated)
 
 
@@ -125,9 +137,10 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
     if row is None:
         raise NotFound(f"table {name} does not exist", hint="check the table's name and schema in the plan")
     oid, relkind = row
-    cur.execute(
+    srv = server.of(cur)
+    cur.execute(sql.SQL(
         """
-        SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull,
+        SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, {not_null},
                a.attidentity, a.attgenerated,
                (SELECT ARRAY[cn.nspname, co.collname] FROM pg_collation co
                   JOIN pg_namespace cn ON cn.oid = co.collnamespace
@@ -139,23 +152,24 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
         FROM pg_attribute a
         WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum
-        """,
+        """).format(not_null=srv.not_null_validated("a")),
         (oid,),
     )
     columns = tuple(Column(r[0], r[1], r[2], r[3], r[4], r[5], tuple(r[6]) if r[6] else None, r[7], r[8], r[9])
                     for r in cur.fetchall())
-    key, key_index = _key(cur, oid, name)
+    key, key_index = _key(cur, oid, name, srv)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
 
 
 def key_index(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> str:
     """The name of the index describe() takes as the table's key."""
-    return _key(cur, oid, name)[1]
+    return _key(cur, oid, name, server.of(cur))[1]
 
 
-def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str, ...], str]:
-    """The primary key, else the narrowest unique index on plain NOT NULL columns, non-partial."""
-    cur.execute(
+def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Server) -> tuple[tuple[str, ...], str]:
+    """The primary key, else the narrowest unique index on plain NOT NULL columns (validated: a
+    NOT VALID one lets old rows hold NULL), non-partial."""
+    cur.execute(sql.SQL(
         """
         SELECT ic.relname, array_agg(a.attname ORDER BY k.ord)
         FROM pg_index i
@@ -166,26 +180,60 @@ def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str,
           AND i.indexprs IS NULL AND NOT i.indisexclusion
           AND k.ord <= i.indnkeyatts
         GROUP BY ic.relname, i.indisprimary, i.indnkeyatts
-        HAVING bool_and(a.attnotnull)
+        HAVING bool_and({not_null})
         ORDER BY i.indisprimary DESC, i.indnkeyatts, ic.relname
         LIMIT 1
-        """,
+        """).format(not_null=srv.not_null_validated("a")),
         (oid,),
     )
     row = cur.fetchone()
     if row is None:
-        raise PlanError(
-            f"table {name} has no primary key or unique index on NOT NULL columns",
-            hint="add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again",
-        )
+        raise _no_key(cur, oid, name, srv)
     return tuple(row[1]), row[0]
 
 
-# The constraints whose index only the constraint itself can make: CREATE INDEX builds the index of
-# an exclusion constraint without its operators, and ADD CONSTRAINT ... USING INDEX takes only a
-# PRIMARY KEY or UNIQUE one. (PostgreSQL 18's temporal keys, PRIMARY KEY / UNIQUE ... WITHOUT
-# OVERLAPS, are exclusion constraints underneath, conperiod set: they belong here too.)
-BUILT_BY_CONSTRAINT = "k.contype = 'x'"
+def _no_key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Server) -> PlanError:
+    """Why the table has no key mover can use, and the way out. A temporal key (PostgreSQL 18,
+    PRIMARY KEY / UNIQUE (..., col WITHOUT OVERLAPS)) is not one: its plain columns repeat in other
+    periods, and its index is a GiST exclusion index, which neither orders the backfill's and
+    reconcile's ranges nor serves the replay's ON CONFLICT. Its columns together do identify a row
+    where they are NOT NULL (two equal non-empty periods overlap, and it refuses empty ones): a
+    unique btree index on them is a key, built without a rewrite and without a conflict."""
+    hint = "add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again"
+    if not srv.temporal_constraints:
+        return PlanError(f"table {name} has no primary key or unique index on NOT NULL columns", hint=hint)
+    cur.execute(sql.SQL(
+        "SELECT pg_get_constraintdef(k.oid), array(SELECT a.attname FROM unnest(k.conkey) WITH ORDINALITY"
+        "   AS u(attnum, ord) JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.attnum ORDER BY u.ord),"
+        " (SELECT bool_and({not_null}) FROM pg_attribute a WHERE a.attrelid = k.conrelid AND a.attnum = ANY(k.conkey))"
+        " FROM pg_constraint k WHERE k.conrelid = %s AND k.contype IN ('p', 'u') AND {period}"
+        " ORDER BY k.contype, k.conname").format(not_null=srv.not_null_validated("a"), period=srv.conperiod("k")),
+        (oid,))
+    temporal = cur.fetchall()
+    if not temporal:
+        return PlanError(f"table {name} has no primary key or unique index on NOT NULL columns", hint=hint)
+    keys = ", ".join(definition for definition, _, _ in temporal)
+    usable = next((columns for _, columns, not_null in temporal if not_null), None)
+    if usable is not None:
+        hint = (f"give it a btree key over the same columns: CREATE UNIQUE INDEX CONCURRENTLY ON {name}"
+                f" ({', '.join(map(display_ident, usable))}) (the temporal key makes them unique together:"
+                f" no build conflict, no rewrite), or add a surrogate key (an identity column with a PRIMARY"
+                f" KEY); then check the plan again")
+    return PlanError(
+        f"table {name} has no primary key or unique index on NOT NULL columns ({keys}"
+        f" {'is a temporal key' if len(temporal) == 1 else 'are temporal keys'}: its plain columns repeat in"
+        f" other periods, and its GiST index can neither order mover's key ranges nor serve the replay's"
+        f" ON CONFLICT)", hint=hint)
+
+
+# The constraints whose index only the constraint itself can make: those that exclude pairs of rows
+# by operators (conexclop). CREATE INDEX builds the index of an exclusion constraint without its
+# operators, and ADD CONSTRAINT ... USING INDEX takes only a btree PRIMARY KEY or UNIQUE one.
+# PostgreSQL 18's temporal keys (PRIMARY KEY / UNIQUE (..., col WITHOUT OVERLAPS), conperiod set)
+# are such constraints underneath, with conexclop as an exclusion constraint's: `=` on the plain
+# columns, `&&` on the period. The same test on every version (no temporal key before 18), and the
+# one the replay's closures read (mover/sql/capture.py exclusion_constraints).
+BUILT_BY_CONSTRAINT = "k.conexclop IS NOT NULL"
 
 
 def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
@@ -197,23 +245,26 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
                pg_get_indexdef(i.indexrelid),
                format('CREATE %%sINDEX %%I ON %%s%%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
                       ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname),
-               (SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k
-                 WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid AND """ + BUILT_BY_CONSTRAINT + """)
+               k.definition, k.contype
         FROM pg_index i
         JOIN pg_class ic ON ic.oid = i.indexrelid
         JOIN pg_class c ON c.oid = i.indrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN LATERAL (SELECT pg_get_constraintdef(k.oid) AS definition, k.contype FROM pg_constraint k
+                            WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid
+                              AND """ + BUILT_BY_CONSTRAINT + """) k ON true
         WHERE i.indrelid = %s
         ORDER BY ic.relname
         """,
         (oid,),
     )
     out = []
-    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint in cur.fetchall():
+    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint, contype in cur.fetchall():
         if not definition.startswith(prefix) or not definition[len(prefix):].startswith("USING "):
             raise PlanError(f"cannot read the definition of index {iname!r}: {definition!r}",
                             hint="report this definition; mover does not handle this index form yet")
-        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):], constraint))
+        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):], constraint,
+                         contype))
     return tuple(out)
 
 
@@ -234,10 +285,13 @@ def index_comments(cur: psycopg.Cursor, index_oid: int) -> tuple[str | None, str
     return row[0], row[1]
 
 
-def unvalidated_checks(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str, str | None]]:
-    """(name, definition ending in NOT VALID, comment) of CHECK constraints existing rows may break."""
+def unvalidated_constraints(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str, str | None]]:
+    """(name, definition, comment) of the CHECK and NOT NULL constraints existing rows may break:
+    NOT VALID ones (the definition ends in NOT VALID), and CHECKs NOT ENFORCED (18). NOT NULL
+    constraints are rows of pg_constraint from PostgreSQL 18 on (contype 'n'), with a name and,
+    added by ALTER TABLE, possibly NOT VALID; before 18 there are none, and the query is the same."""
     cur.execute("SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint') FROM pg_constraint"
-                " WHERE contype = 'c' AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
+                " WHERE contype IN ('c', 'n') AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
     return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
 

@@ -65,7 +65,9 @@ SELECT jsonb_build_object(
                                  ELSE quote_ident(pg_get_userbyid(p.grantee)) END,
                                  CASE WHEN p.is_grantable THEN 'WITH GRANT OPTION' END) AS x
                 FROM aclexplode(a.attacl) p) g) END,
-            'security_labels', coalesce(cl.labels, '{}'))), '{}')
+            'security_labels', coalesce(cl.labels, '{}'),
+            -- PostgreSQL 18: the column's NOT NULL constraint is validated (NULL: none, or before 18)
+            'not_null_valid', nn.convalidated)), '{}')
         -- Joins, not a subquery per column (col_description is one): on a table of 800 columns
         -- the per-column form took most of the parity check's time under the swap's lock.
         FROM pg_attribute a
@@ -74,6 +76,7 @@ SELECT jsonb_build_object(
         LEFT JOIN (SELECT l.objsubid, jsonb_object_agg(l.provider, l.label) AS labels FROM pg_seclabel l
                    WHERE l.classoid = 'pg_class'::regclass AND l.objoid = c.oid GROUP BY l.objsubid) cl
                ON cl.objsubid = a.attnum
+        LEFT JOIN pg_constraint nn ON nn.conrelid = c.oid AND nn.contype = 'n' AND nn.conkey[1] = a.attnum
         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
     'index_comments', (SELECT coalesce(jsonb_object_agg(ic.relname, obj_description(ic.oid, 'pg_class'))
                                        FILTER (WHERE obj_description(ic.oid, 'pg_class') IS NOT NULL), '{}')
@@ -87,7 +90,8 @@ SELECT jsonb_build_object(
             'columns', (SELECT jsonb_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
                          WHERE a.attrelid = c.oid AND a.attnum = ANY(pr.prattrs::int2[])),
             'row_filter', pg_get_expr(pr.prqual, pr.prrelid))), '{}')
-        FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = c.oid),
+        FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = c.oid
+        AND p.pubname !~ '^mover_m[0-9]+_'),
     'statistics', (SELECT coalesce(jsonb_object_agg(s.stxname, jsonb_build_object(
             'definition', format('(%%s) ON %%s', array_to_string(array(
                 SELECT CASE k WHEN 'd' THEN 'ndistinct' WHEN 'f' THEN 'dependencies' WHEN 'm' THEN 'mcv' END
@@ -200,15 +204,15 @@ def compare(before: dict[str, Any], after: dict[str, Any], planned: Planned) -> 
     """Every difference between two parity descriptions (describe()), each marked planned,
     accepted or unplanned."""
     found = _raw(before, after, planned)
-    return [_classify(d, planned) for d in found]
+    return [_classify(d, planned, before, after) for d in found]
 
 
 def unplanned(diffs: list[Difference]) -> list[Difference]:
     return [d for d in diffs if d.status == "unplanned"]
 
 
-def _classify(d: Difference, p: Planned) -> Difference:
-    reason = _planned_reason(d, p)
+def _classify(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> Difference:
+    reason = _planned_reason(d, p, before, after)
     if reason:
         return Difference(d.kind, d.item, d.before, d.after, "planned", reason)
     if d.key in p.accepted or d.kind in p.accepted:
@@ -216,7 +220,7 @@ def _classify(d: Difference, p: Planned) -> Difference:
     return d
 
 
-def _planned_reason(d: Difference, p: Planned) -> str:
+def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> str:
     column = d.item.split(".", 1)[0] if d.kind.startswith("column_") else None
     if column is not None and column in p.columns and d.kind in ("column_type", "column_storage",
                                                                   "column_compression", "column_default"):
@@ -236,6 +240,12 @@ def _planned_reason(d: Difference, p: Planned) -> str:
     if d.kind == "constraint" and None in (d.before, d.after) and (d.item in p.renames.values()
                                                                     or d.item in p.renames) and not _exclusion(d):
         return "carried as a unique index under mover's name"
+    if (p.at_swap and d.kind == "column_not_null" and d.before and not d.after
+            and before.get("metadata", {}).get("columns", {}).get(column, {}).get("not_null_valid") is False):
+        return "NOT NULL ... NOT VALID (PostgreSQL 18): old rows may hold NULL; added as it was at the swap"
+    if (p.at_swap and d.kind == "constraint_comment" and d.after is None and d.item in before["constraints"]
+            and d.item not in after["constraints"]):
+        return "made at the swap, with its constraint"
     if p.at_swap and (d.kind == "index" or _exclusion(d)) and d.after is None:
         return "built after the backfill"
     if p.at_swap and (d.kind in SWAP_SET or d.kind in SWAP_MADE and d.after is None):
@@ -244,10 +254,19 @@ def _planned_reason(d: Difference, p: Planned) -> str:
 
 
 def _exclusion(d: Difference) -> bool:
-    """An exclusion constraint's difference: a partitioned table takes the constraint as it is
-    (where PostgreSQL allows one at all: plan check refuses the others), so partitioning plans
-    none of it; and one that went missing must not pass as the new key's."""
-    return d.kind == "constraint" and any(isinstance(v, str) and v.startswith("EXCLUDE ") for v in (d.before, d.after))
+    """An exclusion constraint's difference, or a temporal key's (PostgreSQL 18: PRIMARY KEY /
+    UNIQUE (..., col WITHOUT OVERLAPS), an exclusion constraint underneath): a partitioned table
+    takes the constraint as it is (where PostgreSQL allows one at all: plan check refuses the
+    others), so partitioning plans none of it; and one that went missing must not pass as the new
+    key's, nor as a unique index carried under mover's name (it is built as the constraint it is).
+    Read from the catalog's definition text: a quoted column name that reads like WITHOUT OVERLAPS
+    can only make a difference unplanned, which refuses the swap rather than pass it."""
+    return d.kind == "constraint" and any(isinstance(v, str) and _builds_own_index(v) for v in (d.before, d.after))
+
+
+def _builds_own_index(definition: str) -> bool:
+    return definition.startswith("EXCLUDE ") or (
+        definition.startswith(("PRIMARY KEY (", "UNIQUE (")) and " WITHOUT OVERLAPS)" in definition)
 
 
 def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Difference]:

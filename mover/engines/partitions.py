@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect
+from mover.catalog import introspect, server
 from mover.db import one
 from mover.errors import PlanError
 from mover.plan import PartitionSpec
@@ -274,7 +274,9 @@ def check_plan(cur: psycopg.Cursor, spec: PartitionSpec, source: names.Qualified
                         f"partitioned tables", hint="ALTER TABLE ... SET LOGGED first")
     pcols = set(spec.columns)
     new_key = key_columns(info.key, spec)
-    lacking = [ix for ix in info.indexes if ix.is_unique and ix.name != info.key_index]
+    # A temporal key's index is unique too; plan check judges it with the exclusion constraints
+    # (checks/refused_objects.py), by its operators rather than its columns.
+    lacking = [ix for ix in info.indexes if ix.is_unique and ix.name != info.key_index and not ix.by_constraint]
     cur.execute("SELECT i.indexrelid, array(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = i.indrelid"
                 " AND a.attnum = ANY (i.indkey::int2[])) FROM pg_index i WHERE i.indrelid = %s", (info.oid,))
     index_columns = {r[0]: set(r[1]) for r in cur.fetchall()}
@@ -541,8 +543,7 @@ PARTMAN_INTERVALS = {"day": "1 day", "month": "1 month", "year": "1 year"}
 
 
 def partman_package(cur: psycopg.Cursor) -> str:
-    cur.execute("SELECT current_setting('server_version_num')::int / 10000")
-    return f"postgresql-{one(cur)[0]}-partman"
+    return server.package_name(cur, "partman")
 
 
 def partman_schema(cur: psycopg.Cursor) -> str | None:

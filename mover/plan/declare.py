@@ -351,12 +351,20 @@ class Setting:
     missing: str | None = None  # the hint when a required key is missing
     was: tuple[str, ...] = ()  # older spellings of the key, read with a warning
     stored: str = ""  # where the canonical form keeps it ("section.attr" unless given; forms registered before)
-    only_set: bool = False  # stored only when not its default, so canonical forms registered before it stay the same
+    # Stored (and written back) only when set away from its default, so that canonical forms registered
+    # before it existed stay the same.
+    only_set: bool = False
     default_from: Callable[[Any, dict[str, Any]], Any] | None = None  # (default, values read before) -> default
     shown: str | None = None  # docs/plan.md's Default cell, when not the default value itself
     key: str = ""
     attr: str = ""
     section: str = ""
+
+    def left_unset(self, value: Any) -> bool:
+        """An only_set setting at its default (or empty where its default is empty too): left out of the
+        canonical form and the document. An empty value away from a non-empty default ("off", 0 bytes,
+        where the default is a limit) is stored: leaving it out would read back as the default."""
+        return self.only_set and (value == self.default or (not value and not self.default))
 
     def fresh_default(self) -> Any:
         return dict(self.default) if isinstance(self.default, dict) else self.default
@@ -464,7 +472,7 @@ def store(plan: Any, order: tuple[str, ...] = ()) -> dict[str, Any]:
     for part in layout(type(plan)):
         for s in part.settings:
             value = getattr(held(plan, part), s.attr)
-            if s.only_set and value == s.fresh_default():
+            if s.left_unset(value):
                 continue
             *parents, last = s.path.split(".")
             place = out

@@ -120,6 +120,14 @@ class CutoverSettings:
     accept_parity: tuple[str, ...] = setting(
         Strings("must list the differences `mover parity NAME` names",
                 'e.g. accept_parity = ["grant:SELECT TO reporting"]'), (), only_set=True)
+    # The query rehearsal (mover/engines/query_rehearsal.py, `mover rehearse NAME`): with rehearse,
+    # the cutover's preflight refuses the swap while a statement pg_stat_statements recorded on the
+    # source plans markedly worse on the target. Stored only when set: plans registered before read the same.
+    rehearse: bool = setting(Flag(), False, settable=True, only_set=True)
+    rehearse_statements: int = setting(Count(1, 1000, 'e.g. rehearse_statements = 50'), 20, settable=True,
+                                       only_set=True)
+    rehearse_cost_factor: int = setting(Count(2, 1_000_000, 'e.g. rehearse_cost_factor = 4'), 2, settable=True,
+                                        only_set=True)
 
 
 @section("rollback")
@@ -172,6 +180,24 @@ class ThrottleSettings:
     max_wal_per_second: int = setting(Size(), 0, settable=True, only_set=True)
 
 
+@section("capture", effect="at the next replication slot mover creates",
+         written=lambda plan: plan.capture != CaptureSettings())
+@dataclass(frozen=True)
+class CaptureSettings:
+    # How the source's changes reach the change log: a row trigger in the application's
+    # transactions, or mover reading the WAL through a replication slot (mover/engines/logical.py;
+    # docs/operating.md "Choosing a capture method"). Decided at registration.
+    method: str = setting(Choice(("trigger", "logical"), 'e.g. method = "logical"'), "trigger",
+                          registration_only=True, only_set=True)
+    # How long creating the slot may wait for the transactions running when it starts to end.
+    slot_wait_ms: int = setting(Duration(1000, 3_600_000, "1s and 1h", 'e.g. slot_wait = "60s"'), 60_000,
+                                only_set=True)
+
+    @property
+    def logical(self) -> bool:
+        return self.method == "logical"
+
+
 def _upkeep_fits_the_partitioning(s: Read, plan: dict[str, Read], problems: Problems) -> None:
     target = plan["target"]
     partition: PartitionSpec | None = target.values["partition"]
@@ -219,6 +245,7 @@ class Plan(TargetKeys, MigrationKeys):
     reconcile: ReconcileSettings = nested(ReconcileSettings)
     throttle: ThrottleSettings = nested(ThrottleSettings)
     upkeep: PartitionUpkeep = nested(PartitionUpkeep)
+    capture: CaptureSettings = nested(CaptureSettings)
     hooks: dict[str, Hook] = setting(HookTables(), {}, section="hooks", effect="at the hook's next run")
     document: dict[str, Any] = field(default_factory=dict, compare=False)
 

@@ -108,9 +108,9 @@ def test_each_bound_is_enforced_naming_the_key(s):
 
 def test_sections_list_their_keys_in_the_files_order():
     assert list(KEYS) == ["migration", "target", "backfill", "cutover", "rollback", "reconcile", "throttle",
-                          "partitions", "hooks"]
+                          "partitions", "capture", "hooks"]
     assert [p.holder for p in SECTIONS] == [None, None, "backfill", "cutover", "rollback", "reconcile", "throttle",
-                                            "upkeep", None]
+                                            "upkeep", "capture", None]
 
 
 # A repeated table section that takes [target]'s keys, as issue 27's [[also]] will: declared by

@@ -148,7 +148,7 @@ def decide(prev: Decision, now: float, *, latency_ms: float | None, wal_per_seco
         return d, events
     if prev.wait is not None:
         held = now - (prev.waiting_since or now)
-        events.append(Event("throttle_resumed", f"going on: {prev.wait} no longer ({held:.1f} s waited)",
+        events.append(Event("throttle_resumed", f"going on after waiting {held:.1f} s ({prev.wait})",
                             {"was": prev.wait, "seconds": round(held, 1)}))
         d = replace(d, wait=None, waiting_since=None, state="throttled" if prev.throttled_since else "ok")
     if not limits.governed:
@@ -258,25 +258,32 @@ class Slot:
 
 
 def slot_wait(slots: Sequence[Slot], keep_size: int, limit: int, wal_per_second: float,
-              ignore: frozenset[str] = frozenset()) -> str | None:
+              ignore: frozenset[str] = frozenset(), own: frozenset[str] = frozenset()) -> str | None:
     """Why mover waits for a replication slot, if it does: a slot near invalidation under
     max_slot_wal_keep_size (`keep_size` bytes, -1: unlimited), or holding back more than `limit`
-    bytes ([throttle] max_slot_wal, 0: no limit). `ignore`: slots the caller itself consumes
-    (waiting on them would stop their consumer: throttle.own_slots). A lost slot retains
-    nothing: waiting would not bring it back."""
+    bytes ([throttle] max_slot_wal, 0: no limit). `own`: mover's own slots (its logical capture),
+    watched as any other and named as mover's, with what frees them. `ignore`: slots the caller
+    itself consumes (waiting on them would stop their consumer: throttle.Governor.reason). A lost
+    slot retains nothing: waiting would not bring it back (the feed of mover's own stops the
+    migration with SlotLost)."""
     margin = max(keep_size * SLOT_MARGIN_FRACTION, wal_per_second * SLOT_MARGIN_SECONDS) if keep_size >= 0 else 0
     for s in sorted(slots, key=lambda s: -(s.retained or 0)):
         if s.name in ignore or s.wal_status == "lost" or s.retained is None:
             continue
+        name = f"replication slot {s.name}"
+        after = ""
+        if s.name in own:
+            name = f"mover's own {name} (its logical capture)"
+            after = "; its feeder goes on reading it meanwhile"
         if s.wal_status == "unreserved":
-            return (f"replication slot {s.name} is about to lose WAL it needs (wal_status unreserved: "
-                    f"{human_bytes(s.retained)} held back, max_slot_wal_keep_size {human_bytes(keep_size)})")
+            return (f"{name} is about to lose WAL it needs (wal_status unreserved: "
+                    f"{human_bytes(s.retained)} held back, max_slot_wal_keep_size {human_bytes(keep_size)}){after}")
         if keep_size >= 0 and s.safe_wal_size is not None and s.safe_wal_size < margin:
-            return (f"replication slot {s.name} is {human_bytes(max(s.safe_wal_size, 0))} from invalidation under "
-                    f"max_slot_wal_keep_size {human_bytes(keep_size)} (mover keeps {human_bytes(margin)} clear)")
+            return (f"{name} is {human_bytes(max(s.safe_wal_size, 0))} from invalidation under "
+                    f"max_slot_wal_keep_size {human_bytes(keep_size)} (mover keeps {human_bytes(margin)} clear){after}")
         if limit and s.retained > limit:
-            return (f"replication slot {s.name} holds back {human_bytes(s.retained)} of WAL, over "
-                    f"{human_bytes(limit)} ([throttle] max_slot_wal)")
+            return (f"{name} holds back {human_bytes(s.retained)} of WAL, over "
+                    f"{human_bytes(limit)} ([throttle] max_slot_wal){after}")
     return None
 
 

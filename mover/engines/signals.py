@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 
 from mover.db import one
+from mover.engines import logical
 from mover.engines.pacing import Archiver, Slot, Standby
 
 PROBE_STATEMENT_TIMEOUT = "2s"  # a probe this slow is read as this slow: the engines back off hard
@@ -39,6 +40,12 @@ class Readings:
     keep_size: int = -1  # max_slot_wal_keep_size in bytes; -1: unlimited
     archiver: Archiver | None = None
     sessions: dict[str, int] = field(default_factory=dict)  # active application sessions by what they wait on
+    own: logical.SlotHealth | None = None  # the migration's own slot (logical capture), as `mover status` reads it
+
+    @property
+    def own_slots(self) -> frozenset[str]:
+        """The slots the migration's own capture consumes (its logical capture's, while installed)."""
+        return frozenset({self.own.slot}) if self.own is not None and self.own.exists else frozenset()
 
     def as_dict(self) -> dict[str, Any]:
         """For the status and plan check (JSON)."""
@@ -54,6 +61,7 @@ class Readings:
                 "last_failed_wal": a.failed_wal,
                 "failing": bool(a.failed_at and (a.archived_at is None or a.failed_at > a.archived_at))},
             "application_sessions": self.sessions,
+            "own_slot": None if self.own is None else self.own.as_dict(),
         }
 
 
@@ -65,8 +73,11 @@ def _setting_bytes(value: str, unit: str | None) -> int:
     return n if n < 0 else n * _SIZE_UNITS.get(unit or "B", 1)
 
 
-def read(cur: psycopg.Cursor) -> Readings:
-    """The guards' view of the server, in the caller's transaction (on the primary)."""
+def read(cur: psycopg.Cursor, mid: int | None = None) -> Readings:
+    """The guards' view of the server, in the caller's transaction (on the primary); with `mid`,
+    that migration's own slot as logical capture reads it (mover/engines/logical.py health: the
+    WAL it retains and its wal_status, the same figures `mover status` shows), in place of its
+    row of pg_replication_slots."""
     at = time.monotonic()
     cur.execute(
         "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::bigint,"
@@ -100,8 +111,13 @@ def read(cur: psycopg.Cursor) -> Readings:
                 " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
                 " AND application_name OPERATOR(pg_catalog.!~) '^mover[^:]*:' GROUP BY 1 ORDER BY 1")
     sessions = {str(kind): int(n) for kind, n in cur.fetchall()}
+    own = logical.health(cur, mid) if mid is not None else None
+    if own is not None and own.exists:
+        slots = tuple(s for s in slots if s.name != own.slot) + (
+            Slot(own.slot, "logical", own.active_pid is not None, own.wal_status, own.retained_bytes,
+                 own.safe_wal_size),)
     return Readings(at, int(lsn), standbys, bool(visible), slots, _setting_bytes(keep, keep_unit), archiver,
-                    sessions)
+                    sessions, own)
 
 
 def probe(conn: psycopg.Connection, write: Callable[[psycopg.Cursor], None]) -> tuple[float, bool]:

@@ -12,9 +12,9 @@ mover/engines/pacing.py, what it reads mover/engines/signals.py):
   of their time the engines work: they rest elapsed * (1 - duty) / duty after each unit of work
   and ask for ranges duty times their size. [throttle] max_wal_per_second feeds the same duty.
 - The guards are waits: a standby lagging more than [backfill] max_replica_lag or gone (failing
-  closed), a replication slot near invalidation or over [throttle] max_slot_wal, archiving
-  failing or more than [throttle] max_archive_backlog behind. `mover pause` and the rows/s caps
-  stay what they were, inputs of the same gate.
+  closed), a replication slot (any, mover's own included) near invalidation or over [throttle]
+  max_slot_wal, archiving failing or more than [throttle] max_archive_backlog behind. `mover
+  pause` and the rows/s caps stay what they were, inputs of the same gate.
 
 Invariants:
 - One decision per migration, whatever the number of processes: the process that holds the
@@ -29,6 +29,13 @@ Invariants:
 - Asked only between units of work, never inside one: a range, an applier batch, an index build
   (a CREATE INDEX cannot be paced once started: only whether and when the next one starts, and
   how many at once), ANALYZE (waits at its start).
+- The capture is never paced. A slot that mover's own capture consumes (logical capture) holds the
+  bulk engines like any slot, but never the engine that consumes it (the backfill's applier); and
+  while a guard holds the engines, the process that probes feeds the change log from that slot
+  itself (Governor._keep_fed), so that no wait (a standby, a subscriber's slot, mover's own slot during the
+  index builds or a reconcile pass, when no applier runs) leaves mover's slot unread until the
+  server invalidates it. The feed writes only the keys the trigger would have written in the
+  application's own transactions.
 - A Governor is per process and migration, shared by any number of loops (threads); a Throttle is
   one loop's view of it, with the loop's own rows/s cap.
 """
@@ -39,7 +46,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,13 +55,14 @@ import psycopg
 
 from mover import threads
 from mover.db import Database, bind, connect
-from mover.engines import pacing, signals
+from mover.engines import logical, pacing, signals
+from mover.engines.context import Context
 from mover.plan import Plan, percent, plan_from_canonical
 from mover.state import control
 from mover.state import throttle as rows
 
 if TYPE_CHECKING:
-    from mover.engines.context import Context, Reporter
+    from mover.engines.context import Reporter
 
 log = logging.getLogger("mover.throttle")
 
@@ -62,6 +70,7 @@ RECHECK_SECONDS = 1.0  # how long an engine waits on a reason before asking agai
 GUARD_SECONDS = 1.0  # between two readings of the guards (and of the plan: `mover set` takes effect)
 STALE_SECONDS = 5.0  # an engine waits when its governor has decided nothing for this long
 BASELINE_SPACING = 0.1  # between the probes that measure the baseline
+FEED_SECONDS = 1.0  # between two feeds of mover's own slot while a guard holds the engines
 
 
 @dataclass
@@ -94,21 +103,16 @@ def limits_of(plan: Plan, baseline_ms: float | None) -> pacing.Limits:
         max_archive_backlog=t.max_archive_backlog)
 
 
-def own_slots(cur: psycopg.Cursor, migration: control.Migration) -> frozenset[str]:
-    """The replication slots this migration's own capture consumes. The slot guard watches every
-    slot for the bulk engines, these included (what they write, the slot holds back until the
-    capture reads it); but the engine that consumes a slot never waits on it, or it would stop
-    the only thing that frees it. None yet: the trigger capture has no slot."""
-    return frozenset()
-
-
 def guard_wait(r: signals.Readings, limits: pacing.Limits, seen: frozenset[str], wal_per_second: float,
                ignore: frozenset[str] = frozenset()) -> tuple[str | None, frozenset[str]]:
     """The first guard that holds the engines, if one does (standbys, slots, archiving), and the
-    standbys seen streaming so far."""
+    standbys seen streaming so far. The slot guard watches every slot, the migration's own
+    (r.own_slots: what the bulk engines write, it holds back until the capture reads it)
+    included; `ignore`: the slots of the engine that asks, which consumes them and so never waits
+    on them (it would stop the only thing that frees them)."""
     lag_limit = limits.max_replica_lag_ms if r.standbys_visible else 0
     standby, seen = pacing.standby_wait(r.standbys, seen, lag_limit)
-    slot = pacing.slot_wait(r.slots, r.keep_size, limits.max_slot_wal, wal_per_second, ignore)
+    slot = pacing.slot_wait(r.slots, r.keep_size, limits.max_slot_wal, wal_per_second, ignore, r.own_slots)
     return standby or slot or pacing.archive_wait(r.archiver, limits.max_archive_backlog), seen
 
 
@@ -116,10 +120,12 @@ class Governor:
     """The throttle of one migration in one process, shared by every loop of it (thread-safe:
     the engines read an immutable decision that the sampler thread replaces)."""
 
-    def __init__(self, dsn: str, migration: control.Migration, *, report: Reporter | None = None):
+    def __init__(self, dsn: str, migration: control.Migration, *, report: Reporter | None = None,
+                 feed: Callable[[], object] | None = None):
         self.dsn, self.mid, self.migration = dsn, migration.id, migration
         self.owner = f"{control.new_owner_id()}:governor"
         self.report = report
+        self.feed = feed  # feeds the change log from mover's own slot (logical capture), or None
         self.decision = pacing.Decision(state="measuring")
         self.decided_at = time.monotonic()
         self.phase: str | None = None
@@ -187,12 +193,17 @@ class Governor:
         self._db.transaction(bind(rows.lead, self.mid, self.owner, phase), label="governor")
         self.leading = True
         self._measure()
-        self._thread.start(self._run, f"mover-governor-{self.mid}")
+        self._start()
 
     def follow(self) -> None:
         """Follow the published decision from this process (`mover worker`); take the probe over
         when nobody probes."""
+        self._start()
+
+    def _start(self) -> None:
         self._thread.start(self._run, f"mover-governor-{self.mid}")
+        if self.feed is not None:
+            self._thread.start(self._keep_fed, f"mover-governor-feed-{self.mid}")
 
     def close(self) -> None:
         """Stop the thread; the row says idle if this process held the probe. Raises what the
@@ -229,6 +240,23 @@ class Governor:
                 if self._probe_conn is not None and (self._probe_conn.broken or self._probe_conn.closed):
                     self._probe_conn = None
             self._halt.wait(max(0.0, pacing.PROBE_SECONDS - (time.monotonic() - started)))
+
+    def _keep_fed(self) -> None:
+        """While a guard holds the engines (and this process probes), feed the change log from
+        mover's own slot every FEED_SECONDS: the engine that would (the backfill's applier, a
+        reconcile worker between ranges) may be waiting, or none runs (the index builds). A feed
+        another session is doing is skipped (logical.feed without catch_up). What it raises but a
+        database error (SlotLost, ShapeChanged) the engines raise at their next question."""
+        assert self.feed is not None
+        while not self._halt.wait(FEED_SECONDS):
+            if not self.leading or self.decision.wait is None:
+                continue
+            try:
+                self.feed()
+            except psycopg.Error as exc:  # the next round tries again, as the applier's next batch would
+                log.warning("could not feed the change log of migration %s from its slot while waiting (%s: %s); "
+                            "retrying", self.mid, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc)
+                            else "")
 
     def _conn(self) -> psycopg.Connection:
         if self._probe_conn is None or self._probe_conn.closed or self._probe_conn.broken:
@@ -290,11 +318,10 @@ class Governor:
                 "throttled": d.throttled, "throttled_for": took if d.throttled else 0.0, "readings": readings}
 
     def _read_guards(self, now: float) -> None:
-        def read(cur: psycopg.Cursor) -> tuple[control.Migration, signals.Readings, frozenset[str]]:
-            m = control.get_by_id(cur, self.mid)
-            return m, signals.read(cur), own_slots(cur, m)
+        def read(cur: psycopg.Cursor) -> tuple[control.Migration, signals.Readings]:
+            return control.get_by_id(cur, self.mid), signals.read(cur, self.mid)
 
-        m, r, own = self._db.transaction(read, label="governor")
+        m, r = self._db.transaction(read, label="governor")
         self._guards_at, self.migration, self.readings = now, m, r
         self.limits = limits_of(plan_from_canonical(m.plan), self.baseline_ms)
         self._lsns.append((r.at, r.lsn))
@@ -309,7 +336,7 @@ class Governor:
                                        "max_replica_lag = \"0s\" in the plan (no standby to watch)"})
         rate = pacing.wal_rate(self._lsns) or 0.0
         self._wait, seen = guard_wait(r, self.limits, self._seen, rate)
-        self._consumer_wait, _ = guard_wait(r, self.limits, self._seen, rate, own)
+        self._consumer_wait, _ = guard_wait(r, self.limits, self._seen, rate, r.own_slots)
         self._seen = seen
 
     def _follow_tick(self) -> None:
@@ -339,11 +366,12 @@ class Governor:
             self.report("throttle", event=kind, message=message)
 
 
-def describe(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
+def describe(cur: psycopg.Cursor, plan: Plan, mid: int | None = None) -> dict[str, Any]:
     """What `mover plan check` says of the governor: one line per input, read now from the same
     views and judged by the same functions as the governor's (describe == run), and the guard
-    that would hold mover at its first range if it started now."""
-    r = signals.read(cur)
+    that would hold mover at its first range if it started now. `mid`: a registered migration,
+    whose own slot (logical capture) is named as such."""
+    r = signals.read(cur, mid)
     limits = limits_of(plan, None)
     t = plan.throttle
     h = pacing.human_bytes
@@ -371,7 +399,8 @@ def describe(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
         lines.append(f"standbys: {len(r.standbys)} ({streaming or 'none'}); mover waits while one lags more than "
                      f"{lag / 1000:g}s, or stops streaming ([backfill] max_replica_lag)")
     keep = "unlimited" if r.keep_size < 0 else h(r.keep_size)
-    held = ", ".join(f"{s.name} holds back {h(s.retained or 0)} ({s.wal_status})" for s in r.slots)
+    held = ", ".join(f"{s.name}{' (mover' + chr(39) + 's own)' if s.name in r.own_slots else ''} holds back "
+                     f"{h(s.retained or 0)} ({s.wal_status})" for s in r.slots)
     lines.append(f"replication slots: {len(r.slots)}{f' ({held})' if held else ''}; mover waits while one holds back "
                  + (f"more than {h(t.max_slot_wal)} ([throttle] max_slot_wal) or " if t.max_slot_wal else "")
                  + f"nears invalidation (max_slot_wal_keep_size {keep})")
@@ -402,25 +431,43 @@ def governing(ctx: Context, phase: str) -> Iterator[Governor]:
         finally:
             ctx.governor.phase = outer
         return
-    gov = Governor(ctx.db.dsn, ctx.migration, report=ctx.report)
-    try:
-        gov.lead(phase)
-        ctx.governor = gov
-        yield gov
-    finally:
-        ctx.governor = None
-        gov.close()
+    with feeding(ctx) as feed:
+        gov = Governor(ctx.db.dsn, ctx.migration, report=ctx.report, feed=feed)
+        try:
+            gov.lead(phase)
+            ctx.governor = gov
+            yield gov
+        finally:
+            ctx.governor = None
+            gov.close()
 
 
 @contextmanager
-def following(dsn: str, migration: control.Migration, report: Reporter | None = None) -> Iterator[Governor]:
-    """The governor of a `mover worker` process: it follows the published decision."""
-    gov = Governor(dsn, migration, report=report)
+def following(ctx: Context) -> Iterator[Governor]:
+    """The governor of a `mover worker` process (ctx: its migration, database and stop flag): it
+    follows the published decision, and does what the orchestrator's does if it takes the probe over."""
+    with feeding(ctx) as feed:
+        gov = Governor(ctx.db.dsn, ctx.migration, report=ctx.report, feed=feed)
+        try:
+            gov.follow()
+            yield gov
+        finally:
+            gov.close()
+
+
+@contextmanager
+def feeding(ctx: Context) -> Iterator[Callable[[], object] | None]:
+    """What keeps mover's own slot read while a guard holds the engines (Governor._keep_fed): one
+    bounded feed of ctx's migration, in a session of its own; None without logical capture."""
+    if not logical.enabled(ctx) or ctx.swapped:
+        yield None
+        return
+    fctx = Context(db=ctx.db.sibling(role="mover-feeder"), migration=ctx.migration, owner=ctx.owner,
+                   report=ctx.report, stop=ctx.stop, lease_lost=ctx.lease_lost)
     try:
-        gov.follow()
-        yield gov
+        yield lambda: logical.feed(fctx, catch_up=False)
     finally:
-        gov.close()
+        fctx.db.close()
 
 
 @dataclass

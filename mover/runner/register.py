@@ -67,7 +67,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         if existing is not None and existing.state != "aborted":
             same_shape(existing, plan)
             changes = edits_check.check(cur, existing, plan)
-            guards = governor_lines(cur, plan, existing.source)
+            guards = governor_lines(cur, plan, existing.source, existing.id)
             return ({"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                      "edits": [{"key": c.key, "takes_effect": c.effect} for c in changes],
                      "steps": [], **guards, **hooks_and_warnings(plan, guards.pop("warnings"))}, existing)
@@ -92,11 +92,11 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         return describe(cur)
 
 
-def governor_lines(cur: psycopg.Cursor, plan: Plan, source: QualifiedName) -> dict[str, Any]:
+def governor_lines(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, mid: int | None = None) -> dict[str, Any]:
     """What plan check says of the throttle (one line per input, from the governor's own readings
     and verdicts) and the backfill's preflight (the space and the WAL it takes), and a warning
     when a guard would hold mover at its first range now."""
-    guards = throttle.describe(cur, plan)
+    guards = throttle.describe(cur, plan, mid)
     pre = backfill.preflight(cur, source, plan.columns)
     warnings = [f"mover would wait at its first range now: {guards['wait']}"] if guards["wait"] else []
     return {"throttle": guards["lines"], "preflight": pre["lines"],

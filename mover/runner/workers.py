@@ -64,14 +64,14 @@ def serve(db: Database, m: control.Migration, kind: str, threads: int, report: R
 
     # The migration's governor, as published by the process that probes (the orchestrator): the
     # same budget and guards as its own engines; this process probes when nobody else does.
-    with throttle.following(db.dsn, m, report) as governor:
+    ctx = Context(db=db, migration=m, owner=control.new_owner_id(), report=report, stop=stop, lease_lost=lost)
+    with throttle.following(ctx) as governor:
         workers: list[rangework.RangeWorker]
         if kind == backfill_engine.KIND:
             workers = [backfill_engine.Worker(db.dsn, m, ranges.worker_id(i), stop=stop, lost=lost, registry=registry,
                                               report=report, n_workers=threads, governor=governor)
                        for i in range(threads)]
         else:
-            ctx = Context(db=db, migration=m, owner=control.new_owner_id(), report=report, stop=stop, lease_lost=lost)
             spec = db.transaction(lambda cur: reconcile_engine.spec_for(cur, ctx.mapping(cur)))
             result = reconcile_engine.PassResult("helper")
             workers = [reconcile_engine.Worker(db.dsn, m, ranges.worker_id(i), spec, result, stop=stop, lost=lost,

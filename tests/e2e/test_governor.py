@@ -16,31 +16,15 @@ import pytest
 
 from mover import api
 from mover.demo.embedded import EmbeddedPostgres
-from tests.workload import app_execute, assert_oracle, create_orders, finish, mover, spawn, write_plan
-
-PLAN = """
-[migration]
-name = "gov"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = {range_rows}
-max_rows = {range_rows}
-max_rows_per_second = {cap}
-
-[rollback]
-window = "1h"
-
-[throttle]
-{throttle}
-"""
+from tests.workload import Writer, app_execute, assert_oracle, create_orders, finish, mover, plan_file, spawn
 
 
-def plan_file(tmp_path, *, range_rows=2_000, cap=4_000, throttle=""):
-    return write_plan(tmp_path / "gov.toml", PLAN.format(range_rows=range_rows, cap=cap, throttle=throttle))
+def gov_plan(tmp_path, *, range_rows=2_000, cap=4_000, **sections) -> str:
+    """The plan of these tests: ranges of `range_rows`, a rows/s cap (0: none), and any other section
+    (`throttle={"probe_latency": "25ms"}`, `capture={"method": "logical"}`)."""
+    return plan_file(tmp_path, "gov", columns={"id": "bigint"},
+                     backfill={"range_rows": range_rows, "max_rows": range_rows, "max_rows_per_second": cap},
+                     **sections)
 
 
 def wait_for(predicate, what: str, *procs, timeout: float = 120):
@@ -147,7 +131,7 @@ def test_an_application_burst_throttles_the_backfill_which_resumes_after_it(db_d
     # An absolute budget for the probe: far over a quiet server's commits, far under a burst's.
     create_orders(db_dsn, 60_000)
     query(db_dsn, "CREATE TABLE app_log (id bigserial PRIMARY KEY, body text)")
-    plan = plan_file(tmp_path, throttle='probe_latency = "25ms"')
+    plan = gov_plan(tmp_path, throttle={"probe_latency": "25ms"})
     writer = TimedWriter(db_dsn).start()
     proc = spawn(db_dsn, "run", plan)
     burst = Burst(db_dsn)
@@ -221,7 +205,7 @@ def test_a_stalled_slot_holds_mover_before_its_limit_and_is_never_invalidated(tm
         create_orders(dsn, 150_000)
         query(dsn, "SELECT pg_create_logical_replication_slot('stalled', 'pgoutput')")
         query(dsn, "CHECKPOINT")
-        plan = plan_file(tmp_path, range_rows=5_000, cap=0, throttle='max_slot_wal = "16MB"')
+        plan = gov_plan(tmp_path, range_rows=5_000, cap=0, throttle={"max_slot_wal": "16MB"})
         statuses: list[str] = []
         stop = threading.Event()
 
@@ -283,9 +267,99 @@ def test_a_stalled_slot_holds_mover_before_its_limit_and_is_never_invalidated(tm
         assert_oracle(dsn, "Orders", "Orders_new")
 
 
+def own_slot(dsn) -> dict:
+    """mover's own slot (logical capture) as `mover status` shows it: wal_status, retained_bytes, changes fed."""
+    return api.status(dsn, "gov")["capture"]["slot"]
+
+
+def worker_waits(dsn, prefix) -> str | None:
+    rows = query(dsn, "SELECT waiting_for FROM mover.workers WHERE waiting_for LIKE %s", (prefix + "%",))
+    return rows[0][0] if rows else None
+
+
+def test_movers_own_slot_is_watched_and_kept_fed_while_a_guard_holds_the_engines(tmp_path):
+    # Logical capture: mover's own slot holds back the WAL of everything (the copy's first of all)
+    # until its feeder reads it. The slot guard watches it like any slot, and names it as mover's;
+    # the applier that feeds it is never held by it. And while any guard holds every engine, the
+    # applier among them (here a subscriber's stalled slot), the governor goes on feeding mover's
+    # slot: a wait must not leave mover's own slot unread until the server invalidates it.
+    with EmbeddedPostgres(fast=True, settings={"wal_level": "logical", "max_slot_wal_keep_size": "256MB"}) as pg:
+        dsn = pg.dsn
+        api.init(dsn)
+        create_orders(dsn, 200_000)
+        # 10,000 rows/s: a copy of 20 s, long enough for a subscriber's slot to stall in the middle.
+        plan = gov_plan(tmp_path, range_rows=5_000, cap=10_000, capture={"method": "logical"},
+                        throttle={"max_slot_wal": "8MB", "max_latency_increase": "off"})
+        statuses: list[str] = []
+        stop = threading.Event()
+
+        def checkpoints():
+            # The slots' wal_status throughout, from outside mover; and once asked, a checkpoint a
+            # second. A logical slot's restart point moves only to a running-transactions record
+            # its consumer has read past: the server's background writer logs one every 15 s, a
+            # checkpoint logs one at once (a busy server's frequent checkpoints, sooner).
+            while not stop.wait(0.2):
+                statuses.extend(r[0] for r in query(dsn, "SELECT wal_status FROM pg_replication_slots"))
+                if checkpointing.is_set():
+                    query(dsn, "CHECKPOINT")
+        checkpointing = threading.Event()
+        watcher = threading.Thread(target=checkpoints, daemon=True)
+        watcher.start()
+        writer = Writer(dsn, delay=0.02).start()
+        proc = spawn(dsn, "run", plan)
+        try:
+            # mover's own slot over the limit: the copy waits, and status says whose slot it is.
+            def own_wait() -> dict | None:
+                if not query(dsn, "SELECT 1 FROM mover.migrations WHERE name = 'gov'"):
+                    return None  # not registered yet
+                st = api.status(dsn, "gov")
+                return st if (st["throttle"] or {}).get("wait", "") and \
+                    st["throttle"]["wait"].startswith("mover's own replication slot") else None
+            st = wait_for(own_wait, "the copy to wait for mover's own slot", proc)
+            why = st["throttle"]["wait"]
+            assert st["throttle"]["state"] == "waiting" and why.startswith("mover's own replication slot mover_m") \
+                and "(its logical capture) holds back" in why \
+                and "([throttle] max_slot_wal); its feeder goes on reading it meanwhile" in why, why
+            assert st["capture"]["slot"]["wal_status"] in ("reserved", "extended"), st["capture"]["slot"]
+            # Its feeder (the applier, which the wait does not hold) reads it, the restart point
+            # follows at the next running-transactions record, and the copy goes on.
+            checkpointing.set()
+            copied_then = rows_copied(dsn)
+            wait_for(lambda: rows_copied(dsn) > copied_then + 5_000, "the copy to go on once mover's slot is read",
+                     proc)
+
+            # A subscriber's slot stalls: every engine waits, the applier too.
+            query(dsn, "SELECT pg_create_logical_replication_slot('stalled', 'pgoutput')")
+            why = wait_for(lambda: worker_waits(dsn, "replication slot stalled"), "the copy to wait for the stalled "
+                           "slot", proc)
+            assert "([throttle] max_slot_wal)" in why and "its feeder" not in why, why
+            held_at, fed = rows_copied(dsn), own_slot(dsn)["changes"]
+            # mover's own slot is still read meanwhile: the application's changes reach the change log.
+            wait_for(lambda: own_slot(dsn)["changes"] >= fed + 100, "mover's slot to be fed while the engines wait",
+                     proc, timeout=60)
+            assert worker_waits(dsn, "replication slot stalled"), query(dsn, "SELECT waiting_for FROM mover.workers")
+            assert rows_copied(dsn) <= held_at + 5_000  # held: at most the range under way finished
+            # The subscriber is gone for good: its slot is dropped, and mover finishes the copy.
+            query(dsn, "SELECT pg_drop_replication_slot('stalled')")
+            code, err = finish(proc, 300)
+            assert code == 3, err
+        finally:
+            writer.halt()
+            stop.set()
+            watcher.join(30)
+            if proc.poll() is None:
+                proc.kill()
+        assert statuses and "lost" not in statuses and "unreserved" not in statuses, sorted(set(statuses))
+        assert writer.errors == []
+        kinds = [(k, m.split(" holds back")[0]) for _, k, m, _ in events(dsn, "throttle_waiting")]
+        assert kinds[0][1].startswith("waiting: mover's own replication slot"), kinds
+        assert mover(dsn, "run", "gov").returncode == 3  # the writer has stopped: the gate drains the rest
+        assert_oracle(dsn, "Orders", "Orders_new")
+
+
 def test_a_helper_takes_the_probe_over_when_the_orchestrator_dies(db_dsn, tmp_path):
     create_orders(db_dsn, 16_000)
-    plan = plan_file(tmp_path, range_rows=1_000, cap=2_000)
+    plan = gov_plan(tmp_path, range_rows=1_000, cap=2_000)
     orchestrator = spawn(db_dsn, "run", plan)
     helper = None
     try:
@@ -314,7 +388,7 @@ def test_a_helper_takes_the_probe_over_when_the_orchestrator_dies(db_dsn, tmp_pa
 @pytest.mark.parametrize("increase", ["50%", "200%"])
 def test_the_baseline_is_measured_before_the_work_and_the_budget_follows_it(db_dsn, tmp_path, increase):
     create_orders(db_dsn, 3_000)
-    plan = plan_file(tmp_path, range_rows=1_000, cap=0, throttle=f'max_latency_increase = "{increase}"')
+    plan = gov_plan(tmp_path, range_rows=1_000, cap=0, throttle={"max_latency_increase": increase})
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     got = events(db_dsn, "throttle_baseline")

@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mover.engines import pacing, throttle
+from mover.engines import pacing, signals, throttle
+from mover.engines.logical import SlotHealth
 from mover.engines.pacing import Archiver, Decision, Limits, Slot, Standby, decide
-from mover.plan import parse_plan
+from mover.plan import parse_plan, plan_from_canonical, to_document
 
 GB, MB = 1024**3, 1024**2
 
@@ -44,6 +45,18 @@ def test_the_plan_says_what_the_governor_holds_to():
     capped = throttle.limits_of(parse_plan({**base, "throttle": {"max_latency_increase": "off",
                                                                   "max_wal_per_second": "20MB"}}), 2.0)
     assert capped.governed and capped.max_wal_per_second == 20 * MB
+
+
+def test_a_limit_turned_off_is_kept_through_the_stored_plan_and_mover_set():
+    # [throttle] is stored only away from its defaults; a limit set to "off" (0 bytes) is away from
+    # its default (10GB, 1GB) and must read back as off, not as the default it would be if left out.
+    base = {"migration": {"name": "m", "source": "t"}, "rollback": {"window": "1h"}}
+    plan = parse_plan({**base, "throttle": {"max_slot_wal": "off", "max_archive_backlog": "0", "floor": "0%"}})
+    for again in (plan_from_canonical(plan.canonical()), parse_plan(to_document(plan), origin="mover set")):
+        t = again.throttle
+        assert (t.max_slot_wal, t.max_archive_backlog, t.floor) == (0, 0, "0%"), t
+    # At its defaults the section is left out of both, so plans registered before it read the same.
+    assert "throttle" not in parse_plan(base).canonical() and "throttle" not in to_document(parse_plan(base))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +267,32 @@ def test_a_lost_slot_or_one_the_caller_consumes_holds_nothing():
     own = slot("mover_m1_d5", retained=11 * GB)
     assert pacing.slot_wait([own], -1, 10 * GB, 0) is not None
     assert pacing.slot_wait([own], -1, 10 * GB, 0, ignore=frozenset({"mover_m1_d5"})) is None
+
+
+def test_movers_own_slot_holds_the_bulk_engines_named_as_movers_but_never_its_consumer():
+    # Logical capture's slot, as logical.health reads it: over the limit, and near invalidation.
+    health = SlotHealth("mover_m1_d5", True, "extended", 4242, 11 * GB, 2.0, 11 * GB, None, "0/5", "0/4", 10, 10)
+    r = signals.Readings(at=0.0, lsn=0, slots=(slot("sub1", retained=1 * GB), slot("mover_m1_d5", retained=11 * GB)),
+                         own=health)
+    assert r.own_slots == frozenset({"mover_m1_d5"})
+    limits = Limits(max_slot_wal=10 * GB)
+    why, _ = throttle.guard_wait(r, limits, frozenset(), 0.0)
+    assert why == ("mover's own replication slot mover_m1_d5 (its logical capture) holds back 11.0 GB of WAL, over "
+                   "10.0 GB ([throttle] max_slot_wal); its feeder goes on reading it meanwhile"), why
+    # The engine that consumes it (the applier) is not held by it; by another slot, it is.
+    assert throttle.guard_wait(r, limits, frozenset(), 0.0, r.own_slots)[0] is None
+    over = signals.Readings(at=0.0, lsn=0, own=health,
+                            slots=(slot("sub1", retained=12 * GB), slot("mover_m1_d5", retained=11 * GB)))
+    assert throttle.guard_wait(over, limits, frozenset(), 0.0, over.own_slots)[0].startswith("replication slot sub1")
+    # wal_status unreserved: about to be invalidated, whatever the limit.
+    unreserved = Slot("mover_m1_d5", "logical", True, "unreserved", 70 * MB, -1 * MB)
+    why = pacing.slot_wait([unreserved], 64 * MB, 0, 0, own=frozenset({"mover_m1_d5"}))
+    assert why is not None and why.startswith("mover's own replication slot mover_m1_d5 (its logical capture) is "
+                                              "about to lose WAL it needs (wal_status unreserved"), why
+    # A missing slot (dropped under mover) is nobody's to wait for: the feed stops the migration (SlotLost).
+    gone = SlotHealth("mover_m1_d5", False, None, None, None, None, None, None, "0/5", None, 10, 10)
+    assert signals.Readings(at=0.0, lsn=0, own=gone).own_slots == frozenset()
+    assert r.as_dict()["own_slot"]["retained_bytes"] == 11 * GB
 
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

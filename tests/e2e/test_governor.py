@@ -1,8 +1,10 @@
 """The governor end to end (mover/engines/throttle.py): an application burst in the middle of the
 backfill throttles it (status and events say so, its ranges shrink) and it resumes after; a
 stalled replication slot makes mover wait before the slot's limit, with the helper workers of
-another process held by the same decision, and the slot is never invalidated; a helper takes the
-probe over when the orchestrator dies. Judged by the governor's decisions and events and by the
+another process held by the same decision, and the slot is never invalidated; at the floor mover
+says so (status, watch, an event) and keeps copying, and `mover set` moves the budget while it
+runs; with logical capture mover's own slot holds the copy like any slot and is fed while a guard
+holds every engine; a helper takes the probe over when the orchestrator dies. Judged by the governor's decisions and events and by the
 oracle, never by how fast anything ran (bench/impact.py measures that)."""
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import time
 
 import psycopg
 import pytest
+from rich.console import Console
 
 from mover import api
 from mover.demo.embedded import EmbeddedPostgres
+from mover.views import watch as watch_view
 from tests.workload import Writer, app_execute, assert_oracle, create_orders, finish, mover, plan_file, spawn
 
 
@@ -265,6 +269,59 @@ def test_a_stalled_slot_holds_mover_before_its_limit_and_is_never_invalidated(tm
         r = mover(dsn, "plan", "check", plan)
         assert "replication slots: 1 (stalled holds back" in r.stdout, r.stdout
         assert_oracle(dsn, "Orders", "Orders_new")
+
+
+def test_at_the_floor_mover_says_so_and_keeps_copying_and_mover_set_moves_the_budget_while_it_runs(db_dsn, tmp_path):
+    # A server slow whatever mover does: every commit of the probe takes 30 ms more (a trigger of
+    # the test's on the probe's row), against a 10 ms budget. The governor cuts the duty to its
+    # floor, says so after 10 s there (status, watch, an event) and keeps copying at it; a budget
+    # raised with `mover set` while it runs releases it.
+    create_orders(db_dsn, 40_000)
+    query(db_dsn, "CREATE FUNCTION slow_probe() RETURNS trigger LANGUAGE plpgsql"
+                  " AS $$ BEGIN PERFORM pg_sleep(0.03); RETURN NEW; END $$")
+    query(db_dsn, "CREATE TRIGGER slow_probe BEFORE UPDATE ON mover.throttle FOR EACH ROW"
+                  " EXECUTE FUNCTION slow_probe()")
+    plan = gov_plan(tmp_path, range_rows=1_000, cap=4_000, throttle={"probe_latency": "10ms"})
+    proc = spawn(db_dsn, "run", plan)
+    try:
+        def at_floor() -> dict | None:
+            if not query(db_dsn, "SELECT 1 FROM mover.migrations WHERE name = 'gov'"):
+                return None
+            st = api.status(db_dsn, "gov")
+            return st if (st["throttle"] or {}).get("state") == "floor" else None
+        st = wait_for(at_floor, "the governor to report the floor", proc)
+        t = st["throttle"]
+        assert t["duty"] == pytest.approx(0.1) and t["budget_ms"] == 10.0 and t["throttled_for_seconds"] >= 10, t
+        assert t["reason"].startswith("probe latency ") and t["reason"].endswith(" ms > 10.0 ms budget"), t
+        shown = mover(db_dsn, "status", "gov").stdout
+        assert "at the floor, throttled: probe latency" in shown and "working 10% of the time for" in shown, shown
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            snap = watch_view.snapshot(conn.cursor(), "gov")
+        assert "throttle at the floor, throttled: probe latency" in watch_view.line(snap), watch_view.line(snap)
+        console = Console(record=True, width=200)
+        console.print(watch_view.screen(snap))
+        assert "throttle: at the floor, throttled: probe latency" in console.export_text()
+        # Never starved: ranges go on being copied at the floor, a tenth of their size.
+        since = server_now(db_dsn)
+        wait_for(lambda: len([r for r, at in copied(db_dsn) if at > since]) >= 2, "ranges copied at the floor", proc)
+        assert all(rows <= 100 for rows, at in copied(db_dsn) if at > since), copied(db_dsn)[-5:]
+        # The operator decides: a budget the slow server keeps within, set while mover runs.
+        assert mover(db_dsn, "set", "gov", "throttle.probe_latency=500ms").returncode == 0
+        set_at = server_now(db_dsn)
+        wait_for(lambda: [e for e in events(db_dsn, "released") if e[0] > set_at], "the governor to release", proc)
+        assert api.status(db_dsn, "gov")["throttle"]["budget_ms"] == 500.0
+        code, err = finish(proc, 300)
+        assert code == 3, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    timeline = [(k, m) for _, k, m, _ in events(db_dsn, "throttled", "throttle_floor", "released")]
+    assert [k for k, _ in timeline][:3] == ["throttled", "throttle_floor", "released"], timeline
+    assert timeline[1][1].startswith("at the floor: mover works 10% of its time and still probe latency"), timeline
+    assert rows_copied(db_dsn) == 40_000
+    st = api.status(db_dsn, "gov")
+    assert st["throttle"]["state"] == "idle" and st["throttle"]["throttled_seconds"] >= 10, st["throttle"]
+    assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
 def own_slot(dsn) -> dict:

@@ -481,16 +481,25 @@ def _retried(ctx: Context, what: str, fn: Callable[[], object]) -> None:
             time.sleep(min(0.2 * 2 ** attempt, 5.0))
 
 
-def wait_for_turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1) -> None:
+def wait_for_turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1, what: str = "index builds") -> None:
     """Before a statement the throttle cannot pace inside (an index build, a constraint, ANALYZE):
     wait while mover is paused or a guard holds, and while the governor's duty allows fewer
-    sessions at once than `session` + 1 (session 0 always goes when nothing holds it)."""
+    sessions at once than `session` + 1 (session 0 always goes when nothing holds it). Says why
+    once a wait begins (an `index_waiting` report: `what` waits, and the reason)."""
     pacer = throttle.Throttle(throttle.Limits(), governor=ctx.governor)
+    said = False
     while True:
         ctx.checkpoint()
         paused = db.transaction(lambda cur: control.get_by_id(cur, ctx.mid).paused, label="throttle")
-        if pacer.reason(paused) is None and session < pacing.sessions_allowed(sessions, pacer.duty):
+        reason = pacer.reason(paused)
+        if reason is None and session >= (allowed := pacing.sessions_allowed(sessions, pacer.duty)):
+            assert ctx.governor is not None  # a duty under 1 is a governor's
+            reason = f"{ctx.governor.throttled()} ({allowed} of {sessions} at once)"
+        if reason is None:
             return
+        if not said:
+            ctx.report("index_waiting", what=what, reason=reason)
+            said = True
         ctx.stop.wait(throttle.RECHECK_SECONDS)
 
 
@@ -627,7 +636,7 @@ def build_indexes(ctx: Context) -> None:
     # table, which would wait for every build's SHARE lock (and they for it).
     for name, ix in constraints:
         for b in planned_builds(name, ix, ctx.new, parts):
-            wait_for_turn(ctx, ctx.db)
+            wait_for_turn(ctx, ctx.db, what="constraint builds")
             started_one = time.monotonic()
             _retried(ctx, f"building constraint {name}", partial(build_constraint, ctx, b))
             rest_after(ctx, time.monotonic() - started_one)
@@ -693,7 +702,7 @@ class Analyze:
     def _beside(self) -> None:
         db = self.ctx.db.sibling()
         try:
-            wait_for_turn(self.ctx, db)  # one statement: the throttle decides only when it starts
+            wait_for_turn(self.ctx, db, what="ANALYZE")  # one statement: the throttle decides only when it starts
             db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
             self.ms = (time.monotonic() - self.started) * 1000
         finally:
@@ -702,7 +711,7 @@ class Analyze:
     def finish(self) -> float:
         """Wait for it, or run it now; its duration in ms."""
         if self.thread is None:
-            wait_for_turn(self.ctx, self.ctx.db)
+            wait_for_turn(self.ctx, self.ctx.db, what="ANALYZE")
             started = time.monotonic()
             # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
             self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",

@@ -3,8 +3,9 @@ backfill throttles it (status and events say so, its ranges shrink) and it resum
 stalled replication slot makes mover wait before the slot's limit, with the helper workers of
 another process held by the same decision, and the slot is never invalidated; at the floor mover
 says so (status, watch, an event) and keeps copying, and `mover set` moves the budget while it
-runs; with logical capture mover's own slot holds the copy like any slot and is fed while a guard
-holds every engine; a helper takes the probe over when the orchestrator dies. Judged by the governor's decisions and events and by the
+runs; the index builds wait between builds on the same gate; with logical capture mover's own
+slot holds the copy like any slot and is fed while a guard holds every engine; a helper takes the
+probe over when the orchestrator dies. Judged by the governor's decisions and events and by the
 oracle, never by how fast anything ran (bench/impact.py measures that)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.console import Console
 from mover import api
 from mover.demo.embedded import EmbeddedPostgres
 from mover.views import watch as watch_view
-from tests.workload import Writer, app_execute, assert_oracle, create_orders, finish, mover, plan_file, spawn
+from tests.workload import Spawned, Writer, app_execute, assert_oracle, create_orders, finish, mover, plan_file, spawn
 
 
 def gov_plan(tmp_path, *, range_rows=2_000, cap=4_000, **sections) -> str:
@@ -321,6 +322,30 @@ def test_at_the_floor_mover_says_so_and_keeps_copying_and_mover_set_moves_the_bu
     assert rows_copied(db_dsn) == 40_000
     st = api.status(db_dsn, "gov")
     assert st["throttle"]["state"] == "idle" and st["throttle"]["throttled_seconds"] >= 10, st["throttle"]
+    assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
+def test_the_index_builds_wait_between_builds_on_the_same_throttle(db_dsn, tmp_path):
+    # A CREATE INDEX cannot be paced once it runs: the throttle (here `mover pause`, the gate every
+    # guard and the governor's duty share) decides whether the next one starts, and says why it waits.
+    create_orders(db_dsn, 3_000)
+    query(db_dsn, 'CREATE INDEX "Orders by status" ON "Orders" (status)')
+    plan = plan_file(tmp_path, "gov", columns={"id": "bigint"}, backfill={"index_builds": 1})
+    release = tmp_path / "release"
+    p = Spawned(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@index_built", "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        assert p.wait_for("hanging at index_built"), "".join(p.err)  # the first build committed
+        assert mover(db_dsn, "pause", "gov").returncode == 0
+        release.touch()
+        assert p.wait_for("index builds wait: paused (mover unpause)"), "".join(p.err)
+        built = query(db_dsn, "SELECT count(*) FROM pg_indexes WHERE tablename = 'Orders_new'")[0][0]
+        assert built == 2, built  # the key's index and the first build: the second waits
+        assert mover(db_dsn, "unpause", "gov").returncode == 0
+        assert p.wait(120) == 3, "".join(p.err)
+    finally:
+        p.kill()
+    order = [k for _, k, _, _ in events(db_dsn, "index_built", "paused", "unpaused")]
+    assert order == ["index_built", "paused", "unpaused", "index_built"], order
     assert_oracle(db_dsn, "Orders", "Orders_new")
 
 

@@ -182,6 +182,15 @@ def decide(prev: Decision, now: float, *, latency_ms: float | None, wal_per_seco
     return replace(d, state=state, floor_since=floor_since), events
 
 
+def first(now: float, *, wait: str | None, limits: Limits) -> tuple[Decision, list[Event]]:
+    """The decision once a phase's baseline is measured, before any reading under load: full
+    duty, or waiting from the start when a guard holds already (with its event, as any wait)."""
+    start = Decision(state="ok" if limits.governed else "off")
+    if wait is None:
+        return start, []
+    return decide(start, now, latency_ms=None, wal_per_second=None, wait=wait, limits=limits)
+
+
 def _released(d: Decision, now: float, why: str | None) -> Event:
     took = now - (d.throttled_since or now)
     return Event("released", f"released after {took:.1f} s throttled" + (f": {why}" if why else ""),

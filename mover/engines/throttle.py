@@ -283,25 +283,33 @@ class Governor:
             self._halt.wait(BASELINE_SPACING)
         self.baseline_ms = pacing.median(taken) if taken else None
         self._read_guards(time.monotonic())
-        self.decision = pacing.Decision(state="ok" if self.limits.governed else "off", wait=self._wait,
-                                        waiting_since=time.monotonic() if self._wait else None)
-        self.decided_at = time.monotonic()
         budget = f", budget {self.limits.latency_ms:.2f} ms" if self.limits.latency_ms else ", no latency budget"
         self._event("throttle_baseline", f"{self.phase}: probe latency {self.baseline_ms or 0:.2f} ms before the work"
                     + budget,
                     {"phase": self.phase, "baseline_ms": self.baseline_ms, "budget_ms": self.limits.latency_ms,
                      "probes": [round(t, 3) for t in taken]})
+        # A guard that holds already: waiting from the start, said as any wait is (an event).
+        self.decision, events = pacing.first(time.monotonic(), wait=self._wait, limits=self.limits)
+        self.decided_at = time.monotonic()
+        for e in events:
+            self._event(e.kind, e.message, {**e.detail, "phase": self.phase})
 
     def _lead_tick(self) -> None:
         now = time.monotonic()
         guards = now - self._guards_at >= GUARD_SECONDS
         if guards:
             self._read_guards(now)
+            if self._wait is not None and self._wait != self.decision.wait:
+                # A guard that holds from now on: decided before this probe, so that the probe
+                # publishes it (status says what the engines already do, not a probe later).
+                self._decide(None)
         ms = self._probe(self._published(now, readings=self.readings.as_dict() if guards and self.readings else None))
         if ms is None:
             return
         self._latencies.append(ms)
-        latency = pacing.median(self._latencies) if len(self._latencies) >= 3 else None
+        self._decide(pacing.median(self._latencies) if len(self._latencies) >= 3 else None)
+
+    def _decide(self, latency: float | None) -> None:
         decision, events = pacing.decide(self.decision, time.monotonic(), latency_ms=latency,
                                          wal_per_second=pacing.wal_rate(self._lsns), wait=self._wait,
                                          limits=self.limits)

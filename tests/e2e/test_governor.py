@@ -210,7 +210,9 @@ def test_a_stalled_slot_holds_mover_before_its_limit_and_is_never_invalidated(tm
         create_orders(dsn, 150_000)
         query(dsn, "SELECT pg_create_logical_replication_slot('stalled', 'pgoutput')")
         query(dsn, "CHECKPOINT")
-        plan = gov_plan(tmp_path, range_rows=5_000, cap=0, throttle={"max_slot_wal": "16MB"})
+        # 20,000 rows/s: the governor reads the guards every second, and a copy at full speed could
+        # write the limit and be done within one.
+        plan = gov_plan(tmp_path, range_rows=5_000, cap=20_000, throttle={"max_slot_wal": "16MB"})
         statuses: list[str] = []
         stop = threading.Event()
 
@@ -232,7 +234,9 @@ def test_a_stalled_slot_holds_mover_before_its_limit_and_is_never_invalidated(tm
             status, retained = slot_row(dsn, "stalled")
             assert status in ("reserved", "extended") and 16 * 2**20 < retained < 64 * 2**20, (status, retained)
             st = api.status(dsn, "gov")
-            assert st["throttle"]["state"] == "waiting" and "replication slot stalled" in st["throttle"]["wait"]
+            assert st["throttle"]["state"] == "waiting" and "replication slot stalled" in st["throttle"]["wait"], \
+                st["throttle"]
+            assert st["step"] == "backfill", st["step"]
             before = rows_copied(dsn)
             assert 0 < before < 150_000
             # A helper on "another host" is held by the same published decision.

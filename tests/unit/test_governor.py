@@ -165,6 +165,16 @@ def test_a_guard_is_a_wait_with_one_event_when_it_comes_and_one_when_it_goes():
     assert e3[0].detail["seconds"] == 3.5
 
 
+def test_a_phase_that_starts_under_a_guard_is_waiting_from_the_start_and_says_so():
+    assert pacing.first(1.0, wait=None, limits=BUDGET) == (Decision(state="ok"), [])
+    assert pacing.first(1.0, wait=None, limits=Limits())[0].state == "off"
+    d, events = pacing.first(1.0, wait="replication slot sub1 holds back 11.0 GB", limits=BUDGET)
+    assert d.state == "waiting" and d.wait == "replication slot sub1 holds back 11.0 GB" and d.duty == 1.0
+    assert [e.kind for e in events] == ["throttle_waiting"]
+    d, events = decide(d, 3.0, latency_ms=2.0, wal_per_second=None, wait=None, limits=BUDGET)
+    assert d.state == "ok" and [e.kind for e in events] == ["throttle_resumed"] and events[0].detail["seconds"] == 2.0
+
+
 # ---------------------------------------------------------------------------------------------
 # How a loop applies the duty
 

@@ -228,15 +228,22 @@ class Governor:
     # -- the sampler thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        failing = False  # said once per outage, not every PROBE_SECONDS
         while not self._halt.is_set():
             started = time.monotonic()
             try:
                 self._lead_tick() if self.leading else self._follow_tick()
+                if failing:
+                    log.info("the governor of migration %s reads the server again", self.mid)
+                failing = False
             except psycopg.Error as exc:
                 # The next tick tries again; meanwhile the decision ages, and past STALE_SECONDS
                 # the engines wait (fail closed).
-                log.warning("the governor of migration %s could not read the server (%s: %s); retrying",
-                            self.mid, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc) else "")
+                (log.debug if failing else log.warning)(
+                    "the governor of migration %s could not read the server (%s: %s); trying again every %g s",
+                    self.mid, type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc) else "",
+                    pacing.PROBE_SECONDS)
+                failing = True
                 if self._probe_conn is not None and (self._probe_conn.broken or self._probe_conn.closed):
                     self._probe_conn = None
             self._halt.wait(max(0.0, pacing.PROBE_SECONDS - (time.monotonic() - started)))

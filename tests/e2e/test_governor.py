@@ -10,9 +10,11 @@ oracle, never by how fast anything ran (bench/impact.py measures that)."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 
 import psycopg
 import pytest
@@ -21,7 +23,18 @@ from rich.console import Console
 from mover import api
 from mover.demo.embedded import EmbeddedPostgres
 from mover.views import watch as watch_view
-from tests.workload import Spawned, Writer, app_execute, assert_oracle, create_orders, finish, mover, plan_file, spawn
+from tests.workload import (
+    AppWriter,
+    Spawned,
+    Writer,
+    app_execute,
+    assert_oracle,
+    create_orders,
+    finish,
+    mover,
+    plan_file,
+    spawn,
+)
 
 
 def gov_plan(tmp_path, *, range_rows=2_000, cap=4_000, **sections) -> str:
@@ -72,35 +85,24 @@ def server_now(dsn) -> float:
     return query(dsn, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
 
 
-class TimedWriter:
+@dataclass(eq=False, kw_only=True)
+class TimedWriter(AppWriter):
     """The application: one-row updates of the source, mirrored for the oracle, each timed by the
     test itself (completion time, latency in ms)."""
 
-    def __init__(self, dsn):
-        self.dsn, self.stop, self.times, self.errors = dsn, threading.Event(), [], []
-        self.thread = threading.Thread(target=self._loop, daemon=True)
+    delay: float = 0.01
+    times: list = field(default_factory=list)
 
-    def start(self):
-        self.thread.start()
-        return self
+    def connected(self, conn: psycopg.Connection) -> None:
+        conn.execute("SET synchronous_commit = on")
 
-    def _loop(self):
-        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
-            conn.execute("SET synchronous_commit = on")
-            k = 0
-            while not self.stop.is_set():
-                k = k % 50_000 + 7
-                started = time.perf_counter()
-                try:
-                    app_execute(conn, "UPDATE {t} SET amount = amount + 1 WHERE id = %s", (k,))
-                except psycopg.Error as exc:
-                    self.errors.append(exc)
-                self.times.append((time.time(), (time.perf_counter() - started) * 1000))
-                self.stop.wait(0.01)
-
-    def halt(self):
-        self.stop.set()
-        self.thread.join(30)
+    def write(self, conn: psycopg.Connection, rnd) -> None:
+        k = self.ops % 50_000 + 7
+        started = time.perf_counter()
+        try:
+            app_execute(conn, "UPDATE {t} SET amount = amount + 1 WHERE id = %s", (k,))
+        finally:
+            self.times.append((time.time(), (time.perf_counter() - started) * 1000))
 
     def median_between(self, a: float, b: float) -> float | None:
         got = [ms for at, ms in self.times if a <= at < b]
@@ -112,34 +114,33 @@ class Burst:
     own), which every commit on the server then queues behind."""
 
     def __init__(self, dsn, sessions=3):
-        self.dsn, self.stop = dsn, threading.Event()
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(sessions)]
+        self.dsn, self.sessions, self.writers = dsn, sessions, []
 
     def start(self):
-        for t in self.threads:
-            t.start()
+        self.writers = [AppWriter(self.dsn, each=lambda conn, rnd: conn.execute(
+            "INSERT INTO app_log (body) SELECT repeat('x', 200) FROM generate_series(1, 10000)")).start()
+            for _ in range(self.sessions)]
         return self
 
-    def _loop(self):
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self.stop.is_set():
-                conn.execute("INSERT INTO app_log (body) SELECT repeat('x', 200) FROM generate_series(1, 10000)")
-
     def halt(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
+        for w in self.writers:
+            w.halt()
+        assert all(not w.errors for w in self.writers), [w.errors for w in self.writers]
+        self.writers = []
 
 
 def test_an_application_burst_throttles_the_backfill_which_resumes_after_it(db_dsn, tmp_path):
     # 60,000 rows at 4,000 rows/s in ranges of 2,000: a 15-second backfill with room for a burst.
-    # An absolute budget for the probe: far over a quiet server's commits, far under a burst's.
+    # The budget is relative, as by default, but twice the probe's latency before the work: a
+    # burst of bulk writers raises a quiet server's commits three to eight times (measured on this
+    # machine), a shared one's noise less. A throttle that noise brought on before the burst is
+    # the governor doing its work too: what is asserted is a throttled spell during the burst.
     create_orders(db_dsn, 60_000)
     query(db_dsn, "CREATE TABLE app_log (id bigserial PRIMARY KEY, body text)")
-    plan = gov_plan(tmp_path, throttle={"probe_latency": "25ms"})
+    plan = gov_plan(tmp_path, throttle={"max_latency_increase": "100%"})
     writer = TimedWriter(db_dsn).start()
     proc = spawn(db_dsn, "run", plan)
-    burst = Burst(db_dsn)
+    burst = Burst(db_dsn, sessions=6)
     seen: list[dict] = []
     try:
         wait_for(lambda: rows_copied(db_dsn) >= 8_000, "the backfill to be under way", proc)
@@ -152,13 +153,15 @@ def test_an_application_burst_throttles_the_backfill_which_resumes_after_it(db_d
             return st["throttle"]["state"] in ("throttled", "floor") and \
                 any(w.startswith("throttled: probe latency") for w in st["backfill"]["waiting_for"])
         wait_for(throttled, "the governor to throttle the backfill (a worker resting)", proc)
+        observed = server_now(db_dsn)
         shown = mover(db_dsn, "status", "gov")
         # Two ranges copied while throttled: the work goes on, in smaller ranges.
-        since = server_now(db_dsn)
-        wait_for(lambda: sum(1 for _, at in copied(db_dsn) if at > since) >= 2, "ranges copied while throttled", proc)
+        wait_for(lambda: sum(1 for _, at in copied(db_dsn) if at > observed) >= 2, "ranges copied while throttled",
+                 proc)
         burst.halt()
         burst_end = server_now(db_dsn)
-        wait_for(lambda: [e for e in events(db_dsn, "released") if e[0] > burst_at], "the governor to release", proc)
+        # Released once the burst is over (or, if noise holds it to the end, when the copy ends).
+        wait_for(lambda: [e for e in events(db_dsn, "released") if e[0] > observed], "the governor to release", proc)
         code, err = finish(proc, 300)
         assert code == 3, err  # at the gate: the backfill finished
     finally:
@@ -169,20 +172,21 @@ def test_an_application_burst_throttles_the_backfill_which_resumes_after_it(db_d
     assert "throttle" in shown.stdout and "throttled: probe latency" in shown.stdout, shown.stdout
     timeline = events(db_dsn, "throttle_baseline", "throttled", "released", "throttle_floor")
     kinds = [k for _, k, _, _ in timeline]
-    assert kinds[0] == "throttle_baseline" and timeline[0][3]["budget_ms"] == 25, timeline
-    during = [e for e in timeline if e[1] == "throttled" and e[0] >= burst_at]
-    assert during, (timeline, seen[-3:])
-    first = during[0]
-    assert first[2].startswith("throttled: probe latency") and first[2].endswith("> 25.0 ms budget"), first
-    assert first[3]["duty"] < 1 and first[3]["budget_ms"] == 25.0
-    released = [e for e in timeline if e[1] == "released" and e[0] > first[0]]
+    base = timeline[0][3]
+    assert kinds[0] == "throttle_baseline" and base["phase"] == "backfill", timeline
+    assert base["budget_ms"] == pytest.approx(max(2 * base["baseline_ms"], base["baseline_ms"] + 1), abs=0.01), base
+    # The spell status showed: the last throttled event before it, and its release after.
+    spell = [e for e in timeline if e[1] == "throttled" and e[0] <= observed][-1]
+    assert re.fullmatch(r"throttled: probe latency [\d.]+ ms > [\d.]+ ms budget", spell[2]), spell
+    assert spell[3]["duty"] < 1 and spell[3]["budget_ms"] == pytest.approx(base["budget_ms"], abs=0.01), spell
+    released = [e for e in timeline if e[1] == "released" and e[0] > spell[0]]
     assert released, timeline
     # Each state change is one event: never one per range or per probe.
-    assert len(timeline) < 20, timeline
+    assert len(timeline) < 40, timeline
     # While throttled, ranges were asked for at the duty's share of their size (2,000 unthrottled).
     ranges = copied(db_dsn)
-    throttled_ranges = [rows for rows, at in ranges if first[0] < at < released[0][0]]
-    assert throttled_ranges and min(throttled_ranges) < 2_000, (throttled_ranges, timeline)
+    throttled_ranges = [rows for rows, at in ranges if spell[0] < at < released[0][0]]
+    assert throttled_ranges and min(throttled_ranges) < 2_000, (throttled_ranges, timeline, seen[-3:])
     assert sum(rows for rows, _ in ranges) == 60_000
     st = api.status(db_dsn, "gov")
     assert st["throttle"]["throttled_seconds"] > 0 and st["throttle"]["state"] == "idle", st["throttle"]

@@ -16,7 +16,8 @@ from pathlib import Path
 from bench.common import RESULTS
 
 KINDS = {"backfill": "bench.backfill", "reconcile": "bench.reconcile", "capture": "bench.capture",
-         "scaling": "bench.scaling", "partition": "bench.partition", "cutover": "bench.cutover"}
+         "scaling": "bench.scaling", "partition": "bench.partition", "cutover": "bench.cutover",
+         "impact": "bench.impact"}
 
 
 def newest() -> list[Path]:

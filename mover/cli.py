@@ -26,6 +26,7 @@ from mover.db import is_connection_lost, mask, remember_secrets
 from mover.engines import query_rehearsal
 from mover.errors import BadInput, MoverError, Waiting
 from mover.state import control
+from mover.views import status as status_view
 from mover.views.progress import ProgressReporter
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -217,6 +218,8 @@ def _show_status(st: dict[str, Any]) -> None:
     if (b["paused"] or b["waiting_for"]) and st["step"] in control.RANGE_STEPS:
         line += f" (waiting: {', '.join(b['waiting_for']) or 'paused'})"
     table.add_row("backfill", escape(line))
+    if (throttle := status_view.throttle_line(st.get("throttle"))) is not None:
+        table.add_row("throttle", escape(throttle))
     c = st["capture"]
     if st["state"] not in ("done", "aborted") or c["pending"]:  # after retire or abort no log is left
         wal = ", from the WAL" if c.get("method") == "logical" and c["direction"] == "forward" else ""
@@ -297,6 +300,7 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         for e in result.get("edits", []):
             out.print(f"changed: {e['key']}, takes effect {e['takes_effect']}", highlight=False, markup=False)
         _show_status(result["status"])
+        _show_throttle(result)
         _show_hooks(result)
         return
     t = result["tables"]
@@ -304,6 +308,7 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
               highlight=False, markup=False)
     out.print(f"  copies {t['source']} into {t['target']}, keyed by ({', '.join(result['key'])}); after the "
               f"cutover the original is kept as {t['old']}", highlight=False, markup=False)
+    _show_throttle(result)
     _show_hooks(result)
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
@@ -338,6 +343,15 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
+
+
+def _show_throttle(result: dict[str, Any]) -> None:
+    """The governor's inputs and the backfill's preflight (plan check)."""
+    for title, key in (("throttle", "throttle"), ("preflight", "preflight")):
+        if result.get(key):
+            out.print(f"{title}:", highlight=False, markup=False)
+            for line in result[key]:
+                out.print(f"  {line}", highlight=False, markup=False)
 
 
 def _show_hooks(result: dict[str, Any]) -> None:

@@ -12,7 +12,10 @@ Invariants:
 - The change log is applied while the copy runs, so that it stays short: by an applier session
   of its own beside the orchestrator's workers (so they need not stop copying for it), and by
   `mover worker` processes between their ranges (one applier at a time, capture.py).
-- Pause, the rows/s cap and replica lag make workers wait between ranges, never inside one.
+- The throttle (mover/engines/throttle.py: pause, the governor's guards and duty, the rows/s cap)
+  holds the workers between ranges, the applier between batches, and the index builds and ANALYZE
+  before each starts (a CREATE INDEX cannot be paced inside; how many run at once can), never
+  inside a unit of work.
 - Secondary indexes are built after the copy with a plain CREATE INDEX, each in a transaction of
   its own, up to [backfill] index_builds at once in sessions of their own. Nothing but mover
   writes the new table before the cutover, and no applier runs while they build, so their SHARE
@@ -39,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -46,7 +50,7 @@ from psycopg import sql
 from mover import faults, names, threads
 from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
-from mover.engines import capture, partitions, rangework, throttle
+from mover.engines import capture, pacing, partitions, rangework, throttle
 from mover.engines.context import Context, Reporter
 from mover.errors import ConstraintBuildFailed, Failed, LeaseLost
 from mover.plan import BackfillSettings, plan_from_canonical
@@ -72,9 +76,8 @@ def next_range_rows(current: int, rows: int, ms: float, s: BackfillSettings) -> 
 
 
 def limits(s: BackfillSettings) -> throttle.Limits:
-    """The backfill's settings as the throttle reads them."""
-    return throttle.Limits(max_rows_per_second=s.max_rows_per_second, max_replica_lag_ms=s.max_replica_lag_ms,
-                           max_rows=s.max_rows, burst_ms=s.target_range_ms)
+    """The backfill's settings as a worker's throttle reads them (the governor reads the rest)."""
+    return throttle.Limits(max_rows_per_second=s.max_rows_per_second, max_rows=s.max_rows, burst_ms=s.target_range_ms)
 
 
 class Worker(rangework.RangeWorker):
@@ -85,9 +88,9 @@ class Worker(rangework.RangeWorker):
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
                  lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1,
-                 applier_beside: bool = False):
+                 applier_beside: bool = False, governor: throttle.Governor | None = None):
         super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report,
-                         n_workers=n_workers)
+                         n_workers=n_workers, governor=governor)
         # An Applier runs in this process (copy_all): the worker goes straight on to its next
         # range. A `mover worker` process on its own applies between its ranges.
         self.applier_beside = applier_beside
@@ -201,8 +204,9 @@ class Applier:
     """Applies the change log while the workers copy, in a session of its own: what the writers
     changed in copied ranges is replayed beside the copy instead of between its ranges. The
     same batches as the workers' (capture.drain: the applier lock, keys of done ranges only),
-    so they never replay a key concurrently; waits, as they do, while mover is paused or a
-    replica lags. Ends when `done` is set (the workers have stopped)."""
+    so they never replay a key concurrently. Held by the same throttle as the workers: waits
+    while mover is paused or a guard holds, and rests after each batch as the governor's duty
+    says. Ends when `done` is set (the workers have stopped)."""
 
     def __init__(self, ctx: Context, done: threading.Event):
         # Its own name in pg_stat_activity: its transactions are not a worker's.
@@ -210,33 +214,43 @@ class Applier:
                            owner=f"{control.new_owner_id()}:applier", report=ctx.report, stop=ctx.stop,
                            lease_lost=ctx.lease_lost)
         self.done = done
-        self.pacer = throttle.Throttle(limits(ctx.plan.backfill))
+        self.pacer = throttle.Throttle(throttle.Limits(), governor=ctx.governor)
 
-    def _look(self, cur: psycopg.Cursor) -> tuple[control.Migration, str | None]:
-        m = control.get_by_id(cur, self.ctx.mid)
-        self.pacer.limits = limits(plan_from_canonical(m.plan).backfill)
-        return m, self.pacer.reason(cur, m.paused)
+    def _look(self, cur: psycopg.Cursor) -> control.Migration:
+        return control.get_by_id(cur, self.ctx.mid)
 
     def run(self) -> None:
         try:
             while not self.done.is_set():
                 self.ctx.checkpoint()
-                m, wait = self.ctx.db.transaction(self._look)
+                m = self.ctx.db.transaction(self._look)
                 self.ctx.use(m)
                 if m.state == "aborted" or m.step != KIND:
                     return
-                if wait:
+                # consumer: the slot the capture reads never holds the one who frees it.
+                if self.pacer.reason(m.paused, consumer=True):
                     self.done.wait(throttle.RECHECK_SECONDS)
                     continue
-                if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).log_rows < capture.BATCH:
-                    self.done.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+                started = time.monotonic()
+                applied = capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed
+                rest, _ = self.pacer.pace(applied, time.monotonic() - started)
+                if applied < capture.BATCH:
+                    rest = max(rest, APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+                if rest:
+                    self.done.wait(rest)
         finally:
             self.ctx.db.close()
 
 
 def copy_all(ctx: Context) -> None:
     """Run [backfill] workers in this process, and the applier beside them, until every range is
-    copied. A failure of either stops the others (their shared stop flag) and is raised here."""
+    copied, under the migration's governor (led from here). A failure of either stops the others
+    (their shared stop flag) and is raised here."""
+    with throttle.governing(ctx, KIND):
+        _copy_all(ctx)
+
+
+def _copy_all(ctx: Context) -> None:
     settings = ctx.plan.backfill
     def prepare(cur: psycopg.Cursor) -> tuple[int, int]:
         ranges.ensure_frontier(cur, ctx.mid, KIND)
@@ -247,7 +261,8 @@ def copy_all(ctx: Context) -> None:
     estimate, copied = ctx.db.transaction(prepare)
     ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
     workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
-                      registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True)
+                      registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True,
+                      governor=ctx.governor)
                for i in range(settings.workers)]
     done = threading.Event()
     group = threads.Group(on_error=lambda _: ctx.stop.set())
@@ -372,8 +387,14 @@ def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
     started = time.monotonic()
     ctx.report("index", name=b.name, state="building")
 
+    throttled = ctx.governor is not None and ctx.governor.duty < 1
+
     def build(cur: psycopg.Cursor) -> None:
         _check_client(cur)
+        if throttled:
+            # A build cannot be paced once it runs: started while the application is over its
+            # budget, it at least keeps to one core, without parallel workers.
+            cur.execute("SET LOCAL max_parallel_maintenance_workers = 0")
         cur.execute(b.statement())
         faults.point("index_build_done")  # built, not committed: a crash here leaves no index
         control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built", f"index {b.name} built",
@@ -460,11 +481,46 @@ def _retried(ctx: Context, what: str, fn: Callable[[], object]) -> None:
             time.sleep(min(0.2 * 2 ** attempt, 5.0))
 
 
+def wait_for_turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1, what: str = "index builds") -> None:
+    """Before a statement the throttle cannot pace inside (an index build, a constraint, ANALYZE):
+    wait while mover is paused or a guard holds, and while the governor's duty allows fewer
+    sessions at once than `session` + 1 (session 0 always goes when nothing holds it). Says why
+    once a wait begins (an `index_waiting` report: `what` waits, and the reason)."""
+    pacer = throttle.Throttle(throttle.Limits(), governor=ctx.governor)
+    said = False
+    while True:
+        ctx.checkpoint()
+        paused = db.transaction(lambda cur: control.get_by_id(cur, ctx.mid).paused, label="throttle")
+        reason = pacer.reason(paused)
+        if reason is None and session >= (allowed := pacing.sessions_allowed(sessions, pacer.duty)):
+            assert ctx.governor is not None  # a duty under 1 is a governor's
+            reason = f"{ctx.governor.throttled()} ({allowed} of {sessions} at once)"
+        if reason is None:
+            return
+        if not said:
+            ctx.report("index_waiting", what=what, reason=reason)
+            said = True
+        ctx.stop.wait(throttle.RECHECK_SECONDS)
+
+
+def rest_after(ctx: Context, seconds: float) -> None:
+    """After a build that took `seconds`: rest as the governor's duty says, in slices, so that a
+    duty back to full (the application quiet again) ends the rest early."""
+    if ctx.governor is None:
+        return
+    until = time.monotonic() + ctx.governor.rest(seconds)
+    while (left := until - time.monotonic()) > 0 and ctx.governor.duty < 1:
+        ctx.checkpoint()
+        ctx.stop.wait(min(left, throttle.RECHECK_SECONDS))
+
+
 class _Builds:
     """`sessions` build sessions (threads, each with its own connection) taking builds from one
     list; several may build on one table (a plain build's SHARE lock does not conflict with
-    itself). After the first failure no session takes another build; the ones under way finish,
-    and the failure is raised once all have stopped (mover/threads.py)."""
+    itself). Each session waits for its turn before it takes a build (wait_for_turn: the governor
+    decides how many run at once) and rests after it (rest_after). After the first failure no
+    session takes another build; the ones under way finish, and the failure is raised once all
+    have stopped (mover/threads.py)."""
 
     def __init__(self, ctx: Context, builds: list[IndexBuild], sessions: int):
         self.ctx = ctx
@@ -479,21 +535,25 @@ class _Builds:
                 return self.todo.pop(0)
             return None
 
-    def _session(self, db: Database) -> None:
+    def _session(self, db: Database, session: int = 0) -> None:
         try:
-            while (b := self._next()) is not None:
+            while True:
+                wait_for_turn(self.ctx, db, session, self.sessions)
+                if (b := self._next()) is None:
+                    return
+                started = time.monotonic()
                 _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b))
+                rest_after(self.ctx, time.monotonic() - started)
         finally:
             if db is not self.ctx.db:
                 db.close()
 
     def run(self) -> None:
         if self.sessions <= 1:
-            for b in self.todo:
-                _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, self.ctx.db, b))
+            self._session(self.ctx.db)
             return
         for i in range(1, self.sessions):
-            self.group.start(partial(self._session, self.ctx.db.sibling()), f"mover-index-{i}")
+            self.group.start(partial(self._session, self.ctx.db.sibling(), i), f"mover-index-{i}")
         self.group.call(partial(self._session, self.ctx.db))
         self.group.join()
 
@@ -576,7 +636,10 @@ def build_indexes(ctx: Context) -> None:
     # table, which would wait for every build's SHARE lock (and they for it).
     for name, ix in constraints:
         for b in planned_builds(name, ix, ctx.new, parts):
+            wait_for_turn(ctx, ctx.db, what="constraint builds")
+            started_one = time.monotonic()
             _retried(ctx, f"building constraint {name}", partial(build_constraint, ctx, b))
+            rest_after(ctx, time.monotonic() - started_one)
         _copy_index_comment(ctx, name, ix)
     if builds or constraints:
         ms = (time.monotonic() - started) * 1000
@@ -639,6 +702,7 @@ class Analyze:
     def _beside(self) -> None:
         db = self.ctx.db.sibling()
         try:
+            wait_for_turn(self.ctx, db, what="ANALYZE")  # one statement: the throttle decides only when it starts
             db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
             self.ms = (time.monotonic() - self.started) * 1000
         finally:
@@ -647,6 +711,7 @@ class Analyze:
     def finish(self) -> float:
         """Wait for it, or run it now; its duration in ms."""
         if self.thread is None:
+            wait_for_turn(self.ctx, self.ctx.db, what="ANALYZE")
             started = time.monotonic()
             # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
             self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",
@@ -664,3 +729,65 @@ class Analyze:
         if (error := self.thread.error) is not None:
             log.error("ANALYZE of %s beside the index builds also failed: %s: %s", self.ctx.new,
                       type(error).__name__, error)
+
+
+def build_and_analyze(ctx: Context) -> tuple[Analyze, float]:
+    """The deferred indexes, and ANALYZE beside them where it can run there, under the migration's
+    governor (the backfill step's, or led from here when called alone). Returns the ANALYZE,
+    finished, and how long it took (ms)."""
+    with throttle.governing(ctx, "index builds"):
+        analyze = Analyze(ctx)
+        analyze.start()
+        try:
+            build_indexes(ctx)
+        except BaseException:
+            analyze.abandon()
+            raise
+        return analyze, analyze.finish()
+
+
+# The WAL a backfill writes, per byte of what it builds (bench/README.md, the profile of the
+# narrow table: the copy wrote 1.8x the heap with its key index; a plain index build logs the
+# index whole, before wal_compression).
+WAL_PER_HEAP_BYTE = 1.3
+WAL_PER_KEY_INDEX_BYTE = 2.5
+
+
+def preflight(cur: psycopg.Cursor, source: names.QualifiedName, columns: dict[str, str]) -> dict[str, Any]:
+    """What the target and its indexes will take and the WAL the backfill will write, estimated
+    from the source's size (its dead rows left out: the copy is compact) and the plan's type
+    changes, for `mover plan check` to print beside the free space the operator knows of."""
+    cur.execute("SELECT c.oid, pg_table_size(c.oid), pg_indexes_size(c.oid), greatest(c.reltuples, 0)::bigint,"
+                " coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)"
+                " FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid WHERE c.oid = to_regclass(%s)",
+                (str(source),))
+    oid, table_bytes, index_bytes, rows, live, dead = one(cur)
+    live_share = live / (live + dead) if live + dead else 1.0
+    info = introspect.describe(cur, source)
+    cur.execute("SELECT coalesce(pg_relation_size(to_regclass(%s)), 0)",
+                (str(names.QualifiedName(source.schema, info.key_index)),))
+    key_bytes = int(one(cur)[0])
+    widened = 0
+    for col, new_type in columns.items():
+        cur.execute("SELECT (SELECT typlen FROM pg_type WHERE oid = a.atttypid), (SELECT typlen FROM pg_type"
+                    " WHERE oid = to_regtype(%s)) FROM pg_attribute a WHERE a.attrelid = %s AND a.attname = %s",
+                    (new_type, oid, col))
+        got = cur.fetchone()
+        if got and got[0] and got[1] and got[0] > 0 and got[1] > 0:
+            widened += (got[1] - got[0]) * int(rows)
+    heap = max(0, int(table_bytes * live_share) + widened)
+    indexes = int(index_bytes * live_share)
+    wal_copy = int(heap * WAL_PER_HEAP_BYTE + key_bytes * live_share * WAL_PER_KEY_INDEX_BYTE)
+    wal_builds = max(0, indexes - int(key_bytes * live_share))
+    h = pacing.human_bytes
+    lines = [
+        f"the target will take about {h(heap + indexes)}: {h(heap)} of rows ({int(rows):,} estimated; the source "
+        f"takes {h(table_bytes)}, {1 - live_share:.0%} of its rows dead) and {h(indexes)} of indexes",
+        f"the backfill writes about {h(wal_copy + wal_builds)} of WAL: {h(wal_copy)} copying (each row and its key "
+        f"index entry), {h(wal_builds)} building the other indexes (less with wal_compression); the change log "
+        f"adds what the application writes meanwhile",
+        "compare with the free space where the data directory and pg_wal live: that WAL stays until a checkpoint, "
+        "the archiver and every replication slot are done with it",
+    ]
+    return {"target_bytes": heap + indexes, "heap_bytes": heap, "index_bytes": indexes,
+            "wal_bytes": wal_copy + wal_builds, "lines": lines}

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
@@ -19,6 +19,9 @@ from mover.names import QualifiedName
 from mover.plan import Plan, plan_from_canonical
 from mover.sql.mapping import Mapping
 from mover.state import control
+
+if TYPE_CHECKING:
+    from mover.engines.throttle import Governor
 
 log = logging.getLogger("mover")
 
@@ -44,6 +47,8 @@ class Context:
     # Plan check only: the target as its DDL rehearsal created it (rolled back since), so that the
     # steps' describe() prints the copy's and the replay's conversions before the target exists.
     planned_target: introspect.TableInfo | None = None
+    # The migration's throttle in this process while an engine's bulk work runs (throttle.governing).
+    governor: Governor | None = None
     _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

@@ -5,8 +5,9 @@ few things they really differ by (settings, the mapping ranges are cut on, what 
 Invariants:
 - One range at a time: read the migration row and the engine's settings (`mover set` takes
   effect at the next range), ask the throttle, claim, work, count the range or its failure,
-  pace. The throttle (mover/engines/throttle.py: pause, replica lag, rows/s cap) is asked only
-  here, between ranges, never inside one: gate() before a claim, pace() after a range.
+  pace. The throttle (mover/engines/throttle.py: pause, the governor's guards and duty, the
+  rows/s cap) is asked only here, between ranges, never inside one: gate() before a claim (wait,
+  or how many keys), pace() after a range (how long to rest: the cap's budget, or the duty's).
 - A worker holds at most one claimed range, so after kill -9 at most one range per worker is
   redone (invariant 2): its lease expires, at once when its process died on this host.
 - A range's work commits with its done mark, in a transaction that first checks the worker
@@ -68,12 +69,14 @@ class RangeWorker:
     role: ClassVar[str] = "mover-worker"  # its name in pg_stat_activity
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, *, stop: threading.Event,
-                 lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1) -> None:
+                 lost: threading.Event, registry: set[str], report: Reporter, n_workers: int = 1,
+                 governor: throttle.Governor | None = None) -> None:
         self.db = Database(dsn, role=self.role)
         self.ctx = Context(db=self.db, migration=migration, owner=wid, report=report, stop=stop, lease_lost=lost)
         self.wid, self.registry, self.report = wid, registry, report
-        # The cap is shared evenly by this process's workers of the engine.
-        self.pacer = throttle.Throttle(throttle.Limits(), n_workers)
+        # The cap is shared evenly by this process's workers of the engine; the governor by every
+        # engine of the migration (one per process: throttle.governing, throttle.following).
+        self.pacer = throttle.Throttle(throttle.Limits(), n_workers, governor)
 
     # -- the hooks ------------------------------------------------------------------------------
 
@@ -124,12 +127,12 @@ class RangeWorker:
         if s is None:
             return m, None, None
         self.pacer.limits = s.limits
-        return m, s, self.pacer.gate(cur, m.paused, s.range_rows)
+        return m, s, self.pacer.gate(m.paused, s.range_rows)
 
     def _loop(self) -> None:
         ctx, mid = self.ctx, self.ctx.mid
         waiting: str | None = None
-        owed = 0.0  # monotonic time before which no further range may start (the cap's budget)
+        owed, owed_for = 0.0, ""  # monotonic time before which no further range may start, and why
         while True:
             ctx.checkpoint()
             m, s, gate = self.db.transaction(self._look)
@@ -161,7 +164,7 @@ class RangeWorker:
                 continue
             faults.point("claimed")  # between building the mapping and working with it
             if owed > time.monotonic():
-                waiting = self.pacer.cap_reason()
+                waiting = owed_for
                 self._wait(waiting, owed - time.monotonic())
             started = time.monotonic()
             try:
@@ -178,14 +181,14 @@ class RangeWorker:
                 continue
             faults.point(f"{self.kind}_range:{key_range.range_no}")
             self.finished(key_range, done)
-            pause = self.pacer.pace(done.rows, time.monotonic() - started)
+            pause, why = self.pacer.pace(done.rows, time.monotonic() - started)
             if pause and key_range.hi is None:
                 # The key space's last range: no new one follows, so no "waiting: rows/s cap" with
                 # nothing left to do. A retried range claimed after it still waits out this budget
                 # first (above).
-                owed = time.monotonic() + pause
+                owed, owed_for = time.monotonic() + pause, why or ""
             elif pause:
-                waiting = self.pacer.cap_reason()  # cleared at the top of the loop, once it is over
+                waiting = why  # cleared at the top of the loop, once it is over
                 self._wait(waiting, pause)
 
     def _claim(self, cur: psycopg.Cursor, rows: int, attempts: int) -> ranges.KeyRange | None:
@@ -193,7 +196,8 @@ class RangeWorker:
 
     def _wait(self, reason: str | None, seconds: float) -> None:
         """Wait between ranges (never inside one), saying why on the worker's row."""
-        self.db.transaction(bind(ranges.worker_waits, self.ctx.mid, self.wid, reason))
+        # A lost word on a crash is harmless (the row goes with the worker): no WAL flush to wait for.
+        self.db.transaction(bind(ranges.worker_waits, self.ctx.mid, self.wid, reason), synchronous_commit=False)
         if seconds:
             self.ctx.stop.wait(seconds)
 

@@ -299,15 +299,15 @@ class Worker(rangework.RangeWorker):
 
     def __init__(self, dsn: str, migration: control.Migration, wid: str, spec: q.Spec, result: PassResult, *,
                  stop: threading.Event, lost: threading.Event, registry: set[str], report: Reporter,
-                 n_workers: int = 1):
+                 n_workers: int = 1, governor: throttle.Governor | None = None):
         super().__init__(dsn, migration, wid, stop=stop, lost=lost, registry=registry, report=report,
-                         n_workers=n_workers)
+                         n_workers=n_workers, governor=governor)
         self.spec, self.result = spec, result
         self._settings = self.ctx.plan.reconcile
         self._drained = time.monotonic()  # run() drained the log as the pass started
 
     def settings(self, m: control.Migration) -> rangework.Settings:
-        # It reads both whole tables: it waits on pause, replica lag and its cap like the backfill.
+        # It reads both whole tables: held by the governor, the pause and its cap like the backfill.
         plan = plan_from_canonical(m.plan)
         s = self._settings = plan.reconcile
         return rangework.Settings(limits(plan), s.range_rows, s.max_attempts)
@@ -338,12 +338,12 @@ class Worker(rangework.RangeWorker):
 
 
 def limits(plan: Plan) -> throttle.Limits:
-    """The reconcile's throttle: its own rows/s cap ([reconcile] max_rows_per_second, counted in
-    source rows; each is read in both tables), the one replica-lag limit of the plan ([backfill]
-    max_replica_lag: lag is the server's, whoever causes it), and ranges of range_rows keys."""
+    """A reconcile worker's own limits: its rows/s cap ([reconcile] max_rows_per_second, counted in
+    source rows; each is read in both tables) and ranges of range_rows keys. The governor holds it
+    to the rest, as every bulk engine (the one replica-lag limit of the plan among them: [backfill]
+    max_replica_lag, the lag is the server's, whoever causes it)."""
     r = plan.reconcile
-    return throttle.Limits(max_rows_per_second=r.max_rows_per_second,
-                           max_replica_lag_ms=plan.backfill.max_replica_lag_ms, max_rows=r.range_rows)
+    return throttle.Limits(max_rows_per_second=r.max_rows_per_second, max_rows=r.range_rows)
 
 
 def _start_pass(ctx: Context, spec: q.Spec, full: bool) -> str:
@@ -401,10 +401,13 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     st, estimate = ctx.db.transaction(todo)
     ctx.report("reconcile_start", mode=mode, ranges_open=st["open"], estimate=estimate, workers=settings.workers)
     if st["open"] or not st["exhausted"]:
-        workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), spec, result, stop=ctx.stop,
-                          lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report, n_workers=settings.workers)
-                   for i in range(settings.workers)]
-        rangework.run_workers(workers, "reconcile")
+        # Under the migration's governor, led from here (a pass with nothing to compare measures nothing).
+        with throttle.governing(ctx, KIND):
+            workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), spec, result, stop=ctx.stop,
+                              lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report,
+                              n_workers=settings.workers, governor=ctx.governor)
+                       for i in range(settings.workers)]
+            rangework.run_workers(workers, "reconcile")
     ctx.checkpoint()
     ranges.require_finished(ctx.db, ctx.mid, KIND, ctx.migration.name, "mover reconcile")
     result.seconds = time.monotonic() - started

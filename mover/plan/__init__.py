@@ -9,7 +9,7 @@ Validation here needs no database (shape, types, names); the checks against the 
 names the key as `[section] key`.
 """
 
-from mover.plan.declare import Setting, duration_text, parse_duration_ms
+from mover.plan.declare import Setting, duration_text, parse_duration_ms, percent, size_text
 from mover.plan.forms import (
     KEYS,
     RENAMED_KEYS,
@@ -34,6 +34,7 @@ from mover.plan.settings import (
     ReconcileSettings,
     RollbackSettings,
     TargetKeys,
+    ThrottleSettings,
 )
 from mover.plan.tables import DEFAULT_NAMES, HOOK_EVENTS, HOOK_TIMEOUT_MS, RANGE_INTERVALS, Hook, PartitionSpec
 
@@ -41,6 +42,6 @@ __all__ = [
     "DEFAULT_NAMES", "HOOK_EVENTS", "HOOK_TIMEOUT_MS", "KEYS", "RANGE_INTERVALS", "RENAMED_KEYS", "SECTIONS",
     "SETTABLE", "SETTINGS", "TAKES_EFFECT", "BackfillSettings", "CutoverSettings", "Edit", "Hook", "MigrationKeys",
     "PartitionSpec", "PartitionUpkeep", "Plan", "ReconcileSettings", "RollbackSettings", "Setting", "TargetKeys",
-    "duration_text", "edits", "load_plan", "parse_duration_ms", "parse_plan", "plan_from_canonical", "renamed",
-    "to_document",
+    "ThrottleSettings", "duration_text", "edits", "load_plan", "parse_duration_ms", "parse_plan", "percent",
+    "plan_from_canonical", "renamed", "size_text", "to_document",
 ]

@@ -167,6 +167,73 @@ class Duration(Kind):
 
 
 @dataclass(frozen=True)
+class Percent(Kind):
+    """A share written as "50%" (or "off" where `off` allows it), kept as the file writes it,
+    normalised ("50 %" -> "50%", "OFF" -> "off"); within lo..hi percent. `percent()` reads it."""
+    lo: int = 0
+    hi: int = 100
+    off: bool = False
+    hint: str | None = None
+    toml = str
+
+    def read(self, value: str, at: At) -> Any:
+        text = value.strip().lower()
+        if self.off and text == "off":
+            return "off"
+        m = re.match(r"^(\d+(?:\.\d+)?)\s*%$", text)
+        if not m or not self.lo <= float(m.group(1)) <= self.hi:
+            off = ' or "off"' if self.off else ""
+            at.problem(f" must be a percentage between {self.lo}% and {self.hi}%{off}, got {value!r}",
+                       self.hint or f'e.g. {at.key} = "{at.default}"')
+            return at.default
+        return f"{float(m.group(1)):g}%"
+
+    def shown(self, default: str) -> str:
+        return f'`"{default}"`'
+
+
+def percent(text: str) -> float | None:
+    """A Percent setting as a fraction (0.5 for "50%"); None for "off"."""
+    return None if text == "off" else float(text.rstrip("%")) / 100
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|tb)?\s*$", re.I)
+_UNIT_BYTES = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}
+
+
+def size_text(n: int) -> str:
+    """Bytes as the plan writes them: the largest unit that divides them ("10GB", "0")."""
+    for unit in ("TB", "GB", "MB", "kB"):
+        if n and n % _UNIT_BYTES[unit.lower()] == 0:
+            return f"{n // _UNIT_BYTES[unit.lower()]}{unit}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class Size(Kind):
+    """An amount of bytes written "10GB", "512MB", "64kB" (PostgreSQL's units, 1024-based), "0"
+    or "off" (0: not checked). Kept in bytes."""
+    hint: str | None = None
+    toml = str
+
+    def read(self, value: str, at: At) -> Any:
+        if value.strip().lower() == "off":
+            return 0
+        m = _SIZE.match(value)
+        if not m:
+            at.problem(f" must be a size such as \"10GB\", \"512MB\" or \"off\", got {value!r}",
+                       self.hint or f'e.g. {at.key} = "{size_text(at.default) if at.default else "1GB"}"')
+            return at.default
+        return int(float(m.group(1)) * _UNIT_BYTES[(m.group(2) or "b").lower()])
+
+    def write(self, value: int) -> str:
+        return size_text(value)
+
+    def shown(self, default: int) -> str:
+        return f'`"{size_text(default) if default else "off"}"`'
+
+
+@dataclass(frozen=True)
 class Choice(Kind):
     options: tuple[str, ...]
     hint: str | None = None
@@ -294,8 +361,10 @@ class Setting:
     section: str = ""
 
     def left_unset(self, value: Any) -> bool:
-        """An only_set setting at its default (or empty): left out of the canonical form and the document."""
-        return self.only_set and (not value or value == self.default)
+        """An only_set setting at its default (or empty where its default is empty too): left out of the
+        canonical form and the document. An empty value away from a non-empty default ("off", 0 bytes,
+        where the default is a limit) is stored: leaving it out would read back as the default."""
+        return self.only_set and (value == self.default or (not value and not self.default))
 
     def fresh_default(self) -> Any:
         return dict(self.default) if isinstance(self.default, dict) else self.default

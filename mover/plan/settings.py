@@ -22,8 +22,10 @@ from mover.plan.declare import (
     Flag,
     Name,
     Pattern,
+    Percent,
     Problems,
     Read,
+    Size,
     Strings,
     Text,
     nested,
@@ -153,6 +155,31 @@ class ReconcileSettings:
     max_rows_per_second: int = setting(Count(0, 10**9), 0, settable=True)
 
 
+@section("throttle", effect="within a second (the governor reads the plan again)",
+         written=lambda plan: plan.throttle != ThrottleSettings())
+@dataclass(frozen=True)
+class ThrottleSettings:
+    """The governor every bulk engine shares (mover/engines/throttle.py): what the application may
+    pay for the migration, and the WAL and replication guards. Stored only when not the default,
+    so plans registered before [throttle] existed read the same."""
+    # The probe's latency may rise this much over its latency before the step started; "off": no
+    # latency budget (the guards below still hold).
+    max_latency_increase: str = setting(
+        Percent(0, 10_000, off=True, hint='e.g. max_latency_increase = "50%", or "off"'), "50%",
+        settable=True, only_set=True)
+    # An absolute budget for the probe instead (0: the increase above decides).
+    probe_latency_ms: int = setting(Duration(0, 60_000, "0 and 60s", 'e.g. probe_latency = "5ms"'), 0,
+                                    settable=True, only_set=True)
+    # The least share of its time mover keeps working while over the budget; below it status says so.
+    floor: str = setting(Percent(0, 100, hint='e.g. floor = "10%"'), "10%", settable=True, only_set=True)
+    # WAL a replication slot may hold back before mover waits ("off": only the risk of invalidation).
+    max_slot_wal: int = setting(Size(), 10 * 1024**3, settable=True, only_set=True)
+    # WAL waiting to be archived before mover waits ("off": only a failing archiver).
+    max_archive_backlog: int = setting(Size(), 1024**3, settable=True, only_set=True)
+    # The server's WAL rate mover keeps under (bytes per second; "off": none).
+    max_wal_per_second: int = setting(Size(), 0, settable=True, only_set=True)
+
+
 @section("capture", effect="at the next replication slot mover creates",
          written=lambda plan: plan.capture != CaptureSettings())
 @dataclass(frozen=True)
@@ -216,6 +243,7 @@ class Plan(TargetKeys, MigrationKeys):
     cutover: CutoverSettings = nested(CutoverSettings)
     rollback: RollbackSettings = nested(RollbackSettings)
     reconcile: ReconcileSettings = nested(ReconcileSettings)
+    throttle: ThrottleSettings = nested(ThrottleSettings)
     upkeep: PartitionUpkeep = nested(PartitionUpkeep)
     capture: CaptureSettings = nested(CaptureSettings)
     hooks: dict[str, Hook] = setting(HookTables(), {}, section="hooks", effect="at the hook's next run")

@@ -209,7 +209,8 @@ def set_settings(db: Database, name: str, assignments: list[str]) -> None:
                 value = tomllib.loads(f"v = {raw.strip()}")["v"]
             except tomllib.TOMLDecodeError:
                 value = raw.strip()  # a bare word such as 200ms
-            doc[section][field] = value
+            # A section at its defaults is not in the document ([throttle]): the first key set adds it.
+            doc.setdefault(section, {})[field] = value
             changes[key.strip()] = value
         new_plan = parse_plan(doc, origin="mover set")
         control.update_plan(cur, m.id, new_plan.canonical(), control.new_owner_id())

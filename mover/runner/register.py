@@ -20,8 +20,10 @@ from mover import checks, steps
 from mover.catalog import shape, subscribers
 from mover.checks import edits as edits_check
 from mover.db import Database, conversion_settings, search_path
+from mover.engines import backfill, throttle
 from mover.engines.context import Context
 from mover.errors import BadInput, PlanError
+from mover.names import QualifiedName
 from mover.plan import Plan, load_plan
 from mover.state import control
 
@@ -41,6 +43,10 @@ def init(db: Database) -> str:
 def require_schema(db: Database) -> None:
     if not db.transaction(control.schema_ready):
         raise BadInput("mover's control schema is not installed in this database", hint="run `mover init` first")
+    have, need = db.transaction(control.schema_revision), control.newest_revision()
+    if have is not None and have < need:
+        raise BadInput(f"mover's control schema is at revision {have}, and this mover needs {need}",
+                       hint="run `mover init`: it upgrades the schema in place (migrations under way keep their state)")
 
 
 def resolve(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
@@ -61,20 +67,22 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         if existing is not None and existing.state != "aborted":
             same_shape(existing, plan)
             changes = edits_check.check(cur, existing, plan)
+            guards = governor_lines(cur, plan, existing.source, existing.id)
             return ({"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                      "edits": [{"key": c.key, "takes_effect": c.effect} for c in changes],
-                     "steps": [], **hooks_and_warnings(plan)}, existing)
+                     "steps": [], **guards, **hooks_and_warnings(plan, guards.pop("warnings"))}, existing)
         r = resolve(cur, plan)
         mid = control.next_id(cur)
         ctx = Context(db=db, migration=provisional(plan, r, mid), owner="plan-check", planned_target=r["rehearsed"])
         described = [{"name": step.name, "sql": [s if isinstance(s, str) else s.as_string(cur)
                                                  for s in step.describe(ctx, cur)]}
                      for step in steps.ALL]
+        guards = governor_lines(cur, plan, r["source"])
         return ({"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
                  "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
                  "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
-                 "partitioning": r["partitioning"],
-                 "metadata": r["metadata"], "steps": described, **hooks_and_warnings(plan, r["warnings"])}, None)
+                 "partitioning": r["partitioning"], "metadata": r["metadata"], "steps": described, **guards,
+                 **hooks_and_warnings(plan, r["warnings"] + guards.pop("warnings"))}, None)
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.
     conn = db.connection()
@@ -82,6 +90,18 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         db.pin_local(cur)  # the pinned settings, behind a pooler too (as Database.transaction)
         cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
         return describe(cur)
+
+
+def governor_lines(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, mid: int | None = None) -> dict[str, Any]:
+    """What plan check says of the throttle (one line per input, from the governor's own readings
+    and verdicts) and the backfill's preflight (the space and the WAL it takes), and a warning
+    when a guard would hold mover at its first range now."""
+    guards = throttle.describe(cur, plan, mid)
+    pre = backfill.preflight(cur, source, plan.columns)
+    warnings = [f"mover would wait at its first range now: {guards['wait']}"] if guards["wait"] else []
+    return {"throttle": guards["lines"], "preflight": pre["lines"],
+            "estimates": {k: v for k, v in pre.items() if k != "lines"}, "server": guards["readings"],
+            "warnings": warnings}
 
 
 def provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migration:

@@ -12,7 +12,7 @@ import psycopg
 
 from mover.db import Database, bind
 from mover.engines import backfill as backfill_engine
-from mover.engines import rangework
+from mover.engines import rangework, throttle
 from mover.engines import reconcile as reconcile_engine
 from mover.engines.context import Context, Reporter
 from mover.state import control, ranges
@@ -57,25 +57,29 @@ def serve(db: Database, m: control.Migration, kind: str, threads: int, report: R
     heartbeat that keeps their ranges' leases (a worker holds no lease of the migration's own)."""
     lost = threading.Event()
     registry: set[str] = set()
-    workers: list[rangework.RangeWorker]
-    if kind == backfill_engine.KIND:
-        workers = [backfill_engine.Worker(db.dsn, m, ranges.worker_id(i), stop=stop, lost=lost, registry=registry,
-                                          report=report, n_workers=threads) for i in range(threads)]
-    else:
-        ctx = Context(db=db, migration=m, owner=control.new_owner_id(), report=report, stop=stop, lease_lost=lost)
-        spec = db.transaction(lambda cur: reconcile_engine.spec_for(cur, ctx.mapping(cur)))
-        result = reconcile_engine.PassResult("helper")
-        workers = [reconcile_engine.Worker(db.dsn, m, ranges.worker_id(i), spec, result, stop=stop, lost=lost,
-                                           registry=registry, report=report, n_workers=threads)
-                   for i in range(threads)]
 
     def keep(cur: psycopg.Cursor) -> bool:
         ranges.keep_leases(cur, m.id, sorted(registry))
         return True  # a worker's only lease is its ranges': losing one shows when it commits
 
-    beat = Heartbeat(db.dsn, keep, lost, name=f"worker-lease-{m.id}")
-    beat.start()
-    try:
-        rangework.run_workers(workers, f"helper-{kind}")
-    finally:
-        beat.stop()
+    # The migration's governor, as published by the process that probes (the orchestrator): the
+    # same budget and guards as its own engines; this process probes when nobody else does.
+    ctx = Context(db=db, migration=m, owner=control.new_owner_id(), report=report, stop=stop, lease_lost=lost)
+    with throttle.following(ctx) as governor:
+        workers: list[rangework.RangeWorker]
+        if kind == backfill_engine.KIND:
+            workers = [backfill_engine.Worker(db.dsn, m, ranges.worker_id(i), stop=stop, lost=lost, registry=registry,
+                                              report=report, n_workers=threads, governor=governor)
+                       for i in range(threads)]
+        else:
+            spec = db.transaction(lambda cur: reconcile_engine.spec_for(cur, ctx.mapping(cur)))
+            result = reconcile_engine.PassResult("helper")
+            workers = [reconcile_engine.Worker(db.dsn, m, ranges.worker_id(i), spec, result, stop=stop, lost=lost,
+                                               registry=registry, report=report, n_workers=threads, governor=governor)
+                       for i in range(threads)]
+        beat = Heartbeat(db.dsn, keep, lost, name=f"worker-lease-{m.id}")
+        beat.start()
+        try:
+            rangework.run_workers(workers, f"helper-{kind}")
+        finally:
+            beat.stop()

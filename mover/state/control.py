@@ -181,6 +181,20 @@ def schema_ready(cur: psycopg.Cursor) -> bool:
     return bool(one(cur)[0])
 
 
+def schema_revision(cur: psycopg.Cursor) -> str | None:
+    """The control schema's revision in force (None before Alembic kept one)."""
+    cur.execute("SELECT to_regclass('mover.alembic_version') IS NOT NULL")
+    if not one(cur)[0]:
+        return None
+    cur.execute("SELECT max(version_num) FROM mover.alembic_version")
+    return one(cur)[0]  # type: ignore[no-any-return]
+
+
+def newest_revision() -> str:
+    """The newest revision this installation ships (its file names start with the revision)."""
+    return max(p.name.split("_", 1)[0] for p in (alembic_dir() / "versions").glob("[0-9]*_*.py"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Migrations
 

@@ -8,7 +8,7 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import conversion, introspect, shape
-from mover.engines import backfill, capture, partitions
+from mover.engines import backfill, capture, partitions, throttle
 from mover.engines.context import Context
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
@@ -58,8 +58,14 @@ class Backfill(Step):
         return [names.QualifiedName(schema, p.name) for p in planned]
 
     def run(self, ctx: Context) -> None:
-        m = ctx.migration
         backfill.stop_orphaned_builders(ctx)  # a crashed run's, which would hold up the drain
+        # One governor for the step: the baseline is the probe's before the step's work (the copy,
+        # then the index builds and ANALYZE under it).
+        with throttle.governing(ctx, "backfill"):
+            self._run(ctx)
+
+    def _run(self, ctx: Context) -> None:
+        m = ctx.migration
         backfill.copy_all(ctx)
         # Workers check range ownership, not the orchestrator's lease: check it before going on.
         ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))
@@ -69,14 +75,7 @@ class Backfill(Step):
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
                                                      f"applied {applied.claimed} logged changes after the copy",
                                                      {"applied": applied.claimed}, ms))
-        analyze = backfill.Analyze(ctx)
-        analyze.start()
-        try:
-            backfill.build_indexes(ctx)
-        except BaseException:
-            analyze.abandon()
-            raise
-        ms = analyze.finish()
+        analyze, ms = backfill.build_and_analyze(ctx)  # under the governor, as the copy
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "analyzed",
                                                      f"analyzed {m.target}", {"beside_builds": analyze.beside}, ms))
 

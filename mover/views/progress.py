@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 # Narrow enough that the figures beside the bar fit an 80-column terminal uncut.
@@ -84,6 +85,14 @@ class ProgressReporter:
                 self.close()
                 self.console.print(f"{'swapped in' if kind == 'cutover' else 'swapped back'}; lock held "
                                    f"{f['lock_ms']:.1f} ms", highlight=False, markup=False)
+                return
+            if kind == "index_waiting":  # a build (or ANALYZE) held before it starts, above the bar (kept)
+                (self.progress.console if self.progress is not None else self.console).print(
+                    f"[dim]{escape(f['what'])} wait[/dim]: {escape(f['reason'])}", highlight=False)
+                return
+            if kind == "throttle":  # the governor's changes of state, above any bar (kept)
+                (self.progress.console if self.progress is not None else self.console).print(
+                    f"[dim]throttle[/dim]: {escape(f['message'])}", highlight=False)
                 return
             if kind in ("capture", "backfill"):
                 return  # frequent and small; `mover status` shows the backlog

@@ -14,6 +14,7 @@ from mover.db import one
 from mover.engines import capture, logical, partitions
 from mover.names import QualifiedName
 from mover.state import control, ranges
+from mover.state import throttle as throttle_row
 
 
 def _backfill_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
@@ -101,6 +102,7 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
                     "slot": None if slot is None else {**slot.as_dict(), "summary": logical.describe_health(slot)}},
         "divergences": control.open_divergences(cur, m.id),
         "reconcile": _reconcile_status(cur, m),
+        "throttle": _throttle_status(cur, m),
         "cutover": None if m.cutover_at is None else {"at": iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},
         # Only while the window is open: after a rollback, a retire (forced or not) or an abort it is history.
         "rollback_window_ends_at": iso(m.window_ends_at) if m.step == "rollback_window" else None,
@@ -143,6 +145,59 @@ def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | N
     if out is not None:
         out["manager"] = (m.plan.get("partitions") or {}).get("manager", "mover")
     return out
+
+
+def _throttle_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:
+    """The governor's state (mover/engines/throttle.py), as the process that probes published it;
+    None for a migration never governed. A row nobody has probed for a while is idle: its
+    process stopped (or died) and nothing is governed now."""
+    row = throttle_row.get(cur, m.id)
+    if row is None:
+        return None
+    live = row["prober"] is not None and row["age"] is not None and row["age"] <= throttle_row.STALE_SECONDS
+    state = row["state"] if live else "idle"
+    throttled = state in ("throttled", "floor")
+    return {"state": state, "phase": row["phase"] if live else None,
+            "reason": row["reason"] if live else None, "wait": row["wait"] if live else None,
+            "duty": round(float(row["duty"]), 3) if live else 1.0,
+            "latency_ms": _round(row["latency_ms"]), "budget_ms": _round(row["budget_ms"]),
+            "baseline_ms": _round(row["baseline_ms"]),
+            "throttled_for_seconds": round(float(row["throttled_for"] or 0), 1) if throttled else None,
+            "throttled_seconds": round(float(row["throttled_seconds"] or 0), 1),
+            "readings": row["readings"]}
+
+
+def throttle_line(t: dict[str, Any] | None) -> str | None:
+    """The governor's state in one line, as `mover status` and `mover watch` print it (None when
+    there is nothing to say: never governed, or idle and never throttled)."""
+    if t is None:
+        return None
+    total = f"{_duration(t['throttled_seconds'])} throttled in all" if t["throttled_seconds"] else ""
+    state = t["state"]
+    if state == "idle":
+        return f"idle ({total})" if total else None
+    if state == "waiting":
+        line = f"waiting: {t['wait']}"
+    elif state in ("throttled", "floor"):
+        line = ("at the floor, " if state == "floor" else "") + f"throttled: {t['reason']}, working " \
+            f"{t['duty']:.0%} of the time for {_duration(t['throttled_for_seconds'] or 0)}"
+    elif state == "measuring":
+        line = f"{t['phase']}: measuring the probe's latency before the work"
+    elif state == "off":
+        line = "no latency budget ([throttle] max_latency_increase = \"off\"); the guards hold"
+    else:
+        line = f"governed: {t['reason']}" if t["reason"] else "governed"
+    return line + (f" ({total})" if total else "")
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 \
+        else f"{seconds:.1f}s"
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(float(v), 2)
 
 
 def _reconcile_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:

@@ -128,6 +128,8 @@ def line(snap: dict[str, Any]) -> str:
              f"capture {c['pending']:,} pending lag {_seconds(c['lag_seconds'])}"
              f" ({c['direction']})",
              f"workers {snap['backfill']['workers']}", f"divergences {snap['divergences']}"]
+    if (throttle := status.throttle_line(snap.get("throttle"))) is not None:
+        parts.append(f"throttle {throttle}")
     waits = _waiting(snap)
     if waits:
         parts.append("waiting: " + "; ".join(waits))
@@ -185,6 +187,9 @@ def screen(snap: dict[str, Any]) -> RenderableType:
                                                  if opened else ""), "red" if snap["divergences"] else "green")
     waits = _waiting(snap)
     waiting = Text("; ".join(waits) if waits else "nothing", "yellow" if waits else "green")
+    throttle = status.throttle_line(snap.get("throttle"))
+    governed = Text(throttle or "-", "yellow" if (snap.get("throttle") or {}).get("state") in
+                    ("throttled", "floor", "waiting") else "green")
 
     events = Table.grid(padding=(0, 2))
     for e in snap["recent_events"]:
@@ -197,7 +202,8 @@ def screen(snap: dict[str, Any]) -> RenderableType:
                                                        Panel(capture, title="capture")))
     return Group(Panel(head), grid, Panel(workers, title="workers"),
                  Panel(Group(Text.assemble(("divergences: ", "bold"), divs),
-                             Text.assemble(("waiting for: ", "bold"), waiting)), title="attention"),
+                             Text.assemble(("waiting for: ", "bold"), waiting),
+                             Text.assemble(("throttle: ", "bold"), governed)), title="attention"),
                  Panel(events, title="recent events"))
 
 

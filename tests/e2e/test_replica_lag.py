@@ -49,13 +49,15 @@ def replay_lag(dsn: str) -> float | None:
 
 
 def wait_for(predicate, what: str, proc=None, timeout: float = 90):
+    """The predicate's first true value."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (value := predicate()):
         if proc is not None and proc.poll() is not None:
             _, err = proc.communicate()
             raise AssertionError(f"mover exited ({proc.returncode}) before {what}: {err}")
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+    return value
 
 
 def test_backfill_waits_for_a_lagging_replica_and_resumes(tmp_path):
@@ -149,3 +151,59 @@ def test_reconcile_waits_for_a_lagging_replica_and_resumes(tmp_path):
                 assert st["reconcile"]["waiting_for"] == [], st
             finally:
                 ticks.halt()
+
+
+GONE_PLAN = dict(columns={"id": "bigint"}, backfill={"range_rows": 500, "min_rows": 100, "max_rows": 500,
+                                                      "max_rows_per_second": 1000, "max_replica_lag": "30s"})
+
+
+def test_a_standby_that_stops_streaming_holds_the_backfill_until_the_operator_lets_it_go(tmp_path):
+    # Failing closed: a standby mover saw streaming disappears (stopped, or its network gone). Its
+    # lag is unknown and grows with every range, so the backfill waits; the operator who knows it
+    # is gone for good says so by not watching standbys ([backfill] max_replica_lag = "0s").
+    with EmbeddedPostgres(fast=True, settings={"full_page_writes": "on"}) as primary:
+        dsn = primary.dsn
+        api.init(dsn)
+        create_orders(dsn, 6_000)
+        replica = Replica(dsn)
+        replica.start()
+        try:
+            wait_for(lambda: _streaming(dsn), "the replica to stream")
+            plan = plan_file(tmp_path, "lagging", **GONE_PLAN)
+            proc = spawn(dsn, "run", plan)
+            try:
+                def copied() -> int:
+                    with psycopg.connect(dsn, autocommit=True) as conn:
+                        return conn.execute("SELECT coalesce(sum(rows), 0) FROM mover.ranges"
+                                            " WHERE kind = 'backfill' AND status = 'done'").fetchone()[0]
+                wait_for(lambda: copied() >= 1_000, "the backfill to be under way", proc)
+                replica.stop()
+
+                def held() -> str | None:
+                    t = api.status(dsn, "lagging")["throttle"]
+                    return t["wait"] if t["state"] == "waiting" else None
+                why = wait_for(held, "the backfill to wait for the standby that went away", proc)
+                assert why.startswith("standby walreceiver (127.0.0.1) stopped streaming; mover waits for it"), why
+                r = mover(dsn, "status", "lagging")
+                assert "waiting: standby walreceiver" in r.stdout, r.stdout
+                r = mover(dsn, "set", "lagging", "backfill.max_replica_lag=0s")
+                assert r.returncode == 0, r.stderr
+                code, err = finish(proc, 120)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            assert code == 3, err
+        finally:
+            replica.stop()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            got = conn.execute("SELECT extract(epoch FROM at)::float8, kind, message FROM mover.events"
+                               " WHERE kind IN ('throttle_waiting', 'throttle_resumed') ORDER BY id").fetchall()
+            assert [k for _, k, _ in got[:2]] == ["throttle_waiting", "throttle_resumed"], got
+            waited, resumed = got[0][0], got[1][0]
+            # Held: no range but the one its only worker may have had under way ended while it waited.
+            during = conn.execute("SELECT count(*) FROM mover.ranges WHERE kind = 'backfill'"
+                                  " AND finished_at > to_timestamp(%s) AND finished_at < to_timestamp(%s)",
+                                  (waited, resumed)).fetchone()[0]
+            assert during <= 1, got
+        assert differences(dsn, "Orders", "Orders_new") == (0, 0)
+        assert_oracle(dsn, "Orders", "Orders_new")

@@ -52,15 +52,15 @@ def test_range_rows_fits_the_cap_within_target_time_shared_by_workers():
 
 def test_pace_waits_out_the_rest_of_the_cap():
     t = Throttle(BackfillSettings(max_rows_per_second=1_000), workers=2)  # 500 rows/s per worker
-    assert t.pace(1_000, 0.5) == pytest.approx(1.5)
-    assert t.pace(1_000, 3.0) == 0.0  # already slower than the cap
-    assert Throttle(BackfillSettings(max_rows_per_second=0)).pace(10**6, 0.001) == 0.0
+    assert t.pace(1_000, 0.5) == (pytest.approx(1.5), "rows/s cap 1000")
+    assert t.pace(1_000, 3.0) == (0.0, None)  # already slower than the cap
+    assert Throttle(BackfillSettings(max_rows_per_second=0)).pace(10**6, 0.001) == (0.0, None)
 
 
 def test_the_gate_before_a_range_waits_while_paused_else_sizes_the_range():
     # The one question the range loop asks before each claim (mover/engines/rangework.py).
-    capped = Throttle(BackfillSettings(target_range_ms=500, max_rows_per_second=4_000, max_replica_lag_ms=0))
-    paused = capped.gate(None, paused=True, hint=50_000)  # type: ignore[arg-type]  # the pause needs no query
+    capped = Throttle(BackfillSettings(target_range_ms=500, max_rows_per_second=4_000))
+    paused = capped.gate(paused=True, hint=50_000)
     assert (paused.wait, paused.seconds > 0, paused.rows) == ("paused (mover unpause)", True, 0)
-    go = capped.gate(None, paused=False, hint=50_000)  # type: ignore[arg-type]  # no lag limit: no query
+    go = capped.gate(paused=False, hint=50_000)
     assert (go.wait, go.rows) == (None, 2_000)  # the cap's budget of one range

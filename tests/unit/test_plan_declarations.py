@@ -22,7 +22,20 @@ from mover.plan import (
     plan_from_canonical,
     to_document,
 )
-from mover.plan.declare import Choice, Count, Duration, Flag, Name, Problems, read_section, section, section_of, setting
+from mover.plan.declare import (
+    Choice,
+    Count,
+    Duration,
+    Flag,
+    Name,
+    Percent,
+    Problems,
+    Size,
+    read_section,
+    section,
+    section_of,
+    setting,
+)
 
 BASE = {"migration": {"name": "m", "source": "orders"}, "rollback": {"window": "1h"}}
 
@@ -41,6 +54,11 @@ def another(s: Setting):
     if isinstance(kind, Choice):
         value = next(o for o in kind.options if o != s.default)
         return value, value
+    if isinstance(kind, Percent):
+        value = "off" if kind.off else ("25%" if s.default != "25%" else "30%")
+        return value, value
+    if isinstance(kind, Size):
+        return ("512MB", 512 * 1024**2) if s.default != 512 * 1024**2 else ("1GB", 1024**3)
     return None
 
 
@@ -50,7 +68,7 @@ TUNABLES = [s for s in SETTINGS.values() if another(s) is not None and s.section
 
 def test_settable_is_derived_from_the_declarations():
     assert SETTABLE == {section: {s.key for s in SETTINGS.values() if s.section == section and s.settable}
-                        for section in ("backfill", "cutover", "reconcile")}
+                        for section in ("backfill", "cutover", "reconcile", "throttle")}
     assert RENAMED_KEYS == {("backfill", "chunk_rows"): "range_rows",
                             ("backfill", "target_chunk_ms"): "target_range_ms"}
     # A fixed setting (the migration's identity) is never settable nor given a time to take effect.
@@ -64,7 +82,7 @@ def test_mover_set_changes_each_settable_key(s):
     written, held = another(s)
     plan = plan_from_canonical(parse_plan(BASE).canonical())
     doc = to_document(plan)
-    doc[s.section][s.key] = written
+    doc.setdefault(s.section, {})[s.key] = written  # as api.set_settings: a section at its defaults is left out
     changed = parse_plan(doc, origin="mover set")
     assert getattr(getattr(changed, s.section), s.attr) == held
     assert plan_from_canonical(changed.canonical()) == changed
@@ -89,10 +107,10 @@ def test_each_bound_is_enforced_naming_the_key(s):
 
 
 def test_sections_list_their_keys_in_the_files_order():
-    assert list(KEYS) == ["migration", "target", "backfill", "cutover", "rollback", "reconcile", "partitions",
-                          "capture", "hooks"]
-    assert [p.holder for p in SECTIONS] == [None, None, "backfill", "cutover", "rollback", "reconcile", "upkeep",
-                                            "capture", None]
+    assert list(KEYS) == ["migration", "target", "backfill", "cutover", "rollback", "reconcile", "throttle",
+                          "partitions", "capture", "hooks"]
+    assert [p.holder for p in SECTIONS] == [None, None, "backfill", "cutover", "rollback", "reconcile", "throttle",
+                                            "upkeep", "capture", None]
 
 
 # A repeated table section that takes [target]'s keys, as issue 27's [[also]] will: declared by

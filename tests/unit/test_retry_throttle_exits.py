@@ -104,16 +104,16 @@ def test_a_retry_is_logged_under_the_transactions_label(caplog):
 
 
 def test_pause_comes_first_and_needs_no_query():
-    t = throttle.Throttle(throttle.Limits(max_replica_lag_ms=1000))
-    assert t.reason(None, paused=True) == "paused (mover unpause)"  # type: ignore[arg-type]
-    assert throttle.Throttle(throttle.Limits()).reason(None, paused=False) is None  # type: ignore[arg-type]
+    t = throttle.Throttle(throttle.Limits())
+    assert t.reason(paused=True) == "paused (mover unpause)"
+    assert throttle.Throttle(throttle.Limits()).reason(paused=False) is None
 
 
 def test_without_a_cap_ranges_keep_their_size_and_nobody_waits():
     t = throttle.Throttle(throttle.Limits(max_rows=50_000), workers=4)
     assert t.range_rows(10_000) == 10_000
     assert t.range_rows(80_000) == 50_000  # max_rows, as `mover set` left it
-    assert t.pace(10_000, 0.01) == 0.0
+    assert t.pace(10_000, 0.01) == (0.0, None)
 
 
 @pytest.mark.parametrize("cap, workers, burst_ms, hint, expected", [
@@ -131,8 +131,8 @@ def test_a_capped_range_fits_the_caps_budget(cap, workers, burst_ms, hint, expec
 def test_pacing_waits_out_what_the_rows_are_worth():
     t = throttle.Throttle(throttle.Limits(max_rows_per_second=1_000), workers=2)
     # 500 rows at 500 rows/s per worker are worth 1 s; 0.25 s went on copying them.
-    assert t.pace(500, 0.25) == pytest.approx(0.75)
-    assert t.pace(500, 2.0) == 0.0  # slower than the cap: no wait
+    assert t.pace(500, 0.25) == (pytest.approx(0.75), "rows/s cap 1000")
+    assert t.pace(500, 2.0) == (0.0, None)  # slower than the cap: no wait
     assert t.cap_reason() == "rows/s cap 1000"
 
 

@@ -1,0 +1,555 @@
+"""Application impact (issue 25): what an application writing the source at a fixed rate pays for
+each of mover's bulk phases, governed (mover's defaults) and ungoverned
+(`[throttle] max_latency_increase = "off"`), side by side in one run on one server.
+
+    .venv/bin/python -m bench.impact [--rows 2000000] [--shape narrow] [--clients 2] [--share 0.5]
+                                     [--skip burst] [--skip applier] [--dsn DSN]
+    .venv/bin/python -m bench.impact --signals [--rows 2000000]
+
+1. The machine's capacity: pgbench (the writers of bench/backfill.py: 60 % updates, 30 % inserts,
+   10 % deletes by random id, `--clients` clients) at full speed for `--capacity-seconds`; then
+   the writers run at `--share` of it (`pgbench -R`) with a per-transaction log, whose latency
+   counts from each transaction's scheduled start (queueing included: what the application
+   waits).
+2. For each mode (governed, then ungoverned; a fresh migration each, the source vacuumed before):
+   the writers alone for `--idle-seconds` (the reference), then `mover step` through the
+   backfill and reconcile. The phases' windows come from mover's own events: the copy (the step's
+   start to its `drained` event; the applier replays beside it), the index builds and ANALYZE
+   (`drained` to the step's end), reconcile (its step). For each window: the writers' TPS
+   (transactions completed in it per second), their p50 and p99 latency, against the reference;
+   and the backfill step's duration.
+3. The applier alone (`--skip applier` leaves it out): another migration's backfill is paused at
+   60 % for `--backlog-seconds` while the writers go on (the change log grows for the copied
+   ranges), then its copy is capped to one row a second and unpaused: the backfill's applier
+   replays the backlog nearly alone for `--applier-seconds`: that window's figures.
+4. The burst (governed only; `--skip burst`): a third backfill, and at a third of it a second
+   pgbench at full speed beside the first for `--burst-seconds`: the time from the burst's start
+   to the governor's `throttled` event, from its end to `released`, and the copy's rows/s
+   before, during and after.
+
+`--signals` instead measures what the governor's signal is worth: the writers at `--share`, and
+every 250 ms a probe on a logged table (the governor's, mover/engines/signals.py), one on an
+unlogged table, and the count of active application sessions (all and waiting on Lock, LWLock
+or IO), while an ungoverned migration copies, builds and reconciles between idle spells. Per
+second: the writers' median and mean latency against each signal's median (Pearson's r).
+
+The machine this runs on must be otherwise quiet: every figure here is a ratio of two windows of
+one run, but a neighbour's load lands in one window and not the other.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/impact.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import math
+import re
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from bench.common import bindir, connect, create_database, generate, mover_cli, save, server, table
+
+SOURCE = "bench_source"
+SCRIPTS = {
+    "update": f"\\set id random(1, :maxid)\nUPDATE {SOURCE} SET amount = amount + 1, status = 'paid' WHERE id = :id;\n",
+    "insert": f"\\set acc random(1, 100000)\nINSERT INTO {SOURCE} (created_at, account_id, amount, status, payload)"
+              f" VALUES (now(), :acc, 1, 'new', repeat('x', 80));\n",
+    "delete": f"\\set id random(1, :maxid)\nDELETE FROM {SOURCE} WHERE id = :id;\n",
+}
+
+PLAN = """
+[migration]
+name = "{name}"
+source = "{source}"
+
+[target]
+columns = {{ account_id = "bigint" }}
+
+[rollback]
+window = "1h"
+{throttle}
+"""
+
+UNGOVERNED = '\n[throttle]\nmax_latency_increase = "off"\n'
+PHASES = ("copy", "index builds", "reconcile", "applier")
+
+
+# ---------------------------------------------------------------------------------------------
+# The writers
+
+
+class Writers:
+    """pgbench writing the source: at full speed (rate None), or at `rate` tps with a
+    per-transaction log, for `seconds` (or until stop())."""
+
+    def __init__(self, dsn: str, workdir: Path, rows: int, clients: int, rate: float | None, seconds: int,
+                 name: str):
+        files = []
+        for script, weight in (("update", 6), ("insert", 3), ("delete", 1)):
+            f = workdir / f"{script}.sql"
+            f.write_text(SCRIPTS[script])
+            files += ["-f", f"{f}@{weight}"]
+        self.logdir = workdir / name
+        self.logdir.mkdir(exist_ok=True)
+        extra = ["-R", str(rate), "--log", "--log-prefix", str(self.logdir / "log")] if rate else []
+        self.proc = subprocess.Popen([str(bindir() / "pgbench"), "-n", "-c", str(clients), "-j", str(clients),
+                                      "-T", str(seconds), "-D", f"maxid={rows}", *extra, *files, dsn],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.logdir)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: pgbench writes its logs and ends
+        out, err = self.proc.communicate(timeout=120)
+        return out + err
+
+    def transactions(self) -> list[tuple[float, float]]:
+        """(completion time as epoch seconds, latency ms) of every logged transaction."""
+        out = []
+        for path in self.logdir.glob("log*"):
+            for line in path.read_text().splitlines():
+                f = line.split()
+                if len(f) >= 6 and f[2].isdigit():
+                    out.append((int(f[4]) + int(f[5]) / 1e6, int(f[2]) / 1000))
+        return sorted(out)
+
+
+def capacity(dsn: str, workdir: Path, rows: int, clients: int, seconds: int) -> float:
+    out = Writers(dsn, workdir, rows, clients, None, seconds, "capacity")
+    out.proc.wait(seconds + 120)
+    text = out.stop()
+    got = re.search(r"tps = ([\d.]+) \(without initial connection time\)", text)
+    if not got:
+        raise RuntimeError(f"pgbench printed no tps: {text[-500:]}")
+    return float(got.group(1))
+
+
+def window(txns: list[tuple[float, float]], a: float, b: float) -> dict[str, Any]:
+    """The writers' figures over [a, b): TPS (completions per second), p50 and p99 latency."""
+    lat = sorted(ms for at, ms in txns if a <= at < b)
+    if not lat or b <= a:
+        return {"seconds": round(max(b - a, 0), 2), "transactions": len(lat), "tps": None, "p50_ms": None,
+                "p99_ms": None}
+    return {"seconds": round(b - a, 2), "transactions": len(lat), "tps": round(len(lat) / (b - a), 1),
+            "p50_ms": round(lat[len(lat) // 2], 2), "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)}
+
+
+# ---------------------------------------------------------------------------------------------
+# mover
+
+
+def plan(workdir: Path, name: str, governed: bool, extra: str = "") -> Path:
+    p = workdir / f"{name}.toml"
+    p.write_text(PLAN.format(name=name, source=SOURCE, throttle=("" if governed else UNGOVERNED) + extra))
+    return p
+
+
+def step(dsn: str, *args: str, codes: tuple[int, ...] = (0,)) -> float:
+    started = time.time()
+    proc, _ = mover_cli(dsn, "step", *args)
+    if proc.returncode not in codes:
+        raise RuntimeError(f"mover step {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return time.time() - started
+
+
+def cli(dsn: str, *args: str) -> None:
+    proc, _ = mover_cli(dsn, *args)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mover {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+
+
+def event_times(dsn: str, name: str) -> list[tuple[float, str, str, Any]]:
+    with connect(dsn) as conn:
+        return conn.execute(
+            "SELECT extract(epoch FROM e.at)::float8, e.kind, e.message, e.detail FROM mover.events e"
+            " JOIN mover.migrations m ON m.id = e.migration_id WHERE m.name = %s AND e.kind <> 'sample'"
+            " ORDER BY e.id", (name,)).fetchall()
+
+
+def first(evs: list[tuple[float, str, str, Any]], kind: str, after: float = 0.0, step: str | None = None) -> float:
+    for at, k, message, _ in evs:
+        if k == kind and at >= after and (step is None or message.startswith(step)):
+            return at
+    raise RuntimeError(f"no {kind} event after {after}")
+
+
+def rows_copied(dsn: str, name: str) -> int:
+    with connect(dsn) as conn:
+        return int(conn.execute("SELECT coalesce(sum(r.rows), 0) FROM mover.ranges r JOIN mover.migrations m"
+                                " ON m.id = r.migration_id WHERE m.name = %s AND r.kind = 'backfill'"
+                                " AND r.status = 'done'", (name,)).fetchone()[0])
+
+
+def fresh(dsn: str, name: str) -> None:
+    """Abort the migration of that name if there is one, vacuum the source (as autovacuum keeps a
+    live table), and checkpoint, so that each mode starts alike."""
+    proc, _ = mover_cli(dsn, "abort", name)
+    with connect(dsn) as conn:
+        conn.execute(f"VACUUM ANALYZE {SOURCE}")
+        conn.execute("CHECKPOINT")
+
+
+def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[str, Any]:
+    """The writers at `rate`; idle, then backfill and reconcile: each phase's window."""
+    mode = "governed" if governed else "ungoverned"
+    name = f"impact_{mode}"
+    fresh(dsn, name)
+    p = plan(workdir, name, governed)
+    writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, f"phases_{mode}")
+    try:
+        time.sleep(2)  # the writers reach their rate
+        idle_from = time.time()
+        time.sleep(args.idle_seconds)
+        idle_to = time.time()
+        step(dsn, str(p))
+        step(dsn, str(p))  # create_target, install_capture
+        backfill_s = step(dsn, name)
+        time.sleep(2)
+        reconcile_s = step(dsn, name)
+        time.sleep(1)
+    finally:
+        writers.stop()
+    txns = writers.transactions()
+    evs = event_times(dsn, name)
+    started = first(evs, "step_started", step="backfill")
+    drained = first(evs, "drained", after=started)
+    done = first(evs, "step_done", after=drained)
+    r_start = first(evs, "step_started", after=done, step="reconcile")
+    r_done = first(evs, "step_done", after=r_start)
+    out = {"mode": mode, "backfill_s": round(backfill_s, 2), "copy_s": round(drained - started, 2),
+           "index_builds_s": round(done - drained, 2), "reconcile_s": round(reconcile_s, 2),
+           "idle": window(txns, idle_from, idle_to), "copy": window(txns, started, drained),
+           "index builds": window(txns, drained, done), "reconcile": window(txns, r_start, r_done),
+           "throttle_events": [(round(at - started, 2), k, m) for at, k, m, _ in evs
+                               if k in ("throttle_baseline", "throttled", "released", "throttle_floor",
+                                        "throttle_waiting", "throttle_resumed")],
+           "throttled_seconds": _throttled_seconds(dsn, name)}
+    cli(dsn, "abort", name)
+    return out
+
+
+def _throttled_seconds(dsn: str, name: str) -> float | None:
+    with connect(dsn) as conn:
+        row = conn.execute("SELECT t.throttled_seconds FROM mover.throttle t JOIN mover.migrations m"
+                           " ON m.id = t.migration_id WHERE m.name = %s", (name,)).fetchone()
+    return None if row is None else round(float(row[0]), 1)
+
+
+def applier(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[str, Any]:
+    """The backfill's applier replaying a backlog nearly alone (the copy held to a row a second)."""
+    mode = "governed" if governed else "ungoverned"
+    name = f"impact_applier_{mode}"
+    fresh(dsn, name)
+    # The copy capped to last about ten seconds, so that it is still copying when paused at 60 %.
+    p = plan(workdir, name, governed, f"\n[backfill]\nmax_rows_per_second = {max(args.rows // 10, 1)}\n")
+    writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, f"applier_{mode}")
+    proc = None
+    try:
+        step(dsn, str(p))
+        step(dsn, str(p))
+        proc = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, "step", name],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while rows_copied(dsn, name) < args.rows * 0.6:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the backfill ended before 60 %: {proc.stderr.read() if proc.stderr else ''}")
+            time.sleep(0.2)
+        cli(dsn, "pause", name)
+        time.sleep(args.backlog_seconds)
+        with connect(dsn) as conn:
+            applied_before = _applied(conn, name)
+        cli(dsn, "set", name, "backfill.max_rows_per_second=1")
+        cli(dsn, "unpause", name)
+        started = time.time()
+        time.sleep(args.applier_seconds)
+        ended = time.time()
+        with connect(dsn) as conn:
+            applied = _applied(conn, name) - applied_before
+        cli(dsn, "set", name, "backfill.max_rows_per_second=0")
+        proc.communicate(timeout=3600)
+    finally:
+        writers.stop()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    txns = writers.transactions()
+    out = {"mode": mode, "applier": window(txns, started, ended), "replayed": applied,
+           "idle": window(txns, started - args.backlog_seconds + 1, started - 1)}
+    cli(dsn, "abort", name)
+    return out
+
+
+def _applied(conn: psycopg.Connection, name: str) -> int:
+    return int(conn.execute("SELECT coalesce(sum(s.applied), 0) FROM mover.capture_stats s JOIN mover.migrations m"
+                            " ON m.id = s.migration_id WHERE m.name = %s", (name,)).fetchone()[0])
+
+
+def burst(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
+    """A governed backfill; at a third of it, a second pgbench at full speed for burst_seconds."""
+    name = "impact_burst"
+    fresh(dsn, name)
+    p = plan(workdir, name, True)
+    writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, "burst_base")
+    extra = None
+    try:
+        step(dsn, str(p))
+        step(dsn, str(p))
+        proc = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, "step", name],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while rows_copied(dsn, name) < args.rows / 3 and proc.poll() is None:
+            time.sleep(0.1)
+        burst_from = time.time()
+        rows_from = rows_copied(dsn, name)
+        extra = Writers(dsn, workdir, args.rows, args.clients, None, args.burst_seconds, "burst_full")
+        extra.proc.wait(args.burst_seconds + 60)
+        burst_to = time.time()
+        rows_to = rows_copied(dsn, name)
+        proc.communicate(timeout=3600)
+    finally:
+        if extra is not None:
+            extra.stop()
+        writers.stop()
+    evs = event_times(dsn, name)
+    started = first(evs, "step_started", step="backfill")
+    drained = first(evs, "drained", after=started)
+    throttled = [at for at, k, _, _ in evs if k == "throttled" and at >= burst_from]
+    released = [at for at, k, _, _ in evs if k == "released" and at >= burst_to]
+    if drained < burst_to:
+        cli(dsn, "abort", name)
+        return {"error": "the copy ended before the burst did: measure the burst with more --rows"}
+    out = {"backed_off_after_s": round(throttled[0] - burst_from, 2) if throttled else None,
+           "released_after_s": round(released[0] - burst_to, 2) if released else None,
+           "rows_per_second_before": round(rows_from / max(burst_from - started, 1e-3)),
+           "rows_per_second_during": round((rows_to - rows_from) / max(burst_to - burst_from, 1e-3)),
+           "rows_per_second_after": round((args.rows - rows_to) / max(drained - burst_to, 1e-3)),
+           "events": [(round(at - burst_from, 2), k, m) for at, k, m, _ in evs
+                      if k in ("throttled", "released", "throttle_floor")]}
+    cli(dsn, "abort", name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals
+
+
+def signals_run(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
+    """What tracks the application's latency: the logged probe, an unlogged one, session counts."""
+    from mover.engines import signals
+
+    with connect(dsn) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_probe_logged, bench_probe_unlogged")
+        conn.execute("CREATE TABLE bench_probe_logged (id int PRIMARY KEY, n bigint)")
+        conn.execute("CREATE UNLOGGED TABLE bench_probe_unlogged (id int PRIMARY KEY, n bigint)")
+        conn.execute("INSERT INTO bench_probe_logged VALUES (1, 0)")
+        conn.execute("INSERT INTO bench_probe_unlogged VALUES (1, 0)")
+    stop = threading.Event()
+    series: dict[str, list[tuple[float, float]]] = {"probe_logged": [], "probe_unlogged": [], "sessions_active": [],
+                                                     "sessions_waiting": []}
+
+    def probe(table_name: str, key: str) -> None:
+        conn = psycopg.connect(dsn, autocommit=True, application_name=f"mover-bench-{key}")
+        statement = f"UPDATE {table_name} SET n = n + 1 WHERE id = 1"
+        while not stop.wait(0.25):
+            ms, _ = signals.probe(conn, lambda cur: cur.execute(statement))
+            series[key].append((time.time(), ms))
+        conn.close()
+
+    def sessions() -> None:
+        with psycopg.connect(dsn, autocommit=True, application_name="mover-bench-sessions") as conn:
+            while not stop.wait(0.25):
+                active, waiting = conn.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE wait_event_type IN ('Lock', 'LWLock', 'IO'))"
+                    " FROM pg_stat_activity WHERE backend_type = 'client backend' AND state = 'active'"
+                    " AND pid <> pg_backend_pid() AND application_name !~ '^mover'").fetchone()
+                now = time.time()
+                series["sessions_active"].append((now, float(active)))
+                series["sessions_waiting"].append((now, float(waiting)))
+
+    threads = [threading.Thread(target=probe, args=("bench_probe_logged", "probe_logged"), daemon=True),
+               threading.Thread(target=probe, args=("bench_probe_unlogged", "probe_unlogged"), daemon=True),
+               threading.Thread(target=sessions, daemon=True)]
+    name = "impact_signals"
+    fresh(dsn, name)
+    p = plan(workdir, name, False)
+    writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, "signals")
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(args.idle_seconds)
+        step(dsn, str(p))
+        step(dsn, str(p))
+        step(dsn, name)
+        time.sleep(args.idle_seconds)
+        step(dsn, name)
+        time.sleep(args.idle_seconds)
+    finally:
+        stop.set()
+        writers.stop()
+        for t in threads:
+            t.join(10)
+    txns = writers.transactions()
+    evs = event_times(dsn, name)
+    cli(dsn, "abort", name)
+    # The phases: idle before, the copy, the index builds (mover busy) against the first idle spell.
+    started = first(evs, "step_started", step="backfill")
+    drained = first(evs, "drained", after=started)
+    built = first(evs, "step_done", after=drained)
+    spans = {"idle": (started - args.idle_seconds, started - 1), "copy": (started, drained),
+             "index builds": (drained, built)}
+    t0 = txns[0][0] if txns else time.time()
+    by_second: dict[int, list[float]] = {}
+    for at, ms in txns:
+        by_second.setdefault(int(at - t0), []).append(ms)
+    seconds = sorted(s for s, v in by_second.items() if len(v) >= 5)
+    app_p50 = {s: statistics.median(by_second[s]) for s in seconds}
+    app_mean = {s: statistics.fmean(by_second[s]) for s in seconds}
+    out: dict[str, Any] = {"seconds": len(seconds), "correlation": {}}
+    for key, values in series.items():
+        per: dict[int, list[float]] = {}
+        for at, v in values:
+            per.setdefault(int(at - t0), []).append(v)
+        common = [s for s in seconds if s in per]
+        if len(common) < 3:
+            continue
+        sig = [statistics.median(per[s]) for s in common]
+        out["correlation"][key] = {
+            "p50": _r(statistics.correlation([app_p50[s] for s in common], sig)) if len(set(sig)) > 1 else None,
+            "mean": _r(statistics.correlation([app_mean[s] for s in common], sig)) if len(set(sig)) > 1 else None,
+            "median_idle": round(statistics.median(sig[: max(1, args.idle_seconds - 2)]), 3),
+            "median_all": round(statistics.median(sig), 3)}
+    # Does a signal rise when, and as much as, the writers' latency does? Each one's median in the
+    # copy and in the index builds over its median idle, beside the writers' p50 the same way.
+    def ratio(values: list[tuple[float, float]], span: str) -> float | None:
+        a, b = spans[span]
+        idle = [v for at, v in values if spans["idle"][0] <= at < spans["idle"][1]]
+        busy = [v for at, v in values if a <= at < b]
+        if not idle or not busy or statistics.median(idle) == 0:
+            return None
+        return round(statistics.median(busy) / statistics.median(idle), 2)
+    out["rise"] = {key: {span: ratio(values, span) for span in ("copy", "index builds")}
+                   for key, values in {"writers_p50": txns, **series}.items()}
+    out["series"] = {"app_p50": [(s, round(app_p50[s], 2)) for s in seconds]}
+    return out
+
+
+def _r(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def ratios(run: dict[str, Any], phase: str) -> tuple[str, str]:
+    ref, got = run["idle"], run.get(phase) or {}
+    if not got.get("tps") or not ref.get("tps"):
+        return "-", "-"
+    tps = got["tps"] / ref["tps"]
+    p99 = got["p99_ms"] / ref["p99_ms"] if ref["p99_ms"] else float("nan")
+    return f"{tps:.2f}", f"{p99:.2f}"
+
+
+def report(r: dict[str, Any]) -> str:
+    """The tables of one result file (also `python -m bench.report`)."""
+    head = (f"{r['rows']:,} rows, {r['shape']} table; writers: {r['clients']} clients at {r['rate']:.0f} tps "
+            f"({r['share']:.0%} of the {r['capacity_tps']:.0f} tps measured); {r.get('server', '')}\n\n")
+    if "signals" in r:
+        s = r["signals"]
+        rows = [(k, v["p50"], v["mean"], v["median_idle"], v["median_all"]) for k, v in s["correlation"].items()]
+        rise = s.get("rise", {})
+        rows = [(*row, (rise.get(row[0]) or {}).get("copy"), (rise.get(row[0]) or {}).get("index builds"))
+                for row in rows]
+        w = rise.get("writers_p50") or {}
+        return head + f"{s['seconds']} seconds compared; the writers' p50 rose {w.get('copy')}x in the copy and " \
+            f"{w.get('index builds')}x in the index builds\n\n" + table(
+                rows, ("signal", "r with the writers' p50 per second", "r with their mean", "median idle",
+                       "median over the run", "copy / idle", "index builds / idle"))
+    rows = []
+    for run in r["runs"]:
+        for phase in ("copy", "index builds", "reconcile"):
+            got = run[phase]
+            tps, p99 = ratios(run, phase)
+            rows.append((run["mode"], phase, got["seconds"], got["tps"], tps, got["p50_ms"], got["p99_ms"], p99))
+        rows.append((run["mode"], "idle (reference)", run["idle"]["seconds"], run["idle"]["tps"], "1.00",
+                     run["idle"]["p50_ms"], run["idle"]["p99_ms"], "1.00"))
+    for run in r.get("applier", []):
+        if not run["replayed"]:
+            continue  # the copy ended before the pause: nothing to replay (more --rows)
+        tps, p99 = ratios(run, "applier")
+        a = run["applier"]
+        rows.append((run["mode"], f"applier alone ({run['replayed']:,} replayed)", a["seconds"], a["tps"], tps,
+                     a["p50_ms"], a["p99_ms"], p99))
+    text = head + table(rows, ("mode", "phase", "seconds", "writers tps", "tps / idle", "p50 ms", "p99 ms",
+                               "p99 / idle"))
+    by = {run["mode"]: run for run in r["runs"]}
+    if "governed" in by and "ungoverned" in by:
+        g, u = by["governed"], by["ungoverned"]
+        text += (f"\n\nbackfill step: governed {g['backfill_s']} s (copy {g['copy_s']} s, throttled "
+                 f"{g['throttled_seconds']} s), ungoverned {u['backfill_s']} s: "
+                 f"{g['backfill_s'] / u['backfill_s']:.2f}x (goal <= 1.8)")
+    b = r.get("burst")
+    if b and "error" in b:
+        text += f"\n\nburst: {b['error']}"
+    elif b:
+        text += (f"\n\nburst (a second pgbench at full speed for {r['burst_seconds']} s at a third of a governed "
+                 f"backfill): throttled {b['backed_off_after_s']} s after it began (goal <= 2), released "
+                 f"{b['released_after_s']} s after it ended; copy rows/s before {b['rows_per_second_before']:,}, "
+                 f"during {b['rows_per_second_during']:,}, after {b['rows_per_second_after']:,}")
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--shape", choices=["narrow", "wide"], default="narrow")
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--share", type=float, default=0.5, help="of the measured capacity, for the writers' -R")
+    ap.add_argument("--capacity-seconds", type=int, default=15)
+    ap.add_argument("--idle-seconds", type=int, default=10)
+    ap.add_argument("--backlog-seconds", type=int, default=20)
+    ap.add_argument("--applier-seconds", type=int, default=10)
+    ap.add_argument("--burst-seconds", type=int, default=10)
+    ap.add_argument("--skip", action="append", default=[], choices=["burst", "applier", "ungoverned", "governed"])
+    ap.add_argument("--signals", action="store_true", help="measure how the signals track the writers' latency")
+    ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
+    args = ap.parse_args()
+    results: dict[str, Any] = {"rows": args.rows, "shape": args.shape, "clients": args.clients, "share": args.share,
+                               "burst_seconds": args.burst_seconds}
+    with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        db = create_database(dsn, "bench_impact")
+        from mover import api
+        api.init(db)
+        generate(db, SOURCE, args.rows, args.shape)
+        with connect(db) as conn:
+            results["server"] = conn.execute("SELECT version()").fetchone()[0]
+        results["capacity_tps"] = capacity(db, workdir, args.rows, args.clients, args.capacity_seconds)
+        rate = results["rate"] = results["capacity_tps"] * args.share
+        print(f"capacity {results['capacity_tps']:.0f} tps; writers at {rate:.0f} tps", flush=True)
+        if args.signals:
+            results["signals"] = signals_run(db, workdir, args, rate)
+        else:
+            modes = [m for m in (True, False) if ("governed" if m else "ungoverned") not in args.skip]
+            results["runs"] = []
+            for governed in modes:
+                results["runs"].append(phases(db, workdir, args, rate, governed))
+                print(json.dumps(results["runs"][-1], default=str), flush=True)
+            if "applier" not in args.skip:
+                results["applier"] = [applier(db, workdir, args, rate, governed) for governed in modes]
+            if "burst" not in args.skip and True in modes:
+                results["burst"] = burst(db, workdir, args, rate)
+    path = save("impact" + ("-signals" if args.signals else ""), results)
+    print(report(results))
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""What the governor (mover/engines/throttle.py) reads from the server: the probe (a one-row write
+and commit on mover.throttle, timed), and the guards' views (standbys, replication slots, the
+archiver, the WAL position, the application's active sessions). Server statistics only: nothing
+here asks the application anything.
+
+Invariants:
+- The probe is one transaction with synchronous_commit on, sent in one round trip (a pipeline:
+  BEGIN, its SET LOCALs, the UPDATE, COMMIT), on a connection of its own: its time is a write
+  and a WAL flush on the server, as the application's commits pay them, plus one round trip.
+- Every reading is a plain read of statistics views, in one short transaction under SET LOCAL
+  timeouts. A view this role may not read in full (pg_stat_replication without
+  pg_read_all_stats) is said so, never read as "no standby".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from mover.db import one
+from mover.engines import logical
+from mover.engines.pacing import Archiver, Slot, Standby
+
+PROBE_STATEMENT_TIMEOUT = "2s"  # a probe this slow is read as this slow: the engines back off hard
+
+
+@dataclass(frozen=True)
+class Readings:
+    """One look at the server, at `at` (monotonic seconds)."""
+
+    at: float
+    lsn: int  # pg_current_wal_lsn() as bytes from 0/0
+    standbys: tuple[Standby, ...] = ()
+    standbys_visible: bool = True  # False: this role cannot read pg_stat_replication's columns
+    slots: tuple[Slot, ...] = ()
+    keep_size: int = -1  # max_slot_wal_keep_size in bytes; -1: unlimited
+    archiver: Archiver | None = None
+    sessions: dict[str, int] = field(default_factory=dict)  # active application sessions by what they wait on
+    own: logical.SlotHealth | None = None  # the migration's own slot (logical capture), as `mover status` reads it
+
+    @property
+    def own_slots(self) -> frozenset[str]:
+        """The slots the migration's own capture consumes (its logical capture's, while installed)."""
+        return frozenset({self.own.slot}) if self.own is not None and self.own.exists else frozenset()
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the status and plan check (JSON)."""
+        a = self.archiver
+        return {
+            "standbys": [{"name": s.name, "state": s.state, "replay_lag_s": s.replay_lag_s} for s in self.standbys],
+            "standbys_visible": self.standbys_visible,
+            "slots": [{"name": s.name, "type": s.kind, "active": s.active, "wal_status": s.wal_status,
+                       "retained_bytes": s.retained, "safe_wal_size": s.safe_wal_size} for s in self.slots],
+            "max_slot_wal_keep_size": self.keep_size,
+            "archiver": None if a is None else {
+                "archive_mode": a.mode, "last_archived_wal": a.archived_wal, "current_wal": a.current_wal,
+                "last_failed_wal": a.failed_wal,
+                "failing": bool(a.failed_at and (a.archived_at is None or a.failed_at > a.archived_at))},
+            "application_sessions": self.sessions,
+            "own_slot": None if self.own is None else self.own.as_dict(),
+        }
+
+
+_SIZE_UNITS = {"B": 1, "kB": 1024, "8kB": 8192, "MB": 1024**2, "GB": 1024**3}
+
+
+def _setting_bytes(value: str, unit: str | None) -> int:
+    n = int(value)
+    return n if n < 0 else n * _SIZE_UNITS.get(unit or "B", 1)
+
+
+def read(cur: psycopg.Cursor, mid: int | None = None) -> Readings:
+    """The guards' view of the server, in the caller's transaction (on the primary); with `mid`,
+    that migration's own slot as logical capture reads it (mover/engines/logical.py health: the
+    WAL it retains and its wal_status, the same figures `mover status` shows), in place of its
+    row of pg_replication_slots."""
+    at = time.monotonic()
+    cur.execute(
+        "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::bigint,"
+        " pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()),"
+        " pg_catalog.current_setting('archive_mode'),"
+        " (SELECT setting FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'max_slot_wal_keep_size'),"
+        " (SELECT unit FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'max_slot_wal_keep_size'),"
+        " (SELECT setting FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'wal_segment_size'),"
+        " (SELECT unit FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'wal_segment_size'),"
+        " pg_catalog.pg_has_role('pg_read_all_stats', 'MEMBER')"
+        "   OR (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user)")
+    lsn, current_wal, mode, keep, keep_unit, seg, seg_unit, visible = one(cur)
+    cur.execute("SELECT application_name, pg_catalog.host(client_addr), state,"
+                " extract(epoch FROM replay_lag)::float8 FROM pg_catalog.pg_stat_replication ORDER BY pid")
+    standbys = tuple(Standby(f"{app or '?'} ({addr or 'local'})", state, lag)
+                     for app, addr, state, lag in cur.fetchall())
+    cur.execute("SELECT slot_name, slot_type, active, wal_status,"
+                " CASE WHEN restart_lsn IS NOT NULL"
+                "  THEN pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn)::bigint END,"
+                " safe_wal_size FROM pg_catalog.pg_replication_slots ORDER BY slot_name")
+    slots = tuple(Slot(name, kind, bool(active), status, retained, safe)
+                  for name, kind, active, status, retained, safe in cur.fetchall())
+    archiver = None
+    if mode in ("on", "always"):
+        cur.execute("SELECT last_archived_wal, last_archived_time, last_failed_wal, last_failed_time"
+                    " FROM pg_catalog.pg_stat_archiver")
+        archived, archived_at, failed, failed_at = one(cur)
+        archiver = Archiver(mode, current_wal, _setting_bytes(seg, seg_unit), archived, archived_at, failed, failed_at)
+    cur.execute("SELECT coalesce(wait_event_type, 'CPU'), count(*)::int FROM pg_catalog.pg_stat_activity"
+                " WHERE backend_type OPERATOR(pg_catalog.=) 'client backend' AND state OPERATOR(pg_catalog.=) 'active'"
+                " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
+                " AND application_name OPERATOR(pg_catalog.!~) '^mover[^:]*:' GROUP BY 1 ORDER BY 1")
+    sessions = {str(kind): int(n) for kind, n in cur.fetchall()}
+    own = logical.health(cur, mid) if mid is not None else None
+    if own is not None and own.exists:
+        slots = tuple(s for s in slots if s.name != own.slot) + (
+            Slot(own.slot, "logical", own.active_pid is not None, own.wal_status, own.retained_bytes,
+                 own.safe_wal_size),)
+    return Readings(at, int(lsn), standbys, bool(visible), slots, _setting_bytes(keep, keep_unit), archiver,
+                    sessions, own)
+
+
+def probe(conn: psycopg.Connection, write: Callable[[psycopg.Cursor], None]) -> tuple[float, bool]:
+    """The probe: `write` (the governor row's update, mover/state/throttle.py publish) in one
+    transaction that commits with synchronous_commit on, sent as one pipeline and timed from the
+    first byte sent to the commit's answer. Returns (milliseconds, whether the last statement of
+    `write` changed a row: read after the commit, so that nothing waits in between). A probe that
+    times out is read as PROBE_STATEMENT_TIMEOUT."""
+    started = time.perf_counter()
+    try:
+        with conn.cursor() as cur:
+            with conn.pipeline(), conn.transaction():
+                cur.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true),"
+                            " pg_catalog.set_config('lock_timeout', %s, true),"
+                            " pg_catalog.set_config('synchronous_commit', 'on', true)",
+                            (PROBE_STATEMENT_TIMEOUT, PROBE_STATEMENT_TIMEOUT))
+                write(cur)
+            return (time.perf_counter() - started) * 1000, cur.rowcount > 0
+    except psycopg.errors.QueryCanceled:
+        return float(PROBE_STATEMENT_TIMEOUT.rstrip("s")) * 1000, True

@@ -1,0 +1,338 @@
+"""The governor's arithmetic without a database (mover/engines/pacing.py): the budget, the duty's
+controller over a run of readings, the floor, the guards' verdicts over readings of standbys,
+slots and the archiver, and how a loop applies a duty (mover/engines/throttle.py Throttle)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mover.engines import pacing, signals, throttle
+from mover.engines.logical import SlotHealth
+from mover.engines.pacing import Archiver, Decision, Limits, Slot, Standby, decide
+from mover.plan import parse_plan, plan_from_canonical, to_document
+
+GB, MB = 1024**3, 1024**2
+
+
+# ---------------------------------------------------------------------------------------------
+# The budget
+
+
+def test_the_budget_is_the_baseline_raised_by_the_increase_at_least_a_millisecond_over_it():
+    assert pacing.budget_ms(2.0, 0.5, 0) == pytest.approx(3.0)
+    assert pacing.budget_ms(10.0, 0.5, 0) == pytest.approx(15.0)
+    # A local server's sub-millisecond commit: 50 % of it is noise, not a signal.
+    assert pacing.budget_ms(0.3, 0.5, 0) == pytest.approx(1.3)
+
+
+def test_an_absolute_budget_wins_and_off_means_none():
+    assert pacing.budget_ms(2.0, 0.5, 5) == 5
+    assert pacing.budget_ms(2.0, None, 0) is None  # "off"
+    assert pacing.budget_ms(None, 0.5, 0) is None  # no baseline yet
+    assert pacing.budget_ms(None, None, 7) == 7
+
+
+def test_the_plan_says_what_the_governor_holds_to():
+    base = {"migration": {"name": "m", "source": "t"}, "rollback": {"window": "1h"}}
+    default = throttle.limits_of(parse_plan(base), baseline_ms=2.0)
+    assert (default.latency_ms, default.floor, default.max_slot_wal, default.max_archive_backlog,
+            default.max_wal_per_second, default.max_replica_lag_ms) == (3.0, 0.1, 10 * GB, 1 * GB, 0, 30_000)
+    off = throttle.limits_of(parse_plan({**base, "throttle": {"max_latency_increase": "off"}}), baseline_ms=2.0)
+    assert off.latency_ms is None and not off.governed
+    capped = throttle.limits_of(parse_plan({**base, "throttle": {"max_latency_increase": "off",
+                                                                  "max_wal_per_second": "20MB"}}), 2.0)
+    assert capped.governed and capped.max_wal_per_second == 20 * MB
+
+
+def test_a_limit_turned_off_is_kept_through_the_stored_plan_and_mover_set():
+    # [throttle] is stored only away from its defaults; a limit set to "off" (0 bytes) is away from
+    # its default (10GB, 1GB) and must read back as off, not as the default it would be if left out.
+    base = {"migration": {"name": "m", "source": "t"}, "rollback": {"window": "1h"}}
+    plan = parse_plan({**base, "throttle": {"max_slot_wal": "off", "max_archive_backlog": "0", "floor": "0%"}})
+    for again in (plan_from_canonical(plan.canonical()), parse_plan(to_document(plan), origin="mover set")):
+        t = again.throttle
+        assert (t.max_slot_wal, t.max_archive_backlog, t.floor) == (0, 0, "0%"), t
+    # At its defaults the section is left out of both, so plans registered before it read the same.
+    assert "throttle" not in parse_plan(base).canonical() and "throttle" not in to_document(parse_plan(base))
+
+
+# ---------------------------------------------------------------------------------------------
+# The duty
+
+
+def test_over_the_budget_the_duty_is_cut_in_proportion_at_most_by_half_at_least_by_a_tenth():
+    assert pacing.next_duty(1.0, 2.0, now=10, decreased_at=0, floor=0.1) == (0.5, 10)  # twice the budget: half
+    assert pacing.next_duty(1.0, 1.05, now=10, decreased_at=0, floor=0.1) == (0.9, 10)  # barely over: a tenth
+    assert pacing.next_duty(1.0, 50.0, now=10, decreased_at=0, floor=0.1) == (0.5, 10)  # never more than half
+    assert pacing.next_duty(0.12, 3.0, now=10, decreased_at=0, floor=0.1) == (0.1, 10)  # never under the floor
+
+
+def test_the_duty_is_cut_at_most_every_half_second():
+    assert pacing.next_duty(0.8, 3.0, now=10.3, decreased_at=10.0, floor=0.1) == (0.8, 10.0)
+    assert pacing.next_duty(0.8, 3.0, now=10.5, decreased_at=10.0, floor=0.1) == (0.4, 10.5)
+
+
+def test_under_the_budget_it_grows_back_a_step_a_reading_and_holds_close_to_the_budget():
+    assert pacing.next_duty(0.5, 0.5, now=10, decreased_at=0, floor=0.1) == (pytest.approx(0.55), 0)
+    assert pacing.next_duty(0.98, 0.2, now=10, decreased_at=0, floor=0.1) == (1.0, 0)
+    assert pacing.next_duty(0.5, 0.95, now=10, decreased_at=0, floor=0.1) == (0.5, 0)  # no hunting at the edge
+
+
+def run(readings, limits, start=None, step=pacing.PROBE_SECONDS, wait=None):
+    """decide() over a sequence of probe medians, a reading every `step` seconds; the decisions
+    and every event with the time it came."""
+    d, now, out, events = start or Decision(), 0.0, [], []
+    for latency in readings:
+        now += step
+        d, got = decide(d, now, latency_ms=latency, wal_per_second=None, wait=wait, limits=limits)
+        out.append(d)
+        events += [(round(now, 2), e) for e in got]
+    return out, events
+
+
+BUDGET = Limits(latency_ms=3.0, floor=0.1)
+
+
+def test_a_burst_throttles_smoothly_and_releases_after_it_with_one_event_each():
+    quiet, burst = [2.0] * 8, [9.0] * 8  # 3x the budget for two seconds
+    decisions, events = run(quiet + burst + quiet * 4, BUDGET)
+    assert [e.kind for _, e in events] == ["throttled", "released"]
+    first = events[0][1]
+    assert first.message == "throttled: probe latency 9.0 ms > 3.0 ms budget"
+    assert first.detail["budget_ms"] == 3.0 and first.detail["latency_ms"] == 9.0
+    # It backs off at the first reading over the budget (within the burst's first 250 ms)...
+    assert events[0][0] == pytest.approx(2.25)
+    duties = [d.duty for d in decisions]
+    assert min(duties) == pytest.approx(0.1)
+    # ...smoothly: no reading moves the duty by more than half down, or a step up.
+    for a, b in itertools.pairwise(duties):
+        assert b >= a * 0.5 - 1e-9 and b - a <= pacing.INCREASE_STEP + 1e-9
+    # Released once back at full duty for RELEASE_SECONDS; "released" says how long it lasted.
+    assert duties[-1] == 1.0 and decisions[-1].state == "ok"
+    assert events[1][1].detail["seconds"] > 4
+
+
+def test_noise_under_the_budget_and_a_hold_between_ninety_percent_and_the_budget_make_no_event():
+    _, events = run([2.0, 2.9, 2.5, 2.95, 1.5] * 10, BUDGET)
+    assert events == []
+
+
+def test_below_the_floor_it_says_so_once_and_keeps_working_at_the_floor():
+    decisions, events = run([20.0] * 80, BUDGET)  # 20 s, 6.7x the budget throughout
+    kinds = [e.kind for _, e in events]
+    assert kinds == ["throttled", "throttle_floor"]
+    at, floor = events[1]
+    assert "at the floor: mover works 10% of its time" in floor.message
+    # The duty reached the floor within a couple of seconds; the notice came 10 s after that.
+    reached = next(i for i, d in enumerate(decisions) if d.duty <= 0.1 + 1e-9) * pacing.PROBE_SECONDS
+    assert at - reached == pytest.approx(pacing.FLOOR_NOTICE_SECONDS, abs=pacing.PROBE_SECONDS * 1.5)
+    assert decisions[-1].state == "floor" and decisions[-1].duty == pytest.approx(0.1)
+    assert pacing.wait_after(0.05, decisions[-1].duty) == pytest.approx(0.45)  # still working, a tenth
+
+
+def test_a_zero_floor_lets_mover_stop_entirely_and_the_loop_waits():
+    decisions, _ = run([20.0] * 40, Limits(latency_ms=3.0, floor=0.0))
+    assert decisions[-1].duty < pacing.MIN_DUTY
+    assert pacing.wait_after(0.1, decisions[-1].duty) == 30.0
+
+
+def test_without_a_budget_nothing_is_throttled_and_a_throttle_in_course_is_released():
+    decisions, events = run([50.0] * 4, Limits(latency_ms=None))
+    assert {d.state for d in decisions} == {"off"} and events == []
+    throttled, _ = run([9.0] * 4, BUDGET)
+    d, got = decide(throttled[-1], 5.0, latency_ms=9.0, wal_per_second=None, wait=None, limits=Limits())
+    assert (d.state, d.duty, [e.kind for e in got]) == ("off", 1.0, ["released"])
+
+
+def test_the_wal_rate_cap_is_pressure_like_the_latency():
+    limits = Limits(latency_ms=3.0, max_wal_per_second=10 * MB)
+    d, events = decide(Decision(), 1.0, latency_ms=2.0, wal_per_second=30 * MB, wait=None, limits=limits)
+    assert d.duty == pytest.approx(0.5)  # 3x the cap: the biggest cut, half
+    assert events[0].message == "throttled: WAL 30.0 MB/s > 10.0 MB/s ([throttle] max_wal_per_second)"
+
+
+def test_a_guard_is_a_wait_with_one_event_when_it_comes_and_one_when_it_goes():
+    d, e1 = decide(Decision(), 1.0, latency_ms=2.0, wal_per_second=None, wait="replica lag 40.0s above 30s",
+                   limits=BUDGET)
+    d, e2 = decide(d, 2.0, latency_ms=2.0, wal_per_second=None, wait="replica lag 41.0s above 30s", limits=BUDGET)
+    assert d.state == "waiting" and d.wait == "replica lag 41.0s above 30s"
+    d, e3 = decide(d, 4.5, latency_ms=2.0, wal_per_second=None, wait=None, limits=BUDGET)
+    assert d.state == "ok" and d.wait is None
+    assert [e.kind for e in e1 + e2 + e3] == ["throttle_waiting", "throttle_resumed"]
+    assert e3[0].detail["seconds"] == 3.5
+
+
+def test_a_phase_that_starts_under_a_guard_is_waiting_from_the_start_and_says_so():
+    assert pacing.first(1.0, wait=None, limits=BUDGET) == (Decision(state="ok"), [])
+    assert pacing.first(1.0, wait=None, limits=Limits())[0].state == "off"
+    d, events = pacing.first(1.0, wait="replication slot sub1 holds back 11.0 GB", limits=BUDGET)
+    assert d.state == "waiting" and d.wait == "replication slot sub1 holds back 11.0 GB" and d.duty == 1.0
+    assert [e.kind for e in events] == ["throttle_waiting"]
+    d, events = decide(d, 3.0, latency_ms=2.0, wal_per_second=None, wait=None, limits=BUDGET)
+    assert d.state == "ok" and [e.kind for e in events] == ["throttle_resumed"] and events[0].detail["seconds"] == 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# How a loop applies the duty
+
+
+def test_a_duty_shortens_both_the_ranges_and_the_work_between_rests():
+    assert pacing.scaled_rows(200_000, 1.0) == 200_000
+    assert pacing.scaled_rows(200_000, 0.25) == 50_000
+    assert pacing.scaled_rows(3, 0.1) == 1  # never an empty range
+    assert pacing.wait_after(0.2, 1.0) == 0.0
+    assert pacing.wait_after(0.2, 0.25) == pytest.approx(0.6)  # a quarter of the time working
+    assert pacing.wait_after(100.0, 0.1) == 30.0  # asked again after at most this
+
+
+def test_index_builds_at_once_follow_the_duty_never_under_one():
+    assert [pacing.sessions_allowed(4, d) for d in (1.0, 0.76, 0.5, 0.26, 0.1, 0.0)] == [4, 4, 2, 2, 1, 1]
+
+
+class FakeGovernor:
+    """What a loop's Throttle asks of the governor, with a fixed decision."""
+
+    def __init__(self, duty=1.0, wait=None, reason="probe latency 6.0 ms > 3.0 ms budget"):
+        self.duty, self._wait, self._reason = duty, wait, reason
+
+    def reason(self, consumer=False):
+        return self._wait
+
+    def rest(self, elapsed):
+        return pacing.wait_after(elapsed, self.duty)
+
+    def throttled(self):
+        return f"throttled: {self._reason}"
+
+
+def test_the_loops_gate_sizes_ranges_by_the_duty_and_waits_on_a_guard():
+    t = throttle.Throttle(throttle.Limits(max_rows=100_000), governor=FakeGovernor(duty=0.5))
+    assert t.gate(paused=False, hint=40_000).rows == 20_000
+    held = throttle.Throttle(throttle.Limits(), governor=FakeGovernor(wait="replica lag 40.0s above 30s"))
+    g = held.gate(paused=False, hint=40_000)
+    assert (g.wait, g.rows) == ("replica lag 40.0s above 30s", 0)
+    assert held.gate(paused=True, hint=40_000).wait == "paused (mover unpause)"  # the pause first
+
+
+def test_the_rest_after_a_range_is_the_duty_or_the_cap_whichever_asks_more():
+    t = throttle.Throttle(throttle.Limits(max_rows_per_second=1_000), governor=FakeGovernor(duty=0.25))
+    assert t.pace(100, 0.4) == (pytest.approx(1.2), "throttled: probe latency 6.0 ms > 3.0 ms budget")
+    assert t.pace(1_000, 0.1) == (pytest.approx(0.9), "rows/s cap 1000")
+
+
+# ---------------------------------------------------------------------------------------------
+# Guards
+
+
+def test_a_standby_lagging_over_the_limit_holds_mover_and_names_it():
+    s = [Standby("walreceiver (10.0.0.5)", "streaming", 0.2), Standby("s2 (10.0.0.6)", "streaming", 45.0)]
+    why, seen = pacing.standby_wait(s, frozenset(), 30_000)
+    assert why == "replica lag 45.0s above 30s (standby s2 (10.0.0.6))"
+    assert seen == {"walreceiver (10.0.0.5)", "s2 (10.0.0.6)"}
+    assert pacing.standby_wait(s[:1], frozenset(), 30_000)[0] is None
+
+
+def test_a_standby_that_stops_streaming_fails_closed_until_it_is_back():
+    both = [Standby("a (1)", "streaming", 0.1), Standby("b (2)", "streaming", 0.1)]
+    _, seen = pacing.standby_wait(both, frozenset(), 30_000)
+    why, seen = pacing.standby_wait(both[:1], seen, 30_000)  # b disconnected
+    assert why is not None and why.startswith("standby b (2) stopped streaming; mover waits for it")
+    why, _ = pacing.standby_wait([both[0], Standby("b (2)", "catchup", None)], seen, 30_000)
+    assert why is not None  # reconnected, not streaming yet
+    assert pacing.standby_wait(both, seen, 30_000)[0] is None  # back
+
+
+def test_standbys_not_watched_are_forgotten():
+    _, seen = pacing.standby_wait([Standby("a (1)", "streaming", 0.1)], frozenset(), 30_000)
+    assert pacing.standby_wait([], seen, 0) == (None, frozenset())
+
+
+def slot(name="sub1", retained=100 * MB, status="reserved", safe=None, kind="logical"):
+    return Slot(name, kind, False, status, retained, safe)
+
+
+def test_a_slot_over_the_plans_limit_holds_mover():
+    why = pacing.slot_wait([slot(retained=11 * GB)], keep_size=-1, limit=10 * GB, wal_per_second=0)
+    assert why == "replication slot sub1 holds back 11.0 GB of WAL, over 10.0 GB ([throttle] max_slot_wal)"
+    assert pacing.slot_wait([slot(retained=9 * GB)], -1, 10 * GB, 0) is None
+    assert pacing.slot_wait([slot(retained=11 * GB)], -1, 0, 0) is None  # "off"
+
+
+def test_a_slot_near_invalidation_holds_mover_whatever_the_limit():
+    keep = 1 * GB
+    # A fifth of the keep size must stay clear: 150 MB left is too close.
+    assert "from invalidation" in pacing.slot_wait([slot(safe=150 * MB)], keep, 0, wal_per_second=0)
+    assert pacing.slot_wait([slot(safe=300 * MB)], keep, 0, wal_per_second=0) is None
+    # Ten seconds of WAL at the current rate, when that is more.
+    assert "from invalidation" in pacing.slot_wait([slot(safe=300 * MB)], keep, 0, wal_per_second=40 * MB)
+    assert "about to lose WAL" in pacing.slot_wait([slot(status="unreserved", safe=0)], keep, 0, 0)
+
+
+def test_a_lost_slot_or_one_the_caller_consumes_holds_nothing():
+    lost = Slot("gone", "logical", False, "lost", None, None)
+    assert pacing.slot_wait([lost], 64 * MB, 1, 0) is None
+    own = slot("mover_m1_d5", retained=11 * GB)
+    assert pacing.slot_wait([own], -1, 10 * GB, 0) is not None
+    assert pacing.slot_wait([own], -1, 10 * GB, 0, ignore=frozenset({"mover_m1_d5"})) is None
+
+
+def test_movers_own_slot_holds_the_bulk_engines_named_as_movers_but_never_its_consumer():
+    # Logical capture's slot, as logical.health reads it: over the limit, and near invalidation.
+    health = SlotHealth("mover_m1_d5", True, "extended", 4242, 11 * GB, 2.0, 11 * GB, None, "0/5", "0/4", 10, 10)
+    r = signals.Readings(at=0.0, lsn=0, slots=(slot("sub1", retained=1 * GB), slot("mover_m1_d5", retained=11 * GB)),
+                         own=health)
+    assert r.own_slots == frozenset({"mover_m1_d5"})
+    limits = Limits(max_slot_wal=10 * GB)
+    why, _ = throttle.guard_wait(r, limits, frozenset(), 0.0)
+    assert why == ("mover's own replication slot mover_m1_d5 (its logical capture) holds back 11.0 GB of WAL, over "
+                   "10.0 GB ([throttle] max_slot_wal); its feeder goes on reading it meanwhile"), why
+    # The engine that consumes it (the applier) is not held by it; by another slot, it is.
+    assert throttle.guard_wait(r, limits, frozenset(), 0.0, r.own_slots)[0] is None
+    over = signals.Readings(at=0.0, lsn=0, own=health,
+                            slots=(slot("sub1", retained=12 * GB), slot("mover_m1_d5", retained=11 * GB)))
+    assert throttle.guard_wait(over, limits, frozenset(), 0.0, over.own_slots)[0].startswith("replication slot sub1")
+    # wal_status unreserved: about to be invalidated, whatever the limit.
+    unreserved = Slot("mover_m1_d5", "logical", True, "unreserved", 70 * MB, -1 * MB)
+    why = pacing.slot_wait([unreserved], 64 * MB, 0, 0, own=frozenset({"mover_m1_d5"}))
+    assert why is not None and why.startswith("mover's own replication slot mover_m1_d5 (its logical capture) is "
+                                              "about to lose WAL it needs (wal_status unreserved"), why
+    # A missing slot (dropped under mover) is nobody's to wait for: the feed stops the migration (SlotLost).
+    gone = SlotHealth("mover_m1_d5", False, None, None, None, None, None, None, "0/5", None, 10, 10)
+    assert signals.Readings(at=0.0, lsn=0, own=gone).own_slots == frozenset()
+    assert r.as_dict()["own_slot"]["retained_bytes"] == 11 * GB
+
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def archiver(archived="000000010000000000000010", current="000000010000000000000012", failed_at=None,
+             archived_at=T0, mode="on"):
+    return Archiver(mode, current, 16 * MB, archived, archived_at, "000000010000000000000011" if failed_at else None,
+                    failed_at)
+
+
+def test_the_archive_backlog_counts_whole_segments_across_log_files():
+    assert pacing.archive_backlog(archiver()) == 16 * MB  # segment 11 waits; 12 is being written
+    across = archiver(archived="0000000100000000000000FF", current="000000010000000100000002")
+    assert pacing.archive_backlog(across) == 2 * 16 * MB
+    assert pacing.archive_backlog(archiver(mode="off")) is None
+    assert pacing.archive_backlog(archiver(archived="00000002.history")) is None
+
+
+def test_archiving_that_fails_or_lags_holds_mover():
+    assert pacing.archive_wait(archiver(), limit=1 * GB) is None
+    failing = archiver(failed_at=T0 + timedelta(seconds=5))
+    assert pacing.archive_wait(failing, limit=0).startswith("archiving fails (000000010000000000000011 failed at")
+    assert pacing.archive_wait(archiver(failed_at=T0 - timedelta(seconds=5)), 1 * GB) is None  # recovered since
+    assert pacing.archive_wait(archiver(current="000000010000000000000050"), 1 * GB) is None  # 63 segments
+    assert pacing.archive_wait(archiver(current="000000010000000000000052"), 1 * GB) == \
+        "archiving is 1.0 GB behind, over 1.0 GB ([throttle] max_archive_backlog)"  # 65 segments
+    assert pacing.archive_wait(archiver(mode="off", failed_at=T0 + timedelta(1)), 1 * GB) is None
+
+
+def test_the_wal_rate_is_read_over_the_window():
+    assert pacing.wal_rate([(0.0, 0), (2.0, 40 * MB), (4.0, 100 * MB)]) == pytest.approx(25 * MB)
+    assert pacing.wal_rate([(0.0, 0)]) is None

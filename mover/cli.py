@@ -323,10 +323,35 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
             out.print(f"{title}:", highlight=False, markup=False)
             for line in meta[key]:
                 out.print(f"  {line}", highlight=False, markup=False)
-    for step in result["steps"]:
+    _show_also(result)
+    _show_steps(result["steps"])
+    family = result.get("family")
+    if family:
+        for table in family["tables"][1:]:
+            t = table["tables"]
+            out.print(f"\n[bold]table {table['name']!r}[/bold] (id {table['migration_id']} when registered now): "
+                      f"copies {t['source']} into {t['target']}, keyed by ({', '.join(table['key'])}); after the "
+                      f"cutover the original is kept as {t['old']}", highlight=False)
+            _show_steps(table["steps"])
+        out.print("\n[bold]the family[/bold]")
+        for stmt in family["sql"]:
+            out.print(stmt, highlight=False, markup=False)
+
+
+def _show_steps(described: list[dict[str, Any]]) -> None:
+    for step in described:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
+
+
+def _show_also(result: dict[str, Any]) -> None:
+    """The [[also]] lines that widen every column referencing a key the plan widens: to paste."""
+    if result.get("also"):
+        out.print("\nto widen the columns that reference the widened key in the same migration (one cutover), add "
+                  "to the plan:", highlight=False, markup=False)
+        for line in result["also"]:
+            out.print(line, highlight=False, markup=False)
 
 
 def _show_hooks(result: dict[str, Any]) -> None:

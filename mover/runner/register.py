@@ -9,6 +9,7 @@ mover/state/control.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,14 +17,17 @@ from typing import Any
 
 import psycopg
 
-from mover import checks, steps
+from mover import checks, names, steps
+from mover.catalog import family as family_catalog
 from mover.catalog import shape, subscribers
 from mover.checks import edits as edits_check
 from mover.db import Database, conversion_settings, search_path
 from mover.engines.context import Context
-from mover.errors import BadInput, PlanError
-from mover.plan import Plan, load_plan
+from mover.errors import BadInput, PlanError, combined
+from mover.names import QualifiedName
+from mover.plan import Plan, load_plan, member_name
 from mover.state import control
+from mover.steps import family as family_step
 
 log = logging.getLogger("mover")
 
@@ -49,6 +53,49 @@ def resolve(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     return checks.resolved(checks.run(cur, plan))
 
 
+def resolve_tables(cur: psycopg.Cursor, plan: Plan) -> list[tuple[Plan, dict[str, Any]]]:
+    """Each table the plan moves (plan.tables(): itself, then its [[also]] tables, each named as
+    registration names it), checked as a plan of one table would be, and the family as a whole
+    (each table once); every problem of every table at once."""
+    problems: list[PlanError] = []
+    out: list[tuple[Plan, dict[str, Any]]] = []
+    for i, table in enumerate(plan.tables()):
+        try:
+            r = resolve(cur, table)
+        except PlanError as exc:
+            problems += exc.problems if i == 0 else [PlanError(f"[[also]] source = {table.source}: {p.message}",
+                                                               hint=p.hint) for p in exc.problems]
+            continue
+        if i:
+            table = dataclasses.replace(table, name=member_name(plan.name, r["source"]))
+        out.append((table, r))
+    seen: dict[int, QualifiedName] = {}
+    for _, r in out:
+        oid = r["info"].oid
+        if oid in seen:
+            problems.append(PlanError(f"[[also]] source = {r['source']} is {seen[oid]}, which the plan moves already",
+                                      hint="list each table once: [migration] source, or one [[also]] table"))
+        seen[oid] = r["source"]
+    if problems:
+        raise combined(problems)
+    return out
+
+
+def widening_advice(cur: psycopg.Cursor, resolved: list[tuple[Plan, dict[str, Any]]]) -> tuple[list[str], list[str]]:
+    """The columns that reference a key the plan widens and are narrower than it becomes
+    (recursively, mover/catalog/family.py): a warning for each, and the [[also]] lines that widen
+    them in this migration, ready to paste."""
+    planned = {r["info"].oid: dict(p.columns) for p, r in resolved}
+    found = family_catalog.widenings(cur, planned)
+    in_plan = {r["info"].oid: "[target]" if i == 0 else f"[[also]] source = {family_catalog.toml_name(r['source'])}"
+               for i, (_, r) in enumerate(resolved)}
+    warnings = [f"column {names.display_ident(w.column)} of {w.table} ({w.was}) references {w.references}, which "
+                f"becomes {w.type}: once the key passes the {w.was} range, rows referencing the new keys cannot be "
+                f"written; widen it in this migration (foreign key {names.display_ident(w.constraint)}): plan check "
+                f"prints the [[also]] lines" for w in found]
+    return warnings, family_catalog.advice(found, in_plan)
+
+
 def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migration | None]:
     """`mover plan check`: what registering the plan would do (each step and the SQL it will run,
     from the steps' describe()), or, for a plan registered already, which of its edits take effect
@@ -64,16 +111,36 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
             return ({"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                      "edits": [{"key": c.key, "takes_effect": c.effect} for c in changes],
                      "steps": [], **hooks_and_warnings(plan)}, existing)
-        r = resolve(cur, plan)
+        resolved = resolve_tables(cur, plan)
         mid = control.next_id(cur)
-        ctx = Context(db=db, migration=provisional(plan, r, mid), owner="plan-check")
-        described = [{"name": step.name, "sql": [s if isinstance(s, str) else s.as_string(cur)
-                                                 for s in step.describe(ctx, cur)]}
-                     for step in steps.ALL]
-        return ({"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
-                 "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                 "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
-                 "metadata": r["metadata"], "steps": described, **hooks_and_warnings(plan, r["warnings"])}, None)
+        rows = [provisional(p, r, mid + i, family=mid if plan.also else None, position=i if plan.also else None,
+                            operator_schemas=[x for _, r2 in resolved for x in r2["operator_schemas"]])
+                for i, (p, r) in enumerate(resolved)]
+        head = Context(db=db, migration=rows[0], owner="plan-check", provisional_family=rows if plan.also else None)
+        members = head.family(cur)
+
+        def text(stmts: list[Any]) -> list[str]:
+            return [s if isinstance(s, str) else s.as_string(cur) for s in stmts]
+
+        def described(ctx: Context) -> list[dict[str, Any]]:
+            return [{"name": step.name, "sql": text(step.describe(ctx, cur))} for step in steps.ALL]
+
+        def table(ctx: Context, r: dict[str, Any]) -> dict[str, Any]:
+            return {"name": ctx.migration.name, "migration_id": ctx.mid,
+                    "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
+                    "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
+                    "metadata": r["metadata"]}
+
+        r = resolved[0][1]
+        warnings, advice = widening_advice(cur, resolved)
+        found = [w for _, r2 in resolved for w in r2["warnings"]]
+        out = {"plan": str(path), "name": plan.name, "registered": False, "ok": True, **table(head, r),
+               "steps": described(head), **hooks_and_warnings(plan, [*found, *warnings]), "also": advice}
+        if plan.also:
+            out["family"] = {"tables": [{**table(t, r2), "steps": described(t) if t is not head else []}
+                                        for t, (_, r2) in zip(members, resolved, strict=True)],
+                             "sql": text(family_step.describe(head, members, cur))}
+        return out, None
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.
     conn = db.connection()
@@ -83,7 +150,8 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         return describe(cur)
 
 
-def provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migration:
+def provisional(plan: Plan, r: dict[str, Any], mid: int = 0, *, family: int | None = None,
+                position: int | None = None, operator_schemas: list[str] | None = None) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
     now = datetime.now(UTC)
     return control.Migration(
@@ -92,7 +160,10 @@ def provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migratio
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
         window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None, lease_pid=None,
-        lease_expires_at=None, settings={"search_path": search_path(r["operator_schemas"])})
+        lease_expires_at=None,
+        settings={"search_path": search_path(operator_schemas if operator_schemas is not None
+                                             else r["operator_schemas"])},
+        family_id=family, family_position=position)
 
 
 def hooks_and_warnings(plan: Plan, found: list[str] | None = None) -> dict[str, Any]:
@@ -149,21 +220,27 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
             same_shape(existing, plan)
             if existing.plan != plan.canonical():
                 changes = edits_check.check(cur, existing, plan)
-                control.update_plan(cur, existing.id, plan.canonical(), actor, [c.describe() for c in changes])
+                update_plan(cur, existing, plan, actor, [c.describe() for c in changes])
                 for c in changes:
                     log.warning("plan of %r updated: %s", plan.name, c.describe())
             return control.get_by_id(cur, existing.id)
-        r = resolve(cur, plan)
-        m = control.register(cur, name=plan.name, plan=plan.canonical(),
-                             plan_hash=plan.shape_hash(r["source"].schema),
-                             source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor,
-                             settings={**conversion_settings(cur),
-                                       "search_path": search_path(r["operator_schemas"])})
-        # The shape is described under the search_path every later step runs with: format_type and
-        # pg_get_expr qualify names by it, and a description read under another would differ.
-        db.pin_local(cur, m.settings)
-        shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/catalog/shape.py)
-        return m
+        resolved = resolve_tables(cur, plan)
+        # One search_path for the family: the one its sessions run with (every table's key operators').
+        settings = {**conversion_settings(cur),
+                    "search_path": search_path([x for _, r in resolved for x in r["operator_schemas"]])}
+        head: control.Migration | None = None
+        for i, (table, r) in enumerate(resolved):
+            m = control.register(cur, name=table.name, plan=table.canonical(),
+                                 plan_hash=table.shape_hash(r["source"].schema), source=r["source"], target=r["target"],
+                                 old=r["old"], key=r["key"], actor=actor, settings=settings, family=head,
+                                 position=i if plan.also else None)
+            head = head or m
+            # The shape is described under the search_path every later step runs with: format_type and
+            # pg_get_expr qualify names by it, and a description read under another would differ.
+            db.pin_local(cur, m.settings)
+            shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/catalog/shape.py)
+        assert head is not None
+        return control.get_by_id(cur, head.id)
     try:
         return db.transaction(register, label="register")
     except psycopg.errors.UniqueViolation as exc:
@@ -172,13 +249,21 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
             from exc
 
 
+def update_plan(cur: psycopg.Cursor, m: control.Migration, plan: Plan, actor: str, changes: list[str]) -> None:
+    """Tunables changed (the shape hash is the same): stored with the migration, and with each other
+    table of its family (each table's plan is derived from the family's, plan.tables())."""
+    control.update_plan(cur, m.id, plan.canonical(), actor, changes)
+    for row, table in zip(control.family(cur, m)[1:], plan.tables()[1:], strict=True):
+        control.update_plan(cur, row.id, dataclasses.replace(table, name=row.name).canonical(), actor, changes)
+
+
 def locate(db: Database, name_or_plan: str, actor: str) -> control.Migration:
     """A migration by name, or the one a plan file defines (registering it if need be); an aborted
-    one is refused (its plan file starts it afresh)."""
+    one is refused (its plan file starts it afresh). A table of a family is the family (its head)."""
     if name_or_plan.endswith(".toml") or Path(name_or_plan).is_file():
         m = register_or_load(db, load_plan(name_or_plan), actor)
     else:
-        m = db.transaction(lambda cur: control.get(cur, name_or_plan))
+        m = db.transaction(lambda cur: control.head_of(cur, control.get(cur, name_or_plan)))
     if m.state == "aborted":
         raise BadInput(f"migration {m.name!r} was aborted", hint=AFRESH)
     return m

@@ -3,8 +3,6 @@ holds for every setting, and a section's declarations serve a repeated table sec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from mover.errors import PlanError
@@ -16,13 +14,13 @@ from mover.plan import (
     SETTABLE,
     SETTINGS,
     TAKES_EFFECT,
+    AlsoTable,
     Setting,
-    TargetKeys,
     parse_plan,
     plan_from_canonical,
     to_document,
 )
-from mover.plan.declare import Choice, Count, Duration, Flag, Name, Problems, read_section, section, section_of, setting
+from mover.plan.declare import Choice, Count, Duration, Flag, Problems, read_section, section_of
 
 BASE = {"migration": {"name": "m", "source": "orders"}, "rollback": {"window": "1h"}}
 
@@ -89,16 +87,15 @@ def test_each_bound_is_enforced_naming_the_key(s):
 
 
 def test_sections_list_their_keys_in_the_files_order():
-    assert list(KEYS) == ["migration", "target", "backfill", "cutover", "rollback", "reconcile", "partitions", "hooks"]
-    assert [p.holder for p in SECTIONS] == [None, None, "backfill", "cutover", "rollback", "reconcile", "upkeep", None]
+    assert list(KEYS) == ["migration", "target", "backfill", "cutover", "rollback", "reconcile", "partitions", "hooks",
+                          "also"]
+    assert [p.holder for p in SECTIONS] == [None, None, "backfill", "cutover", "rollback", "reconcile", "upkeep", None,
+                                            None]
 
 
-# A repeated table section that takes [target]'s keys, as issue 27's [[also]] will: declared by
-# a subclass under its own name, read by the same declarations and check.
-@section("also", check=section_of(TargetKeys).check)
-@dataclass(frozen=True, kw_only=True)
-class Also(TargetKeys):
-    source: QualifiedName = setting(Name(), required=True, fixed=True)
+# [[also]] (issue 27) takes [target]'s keys: a subclass declared under its own name, read by the
+# same declarations and check.
+Also = AlsoTable
 
 
 def test_a_section_declared_once_reads_a_repeated_table():

@@ -96,8 +96,8 @@ class Widening:
 
 
 _REFERENCING = """
-SELECT k.conname, k.conrelid, n.nspname, c.relname, ca.attname, format_type(ca.atttypid, NULL),
-       pn.nspname || '.' || pc.relname
+SELECT k.conname, k.conrelid, n.nspname, c.relname, ca.attname, format_type(ca.atttypid, NULL), pn.nspname,
+       pc.relname
 FROM pg_constraint k
 CROSS JOIN LATERAL unnest(k.conkey, k.confkey) AS u(child_att, parent_att)
 JOIN pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = u.child_att
@@ -133,7 +133,7 @@ def widenings(cur: psycopg.Cursor, planned: dict[int, dict[str, str]]) -> list[W
         oid, column = queue.pop(0)
         new = wide[(oid, column)]
         cur.execute(_REFERENCING, (oid, column))
-        for constraint, child, schema, table, child_column, child_type, parent in cur.fetchall():
+        for constraint, child, schema, table, child_column, child_type, p_schema, p_table in cur.fetchall():
             now = wide[(child, child_column)] if (child, child_column) in wide else str(child_type)
             if INTEGER_MAX.get(new, 0) <= INTEGER_MAX.get(now, 2 ** 63):
                 continue
@@ -141,7 +141,7 @@ def widenings(cur: psycopg.Cursor, planned: dict[int, dict[str, str]]) -> list[W
             queue.append((child, child_column))
             if child_column not in planned.get(child, {}):
                 out.append(Widening(child, QualifiedName(schema, table), child_column, child_type, new,
-                                    f"{parent}.{column}", constraint))
+                                    f"{QualifiedName(p_schema, p_table)}.{display_ident(column)}", constraint))
     return out
 
 
@@ -168,11 +168,13 @@ def advice(found: Sequence[Widening], in_plan: dict[int, str]) -> list[str]:
     for w in found:
         by_table.setdefault(w.oid, []).append(w)
     lines: list[str] = []
-    for oid, ws in by_table.items():
+    # The tables of the plan first (in its order), then the tables to add (as found).
+    order = [o for o in in_plan if o in by_table] + [o for o in by_table if o not in in_plan]
+    for oid, ws in ((o, by_table[o]) for o in order):
         columns = ", ".join(f"{toml_key(w.column)} = {json.dumps(w.type)}" for w in ws)
         why = "; ".join(f"{display_ident(w.column)} ({w.was}) references {w.references}" for w in ws)
         if oid in in_plan:
-            lines += [f"# add to the columns of {in_plan[oid]}: {why}", f"#   {columns}"]
+            lines += [f"# add to the columns of {in_plan[oid]}: {why}", f"#   {columns}", ""]
             continue
         lines += [f"# {why}", "[[also]]", f"source = {toml_name(ws[0].table)}", f"columns = {{ {columns} }}", ""]
     return lines[:-1] if lines and lines[-1] == "" else lines

@@ -226,6 +226,15 @@ def _show_status(st: dict[str, Any]) -> None:
                       + (f", last at {r['verified_at']}" if r["verified_at"] else ""))
     by_kind = ", ".join(f"{k} {v}" for k, v in (r or {}).get("divergences", {}).get("open", {}).items())
     table.add_row("divergences", str(st["divergences"]) + (f" ({by_kind})" if by_kind else ""))
+    for t in (st.get("family") or {}).get("tables", []):
+        # Each table of a family (issue 27); the rows above are the whole family's.
+        b, r = t["backfill"], t["reconcile"]
+        where = "source" if "source" in t["tables_present"] else "target"
+        line = (f"{t['step']} / {t['state']}: {b['rows_copied']:,} rows copied, {t['capture']['pending']:,} pending, "
+                f"{r['ranges_done']}/{r['ranges_total']} ranges verified, {t['divergences']} divergences")
+        table.add_row(escape(f"table {t['tables'][where]}"), escape(line))
+    if st.get("family_of"):
+        table.add_row("family", escape(f"a table of migration {st['family_of']!r}: its commands take that name"))
     if st["cutover"]:
         table.add_row("cutover", f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)")
     if st["rollback_window_ends_at"]:
@@ -494,6 +503,11 @@ def history(name: str | None = typer.Argument(None, help="One migration and its 
             lock = "" if a["lock_ms"] is None else f", lock held {a['lock_ms']:.1f} ms"
             why = f" ({a['message']})" if a["message"] and a["outcome"] not in ("done", "running") else ""
             out.print(f"  {a['started_at']}  {a['step']:<16} {a['outcome']:<12} {took}{lock}{why}",
+                      highlight=False, markup=False)
+        for t in h.get("tables", []):  # a family's other tables (issue 27), each with its steps
+            done = [s for s in t["steps"] if s["seconds"] is not None]
+            steps = ", ".join(f"{s['name']} {_seconds(s['seconds'])}" for s in done)
+            out.print(f"  table {t['source']}  {t['outcome']}" + (f": {steps}" if steps else ""),
                       highlight=False, markup=False)
 
 

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
+from mover import faults
 from mover.catalog import family as family_catalog
 from mover.catalog import introspect, shape
 from mover.db import one
@@ -122,6 +123,7 @@ def link(ctx: Context, members: Sequence[Context]) -> int:
                                   f"take; fix them in the source, then `mover run {ctx.migration.name}`") from exc
         for t in members:
             shape.record(cur, t.mid, target=t.new)
+        faults.point("family:keys")  # inside the transaction: a crash here adds none of them
         texts = [s.as_string(cur) for s in stmts]
         control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, "family_keys",
                       f"{len(stmts)} foreign keys between the family's tables added to their targets",

@@ -15,6 +15,9 @@ for every table, one rollback window, one rollback, one retire, one abort.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+
+import psycopg
 
 from mover import faults, steps
 from mover.catalog import shape
@@ -36,16 +39,11 @@ def step_of(members: Sequence[Context]) -> str:
     return min((t.migration.step for t in members), key=order.index)
 
 
-def as_family(cur_members: Sequence[Context]) -> control.Migration:
+def as_family(members: Sequence[Context]) -> control.Migration:
     """The head's row with the family's step: what the operator's commands are checked against."""
-    head = cur_members[0].migration
-    step = step_of(cur_members)
-    return head if step == head.step else _with_step(head, step)
-
-
-def _with_step(m: control.Migration, step: str) -> control.Migration:
-    from dataclasses import replace
-    return replace(m, step=step)
+    head = members[0].migration
+    step = step_of(members)
+    return head if step == head.step else replace(head, step=step)
 
 
 def require_command(ctx: Context, command: str) -> list[Context]:
@@ -93,9 +91,9 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
 
 
 def _start(ctx: Context, members: Sequence[Context], step: str) -> None:
-    def go(cur: object) -> None:
+    def go(cur: psycopg.Cursor) -> None:
         for t in members:
-            control.start_step(cur, t.migration, step, t.owner)  # type: ignore[arg-type]
+            control.start_step(cur, t.migration, step, t.owner)
     ctx.db.transaction(go)
 
 
@@ -115,6 +113,7 @@ def _per_table(ctx: Context, members: Sequence[Context], step: str) -> None:
             _range_step(t, step)
         except Waiting as exc:
             waiting.append(exc)
+        faults.point(f"after:{step}:{t.migration.family_position}")  # one table's step done, the next's not
         t.refresh()
     if step == "reconcile":
         family_step.check_keys(ctx, members)
@@ -139,9 +138,9 @@ def cutover(ctx: Context) -> control.Migration:
         members = family_engine.tables(ctx)
         if step_of(members) != "rollback_window":
             raise
-        def wait(cur: object) -> None:
+        def wait(cur: psycopg.Cursor) -> None:
             for t in members:
-                control.wait_in_window(cur, t.migration, t.owner)  # type: ignore[arg-type]
+                control.wait_in_window(cur, t.migration, t.owner)
         ctx.db.transaction(wait, label="window open")
         return ctx.refresh()
 

@@ -45,9 +45,9 @@ def watch(db: Database, name: str, show: Callable[[dict[str, Any]], None], *, in
 
 def snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
     """One reading of the migration, in one transaction (the readings are the caller's)."""
-    m = control.get(cur, name)
-    snap = status.status_of(cur, m)
-    snap["worker_list"] = status.workers_of(cur, m)
+    m = control.head_of(cur, control.get(cur, name))
+    snap = status.status_of(cur, m)  # a family's: the whole's, and each table's under "family"
+    snap["worker_list"] = [w for row in control.family(cur, m) for w in status.workers_of(cur, row)]
     snap["lock_waits"] = status.lock_waits(cur)
     cur.execute("SELECT now() - make_interval(secs => %s)", (WINDOW_SECONDS,))
     snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])

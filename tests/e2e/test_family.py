@@ -1,0 +1,380 @@
+"""A family of tables moved together (issue 27): customers.id referenced by orders.customer_id and
+invoices.customer_id, invoices.order_id referencing orders.id (a key referenced twice, once through
+a table that is itself referenced), every key and reference int -> bigint, under an application
+writing every table (inserts, updates, deletes, key changes that respect the foreign keys, a parent
+and its children written and deleted in one transaction), with kill -9 in each table's steps and
+inside the cutover and the rollback. Judged by the application's own mirrors (one per table,
+written in its transactions): nothing lost; a sampler checks with plain SQL, all along, that no
+row of one side references a missing row of the same side; one cutover swaps all three (one lock
+hold), one rollback swaps them all back."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.workload import WriterThread, assert_oracle, mover, write_plan
+
+SCHEMA = """
+CREATE TABLE customers (id serial PRIMARY KEY, name text NOT NULL, note text);
+CREATE TABLE orders (id serial PRIMARY KEY, customer_id int NOT NULL REFERENCES customers, amount numeric(12,2),
+                     note text);
+CREATE TABLE invoices (id serial PRIMARY KEY, customer_id int NOT NULL REFERENCES customers,
+                       order_id int REFERENCES orders, total numeric(12,2));
+CREATE INDEX invoices_by_order ON invoices (order_id);
+INSERT INTO customers (name) SELECT 'c' || g FROM generate_series(1, 1500) g;
+INSERT INTO orders (customer_id, amount) SELECT 1 + g % 1500, g FROM generate_series(1, 3000) g;
+INSERT INTO invoices (customer_id, order_id, total) SELECT customer_id, id, amount FROM orders WHERE id % 3 <> 0;
+"""
+
+COLUMNS = {"customers": ("id", "name", "note"), "orders": ("id", "customer_id", "amount", "note"),
+           "invoices": ("id", "customer_id", "order_id", "total")}
+# Each key between them: (child, column, parent).
+KEYS = (("orders", "customer_id", "customers"), ("invoices", "customer_id", "customers"),
+        ("invoices", "order_id", "orders"))
+
+PLAN = """
+[migration]
+name = "family"
+source = "public.customers"
+
+[target]
+columns = { id = "bigint" }
+
+[[also]]
+source = "public.orders"
+columns = { id = "bigint", customer_id = "bigint" }
+
+[[also]]
+source = "public.invoices"
+columns = { customer_id = "bigint", order_id = "bigint" }
+
+[backfill]
+range_rows = 500
+min_rows = 500
+max_rows = 500
+
+[reconcile]
+range_rows = 1000
+
+[rollback]
+window = "1h"
+"""
+
+
+def create(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        for table in COLUMNS:
+            # The oracle: what the application committed, kept by the writer in its own transactions.
+            m = sql.Identifier(f"{table}_mirror")
+            conn.execute(sql.SQL("CREATE TABLE {} AS SELECT * FROM {}").format(m, sql.Identifier(table)))
+            conn.execute(sql.SQL("ALTER TABLE {} ALTER id TYPE bigint, ADD PRIMARY KEY (id)").format(m))
+            conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
+
+
+@dataclass
+class FamilyWriter(WriterThread):
+    """The application: every write in a transaction of its own (one or several statements), each
+    statement's rows copied to the table's mirror in that transaction. Legal writes only: a child
+    always references an existing parent, a parent goes after its children."""
+
+    dsn: str
+    seed: int = 1
+    ops: int = 0
+    errors: list = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    paused: threading.Event = field(default_factory=threading.Event)
+    idle: threading.Event = field(default_factory=threading.Event)
+
+    def _loop(self) -> None:
+        rnd = random.Random(self.seed)
+        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+        ops = [self._insert_family, self._update, self._delete_family, self._change_order_key,
+               self._change_customer_key, self._reparent, self._reinsert_invoice, self._insert_children]
+        try:
+            while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.idle.set()
+                    self.stop.wait(0.01)
+                    continue
+                self.idle.clear()
+                try:
+                    with conn.transaction():
+                        rnd.choice(ops)(conn, rnd)
+                    self.ops += 1
+                except psycopg.Error as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    if conn.broken:
+                        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _write(conn, table: str, statement: str, params: dict) -> list[int]:
+        """`statement` (on {t}, ending in RETURNING id) and its rows' state copied to the mirror."""
+        t, m = sql.Identifier(table), sql.Identifier(f"{table}_mirror")
+        ids = [r[0] for r in conn.execute(sql.SQL(statement).format(t=t), params).fetchall()]
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(m), (ids,))
+        cols = sql.SQL(", ").join(map(sql.Identifier, COLUMNS[table]))
+        conn.execute(sql.SQL("INSERT INTO {m} ({c}) SELECT {c} FROM {t} WHERE id = ANY(%s)").format(m=m, c=cols, t=t),
+                     (ids,))
+        return ids
+
+    @staticmethod
+    def _pick(conn, table: str, rnd: random.Random, where: str = "true") -> int | None:
+        (top,) = conn.execute(sql.SQL("SELECT max(id) FROM {}").format(sql.Identifier(table))).fetchone()
+        if top is None:
+            return None
+        row = conn.execute(sql.SQL("SELECT id FROM {} WHERE id >= %s AND " + where + " ORDER BY id LIMIT 1").format(
+            sql.Identifier(table)), (rnd.randint(1, top),)).fetchone()
+        return row[0] if row else None
+
+    def _insert_family(self, conn, rnd) -> None:
+        """A customer, an order of it and an invoice of that order, in one transaction."""
+        (c,) = self._write(conn, "customers", "INSERT INTO {t} (name) VALUES (%(n)s) RETURNING id", {"n": "new"})
+        (o,) = self._write(conn, "orders", "INSERT INTO {t} (customer_id, amount) VALUES (%(c)s, %(a)s) RETURNING id",
+                           {"c": c, "a": rnd.randint(1, 999)})
+        self._write(conn, "invoices", "INSERT INTO {t} (customer_id, order_id, total) VALUES (%(c)s, %(o)s, 1)"
+                                      " RETURNING id", {"c": c, "o": o})
+
+    def _insert_children(self, conn, rnd) -> None:
+        c = self._pick(conn, "customers", rnd)
+        if c is not None:
+            (o,) = self._write(conn, "orders", "INSERT INTO {t} (customer_id, amount) VALUES (%(c)s, 2) RETURNING id",
+                               {"c": c})
+            self._write(conn, "invoices", "INSERT INTO {t} (customer_id, order_id, total) VALUES (%(c)s, %(o)s, 2)"
+                                          " RETURNING id", {"c": c, "o": o})
+
+    def _update(self, conn, rnd) -> None:
+        table = rnd.choice(list(COLUMNS))
+        k = self._pick(conn, table, rnd)
+        column = {"customers": "note", "orders": "amount", "invoices": "total"}[table]
+        value = "u" if table == "customers" else rnd.randint(1, 10**6) / 100
+        if k is not None:
+            self._write(conn, table, f"UPDATE {{t}} SET {column} = %(v)s WHERE id = %(k)s RETURNING id",
+                        {"v": value, "k": k})
+
+    def _delete_family(self, conn, rnd) -> None:
+        """An order with its invoices, and its customer when nothing else references it: children
+        first, in one transaction."""
+        o = self._pick(conn, "orders", rnd)
+        if o is None:
+            return
+        (c,) = conn.execute("SELECT customer_id FROM orders WHERE id = %s", (o,)).fetchone()
+        self._write(conn, "invoices", "DELETE FROM {t} WHERE order_id = %(o)s RETURNING id", {"o": o})
+        self._write(conn, "orders", "DELETE FROM {t} WHERE id = %(o)s RETURNING id", {"o": o})
+        self._write(conn, "customers", "DELETE FROM {t} WHERE id = %(c)s AND NOT EXISTS (SELECT 1 FROM orders"
+                                       " WHERE customer_id = %(c)s) AND NOT EXISTS (SELECT 1 FROM invoices WHERE"
+                                       " customer_id = %(c)s) RETURNING id", {"c": c})
+
+    def _change_order_key(self, conn, rnd) -> None:
+        """An order's key changes, its invoices follow: the new row, the references moved, the old row gone."""
+        o = self._pick(conn, "orders", rnd)
+        if o is None:
+            return
+        (n,) = self._write(conn, "orders", "INSERT INTO {t} (id, customer_id, amount, note) SELECT"
+                                           " nextval(pg_get_serial_sequence('orders', 'id')), customer_id, amount,"
+                                           " 'moved' FROM {t} WHERE id = %(o)s RETURNING id", {"o": o})
+        self._write(conn, "invoices", "UPDATE {t} SET order_id = %(n)s WHERE order_id = %(o)s RETURNING id",
+                    {"n": n, "o": o})
+        self._write(conn, "orders", "DELETE FROM {t} WHERE id = %(o)s RETURNING id", {"o": o})
+
+    def _change_customer_key(self, conn, rnd) -> None:
+        c = self._pick(conn, "customers", rnd)
+        if c is None:
+            return
+        (n,) = self._write(conn, "customers", "INSERT INTO {t} (id, name, note) SELECT"
+                                              " nextval(pg_get_serial_sequence('customers', 'id')), name, 'moved'"
+                                              " FROM {t} WHERE id = %(c)s RETURNING id", {"c": c})
+        for child in ("orders", "invoices"):
+            self._write(conn, child, "UPDATE {t} SET customer_id = %(n)s WHERE customer_id = %(c)s RETURNING id",
+                        {"n": n, "c": c})
+        self._write(conn, "customers", "DELETE FROM {t} WHERE id = %(c)s RETURNING id", {"c": c})
+
+    def _reparent(self, conn, rnd) -> None:
+        o, c = self._pick(conn, "orders", rnd), self._pick(conn, "customers", rnd)
+        if o is not None and c is not None:
+            self._write(conn, "orders", "UPDATE {t} SET customer_id = %(c)s WHERE id = %(o)s RETURNING id",
+                        {"c": c, "o": o})
+            self._write(conn, "invoices", "UPDATE {t} SET customer_id = %(c)s WHERE order_id = %(o)s RETURNING id",
+                        {"c": c, "o": o})
+
+    def _reinsert_invoice(self, conn, rnd) -> None:
+        """Delete and insert again the same key, in one transaction."""
+        i = self._pick(conn, "invoices", rnd)
+        if i is None:
+            return
+        row = conn.execute("SELECT customer_id, order_id FROM invoices WHERE id = %s", (i,)).fetchone()
+        self._write(conn, "invoices", "DELETE FROM {t} WHERE id = %(i)s RETURNING id", {"i": i})
+        self._write(conn, "invoices", "INSERT INTO {t} (id, customer_id, order_id, total) VALUES (%(i)s, %(c)s,"
+                                      " %(o)s, 0) RETURNING id", {"i": i, "c": row[0], "o": row[1]})
+
+
+ORPHANS = " + ".join(
+    f"(SELECT count(*) FROM {{{child}}} x WHERE x.{column} IS NOT NULL AND NOT EXISTS"
+    f" (SELECT 1 FROM {{{parent}}} p WHERE p.id = x.{column}))" for child, column, parent in KEYS)
+
+
+class KeySampler:
+    """Checks, over and over with plain SQL (one statement, one snapshot), that no row of the live
+    tables references a missing row, nor of the other side (the targets before the swap, the old
+    tables in the window) where it exists; and that the live tables hold their three keys,
+    validated. Whatever it finds is kept."""
+
+    def __init__(self, dsn: str):
+        self.dsn, self.found, self.samples = dsn, [], 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> KeySampler:
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.wait(0.02):
+                for suffix in ("", "_new", "_old"):
+                    names = {t: sql.Identifier(t + suffix) for t in COLUMNS}
+                    try:
+                        # The other side once it holds its keys (before that, the targets are being copied)
+                        if suffix and conn.execute(
+                                "SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND conrelid = ANY("
+                                "ARRAY[to_regclass(%s), to_regclass(%s)])", ("orders" + suffix, "invoices" + suffix)
+                                ).fetchone()[0] < 3:
+                            continue
+                        (n,) = conn.execute(sql.SQL("SELECT " + ORPHANS).format(**names)).fetchone()
+                        if not suffix:
+                            (keys,) = conn.execute(
+                                "SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND convalidated"
+                                " AND conrelid IN ('orders'::regclass, 'invoices'::regclass)"
+                                " AND confrelid IN ('customers'::regclass, 'orders'::regclass)").fetchone()
+                            if keys != 3:
+                                self.found.append(f"the live tables hold {keys} validated keys between them")
+                    except (psycopg.errors.UndefinedTable, psycopg.errors.LockNotAvailable):
+                        continue  # renamed or dropped between two statements (a swap, a retire)
+                    self.samples += 1
+                    if n:
+                        self.found.append(f"{n} orphans on the {suffix or 'live'} side")
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def status(dsn) -> dict:
+    r = mover(dsn, "status", "family", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def assert_mirrored(dsn: str, suffix: str = "") -> None:
+    """Each table (with `suffix`: the other side) holds exactly what the application committed."""
+    for table, columns in COLUMNS.items():
+        assert_oracle(dsn, table + suffix, mirror=f"{table}_mirror", columns=columns)
+
+
+def settle(dsn, writer, suffix: str) -> None:
+    """Writer paused, the other side caught up (`mover run` drains and exits 3): both sides hold
+    what the application committed."""
+    writer.pause()
+    r = mover(dsn, "run", "family")
+    assert r.returncode == 3, r.stderr
+    assert_mirrored(dsn)
+    assert_mirrored(dsn, suffix)
+    writer.resume()
+
+
+# Where a kill lands, in order: each one in the middle of some table's step (the same point fires
+# again for the next table once the first is past it), then at the family's own moments.
+KILLS = ("after:create_target:1", "after:install_capture:0", "backfill_range:2", "after:backfill:0",
+         "backfill_range:2", "backfill_range:2", "family:keys", "reconcile_range:1", "after:reconcile:1")
+
+
+def test_a_family_widens_under_writers_through_kills_one_cutover_one_rollback(db_dsn, tmp_path):
+    create(db_dsn)
+    plan = write_plan(tmp_path / "family.toml", PLAN)
+    writer, sampler = FamilyWriter(db_dsn, seed=27).start(), KeySampler(db_dsn).start()
+    try:
+        for point in KILLS:
+            r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": f"kill@{point}"})
+            assert r.returncode == -signal.SIGKILL, f"{point}: {r.stderr}"
+        r = mover(db_dsn, "run", "family")
+        assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+        st = status(db_dsn)
+        assert (st["step"], st["divergences"]) == ("cutover", 0)
+        assert [t["step"] for t in st["family"]["tables"]] == ["cutover"] * 3
+        settle(db_dsn, writer, "_new")
+
+        # kill -9 inside the family's swap: after its locks (the first table's record), and after
+        # every table's DDL: nothing swapped either time.
+        for point in ("swap:locked", "family:swapped"):
+            r = mover(db_dsn, "cutover", "family", env={"MOVER_FAULT": f"kill@{point}"})
+            assert r.returncode == -signal.SIGKILL, r.stderr
+            st = status(db_dsn)
+            assert st["step"] == "cutover" and all(t["cutover"] is None for t in st["family"]["tables"])
+        r = mover(db_dsn, "cutover", "family")
+        assert r.returncode == 0, r.stderr
+        st = status(db_dsn)
+        assert st["step"] == "rollback_window"
+        assert {t["cutover"]["at"] for t in st["family"]["tables"]} == {st["cutover"]["at"]}  # one transaction
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            types = dict(conn.execute(
+                "SELECT attrelid::regclass::text || '.' || attname, format_type(atttypid, NULL) FROM pg_attribute"
+                " WHERE attrelid IN ('customers'::regclass, 'orders'::regclass, 'invoices'::regclass)"
+                " AND attname IN ('id', 'customer_id', 'order_id')").fetchall())
+        assert types == {"customers.id": "bigint", "orders.id": "bigint", "orders.customer_id": "bigint",
+                         "invoices.id": "integer", "invoices.customer_id": "bigint", "invoices.order_id": "bigint"}
+        settle(db_dsn, writer, "_old")  # the window: the old tables kept in step, their keys held
+
+        r = mover(db_dsn, "rollback", "family", env={"MOVER_FAULT": "kill@swap_back:locked"})
+        assert r.returncode == -signal.SIGKILL, r.stderr
+        assert status(db_dsn)["step"] == "rollback_window"
+        r = mover(db_dsn, "rollback", "family")
+        assert r.returncode == 0, r.stderr
+        settle(db_dsn, writer, "_new")  # back before the gate, the targets in step again
+        assert status(db_dsn)["step"] == "cutover"
+
+        r = mover(db_dsn, "cutover", "family")
+        assert r.returncode == 0, r.stderr
+        r = mover(db_dsn, "retire", "family", "--force")
+        assert r.returncode == 0, r.stderr
+        writer.pause()
+        assert_mirrored(db_dsn)
+    finally:
+        writer.halt()
+        sampler.halt()
+    assert writer.errors == []
+    assert writer.ops > 100
+    assert sampler.samples > 100 and sampler.found == []
+    st = status(db_dsn)
+    assert (st["state"], st["divergences"]) == ("done", 0)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # Never a divergence: a parent and its child written (or deleted) in one transaction are
+        # replayed together, whatever the order of the tables' logs.
+        assert conn.execute("SELECT count(*) FROM mover.divergences").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM mover.events WHERE kind = 'rolled_back'").fetchone()[0] == 3
+        assert conn.execute("SELECT relname FROM pg_class WHERE relname ~ '_(old|new)$' AND relkind = 'r'"
+                            ).fetchall() == []
+
+
+@pytest.mark.parametrize("suffix", ["_new"])
+def test_a_family_aborts_in_one_transaction(db_dsn, tmp_path, suffix):
+    create(db_dsn)
+    plan = write_plan(tmp_path / "family.toml", PLAN)
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    r = mover(db_dsn, "abort", "family/public.orders")  # a table's name is its family's
+    assert r.returncode == 0, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT relname FROM pg_class WHERE relname LIKE %s", (f"%{suffix}",)).fetchall() == []
+        assert conn.execute("SELECT DISTINCT state FROM mover.migrations").fetchall() == [("aborted",)]
+        assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'mover%'").fetchone()[0] == 0
+    assert_mirrored(db_dsn)

@@ -25,8 +25,8 @@ from mover.engines import upkeep
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import BadInput, NotFound, Waiting
 from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, plan_from_canonical, to_document
+from mover.runner import family, lifecycle, register
 from mover.runner import follow as follower
-from mover.runner import lifecycle, register
 from mover.runner.lease import leased
 from mover.state import control
 from mover.steps import reconcile as reconcile_step
@@ -44,7 +44,8 @@ def run(db: Database, name_or_plan: str, *, one_step: bool = False, wait: bool =
     m = register.locate(db, name_or_plan, owner)
     if m.state != "done":
         with leased(db, m, owner, report=report, stop=stop) as ctx:
-            if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
+            step = family.step_of(family_engine.tables(ctx))  # a family's: its tables' earliest
+            if one_step and steps.BY_NAME.get(step, steps.ALL[0]).gate:
                 raise Waiting(f"the next step of {m.name!r} is the cutover",
                               hint=f"run `mover cutover {m.name}` to swap")
             lifecycle.advance(ctx, one_step=one_step)

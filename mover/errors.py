@@ -28,6 +28,14 @@ class Failed(MoverError):
     exit_code = 1
 
 
+class ConstraintBuildFailed(Failed):
+    """A constraint of the new table (an exclusion constraint, built after the copy) rejects rows
+    it holds: the source's rows as converted, or a row whose replay failed. Resumable: once the
+    rows fit, `mover run NAME` builds it again."""
+
+    event_kind = "constraint_build_failed"
+
+
 class ServerGone(Failed):
     """The database server went away (shutdown, restart, network) in the middle of a command: the
     migration is resumable once the server is back."""

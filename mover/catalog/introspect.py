@@ -44,6 +44,15 @@ class Index:
     is_valid: bool
     is_exclusion: bool
     definition_tail: str  # pg_get_indexdef() from " USING ..." on: trusted text produced by the catalog
+    # pg_get_constraintdef() of the constraint this index backs, when only adding that constraint
+    # makes the index (BUILT_BY_CONSTRAINT: an exclusion constraint, whose index carries its name);
+    # None for an index CREATE INDEX builds (a plain or unique one, a PRIMARY KEY's, a UNIQUE's).
+    constraint_def: str | None = None
+
+    @property
+    def by_constraint(self) -> bool:
+        """Built (on the target) by ALTER TABLE ... ADD CONSTRAINT, not CREATE INDEX."""
+        return self.constraint_def is not None
 
 
 @dataclass(frozen=True)
@@ -172,6 +181,13 @@ def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str,
     return tuple(row[1]), row[0]
 
 
+# The constraints whose index only the constraint itself can make: CREATE INDEX builds the index of
+# an exclusion constraint without its operators, and ADD CONSTRAINT ... USING INDEX takes only a
+# PRIMARY KEY or UNIQUE one. (PostgreSQL 18's temporal keys, PRIMARY KEY / UNIQUE ... WITHOUT
+# OVERLAPS, are exclusion constraints underneath, conperiod set: they belong here too.)
+BUILT_BY_CONSTRAINT = "k.contype = 'x'"
+
+
 def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
     # pg_get_indexdef() reads "CREATE [UNIQUE] INDEX name ON schema.table USING ...". Names may
     # contain " USING ", so the tail is cut after the exact prefix the catalog would print.
@@ -180,7 +196,9 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
         SELECT i.indexrelid, ic.relname, i.indisprimary, i.indisunique, i.indisvalid, i.indisexclusion,
                pg_get_indexdef(i.indexrelid),
                format('CREATE %%sINDEX %%I ON %%s%%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
-                      ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname)
+                      ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname),
+               (SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k
+                 WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid AND """ + BUILT_BY_CONSTRAINT + """)
         FROM pg_index i
         JOIN pg_class ic ON ic.oid = i.indexrelid
         JOIN pg_class c ON c.oid = i.indrelid
@@ -191,11 +209,11 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
         (oid,),
     )
     out = []
-    for ioid, iname, primary, unique, valid, exclusion, definition, prefix in cur.fetchall():
+    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint in cur.fetchall():
         if not definition.startswith(prefix) or not definition[len(prefix):].startswith("USING "):
             raise PlanError(f"cannot read the definition of index {iname!r}: {definition!r}",
                             hint="report this definition; mover does not handle this index form yet")
-        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):]))
+        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):], constraint))
     return tuple(out)
 
 
@@ -207,10 +225,11 @@ def outbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str]
 
 
 def index_comments(cur: psycopg.Cursor, index_oid: int) -> tuple[str | None, str | None]:
-    """The comment on an index, and on the constraint it backs (a primary key's, a unique one's)."""
+    """The comment on an index, and on the constraint it backs (a primary key's, a unique one's,
+    an exclusion constraint's)."""
     cur.execute("SELECT obj_description(%s, 'pg_class'),"
                 " (SELECT obj_description(oid, 'pg_constraint') FROM pg_constraint WHERE conindid = %s"
-                "   AND contype IN ('p', 'u') LIMIT 1)", (index_oid, index_oid))
+                "   AND contype IN ('p', 'u', 'x') LIMIT 1)", (index_oid, index_oid))
     row = one(cur)
     return row[0], row[1]
 

@@ -1,22 +1,62 @@
-"""What the swap cannot carry over, refused rather than lost at the cutover: exclusion
-constraints and inheritance. (Triggers, rules, row-level security, dependent views and foreign
-keys are carried over: mover/engines/carry.py.)"""
+"""What the swap cannot carry over, refused rather than lost at the cutover: inheritance, and an
+exclusion constraint on a partitioned target where PostgreSQL takes none. (Triggers, rules,
+row-level security, dependent views and foreign keys are carried over: mover/engines/carry.py;
+exclusion constraints are built on the new table after the copy: mover/engines/backfill.py.)"""
 
 from __future__ import annotations
 
 from mover import names
 from mover.catalog import introspect
 from mover.checks import Subject
+from mover.db import one
 from mover.errors import PlanError
+
+# PostgreSQL 17 takes an exclusion constraint on a partitioned table, when the constraint compares
+# every partition column with equality (so that two rows it excludes are always in one partition).
+PARTITIONED_EXCLUSION = 170000
 
 
 def exclusion_constraints(s: Subject) -> None:
-    for ix in s.table.indexes:
-        if ix.is_exclusion:
-            s.report(PlanError(f"{s.src} has the exclusion constraint index {names.display_ident(ix.name)}, which "
-                               f"mover cannot recreate yet",
-                               hint="drop the exclusion constraint for the migration, or move the table by other "
-                                    "means"))
+    """An exclusion constraint goes to the new table as it is (its name kept through the swap);
+    a partitioned one takes it only where PostgreSQL allows it. The DDL rehearsal then tries it
+    on the rehearsed target (checks/rehearsal.py)."""
+    spec = s.plan.partition
+    excluding = [ix for ix in s.table.indexes if ix.by_constraint]
+    if spec is None or not excluding:
+        return
+    s.cur.execute("SELECT current_setting('server_version_num')::int")
+    version = int(one(s.cur)[0])
+    for ix in excluding:
+        what = f"{s.src} has the exclusion constraint {names.display_ident(ix.name)} ({ix.constraint_def})"
+        if version < PARTITIONED_EXCLUSION:
+            s.report(PlanError(
+                f"[target.partition]: {what}, and PostgreSQL {version // 10000} takes no exclusion constraint on a"
+                f" partitioned table (17 and later do, when it compares every partition column with =)",
+                hint="keep the table unpartitioned in this plan, or convert it on PostgreSQL 17 or later"))
+            continue
+        s.cur.execute(
+            "SELECT a.attname FROM pg_index i"
+            " CROSS JOIN LATERAL unnest((i.indkey::int2[])[0:i.indnkeyatts - 1], %s::oid[]) AS x(attnum, op)"
+            " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = x.attnum"
+            " JOIN pg_operator o ON o.oid = x.op WHERE i.indexrelid = %s AND o.oprname = '='",
+            (_operators(s, ix), ix.oid))
+        equal = {r[0] for r in s.cur.fetchall()}
+        missing = [c for c in spec.columns if c not in equal]
+        if missing:
+            s.report(PlanError(
+                f"[target.partition]: {what}, which does not compare the partition column"
+                f"{'s' if len(missing) > 1 else ''} {', '.join(map(names.display_ident, missing))} with =;"
+                f" PostgreSQL takes an exclusion constraint on a partitioned table only when it does (two rows it"
+                f" excludes must fall in one partition)",
+                hint=f"partition by columns the constraint compares with =, or add "
+                     f"{', '.join(f'{names.display_ident(c)} WITH =' for c in missing)} to the constraint first"))
+
+
+def _operators(s: Subject, ix: introspect.Index) -> list[int]:
+    s.cur.execute("SELECT conexclop::oid[] FROM pg_constraint WHERE conindid = %s AND conexclop IS NOT NULL",
+                  (ix.oid,))
+    row = s.cur.fetchone()
+    return list(row[0]) if row else []
 
 
 def table_properties(s: Subject) -> None:

@@ -13,7 +13,7 @@ from mover import names
 from mover.catalog import introspect
 from mover.checks import Subject
 from mover.db import is_retryable
-from mover.engines import carry
+from mover.engines import backfill, carry
 from mover.errors import PlanError
 from mover.names import QualifiedName
 from mover.plan import Plan
@@ -70,6 +70,11 @@ def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: Qua
         # partitioned target: onto each partition, then the parent): on this empty table, cheap.
         for fk in carry.outbound_rehearsal_sql(cur, source, target, plan.drop_foreign_keys):
             cur.execute(fk)
+        # The exclusion constraints the backfill builds after the copy (over the new types, on a
+        # partitioned target where the server takes them): tried on the empty table now.
+        for ix in introspect.describe(cur, source).indexes:
+            if ix.by_constraint:
+                cur.execute(backfill.IndexBuild(backfill.deferred_index_name(0, ix.name), ix, target).statement())
         if out is not None:
             out.append(introspect.describe(cur, target))
     except psycopg.Error as exc:

@@ -22,6 +22,12 @@ Invariants:
   or is cancelled by the resume, which stops mover's orphaned builders before its drain. An
   invalid index (left by an interrupted CONCURRENTLY build of an earlier version) is dropped and
   rebuilt.
+- An exclusion constraint is built after them, by ADD CONSTRAINT (its index only comes with it),
+  one at a time (ACCESS EXCLUSIVE on the new table, which only mover uses), in a transaction that
+  first replays the change log under the applier lock until a batch finds it caught up: the
+  constraint then meets the source's rows as of one snapshot, which satisfy it. Rows that still
+  break it (values the type change made equal, a row whose replay failed) stop the step with
+  their keys' values named (ConstraintBuildFailed); `mover run` builds it again once they fit.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from mover.catalog import introspect
 from mover.db import Database, bind, is_retryable, one
 from mover.engines import capture, partitions, rangework, throttle
 from mover.engines.context import Context, Reporter
-from mover.errors import Failed, LeaseLost
+from mover.errors import ConstraintBuildFailed, Failed, LeaseLost
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
 from mover.sql import ddl
@@ -221,7 +227,7 @@ class Applier:
                 if wait:
                     self.done.wait(throttle.RECHECK_SECONDS)
                     continue
-                if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed < capture.BATCH:
+                if capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).log_rows < capture.BATCH:
                     self.done.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
         finally:
             self.ctx.db.close()
@@ -284,7 +290,8 @@ def stop_orphaned_builders(ctx: Context) -> None:
     from the dead client), but its SHARE lock would hold up the step's drain and builds. Only the
     lease holder builds on the new table, and it calls this before it starts: any mover backend
     holding or awaiting a build's lock (SHARE, or SHARE UPDATE EXCLUSIVE for an earlier version's
-    concurrent build or an ANALYZE) on the new table or its partitions is an orphan. Cancel them
+    concurrent build or an ANALYZE, or ACCESS EXCLUSIVE for a constraint's ADD CONSTRAINT, which
+    also holds the applier lock) on the new table or its partitions is an orphan. Cancel them
     and wait until they are gone."""
     def builders(cur: psycopg.Cursor) -> list[int]:
         cur.execute(
@@ -292,7 +299,8 @@ def stop_orphaned_builders(ctx: Context) -> None:
             " WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database"
             "   WHERE datname = current_database())"
             " AND l.relation IN (SELECT %s::regclass UNION ALL SELECT relid FROM pg_partition_tree(%s::regclass))"
-            " AND l.mode IN ('ShareLock', 'ShareUpdateExclusiveLock') AND l.pid <> pg_backend_pid()"
+            " AND l.mode IN ('ShareLock', 'ShareUpdateExclusiveLock', 'AccessExclusiveLock')"
+            " AND l.pid <> pg_backend_pid()"
             " AND a.application_name LIKE 'mover%%'", (str(ctx.new), str(ctx.new)))
         return [r[0] for r in cur.fetchall()]
 
@@ -323,19 +331,28 @@ def _check_client(cur: psycopg.Cursor) -> None:
 
 def _copy_index_comment(ctx: Context, name: str, ix: introspect.Index) -> None:
     def copy(cur: psycopg.Cursor) -> None:
-        comment, _ = introspect.index_comments(cur, ix.oid)
+        comment, constraint_comment = introspect.index_comments(cur, ix.oid)
         if comment is not None:
             cur.execute(ddl.comment_on_index(names.QualifiedName(ctx.new.schema, name), comment))
+        if constraint_comment is not None and ix.by_constraint:
+            # The constraint's own comment: it is named like its index (the swap renames both).
+            cur.execute(ddl.comment_on_constraint(ctx.new, name, constraint_comment))
     ctx.db.transaction(copy, label="index comment")
 
 
 @dataclass(frozen=True)
 class IndexBuild:
     """One CREATE INDEX: index `name` on `table` (the new table, or one of its
-    partitions), defined as the source's index `ix`."""
+    partitions), defined as the source's index `ix`; or, for an index only its constraint makes
+    (an exclusion constraint's), one ADD CONSTRAINT of that name on the new table."""
     name: str
     ix: introspect.Index
     table: names.QualifiedName
+
+    def statement(self) -> sql.Composed:
+        if self.ix.constraint_def is not None:
+            return ddl.add_constraint(self.table, self.name, self.ix.constraint_def)
+        return ddl.create_index(self.name, self.table, self.ix, concurrently=False)
 
 
 def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
@@ -356,13 +373,72 @@ def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
 
     def build(cur: psycopg.Cursor) -> None:
         _check_client(cur)
-        cur.execute(ddl.create_index(b.name, b.table, b.ix, concurrently=False))
+        cur.execute(b.statement())
         faults.point("index_build_done")  # built, not committed: a crash here leaves no index
         control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built", f"index {b.name} built",
                       {"source_index": b.ix.name, "table": str(b.table)}, (time.monotonic() - started) * 1000)
 
     # One attempt per call: _retried() runs it again after a lock timeout, reading the catalog afresh.
     db.transaction(build, statement_timeout="0", lock_timeout="10s", attempts=1, label="create index")
+    ctx.report("index", name=b.name, state="built")
+    faults.point("index_built")
+
+
+def _replay_to_one_snapshot(cur: psycopg.Cursor, ctx: Context) -> int:
+    """In the caller's transaction, under the applier lock (which it keeps to its end): replay the
+    change log until a batch finds fewer entries than it asks for. That batch read the log and
+    the source in one snapshot and took every entry it showed, so each key of the new table
+    holds its source row as of that snapshot: rows the source held together, which satisfy the
+    source's constraints. (Between batches, the new table can hold a row moved into a place whose
+    leaving row is replayed by the next batch only: harmless while no constraint is built.)
+    Returns the log entries replayed."""
+    capture.lock_applier(cur, ctx.mid, reverse=False)
+    mapping = ctx.mapping(cur)
+    total = 0
+    while True:
+        got = capture.apply_batch(cur, ctx, mapping, reverse=False, backfill_done=True, wait_for_lock=True,
+                                  limit=capture.BATCH)
+        total += got.log_rows
+        if got.log_rows < capture.BATCH:
+            return total
+
+
+def build_constraint(ctx: Context, b: IndexBuild) -> None:
+    """Add the constraint `b` (its index comes with it) to the new table, in one transaction on
+    the session's connection: the log replayed to one snapshot first (_replay_to_one_snapshot),
+    then ADD CONSTRAINT, which checks every row. Transactional: a crash leaves no constraint, or
+    a whole one. Rows that break it stop the step (ConstraintBuildFailed): the constraint cannot
+    be carried while they exist, and nothing else is at fault."""
+    schema = b.table.schema
+    assert schema is not None  # the new table is named with its schema
+    if ctx.db.transaction(lambda cur: introspect.index_state(cur, schema, b.name)) is True:
+        return
+    faults.point("index_building")
+    started = time.monotonic()
+    ctx.report("index", name=b.name, state="building")
+
+    def build(cur: psycopg.Cursor) -> None:
+        _check_client(cur)
+        replayed = _replay_to_one_snapshot(cur, ctx)
+        cur.execute(b.statement())
+        faults.point("index_build_done")  # built, not committed: a crash here leaves no constraint
+        control.event(cur, ctx.mid, ctx.owner, "backfill", "index_built", f"constraint {b.name} built",
+                      {"source_index": b.ix.name, "table": str(b.table), "constraint": True, "replayed": replayed},
+                      (time.monotonic() - started) * 1000)
+
+    try:
+        ctx.db.transaction(build, statement_timeout="0", lock_timeout="10s", attempts=1, label="add constraint")
+    except (psycopg.errors.ExclusionViolation, psycopg.errors.UniqueViolation) as exc:
+        m = ctx.migration
+        detail = f" ({exc.diag.message_detail.rstrip('.')})" if exc.diag.message_detail else ""
+        raise ConstraintBuildFailed(
+            f"the constraint {names.display_ident(b.ix.name)} of {m.source} cannot be built on {b.table} as"
+            f" {names.display_ident(b.name)}: rows of the new table break it{detail}. The copy holds the source's"
+            f" rows as of one snapshot, converted to the new column types: values the conversion made equal (a"
+            f" lossy type change), or a row whose replay failed (`mover divergences {m.name}`), break it there"
+            f" though not in {m.source}",
+            hint=f"change those rows in {m.source} so that they no longer conflict once converted (or repair the"
+                 f" divergences), then `mover run {m.name}` builds it again; or `mover abort {m.name}`") from None
     ctx.report("index", name=b.name, state="built")
     faults.point("index_built")
 
@@ -425,26 +501,35 @@ def planned_builds(name: str, ix: introspect.Index, table: names.QualifiedName,
                    parts: list[names.QualifiedName] | None) -> list[IndexBuild]:
     """The builds of the deferred index `name`: on `table` itself, or, when `parts` (the
     partitions of a partitioned `table`) are given, each partition's part of it (each then
-    resumable by itself). Plan check lists these, and the step runs them."""
-    if parts is None:
+    resumable by itself). Plan check lists these, and the step runs them. A constraint's index is
+    the constraint's one build on `table`, partitioned or not (PostgreSQL 17 and later build each
+    partition's part in that statement)."""
+    if parts is None or ix.by_constraint:
         return [IndexBuild(name, ix, table)]
     return [IndexBuild(partitions.child_index_name(p.name, name), ix, p) for p in parts]
 
 
 def index_statements(ctx: Context, indexes: list[tuple[str, introspect.Index]],
-                     parts: list[names.QualifiedName] | None) -> list[sql.Composable]:
+                     parts: list[names.QualifiedName] | None) -> list[sql.Composable | str]:
     """What build_indexes runs for `indexes`, for plan check: the builds, then on a partitioned
     table each parent index ON ONLY and its partitions' attached."""
-    out: list[sql.Composable] = []
+    out: list[sql.Composable | str] = []
     for name, ix in indexes:
-        out += [ddl.create_index(b.name, b.table, b.ix, concurrently=False)
-                for b in planned_builds(name, ix, ctx.new, parts)]
+        if ix.by_constraint:
+            continue  # after the plain builds, one at a time (build_indexes, build_constraint)
+        out += [b.statement() for b in planned_builds(name, ix, ctx.new, parts)]
         if parts is not None:
             assert ctx.new.schema is not None  # the control tables hold schema-qualified names
             out.append(sql_partitions.create_index_on_only(name, ctx.new, ix.is_unique, ix.definition_tail))
             parent_index = names.QualifiedName(ctx.new.schema, name)
             out += [sql_partitions.attach_index(parent_index, names.QualifiedName(b.table.schema, b.name))
                     for b in planned_builds(name, ix, ctx.new, parts)]
+    constraints = [b for name, ix in indexes if ix.by_constraint for b in planned_builds(name, ix, ctx.new, parts)]
+    if constraints:
+        out.append("-- then each exclusion constraint, one at a time, in a transaction that first replays the change"
+                   " log under the applier lock until a batch finds it caught up (the rows as of one snapshot of"
+                   " the source)")
+        out += [b.statement() for b in constraints]
     return out
 
 
@@ -460,9 +545,13 @@ def build_indexes(ctx: Context) -> None:
     partitioned = parts is not None
     pending: list[tuple[str, introspect.Index]] = []
     builds: list[IndexBuild] = []
+    constraints: list[tuple[str, introspect.Index]] = []
     for name, ix in todo:
         if ctx.db.transaction(bind(introspect.index_state, schema, name)) is True:
             _copy_index_comment(ctx, name, ix)  # again: a crash may have come between build and comment
+            continue
+        if ix.by_constraint:
+            constraints.append((name, ix))
             continue
         pending.append((name, ix))
         # A partitioned table: each partition's index, then (below) the parent's ON ONLY,
@@ -472,8 +561,8 @@ def build_indexes(ctx: Context) -> None:
     sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan
                                    ).backfill.index_sessions()
     started = time.monotonic()
-    if builds:
-        ctx.report("index_builds", total=len(builds), sessions=sessions)
+    if builds or constraints:
+        ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions)
     _Builds(ctx, builds, sessions).run()
     for name, ix in pending:
         if partitioned:
@@ -482,12 +571,19 @@ def build_indexes(ctx: Context) -> None:
             _retried(ctx, f"attaching the partitions' indexes to {name}", attach)
             faults.point("index_built")
         _copy_index_comment(ctx, name, ix)
-    if builds:
+    # After the plain builds, one at a time: ADD CONSTRAINT takes ACCESS EXCLUSIVE on the new
+    # table, which would wait for every build's SHARE lock (and they for it).
+    for name, ix in constraints:
+        for b in planned_builds(name, ix, ctx.new, parts):
+            _retried(ctx, f"building constraint {name}", partial(build_constraint, ctx, b))
+        _copy_index_comment(ctx, name, ix)
+    if builds or constraints:
         ms = (time.monotonic() - started) * 1000
         ctx.db.transaction(lambda cur: control.event(
             cur, ctx.mid, ctx.owner, "backfill", "indexes_built",
-            f"{len(builds)} index builds on {ctx.new}, up to {sessions} at once",
-            {"builds": len(builds), "indexes": len(pending), "sessions": sessions}, ms))
+            f"{len(builds) + len(constraints)} index builds on {ctx.new}, up to {sessions} at once",
+            {"builds": len(builds), "indexes": len(pending), "constraints": len(constraints), "sessions": sessions},
+            ms))
 
 
 class Analyze:
@@ -498,8 +594,9 @@ class Analyze:
     where PostgreSQL analyzes each partition in a transaction of its own and so holds one
     partition's lock at a time (inside a block it would keep every partition it analyzed locked
     against the builds until its end). Not where a deferred index has expressions (ANALYZE
-    gathers their statistics only from indexes that exist), and not behind a transaction-mode
-    pooler (no session timeouts there): then after the builds, in a transaction, as before."""
+    gathers their statistics only from indexes that exist), not where an exclusion constraint is
+    built (its ADD CONSTRAINT would wait for ANALYZE), and not behind a transaction-mode pooler (no
+    session timeouts there): then after the builds, in a transaction, as before."""
 
     # A partition's build holds the lock ANALYZE waits for as long as that build takes.
     LOCK_TIMEOUT = "30min"
@@ -518,12 +615,17 @@ class Analyze:
         return sql.SQL("ANALYZE {}").format(self.ctx.new.ident)
 
     def beside_builds(self) -> bool:
-        def expressions(cur: psycopg.Cursor) -> bool:
-            oids = [ix.oid for _, ix in deferred_indexes(cur, self.ctx)]
+        def after_builds(cur: psycopg.Cursor) -> bool:
+            deferred = deferred_indexes(cur, self.ctx)
+            if any(ix.by_constraint for _, ix in deferred):
+                # ADD CONSTRAINT's ACCESS EXCLUSIVE lock would wait for ANALYZE's (it holds SHARE
+                # UPDATE EXCLUSIVE as long as it reads).
+                return True
+            oids = [ix.oid for _, ix in deferred]
             cur.execute("SELECT coalesce(bool_or(indexprs IS NOT NULL), false) FROM pg_index"
                         " WHERE indexrelid = ANY(%s)", (oids,))
             return bool(one(cur)[0])
-        return not self.ctx.db.pooled() and not self.ctx.db.transaction(expressions)
+        return not self.ctx.db.pooled() and not self.ctx.db.transaction(after_builds)
 
     def start(self) -> None:
         """Start it beside the builds, where it can."""

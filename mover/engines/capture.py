@@ -6,9 +6,10 @@ Invariants:
   still copying from an older snapshot could insert a row the replay already deleted (race 1).
 - One applier at a time per migration and direction (a transaction-scoped advisory lock), so
   two replays of one key from different snapshots cannot commit out of order (race 2).
-- A batch the target's unique indexes reject though the source never held such a state (rows
-  that swapped a unique value, race 7) is replayed as the closure of the keys involved, in one
-  savepoint (replay_set).
+- A batch the target's unique indexes or exclusion constraints reject though the source never
+  held such a state (rows that swapped a unique value, a booking moved into a slot another left:
+  race 7) is replayed as the closure of the keys involved, computed and replaced in one
+  statement, in one savepoint (replay_set).
 - A replay that fails on data (overflow, constraint) does not stop the others: the key becomes
   a recorded divergence, and cutover refuses until it is resolved.
 """
@@ -458,9 +459,6 @@ def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: 
 # any other row the destination cannot hold (invariant 9: rollback refuses to leave it behind).
 DATA_ERRORS = (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.CardinalityViolation)
 SEVERAL_ROWS = "21000"
-CLOSURE_ROUNDS = 20  # a swap or a cycle closes in a round or two; a chain of n rows in n
-CLOSURE_MAX_KEYS = 50_000
-CLOSURE_ATTEMPTS = 3
 
 
 def data_error(exc: psycopg.Error) -> dict[str, Any]:
@@ -491,24 +489,24 @@ def replay_set(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]]) -> 
     those are real data problems (an overflow, a constraint the source lacks)."""
     if not keys:
         return {}
-    unique = _unique_indexes(cur, m)
-    failures = _bisect(cur, m, unique, keys)
+    conflicts = _conflicts(cur, m)
+    failures = _bisect(cur, m, conflicts, keys)
     if failures and len(failures) < len(keys):
-        failures = _bisect(cur, m, unique, list(failures))
+        failures = _bisect(cur, m, conflicts, list(failures))
     return failures
 
 
-def _bisect(cur: psycopg.Cursor, m: Mapping, unique: tuple[list[list[str]], tuple[str, ...]],
+def _bisect(cur: psycopg.Cursor, m: Mapping, conflicts: q.Conflicts,
             keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], psycopg.Error]:
     try:
-        _replay_closure(cur, m, keys, unique)
+        _replay_closure(cur, m, keys, conflicts)
         return {}
     except DATA_ERRORS as exc:
         if len(keys) > 1:
             log.debug("replaying %d keys failed on data (%s); halving", len(keys), exc.sqlstate)
     if len(keys) > 1:
         half = len(keys) // 2
-        return _bisect(cur, m, unique, keys[:half]) | _bisect(cur, m, unique, keys[half:])
+        return _bisect(cur, m, conflicts, keys[:half]) | _bisect(cur, m, conflicts, keys[half:])
     # One key whose closure fails: the error may be another row's of the closure. Alone, the key
     # may go through (then it is replayed), or fail with an error that names its own data.
     cur.execute("SAVEPOINT mover_key")
@@ -522,73 +520,67 @@ def _bisect(cur: psycopg.Cursor, m: Mapping, unique: tuple[list[list[str]], tupl
 
 
 def _replay_closure(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]],
-                    unique: tuple[list[list[str]], tuple[str, ...]] | None = None) -> None:
+                    conflicts: q.Conflicts | None = None) -> None:
     """Race 7: replaying keys one at a time can pass through states the destination's unique
-    indexes reject though the source never held them (two rows swap a value, or a longer cycle).
-    Pull in every destination row that holds a unique value one of the set's source rows will
-    take, until nothing new comes in, then replace the whole set at once: delete the destination
-    rows of all its keys, insert the source rows of all of them. In one savepoint: all or nothing.
-    Raises the data error (class 22 or 23) if the set still cannot reach the source's state."""
-    indexes, computed = unique or _unique_indexes(cur, m)
-    for attempt in range(CLOSURE_ATTEMPTS):
-        cur.execute("SAVEPOINT mover_closure")
-        try:
-            _replace(cur, m, _closure(cur, m, indexes, computed, keys), indexes, computed)
-            cur.execute("RELEASE SAVEPOINT mover_closure")
-            return
-        except psycopg.errors.UniqueViolation:
-            cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
-            # Each statement reads the source afresh (read committed): the application may have
-            # moved a value into the set from a row outside it since the closure was computed.
-            # That change is logged and will be replayed; computing the closure again now sees it.
-            if attempt == CLOSURE_ATTEMPTS - 1:
-                raise
-        except DATA_ERRORS:
-            cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
-            raise
+    indexes or exclusion constraints reject though the source never held them (two rows swap a
+    value, or a longer cycle; a booking moves into the slot another one left). Replace the set,
+    with every destination row that stands in the way of its source rows (recursively), by their
+    source rows: one statement, one snapshot of the source (q.replace_closure), in one savepoint:
+    all or nothing. Raises the data error (class 22 or 23) if the set still cannot reach the
+    source's state: then a row of it (or of its closure) does not fit the destination."""
+    c = conflicts if conflicts is not None else _conflicts(cur, m)
+    cur.execute("SAVEPOINT mover_closure")
+    try:
+        cur.execute(_closure_statement(cur, m, c), q.key_params(keys, len(m.key)))
+        cur.execute("RELEASE SAVEPOINT mover_closure")
+    except DATA_ERRORS:
+        cur.execute("ROLLBACK TO SAVEPOINT mover_closure")
+        raise
 
 
-def _closure(cur: psycopg.Cursor, m: Mapping, indexes: list[list[str]], computed: tuple[str, ...],
-             keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    closure = dict.fromkeys(keys)
-    if not indexes:
-        return list(closure)
-    probe = list(closure)
-    for _ in range(CLOSURE_ROUNDS):
-        cur.execute(q.conflicting_keys(m, indexes, computed), q.key_params(probe, len(m.key)))
-        new = [k for k in dict.fromkeys(tuple(r) for r in cur.fetchall()) if k not in closure]
-        if not new or len(closure) + len(new) > CLOSURE_MAX_KEYS:
-            break
-        closure.update(dict.fromkeys(new))
-        probe = new
-    return list(closure)
+_CLOSURE_STATEMENTS: dict[tuple[Mapping, q.Conflicts], sql.SQL] = {}
 
 
-def _replace(cur: psycopg.Cursor, m: Mapping, keys: list[tuple[Any, ...]], indexes: list[list[str]],
-             computed: tuple[str, ...]) -> None:
-    # One statement, one snapshot of the source (q.replace_closure): under a writer swapping
-    # values, a delete and an insert in two statements failed often enough to halve the set
-    # again and again (issue 21, item 4).
-    cur.execute(q.replace_closure(m, indexes, computed), q.key_params(keys, len(m.key)))
+def _closure_statement(cur: psycopg.Cursor, m: Mapping, c: q.Conflicts) -> sql.SQL:
+    """q.replace_closure's text (q.replace_keys' without conflicts), composed once per mapping and
+    destination catalog, as _replay_statement's."""
+    stmt = _CLOSURE_STATEMENTS.get((m, c))
+    if stmt is None:
+        if len(_CLOSURE_STATEMENTS) >= 32:
+            _CLOSURE_STATEMENTS.clear()
+        stmt = _CLOSURE_STATEMENTS[(m, c)] = trusted(
+            (q.replace_closure(m, c) if c else q.replace_keys(m)).as_string(cur), "composed")
+    return stmt
 
 
-def _unique_indexes(cur: psycopg.Cursor, m: Mapping) -> tuple[list[list[str]], tuple[str, ...]]:
-    """Each unique index of the destination as its column/expression texts, and the generated
-    columns that both tables compute (the source's value stands for the destination's). An index
-    that reads any other column the replay does not copy is left out: its expression could not be
-    evaluated on the converted source row."""
+def _conflicts(cur: psycopg.Cursor, m: Mapping) -> q.Conflicts:
+    """What can refuse a replayed row on the destination besides its own key: each unique index
+    (as its column/expression texts and predicate) and each exclusion constraint (with its
+    operators), and the generated columns both tables compute. Left out: an index or constraint
+    that reads a column the replay does not copy (its expressions could not be evaluated on the
+    converted source row), and a unique index on the key's columns and more (a row can only meet
+    its own key there: the key's own index, or a partitioned destination's key)."""
     src, dst = introspect.table_oid(cur, m.src), introspect.table_oid(cur, m.dst)
     cur.execute(q.generated_columns(), {"src": src, "dst": dst})
     computed = tuple(r[0] for r in cur.fetchall())
     readable = {c.name for c in m.columns} | set(computed)
     cur.execute(q.unique_indexes(), {"table": dst})
-    out = []
-    for name, exprs, reads in cur.fetchall():
+    unique = []
+    for name, exprs, predicate, reads, plain in cur.fetchall():
+        if set(m.key) <= set(plain):
+            continue
         if set(reads) <= readable:
-            out.append(list(exprs))
+            unique.append(q.Unique(tuple(exprs), predicate))
         else:
             log.debug("unique index %s reads columns not copied; left out of replay closures", name)
-    return out, computed
+    cur.execute(q.exclusion_constraints(), {"table": dst})
+    exclusions = []
+    for name, exprs, schemas, operators, predicate, reads in cur.fetchall():
+        if set(reads) <= readable:
+            exclusions.append(q.Exclusion(tuple(exprs), tuple(zip(schemas, operators, strict=True)), predicate))
+        else:
+            log.debug("exclusion constraint %s reads columns not copied; left out of replay closures", name)
+    return q.Conflicts(tuple(unique), tuple(exclusions), computed)
 
 
 def _count(cur: psycopg.Cursor, mid: int, reverse: bool, n: int) -> None:
@@ -634,8 +626,12 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
         total.deleted += got.deleted
         total.upserted += got.upserted
         total.failed += got.failed
+        total.log_rows += got.log_rows
         rounds += 1
-        if got.claimed < BATCH:
+        # Log rows, not keys: a batch replayed as a closure claims BATCH rows but fewer keys (a
+        # key written many times), and stopping on its key count left the log full after "caught
+        # up" (issue 21, item 4: the re-check rounds then found the same keys pending again).
+        if got.log_rows < BATCH:
             break
     if total.claimed:
         ctx.report("capture", applied=total.claimed, deleted=total.deleted, upserted=total.upserted)

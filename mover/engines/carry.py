@@ -69,9 +69,11 @@ def partner_index(mid: int, target: QualifiedName, index: str, key_index: str, p
 
 
 def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName, out: Carried) -> None:
-    """Index (and so primary key and unique constraint) names change sides: the table taking the
-    table's name takes its index names, the other takes the names its partners were built with.
-    Swapped through a parking name, so the same statements serve the swap back."""
+    """Index (and so primary key, unique and exclusion constraint) names change sides: the table
+    taking the table's name takes its index names, the other takes the names its partners were
+    built with. Renaming a constraint's index renames the constraint (an exclusion constraint's
+    partner is built by ADD CONSTRAINT under the partner name, mover/engines/backfill.py). Swapped
+    through a parking name, so the same statements serve the swap back."""
     m = ctx.migration
     live_oid, other_oid = _oid(cur, live), _oid(cur, other)
     cur.execute("SELECT relkind FROM pg_class WHERE oid = %s", (other_oid,))

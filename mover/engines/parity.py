@@ -222,7 +222,7 @@ def _planned_reason(d: Difference, p: Planned) -> str:
                                                                   "column_compression", "column_default"):
         return "[target] columns changes this column's type"
     if p.partitioned and d.kind in ("kind", "reloptions", "constraint", "index", "index_name", "constraint_name",
-                                    "replica_identity"):
+                                    "replica_identity") and not _exclusion(d):
         return "[target.partition]: a partitioned table's key holds the partition columns and it stores no rows"
     if d.kind == "column_not_null" and column in p.partition_columns:
         return "[target.partition]: the primary key holds the partition columns, and a key's columns are NOT NULL"
@@ -234,13 +234,20 @@ def _planned_reason(d: Difference, p: Planned) -> str:
     if d.kind == "constraint" and d.item in p.dropped_foreign_keys and None in (d.before, d.after):
         return "[target] drop_foreign_keys"
     if d.kind == "constraint" and None in (d.before, d.after) and (d.item in p.renames.values()
-                                                                    or d.item in p.renames):
+                                                                    or d.item in p.renames) and not _exclusion(d):
         return "carried as a unique index under mover's name"
-    if p.at_swap and d.kind == "index" and d.after is None:
+    if p.at_swap and (d.kind == "index" or _exclusion(d)) and d.after is None:
         return "built after the backfill"
     if p.at_swap and (d.kind in SWAP_SET or d.kind in SWAP_MADE and d.after is None):
         return "made at the swap"
     return ""
+
+
+def _exclusion(d: Difference) -> bool:
+    """An exclusion constraint's difference: a partitioned table takes the constraint as it is
+    (where PostgreSQL allows one at all: plan check refuses the others), so partitioning plans
+    none of it; and one that went missing must not pass as the new key's."""
+    return d.kind == "constraint" and any(isinstance(v, str) and v.startswith("EXCLUDE ") for v in (d.before, d.after))
 
 
 def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Difference]:

@@ -80,7 +80,7 @@ def drain_round(ctx: Context) -> dict[str, Any]:
         if got is None:
             break
         applied += got.claimed
-        if got.claimed < capture.BATCH:
+        if got.log_rows < capture.BATCH:  # log rows: a closure's batch claims fewer keys than rows
             break
     def backlog(cur: psycopg.Cursor) -> tuple[int, float | None]:
         each = [capture.pending(cur, t.mid, reverse) for t in ctx.family(cur)]

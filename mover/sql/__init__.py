@@ -18,6 +18,7 @@ SOURCES = {
     "pg_get_statisticsobjdef": "the columns and expressions of extended statistics printed by"
                                " pg_get_statisticsobjdef_columns()",
     "pg_collation": "a collation name as the catalog quotes it",
+    "pg_operator": "an operator's name from pg_operator.oprname (symbol characters only, checked)",
     "reloptions": "a storage option as pg_class.reloptions holds it (name=value)",
     "plan type": "a type from the plan's [target] columns, resolved by the server (to_regtype) in plan check",
     "keyword": "an SQL keyword the caller chose from a closed set",

@@ -10,6 +10,7 @@ Replay is idempotent and order-free, so a crash between two batches redoes at mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
@@ -252,6 +253,7 @@ def pending_count(log: QualifiedName) -> sql.Composed:
 # ---------------------------------------------------------------------------------------------
 # Replaying a closure of keys (race 7): two rows that swap a unique value in one transaction
 # cannot be replayed one key at a time, nor by an upsert of both (the unique check is per row).
+# Nor can a booking moved into the slot another one left, under an exclusion constraint.
 
 
 def generated_columns() -> sql.SQL:
@@ -261,21 +263,89 @@ def generated_columns() -> sql.SQL:
                    " WHERE d.attrelid = %(dst)s AND d.attgenerated = 's' AND NOT d.attisdropped ORDER BY d.attnum")
 
 
-def unique_indexes() -> sql.SQL:
-    """The destination's unique indexes: each one's key column/expression texts, and the names of
-    every column it reads (keys, expressions and predicate, from indkey and pg_depend). Takes
-    %(table)s, the table's oid."""
+# Every column an index reads: its keys, and those its expressions and predicate depend on.
+_INDEX_READS = sql.SQL("""array(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum > 0
+             AND (a.attnum = ANY (i.indkey::int2[])
+                  OR a.attnum IN (SELECT d.refobjsubid FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                                  AND d.objid = i.indexrelid AND d.refclassid = 'pg_class'::regclass
+                                  AND d.refobjid = i.indrelid)))""")
+
+
+def unique_indexes() -> sql.Composed:
+    """The destination's unique indexes: each one's key column/expression texts, its predicate
+    (a partial index's, else NULL), every column it reads (keys, expressions and predicate, from
+    indkey and pg_depend), and the plain columns among its keys. Takes %(table)s, the table's oid."""
     return sql.SQL(
         """
 SELECT i.indexrelid::regclass::text,
        array(SELECT pg_get_indexdef(i.indexrelid, k, true) FROM generate_series(1, i.indnkeyatts) k ORDER BY k),
+       pg_get_expr(i.indpred, i.indrelid),
+       {reads},
        array(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum > 0
-             AND (a.attnum = ANY (i.indkey::int2[])
-                  OR a.attnum IN (SELECT d.refobjsubid FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
-                                  AND d.objid = i.indexrelid AND d.refclassid = 'pg_class'::regclass
-                                  AND d.refobjid = i.indrelid)))
+             AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1]))
 FROM pg_index i WHERE i.indrelid = %(table)s AND i.indisunique ORDER BY i.indexrelid
-""")
+""").format(reads=_INDEX_READS)
+
+
+def exclusion_constraints() -> sql.Composed:
+    """The destination's constraints that exclude pairs of rows by operators (conexclop): EXCLUDE
+    constraints (and PostgreSQL 18's WITHOUT OVERLAPS keys, built the same way). Each one's name,
+    its index's key column/expression texts, the schema and name of each one's operator, its
+    predicate (or NULL), and every column it reads. Takes %(table)s, the table's oid."""
+    return sql.SQL(
+        """
+SELECT k.conname,
+       array(SELECT pg_get_indexdef(i.indexrelid, n, true) FROM generate_series(1, i.indnkeyatts) n ORDER BY n),
+       array(SELECT ns.nspname FROM unnest(k.conexclop) WITH ORDINALITY AS x(op, ord)
+             JOIN pg_operator o ON o.oid = x.op JOIN pg_namespace ns ON ns.oid = o.oprnamespace ORDER BY x.ord),
+       array(SELECT o.oprname FROM unnest(k.conexclop) WITH ORDINALITY AS x(op, ord)
+             JOIN pg_operator o ON o.oid = x.op ORDER BY x.ord),
+       pg_get_expr(i.indpred, i.indrelid),
+       {reads}
+FROM pg_constraint k JOIN pg_index i ON i.indexrelid = k.conindid
+WHERE k.conrelid = %(table)s AND k.conexclop IS NOT NULL ORDER BY k.conname
+""").format(reads=_INDEX_READS)
+
+
+@dataclass(frozen=True)
+class Unique:
+    """A unique index of the destination: its key column/expression texts (pg_get_indexdef: SQL
+    the catalog deparsed, so trusted) and its predicate, if partial."""
+    exprs: tuple[str, ...]
+    predicate: str | None = None
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """An exclusion constraint of the destination: per key column of its index, the column or
+    expression text and the (schema, name) of the operator two rows may not both satisfy on it
+    (catalog text, trusted); its predicate, if partial."""
+    exprs: tuple[str, ...]
+    operators: tuple[tuple[str, str], ...]
+    predicate: str | None = None
+
+
+@dataclass(frozen=True)
+class Conflicts:
+    """What can make one row of the destination refuse another's values: its unique indexes and
+    exclusion constraints, and the generated columns both tables compute (the source's value
+    stands for the destination's)."""
+    unique: tuple[Unique, ...] = ()
+    exclusions: tuple[Exclusion, ...] = ()
+    computed: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.unique or self.exclusions)
+
+
+_OPERATOR_CHARS = frozenset("+-*/<>=~!@#%^&|`?")
+
+
+def _operator(schema: str, name: str) -> sql.Composed:
+    """OPERATOR(schema.name): the catalog's operator, never one the session's search path finds."""
+    if not name or not set(name) <= _OPERATOR_CHARS:
+        raise ValueError(f"unexpected operator name {name!r}")
+    return sql.SQL("OPERATOR({}.{})").format(sql.Identifier(schema), trusted(name, "pg_operator"))
 
 
 def _key_set(m: Mapping) -> sql.Composed:
@@ -293,51 +363,104 @@ def key_params(keys: list[tuple[Any, ...]], width: int) -> dict[str, list[Any]]:
     return {f"k_{i}": [k[i] for k in keys] for i in range(width)}
 
 
-def conflicting_keys(m: Mapping, indexes: list[list[str]], computed: tuple[str, ...] = ()) -> sql.Composed:
-    """The keys (as text) of destination rows whose values in one of `indexes` (each a list of the
-    index's column/expression texts, from pg_get_indexdef: SQL the catalog deparsed, so trusted)
-    equal those of the source rows of the given keys, converted as the destination takes them.
-    Unqualified, each expression reads the destination's row outside the subquery and the
-    converted source row inside it (the columns it reads are all copied columns: the caller
-    checks that; `computed` are generated columns, read as the source computed them). Keys of the
-    set itself come back too; partial-index predicates are ignored: replaying a key too many is
-    harmless."""
-    dkey = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in m.key)
-    parts = [sql.SQL("SELECT {dkey} FROM {dst} WHERE ({exprs}) IN (SELECT {exprs} FROM converted)").format(
-        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(trusted(e, "pg_get_indexdef") for e in exprs))
-        for exprs in indexes]
-    values = sql.SQL(", ").join([source_values("s", m), *(sql.Identifier("s", c) for c in computed)])
-    return sql.SQL("WITH {keys}, converted AS MATERIALIZED (SELECT * FROM (SELECT {values} FROM {src} s"
-                   " JOIN keys l ON {s_eq_l}) AS c ({cols}))\n{parts}").format(
-        keys=_key_set(m), values=values, src=m.src.ident, s_eq_l=key_equal("s", "l", m.key),
-        cols=ident_list([*(c.name for c in m.columns), *computed]), parts=sql.SQL("\nUNION\n").join(parts))
+def _conflict_probe(m: Mapping, c: Conflicts) -> tuple[sql.Composed, sql.Composed]:
+    """Two LATERAL items for a source row `s`: `v`, the row as the destination would hold it (each
+    column cast to its destination type) with the value of every unique index's and exclusion
+    constraint's expressions and predicates over it; and `h`, the keys of the destination rows
+    that would refuse it (same unique values, or values an exclusion constraint's operators
+    match). Unqualified catalog expressions read the one row in scope: `v`'s inner subquery holds
+    only the converted source row, and each branch of `h` reads only the destination, through a
+    subquery the planner flattens, so that the index of the constraint serves each probe."""
+    casts = [sql.SQL("CAST({} AS {})").format(sql.Identifier("s", col.name), trusted(col.cast_to, "format_type"))
+             if col.cast_to else sql.Identifier("s", col.name) for col in m.columns]
+    row = sql.SQL("(SELECT {}) AS c ({})").format(
+        sql.SQL(", ").join([*casts, *(sql.Identifier("s", g) for g in c.computed)]),
+        ident_list([*(col.name for col in m.columns), *c.computed]))
+    probes: list[sql.Composable] = []
+    branches: list[sql.Composable] = []
+    dkeys = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.Identifier(k), sql.Identifier(f"k_{j}"))
+                               for j, k in enumerate(m.key))
+    out_keys = sql.SQL(", ").join(sql.Identifier("d", f"k_{j}") for j in range(len(m.key)))
+
+    def values(prefix: str, exprs: tuple[str, ...]) -> list[sql.Composable]:
+        return [sql.SQL("({}) AS {}").format(trusted(e, "pg_get_indexdef"), sql.Identifier(f"{prefix}_{j}"))
+                for j, e in enumerate(exprs)]
+
+    def predicate(name: str, text: str | None) -> tuple[sql.Composable, sql.Composable]:
+        """The predicate as a value of `v` and as the filter of the destination's subquery."""
+        if text is None:
+            return sql.SQL(""), sql.SQL("")
+        pred = trusted(text, "pg_get_expr")
+        probes.append(sql.SQL("coalesce(({}), false) AS {}").format(pred, sql.Identifier(name)))
+        return sql.SQL(" AND {}").format(sql.Identifier("v", name)), sql.SQL(" WHERE ({})").format(pred)
+
+    for i, u in enumerate(c.unique):
+        probes += values(f"u{i}", u.exprs)
+        on_v, where = predicate(f"u{i}_p", u.predicate)
+        names_ = [f"u{i}_{j}" for j in range(len(u.exprs))]
+        branches.append(sql.SQL(
+            "SELECT {out} FROM (SELECT {dkeys}, {vals} FROM {dst}{where}) d WHERE ({dv}) = ({vv}){on_v}").format(
+            out=out_keys, dkeys=dkeys, vals=sql.SQL(", ").join(values(f"u{i}", u.exprs)), dst=m.dst.ident,
+            where=where, dv=sql.SQL(", ").join(sql.Identifier("d", n) for n in names_),
+            vv=sql.SQL(", ").join(sql.Identifier("v", n) for n in names_), on_v=on_v))
+    for i, x in enumerate(c.exclusions):
+        probes += values(f"x{i}", x.exprs)
+        on_v, where = predicate(f"x{i}_p", x.predicate)
+        match = sql.SQL(" AND ").join(
+            sql.SQL("{} {} {}").format(sql.Identifier("d", f"x{i}_{j}"), _operator(*op),
+                                       sql.Identifier("v", f"x{i}_{j}")) for j, op in enumerate(x.operators))
+        branches.append(sql.SQL(
+            "SELECT {out} FROM (SELECT {dkeys}, {vals} FROM {dst}{where}) d WHERE {match}{on_v}").format(
+            out=out_keys, dkeys=dkeys, vals=sql.SQL(", ").join(values(f"x{i}", x.exprs)), dst=m.dst.ident,
+            where=where, match=match, on_v=on_v))
+    v = sql.SQL("CROSS JOIN LATERAL (SELECT {} FROM {}) v").format(sql.SQL(", ").join(probes), row)
+    h = sql.SQL("CROSS JOIN LATERAL ({}) h").format(sql.SQL("\n    UNION ALL ").join(branches))
+    return v, h
 
 
-def replace_closure(m: Mapping, indexes: list[list[str]], computed: tuple[str, ...] = ()) -> sql.Composed:
-    """Replace the destination rows of the given keys by their source rows in ONE statement, so
-    in one snapshot of the source: with the keys, the destination rows that hold a unique value
-    one of those source rows takes now (conflicting_keys, evaluated again in this snapshot) are
-    replaced too. The closure was computed by earlier statements; meanwhile the application may
-    have moved a value into the set from a row outside it (a swap through a temporary value),
-    and two statements (delete, then insert) would read two snapshots and fail on it. The insert
-    waits for the delete (it reads the delete's count first); a row deleted by this statement
-    no longer holds its unique values. Returns the number of rows inserted."""
-    dkey = sql.SQL(", ").join(sql.Identifier("d", k) for k in m.key)
-    parts = [sql.SQL("SELECT {dkey} FROM {dst} d WHERE ({exprs}) IN (SELECT {exprs} FROM converted)").format(
-        dkey=dkey, dst=m.dst.ident, exprs=sql.SQL(", ").join(trusted(e, "pg_get_indexdef") for e in exprs))
-        for exprs in indexes]
-    values = sql.SQL(", ").join([source_values("s", m), *(sql.Identifier("s", c) for c in computed)])
-    lkey = sql.SQL(", ").join(sql.Identifier("l", k) for k in m.key)
-    pulled = sql.SQL("\nUNION\n").join([sql.SQL("SELECT {} FROM keys l").format(lkey), *parts])
+def replace_closure(m: Mapping, c: Conflicts) -> sql.Composed:
+    """Replace the destination rows of the given keys, and of every row that stands in the way of
+    their source rows, by their source rows: in ONE statement, so in one snapshot of the source.
+
+    The closure is recursive (CTE `closure`): from the keys' source rows, the destination rows
+    they would collide with (_conflict_probe), then those rows' source rows' collisions, until no
+    new key comes. Two rows that swapped a value close in one step; a permutation the writer made
+    by thousands of swaps since the last replay (a cycle through thousands of rows) closes here
+    too, one key per step of the recursion, each step an index probe: a closure computed by
+    separate statements, a step per round trip, could neither follow such cycles far enough nor
+    keep up with a writer changing them between its statements (issue 21, item 4). Then every
+    closure key's destination row is deleted and its source row, if any, inserted: the insert
+    waits for the delete (it reads the delete's count first), and a row deleted by this statement
+    no longer holds its unique values nor counts for an exclusion constraint. Partial indexes
+    and constraints take part only for rows their predicate covers, as PostgreSQL checks them."""
+    v, h = _conflict_probe(m, c)
+    key_cols = ident_list(m.key)
+    pulled = sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Identifier("h", f"k_{j}"),
+                                                                 trusted(t, "format_type"))
+                                for j, t in enumerate(m.src_key_types))
     return sql.SQL(
-        """WITH {keys}, converted AS MATERIALIZED (SELECT * FROM (SELECT {values} FROM {src} s
-    JOIN keys l ON {s_eq_l}) AS c ({cols})),
-all_keys AS MATERIALIZED ({pulled}),
-gone AS (DELETE FROM {dst} d USING all_keys l WHERE {d_eq_l} RETURNING 1)
-INSERT INTO {dst} ({dcols}){overriding} SELECT {svalues} FROM {src} s JOIN all_keys l ON {s_eq_l}
+        """WITH RECURSIVE {keys},
+closure ({key_cols}) AS (
+    SELECT {key_cols} FROM keys
+    UNION
+    SELECT {pulled} FROM closure w JOIN {src} s ON {s_eq_w}
+    {v}
+    {h}
+), gone AS (DELETE FROM {dst} d USING closure l WHERE {d_eq_l} RETURNING 1)
+INSERT INTO {dst} ({dcols}){overriding} SELECT {svalues} FROM {src} s JOIN closure l ON {s_eq_l}
 WHERE (SELECT count(*) FROM gone) >= 0""").format(
-        keys=_key_set(m), values=values, src=m.src.ident, s_eq_l=key_equal("s", "l", m.key),
-        cols=ident_list([*(c.name for c in m.columns), *computed]), pulled=pulled, dst=m.dst.ident,
-        d_eq_l=key_equal("d", "l", m.key), dcols=ident_list(c.name for c in m.columns), overriding=overriding(m),
-        svalues=source_values("s", m))
+        keys=_key_set(m), key_cols=key_cols, pulled=pulled, src=m.src.ident, s_eq_w=key_equal("s", "w", m.key),
+        v=v, h=h, dst=m.dst.ident, d_eq_l=key_equal("d", "l", m.key), dcols=ident_list(col.name for col in m.columns),
+        overriding=overriding(m), svalues=source_values("s", m), s_eq_l=key_equal("s", "l", m.key))
 
+
+def replace_keys(m: Mapping) -> sql.Composed:
+    """Replace the destination rows of the given keys by their source rows (no conflicting row to
+    pull in: a destination without unique indexes or exclusion constraints besides its key)."""
+    return sql.SQL(
+        """WITH {keys}, gone AS (DELETE FROM {dst} d USING keys l WHERE {d_eq_l} RETURNING 1)
+INSERT INTO {dst} ({dcols}){overriding} SELECT {svalues} FROM {src} s JOIN keys l ON {s_eq_l}
+WHERE (SELECT count(*) FROM gone) >= 0""").format(
+        keys=_key_set(m), dst=m.dst.ident, d_eq_l=key_equal("d", "l", m.key),
+        dcols=ident_list(col.name for col in m.columns), overriding=overriding(m), svalues=source_values("s", m),
+        src=m.src.ident, s_eq_l=key_equal("s", "l", m.key))

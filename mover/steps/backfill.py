@@ -38,8 +38,8 @@ class Backfill(Step):
                        " to its parent's index ON ONLY")
         out += backfill.index_statements(ctx, indexes, self._partitions(ctx, cur))
         out += ["-- beside the index builds, in a session of its own out of a transaction block (one partition"
-                " locked at a time), unless a deferred index has expressions or a pooler stands in the way:"
-                " then after them, in a transaction", backfill.Analyze(ctx).statement()]
+                " locked at a time), unless a deferred index has expressions, an exclusion constraint is built or"
+                " a pooler stands in the way: then after them, in a transaction", backfill.Analyze(ctx).statement()]
         return out
 
     @staticmethod

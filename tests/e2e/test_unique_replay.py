@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import threading
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from tests import workload
@@ -177,6 +179,110 @@ class SwapWriter(WriterThread):
                 self.stop.wait(0.002)  # busy, not a tight loop: the machine is shared
             self.idle.set()
 
+
+
+class IssueMix(WriterThread):
+    """Issue 21, item 4's application, as fast as it goes on its own connection: half of its
+    transactions two-row e-mail swaps through a temporary value (rotate), the rest note updates,
+    inserts and deletes, each mirrored in its transaction. `swapped` is set once it has made
+    `swaps` swaps; it stops by itself after `seconds`."""
+
+    def __init__(self, dsn: str, rows: int, swaps: int, seed: int = 7, seconds: float = 300):
+        self.dsn, self.rows, self.seed, self.seconds = dsn, rows, seed, seconds
+        self.target = swaps
+        self.swaps = self.ops = 0
+        self.errors: list[str] = []
+        self.stop, self.paused, self.idle, self.swapped = (threading.Event() for _ in range(4))
+        self.next_id = 10_000_000
+
+    def _loop(self) -> None:
+        rnd = random.Random(self.seed)
+        mirror, cols = sql.Identifier(MIRROR), sql.SQL(", ").join(map(sql.Identifier, ACCT_COLUMNS))
+        deadline = threading.Timer(self.seconds, self.stop.set)
+        deadline.start()
+        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
+            while not self.stop.is_set():
+                if self.paused.is_set():
+                    self.idle.set()
+                    self.stop.wait(0.01)
+                    continue
+                self.idle.clear()
+                r = rnd.random()
+                try:
+                    if r < 0.5:
+                        rotate(conn, rnd.sample(range(1, self.rows + 1), 2))
+                        self.swaps += 1
+                        if self.swaps >= self.target:
+                            self.swapped.set()
+                    elif r < 0.7:
+                        k = rnd.randint(1, self.rows)
+                        with conn.transaction():
+                            conn.execute("UPDATE acct SET note = md5(random()::text) WHERE id = %s", (k,))
+                            conn.execute(sql.SQL("UPDATE {m} SET note = a.note FROM acct a WHERE a.id = %s"
+                                                 " AND {m}.id = a.id").format(m=mirror), (k,))
+                    elif r < 0.85:
+                        self.next_id += 1
+                        with conn.transaction():
+                            conn.execute("INSERT INTO acct VALUES (%s, %s, %s, 'new')",
+                                         (self.next_id, f"n{self.next_id}@x", f"N{self.next_id}"))
+                            conn.execute(sql.SQL("INSERT INTO {m} ({c}) SELECT {c} FROM acct WHERE id = %s").format(
+                                m=mirror, c=cols), (self.next_id,))
+                    else:
+                        k = rnd.randint(10_000_001, max(self.next_id, 10_000_001))
+                        with conn.transaction():
+                            conn.execute("DELETE FROM acct WHERE id = %s", (k,))
+                            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(mirror), (k,))
+                    self.ops += 1
+                except psycopg.Error as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.idle.set()
+        deadline.cancel()
+
+
+def test_swaps_piled_up_while_nothing_applied_converge_with_the_writer_still_running(db_dsn, tmp_path):
+    """Issue 21, item 4: the applier fell behind a writer swapping unique e-mails (a busy machine,
+    or any pause), and never caught up again: `mover run` did not reach the gate in 300 s. Random
+    swaps of rows the target has not seen yet chain into permutation cycles through hundreds of
+    rows (past n/2 swaps of n rows, one giant cycle). Here the writer makes that many while no
+    applier runs (the migration waits at the gate), then `mover run` starts beside it, the writer
+    still going: it must drain what piled up and what keeps coming, and reach the gate. The wait
+    is bounded (a failure bound, not a speed claim): the closure replay of a step per statement
+    stopped after 20 steps, halved the set down to single keys that each failed again, and ran
+    past it. Judged by the mirror at the gate (writer paused) and after the cutover."""
+    rows = 3000
+    create_acct(db_dsn, rows)
+    r = mover(db_dsn, "run", plan_file(tmp_path))
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    writer = IssueMix(db_dsn, rows, swaps=rows).start()
+    try:
+        assert writer.swapped.wait(240), f"the writer made only {writer.swaps} swaps"
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            (mid,) = conn.execute("SELECT id FROM mover.migrations WHERE name = 'acct'").fetchone()
+            piled = conn.execute(f"SELECT count(*) FROM mover.m{mid}_changes").fetchone()[0]
+        assert piled > rows
+        proc = spawn(db_dsn, "run", "acct")
+        try:
+            code, err = finish(proc, 240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"`mover run acct` did not reach the gate in 240 s beside the writer ({writer.swaps} swaps"
+                        f" so far): {err[-2000:]}")
+        assert not writer.stop.is_set(), "the writer stopped before mover reached the gate"
+        assert code == 3 and "ready for cutover" in err, err
+        writer.pause()
+        r = mover(db_dsn, "run", "acct")
+        assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+        assert_oracle(db_dsn, "acct", "acct_new")
+        r = mover(db_dsn, "cutover", "acct")
+        assert r.returncode == 0, r.stderr
+        assert_oracle(db_dsn, "acct", "acct_old")
+    finally:
+        writer.halt()
+    assert writer.errors == []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        stuck = conn.execute("SELECT count(*) FROM mover.divergences WHERE kind = 'apply_error'").fetchone()[0]
+    assert stuck == 0
 
 
 def test_continuous_swaps_through_every_step(db_dsn, tmp_path):

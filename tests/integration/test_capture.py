@@ -210,50 +210,70 @@ def test_replay_into_an_unanalyzed_partitioned_target_is_driven_by_the_keys(db_d
                             " (SELECT count(*) FROM (TABLE ev_new EXCEPT ALL TABLE ev) b)").fetchone() == (0, 0)
 
 
-def test_a_value_moved_into_a_closure_after_it_was_computed_is_replayed_at_once(db_dsn, monkeypatch):
-    """Race 7 under a swapping writer: between the statements that compute a closure and the one
-    that replaces it, the application swaps a value from a row outside the set into it (committed,
-    on its own connection). The replacement reads the source in one snapshot and pulls that row in:
-    one attempt, no halving, and the target equals the source (EXCEPT ALL both ways)."""
+def _replay_alone(db_dsn: str, source: str, target: str, keys: list[tuple[str, ...]], key: tuple[str, ...]):
+    """replay_set of `keys` from `source` into `target` in one transaction, counting its statements;
+    then whether the two tables hold the same rows (EXCEPT ALL both ways)."""
     from mover.catalog import conversion, introspect
     from mover.engines import capture
     from mover.names import QualifiedName
 
+    statements: list[object] = []
+
+    class Counting(psycopg.Cursor):
+        def execute(self, query, params=None, **kwargs):
+            statements.append(query)
+            return super().execute(query, params, **kwargs)
+
+    with psycopg.connect(db_dsn, cursor_factory=Counting) as conn, conn.cursor() as cur:
+        m = conversion.mapping(introspect.describe(cur, QualifiedName("public", source)),
+                               introspect.describe(cur, QualifiedName("public", target)), key)
+        statements.clear()
+        failed = capture.replay_set(cur, m, keys)
+        conn.commit()
+        differ = [cur.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) d").fetchone()[0]
+                  for a, b in ((source, target), (target, source))]
+    return failed, statements, differ
+
+
+def test_a_long_cycle_of_swapped_values_is_replayed_in_one_statement(db_dsn):
+    """Race 7 after many swaps (issue 21, item 4): each row of a UNIQUE e-mail column has taken the
+    next row's value since the target last saw them, a cycle through 1,000 rows (what thousands of
+    random two-row swaps leave between two replays of a busy table). Replaying one key of it pulls
+    the whole cycle in and replaces it in one statement (a closure computed a step per statement
+    stopped after 20 steps, then halved the set down to single keys, each failing)."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, email text NOT NULL UNIQUE, note text)")
-        conn.execute("INSERT INTO acct SELECT g, 'u' || g || '@x', 'n' FROM generate_series(1, 100) g")
+        conn.execute("INSERT INTO acct SELECT g, 'u' || g || '@x', 'n' FROM generate_series(1, 2000) g")
         conn.execute("CREATE TABLE acct_new (id bigint PRIMARY KEY, email text NOT NULL UNIQUE, note text)")
         conn.execute("INSERT INTO acct_new SELECT * FROM acct")
-    app = psycopg.connect(db_dsn, autocommit=True)
+        with conn.transaction():  # the application's rotation, through temporary values
+            conn.execute("UPDATE acct SET email = 'tmp-' || id WHERE id <= 1000")
+            conn.execute("UPDATE acct SET email = 'u' || (id % 1000 + 1) || '@x' WHERE id <= 1000")
+    failed, statements, differ = _replay_alone(db_dsn, "acct", "acct_new", [("1",)], ("id",))
+    assert failed == {}
+    assert differ == [0, 0]
+    assert sum("RECURSIVE" in str(s) for s in statements) == 1, statements
 
-    def swap(a: int, b: int) -> None:  # the application's swap through a temporary value
-        with app.transaction():
-            ea = app.execute("SELECT email FROM acct WHERE id = %s", (a,)).fetchone()[0]
-            eb = app.execute("SELECT email FROM acct WHERE id = %s", (b,)).fetchone()[0]
-            app.execute("UPDATE acct SET email = 'tmp' WHERE id = %s", (a,))
-            app.execute("UPDATE acct SET email = %s WHERE id = %s", (ea, b))
-            app.execute("UPDATE acct SET email = %s WHERE id = %s", (eb, a))
 
-    swap(1, 2)  # what the keys to replay hold
-    computed = capture._closure
-    calls = []
-
-    def closure_then_a_swap(*args):
-        keys = computed(*args)
-        calls.append(list(keys))
-        swap(2, 50 + len(calls))  # row 51, 52...: outside the set until the statement pulls it in
-        return keys
-
-    monkeypatch.setattr(capture, "_closure", closure_then_a_swap)
-    try:
-        with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:
-            m = conversion.mapping(introspect.describe(cur, QualifiedName("public", "acct")),
-                                introspect.describe(cur, QualifiedName("public", "acct_new")), ("id",))
-            assert capture.replay_set(cur, m, [("1",), ("2",)]) == {}
-            conn.commit()
-            for a, b in (("acct", "acct_new"), ("acct_new", "acct")):
-                cur.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) d")
-                assert cur.fetchone()[0] == 0, (a, b)
-    finally:
-        app.close()
-    assert len(calls) == 1, calls
+def test_a_booking_moved_into_a_slot_another_left_is_replayed_with_it(db_dsn):
+    """Race 7 under an exclusion constraint: booking 1 moved into the slot booking 2 left, which
+    moved into booking 3's, and so on, a chain through 300 bookings; and, beside it,
+    a cancelled booking (outside the partial constraint) overlapping a live one. Replaying booking
+    1 alone pulls in, by the constraint's own operators over its expression, every booking that
+    stands in its way, and the target then equals the source."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for t in ("slot", "slot_new"):
+            conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, room text NOT NULL, lo int NOT NULL, hi int NOT NULL,"
+                         f" cancelled boolean NOT NULL DEFAULT false,"
+                         f" CONSTRAINT {t}_no_overlap EXCLUDE USING gist (int4range(lo, hi) WITH &&)"
+                         f" WHERE (NOT cancelled))")
+        conn.execute("INSERT INTO slot SELECT g, 'r1', g * 10, g * 10 + 10, false FROM generate_series(1, 301) g")
+        conn.execute("INSERT INTO slot_new SELECT * FROM slot")
+        with conn.transaction():  # each booking takes the next one's slot; the last one's is free
+            conn.execute("DELETE FROM slot WHERE id = 301")
+            conn.execute("UPDATE slot SET lo = lo + 100000, hi = hi + 100000 WHERE id <= 300")
+            conn.execute("UPDATE slot SET lo = lo - 100000 + 10, hi = hi - 100000 + 10 WHERE id <= 300")
+            conn.execute("INSERT INTO slot VALUES (400, 'r1', 15, 25, true)")  # cancelled: not excluded
+    failed, _, differ = _replay_alone(db_dsn, "slot", "slot_new", [("1",), ("400",)], ("id",))
+    assert failed == {}
+    assert differ == [0, 0]

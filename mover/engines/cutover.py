@@ -262,17 +262,18 @@ def _swap_sequence_names(a: names.QualifiedName, b: names.QualifiedName) -> list
                                                              sql.Identifier(b.name))]
 
 
-def _carry_unvalidated_checks(cur: psycopg.Cursor, from_table: names.QualifiedName,
-                              to_table: names.QualifiedName) -> list[Statement]:
-    """CHECK constraints the source has NOT VALID were left off the new table so the backfill could
-    copy the rows that break them (steps/create_target.py); they are added NOT VALID now (no scan,
-    under the lock already held), so writes after the swap are checked as before."""
+def _carry_unvalidated_constraints(cur: psycopg.Cursor, from_table: names.QualifiedName,
+                                   to_table: names.QualifiedName) -> list[Statement]:
+    """CHECK constraints the source has NOT VALID (and, on PostgreSQL 18, NOT NULL constraints
+    NOT VALID, and CHECKs NOT ENFORCED) were left off the new table so the backfill could copy the
+    rows that break them (steps/create_target.py); they are added as they were now (NOT VALID: no
+    scan, under the lock already held), so writes after the swap are checked as before."""
     from_oid, to_oid = introspect.table_oid(cur, from_table), introspect.table_oid(cur, to_table)
     assert from_oid is not None and to_oid is not None  # both locked by the swap
     cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s", (to_oid,))
     present = {r[0] for r in cur.fetchall()}
     out: list[Statement] = []
-    for name, definition, comment in introspect.unvalidated_checks(cur, from_oid):
+    for name, definition, comment in introspect.unvalidated_constraints(cur, from_oid):
         if name not in present:
             out.append(ddl.add_constraint(to_table, name, definition))
             if comment is not None:
@@ -292,7 +293,7 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
         live, other, live_renamed = m.source, m.old, m.target
     out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
     if forward:
-        out += _carry_unvalidated_checks(cur, m.source, m.target)
+        out += _carry_unvalidated_constraints(cur, m.source, m.target)
     carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
     # Before carry's: they name indexes as they are now (the replica identity's follows its index
     # through carry's renames).

@@ -65,7 +65,9 @@ SELECT jsonb_build_object(
                                  ELSE quote_ident(pg_get_userbyid(p.grantee)) END,
                                  CASE WHEN p.is_grantable THEN 'WITH GRANT OPTION' END) AS x
                 FROM aclexplode(a.attacl) p) g) END,
-            'security_labels', coalesce(cl.labels, '{}'))), '{}')
+            'security_labels', coalesce(cl.labels, '{}'),
+            -- PostgreSQL 18: the column's NOT NULL constraint is validated (NULL: none, or before 18)
+            'not_null_valid', nn.convalidated)), '{}')
         -- Joins, not a subquery per column (col_description is one): on a table of 800 columns
         -- the per-column form took most of the parity check's time under the swap's lock.
         FROM pg_attribute a
@@ -74,6 +76,7 @@ SELECT jsonb_build_object(
         LEFT JOIN (SELECT l.objsubid, jsonb_object_agg(l.provider, l.label) AS labels FROM pg_seclabel l
                    WHERE l.classoid = 'pg_class'::regclass AND l.objoid = c.oid GROUP BY l.objsubid) cl
                ON cl.objsubid = a.attnum
+        LEFT JOIN pg_constraint nn ON nn.conrelid = c.oid AND nn.contype = 'n' AND nn.conkey[1] = a.attnum
         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
     'index_comments', (SELECT coalesce(jsonb_object_agg(ic.relname, obj_description(ic.oid, 'pg_class'))
                                        FILTER (WHERE obj_description(ic.oid, 'pg_class') IS NOT NULL), '{}')
@@ -200,15 +203,15 @@ def compare(before: dict[str, Any], after: dict[str, Any], planned: Planned) -> 
     """Every difference between two parity descriptions (describe()), each marked planned,
     accepted or unplanned."""
     found = _raw(before, after, planned)
-    return [_classify(d, planned) for d in found]
+    return [_classify(d, planned, before, after) for d in found]
 
 
 def unplanned(diffs: list[Difference]) -> list[Difference]:
     return [d for d in diffs if d.status == "unplanned"]
 
 
-def _classify(d: Difference, p: Planned) -> Difference:
-    reason = _planned_reason(d, p)
+def _classify(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> Difference:
+    reason = _planned_reason(d, p, before, after)
     if reason:
         return Difference(d.kind, d.item, d.before, d.after, "planned", reason)
     if d.key in p.accepted or d.kind in p.accepted:
@@ -216,7 +219,7 @@ def _classify(d: Difference, p: Planned) -> Difference:
     return d
 
 
-def _planned_reason(d: Difference, p: Planned) -> str:
+def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> str:
     column = d.item.split(".", 1)[0] if d.kind.startswith("column_") else None
     if column is not None and column in p.columns and d.kind in ("column_type", "column_storage",
                                                                   "column_compression", "column_default"):
@@ -236,6 +239,12 @@ def _planned_reason(d: Difference, p: Planned) -> str:
     if d.kind == "constraint" and None in (d.before, d.after) and (d.item in p.renames.values()
                                                                     or d.item in p.renames) and not _exclusion(d):
         return "carried as a unique index under mover's name"
+    if (p.at_swap and d.kind == "column_not_null" and d.before and not d.after
+            and before.get("metadata", {}).get("columns", {}).get(column, {}).get("not_null_valid") is False):
+        return "NOT NULL ... NOT VALID (PostgreSQL 18): old rows may hold NULL; added as it was at the swap"
+    if (p.at_swap and d.kind == "constraint_comment" and d.after is None and d.item in before["constraints"]
+            and d.item not in after["constraints"]):
+        return "made at the swap, with its constraint"
     if p.at_swap and (d.kind == "index" or _exclusion(d)) and d.after is None:
         return "built after the backfill"
     if p.at_swap and (d.kind in SWAP_SET or d.kind in SWAP_MADE and d.after is None):

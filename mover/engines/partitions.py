@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect
+from mover.catalog import introspect, server
 from mover.db import one
 from mover.errors import PlanError
 from mover.plan import PartitionSpec
@@ -541,8 +541,7 @@ PARTMAN_INTERVALS = {"day": "1 day", "month": "1 month", "year": "1 year"}
 
 
 def partman_package(cur: psycopg.Cursor) -> str:
-    cur.execute("SELECT current_setting('server_version_num')::int / 10000")
-    return f"postgresql-{one(cur)[0]}-partman"
+    return server.package_name(cur, "partman")
 
 
 def partman_schema(cur: psycopg.Cursor) -> str | None:

@@ -37,8 +37,8 @@ from typing import Any
 import psycopg
 
 from mover import faults, names
-from mover.catalog import introspect
-from mover.db import Database, bind, is_retryable, one
+from mover.catalog import introspect, server
+from mover.db import Database, bind, is_retryable
 from mover.engines import capture, rangework, throttle
 from mover.engines.context import Context, Reporter
 from mover.errors import Failed
@@ -55,7 +55,6 @@ KIND = "reconcile"
 RANGE_STATEMENT_TIMEOUT = "300s"
 REPAIR_BATCH = 200
 DRAIN_EVERY_SECONDS = 0.5
-MIN_SERVER_VERSION = 140000  # hash_record_extended()
 
 
 @dataclass
@@ -92,8 +91,7 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
     """Decide per column (by the target's type): typed, typed but hashed through its send form,
     or by text when PostgreSQL cannot hash or compare the type. Probed on the server, so that
     composites and arrays follow their fields and elements, and extensions' types are covered."""
-    cur.execute("SHOW server_version_num")
-    if int(one(cur)[0]) < MIN_SERVER_VERSION:
+    if not server.of(cur).hash_record_extended:
         raise Failed("reconcile needs PostgreSQL 14 or later (hash_record_extended)",
                      hint="upgrade the server, or compare the tables with your own tooling")
     dst = introspect.describe(cur, m.dst)

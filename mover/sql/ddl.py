@@ -221,12 +221,19 @@ def drop_column(table: QualifiedName, column: str) -> sql.Composed:
 
 
 def add_generated_column(table: QualifiedName, column: str, type_text: str, collation: tuple[str, str] | None,
-                         expression: str, not_null: bool) -> sql.Composed:
-    """A stored generated column: `expression` is the source column's, printed by pg_get_expr()."""
-    return sql.SQL("ALTER TABLE {t} ADD COLUMN {c} {ty}{coll} GENERATED ALWAYS AS ({e}) STORED{nn}").format(
+                         expression: str, not_null: bool, *, virtual: bool = False,
+                         not_null_name: str | None = None) -> sql.Composed:
+    """A generated column: `expression` is the source column's, printed by pg_get_expr(). Stored,
+    or virtual (PostgreSQL 18: computed when read, never written). `not_null_name`: the name of
+    the source's NOT NULL constraint (PostgreSQL 18 names them; before, there is none)."""
+    nn: sql.Composable = sql.SQL("")
+    if not_null:
+        nn = (sql.SQL(" CONSTRAINT {} NOT NULL").format(sql.Identifier(not_null_name)) if not_null_name
+              else sql.SQL(" NOT NULL"))
+    return sql.SQL("ALTER TABLE {t} ADD COLUMN {c} {ty}{coll} GENERATED ALWAYS AS ({e}) {kind}{nn}").format(
         t=table.ident, c=sql.Identifier(column), ty=trusted(type_text, "format_type"),
         coll=sql.SQL(" COLLATE {}").format(sql.Identifier(*collation)) if collation else sql.SQL(""),
-        e=trusted(expression, "pg_get_expr"), nn=sql.SQL(" NOT NULL") if not_null else sql.SQL(""))
+        e=trusted(expression, "pg_get_expr"), kind=sql.SQL("VIRTUAL") if virtual else sql.SQL("STORED"), nn=nn)
 
 
 def comment_on_column(table: QualifiedName, column: str, comment: str) -> sql.Composed:

@@ -4,7 +4,7 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect
+from mover.catalog import introspect, server
 from mover.engines import metadata, partitions
 from mover.engines.context import Context
 from mover.errors import Failed, PlanError
@@ -22,9 +22,10 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     spec = plan.partition
     stmts = [ddl.create_target(target, source, unlogged=introspect.persistence(cur, source) == "u",
                                partition_by=sql_partitions.partition_by(spec.by, spec.columns) if spec else None)]
-    # LIKE copies every CHECK as validated; one the source has NOT VALID may be broken by rows that
-    # the backfill copies. It is added back NOT VALID at the swap (mover/engines/cutover.py), as it was.
-    stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_checks(cur, info.oid)]
+    # LIKE copies every CHECK (and on 18 every NOT NULL constraint) as validated; one the source
+    # has NOT VALID may be broken by rows that the backfill copies. It is added back NOT VALID at
+    # the swap (mover/engines/cutover.py), as it was.
+    stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_constraints(cur, info.oid)]
     have = {c.name: c for c in info.columns}
     drop, add = _regenerated(cur, info, plan.columns, target)
     stmts += drop
@@ -68,29 +69,33 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     return stmts
 
 
-# The stored generated columns of %(rel)s at or after the first one that reads a column in
-# %(changed)s (attnums): its expression, NOT NULL, storage (and the type's), compression, comment.
-_GENERATED_AFTER = """
+# The generated columns of %(rel)s (stored, or virtual on 18) at or after the first one that reads
+# a column in %(changed)s (attnums): its expression, NOT NULL (validated: on 18 a NOT VALID one
+# comes back at the swap) and the NOT NULL constraint's name (18), storage (and the type's),
+# compression, comment.
+_GENERATED_AFTER = sql.SQL("""
 WITH reads AS (
-    SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = %(rel)s AND a.attgenerated = 's' AND NOT a.attisdropped
+    SELECT a.attnum FROM pg_attribute a WHERE a.attrelid = %(rel)s AND a.attgenerated <> '' AND NOT a.attisdropped
     AND EXISTS (SELECT 1 FROM pg_depend d LEFT JOIN pg_attrdef ad ON ad.oid = d.objid
                 WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = %(rel)s AND d.refobjsubid = ANY(%(changed)s)
                 AND ((d.classid = 'pg_class'::regclass AND d.objid = %(rel)s AND d.objsubid = a.attnum)
                      OR (d.classid = 'pg_attrdef'::regclass AND ad.adrelid = %(rel)s AND ad.adnum = a.attnum)))
 )
-SELECT a.attname, a.attgenerated = 's', pg_get_expr(ad.adbin, ad.adrelid), a.attnotnull, a.attstorage, t.typstorage,
-       nullif(a.attcompression::text, ''), col_description(a.attrelid, a.attnum)
+SELECT a.attname, a.attgenerated, pg_get_expr(ad.adbin, ad.adrelid), {not_null}, a.attstorage, t.typstorage,
+       nullif(a.attcompression::text, ''), col_description(a.attrelid, a.attnum),
+       (SELECT nn.conname FROM pg_constraint nn WHERE nn.conrelid = a.attrelid AND nn.contype = 'n'
+          AND nn.conkey[1] = a.attnum)
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
 WHERE a.attrelid = %(rel)s AND a.attnum > 0 AND NOT a.attisdropped AND a.attnum >= (SELECT min(attnum) FROM reads)
 ORDER BY a.attnum
-"""
+""")
 
 
 def _regenerated(cur: psycopg.Cursor, info: introspect.TableInfo, columns: dict[str, str],
                  target: names.QualifiedName) -> tuple[list[sql.Composed], list[sql.Composed]]:
-    """A stored generated column that reads a column whose type changes blocks ALTER ... TYPE
-    ("cannot alter type of a column used by a generated column"). The target is mover's own, and
+    """A generated column (stored, or virtual on 18) that reads a column whose type changes blocks
+    ALTER ... TYPE ("cannot alter type of a column used by a generated column"). The target is mover's own, and
     empty: drop such columns before the type changes and add them back after, with the source's
     expression over the new types (computed, never copied: copy_columns leaves them out). Every
     column from the first such one on is re-added in order, so the column order stays the
@@ -99,7 +104,8 @@ def _regenerated(cur: psycopg.Cursor, info: introspect.TableInfo, columns: dict[
     if not columns:
         return [], []
     attnums = _attnums(cur, info.oid, [c.name for c in info.columns if c.name in columns])
-    cur.execute(_GENERATED_AFTER, {"rel": info.oid, "changed": attnums})
+    cur.execute(_GENERATED_AFTER.format(not_null=server.of(cur).not_null_validated("a")),
+                {"rel": info.oid, "changed": attnums})
     rows = cur.fetchall()
     if not rows:
         return [], []
@@ -114,9 +120,10 @@ def _regenerated(cur: psycopg.Cursor, info: introspect.TableInfo, columns: dict[
                  "generated column to the end of the table first")
     drop = [ddl.drop_column(target, r[0]) for r in rows]
     add: list[sql.Composed] = []
-    for name, _, expression, not_null, storage, type_storage, compression, comment in rows:
+    for name, generated, expression, not_null, storage, type_storage, compression, comment, nn_name in rows:
         col = info.column(name)
-        add.append(ddl.add_generated_column(target, name, col.type, col.collation, expression, not_null))
+        add.append(ddl.add_generated_column(target, name, col.type, col.collation, expression, not_null,
+                                            virtual=generated == "v", not_null_name=nn_name))
         if storage != type_storage:
             add.append(ddl.set_storage(target, name, storage))
         if compression:

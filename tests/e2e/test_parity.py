@@ -61,9 +61,10 @@ def metadata(dsn: str, table: str) -> dict:
         pubs = conn.execute("SELECT p.pubname, pr.prattrs::text, pg_get_expr(pr.prqual, pr.prrelid)"
                             " FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
                             " WHERE pr.prrelid = %s", (oid,)).fetchall()
-        stats = conn.execute("SELECT stxname, stxstattarget::int FROM pg_statistic_ext WHERE stxrelid = %s",
-                             (oid,)).fetchall()
-        cols = conn.execute("SELECT attname, attstattarget::int, attstorage::text, attcompression::text"
+        # The default target reads NULL from PostgreSQL 17 on, -1 before: -1 here on every version.
+        stats = conn.execute("SELECT stxname, coalesce(stxstattarget::int, -1) FROM pg_statistic_ext"
+                             " WHERE stxrelid = %s", (oid,)).fetchall()
+        cols = conn.execute("SELECT attname, coalesce(attstattarget::int, -1), attstorage::text, attcompression::text"
                             " FROM pg_attribute WHERE attrelid = %s AND attname IN ('amount', 'note', 'payload')"
                             " ORDER BY 1", (oid,)).fetchall()
         grants = conn.execute("SELECT has_table_privilege('public', %s, 'SELECT')", (oid,)).fetchone()[0]

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 
+from mover.catalog import server
 from mover.catalog.introspect import INTEGER_MAX
 from mover.db import one
 from mover.names import QualifiedName, display_ident
@@ -37,33 +39,36 @@ class ForeignKey:
     deferrable: bool
     deferred: bool
     validated: bool
+    enforced: bool = True  # NOT ENFORCED (18): neither side checks it
+    period: bool = False  # a temporal key (18): the last columns of both lists are PERIOD ones
 
 
-_BETWEEN = """
+
+
+
+def between(cur: psycopg.Cursor, oids: Sequence[int]) -> list[ForeignKey]:
+    """The foreign keys from one of the tables `oids` to another. A table's references to itself
+    are not the family's: they are the table's own, which the swap carries as for one table."""
+    version = server.of(cur)
+    cur.execute(sql.SQL("""
 SELECT k.conname, k.conrelid, k.confrelid,
        ARRAY(SELECT a.attname FROM unnest(k.conkey) WITH ORDINALITY u(n, i)
              JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.n ORDER BY u.i),
        ARRAY(SELECT a.attname FROM unnest(k.confkey) WITH ORDINALITY u(n, i)
              JOIN pg_attribute a ON a.attrelid = k.confrelid AND a.attnum = u.n ORDER BY u.i),
        k.confmatchtype, k.confupdtype, k.confdeltype,
-       ARRAY(SELECT a.attname FROM unnest(coalesce(k.confdelsetcols, '{}')) WITH ORDINALITY u(n, i)
+       ARRAY(SELECT a.attname FROM unnest(coalesce(k.confdelsetcols, '{{}}')) WITH ORDINALITY u(n, i)
              JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.n ORDER BY u.i),
-       k.condeferrable, k.condeferred, k.convalidated
+       k.condeferrable, k.condeferred, k.convalidated, {enforced}, {period}
 FROM pg_constraint k
 WHERE k.contype = 'f' AND k.conparentid = 0 AND k.conrelid = ANY(%(oids)s) AND k.confrelid = ANY(%(oids)s)
   AND k.conrelid <> k.confrelid
 ORDER BY k.conrelid, k.conname
-"""
-
-
-def between(cur: psycopg.Cursor, oids: Sequence[int]) -> list[ForeignKey]:
-    """The foreign keys from one of the tables `oids` to another. A table's references to itself
-    are not the family's: they are the table's own, which the swap carries as for one table."""
-    cur.execute(_BETWEEN, {"oids": list(oids)})
+""").format(enforced=version.conenforced("k"), period=version.conperiod("k")), {"oids": list(oids)})
     return [ForeignKey(name, child, parent, tuple(cols), tuple(refs), match, upd, dele, tuple(delset), deferrable,
-                       deferred, validated)
-            for name, child, parent, cols, refs, match, upd, dele, delset, deferrable, deferred, validated
-            in cur.fetchall()]
+                       deferred, validated, enforced, period)
+            for name, child, parent, cols, refs, match, upd, dele, delset, deferrable, deferred, validated, enforced,
+            period in cur.fetchall()]
 
 
 def parents_first(oids: Sequence[int], keys: Sequence[ForeignKey]) -> list[int]:

@@ -92,7 +92,8 @@ def link_sql(cur: psycopg.Cursor, members: Sequence[Context], *, missing_only: b
             continue
         out.append(ddl.add_foreign_key(child.new, k.name, k.columns, parent.new, k.ref_columns, match=k.match,
                                        on_update=k.on_update, on_delete=k.on_delete, delete_set=k.delete_set,
-                                       deferrable=k.deferrable, deferred=k.deferred, not_valid=not k.validated))
+                                       deferrable=k.deferrable, deferred=k.deferred, not_valid=not k.validated,
+                                       not_enforced=not k.enforced, period=k.period))
     return out
 
 

@@ -98,3 +98,46 @@ def test_a_cut_the_keys_hold_is_replayed_batch_by_batch(at_gate):
     got = replay(at_gate, limit=4)
     assert got.claimed == 8  # four of each log: nothing the keys refuse, no second statement
     assert counts(at_gate)[:2] == (0, 12)
+
+
+KINDS = """
+CREATE TABLE parents (a int, b int, PRIMARY KEY (a, b), u int UNIQUE);
+CREATE TABLE kids (id int PRIMARY KEY, a int, b int, u int, note text,
+    CONSTRAINT kids_full FOREIGN KEY (a, b) REFERENCES parents MATCH FULL ON UPDATE CASCADE ON DELETE SET NULL (b),
+    CONSTRAINT kids_u FOREIGN KEY (u) REFERENCES parents (u) ON DELETE SET DEFAULT DEFERRABLE INITIALLY DEFERRED);
+ALTER TABLE kids ADD CONSTRAINT kids_loose FOREIGN KEY (u) REFERENCES parents (u) NOT VALID;
+INSERT INTO parents SELECT g, g, g FROM generate_series(1, 20) g;
+INSERT INTO kids SELECT g, g, g, g, 'k' FROM generate_series(1, 20) g;
+"""
+
+KINDS_PLAN = """
+[migration]
+name = "kinds"
+source = "parents"
+
+[[also]]
+source = "kids"
+
+[rollback]
+window = "1h"
+"""
+
+
+def test_the_targets_keys_print_as_the_sources_keys(db_dsn, tmp_path):
+    """Each key between the family's sources is on the targets as it is on the sources: match,
+    actions (ON DELETE SET NULL (column)), deferral, validation state; NOT ENFORCED on 18."""
+    enforced = psycopg.connect(db_dsn, autocommit=True).info.server_version >= 180000
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(KINDS)
+        if enforced:
+            conn.execute("ALTER TABLE kids ADD CONSTRAINT kids_unenforced FOREIGN KEY (a, b) REFERENCES parents"
+                         " NOT ENFORCED")
+    with pytest.raises(Waiting):
+        api.run(db_dsn, write_plan(tmp_path / "kinds.toml", KINDS_PLAN))
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        def keys(table: str) -> dict[str, tuple[str, bool]]:
+            return {name: (definition.replace("parents_new", "parents"), validated) for name, definition, validated
+                    in conn.execute("SELECT conname, pg_get_constraintdef(oid), convalidated FROM pg_constraint"
+                                    " WHERE conrelid = %s::regclass AND contype = 'f'", (table,)).fetchall()}
+        source, target = keys("kids"), keys("kids_new")
+    assert len(source) == 3 + enforced and target == source

@@ -32,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -227,6 +228,22 @@ def run_locked(ctx: Context, members: Sequence[Context], attempt: Callable[[psyc
     finally:
         for t in members:
             t._mappings.clear()  # the tables changed names (or may have)
+
+
+FAMILY_PHASES = ("verify_ms", "drain_ms", "catalog_ms", "ddl_ms", "parity_ms", "finish_ms")
+
+
+def record(cur: psycopg.Cursor, ctx: Context, tables: int, forward: bool, held: float, replayed: int,
+           marks: Sequence[float]) -> None:
+    """The family's lock hold split into its phases, each over every table (each table's own
+    transition records its share from its own marks, which interleave): an event on the head's
+    row, in the swap's transaction. `marks`: locked, verified, drained, read, ddl, ran (monotonic)."""
+    ends = [*marks[1:], time.monotonic()]
+    phases = {name: (end - start) * 1000 for name, start, end in zip(FAMILY_PHASES, marks, ends, strict=True)}
+    kind = "family_swapped" if forward else "family_swapped_back"
+    control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind,
+                  f"{'swapped' if forward else 'swapped back'} {tables} tables in one transaction; "
+                  f"lock held {held:.1f} ms", {"lock_ms": held, "drained": replayed, **phases}, held)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ the engine that does it (mover/engines/family.py, cutover.py, capture.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -125,21 +126,31 @@ def _swap(cur: psycopg.Cursor, ctx: Context, members: Sequence[Context], prepare
     relations = family.swap_locks(cur, members, forward)
     for i, s in enumerate(swaps):
         s.lock(relations if i == 0 else [])  # every lease; every lock, in the family's order, by the first
+    marks = [time.monotonic()]
     changed = family.digest(cur, members, forward) != digest  # one query: every table's catalog rows
     for s in swaps:
         s.verify(changed)  # unchanged: what was built before the lock stands
+    marks.append(time.monotonic())
     replayed = family.drain_locked(cur, ctx, swaps, forward)  # every log, one statement (race 4, 5)
     for i, s in enumerate(swaps):
         s.drain(replayed if i == 0 else 0)  # swapping back, rows only the new tables hold refuse (or are given up)
+    marks.append(time.monotonic())
     for s in swaps:
         s.rebuild()  # only where a digest changed
+    marks.append(time.monotonic())
     for s in swaps:
         s.execute()  # each table's swap and carry; the keys between the family's tables stay with the tables
+    marks.append(time.monotonic())
     faults.point("family:swapped" if forward else "family:swapped_back")
     described = shape.describe(cur, [oid for p in prepared for oid in p.oids])  # every table, one query
     for s in swaps:
         s.check_parity(described)  # each table that takes a name looks as the other did; shapes recorded again
-    return max(s.record() for s in swaps)  # each table's transition, in this transaction
+    marks.append(time.monotonic())
+    # Each table's transition, in this transaction; the head's last, so that its hold (the one
+    # `mover status NAME` shows) runs from the family's locks to all but the commit.
+    held = [s.record() for s in reversed(swaps)][-1]
+    family.record(cur, ctx, len(swaps), forward, held, replayed, marks)  # where the lock's time went
+    return held
 
 
 # ---------------------------------------------------------------------------------------------

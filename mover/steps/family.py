@@ -56,7 +56,7 @@ def wait(ctx: Context, members: Sequence[Context]) -> NoReturn:
     each table's divergences counted and recorded at the gate; exit 3 either way."""
     capture.drain(ctx, reverse=False, backfill_done=True)
     counts = {}
-    for t in members:
+    for t in ctx.db.transaction(bind(family.parents_first, members)):  # a parent's row before its children's
         ctx.db.transaction(bind(cutover.retry_unapplied, t, reverse=False))
         counts[t.migration.name] = ctx.db.transaction(bind(control.divergence_counts, t.mid))
         ctx.db.transaction(bind(control.wait_at_gate, t.migration, t.owner, counts[t.migration.name]),

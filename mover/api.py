@@ -21,6 +21,7 @@ import psycopg
 from mover.db import Database, bind, is_connection_lost, open_database
 from mover.plan import Plan
 from mover.runner import Reporter, commands, log_reporter, register, workers
+from mover.runner import rehearse as rehearsal
 from mover.runner.follow import INTERVAL_SECONDS
 from mover.runner.lease import server_gone
 from mover.views import history as history_view
@@ -199,6 +200,13 @@ def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> 
 
 def _status(db: Database, name: str) -> dict[str, Any]:
     return db.transaction(bind(status_view.named, name), label="status")
+
+
+def rehearse(dsn: str, name: str, *, top: int | None = None) -> dict[str, Any]:
+    """`mover rehearse NAME`: the statements pg_stat_statements recorded on the source, planned on
+    the target under the source's name (mover/engines/query_rehearsal.py)."""
+    with session(dsn) as db:
+        return rehearsal.rehearse(db, name, top=top)
 
 
 def parity_report(dsn: str, name: str) -> dict[str, Any]:

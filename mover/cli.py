@@ -23,6 +23,7 @@ from rich.table import Table
 
 from mover import api
 from mover.db import is_connection_lost, mask, remember_secrets
+from mover.engines import query_rehearsal
 from mover.errors import BadInput, MoverError, Waiting
 from mover.state import control
 from mover.views.progress import ProgressReporter
@@ -655,6 +656,66 @@ def _still_open(st: dict[str, Any]) -> None:
         raise Waiting(f"migration {name!r} has {n} open divergences; cutover is refused until none remain",
                       hint=f"see them with `mover divergences {name}`; `mover repair {name}` re-syncs them from the "
                            f"source; `mover accept {name} --reason TEXT` accepts intended ones")
+
+
+_VERDICTS = {"seq_scan": "SEQ SCAN", "cost_up": "COST UP", "fails": "FAILS", "changed": "changed", "same": "same",
+             "skipped": "skipped"}
+
+
+def _plan_words(p: dict[str, Any] | None) -> str:
+    """A plan in a few words: the scans of the migrated table, else its top node."""
+    if p is None:
+        return "-"
+    scans = [f"{s['node']}" + (f" using {s['index']}" if s["index"] else "") for s in p["scans"]]
+    return ", ".join(dict.fromkeys(scans)) or (p["plan"][0] if p["plan"] else "-")
+
+
+def _statement_words(text: str, width: int = 240) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[:width - 3] + "..."
+
+
+@app.command()
+@_exits
+def rehearse(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
+             top: int | None = typer.Option(None, "--top", min=1, max=1000,
+                                            help="Statements per table: the N most called and the N that took "
+                                                 "most time (default [cutover] rehearse_statements, 20).")) -> None:
+    """Plan the statements pg_stat_statements recorded on the source against the target under the
+    source's name (EXPLAIN, never executed); exit 3 when one plans markedly worse there."""
+    result = api.rehearse(_dsn(dsn), name, top=top)
+    if as_json:
+        _print_json(result)
+    else:
+        for t in result["tables"]:
+            analyzed = "analyzed" if t["analyzed"] else "not analyzed"
+            out.print(f"{t['source']} -> {t['target']} ({analyzed}): {t['rehearsed']} statements rehearsed of "
+                      f"{t['considered']} recorded that name it", highlight=False, markup=False)
+            if t["analyze_note"]:
+                out.print(f"  note: {t['analyze_note']}", highlight=False, markup=False)
+            if t["hidden"]:
+                out.print(f"  note: {t['hidden']} statements of other roles are hidden from mover's role (GRANT "
+                          f"pg_read_all_stats to it to rehearse them)", highlight=False, markup=False)
+            table = Table(show_lines=False)
+            for col in ("verdict", "calls", "cost before -> after", "plan before -> after", "statement"):
+                table.add_column(col, overflow="fold")
+            for s in t["statements"]:
+                b, a = s["before"], s["after"]
+                cost = "-" if b is None else f"{b['cost']:,.1f} -> " + ("-" if a is None else f"{a['cost']:,.1f}")
+                if s["cost_factor"] is not None and s["verdict"] != "same":
+                    cost += f" (x{s['cost_factor']:g})"
+                plans = f"{_plan_words(b)} -> {_plan_words(a)}" if s["verdict"] != "skipped" else s["note"] or ""
+                if s["error"]:
+                    plans += f": {s['error']}"
+                table.add_row(_VERDICTS.get(s["verdict"], s["verdict"]), f"{s['calls']:,}", cost, escape(plans),
+                              escape(_statement_words(s["statement"])))
+            if t["statements"]:
+                _print_table(table)
+    if result["marked"]:
+        raise Waiting(query_rehearsal.marked_message(name, result),
+                      hint=f"each marked statement plans worse on the target than on the source (`--json` has "
+                           f"both plans whole); change what makes it worse (an index, a type, the statement) and "
+                           f"run `mover rehearse {name}` again, or go ahead: `mover cutover {name}`")
 
 
 @app.command("parity")

@@ -285,12 +285,18 @@ class Setting:
     missing: str | None = None  # the hint when a required key is missing
     was: tuple[str, ...] = ()  # older spellings of the key, read with a warning
     stored: str = ""  # where the canonical form keeps it ("section.attr" unless given; forms registered before)
-    only_set: bool = False  # stored only when set, so canonical forms registered before it existed stay the same
+    # Stored (and written back) only when set away from its default, so that canonical forms registered
+    # before it existed stay the same.
+    only_set: bool = False
     default_from: Callable[[Any, dict[str, Any]], Any] | None = None  # (default, values read before) -> default
     shown: str | None = None  # docs/plan.md's Default cell, when not the default value itself
     key: str = ""
     attr: str = ""
     section: str = ""
+
+    def left_unset(self, value: Any) -> bool:
+        """An only_set setting at its default (or empty): left out of the canonical form and the document."""
+        return self.only_set and (not value or value == self.default)
 
     def fresh_default(self) -> Any:
         return dict(self.default) if isinstance(self.default, dict) else self.default
@@ -398,7 +404,7 @@ def store(plan: Any, order: tuple[str, ...] = ()) -> dict[str, Any]:
     for part in layout(type(plan)):
         for s in part.settings:
             value = getattr(held(plan, part), s.attr)
-            if s.only_set and not value:
+            if s.left_unset(value):
                 continue
             *parents, last = s.path.split(".")
             place = out

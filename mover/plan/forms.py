@@ -123,7 +123,7 @@ def plan_from_canonical(doc: dict[str, Any]) -> Plan:
 
 def to_document(plan: Plan) -> dict[str, Any]:
     """The plan as a TOML-shaped document (what a plan file would say), for `mover set`: every
-    setting but those unset (None, an empty list)."""
+    setting but those unset (None, an empty list, an `only_set` one at its default)."""
     doc: dict[str, Any] = {}
     for part in SECTIONS:
         if part.written is not None and not part.written(plan):
@@ -138,7 +138,7 @@ def to_document(plan: Plan) -> dict[str, Any]:
             value = getattr(held(plan, part), s.attr)
             if s.kind.keys:
                 table.update(s.kind.write(value))
-            elif value is not None and value != ():
+            elif value is not None and value != () and not s.left_unset(value):
                 table[s.key] = s.kind.write(value)
         if table or not any(s.kind.keys for s in part.settings):
             doc[part.name] = table

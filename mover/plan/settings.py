@@ -122,6 +122,14 @@ class CutoverSettings:
     accept_parity: tuple[str, ...] = setting(
         Strings("must list the differences `mover parity NAME` names",
                 'e.g. accept_parity = ["grant:SELECT TO reporting"]'), (), only_set=True)
+    # The query rehearsal (mover/engines/query_rehearsal.py, `mover rehearse NAME`): with rehearse,
+    # the cutover's preflight refuses the swap while a statement pg_stat_statements recorded on the
+    # source plans markedly worse on the target. Stored only when set: plans registered before read the same.
+    rehearse: bool = setting(Flag(), False, settable=True, only_set=True)
+    rehearse_statements: int = setting(Count(1, 1000, 'e.g. rehearse_statements = 50'), 20, settable=True,
+                                       only_set=True)
+    rehearse_cost_factor: int = setting(Count(2, 1_000_000, 'e.g. rehearse_cost_factor = 4'), 2, settable=True,
+                                        only_set=True)
 
 
 @section("rollback")

@@ -8,6 +8,7 @@
 - register.py: init, plan check, registration, finding a migration by name or plan file.
 - follow.py: the follower that keeps the log drained at the gate and in the window.
 - workers.py: helper range workers (`mover worker`).
+- rehearse.py: the query rehearsal before the cutover (`mover rehearse`).
 - sampler.py: the heartbeat's progress samples.
 
 The runner returns the migration or plain data; what the operator reads is mover/views/.

@@ -7,6 +7,9 @@ from psycopg import sql
 # Where text spliced into SQL may come from. Each is text PostgreSQL itself rendered from its catalog
 # (it quotes identifiers and literals as it prints them), the operator's plan checked by the server
 # before any step runs, or a word mover picked from a closed set: never a value from the table's rows.
+# One exception, which never runs: the query rehearsal's statements, recorded by pg_stat_statements
+# from whatever any role ran, are only EXPLAINed (planned, not executed), one statement at a time,
+# as the role that ran them.
 SOURCES = {
     "format_type": "a type name printed by the catalog (format_type, regtype::text)",
     "pg_get_indexdef": "an index definition or key expression printed by pg_get_indexdef()",
@@ -24,6 +27,9 @@ SOURCES = {
     "keyword": "an SQL keyword the caller chose from a closed set",
     "plan hook": "the operator's own statement from the plan's [hooks] (sql = ...), run as written",
     "composed": "a statement mover composed with psycopg.sql and rendered once (as_string), kept to run again",
+    "pg_stat_statements": "an application's statement as pg_stat_statements recorded it (constants are $n"
+                          " parameters), read as one statement (mover/sql/statement_text.py), only ever"
+                          " EXPLAINed, as the role that ran it (mover/engines/query_rehearsal.py)",
 }
 
 

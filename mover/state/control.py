@@ -392,6 +392,8 @@ COMMANDS: dict[str, frozenset[str]] = {
     "abort": BEFORE_SWAP,
     "reconcile": COMPARING,
     "repair": COMPARING,
+    # The query rehearsal plans statements on the target: complete, indexes built, not yet swapped.
+    "rehearse": COMPARING,
     "accept": frozenset(STEPS),
     # A change of the live table's shape is adopted on the other table up to the end of the window.
     "adopt": _through(STEPS[0], "rollback_window"),

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from mover.catalog import introspect
 from mover.db import bind
-from mover.engines import capture, carry, cutover, hooks, lockwatch
+from mover.engines import capture, carry, cutover, hooks, lockwatch, query_rehearsal
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.state import control
@@ -29,6 +29,7 @@ class Cutover(Step):
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
         out: list[sql.Composable | str] = [
+            *query_rehearsal.describe(ctx.plan),
             "-- before: autovacuum paused on both tables (restored after), blocking sessions named"
             + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
@@ -102,6 +103,7 @@ class Cutover(Step):
 
 def swap_in(ctx: Context) -> float:
     """The cutover: swap the target in under one short lock; returns how long it was held (ms)."""
+    query_rehearsal.before_cutover(ctx)  # [cutover] rehearse: no recorded statement plans markedly worse
     cutover.preflight(ctx, last_check)  # no divergences, indexes valid, no subscriber broken; drain; last check
     prepared = cutover.prepare(ctx, forward=True)  # before the lock: digest, shapes, statements, parity
     cutover.drain_before_lock(ctx)  # what came meanwhile; a row that does not fit refuses (exit 3)

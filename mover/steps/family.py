@@ -17,7 +17,7 @@ from psycopg import sql
 from mover import faults
 from mover.catalog import shape
 from mover.db import bind
-from mover.engines import capture, carry, cutover, family
+from mover.engines import capture, carry, cutover, family, query_rehearsal
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.state import control
@@ -82,6 +82,8 @@ def wait(ctx: Context, members: Sequence[Context]) -> NoReturn:
 
 def swap_in(ctx: Context, members: Sequence[Context]) -> float:
     """The family's cutover: every table swapped in under one short lock; returns its hold (ms)."""
+    for t in members:
+        query_rehearsal.before_cutover(t)  # [cutover] rehearse: no statement on a table plans markedly worse
     for t in members:
         cutover.preflight(t, last_check)  # no divergences, indexes valid, subscribers; drain; last check
     digest = ctx.db.transaction(bind(family.digest, members, True), label="family digest")  # before the statements

@@ -81,14 +81,12 @@ def _has_constraint(cur: psycopg.Cursor, table: QualifiedName, name: str) -> boo
 def link_sql(cur: psycopg.Cursor, members: Sequence[Context], *, missing_only: bool = True) -> list[sql.Composed]:
     """The foreign keys between the family's sources, each added to the targets between the same
     two tables: same name, columns, match, actions and deferral, validated (NOT VALID where the
-    source's is not); not those a table's [target] drop_foreign_keys leaves on its old table.
-    What `link` runs (the keys the targets lack) and what plan check prints (all of them)."""
+    source's is not; plan check refuses one in a table's drop_foreign_keys). What `link` runs
+    (the keys the targets lack) and what plan check prints (all of them)."""
     by_oid = {introspect.table_oid(cur, t.original) or 0: t for t in members}
     out = []
     for k in family_catalog.between(cur, list(by_oid)):
         child, parent = by_oid[k.child], by_oid[k.parent]
-        if k.name in child.plan.drop_foreign_keys:
-            continue
         if missing_only and _has_constraint(cur, child.new, k.name):
             continue
         out.append(ddl.add_foreign_key(child.new, k.name, k.columns, parent.new, k.ref_columns, match=k.match,
@@ -146,7 +144,7 @@ def orphans(cur: psycopg.Cursor, members: Sequence[Context]) -> list[str]:
     live = {introspect.table_oid(cur, t.migration.source) or 0: t for t in members}
     out = []
     for k in family_catalog.between(cur, list(live)):
-        if not k.validated or k.name in live[k.child].plan.drop_foreign_keys:
+        if not k.validated:
             continue
         child, parent = live[k.child], live[k.parent]
         c_tab, p_tab = (child.original, parent.original) if child.swapped else (child.new, parent.new)

@@ -76,6 +76,16 @@ def resolve_tables(cur: psycopg.Cursor, plan: Plan) -> list[tuple[Plan, dict[str
             problems.append(PlanError(f"[[also]] source = {r['source']} is {seen[oid]}, which the plan moves already",
                                       hint="list each table once: [migration] source, or one [[also]] table"))
         seen[oid] = r["source"]
+    # A key between two tables of the family stays with them through the swap (docs/design.md
+    # "Families"): it cannot be left on the old table alone.
+    between = {(k.child, k.name) for k in family_catalog.between(cur, list(seen))} if len(seen) > 1 else set()
+    for table, r in out:
+        for name in table.drop_foreign_keys:
+            if (r["info"].oid, name) in between:
+                problems.append(PlanError(
+                    f"drop_foreign_keys of {r['source']}: {names.display_ident(name)} references another table of "
+                    f"this migration, and the keys between its tables move with them",
+                    hint="remove it from drop_foreign_keys (or drop the key before the migration)"))
     if problems:
         raise combined(problems)
     return out

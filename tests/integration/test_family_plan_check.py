@@ -134,6 +134,10 @@ columns = { customer_id = "bigint" }
 
 [[also]]
 source = "public.missing"
+
+[[also]]
+source = "public.order_lines"
+drop_foreign_keys = ["order_lines_order_id_fkey"]
 """
     with pytest.raises(PlanError) as info:
         api.check_plan(schema, write_plan(tmp_path / "bad.toml", plan))
@@ -141,6 +145,7 @@ source = "public.missing"
     assert "[[also]] source = \"public\".\"invoices\"" in text and "nope" in text
     assert 'which the plan moves already' in text
     assert '[[also]] source = "public"."missing"' in text
+    assert '"order_lines_order_id_fkey" references another table of this migration' in text
     assert tables_of(schema) == before
     with psycopg.connect(schema, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM mover.migrations").fetchone()[0] == 0

@@ -13,7 +13,7 @@ from mover import api
 from mover.db import Database
 from mover.engines import capture
 from mover.engines.context import Context
-from mover.errors import Waiting
+from mover.errors import PlanError, Waiting
 from mover.state import control
 from tests.workload import write_plan
 
@@ -141,3 +141,26 @@ def test_the_targets_keys_print_as_the_sources_keys(db_dsn, tmp_path):
                                     " WHERE conrelid = %s::regclass AND contype = 'f'", (table,)).fetchall()}
         source, target = keys("kids"), keys("kids_new")
     assert len(source) == 3 + enforced and target == source
+
+
+def test_an_edit_cannot_leave_a_key_between_the_tables_behind(db_dsn, tmp_path):
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(KINDS)
+    plan = """
+[migration]
+name = "kids-first"
+source = "kids"
+
+[[also]]
+source = "parents"
+
+[rollback]
+window = "1h"
+"""
+    path = write_plan(tmp_path / "kids.toml", plan)
+    with pytest.raises(Waiting):
+        api.run(db_dsn, path)
+    edited = plan.replace('source = "kids"\n', 'source = "kids"\n\n[target]\ndrop_foreign_keys = ["kids_u"]\n')
+    with pytest.raises(PlanError) as info:
+        api.check_plan(db_dsn, write_plan(tmp_path / "kids.toml", edited))
+    assert '"kids_u" references another table of this migration' in str(info.value)

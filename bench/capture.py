@@ -36,6 +36,16 @@ Variants (names for --variant):
               keys from its own block of numbers instead of the sequence's one shared page
   partitioned_log  mover's trigger, the log partitioned by range of seq (what a log emptied by
               TRUNCATE of applied partitions would cost the application: the routing of each row)
+  logical     no trigger: mover's logical capture ([capture] method = "logical"), a migration of
+              pgbench_accounts through install_capture (its publication, its replication slot,
+              the TRUNCATE trigger alone), and its feeder reading the slot into the change log
+              while pgbench runs (mover/engines/logical.py; the applier does not run, as for the
+              trigger variants). Reported beside it: the CPU the decoding took (the feeder's
+              server backend, read from /proc when the server is local, and the feeder's own
+              Python thread), the WAL per transaction (every variant's), and how long the
+              feeder took to catch up once pgbench stopped.
+With the logical variant the server runs with wal_level = logical, for every variant alike (the
+WAL per transaction of `none` then says what that level itself costs).
 A trigger function in LANGUAGE sql is not a variant: PostgreSQL refuses it ("SQL functions
 cannot return type trigger"); the script asks the server and records its answer.
 """
@@ -49,10 +59,13 @@ if __package__ in (None, ""):  # run as `python bench/capture.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
+import os
 import random
 import re
 import statistics
 import subprocess
+import tempfile
+import threading
 import time
 
 import psycopg
@@ -62,7 +75,7 @@ from bench.common import bindir, connect, create_database, save, server, table
 
 MID = 999999
 VARIANTS = ("none", "mover", "invoker", "statement", "definer_set", "log_pk", "no_log_index", "unlogged",
-            "fillfactor", "seq_cache", "partitioned_log")
+            "fillfactor", "seq_cache", "partitioned_log", "logical")
 DEFAULT_VARIANTS = ("none", "mover", "invoker", "definer_set", "log_pk")
 WORKLOADS = ("tpcb-like", "simple-update")
 
@@ -150,8 +163,98 @@ def sql_trigger_answer(dsn: str) -> str:
         return "accepted"
 
 
+LOGICAL_PLAN = """
+[migration]
+name = "bench_logical"
+source = "public.pgbench_accounts"
+
+[rollback]
+window = "1h"
+
+[capture]
+method = "logical"
+"""
+
+
+class Feeder:
+    """The logical variant: a migration of pgbench_accounts through install_capture, and mover's
+    feeder reading its slot in a thread while pgbench runs; stop() says what it cost."""
+
+    def __init__(self, dsn: str, plan_path: Path):
+        from mover import api
+        self.dsn, self.plan = dsn, str(plan_path)
+        plan_path.write_text(LOGICAL_PLAN)
+        api.run(dsn, self.plan, one_step=True)  # create_target
+        api.run(dsn, self.plan, one_step=True)  # install_capture: publication, slot, TRUNCATE trigger
+        self.stop_event = threading.Event()
+        self.thread_cpu = 0.0
+        self.errors: list[str] = []
+
+    def __enter__(self) -> Feeder:
+        from mover.db import Database
+        from mover.runner.lease import leased
+        from mover.state import control
+        self.db = Database(self.dsn)
+        m = self.db.transaction(lambda cur: control.get(cur, "bench_logical"))
+        self.lease = leased(self.db, m, control.new_owner_id())
+        self.ctx = self.lease.__enter__()
+        self.backend = self.db.connection().info.backend_pid
+        self.cpu_before = backend_cpu(self.backend)
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        from mover.engines import backfill, capture, logical
+        started = time.thread_time()
+        try:
+            while not self.stop_event.is_set():
+                # As the backfill's applier feeds: a round, then a pause unless a full batch came.
+                if logical.feed(self.ctx, catch_up=False).keys < capture.BATCH:
+                    self.stop_event.wait(backfill.APPLY_IDLE_SECONDS)
+        except Exception as exc:  # reported with the results: a feeder that failed measured nothing
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.thread_cpu = time.thread_time() - started
+
+    def stop(self) -> dict:
+        """Stop feeding; then one catch-up feed (what pgbench left unfed), timed."""
+        from mover.engines import logical
+        self.stop_event.set()
+        self.thread.join(60)
+        started = time.monotonic()
+        fed = logical.feed(self.ctx, catch_up=True)
+        catch_up_s = time.monotonic() - started
+        cpu = backend_cpu(self.backend)
+        return {"feeder_thread_cpu_s": self.thread_cpu, "catch_up_s": catch_up_s, "catch_up_keys": fed.keys,
+                "backend_cpu_s": None if cpu is None or self.cpu_before is None else cpu - self.cpu_before,
+                "errors": self.errors}
+
+    def __exit__(self, *exc: object) -> None:
+        from mover import api
+        self.lease.__exit__(None, None, None)
+        self.db.close()
+        api.abort(self.dsn, "bench_logical")  # drops the publication, the slot, the log
+
+
+def backend_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a server process, from /proc (None when the server is not
+    on this host)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wal_lsn(dsn: str) -> int:
+    with connect(dsn) as conn:
+        (diff,) = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint").fetchone()
+    return int(diff)
+
+
 def logged_keys(dsn: str, variant: str) -> int | None:
-    if variant == "none":
+    if variant in ("none", "logical"):
         return None
     _, log, _, _ = _names()
     with connect(dsn) as conn:
@@ -187,42 +290,81 @@ def run(dsn: str, runs: int, seconds: int, scale: int, clients: int, variants: t
     db = Database(pgdsn)
     results: dict = {"sql_trigger_function": sql_trigger_answer(pgdsn), "logged_keys_check": {}}
     for v in variants:  # each variant logs what mover's does for an update and a key change: 3 keys
+        if v == "logical":
+            continue
         db.transaction(lambda cur, v=v: install(cur, v))
         results["logged_keys_check"][v] = logged_keys(pgdsn, v)
         db.transaction(lambda cur, v=v: remove(cur, v))
     rng = random.Random(seed)
+    plan_path = Path(tempfile.mkdtemp(prefix="bench-capture-")) / "logical.toml"
     for builtin in WORKLOADS:
         tps: dict[str, list[float]] = {v: [] for v in variants}
+        wal: dict[str, list[float]] = {v: [] for v in variants}
+        decoding: list[dict] = []
         for r in range(runs):
             order = list(variants)
             rng.shuffle(order)
             for v in order:
+                if v == "logical":
+                    with Feeder(pgdsn, plan_path) as feeder:
+                        before = wal_lsn(pgdsn)
+                        tps[v].append(pgbench(pgdsn, builtin, seconds, clients))
+                        wal[v].append((wal_lsn(pgdsn) - before) / (tps[v][-1] * seconds))
+                        decoding.append(feeder.stop())
+                    continue
                 db.transaction(lambda cur, v=v: install(cur, v))
+                before = wal_lsn(pgdsn)
                 tps[v].append(pgbench(pgdsn, builtin, seconds, clients))
+                wal[v].append((wal_lsn(pgdsn) - before) / (tps[v][-1] * seconds))
                 db.transaction(lambda cur, v=v: remove(cur, v))
             print(f"{builtin} round {r + 1}/{runs}: " + ", ".join(f"{v} {tps[v][-1]:.0f}" for v in variants),
                   flush=True)
         base = tps["none"]
         results[builtin] = {v: {**summary(tps[v]), "cost": 1 - statistics.median(tps[v]) / statistics.median(base),
-                                "paired_cost": 1 - statistics.median(a / b for a, b in zip(tps[v], base, strict=True))}
+                                "paired_cost": 1 - statistics.median(a / b for a, b in zip(tps[v], base, strict=True)),
+                                "wal_bytes_per_transaction": statistics.median(wal[v])}
                             for v in variants}
+        if decoding:
+            results[builtin]["logical"]["decoding"] = {
+                k: statistics.median(d[k] for d in decoding if d[k] is not None)
+                if any(d[k] is not None for d in decoding) else None
+                for k in ("feeder_thread_cpu_s", "backend_cpu_s", "catch_up_s", "catch_up_keys")}
+            results[builtin]["logical"]["decoding"]["errors"] = [e for d in decoding for e in d["errors"]]
     db.close()
     return results
 
 
 def report(r: dict) -> str:
     out = []
+    decoding = []
     for builtin in WORKLOADS:
         for v, x in r[builtin].items():
+            wal = x.get("wal_bytes_per_transaction")
             out.append((builtin, v, f"{x['median']:,.0f}", f"{x['min']:,.0f}..{x['max']:,.0f}",
                         f"{x['q1']:,.0f}..{x['q3']:,.0f}", "" if v == "none" else f"{x['cost'] * 100:.1f} %",
-                        "" if v == "none" else f"{x['paired_cost'] * 100:.1f} %"))
-    return (f"pgbench scale {r['scale']}, {r['clients']} clients, {r['seconds']} s per run, {r['runs']} interleaved"
+                        "" if v == "none" else f"{x['paired_cost'] * 100:.1f} %",
+                        "" if wal is None else f"{wal:,.0f}"))
+            if "decoding" in x:
+                d = x["decoding"]
+                seconds = r["seconds"]
+                decoding.append((builtin, _share(d["backend_cpu_s"], seconds),
+                                 _share(d["feeder_thread_cpu_s"], seconds),
+                                 f"{d['catch_up_s']:.2f} s ({d['catch_up_keys']:,.0f} keys)",
+                                 "; ".join(d["errors"][:2]) or "none"))
+    text = (f"pgbench scale {r['scale']}, {r['clients']} clients, {r['seconds']} s per run, {r['runs']} interleaved"
             f" rounds; {r['server']}\n\n"
             + table(out, ("workload", "variant", "median tps", "min..max", "q1..q3", "cost (medians)",
-                          "cost (paired, median)"))
+                          "cost (paired, median)", "WAL bytes / transaction (mover's own included)")))
+    if decoding:
+        text += "\n\nlogical capture, medians per run:\n\n" + table(decoding, (
+            "workload", "decoding backend CPU", "feeder thread CPU", "catch-up after pgbench", "feeder errors"))
+    return (text
             + f"\n\nLANGUAGE sql trigger function: {r['sql_trigger_function']}"
             + f"\nkeys logged for one update and one key change: {r['logged_keys_check']}")
+
+
+def _share(cpu_s: float | None, seconds: int) -> str:
+    return "n/a (server not local)" if cpu_s is None else f"{cpu_s:.2f} s ({cpu_s / seconds * 100:.0f} % of a core)"
 
 
 def main() -> None:
@@ -237,7 +379,8 @@ def main() -> None:
     args = ap.parse_args()
     variants = tuple(dict.fromkeys(["none", *(args.variant or DEFAULT_VARIANTS)]))
     started = time.time()
-    with server(args.dsn) as (dsn, _):
+    # Logical capture needs wal_level = logical: then the server runs with it for every variant.
+    with server(args.dsn, {"wal_level": "logical"} if "logical" in variants else None) as (dsn, _):
         results = run(dsn, args.runs, args.seconds, args.scale, args.clients, variants, args.seed)
         with connect(dsn) as conn:
             results["server"] = conn.execute("SELECT version()").fetchone()[0]

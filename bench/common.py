@@ -45,12 +45,13 @@ def _stat_statements_settings() -> dict[str, str]:
 
 
 @contextmanager
-def server(dsn: str | None):
+def server(dsn: str | None, settings: dict[str, str] | None = None):
+    """The benchmark's server: `dsn`, or one started here with SERVER_SETTINGS and `settings`."""
     if dsn:
         yield dsn, None
         return
     from mover.demo.embedded import EmbeddedPostgres
-    pg = EmbeddedPostgres(settings={**SERVER_SETTINGS, **_stat_statements_settings()})
+    pg = EmbeddedPostgres(settings={**SERVER_SETTINGS, **_stat_statements_settings(), **(settings or {})})
     try:
         yield pg.start(), pg
     finally:

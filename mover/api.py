@@ -148,6 +148,14 @@ def adopt(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
         return {"adopted": adopted, "status": _status(db, name)}
 
 
+def recapture(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
+    """`mover recapture NAME`: logical capture from a new replication slot after the old one was
+    lost, and the next reconcile pass over every range."""
+    with session(dsn, name) as db:
+        slot = commands.recapture(db, name, **kw)
+        return {"slot": slot, "status": _status(db, name)}
+
+
 def set_paused(dsn: str, name: str, paused: bool) -> dict[str, Any]:
     with session(dsn, name) as db:
         commands.set_paused(db, name, paused)

@@ -219,7 +219,10 @@ def _show_status(st: dict[str, Any]) -> None:
     table.add_row("backfill", escape(line))
     c = st["capture"]
     if st["state"] not in ("done", "aborted") or c["pending"]:  # after retire or abort no log is left
-        table.add_row("capture", f"{c['pending']:,} pending, {c['applied']:,} applied ({c['direction']})")
+        wal = ", from the WAL" if c.get("method") == "logical" and c["direction"] == "forward" else ""
+        table.add_row("capture", f"{c['pending']:,} pending, {c['applied']:,} applied ({c['direction']}{wal})")
+    if c.get("slot"):
+        table.add_row("slot", escape(c["slot"]["summary"]))
     r = st.get("reconcile")
     if r and r["ranges_total"]:
         table.add_row("reconcile", f"{r['ranges_done']}/{r['ranges_total']} ranges verified, {r['rows_compared']:,} "
@@ -573,6 +576,17 @@ def abort(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool =
     """Before cutover (or after a rollback): remove everything mover created; the source stays as it was."""
     st = api.abort(_dsn(dsn), name, give_up_rows=give_up_rows, stop=_interruptible())
     _result(st, as_json)
+
+
+@app.command()
+@_exits
+def recapture(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
+    """After a lost replication slot (logical capture): a new slot, and a reconcile pass over every range next."""
+    out = api.recapture(_dsn(dsn), name, stop=_interruptible())
+    if not as_json:
+        err.print(f"capturing again from the new replication slot {out['slot']}; `mover run {name}` compares every "
+                  f"range, then `mover repair {name}` re-syncs what the lost slot did not deliver")
+    _result(out["status"], as_json)
 
 
 @app.command()

@@ -337,8 +337,11 @@ class Database:
         synchronous_commit: bool = True,
         attempts: int | None = None,
         label: str | None = None,
+        repeatable_read: bool = False,
     ) -> T:
-        """Run fn(cursor) in one short transaction, retried whole on transient failures."""
+        """Run fn(cursor) in one short transaction, retried whole on transient failures.
+        `repeatable_read`: one snapshot for the whole transaction, taken at its first statement
+        (a write that meets a newer version of its row fails with 40001 and is retried whole)."""
         retrying = Retrying(
             retry=retry_if_exception(is_retryable),
             stop=stop_after_attempt(attempts or self.attempts),
@@ -351,6 +354,8 @@ class Database:
                 conn = self.connection()
                 try:
                     with conn.transaction(), conn.cursor() as cur:
+                        if repeatable_read:
+                            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                         # The session's settings again, SET LOCAL: behind a transaction-mode pooler
                         # this transaction may run on a server session mover never configured.
                         _apply(cur, {**self.settings, "lock_timeout": lock_timeout,

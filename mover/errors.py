@@ -41,6 +41,14 @@ class ServerGone(Failed):
     migration is resumable once the server is back."""
 
 
+class SlotLost(Failed):
+    """The replication slot of a migration's logical capture is gone or invalidated: changes since
+    its position may never reach the change log. The migration stops (exit 1) until the operator
+    recovers (`mover recapture NAME`: a new slot, then a reconcile pass over every range)."""
+
+    event_kind = "capture_slot_lost"
+
+
 class BadInput(MoverError):
     """The plan, the command line or the database state makes the request invalid; nothing was changed."""
 

@@ -151,3 +151,21 @@ def notes_function(mid: int) -> QualifiedName:
 
 def notes_trigger(mid: int) -> str:
     return f"mover_m{mid}_note_applied"
+
+
+def capture_publication(mid: int) -> str:
+    """The publication logical capture decodes the source through (mover/engines/logical.py): mover's
+    own, of the source only, never one a subscriber should use. Its name starts as mover's triggers'
+    do, so the metadata the swap carries and compares leaves it out."""
+    return f"mover_m{mid}_capture"
+
+
+def capture_slot(mid: int, database_oid: int) -> str:
+    """The replication slot of a migration's logical capture. Slots are the cluster's, not a
+    database's: the database's oid makes the name unique across databases."""
+    return f"mover_m{mid}_d{database_oid}"
+
+
+def feed_state(mid: int) -> QualifiedName:
+    """The one row saying how far the logical capture has fed the change log (mover/engines/logical.py)."""
+    return QualifiedName(CONTROL_SCHEMA, f"m{mid}_feed")

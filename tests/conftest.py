@@ -72,7 +72,9 @@ def pg_dsn() -> Iterator[str]:
         yield external
         return
 
-    server = EmbeddedPostgres(fast=True)
+    # wal_level = logical: the tests of logical capture ([capture] method = "logical") run on the same
+    # server as the rest (measured: no slower for the others, docs/testing.md).
+    server = EmbeddedPostgres(fast=True, settings={"wal_level": "logical"})
     try:
         dsn = server.start()
     except Exception as exc:  # RuntimeError from EmbeddedPostgres, OSError, ...

@@ -39,6 +39,12 @@ EVERY_COLUMN = "tests/e2e/test_reconcile.py::test_a_difference_in_any_column_of_
 TAKEN_OVER = ("tests/e2e/test_reconcile.py::"
               "test_a_range_taken_over_while_its_keys_settle_is_not_committed_by_the_old_worker")
 STALLED = "tests/e2e/test_crash_resume.py::test_stalled_orchestrator_cannot_commit_after_takeover"
+FULL_LOGICAL = FULL + "[logical]"
+ROLLBACK_LOGICAL = ROLLBACK + "[logical]"
+FEED_CRASH = "tests/e2e/test_logical_capture.py::test_kill9_at_the_feeders_points_then_resume[feed:inserted-gate]"
+FLUSH = "tests/e2e/test_logical_capture.py::test_the_cutover_flushes_the_wal_before_it_reads_the_stream"
+NOT_FED = "tests/e2e/test_logical_capture.py::test_a_change_not_yet_fed_when_reconcile_reads_is_not_a_divergence"
+HOT_LOGICAL = "tests/e2e/test_logical_capture.py::test_hot_keys_under_logical_capture_never_become_divergences"
 THREAD_ERRORS = ("tests/integration/test_rangework.py::test_a_worker_threads_error_fails_the_backfill_with_that_error",
                  "tests/integration/test_rangework.py::test_an_applier_error_fails_the_backfill_with_that_error")
 
@@ -95,6 +101,25 @@ FAULTS = [
           [("mover/engines/capture.py", '    if backfill_done:\n        return sql.SQL("true"), {}',
             '    if True:\n        return sql.SQL("true"), {}')],
           [FULL, WORKERS]),
+    # Logical capture (mover/engines/logical.py, mover/pgoutput.py).
+    Fault("the decoder drops the old key of an UPDATE that changes the key",
+          [("mover/pgoutput.py", "    return [new, old]  # type: ignore[list-item]",
+            "    return [new]  # type: ignore[list-item]")],
+          [FULL_LOGICAL, ROLLBACK_LOGICAL]),
+    Fault("the swap reads the stream without flushing the WAL first",
+          [("mover/engines/logical.py", "    if flusher.flush() < upto or _flush_position(cur) < upto:",
+            "    if False:")],
+          [FLUSH]),
+    Fault("the feeder advances the slot before its keys are committed",
+          [("mover/engines/logical.py", '    faults.point("feed:inserted")',
+            '    cur.execute(q.advance(), {"slot": slot, "lsn": wire.lsn_text(fed.at)})\n'
+            '    faults.point("feed:inserted")')],
+          [FEED_CRASH]),
+    Fault("reconcile takes feeder lag for a divergence",
+          [("mover/engines/reconcile.py", "or (diffs and from_wal):", ":"),
+           ("mover/engines/reconcile.py", "never feeder lag.\n                logical.feed_in(cur, ctx, flusher)\n",
+            "never feeder lag.\n                pass\n")],
+          [NOT_FED, HOT_LOGICAL], blind=False),
     Fault("no lease check before a range's done mark (race 6)",
           [("mover/state/ranges.py", "    if cur.fetchone() is None:\n        raise LeaseLost(",
             "    if cur.fetchone() is None and False:\n        raise LeaseLost(")],

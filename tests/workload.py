@@ -1,14 +1,21 @@
-"""Test helpers: a hostile concurrent writer, the CLI as a subprocess, independent comparisons."""
+"""Test helpers: the CLI (in this process or as a subprocess), a plan builder, a hostile
+concurrent writer with its mirror, independent comparisons."""
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import os
 import queue
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,13 +24,126 @@ from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# ---------------------------------------------------------------------------------------------
+# The CLI
+#
+# `mover(dsn, *args)` runs the command line's own entry point (mover.cli.main) in this process:
+# the same argv normalisation, cli -> api path, error-to-exit-code map and printed text as
+# `python -m mover`, without an interpreter start and the imports per call (0.5-1 s each).
+# A real process is used where the process itself is under test or differs: with `env=` (fault
+# points kill or stop the process; PG*, locale and console-width variables are read at start),
+# from any thread but the main one (signal handlers and sys.stdout are process-wide), or when
+# asked with `process=True` (exit codes and streams of a real process, terminals, signals).
 
-def mover(dsn: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the CLI as a user would; returns the completed process (never raises on exit code)."""
+
+# MOVER_TEST_PROCESS=1: every call a subprocess, as before the in-process runner (to tell whether
+# a failure has to do with it).
+_ALWAYS_PROCESS = os.environ.get("MOVER_TEST_PROCESS") == "1"
+
+
+def mover(dsn: str, *args: str, env: dict | None = None, timeout: float = 300,
+          process: bool | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would; returns the completed process (never raises on exit code).
+    In this process unless `env`, a thread other than the main one, or `process=True` ask for a
+    real one (see above); `timeout` holds either way (in this process it is checked at the end)."""
+    if process is None:
+        process = bool(env) or threading.current_thread() is not threading.main_thread() or _ALWAYS_PROCESS
+    if not process:
+        if env:
+            raise TypeError("mover(..., env=...) runs a process: the variables are read at its start "
+                            "(MOVER_FAULT, PG*, COLUMNS); drop process=False")
+        return _in_process(dsn, args, timeout)
+    return mover_process(dsn, *args, env=env, timeout=timeout)
+
+
+def mover_process(dsn: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m mover --dsn DSN ARGS` as a subprocess (MOVER_FAULT only when `env` sets it)."""
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    full_env.pop("MOVER_FAULT", None) if not (env and "MOVER_FAULT" in env) else None
+    if not (env and "MOVER_FAULT" in env):
+        full_env.pop("MOVER_FAULT", None)
     return subprocess.run([sys.executable, "-m", "mover", "--dsn", dsn, *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=ROOT)
+
+
+def _in_process(dsn: str, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess:
+    """mover.cli.main() with argv, stdin, stdout and stderr of its own, and everything it sets
+    process-wide put back afterwards: signal handlers, logging, the consoles, the remembered
+    secrets, the excepthook typer installs. Its threads must have ended when it returns."""
+    from rich.console import Console
+
+    from mover import cli, db, faults
+
+    # A fault point in this process would kill or stop the test run itself.
+    assert not faults._SPEC, f"MOVER_FAULT={faults._SPEC!r} is set in the test process"
+    argv = ["mover", "--dsn", dsn, *args]
+    out, err = io.BytesIO(), io.BytesIO()
+    before = set(threading.enumerate())
+    root = logging.getLogger()
+    saved = dict(argv=sys.argv, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr, hook=sys.excepthook,
+                 consoles=(cli.err, cli.out), state=(cli.State.debug, cli.State.dsn), secrets=set(db._known_secrets),
+                 signals={s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
+                 logging=(root.handlers[:], root.level), columns=os.environ.get("COLUMNS"), cwd=os.getcwd())
+    started = time.monotonic()
+    try:
+        os.environ["COLUMNS"] = "200"  # what mover_process gives its consoles
+        os.chdir(ROOT)
+        sys.argv = argv
+        sys.stdin = io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+        sys.stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace", write_through=True)
+        # Consoles made as the CLI makes them at import, now: off a terminal, 200 columns wide.
+        cli.err, cli.out = Console(stderr=True), Console()
+        # A fresh process knows no password yet: one remembered here would mask a leak.
+        db._known_secrets.clear()
+        cli.State.debug, cli.State.dsn = False, None
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:  # sys.exit("text"): the interpreter prints it and exits 1
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except Exception:  # uncaught: the interpreter prints the traceback and exits 1
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # As subprocess.run(text=True) reads a pipe: universal newlines.
+        stdout, stderr = (b.getvalue().decode().replace("\r\n", "\n").replace("\r", "\n") for b in (out, err))
+    finally:
+        sys.argv, sys.stdin = saved["argv"], saved["stdin"]
+        sys.stdout, sys.stderr = saved["stdout"], saved["stderr"]
+        sys.excepthook = saved["hook"]
+        cli.err, cli.out = saved["consoles"]
+        cli.State.debug, cli.State.dsn = saved["state"]
+        db._known_secrets.clear()
+        db._known_secrets.update(saved["secrets"])
+        for signum, handler in saved["signals"].items():
+            signal.signal(signum, handler)
+        root.handlers[:] = saved["logging"][0]
+        root.setLevel(saved["logging"][1])
+        if saved["columns"] is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = saved["columns"]
+        os.chdir(saved["cwd"])
+    _threads_ended(before, argv)
+    if time.monotonic() - started > timeout:
+        raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
+    return subprocess.CompletedProcess(argv, code, stdout, stderr)
+
+
+def _threads_ended(before: set[threading.Thread], argv: list[str]) -> None:
+    """A command's threads (heartbeat, workers, applier, a progress bar's refresh) end before it
+    returns; one left running would write into the next test."""
+    left = [t for t in threading.enumerate() if t not in before]
+    deadline = time.monotonic() + 30
+    for t in left:
+        t.join(max(deadline - time.monotonic(), 0.01))
+    alive = [t.name for t in left if t.is_alive()]
+    assert not alive, f"`{' '.join(argv[3:])}` returned with threads still running: {alive}"
 
 
 def spawn(dsn: str, *args: str, env: dict | None = None) -> subprocess.Popen:
@@ -72,18 +192,22 @@ def cutover_with_change_before_lock(dsn: str, name: str, tmp_path: Path, *statem
 
 class Spawned:
     """A mover process whose stderr is read line by line as it comes (to kill it at a moment it
-    announces), and kept."""
+    announces), and kept in `err`. With `stdout=True`, what it prints on stdout too (one stream,
+    as a terminal shows both)."""
 
-    def __init__(self, dsn, *args, env):
+    def __init__(self, dsn, *args, env, stdout: bool = False):
         full_env = {**os.environ, "COLUMNS": "200", **env}
-        self.proc = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, *args], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, *args],
+                                     stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+                                     stderr=subprocess.STDOUT if stdout else subprocess.PIPE, text=True,
+                                     env=full_env, cwd=ROOT)
         self.lines: queue.Queue = queue.Queue()
         self.err: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self):
-        for line in self.proc.stderr:
+        for line in self.proc.stderr or self.proc.stdout:
             self.err.append(line)
             self.lines.put(line)
         self.lines.put(None)
@@ -98,12 +222,67 @@ class Spawned:
             if text in line:
                 return True
 
+    def wait(self, timeout: float) -> int:
+        """The exit code, once the process ended and `err` holds all it wrote."""
+        code = self.proc.wait(timeout)
+        self.reader.join(timeout)
+        return code
+
     def kill(self) -> bool:
         """SIGKILL; True if the process was still running (the kill landed)."""
         alive = self.proc.poll() is None
         self.proc.kill()
         self.proc.wait(60)
         return alive
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans
+
+ORDERS = 'public."Orders"'  # the source of create_orders, as a plan names it
+
+
+def plan_text(name: str, source: str = ORDERS, *, columns: dict | None = None, window: str | None = "1h",
+              **sections: dict) -> str:
+    """A plan as TOML text: [migration] name and source, [target] columns, [rollback] window
+    ("1h" unless given; None leaves it out), and each other keyword a section of that name:
+    `backfill={"range_rows": 500}`, `target={"accept_lossy": ["code"]}`, `migration=`, `rollback=`
+    and `hooks=` merge with what the arguments above put there. Values are written as TOML: a
+    dict is an inline table, the same to the parser as a [section.sub] table
+    (`target={"partition": {"by": "hash", ...}}`, `hooks={"before_rollback": {...}}`)."""
+    doc: dict[str, dict] = {"migration": {"name": name, "source": source}}
+    if columns is not None:
+        doc["target"] = {"columns": columns}
+    for section, values in sections.items():
+        doc[section] = {**doc.get(section, {}), **values}
+    if window is not None:
+        doc["rollback"] = {"window": window, **doc.get("rollback", {})}
+    return "".join(f"[{section}]\n" + "".join(f"{_toml_key(k)} = {toml_value(v)}\n" for k, v in values.items())
+                   + "\n" for section, values in doc.items())
+
+
+def plan_file(where: Path, name: str, source: str = ORDERS, **kwargs) -> str:
+    """plan_text(...) written to `where` (a .toml path, or a directory: NAME.toml in it); the path."""
+    path = where if where.suffix == ".toml" else where / f"{name}.toml"
+    return write_plan(path, plan_text(name, source, **kwargs))
+
+
+def toml_value(value) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):  # a basic string: JSON's escapes are TOML's (DEL must be escaped too)
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else toml_value(key)
 
 
 def write_plan(path: Path, text: str) -> str:
@@ -192,7 +371,8 @@ def app_execute(conn: psycopg.Connection, statement: sql.Composable, params=None
 
 class WriterThread:
     """Start, pause, resume and halt of a background application writer: the class provides
-    `_loop` (run in the thread) and the events `stop`, `paused` and `idle`."""
+    `_loop` (run in the thread) and the events `stop`, `paused` and `idle`. AppWriter below is
+    the one to build on; this stays for writers that need a loop of their own."""
 
     stop: threading.Event
     paused: threading.Event
@@ -219,82 +399,146 @@ class WriterThread:
         self.stop.set()
         self.thread.join(30)
 
+    def __enter__(self):
+        return self.start()
 
-@dataclass
-class Writer(WriterThread):
-    """A concurrent application: inserts, updates, deletes, key changes, and delete-then-reinsert
-    of one key in one transaction, against the table by name (it follows the swap). Any error
-    it sees is recorded: mover must never make the application fail."""
+    def __exit__(self, *exc) -> None:
+        self.halt()
 
-    dsn: str
-    table: str = "Orders"
+
+@dataclass(eq=False, kw_only=True)
+class AppWriter(WriterThread):
+    """An application on its own connection: `write(conn, rnd)` is one of its operations (a
+    statement, or a transaction of several), repeated until halt() with `delay` seconds between
+    them; pause() returns once it is idle between two. Subclass it and define `write`, or pass
+    `each=` (a function of the same arguments). Whatever an operation raises is recorded in
+    `errors` (mover must never make the application fail): a database error as its class and
+    text, after which a broken connection is opened again (the crash tests restart the server);
+    any other exception ends the writer. Only the classes in `tolerate` are the application's
+    own business (a unique violation of its own making) and not recorded. `ops` counts the
+    operations done; wait_for_ops(n) returns once there were n."""
+
+    dsn: str = field(kw_only=False)
     seed: int = 1
+    delay: float = 0.0  # seconds between operations (a rate: keys that must settle at times, a shared machine)
+    each: Callable[[psycopg.Connection, random.Random], object] | None = None
+    tolerate: tuple[type[BaseException], ...] = ()
+    # None: no server-side prepared statements. A statement prepared before the swap whose
+    # result type changes (int -> bigint) fails once with 0A000 "cached plan must not change
+    # result type": PostgreSQL's behaviour for any type change, documented in docs/operating.md.
+    prepare_threshold: int | None = None
     ops: int = 0
     errors: list = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     paused: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
-    mirror: str | None = None  # the oracle table (create_mirror); default "<table>_mirror", if it exists
-    hot: tuple | None = None  # (lo, hi): only updates, only of keys in this id range
-    delay: float = 0.0  # seconds between operations (a rate, for hot keys that must settle at times)
+    done: threading.Condition = field(default_factory=threading.Condition)
+
+    def write(self, conn: psycopg.Connection, rnd: random.Random) -> object:
+        if self.each is None:
+            raise NotImplementedError("define write() or pass each=")
+        return self.each(conn, rnd)
+
+    def connected(self, conn: psycopg.Connection) -> None:
+        """Called once the connection is open, before the first operation."""
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.dsn, autocommit=True, prepare_threshold=self.prepare_threshold)
+
+    def wait_for_ops(self, n: int, timeout: float = 60) -> None:
+        """Returns once the writer has done n operations in all."""
+        with self.done:
+            assert self.done.wait_for(lambda: self.ops >= n, timeout), f"writer stuck at {self.ops} operations"
 
     def _loop(self) -> None:
         rnd = random.Random(self.seed)
-        # No server-side prepared statements: a statement prepared before the swap whose result
-        # type changes (int -> bigint) fails once with 0A000 "cached plan must not change result
-        # type" -- PostgreSQL's behaviour for any type change, documented in docs/operating.md.
-        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
-        t = sql.Identifier(self.table)
-        self.mirror = self.mirror or f"{self.table}_mirror"
-        self._mirror_on = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{self.mirror}"',)).fetchone()[0]
+        conn = self.connect()
         try:
+            self.connected(conn)
             while not self.stop.is_set():
                 if self.paused.is_set():
                     self.idle.set()
                     self.stop.wait(0.01)
                     continue
                 self.idle.clear()
-                op = rnd.random()
                 try:
-                    (max_id,) = conn.execute(sql.SQL("SELECT coalesce(max(id), 1) FROM {}").format(t)).fetchone()
-                    k = rnd.randint(1, max_id) if self.hot is None else rnd.randint(*self.hot)
-                    if self.hot is not None:
-                        op = 0.3 + 0.3 * rnd.random()  # updates only, and only of the hot keys
-                    ret = sql.SQL(" RETURNING {}").format(_COLS)
-                    if op < 0.3:
-                        stmt = sql.SQL("INSERT INTO {} (\"Account\", amount, status, payload, note) VALUES "
-                                       "(%(a)s, %(m)s, 'new', %(p)s, 'w')").format(t) + ret
-                        params = {"a": rnd.randint(0, 999), "m": rnd.randint(0, 10**6) / 100, "p": '{"w": 1}'}
-                        self._run(conn, stmt, params)
-                    elif op < 0.6:
-                        stmt = sql.SQL("UPDATE {} SET amount = amount + 1, status = 'paid', note = NULL,"
-                                       " payload = payload || %(p)s::jsonb WHERE id = %(k)s").format(t) + ret
-                        self._run(conn, stmt, {"p": '{"u": 1}', "k": k}, old_key=True)
-                    elif op < 0.75:
-                        self._run(conn, sql.SQL("DELETE FROM {} WHERE id = %(k)s RETURNING id").format(t), {"k": k},
-                                  delete=True)
-                    elif op < 0.85:
-                        # The key changes: the old key disappears and a new one appears.
-                        stmt = sql.SQL("UPDATE {} SET id = nextval(pg_get_serial_sequence(%(t)s, 'id'))"
-                                       " WHERE id = %(k)s").format(t) + ret
-                        self._run(conn, stmt, {"t": f'"{self.table}"', "k": k}, old_key=True)
-                    else:
-                        with conn.transaction():
-                            row = self._run(conn, sql.SQL("DELETE FROM {} WHERE id = %(k)s RETURNING id, \"Account\"")
-                                            .format(t), {"k": k}, delete=True)
-                            if row:
-                                stmt = sql.SQL("INSERT INTO {} (id, \"Account\", amount, status, note)"
-                                               " VALUES (%(k)s, %(a)s, 0, 'reinserted', 'r')").format(t) + ret
-                                self._run(conn, stmt, {"k": k, "a": row[1]})
-                    self.ops += 1
-                    if self.delay:
-                        self.stop.wait(self.delay)
+                    self.write(conn, rnd)
+                    with self.done:
+                        self.ops += 1
+                        self.done.notify_all()
+                except self.tolerate:
+                    pass
                 except psycopg.Error as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                     if conn.broken:
                         conn = self._reconnect()
+                if self.delay:
+                    self.stop.wait(self.delay)
+        except Exception as exc:  # a bug in the writer, or a server that never came back: the test sees it
+            self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
             conn.close()
+            self.idle.set()
+
+    def _reconnect(self) -> psycopg.Connection:
+        """After a server restart (only the crash tests do that): wait for it to come back."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return self.connect()
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                self.stop.wait(0.1)
+
+
+@dataclass(eq=False, kw_only=True)
+class Writer(AppWriter):
+    """The application of "Orders" (create_orders): inserts, updates, deletes, key changes, and
+    delete-then-reinsert of one key in one transaction, against the table by name (it follows
+    the swap), each statement with its mirror write (the oracle, create_mirror) in one statement.
+    `hot=(lo, hi)`: only updates, only of keys in that id range."""
+
+    table: str = field(default="Orders", kw_only=False)  # Writer(dsn, table), as before AppWriter
+    mirror: str | None = None  # the oracle table (create_mirror); default "<table>_mirror", if it exists
+    hot: tuple | None = None
+
+    def connected(self, conn: psycopg.Connection) -> None:
+        self.mirror = self.mirror or f"{self.table}_mirror"
+        self._mirror_on = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{self.mirror}"',)).fetchone()[0]
+
+    def write(self, conn: psycopg.Connection, rnd: random.Random) -> None:
+        t = sql.Identifier(self.table)
+        op = rnd.random()
+        (max_id,) = conn.execute(sql.SQL("SELECT coalesce(max(id), 1) FROM {}").format(t)).fetchone()
+        k = rnd.randint(1, max_id) if self.hot is None else rnd.randint(*self.hot)
+        if self.hot is not None:
+            op = 0.3 + 0.3 * rnd.random()  # updates only, and only of the hot keys
+        ret = sql.SQL(" RETURNING {}").format(_COLS)
+        if op < 0.3:
+            stmt = sql.SQL("INSERT INTO {} (\"Account\", amount, status, payload, note) VALUES "
+                           "(%(a)s, %(m)s, 'new', %(p)s, 'w')").format(t) + ret
+            params = {"a": rnd.randint(0, 999), "m": rnd.randint(0, 10**6) / 100, "p": '{"w": 1}'}
+            self._run(conn, stmt, params)
+        elif op < 0.6:
+            stmt = sql.SQL("UPDATE {} SET amount = amount + 1, status = 'paid', note = NULL,"
+                           " payload = payload || %(p)s::jsonb WHERE id = %(k)s").format(t) + ret
+            self._run(conn, stmt, {"p": '{"u": 1}', "k": k}, old_key=True)
+        elif op < 0.75:
+            self._run(conn, sql.SQL("DELETE FROM {} WHERE id = %(k)s RETURNING id").format(t), {"k": k}, delete=True)
+        elif op < 0.85:
+            # The key changes: the old key disappears and a new one appears.
+            stmt = sql.SQL("UPDATE {} SET id = nextval(pg_get_serial_sequence(%(t)s, 'id'))"
+                           " WHERE id = %(k)s").format(t) + ret
+            self._run(conn, stmt, {"t": f'"{self.table}"', "k": k}, old_key=True)
+        else:
+            with conn.transaction():
+                row = self._run(conn, sql.SQL("DELETE FROM {} WHERE id = %(k)s RETURNING id, \"Account\"")
+                                .format(t), {"k": k}, delete=True)
+                if row:
+                    stmt = sql.SQL("INSERT INTO {} (id, \"Account\", amount, status, note)"
+                                   " VALUES (%(k)s, %(a)s, 0, 'reinserted', 'r')").format(t) + ret
+                    self._run(conn, stmt, {"k": k, "a": row[1]})
 
     def _run(self, conn, stmt: sql.Composable, params: dict, *, old_key: bool = False, delete: bool = False):
         """One application statement, with its mirror write in the same statement when there is a mirror."""
@@ -302,17 +546,6 @@ class Writer(WriterThread):
             stmt = _mirrored_delete(stmt, self.mirror) if delete else _mirrored(stmt, self.mirror, old_key=old_key)
         cur = conn.execute(stmt, params)
         return cur.fetchone() if cur.description else None
-
-    def _reconnect(self) -> psycopg.Connection:
-        """After a server restart (only the crash tests do that): wait for it to come back."""
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                return psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                self.stop.wait(0.1)
 
 
 def differences(dsn: str, a: str, b: str, columns=ORDERS_COLUMNS) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from psycopg import sql
 from mover.catalog import server
 from mover.db import one
 from mover.errors import NotFound, PlanError
-from mover.names import QualifiedName
+from mover.names import QualifiedName, display_ident
 
 
 @dataclass(frozen=True)
@@ -49,14 +49,21 @@ class Index:
     is_exclusion: bool
     definition_tail: str  # pg_get_indexdef() from " USING ..." on: trusted text produced by the catalog
     # pg_get_constraintdef() of the constraint this index backs, when only adding that constraint
-    # makes the index (BUILT_BY_CONSTRAINT: an exclusion constraint, whose index carries its name);
-    # None for an index CREATE INDEX builds (a plain or unique one, a PRIMARY KEY's, a UNIQUE's).
+    # makes the index (BUILT_BY_CONSTRAINT: an exclusion constraint or a temporal key, whose index
+    # carries its name); None for an index CREATE INDEX builds (a plain or unique one, a PRIMARY
+    # KEY's, a UNIQUE's).
     constraint_def: str | None = None
+    constraint_type: str | None = None  # its pg_constraint.contype: 'x', or 'p' / 'u' for a temporal key
 
     @property
     def by_constraint(self) -> bool:
         """Built (on the target) by ALTER TABLE ... ADD CONSTRAINT, not CREATE INDEX."""
         return self.constraint_def is not None
+
+    @property
+    def constraint_kind(self) -> str:
+        """What the constraint is called in messages."""
+        return "temporal key" if self.constraint_type in ("p", "u") else "exclusion constraint"
 
 
 @dataclass(frozen=True)
@@ -181,27 +188,52 @@ def _key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Server)
     )
     row = cur.fetchone()
     if row is None:
-        temporal = ""
-        if srv.temporal_constraints:
-            cur.execute(sql.SQL("SELECT string_agg(pg_get_constraintdef(k.oid), ', ') FROM pg_constraint k"
-                                " WHERE k.conrelid = %s AND k.contype IN ('p', 'u') AND {}").format(
-                srv.conperiod("k")), (oid,))
-            keys = one(cur)[0]
-            # A temporal key is an exclusion constraint underneath: rows differ by their periods.
-            temporal = (f" ({keys} is a temporal key: rows may share its values in different periods, so it"
-                        f" does not identify a row)") if keys else ""
-        raise PlanError(
-            f"table {name} has no primary key or unique index on NOT NULL columns{temporal}",
-            hint="add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again",
-        )
+        raise _no_key(cur, oid, name, srv)
     return tuple(row[1]), row[0]
 
 
-# The constraints whose index only the constraint itself can make: CREATE INDEX builds the index of
-# an exclusion constraint without its operators, and ADD CONSTRAINT ... USING INDEX takes only a
-# PRIMARY KEY or UNIQUE one. (PostgreSQL 18's temporal keys, PRIMARY KEY / UNIQUE ... WITHOUT
-# OVERLAPS, are exclusion constraints underneath, conperiod set: they belong here too.)
-BUILT_BY_CONSTRAINT = "k.contype = 'x'"
+def _no_key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Server) -> PlanError:
+    """Why the table has no key mover can use, and the way out. A temporal key (PostgreSQL 18,
+    PRIMARY KEY / UNIQUE (..., col WITHOUT OVERLAPS)) is not one: its plain columns repeat in other
+    periods, and its index is a GiST exclusion index, which neither orders the backfill's and
+    reconcile's ranges nor serves the replay's ON CONFLICT. Its columns together do identify a row
+    where they are NOT NULL (two equal non-empty periods overlap, and it refuses empty ones): a
+    unique btree index on them is a key, built without a rewrite and without a conflict."""
+    hint = "add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again"
+    if not srv.temporal_constraints:
+        return PlanError(f"table {name} has no primary key or unique index on NOT NULL columns", hint=hint)
+    cur.execute(sql.SQL(
+        "SELECT pg_get_constraintdef(k.oid), array(SELECT a.attname FROM unnest(k.conkey) WITH ORDINALITY"
+        "   AS u(attnum, ord) JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.attnum ORDER BY u.ord),"
+        " (SELECT bool_and({not_null}) FROM pg_attribute a WHERE a.attrelid = k.conrelid AND a.attnum = ANY(k.conkey))"
+        " FROM pg_constraint k WHERE k.conrelid = %s AND k.contype IN ('p', 'u') AND {period}"
+        " ORDER BY k.contype, k.conname").format(not_null=srv.not_null_validated("a"), period=srv.conperiod("k")),
+        (oid,))
+    temporal = cur.fetchall()
+    if not temporal:
+        return PlanError(f"table {name} has no primary key or unique index on NOT NULL columns", hint=hint)
+    keys = ", ".join(definition for definition, _, _ in temporal)
+    usable = next((columns for _, columns, not_null in temporal if not_null), None)
+    if usable is not None:
+        hint = (f"give it a btree key over the same columns: CREATE UNIQUE INDEX CONCURRENTLY ON {name}"
+                f" ({', '.join(map(display_ident, usable))}) (the temporal key makes them unique together:"
+                f" no build conflict, no rewrite), or add a surrogate key (an identity column with a PRIMARY"
+                f" KEY); then check the plan again")
+    return PlanError(
+        f"table {name} has no primary key or unique index on NOT NULL columns ({keys}"
+        f" {'is a temporal key' if len(temporal) == 1 else 'are temporal keys'}: its plain columns repeat in"
+        f" other periods, and its GiST index can neither order mover's key ranges nor serve the replay's"
+        f" ON CONFLICT)", hint=hint)
+
+
+# The constraints whose index only the constraint itself can make: those that exclude pairs of rows
+# by operators (conexclop). CREATE INDEX builds the index of an exclusion constraint without its
+# operators, and ADD CONSTRAINT ... USING INDEX takes only a btree PRIMARY KEY or UNIQUE one.
+# PostgreSQL 18's temporal keys (PRIMARY KEY / UNIQUE (..., col WITHOUT OVERLAPS), conperiod set)
+# are such constraints underneath, with conexclop as an exclusion constraint's: `=` on the plain
+# columns, `&&` on the period. The same test on every version (no temporal key before 18), and the
+# one the replay's closures read (mover/sql/capture.py exclusion_constraints).
+BUILT_BY_CONSTRAINT = "k.conexclop IS NOT NULL"
 
 
 def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
@@ -213,23 +245,26 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
                pg_get_indexdef(i.indexrelid),
                format('CREATE %%sINDEX %%I ON %%s%%I.%%I ', CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END,
                       ic.relname, CASE WHEN c.relkind = 'p' THEN 'ONLY ' ELSE '' END, n.nspname, c.relname),
-               (SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k
-                 WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid AND """ + BUILT_BY_CONSTRAINT + """)
+               k.definition, k.contype
         FROM pg_index i
         JOIN pg_class ic ON ic.oid = i.indexrelid
         JOIN pg_class c ON c.oid = i.indrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN LATERAL (SELECT pg_get_constraintdef(k.oid) AS definition, k.contype FROM pg_constraint k
+                            WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid
+                              AND """ + BUILT_BY_CONSTRAINT + """) k ON true
         WHERE i.indrelid = %s
         ORDER BY ic.relname
         """,
         (oid,),
     )
     out = []
-    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint in cur.fetchall():
+    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint, contype in cur.fetchall():
         if not definition.startswith(prefix) or not definition[len(prefix):].startswith("USING "):
             raise PlanError(f"cannot read the definition of index {iname!r}: {definition!r}",
                             hint="report this definition; mover does not handle this index form yet")
-        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):], constraint))
+        out.append(Index(ioid, iname, primary, unique, valid, exclusion, definition[len(prefix):], constraint,
+                         contype))
     return tuple(out)
 
 

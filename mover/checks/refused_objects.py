@@ -1,7 +1,8 @@
 """What the swap cannot carry over, refused rather than lost at the cutover: inheritance, and an
-exclusion constraint on a partitioned target where PostgreSQL takes none. (Triggers, rules,
-row-level security, dependent views and foreign keys are carried over: mover/engines/carry.py;
-exclusion constraints are built on the new table after the copy: mover/engines/backfill.py.)"""
+exclusion constraint (or a temporal key, one underneath) on a partitioned target where PostgreSQL
+takes none. (Triggers, rules, row-level security, dependent views and foreign keys are carried
+over: mover/engines/carry.py; exclusion constraints and temporal keys are built on the new table
+after the copy: mover/engines/backfill.py.)"""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ from mover.errors import PlanError
 
 def exclusion_constraints(s: Subject) -> None:
     """An exclusion constraint goes to the new table as it is (its name kept through the swap);
-    a partitioned one takes it only where PostgreSQL allows it. The DDL rehearsal then tries it
-    on the rehearsed target (checks/rehearsal.py)."""
+    a partitioned one takes it only where PostgreSQL allows it. So does a temporal key
+    (PostgreSQL 18: PRIMARY KEY / UNIQUE (..., col WITHOUT OVERLAPS)), whose operators are `=` on
+    its plain columns and `&&` on its period: a partitioned table takes it when it is partitioned
+    by plain columns of the key. The DDL rehearsal then tries each on the rehearsed target
+    (checks/rehearsal.py)."""
     spec = s.plan.partition
     excluding = [ix for ix in s.table.indexes if ix.by_constraint]
     if spec is None or not excluding:
         return
     srv = server.of(s.cur)
     for ix in excluding:
-        what = f"{s.src} has the exclusion constraint {names.display_ident(ix.name)} ({ix.constraint_def})"
+        what = f"{s.src} has the {ix.constraint_kind} {names.display_ident(ix.name)} ({ix.constraint_def})"
         if not srv.exclusion_on_partitioned:
             s.report(PlanError(
                 f"[target.partition]: {what}, and PostgreSQL {srv.major} takes no exclusion constraint on a"
@@ -36,14 +40,22 @@ def exclusion_constraints(s: Subject) -> None:
             (_operators(s, ix), ix.oid))
         equal = {r[0] for r in s.cur.fetchall()}
         missing = [c for c in spec.columns if c not in equal]
-        if missing:
+        if not missing:
+            continue
+        columns = f"column{'s' if len(missing) > 1 else ''} {', '.join(map(names.display_ident, missing))}"
+        if ix.constraint_kind == "temporal key":
             s.report(PlanError(
-                f"[target.partition]: {what}, which does not compare the partition column"
-                f"{'s' if len(missing) > 1 else ''} {', '.join(map(names.display_ident, missing))} with =;"
-                f" PostgreSQL takes an exclusion constraint on a partitioned table only when it does (two rows it"
-                f" excludes must fall in one partition)",
-                hint=f"partition by columns the constraint compares with =, or add "
-                     f"{', '.join(f'{names.display_ident(c)} WITH =' for c in missing)} to the constraint first"))
+                f"[target.partition]: {what}, which does not hold the partition {columns} among its plain"
+                f" (non-period) columns; PostgreSQL takes a temporal key on a partitioned table only when it"
+                f" does (two rows it excludes must fall in one partition)",
+                hint="partition by columns the key holds before its WITHOUT OVERLAPS column"))
+            continue
+        s.report(PlanError(
+            f"[target.partition]: {what}, which does not compare the partition {columns} with =;"
+            f" PostgreSQL takes an exclusion constraint on a partitioned table only when it does (two rows it"
+            f" excludes must fall in one partition)",
+            hint=f"partition by columns the constraint compares with =, or add "
+                 f"{', '.join(f'{names.display_ident(c)} WITH =' for c in missing)} to the constraint first"))
 
 
 def _operators(s: Subject, ix: introspect.Index) -> list[int]:

@@ -22,7 +22,8 @@ Invariants:
   or is cancelled by the resume, which stops mover's orphaned builders before its drain. An
   invalid index (left by an interrupted CONCURRENTLY build of an earlier version) is dropped and
   rebuilt.
-- An exclusion constraint is built after them, by ADD CONSTRAINT (its index only comes with it),
+- An exclusion constraint (or a temporal key of PostgreSQL 18, PRIMARY KEY / UNIQUE ... WITHOUT
+  OVERLAPS, one underneath) is built after them, by ADD CONSTRAINT (its index only comes with it),
   one at a time (ACCESS EXCLUSIVE on the new table, which only mover uses), in a transaction that
   first replays the change log under the applier lock until a batch finds it caught up: the
   constraint then meets the source's rows as of one snapshot, which satisfy it. Rows that still
@@ -344,7 +345,7 @@ def _copy_index_comment(ctx: Context, name: str, ix: introspect.Index) -> None:
 class IndexBuild:
     """One CREATE INDEX: index `name` on `table` (the new table, or one of its
     partitions), defined as the source's index `ix`; or, for an index only its constraint makes
-    (an exclusion constraint's), one ADD CONSTRAINT of that name on the new table."""
+    (an exclusion constraint's, a temporal key's), one ADD CONSTRAINT of that name on the new table."""
     name: str
     ix: introspect.Index
     table: names.QualifiedName
@@ -526,9 +527,9 @@ def index_statements(ctx: Context, indexes: list[tuple[str, introspect.Index]],
                     for b in planned_builds(name, ix, ctx.new, parts)]
     constraints = [b for name, ix in indexes if ix.by_constraint for b in planned_builds(name, ix, ctx.new, parts)]
     if constraints:
-        out.append("-- then each exclusion constraint, one at a time, in a transaction that first replays the change"
-                   " log under the applier lock until a batch finds it caught up (the rows as of one snapshot of"
-                   " the source)")
+        out.append("-- then each exclusion constraint and temporal key (WITHOUT OVERLAPS), one at a time, in a"
+                   " transaction that first replays the change log under the applier lock until a batch finds it"
+                   " caught up (the rows as of one snapshot of the source)")
         out += [b.statement() for b in constraints]
     return out
 

@@ -28,6 +28,7 @@ from mover import names
 from mover.catalog import family as family_catalog
 from mover.catalog import introspect, privileges
 from mover.db import one
+from mover.engines import logical
 from mover.engines.context import Context
 from mover.errors import PlanError
 from mover.sql import capture as q
@@ -57,25 +58,32 @@ def key_equality(cur: psycopg.Cursor, info: introspect.TableInfo, key: tuple[str
 
 
 def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
-                migration: str, reverse: bool = False, *, renamed: names.QualifiedName | None = None
-                ) -> list[sql.Composed]:
+                migration: str, reverse: bool = False, *, renamed: names.QualifiedName | None = None,
+                logical_capture: bool = False) -> list[sql.Composed]:
     """The statements that start capturing `table` into migration `mid`'s log (`table` read from
-    the catalog now, the trigger created on `renamed` when a swap renames it first)."""
+    the catalog now, the trigger created on `renamed` when a swap renames it first). With
+    `logical_capture` (forward only: the reverse direction always uses the trigger), no row
+    trigger: mover/engines/logical.py feeds the log from the replication slot that logical.prepare()
+    made before this transaction, and the TRUNCATE trigger alone stays, refusing a TRUNCATE."""
     info = introspect.describe(cur, table)
     table = renamed or table
     key_types = tuple(info.column(k).type for k in key)
     collations = tuple(info.column(k).collation for k in key)
     log_table = names.change_log(mid, reverse)
     fn = names.capture_function(mid, reverse)
+    from_wal = logical_capture and not reverse
     return [*q.create_log(log_table, key, key_types, collations),
             *q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key)),
-            *q.create_trigger(names.capture_trigger(mid, reverse), table, fn)]
+            *q.create_trigger(names.capture_trigger(mid, reverse), table, fn, rows=not from_wal),
+            *(logical.install_sql(cur, mid) if from_wal else [])]
 
 
 def install(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...], migration: str,
-            reverse: bool = False) -> None:
-    for stmt in install_sql(cur, mid, table, key, migration, reverse):
+            reverse: bool = False, *, logical_capture: bool = False) -> None:
+    for stmt in install_sql(cur, mid, table, key, migration, reverse, logical_capture=logical_capture):
         cur.execute(stmt)
+    if logical_capture and not reverse:
+        logical.require_slot(cur, mid)  # made by logical.prepare() before this transaction: still there
     # In the same transaction: a trigger that could not insert into its log refuses the install
     # (or the swap that installs the reverse capture), instead of failing the application's writes.
     privileges.require_capture_path(cur, names.capture_function(mid, reverse), names.change_log(mid, reverse),
@@ -138,8 +146,10 @@ def upgrade(ctx: Context) -> None:
 
 
 def remove_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None,
-               reverse: bool = False) -> list[sql.Composed]:
-    """The statements that stop capturing (`table` None when it is gone) and drop the log."""
+               reverse: bool = False, *, logical_capture: bool = False) -> list[sql.Composed]:
+    """The statements that stop capturing (`table` None when it is gone) and drop the log; with
+    `logical_capture` (forward), mover's publication and feed state too (the slot is dropped after
+    the transaction commits: logical.drop_slot)."""
     stmts = []
     if table is not None and introspect.exists(cur, table):
         trigger = names.capture_trigger(mid, reverse)
@@ -149,6 +159,8 @@ def remove_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None,
         # Reconcile's notes of applied keys (mover/engines/reconcile.py) live and die with the forward log;
         # the log's drop took their trigger with it.
         stmts += [q.drop_table(names.applied_notes(mid)), q.drop_function(names.notes_function(mid))]
+        if logical_capture:
+            stmts += logical.remove_sql(mid)
     return stmts
 
 
@@ -610,7 +622,11 @@ def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, 
 def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int | None = None) -> Applied:
     """Apply batches until caught up: a batch that finds less than a full batch means the log
     is within one batch of empty. (Under a busy writer "empty" may never come; the cutover
-    empties the log under its lock, where writers wait.)"""
+    empties the log under its lock, where writers wait.) With logical capture the log is fed from
+    the slot first: to the changes committed before this call (a whole drain), or one bounded feed
+    (max_rounds: the background's, between ranges)."""
+    if not reverse:
+        logical.feed(ctx, catch_up=max_rounds is None)
     total = Applied()
     rounds = 0
     while max_rounds is None or rounds < max_rounds:

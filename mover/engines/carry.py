@@ -72,8 +72,9 @@ def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qualif
     """Index (and so primary key, unique and exclusion constraint) names change sides: the table
     taking the table's name takes its index names, the other takes the names its partners were
     built with. Renaming a constraint's index renames the constraint (an exclusion constraint's
-    partner is built by ADD CONSTRAINT under the partner name, mover/engines/backfill.py). Swapped
-    through a parking name, so the same statements serve the swap back."""
+    partner, or a temporal key's, is built by ADD CONSTRAINT under the partner name,
+    mover/engines/backfill.py). Swapped through a parking name, so the same statements serve the
+    swap back."""
     m = ctx.migration
     live_oid, other_oid = _oid(cur, live), _oid(cur, other)
     cur.execute("SELECT relkind FROM pg_class WHERE oid = %s", (other_oid,))
@@ -102,7 +103,8 @@ def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qualif
             continue
         if contype == "u" and not theirs_backs_constraint[theirs] and not partitioned:
             # A unique constraint stays a constraint (ON CONFLICT ON CONSTRAINT names it); the index
-            # is built already, so this checks nothing and scans nothing.
+            # is built already, so this checks nothing and scans nothing. (A temporal UNIQUE's
+            # partner is its constraint already: USING INDEX takes no GiST index.)
             out.before.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} UNIQUE USING INDEX {}{}").format(
                 other.ident, sql.Identifier(theirs), sql.Identifier(theirs),
                 sql.SQL(" DEFERRABLE INITIALLY DEFERRED") if deferred

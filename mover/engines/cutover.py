@@ -27,7 +27,7 @@ from psycopg import sql
 from mover import faults, names
 from mover.catalog import introspect, privileges, shape, subscribers
 from mover.db import one
-from mover.engines import capture, carry, lockwatch, metadata, parity
+from mover.engines import capture, carry, lockwatch, logical, metadata, parity
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
@@ -291,7 +291,8 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
         live, other, live_renamed = m.source, m.target, m.old
     else:
         live, other, live_renamed = m.source, m.old, m.target
-    out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward))
+    from_wal = logical.enabled(ctx)  # the forward capture logical: its publication goes, or comes back
+    out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward, logical_capture=from_wal))
     if forward:
         out += _carry_unvalidated_constraints(cur, m.source, m.target)
     carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
@@ -302,7 +303,8 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
     out += carried.after
-    out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source)
+    out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source,
+                               logical_capture=from_wal)
     return out, carried
 
 
@@ -386,9 +388,11 @@ class Swap:
     retries whole. Each phase is timed: where the lock's time goes is in the cutover event."""
 
     def __init__(self, cur: psycopg.Cursor, ctx: Context, prepared: Prepared, *, forward: bool,
-                 give_up_rows: bool = False, command: str = "rollback"):
+                 give_up_rows: bool = False, command: str = "rollback", flusher: logical.Flusher | None = None):
         self.cur, self.ctx, self.prepared, self.forward = cur, ctx, prepared, forward
         self.give_up_rows, self.command = give_up_rows, command
+        self.flusher = flusher  # logical capture, forward: the second session that flushes the WAL
+        self.fed: dict[str, Any] = {}  # what the feed under the lock read, and how long it took
         self.stmts, self.carried, self.parity_before = prepared.stmts, prepared.carried, prepared.parity_before
         self.rebuilt = False
         self.drained = 0  # changes applied under the lock: what a follower (mover/runner/follow.py) keeps small
@@ -405,6 +409,10 @@ class Swap:
         first table's Swap; none to the others')."""
         m, cur = self.ctx.migration, self.cur
         control.guard(cur, self.ctx.mid, m.step, self.ctx.owner)
+        if self.flusher is not None:
+            # Before the tables, as every feeder takes it before the change log: no feed is under way
+            # while the lock's own reads the slot, and none waits on a table the swap holds.
+            logical.lock_feeder(cur, self.ctx.mid)
         if relations is None:
             live, other = _swap_tables(self.ctx, self.forward)
             relations = swap_locks(cur, self.ctx, live, other)
@@ -443,6 +451,13 @@ class Swap:
             self.drained = replayed
         else:
             mapping = self.mapping()
+            if self.flusher is not None:
+                # Race 4 with logical capture (invariant 13): every change committed before the lock
+                # ends before the WAL insert position read now; the WAL is flushed to it from the
+                # second session and the slot read to it, into the log drained next.
+                self.fed = logical.feed_in(cur, ctx, self.flusher,
+                                           logical.Source(self.prepared.oids[0], mapping.key, mapping.src_key_types))
+                faults.point("swap:fed")
             while True:
                 got = capture.apply_batch(cur, ctx, mapping, reverse=not self.forward, backfill_done=True,
                                           wait_for_lock=True, limit=DRAIN_BATCH)
@@ -504,10 +519,13 @@ class Swap:
         cur, ctx, m = self.cur, self.ctx, self.ctx.migration
         privileges.require_capture_path(cur, names.capture_function(ctx.mid, self.forward),
                                         names.change_log(ctx.mid, self.forward), m.name)
+        if not self.forward and logical.enabled(ctx):
+            logical.require_slot(cur, ctx.mid)  # made before the lock (logical.preparing_back): still there
         faults.point("swap:locked" if self.forward else "swap_back:locked")
         t = self.marks
         held_ms = (time.monotonic() - t["locked"]) * 1000
-        phases = {"verify_ms": (t["verified"] - t["locked"]) * 1000, "drain_ms": (t["drained"] - t["verified"]) * 1000,
+        phases = {**self.fed,  # logical capture's feed under the lock: feed_ms, flush_ms, decode_ms, ...
+                  "verify_ms": (t["verified"] - t["locked"]) * 1000, "drain_ms": (t["drained"] - t["verified"]) * 1000,
                   "catalog_ms": (t["read"] - t["drained"]) * 1000, "ddl_ms": (t["ddl"] - t["read"]) * 1000,
                   "parity_ms": (t["ran"] - t["ddl"]) * 1000, "statements": len(self.stmts), "round_trips": self.trips,
                   "rebuilt": self.rebuilt, "prepare_ms": self.prepared.prepare_ms,
@@ -557,8 +575,13 @@ def refused(ctx: Context, exc: Unapplied, *, forward: bool, command: str = "roll
 def finish(ctx: Context, held: float, *, forward: bool, report: bool = True) -> None:
     """After the commit: say how long the lock was held (once for a family: `report`), then
     VALIDATE the foreign keys the swap added NOT VALID, with writes going on (after a crash: the
-    window's run, or the next cutover's preflight, resumes it)."""
+    window's run, or the next cutover's preflight, resumes it). With logical capture the slot goes
+    now: the swap dropped its publication and feed state, a slot is not transactional (a crash
+    before this leaves it to logical.cleanup)."""
     ctx.refresh()
+    if forward and logical.enabled(ctx):
+        faults.point("swap:before_slot_drop")
+        logical.drop_slot(ctx.db, ctx.mid)
     if report:
         ctx.report("cutover" if forward else "rolled_back", lock_ms=round(held, 1))
     carry.validate(ctx)
@@ -569,7 +592,8 @@ def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     and the old table unless [rollback] keep_old (then what would still tie it to the live schema)."""
     m = ctx.migration
     out: list[Statement] = [*capture.remove_sql(cur, ctx.mid, m.source, reverse=True),
-                            *capture.remove_sql(cur, ctx.mid, None, reverse=False)]
+                            *capture.remove_sql(cur, ctx.mid, None, reverse=False,
+                                                logical_capture=logical.enabled(ctx))]
     if not ctx.plan.rollback.keep_old:
         out.append(ddl.drop_table(m.old))
     else:
@@ -622,6 +646,8 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
 
     def drop(cur: psycopg.Cursor) -> None:
         control.guard(cur, ctx.mid, "retire", ctx.owner)
+        if logical.enabled(ctx):
+            logical.lock_feeder(cur, ctx.mid)  # before the tables, as the feeders take it
         lockwatch.lock_all(cur, retire_locks(ctx))
         if not keep:
             # Rows the new table never took exist only in the old one, which is about to go.
@@ -636,6 +662,8 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
     # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
     lockwatch.run_locked(ctx, drop, tables=[m.source, m.old], what="retire", retry=f"mover retire {m.name}",
                          label="retire")
+    if logical.enabled(ctx):
+        logical.drop_slot(ctx.db, ctx.mid)  # gone at the cutover already, unless a crash came before
     ctx.refresh()
 
 
@@ -644,7 +672,8 @@ def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     m = ctx.migration
     # Under its current name: a source renamed during the migration keeps no capture trigger.
     live = shape.current_name(cur, ctx.mid, "source") or m.source
-    return [*capture.remove_sql(cur, ctx.mid, live, reverse=False), ddl.drop_table(m.target)]
+    return [*capture.remove_sql(cur, ctx.mid, live, reverse=False, logical_capture=logical.enabled(ctx)),
+            ddl.drop_table(m.target)]
 
 
 def abort(ctx: Context, give_up_rows: bool = False) -> None:
@@ -654,6 +683,8 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
     m = ctx.migration
 
     def undo(cur: psycopg.Cursor) -> None:
+        if logical.enabled(ctx):
+            logical.lock_feeder(cur, ctx.mid)  # before the tables, as the feeders take it
         lockwatch.lock_all(cur, [live, m.target, *lockwatch.own_tables(ctx.mid)])  # each named if it waits
         # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
         # cannot leave any; an older release could): dropping the new table would lose them.
@@ -670,4 +701,7 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
     live = ctx.db.transaction(lambda cur: shape.current_name(cur, ctx.mid, "source") or m.source)
     lockwatch.run_locked(ctx, undo, tables=[live, m.target], what="abort", retry=f"mover abort {m.name}",
                          label="abort")
+    if logical.enabled(ctx):
+        faults.point("abort:before_slot_drop")
+        logical.drop_slot(ctx.db, ctx.mid)  # not transactional: after the drop of what uses it
     ctx.refresh()

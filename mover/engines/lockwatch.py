@@ -135,7 +135,7 @@ def waiting_on() -> QualifiedName | None:
 
 def own_tables(mid: int) -> list[QualifiedName]:
     """The migration's relations in mover's schema that its locked steps lock (create, drop)."""
-    return [names.change_log(mid), names.change_log(mid, True), names.applied_notes(mid)]
+    return [names.change_log(mid), names.change_log(mid, True), names.applied_notes(mid), names.feed_state(mid)]
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def swap_sql(cur: psycopg.Cursor, live: QualifiedName, other: QualifiedName) -> 
                 " WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[])),"
                 " pg_get_expr(pr.prqual, pr.prrelid)"
                 " FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
-                " WHERE pr.prrelid = %s ORDER BY 1", (live_oid,))
+                " WHERE pr.prrelid = %s AND p.pubname !~ '^mover_m[0-9]+_' ORDER BY 1", (live_oid,))
     for pub, columns, row_filter in cur.fetchall():
         out += [ddl.publication_add(pub, other, columns, row_filter), ddl.publication_drop(pub, live)]
     out += _swap_statistics_names(cur, live_oid, other_oid)
@@ -192,7 +192,8 @@ def plan_notes(cur: psycopg.Cursor, source_oid: int, changed_columns: dict[str, 
     cur.execute("SELECT p.pubname, p.pubviaroot, (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a"
                 " WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[]))"
                 " FROM pg_publication_rel pr JOIN pg_publication p"
-                " ON p.oid = pr.prpubid WHERE pr.prrelid = %s ORDER BY 1", (source_oid,))
+                " ON p.oid = pr.prpubid WHERE pr.prrelid = %s AND p.pubname !~ '^mover_m[0-9]+_' ORDER BY 1",
+                (source_oid,))
     for pub, via_root, published in cur.fetchall():
         at_swap.append(f"membership of publication {names.display_ident(pub)} (with its column list and row"
                        f" filter; the old table leaves it)")
@@ -213,6 +214,6 @@ def publications_not_owned(cur: psycopg.Cursor, source_oid: int) -> list[tuple[s
     """(publication, owner) the table belongs to that the current role cannot alter."""
     cur.execute("SELECT p.pubname, pg_get_userbyid(p.pubowner) FROM pg_publication_rel pr"
                 " JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = %s"
-                " AND NOT pg_has_role(current_user, p.pubowner, 'USAGE')"
+                " AND p.pubname !~ '^mover_m[0-9]+_' AND NOT pg_has_role(current_user, p.pubowner, 'USAGE')"
                 " AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) ORDER BY 1", (source_oid,))
     return [(p, o) for p, o in cur.fetchall()]

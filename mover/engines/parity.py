@@ -90,7 +90,8 @@ SELECT jsonb_build_object(
             'columns', (SELECT jsonb_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
                          WHERE a.attrelid = c.oid AND a.attnum = ANY(pr.prattrs::int2[])),
             'row_filter', pg_get_expr(pr.prqual, pr.prrelid))), '{}')
-        FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = c.oid),
+        FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = c.oid
+        AND p.pubname !~ '^mover_m[0-9]+_'),
     'statistics', (SELECT coalesce(jsonb_object_agg(s.stxname, jsonb_build_object(
             'definition', format('(%%s) ON %%s', array_to_string(array(
                 SELECT CASE k WHEN 'd' THEN 'ndistinct' WHEN 'f' THEN 'dependencies' WHEN 'm' THEN 'mcv' END
@@ -253,10 +254,19 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
 
 
 def _exclusion(d: Difference) -> bool:
-    """An exclusion constraint's difference: a partitioned table takes the constraint as it is
-    (where PostgreSQL allows one at all: plan check refuses the others), so partitioning plans
-    none of it; and one that went missing must not pass as the new key's."""
-    return d.kind == "constraint" and any(isinstance(v, str) and v.startswith("EXCLUDE ") for v in (d.before, d.after))
+    """An exclusion constraint's difference, or a temporal key's (PostgreSQL 18: PRIMARY KEY /
+    UNIQUE (..., col WITHOUT OVERLAPS), an exclusion constraint underneath): a partitioned table
+    takes the constraint as it is (where PostgreSQL allows one at all: plan check refuses the
+    others), so partitioning plans none of it; and one that went missing must not pass as the new
+    key's, nor as a unique index carried under mover's name (it is built as the constraint it is).
+    Read from the catalog's definition text: a quoted column name that reads like WITHOUT OVERLAPS
+    can only make a difference unplanned, which refuses the swap rather than pass it."""
+    return d.kind == "constraint" and any(isinstance(v, str) and _builds_own_index(v) for v in (d.before, d.after))
+
+
+def _builds_own_index(definition: str) -> bool:
+    return definition.startswith("EXCLUDE ") or (
+        definition.startswith(("PRIMARY KEY (", "UNIQUE (")) and " WITHOUT OVERLAPS)" in definition)
 
 
 def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Difference]:

@@ -274,7 +274,9 @@ def check_plan(cur: psycopg.Cursor, spec: PartitionSpec, source: names.Qualified
                         f"partitioned tables", hint="ALTER TABLE ... SET LOGGED first")
     pcols = set(spec.columns)
     new_key = key_columns(info.key, spec)
-    lacking = [ix for ix in info.indexes if ix.is_unique and ix.name != info.key_index]
+    # A temporal key's index is unique too; plan check judges it with the exclusion constraints
+    # (checks/refused_objects.py), by its operators rather than its columns.
+    lacking = [ix for ix in info.indexes if ix.is_unique and ix.name != info.key_index and not ix.by_constraint]
     cur.execute("SELECT i.indexrelid, array(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = i.indrelid"
                 " AND a.attnum = ANY (i.indkey::int2[])) FROM pg_index i WHERE i.indrelid = %s", (info.oid,))
     index_columns = {r[0]: set(r[1]) for r in cur.fetchall()}

@@ -26,6 +26,7 @@ in the same transaction, so the note can neither be missed nor commit without th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -39,7 +40,7 @@ import psycopg
 from mover import faults, names
 from mover.catalog import introspect, server
 from mover.db import Database, bind, is_retryable
-from mover.engines import capture, rangework, throttle
+from mover.engines import capture, logical, rangework, throttle
 from mover.engines.context import Context, Reporter
 from mover.errors import Failed
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
@@ -223,6 +224,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
     commit (the pass's end, the cutover) flushes them first, so nothing acts on a lost one."""
     mid = ctx.mid
     started = time.monotonic()
+    from_wal = logical.enabled(ctx) and not ctx.swapped
 
     def first(cur: psycopg.Cursor) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, int] | None]:
         ranges.hold(cur, mid, key_range, worker)
@@ -232,8 +234,11 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
         cur.execute("SET LOCAL jit = off")
         agg, diffs = _compare(cur, spec, mid, key_range)
         ctx.check_shape(cur)  # nothing is compared across a change of either table's shape
-        if any(d["pending"] for d in diffs):
-            return agg, diffs, None  # nothing written: settle the pending keys first
+        if any(d["pending"] for d in diffs) or (diffs and from_wal):
+            # Nothing written: settle the pending keys first. With logical capture a change can be
+            # committed and not in the log yet (fed after it): no difference counts before the
+            # re-check below, whose snapshot sees the log fed up to it (invariant 13).
+            return agg, diffs, None
         outcome = _record(cur, spec, mid, key_range, worker, agg, diffs, diffs, [])
         faults.point(f"reconcile_compared:{key_range.range_no}")  # inside the transaction: a crash loses the range
         ranges.done(cur, mid, key_range, worker, agg["src_rows"], (time.monotonic() - started) * 1000)
@@ -243,7 +248,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
                                          synchronous_commit=False, label="reconcile range")
     rechecked = 0
     if outcome is None:
-        rechecked = sum(1 for d in diffs if d["pending"])
+        rechecked = sum(1 for d in diffs if d["pending"] or from_wal)
         # Some keys differ while a change to them waits in the log: let the applier catch up, then
         # look at those keys alone (not the range) until none is pending, a bounded number of rounds.
         keys = [d["key"] for d in diffs]
@@ -259,6 +264,11 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
 
         def final(cur: psycopg.Cursor) -> dict[str, int]:
             ranges.hold(cur, mid, key_range, worker)
+            if flusher is not None:
+                # In this transaction's snapshot (repeatable read, taken at its first statement): the
+                # keys of every change committed before it are in the log it reads, fed here if the
+                # feeder has not yet; a key that still differs is a divergence, never feeder lag.
+                logical.feed_in(cur, ctx, flusher)
             now = _recheck(cur, spec, mid, keys)
             ctx.check_shape(cur)
             settled = [d for d in now if not d["pending"]]
@@ -268,8 +278,11 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
             ranges.done(cur, mid, key_range, worker, agg["src_rows"], (time.monotonic() - started) * 1000)
             return result
 
-        outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, synchronous_commit=False,
-                                 label="reconcile range")
+        faults.point("reconcile_settled")  # the keys re-checked; their range's last transaction next
+        flusher = logical.Flusher(db) if from_wal else None
+        with flusher or contextlib.nullcontext():
+            outcome = db.transaction(final, statement_timeout=RANGE_STATEMENT_TIMEOUT, synchronous_commit=False,
+                                     label="reconcile range", repeatable_read=flusher is not None)
     return {**outcome, "rows": agg["src_rows"], "rechecked": rechecked,
             "ms": round((time.monotonic() - started) * 1000, 1)}
 
@@ -303,6 +316,7 @@ class Worker(rangework.RangeWorker):
         return self.spec.mapping  # checked against both tables' shape in each range's transaction
 
     def work(self, key_range: ranges.KeyRange) -> rangework.Done:
+        faults.point(f"reconcile_claimed:{key_range.range_no}")  # claimed, not read yet
         got = verify_range(self.db, self.ctx, self.spec, key_range, self.wid, self._settings)
         return rangework.Done(got["rows"], got["ms"], got)
 
@@ -428,12 +442,23 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
     stmt = replay_keys_sql(m)
     rows = ctx.db.transaction(lambda cur: control.open_divergence_rows(cur, ctx.mid, did))
     out: dict[str, Any] = {"repaired": 0, "still_open": 0, "failed": 0, "errors": [], "hint": None}
+    with logical.flusher(ctx) as flusher:
+        _repair_batches(ctx, rows, spec, m, stmt, out, flusher)
+    return out
+
+
+def _repair_batches(ctx: Context, rows: list[dict[str, Any]], spec: q.Spec, m: Mapping, stmt: Any,
+                    out: dict[str, Any], flusher: logical.Flusher | None) -> None:
     for i in range(0, len(rows), REPAIR_BATCH):
         ctx.checkpoint()
         batch = rows[i:i + REPAIR_BATCH]
 
         def tx(cur: psycopg.Cursor, batch: list[dict[str, Any]]) -> tuple[int, int, int, list[str]]:
             errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
+            if flusher is not None:
+                # Logical capture: the changes committed since the replay read the source, fed into
+                # the log this transaction reads, are pending there as the trigger's would be.
+                logical.feed_in(cur, ctx, flusher)
             now = {tuple(d["key"]): d for d in _recheck(cur, spec, ctx.mid, [list(r["key"]) for r in batch])}
             done, kept, failed, messages = [], 0, 0, []
             for r in batch:
@@ -466,7 +491,6 @@ def repair(ctx: Context, did: int | None = None) -> dict[str, Any]:
         out["still_open"] += kept
         out["failed"] += failed
         out["errors"] += messages
-    return out
 
 
 def accept(cur: psycopg.Cursor, mid: int, reason: str, actor: str, did: int | None = None) -> list[int]:

@@ -157,6 +157,24 @@ class ReconcileSettings:
     max_rows_per_second: int = setting(Count(0, 10**9), 0, settable=True)
 
 
+@section("capture", effect="at the next replication slot mover creates",
+         written=lambda plan: plan.capture != CaptureSettings())
+@dataclass(frozen=True)
+class CaptureSettings:
+    # How the source's changes reach the change log: a row trigger in the application's
+    # transactions, or mover reading the WAL through a replication slot (mover/engines/logical.py;
+    # docs/operating.md "Choosing a capture method"). Decided at registration.
+    method: str = setting(Choice(("trigger", "logical"), 'e.g. method = "logical"'), "trigger",
+                          registration_only=True, only_set=True)
+    # How long creating the slot may wait for the transactions running when it starts to end.
+    slot_wait_ms: int = setting(Duration(1000, 3_600_000, "1s and 1h", 'e.g. slot_wait = "60s"'), 60_000,
+                                only_set=True)
+
+    @property
+    def logical(self) -> bool:
+        return self.method == "logical"
+
+
 def _upkeep_fits_the_partitioning(s: Read, plan: dict[str, Read], problems: Problems) -> None:
     target = plan["target"]
     partition: PartitionSpec | None = target.values["partition"]
@@ -257,6 +275,7 @@ class Plan(TargetKeys, MigrationKeys):
     rollback: RollbackSettings = nested(RollbackSettings)
     reconcile: ReconcileSettings = nested(ReconcileSettings)
     upkeep: PartitionUpkeep = nested(PartitionUpkeep)
+    capture: CaptureSettings = nested(CaptureSettings)
     hooks: dict[str, Hook] = setting(HookTables(), {}, section="hooks", effect="at the hook's next run")
     # Fixed: each [[also]] table is part of what defines the migration (its shape hash).
     also: tuple[AlsoTable, ...] = setting(AlsoTables(), (), section="also", stored="also", only_set=True, fixed=True)

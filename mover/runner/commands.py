@@ -20,8 +20,8 @@ from mover.catalog import shape
 from mover.db import Database, bind
 from mover.engines import adopt as adopt_engine
 from mover.engines import family as family_engine
+from mover.engines import logical, upkeep
 from mover.engines import reconcile as reconcile_engine
-from mover.engines import upkeep
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import BadInput, NotFound, Waiting
 from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, plan_from_canonical, to_document
@@ -178,6 +178,17 @@ def adopt(db: Database, name: str, **kw: Any) -> list[dict[str, Any]]:
     _under_lease(db, name, "adopt", go, **kw)
     adopted: list[dict[str, Any]] = out.get("adopted", [])
     return adopted
+
+
+def recapture(db: Database, name: str, **kw: Any) -> str:
+    """`mover recapture`: after a lost replication slot (logical capture), a new one and the next
+    reconcile pass over every range (mover/engines/logical.py). Returns the slot's name."""
+    out: dict[str, str] = {}
+
+    def go(ctx: Context) -> None:
+        out["slot"] = logical.recapture(ctx)
+    _under_lease(db, name, "recapture", go, **kw)
+    return out["slot"]
 
 
 # ---------------------------------------------------------------------------------------------

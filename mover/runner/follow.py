@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from mover.db import Database, bind
-from mover.engines import capture
+from mover.engines import capture, logical
 from mover.engines.context import Context, Reporter
 from mover.errors import Interrupted, LeaseHeld, Waiting
 from mover.runner import family, lifecycle
@@ -73,6 +73,8 @@ def drain_round(ctx: Context) -> dict[str, Any]:
     m = ctx.migration
     reverse = m.step == "rollback_window"
     applied = 0
+    if not reverse:
+        logical.feed(ctx, catch_up=False)  # logical capture: the log fed from the slot, which lets its WAL go
     for _ in range(20):  # bounded: the loop must notice the operator's command soon
         ctx.checkpoint()
         got = ctx.db.transaction(bind(_batch, ctx, reverse), attempts=1, statement_timeout="120s",

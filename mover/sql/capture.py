@@ -117,16 +117,20 @@ def truncate_trigger(trigger: str) -> str:
     return trigger + "_truncate"
 
 
-def create_trigger(trigger: str, table: QualifiedName, function: QualifiedName) -> list[sql.Composed]:
+def create_trigger(trigger: str, table: QualifiedName, function: QualifiedName, *,
+                   rows: bool = True) -> list[sql.Composed]:
+    """The row trigger that logs keys and the statement trigger that refuses TRUNCATE; without
+    `rows` only the latter (logical capture reads the rows' changes from the WAL)."""
     # ENABLE ALWAYS: the triggers fire even in sessions with session_replication_role = replica
     # (logical replication appliers, some bulk loaders), which would otherwise skip them.
     t, tt = sql.Identifier(trigger), sql.Identifier(truncate_trigger(trigger))
+    row = [sql.SQL("CREATE TRIGGER {t} AFTER INSERT OR UPDATE OR DELETE ON {tbl} FOR EACH ROW EXECUTE FUNCTION {fn}()")
+           .format(t=t, tbl=table.ident, fn=function.ident)]
     return [
-        sql.SQL("CREATE TRIGGER {t} AFTER INSERT OR UPDATE OR DELETE ON {tbl} FOR EACH ROW EXECUTE FUNCTION {fn}()")
-        .format(t=t, tbl=table.ident, fn=function.ident),
+        *(row if rows else []),
         sql.SQL("CREATE TRIGGER {t} BEFORE TRUNCATE ON {tbl} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()")
         .format(t=tt, tbl=table.ident, fn=function.ident),
-        sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=t, tbl=table.ident),
+        *([sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=t, tbl=table.ident)] if rows else []),
         sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=tt, tbl=table.ident),
     ]
 
@@ -274,7 +278,9 @@ _INDEX_READS = sql.SQL("""array(SELECT a.attname FROM pg_attribute a WHERE a.att
 def unique_indexes() -> sql.Composed:
     """The destination's unique indexes: each one's key column/expression texts, its predicate
     (a partial index's, else NULL), every column it reads (keys, expressions and predicate, from
-    indkey and pg_depend), and the plain columns among its keys. Takes %(table)s, the table's oid."""
+    indkey and pg_depend), and the plain columns among its keys. Takes %(table)s, the table's oid.
+    Not a temporal key's (PostgreSQL 18, WITHOUT OVERLAPS: unique, and an exclusion index): rows
+    equal on it also overlap, so exclusion_constraints() finds them with the rest."""
     return sql.SQL(
         """
 SELECT i.indexrelid::regclass::text,
@@ -283,7 +289,7 @@ SELECT i.indexrelid::regclass::text,
        {reads},
        array(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum > 0
              AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1]))
-FROM pg_index i WHERE i.indrelid = %(table)s AND i.indisunique ORDER BY i.indexrelid
+FROM pg_index i WHERE i.indrelid = %(table)s AND i.indisunique AND NOT i.indisexclusion ORDER BY i.indexrelid
 """).format(reads=_INDEX_READS)
 
 

@@ -220,6 +220,11 @@ def get_by_id(cur: psycopg.Cursor, mid: int, *, lock: bool = False) -> Migration
     return _fetch(cur, sql.SQL("id = %s"), (mid,), lock)[0]
 
 
+def find_by_id(cur: psycopg.Cursor, mid: int) -> Migration | None:
+    rows = _fetch(cur, sql.SQL("id = %s"), (mid,))
+    return rows[0] if rows else None
+
+
 def list_all(cur: psycopg.Cursor) -> list[Migration]:
     return _fetch(cur, sql.SQL("true"), ())
 
@@ -400,6 +405,8 @@ COMMANDS: dict[str, frozenset[str]] = {
     # Pause holds the range workers (backfill, reconcile) at a range boundary; later steps have none.
     "pause": RANGE_STEPS,
     "unpause": frozenset(STEPS),
+    # A lost replication slot is replaced while the forward capture is logical and installed.
+    "recapture": _through("install_capture", "cutover"),
     "set": frozenset(STEPS),
 }
 VERBS = {"cutover": "cut over", "rollback": "roll back"}
@@ -624,6 +631,23 @@ def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool
     event(cur, m.id, owner, m.step, "adopted", message, detail)
 
 
+def mark_recaptured(cur: psycopg.Cursor, m: Migration, owner: str, *, slot: str) -> None:
+    """`mover recapture`: logical capture restarted from a new slot after the old one was lost; the
+    next reconcile pass compares every range (a migration at the cutover gate goes back to it)."""
+    if m.step == "cutover":
+        cur.execute("UPDATE mover.migrations SET step = 'reconcile' WHERE id = %s AND step = 'cutover'"
+                    " AND lease_owner = %s", (m.id, owner))
+        _one_row(cur, m.id, "go back to reconcile")
+        cur.execute("UPDATE mover.steps SET status = 'pending', finished_at = NULL"
+                    " WHERE migration_id = %s AND name = ANY(%s)", (m.id, list(_through("reconcile", "cutover"))))
+    cur.execute("UPDATE mover.migrations SET state = 'pending', error = NULL, updated_at = now()"
+                " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')", (m.id, owner))
+    _one_row(cur, m.id, "record the new capture slot")
+    event(cur, m.id, owner, m.step, "capture_recovered",
+          f"logical capture restarted from a new replication slot {slot}; the next reconcile pass compares every"
+          f" range", {"slot": slot})
+
+
 def set_paused(cur: psycopg.Cursor, name: str, paused: bool, actor: str) -> Migration:
     """`mover pause` / `unpause`: a flag the workers read; no lease needed, the row lock orders it."""
     m = head_of(cur, get(cur, name, lock=True))
@@ -689,7 +713,8 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
               {"previous": holder, "previous_live": bool(live), "applier_sessions_ended": ended})
 
 
-APPLIER_LOCKS = ("mover.apply", "mover.apply.reverse")  # capture.py's advisory locks, keyed (name, migration)
+# capture.py's advisory locks, and logical.py's feeder lock, keyed (name, migration)
+APPLIER_LOCKS = ("mover.apply", "mover.apply.reverse", "mover.feed")
 
 
 def end_stale_appliers(cur: psycopg.Cursor, mid: int) -> list[int]:

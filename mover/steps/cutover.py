@@ -13,7 +13,7 @@ from psycopg import sql
 
 from mover.catalog import introspect
 from mover.db import bind
-from mover.engines import capture, carry, cutover, hooks, lockwatch, query_rehearsal
+from mover.engines import capture, carry, cutover, hooks, lockwatch, logical, query_rehearsal
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.state import control
@@ -108,10 +108,12 @@ def swap_in(ctx: Context) -> float:
     prepared = cutover.prepare(ctx, forward=True)  # before the lock: digest, shapes, statements, parity
     cutover.drain_before_lock(ctx)  # what came meanwhile; a row that does not fit refuses (exit 3)
     try:
-        held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=True), forward=True)
+        with logical.flusher(ctx) as flusher:  # logical capture: a second session, to flush the WAL under the lock
+            held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=True, flusher=flusher),
+                                      forward=True)
     except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
         raise cutover.refused(ctx, exc, forward=True) from None
-    cutover.finish(ctx, held, forward=True)  # VALIDATE the foreign keys added NOT VALID, writes going on
+    cutover.finish(ctx, held, forward=True)  # the slot dropped; VALIDATE the foreign keys added NOT VALID
     return held
 
 
@@ -119,23 +121,26 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
     """The rollback (within the window): the old table takes the name back, losing nothing (or
     refusing, invariant 9); the migration returns to before the gate."""
     cutover.refuse_rows_only_in_new(ctx, give_up_rows, command)  # reverse log drained; refused early
-    prepared = cutover.prepare(ctx, forward=False)  # before the lock: digest, shapes, statements, parity
-    try:
-        held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=False, give_up_rows=give_up_rows,
-                                                         command=command), forward=False, command=command)
-    except cutover.Unapplied as exc:
-        raise cutover.refused(ctx, exc, forward=False, command=command) from None
+    with logical.preparing_back(ctx):  # logical capture: its publication and slot made before the lock
+        prepared = cutover.prepare(ctx, forward=False)  # before the lock: digest, shapes, statements, parity
+        try:
+            held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=False,
+                                                             give_up_rows=give_up_rows, command=command),
+                                      forward=False, command=command)
+        except cutover.Unapplied as exc:
+            raise cutover.refused(ctx, exc, forward=False, command=command) from None
     cutover.finish(ctx, held, forward=False)
     return held
 
 
 def _swap(cur: psycopg.Cursor, ctx: Context, prepared: cutover.Prepared, *, forward: bool,
-          give_up_rows: bool = False, command: str = "rollback") -> float:
+          give_up_rows: bool = False, command: str = "rollback", flusher: logical.Flusher | None = None) -> float:
     """The swap's one transaction (retried whole by lockwatch under lock_timeout, invariant 3)."""
-    s = cutover.Swap(cur, ctx, prepared, forward=forward, give_up_rows=give_up_rows, command=command)
+    s = cutover.Swap(cur, ctx, prepared, forward=forward, give_up_rows=give_up_rows, command=command,
+                     flusher=flusher)
     s.lock()  # ACCESS EXCLUSIVE: both tables, referencing tables, views, the logs; one at a time, in order
     s.verify()  # the catalog digest (shape, invariant 7): unchanged, what was built before the lock stands
-    s.drain()  # the last logged changes (race 4, race 5); one that fails rolls everything back
+    s.drain()  # logical capture fed to the lock first; the last logged changes (race 4, race 5)
     s.rebuild()  # only if the digest changed: statements and parity description read again, under the lock
     s.execute()  # swap and carry: capture off, objects off, renames, sequences, objects on, capture reversed
     s.check_parity()  # the table that takes the name looks as the other did; both shapes recorded again

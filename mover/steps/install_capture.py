@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover.engines import capture, lockwatch
+from mover.engines import capture, lockwatch, logical
 from mover.engines.context import Context
 from mover.state import control
 from mover.steps.base import Step
@@ -16,17 +16,28 @@ class InstallCapture(Step):
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
-        return [*(s for _, s in lockwatch.lock_statements(cur, [m.source], INSTALL_LOCK)),
-                *capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name)]
+        from_wal = logical.enabled(ctx)
+        out: list[sql.Composable | str] = []
+        if from_wal:
+            out += ["-- logical capture: mover's publication of the source, then its replication slot, each"
+                    " committed before the capture's transaction (mover/engines/logical.py)",
+                    *logical.prepare_sql(ctx, cur, m.source), "-- then, one transaction:"]
+        return [*out, *(s for _, s in lockwatch.lock_statements(cur, [m.source], INSTALL_LOCK)),
+                *capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)]
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
+        from_wal = logical.enabled(ctx)
+        if from_wal:
+            # Invariant 12: the slot exists before the backfill's first range takes its snapshot.
+            logical.prepare(ctx, m.source)
 
         def install(cur: psycopg.Cursor) -> None:
             control.guard(cur, m.id, self.name, ctx.owner)
             lockwatch.lock_all(cur, [m.source], INSTALL_LOCK)  # named if it waits
-            capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name)
-            control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}")
+            capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)
+            control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}"
+                                + (" from the WAL (logical)" if from_wal else ""))
 
         # CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the live table: wait briefly and
         # retry rather than queue the application's writes behind us.

@@ -12,7 +12,7 @@ import psycopg
 
 from mover.catalog import introspect
 from mover.db import one
-from mover.engines import capture, partitions
+from mover.engines import capture, logical, partitions
 from mover.names import QualifiedName
 from mover.state import control, ranges
 
@@ -116,6 +116,7 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
     applied = int(one(cur)[0])
+    slot = logical.health(cur, m.id)  # logical capture's replication slot, while it is installed
     step = control.shown_step(m.step)
     state, error = m.state, m.error
     if state in control.TERMINAL:
@@ -147,7 +148,9 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "backfill": _backfill_status(cur, m),
         "capture": {"pending": pending_fwd + pending_rev, "applied": applied,
                     "lag_seconds": lag_fwd if lag_fwd is not None else lag_rev,
-                    "direction": "reverse" if m.cutover_at else "forward"},
+                    "direction": "reverse" if m.cutover_at else "forward",
+                    "method": (m.plan.get("capture") or {}).get("method", "trigger"),
+                    "slot": None if slot is None else {**slot.as_dict(), "summary": logical.describe_health(slot)}},
         "divergences": control.open_divergences(cur, m.id),
         "reconcile": _reconcile_status(cur, m),
         "cutover": None if m.cutover_at is None else {"at": iso(m.cutover_at), "lock_ms": m.cutover_lock_ms},

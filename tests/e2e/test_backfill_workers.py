@@ -17,33 +17,15 @@ from tests.workload import (
     finish,
     hung_at,
     mover,
+    plan_file,
     spawn,
-    write_plan,
 )
 
-PLAN = """
-[migration]
-name = "wide"
-source = 'public."Orders"'
 
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = 500
-min_rows = 500
-max_rows = 500
-workers = {workers}
-max_rows_per_second = {rate}
-max_attempts = 2
-
-[rollback]
-window = "1h"
-"""
-
-
-def plan_file(tmp_path, workers=2, rate=0):
-    return write_plan(tmp_path / "wide.toml", PLAN.format(workers=workers, rate=rate))
+def wide_plan(tmp_path, workers=2, rate=0, columns=None):
+    return plan_file(tmp_path, "wide", columns=columns or {"id": "bigint"},
+                     backfill={"range_rows": 500, "min_rows": 500, "max_rows": 500, "workers": workers,
+                               "max_rows_per_second": rate, "max_attempts": 2})
 
 
 def status(dsn):
@@ -71,7 +53,7 @@ def query(dsn, q, params=()):
 
 def test_workers_race_and_a_killed_worker_range_is_redone_once(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
-    plan = plan_file(tmp_path, workers=2, rate=8000)
+    plan = wide_plan(tmp_path, workers=2, rate=8000)
     writer = Writer(db_dsn, seed=21).start()
     assert mover(db_dsn, "step", plan).returncode == 0  # registered; create_target done
     # An extra worker on "another host" joins, copies one range's rows and dies before committing.
@@ -103,7 +85,7 @@ def test_the_log_is_applied_while_the_only_worker_copies_a_range(db_dsn, tmp_pat
     new table meanwhile (without the applier they would wait for that range to end)."""
     create_orders(db_dsn, 3_000)
     release = tmp_path / "release"
-    proc = spawn(db_dsn, "run", plan_file(tmp_path, workers=1),
+    proc = spawn(db_dsn, "run", wide_plan(tmp_path, workers=1),
                  env={"MOVER_FAULT": "hang@range_copied:3", "MOVER_FAULT_RELEASE": str(release)})
     try:
         assert hung_at(proc, "range_copied:3")
@@ -126,7 +108,7 @@ def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_pat
     create_orders(db_dsn, 20_000)
     # 20 capped ranges of 1,000 rows, one per 500 ms: ~9 s of copy left after the first two, room
     # for `mover pause` to start and land on a loaded machine before the copy could end.
-    assert mover(db_dsn, "step", plan_file(tmp_path, workers=1, rate=2000)).returncode == 0
+    assert mover(db_dsn, "step", wide_plan(tmp_path, workers=1, rate=2000)).returncode == 0
     run = spawn(db_dsn, "run", "wide")
     try:
         # Plain SQL, not `mover status`: one interpreter start per poll would eat that room.
@@ -160,7 +142,7 @@ def test_pause_takes_effect_within_one_range_and_unpause_resumes(db_dsn, tmp_pat
 
 def test_settings_change_while_running_is_recorded(db_dsn, tmp_path):
     create_orders(db_dsn, 1_000)
-    assert mover(db_dsn, "step", plan_file(tmp_path)).returncode == 0
+    assert mover(db_dsn, "step", wide_plan(tmp_path)).returncode == 0
     r = mover(db_dsn, "set", "wide", "backfill.max_rows_per_second=1234", "cutover.lock_timeout=50ms")
     assert r.returncode == 0, r.stderr
     plan = query(db_dsn, "SELECT plan FROM mover.migrations")[0][0]
@@ -180,8 +162,7 @@ def test_a_range_that_keeps_failing_is_marked_failed_without_stopping_the_others
                      " $$BEGIN IF v = 100000 THEN RAISE EXCEPTION 'picky about %', v; END IF; RETURN true; END$$")
         conn.execute("CREATE DOMAIN account_no AS integer CHECK (picky(VALUE))")
         app_execute(conn, 'UPDATE {t} SET "Account" = 100000 WHERE id = 2600')
-    plan = write_plan(tmp_path / "narrow.toml", PLAN.format(workers=2, rate=0).replace(
-        'columns = { id = "bigint" }', 'columns = { "Account" = "public.account_no" }'))
+    plan = wide_plan(tmp_path, columns={"Account": "public.account_no"})
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 1
     assert "1 backfill ranges failed" in r.stderr and "picky about 100000" in r.stderr
@@ -197,7 +178,7 @@ def test_a_range_that_keeps_failing_is_marked_failed_without_stopping_the_others
 
 def test_an_interrupted_index_build_is_found_invalid_and_rebuilt(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    proc = spawn(db_dsn, "run", plan_file(tmp_path, workers=1), env={"MOVER_FAULT": "hang@index_building"})
+    proc = spawn(db_dsn, "run", wide_plan(tmp_path, workers=1), env={"MOVER_FAULT": "hang@index_building"})
     try:
         assert hung_at(proc, "index_building")
         # What a crash in the middle of CREATE INDEX CONCURRENTLY (an earlier version's build) leaves:

@@ -22,7 +22,7 @@ from tests.e2e.test_privileges import (
     finish_migration,
     roles,  # noqa: F401 (the fixture; F811 below: its parameters)
 )
-from tests.workload import Writer, assert_oracle, differences, mover, write_plan
+from tests.workload import Writer, assert_oracle, differences, mover, plan_file, write_plan
 
 
 def setup_b(r: Roles, evil: str) -> None:
@@ -142,7 +142,7 @@ def test_shadowing_operators_and_functions_in_public_never_run_in_the_trigger(ro
                 INSERT INTO public.marks VALUES (session_user, current_setting('application_name'), 'format');
                 RETURN 'hijacked';
             END $$""")
-    plan = write_plan(tmp_path / "doc.toml", '[migration]\nname = "doc"\nsource = "doc"\n[rollback]\nwindow = "1h"\n')
+    plan = plan_file(tmp_path, "doc", "doc")
     assert mover(r.app, "step", plan).returncode == 0  # create_target
     out = mover(r.app, "step", "doc")  # install_capture
     assert out.returncode == 0, out.stderr

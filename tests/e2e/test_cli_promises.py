@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from tests.conftest import dsn_with_dbname
-from tests.workload import create_orders, finish, mover, spawn, write_plan
+from tests.workload import create_orders, finish, mover, plan_text, spawn, write_plan
 
 
 def control_schema(dsn: str) -> list:
@@ -46,17 +46,7 @@ def test_concurrent_inits_all_succeed_with_one_schema(pg_dsn, db_dsn):
 
 SECRET = "Pa55-w0rd_zx81"
 
-PLAN = """
-[migration]
-name = "masked"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("masked", columns={"id": "bigint"})
 
 
 def with_password(dsn: str) -> str:
@@ -81,7 +71,8 @@ def test_password_is_never_printed(db_dsn, tmp_path):
     outputs = []
 
     def run(*args, env=None, dsn_arg=dsn, expect):
-        r = mover(dsn_arg, *args, env=env)
+        # Real processes: the promise is about what a process prints, from its start to its exit.
+        r = mover(dsn_arg, *args, env=env, process=True)
         assert r.returncode == expect, (args, r.stderr)
         outputs.append((args, r.stdout + r.stderr))
         return r

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import random
 import string
-import threading
 import uuid
+from dataclasses import dataclass
 
 import psycopg
 import pytest
@@ -23,7 +23,7 @@ from psycopg import sql
 
 from mover import api
 from tests.conftest import connect, dsn_with_dbname, require_icu
-from tests.workload import differences, mover, write_plan
+from tests.workload import AppWriter, differences, mover, plan_file
 
 DATABASES = {
     # An ICU default collation, C.UTF-8 for the rest of the locale.
@@ -32,20 +32,7 @@ DATABASES = {
 }
 ROWS = 4000
 
-PLAN = """
-[migration]
-name = "words-move"
-source = "words"
-
-[backfill]
-range_rows = 150
-min_rows = 100
-max_rows = 200
-max_rows_per_second = 2500
-
-[rollback]
-window = "1h"
-"""
+PLAN = dict(backfill={"range_rows": 150, "min_rows": 100, "max_rows": 200, "max_rows_per_second": 2500})
 
 
 @pytest.fixture(params=sorted(DATABASES))
@@ -73,41 +60,16 @@ def _word(rng: random.Random) -> str:
     return "".join(rng.choice(letters) for _ in range(rng.randint(3, 9)))
 
 
-class KeyWriter:
+@dataclass(eq=False, kw_only=True)
+class KeyWriter(AppWriter):
     """Changes keys while the backfill runs: case flips of a key (an UPDATE of the key), delete
-    and re-insert in one transaction, deletes, inserts of new keys, updates of the value."""
+    and re-insert in one transaction, deletes, inserts of new keys, updates of the value. A
+    flipped or new key that exists already is the application's problem (a unique violation)."""
 
-    def __init__(self, dsn: str, seed: int):
-        self.dsn, self.rng = dsn, random.Random(seed)
-        self.stop, self.paused, self.idle = threading.Event(), threading.Event(), threading.Event()
-        self.ops, self.errors = 0, []
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    tolerate: tuple = (psycopg.errors.UniqueViolation,)
+    prepare_threshold: int | None = 5  # psycopg's default: prepared statements, as an application has them
 
-    def start(self) -> KeyWriter:
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    if self.paused.is_set():
-                        self.idle.set()
-                        self.stop.wait(0.02)
-                        continue
-                    self.idle.clear()
-                    try:
-                        self._one(conn)
-                        self.ops += 1
-                    except psycopg.errors.UniqueViolation:
-                        pass  # a flipped or new key that exists already: the application's problem
-        except Exception as exc:  # surfaced by the test
-            self.errors.append(exc)
-        finally:
-            self.idle.set()
-
-    def _one(self, conn) -> None:
-        rng = self.rng
+    def write(self, conn, rng: random.Random) -> None:
         row = conn.execute("SELECT w FROM words OFFSET floor(random() * (SELECT count(*) FROM words)) LIMIT 1"
                            ).fetchone()
         op = rng.random()
@@ -126,14 +88,6 @@ class KeyWriter:
             conn.execute("DELETE FROM words WHERE w = %s", (w,))
         else:
             conn.execute("UPDATE words SET n = n + 1 WHERE w = %s", (w,))
-
-    def pause(self) -> None:
-        self.paused.set()
-        self.idle.wait(30)
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
 
 
 def _collation(dsn: str, table: str, column: str = "w") -> str:
@@ -162,7 +116,7 @@ def test_keys_in_their_own_collation_under_key_changes(locale_dsn, key_collation
             " row_number() OVER (ORDER BY w COLLATE {}) b FROM words) x WHERE a <> b").format(
             sql.Identifier(other))).fetchone()[0]
         assert disagree > ROWS // 2
-    plan = write_plan(tmp_path / "words.toml", PLAN)
+    plan = plan_file(tmp_path, "words-move", "words", **PLAN)
     writer = KeyWriter(locale_dsn, seed=7).start()
     try:
         r = mover(locale_dsn, "run", plan)
@@ -198,7 +152,7 @@ def test_nondeterministic_key_collation_is_refused(db_dsn, icu, tmp_path):
                      " deterministic = false)")
         conn.execute('CREATE TABLE words (w text COLLATE "ci words" PRIMARY KEY, n int)')
         conn.execute("INSERT INTO words VALUES ('a', 1), ('B', 2)")
-    r = mover(db_dsn, "plan", "check", write_plan(tmp_path / "words.toml", PLAN))
+    r = mover(db_dsn, "plan", "check", plan_file(tmp_path, "words-move", "words", **PLAN))
     assert r.returncode == 2, r.stderr
     assert 'key column "w"' in r.stderr and '"ci words"' in r.stderr and "nondeterministic" in r.stderr, r.stderr
 
@@ -208,8 +162,7 @@ def test_a_column_keeps_its_collation_through_a_type_change(db_dsn, icu, tmp_pat
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute('CREATE TABLE labels (id int PRIMARY KEY, label varchar(20) COLLATE "en-x-icu")')
         conn.execute("INSERT INTO labels SELECT g, left(md5(g::text), 15) FROM generate_series(1, 100) g")
-    plan = write_plan(tmp_path / "labels.toml", '[migration]\nname = "labels"\nsource = "labels"\n'
-                      '[target]\ncolumns = { label = "varchar(40)" }\n[rollback]\nwindow = "1h"\n')
+    plan = plan_file(tmp_path, "labels", "labels", columns={"label": "varchar(40)"})
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     assert _collation(db_dsn, "labels_new", "label") == '"en-x-icu"'

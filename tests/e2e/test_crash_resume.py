@@ -21,25 +21,12 @@ from tests.workload import (
     finish,
     hung_at,
     mover,
+    plan_text,
     spawn,
     write_plan,
 )
 
-PLAN = """
-[migration]
-name = "crashy"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 1000
-max_rows = 1000
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("crashy", columns={"id": "bigint"}, backfill={"range_rows": 1000, "max_rows": 1000})
 
 
 @pytest.fixture
@@ -110,11 +97,8 @@ def test_kill9_inside_the_cutover_swap_changes_nothing(db_dsn, orders):
     assert writer.errors == []
 
 
-RANDOM_PLAN = PLAN + """
-[reconcile]
-range_rows = 1500
-workers = 1
-"""
+RANDOM_PLAN = plan_text("crashy", columns={"id": "bigint"}, backfill={"range_rows": 1000, "max_rows": 1000},
+                        reconcile={"range_rows": 1500, "workers": 1})
 
 # Where a kill can land, by the step the migration is in: the fault points that step passes
 # (each one a moment of database work: inside a range's transaction, just after a commit, around
@@ -140,14 +124,23 @@ def where(dsn) -> tuple[str, int, bool]:
     return (row[0] if row else "create_target"), done, copying
 
 
-def test_kill9_at_random_points_until_done(db_dsn, tmp_path):
+# With logical capture, also the feeder's points: in its transaction, after its commit, after the
+# slot's advance (mover/engines/logical.py), wherever the log is fed (the backfill's applier, drains).
+FEED_POINTS = ["feed:inserted", "feed:committed", "feed:advanced"]
+
+
+@pytest.mark.parametrize("method", ["trigger", "logical"])
+def test_kill9_at_random_points_until_done(db_dsn, tmp_path, method):
     """At least ten kill -9 at random moments of database work, in every step up to and including
     the cutover's locked swap, then runs left to finish: the result holds every committed write."""
     seed = int(os.environ.get("MOVER_TEST_SEED") or random.SystemRandom().randrange(2**31))
     print(f"MOVER_TEST_SEED={seed}")  # shown on failure: rerun with it to replay the same kills
     rnd = random.Random(seed)
     create_orders(db_dsn, 6_000)
-    plan = write_plan(tmp_path / "crashy.toml", RANDOM_PLAN)
+    capture = f'\n[capture]\nmethod = "{method}"\n' if method != "trigger" else ""
+    plan = write_plan(tmp_path / "crashy.toml", RANDOM_PLAN + capture)
+    step_points = {step: [*points, *(FEED_POINTS if method == "logical" and step in ("backfill", "reconcile")
+                                     else [])] for step, points in STEP_POINTS.items()}
     writer = Writer(db_dsn, seed=seed).start()
     kills: list[tuple[str, str, str]] = []  # (step, point, how)
     try:
@@ -155,7 +148,7 @@ def test_kill9_at_random_points_until_done(db_dsn, tmp_path):
             step, done, copying = where(db_dsn)
             if step not in STEP_POINTS:
                 break
-            points = STEP_POINTS[step] if step != "backfill" or copying else ["after:backfill"]
+            points = step_points[step] if step != "backfill" or copying else ["after:backfill"]
             point = rnd.choice(points).format(next=done + 1)
             release = tmp_path / f"release{attempt}"
             p = Spawned(db_dsn, "run", plan, env={"MOVER_FAULT": f"hang@{point}", "MOVER_FAULT_RELEASE": str(release)})
@@ -180,10 +173,11 @@ def test_kill9_at_random_points_until_done(db_dsn, tmp_path):
             kills.append(("reconcile", "reconcile_compared:1", "at the point (a full pass)"))
         # The locked swap: killed inside it, until ten kills in all; nothing may change.
         while len(kills) < 10 or not any(step == "cutover" for step, _, _ in kills):
-            p = Spawned(db_dsn, "cutover", "crashy", env={"MOVER_FAULT": "hang@swap:locked"})
-            assert p.wait_for("hanging at swap:locked"), (seed, "".join(p.err))
+            point = "swap:fed" if method == "logical" and rnd.random() < 0.5 else "swap:locked"
+            p = Spawned(db_dsn, "cutover", "crashy", env={"MOVER_FAULT": f"hang@{point}"})
+            assert p.wait_for(f"hanging at {point}"), (seed, "".join(p.err))
             assert p.kill()
-            kills.append(("cutover", "swap:locked", "at the point"))
+            kills.append(("cutover", point, "at the point"))
             assert where(db_dsn)[0] == "cutover", seed
         steps = {step for step, _, _ in kills}
         print(kills)

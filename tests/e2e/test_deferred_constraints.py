@@ -14,28 +14,14 @@ import psycopg
 from psycopg import sql
 
 from tests import workload
-from tests.workload import finish, mover, spawn, write_plan
+from tests.workload import finish, mover, plan_file, spawn
 
 SEAT_COLUMNS = ("id", "pos", "zone_id", "note")
 MIRROR = "seat_mirror"
 
-PLAN = """
-[migration]
-name = "seat"
-source = "seat"
-
-[target]
-columns = {{ id = "bigint" }}
-{drop}
-[backfill]
-range_rows = 500
-
-[cutover]
-lock_timeout = "500ms"
-
-[rollback]
-window = "1h"
-"""
+def seat_plan(tmp_path, target: dict | None = None) -> str:
+    return plan_file(tmp_path, "seat", "seat", columns={"id": "bigint"}, target=target or {},
+                     backfill={"range_rows": 500}, cutover={"lock_timeout": "500ms"})
 
 
 def create_seat(dsn: str, rows: int = 2000) -> None:
@@ -110,7 +96,7 @@ def assert_oracle(dsn: str, *tables: str) -> None:
 
 def test_swaps_under_deferred_unique_cut_over_roll_back_and_cut_over_again(db_dsn, tmp_path):
     create_seat(db_dsn)
-    plan = write_plan(tmp_path / "seat.toml", PLAN.format(drop=""))
+    plan = seat_plan(tmp_path)
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -150,7 +136,7 @@ def test_a_row_a_deferred_constraint_rejects_is_a_divergence(db_dsn, tmp_path):
     of the live table that breaks it cannot be replayed into the old table: a reverse apply_error
     divergence, and rollback refuses naming it (never PostgreSQL's error at COMMIT, exit 1)."""
     create_seat(db_dsn)
-    plan = write_plan(tmp_path / "seat.toml", PLAN.format(drop='drop_foreign_keys = ["seat_zone_id_fkey"]'))
+    plan = seat_plan(tmp_path, {"drop_foreign_keys": ["seat_zone_id_fkey"]})
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     r = mover(db_dsn, "cutover", "seat")
@@ -182,7 +168,7 @@ def test_a_deferrable_key_is_refused_at_plan_check(db_dsn, tmp_path):
         conn.execute("INSERT INTO seat SELECT g, g FROM generate_series(1, 100) g")
         conn.execute("ANALYZE seat")  # the snapshot compares reltuples: not autovacuum's to change meanwhile
     before = workload.catalog_snapshot(db_dsn)
-    plan = write_plan(tmp_path / "seat.toml", PLAN.format(drop=""))
+    plan = seat_plan(tmp_path)
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "seat_pkey" in r.stderr and "DEFERRABLE" in r.stderr, r.stderr

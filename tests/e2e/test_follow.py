@@ -8,7 +8,7 @@ import time
 
 from psycopg import sql as psycopg_sql
 
-from tests.e2e.test_promises import plan_file, sql, status, wait_for
+from tests.e2e.test_promises import promise_plan, sql, status, wait_for
 from tests.workload import Writer, create_orders, differences, finish, mover, spawn
 
 
@@ -25,7 +25,7 @@ def reverse_applied(dsn: str) -> int:
 
 def test_follower_drains_the_gate_and_the_window_while_the_operator_cuts_over(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = plan_file(tmp_path)
+    plan = promise_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     writer = Writer(db_dsn, seed=31).start()
     proc = spawn(db_dsn, "follow", "promise", "--interval", "0.2")
@@ -96,7 +96,7 @@ def follower_applies_then_exits_on(db_dsn, proc, other: str, note: str, command:
 
 def test_follower_exits_when_the_operator_rolls_back(db_dsn, tmp_path):
     create_orders(db_dsn, 2_000)
-    plan = plan_file(tmp_path)
+    plan = promise_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     assert mover(db_dsn, "cutover", "promise").returncode == 0
     proc = spawn(db_dsn, "run", "promise", "--wait")
@@ -107,7 +107,7 @@ def test_follower_exits_when_the_operator_rolls_back(db_dsn, tmp_path):
 
 def test_follower_at_the_gate_exits_when_the_operator_aborts(db_dsn, tmp_path):
     create_orders(db_dsn, 1_000)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", promise_plan(tmp_path)).returncode == 3
     proc = spawn(db_dsn, "follow", "promise", "--interval", "0.2")
     follower_applies_then_exits_on(db_dsn, proc, "Orders_new", "at the gate", "abort")
     assert status(db_dsn)["state"] == "aborted"

@@ -6,6 +6,7 @@ import json
 import re
 
 import psycopg
+import pytest
 
 from tests.workload import (
     Writer,
@@ -16,27 +17,34 @@ from tests.workload import (
     create_orders,
     differences,
     mover,
-    write_plan,
+    plan_file,
 )
 
-PLAN = """
-[migration]
-name = "orders_bigint"
-source = 'public."Orders"'
 
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = {range_rows}
-
-[rollback]
-window = "{window}"
-"""
+def orders_plan(tmp_path, range_rows=2000, window="1h", method="trigger", **sections):
+    if method != "trigger":
+        sections["capture"] = {"method": method}
+    return plan_file(tmp_path, "orders_bigint", columns={"id": "bigint"}, backfill={"range_rows": range_rows},
+                     window=window, **sections)
 
 
-def plan_file(tmp_path, range_rows=2000, window="1h"):
-    return write_plan(tmp_path / "orders.toml", PLAN.format(range_rows=range_rows, window=window))
+# The same migrations with each capture method: the trigger, and logical capture (the changes read
+# from the WAL through mover's replication slot: the suite's server runs with wal_level = logical).
+METHODS = pytest.mark.parametrize("method", ["trigger", "logical"])
+
+
+def capture_leftovers(dsn):
+    """What logical capture could leave behind that keeps WAL or reaches subscribers: its slots (of
+    this database) and publications."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return (conn.execute("SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
+                             ).fetchall()
+                + conn.execute("SELECT pubname FROM pg_publication").fetchall())
+
+
+def slot_of(dsn):
+    """The status's view of logical capture's slot (None with the trigger, or once dropped)."""
+    return status(dsn)["capture"]["slot"]
 
 
 def status(dsn):
@@ -51,9 +59,10 @@ def column_type(dsn, table, column):
                             " AND attname = %s", (f'"{table}"', column)).fetchone()[0]
 
 
-def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
+@METHODS
+def test_full_migration_under_concurrent_writer(db_dsn, tmp_path, method):
     create_orders(db_dsn, 20_000)
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path, method=method)
     writer = Writer(db_dsn).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -65,11 +74,21 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
         writer.pause()  # at the gate: the target holds every committed write, once the log is applied
         assert mover(db_dsn, "run", "orders_bigint").returncode == 3
         assert_oracle(db_dsn, "Orders", "Orders_new")
+        if method == "logical":
+            slot = slot_of(db_dsn)
+            assert slot["exists"] and slot["wal_status"] in ("reserved", "extended"), slot
+            assert slot["changes"] > 0 and slot["retained_bytes"] >= 0 and slot["lag_seconds"] is not None, slot
+            text = mover(db_dsn, "status", "orders_bigint").stdout
+            assert re.search(r"slot .*mover_m\d+_d\d+, reserved, lag .*retains", text), text
+            with psycopg.connect(db_dsn, autocommit=True) as conn:  # no row trigger on the source
+                assert conn.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = '\"Orders\"'::regclass"
+                                    " AND NOT tgisinternal").fetchall() == [("mover_m1_capture_truncate",)]
         writer.resume()
 
         r = mover(db_dsn, "cutover", "orders_bigint")
         assert r.returncode == 0, r.stderr
         assert re.search(r"swapped in; lock held \d+\.\d ms", r.stderr), r.stderr
+        assert capture_leftovers(db_dsn) == []  # the slot went with the swap
         writer.pause()  # just after the swap: nothing committed before it is missing from the new table
         assert_oracle(db_dsn, "Orders")
         writer.resume()
@@ -109,14 +128,16 @@ def test_full_migration_under_concurrent_writer(db_dsn, tmp_path):
     assert [t for t in snap["triggers"]] == []
     assert not any(name == "Orders_old" for _, name, _, _ in snap["relations"])
     assert not any(schema == "mover" for schema, _ in snap["functions"])
+    assert capture_leftovers(db_dsn) == []
     # The sequence survived the old table and still serves the new one.
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute('INSERT INTO "Orders" ("Account") VALUES (1)')
 
 
-def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
+@METHODS
+def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path, method):
     create_orders(db_dsn, 5_000)
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path, method=method)
     writer = Writer(db_dsn, seed=7).start()
     try:
         assert mover(db_dsn, "run", plan).returncode == 3
@@ -150,6 +171,8 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
                     == conn.execute(probes.format('"Orders_new"')).fetchone())
         st = status(db_dsn)
         assert (st["step"], st["cutover"]) == ("cutover", None)
+        if method == "logical":  # the swap back made a new slot before its lock, and reads it
+            assert st["capture"]["slot"]["exists"], st["capture"]
         # Forward capture runs again: a second cutover is possible and loses nothing.
         writer.resume()
         assert mover(db_dsn, "run", "orders_bigint").returncode == 3
@@ -173,16 +196,18 @@ def test_rollback_keeps_rows_written_after_cutover(db_dsn, tmp_path):
     assert re.search(r"rollback +done .*lock held \d+\.\d ms", text), text
 
 
-def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path):
+@METHODS
+def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path, method):
     create_orders(db_dsn, 3_000)
     before = catalog_snapshot(db_dsn)
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path, method=method)
     assert mover(db_dsn, "run", plan).returncode == 3
     assert_oracle(db_dsn, "Orders", "Orders_new")
     assert catalog_snapshot(db_dsn) != before  # the migration did create things
     r = mover(db_dsn, "abort", "orders_bigint")
     assert r.returncode == 0, r.stderr
     assert catalog_snapshot(db_dsn) == before
+    assert capture_leftovers(db_dsn) == []
     assert_oracle(db_dsn, "Orders")
     st = status(db_dsn)
     assert st["state"] == "aborted"
@@ -191,9 +216,10 @@ def test_abort_before_cutover_leaves_database_as_it_was(db_dsn, tmp_path):
     assert status(db_dsn)["step"] == "install_capture"
 
 
-def test_zero_window_retires_in_one_run_with_auto_cutover(db_dsn, tmp_path):
+@METHODS
+def test_zero_window_retires_in_one_run_with_auto_cutover(db_dsn, tmp_path, method):
     create_orders(db_dsn, 3_000)
-    plan = write_plan(tmp_path / "auto.toml", PLAN.format(range_rows=1000, window="0s") + "\n[cutover]\nauto = true\n")
+    plan = orders_plan(tmp_path, range_rows=1000, window="0s", cutover={"auto": True}, method=method)
     writer = Writer(db_dsn, seed=3).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -206,6 +232,7 @@ def test_zero_window_retires_in_one_run_with_auto_cutover(db_dsn, tmp_path):
     assert column_type(db_dsn, "Orders", "id") == "bigint"
     assert writer.ops > 0
     assert_oracle(db_dsn, "Orders")  # the old table is gone: the new one must hold every write
+    assert capture_leftovers(db_dsn) == []
 
 
 def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_path):
@@ -218,7 +245,7 @@ def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_pa
         conn.execute('GRANT SELECT ("Account") ON "Orders" TO PUBLIC')
         conn.execute('ALTER TABLE "Orders" SET (fillfactor = 70)')
         conn.execute("""COMMENT ON TABLE "Orders" IS 'the orders'""")
-    plan = plan_file(tmp_path)
+    plan = orders_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("SET ROLE mover_app")  # writes through the capture trigger as a plain role
@@ -256,9 +283,10 @@ def test_widened_sequences_privileges_and_options_follow_the_swap(db_dsn, tmp_pa
             conn.execute("DROP ROLE mover_app")
 
 
-def test_truncate_of_a_table_being_moved_is_refused_with_a_clear_error(db_dsn, tmp_path):
+@METHODS
+def test_truncate_of_a_table_being_moved_is_refused_with_a_clear_error(db_dsn, tmp_path, method):
     create_orders(db_dsn, 500)
-    assert mover(db_dsn, "step", plan_file(tmp_path)).returncode == 0  # create_target
+    assert mover(db_dsn, "step", orders_plan(tmp_path, method=method)).returncode == 0  # create_target
     assert mover(db_dsn, "step", "orders_bigint").returncode == 0  # install_capture
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         try:
@@ -268,22 +296,6 @@ def test_truncate_of_a_table_being_moved_is_refused_with_a_clear_error(db_dsn, t
             assert "orders_bigint" in str(exc) and "mover abort orders_bigint" in (exc.diag.message_hint or "")
         assert conn.execute('SELECT count(*) FROM "Orders"').fetchone()[0] == 500
     assert_oracle(db_dsn, "Orders")
-
-
-GENERATED_PLAN = """
-[migration]
-name = "orders_amount"
-source = 'public."Orders"'
-
-[target]
-columns = {{ amount = "numeric(16,2)" }}
-
-[backfill]
-range_rows = 500
-
-[rollback]
-window = "1h"
-"""
 
 
 def test_a_type_change_of_a_column_a_generated_column_reads_under_writer_cutover_rollback(db_dsn, tmp_path):
@@ -296,7 +308,7 @@ def test_a_type_change_of_a_column_a_generated_column_reads_under_writer_cutover
         conn.execute('ALTER TABLE "Orders" ADD COLUMN amount_x2 numeric GENERATED ALWAYS AS (amount * 2) STORED,'
                      " ADD CONSTRAINT x2_positive CHECK (amount_x2 >= 0)")
         conn.execute('COMMENT ON COLUMN "Orders".amount_x2 IS \'twice\'')
-    plan = write_plan(tmp_path / "orders.toml", GENERATED_PLAN.format())
+    plan = plan_file(tmp_path, "orders_amount", columns={"amount": "numeric(16,2)"}, backfill={"range_rows": 500})
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 0, r.stdout + r.stderr
 

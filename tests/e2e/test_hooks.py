@@ -9,25 +9,11 @@ import json
 
 import psycopg
 
-from tests.workload import catalog_snapshot, create_orders, differences, mover, write_plan
-
-PLAN = """
-[migration]
-name = "hooked"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[rollback]
-window = "1h"
-
-{hooks}
-"""
+from tests.workload import catalog_snapshot, create_orders, differences, mover, plan_file
 
 
-def plan(tmp_path, hooks: str) -> str:
-    return write_plan(tmp_path / "hooked.toml", PLAN.format(hooks=hooks))
+def plan(tmp_path, hooks: dict | None = None) -> str:
+    return plan_file(tmp_path, "hooked", columns={"id": "bigint"}, **({"hooks": hooks} if hooks else {}))
 
 
 def sql(dsn, statement, params=None):
@@ -52,9 +38,7 @@ def flat(text: str) -> str:
 
 def test_a_failing_before_hook_stops_the_cutover_with_nothing_changed(db_dsn, tmp_path):
     create_orders(db_dsn, 500)
-    p = plan(tmp_path, """[hooks.before_cutover]
-command = "echo deploys cannot be paused >&2; exit 4"
-""")
+    p = plan(tmp_path, {"before_cutover": {"command": "echo deploys cannot be paused >&2; exit 4"}})
     assert mover(db_dsn, "run", p).returncode == 3
     before = catalog_snapshot(db_dsn)
     r = mover(db_dsn, "cutover", "hooked")
@@ -71,13 +55,9 @@ command = "echo deploys cannot be paused >&2; exit 4"
 def test_hooks_run_around_cutover_rollback_and_retire_in_order(db_dsn, tmp_path):
     create_orders(db_dsn, 500)
     trail = tmp_path / "trail"
-    hooks = "".join(f"""[hooks.{e}]
-command = 'echo "$MOVER_HOOK $MOVER_MIGRATION $MOVER_SOURCE" >> {trail}; echo ran {e}'
-""" for e in ("before_cutover", "before_rollback", "after_rollback", "before_retire", "after_retire"))
-    hooks += """[hooks.after_cutover]
-sql = "SELECT pg_notify('app_schema', 'hooked swapped')"
-timeout = "5s"
-"""
+    hooks = {e: {"command": f'echo "$MOVER_HOOK $MOVER_MIGRATION $MOVER_SOURCE" >> {trail}; echo ran {e}'}
+             for e in ("before_cutover", "before_rollback", "after_rollback", "before_retire", "after_retire")}
+    hooks["after_cutover"] = {"sql": "SELECT pg_notify('app_schema', 'hooked swapped')", "timeout": "5s"}
     p = plan(tmp_path, hooks)
     assert mover(db_dsn, "run", p).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as listener:
@@ -101,9 +81,7 @@ timeout = "5s"
 
 def test_a_failing_after_hook_is_reported_and_the_cutover_stands(db_dsn, tmp_path):
     create_orders(db_dsn, 500)
-    p = plan(tmp_path, """[hooks.after_cutover]
-sql = "SELECT 1/0"
-""")
+    p = plan(tmp_path, {"after_cutover": {"sql": "SELECT 1/0"}})
     assert mover(db_dsn, "run", p).returncode == 3
     r = mover(db_dsn, "cutover", "hooked")
     assert r.returncode == 0, r.stderr
@@ -116,10 +94,7 @@ sql = "SELECT 1/0"
 
 def test_a_hook_that_hangs_times_out_and_stops_the_rollback(db_dsn, tmp_path):
     create_orders(db_dsn, 500)
-    p = plan(tmp_path, """[hooks.before_rollback]
-command = "sleep 20"
-timeout = "300ms"
-""")
+    p = plan(tmp_path, {"before_rollback": {"command": "sleep 20", "timeout": "300ms"}})
     assert mover(db_dsn, "run", p).returncode == 3
     assert mover(db_dsn, "cutover", "hooked").returncode == 0
     r = mover(db_dsn, "rollback", "hooked", timeout=15)
@@ -130,13 +105,12 @@ timeout = "300ms"
 
 def test_plan_check_lists_hooks_and_warns_about_prepared_statements(db_dsn, tmp_path):
     create_orders(db_dsn, 100)
-    r = mover(db_dsn, "plan", "check", plan(tmp_path, ""))
+    r = mover(db_dsn, "plan", "check", plan(tmp_path))
     assert r.returncode == 0, r.stderr
     out = flat(r.stdout)
     assert "SQLSTATE 0A000" in out and "add [hooks.after_cutover]" in out, out
-    r = mover(db_dsn, "plan", "check", plan(tmp_path, """[hooks.after_cutover]
-command = "psql -h pgbouncer -p 6432 pgbouncer -c 'RECONNECT app'"
-"""), "--json")
+    r = mover(db_dsn, "plan", "check", plan(tmp_path, {"after_cutover": {
+        "command": "psql -h pgbouncer -p 6432 pgbouncer -c 'RECONNECT app'"}}), "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["hooks"] == {"after_cutover": "command = \"psql -h pgbouncer -p 6432 pgbouncer -c 'RECONNECT app'\","
@@ -147,7 +121,7 @@ command = "psql -h pgbouncer -p 6432 pgbouncer -c 'RECONNECT app'"
 def test_the_warning_is_true_a_prepared_statement_fails_after_the_swap(db_dsn, tmp_path):
     """What the warning says, shown: PostgreSQL refuses a statement prepared before the swap."""
     create_orders(db_dsn, 100)
-    assert mover(db_dsn, "run", plan(tmp_path, "")).returncode == 3
+    assert mover(db_dsn, "run", plan(tmp_path)).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as app:
         app.execute('PREPARE one AS SELECT id FROM "Orders" WHERE id = 1')
         app.execute("EXECUTE one")

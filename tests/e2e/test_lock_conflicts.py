@@ -14,25 +14,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import catalog_snapshot, create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import catalog_snapshot, create_orders, differences, finish, mover, plan_text, spawn, write_plan
 
 LOCK_TIMEOUT_MS = 300
 
-PLAN = f"""
-[migration]
-name = "locked"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[cutover]
-lock_timeout = "{LOCK_TIMEOUT_MS}ms"
-attempts = 2
-
-[rollback]
-window = "1h"
-"""
+CUTOVER = {"lock_timeout": f"{LOCK_TIMEOUT_MS}ms", "attempts": 2}
+PLAN = plan_text("locked", columns={"id": "bigint"}, cutover=CUTOVER)
 
 
 @contextmanager
@@ -152,7 +139,8 @@ def test_a_prepared_transaction_that_blocks_the_lock_is_named(db_dsn, tmp_path, 
     owner, database, age) and the statements that end it, and says that terminate_blockers
     cannot; once it is rolled back the same command goes through."""
     create_orders(db_dsn, 500)
-    plan = write_plan(tmp_path / "locked.toml", PLAN.replace("attempts = 2", "attempts = 2\nterminate_blockers = true"))
+    plan = write_plan(tmp_path / "locked.toml",
+                      plan_text("locked", columns={"id": "bigint"}, cutover={**CUTOVER, "terminate_blockers": True}))
     setup, command, _ = CASES[operation]
     for args, code in setup:
         r = mover(db_dsn, *[plan if a == "PLAN" else a for a in args])

@@ -11,28 +11,12 @@ import time
 import psycopg
 import pytest
 
-from tests.workload import create_orders, differences, mover, write_plan
-
-PLAN = """
-[migration]
-name = "disc"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[cutover]
-lock_timeout = "200ms"
-attempts = 2
-{cutover}
-
-[rollback]
-window = "1h"
-"""
+from tests.workload import create_orders, differences, mover, plan_file, plan_text, write_plan
 
 
-def plan(tmp_path, cutover: str = "") -> str:
-    return write_plan(tmp_path / "disc.toml", PLAN.format(cutover=cutover))
+def plan(tmp_path, **cutover) -> str:
+    return plan_file(tmp_path, "disc", columns={"id": "bigint"},
+                     cutover={"lock_timeout": "200ms", "attempts": 2, **cutover})
 
 
 def sql(dsn, statement, params=None):
@@ -84,7 +68,7 @@ def test_a_blocking_session_is_named(db_dsn, tmp_path):
 
 def test_terminate_blockers_ends_them_and_reports_whom(db_dsn, tmp_path):
     create_orders(db_dsn, 1_000)
-    assert mover(db_dsn, "run", plan(tmp_path, 'terminate_blockers = true\nblocker_grace = "300ms"')).returncode == 3
+    assert mover(db_dsn, "run", plan(tmp_path, terminate_blockers=True, blocker_grace="300ms")).returncode == 3
     blocker = open_blocker(db_dsn)
     pid = blocker.info.backend_pid
     r = mover(db_dsn, "cutover", "disc")
@@ -133,25 +117,10 @@ def test_autovacuum_restored_after_a_kill_between_pause_and_swap(db_dsn, tmp_pat
     assert reloptions(db_dsn, '"Orders"') is None and reloptions(db_dsn, '"Orders_old"') is None
 
 
-PARTITIONED_PLAN = """
-[migration]
-name = "disc"
-source = "events"
-
-[target.partition]
-by = "range"
-column = "created_at"
-interval = "1 month"
-premake = 1
-accept_key_change = true
-
-[cutover]
-lock_timeout = "200ms"
-attempts = 2
-
-[rollback]
-window = "1h"
-"""
+PARTITIONED_PLAN = plan_text(
+    "disc", "events", cutover={"lock_timeout": "200ms", "attempts": 2},
+    target={"partition": {"by": "range", "column": "created_at", "interval": "1 month", "premake": 1,
+                          "accept_key_change": True}})
 
 
 def partitions(dsn, table):

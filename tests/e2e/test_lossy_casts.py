@@ -11,36 +11,16 @@ from __future__ import annotations
 import json
 import random
 import string
-import threading
+from dataclasses import dataclass
 
 import psycopg
 
-from tests.workload import differences, mover, write_plan
-
-PLAN = """
-[migration]
-name = "{name}"
-source = "{source}"
-
-[target]
-columns = {columns}
-{accept}
-
-[backfill]
-range_rows = 200
-min_rows = 100
-max_rows = 300
-max_rows_per_second = {rate}
-
-[rollback]
-window = "1h"
-"""
+from tests.workload import AppWriter, differences, mover, plan_file
 
 
 def plan(tmp_path, name, source, columns, accept=None, rate=0):
-    return write_plan(tmp_path / f"{name}.toml", PLAN.format(
-        name=name, source=source, columns=columns, rate=rate,
-        accept="" if accept is None else "accept_lossy = [" + ", ".join(f'"{c}"' for c in accept) + "]"))
+    return plan_file(tmp_path, name, source, columns=columns, target={} if accept is None else {"accept_lossy": accept},
+                     backfill={"range_rows": 200, "min_rows": 100, "max_rows": 300, "max_rows_per_second": rate})
 
 
 def run_sql(dsn, *statements):
@@ -74,45 +54,31 @@ def _long(rng):
     return "L" + "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(5, 15)))
 
 
-class CodeWriter:
-    """Makes short codes long and long codes short while the migration runs."""
+@dataclass(eq=False, kw_only=True)
+class CodeWriter(AppWriter):
+    """Makes short codes long and long codes short while the migration runs. With a migration
+    name: stops once its backfill is over. The writes then overlap capture and the copy, and
+    reconcile converges however slow the machine (a writer that outlives `mover run` could keep
+    a starved reconcile chasing fresh changes)."""
 
-    def __init__(self, dsn, rows, seed=3, migration=None):
-        self.dsn, self.rows, self.rng = dsn, rows, random.Random(seed)
-        # With a migration name: stop once its backfill is over. The writes then overlap capture
-        # and the copy, and reconcile converges however slow the machine (a writer that outlives
-        # `mover run` could keep a starved reconcile chasing fresh changes).
-        self.migration = migration
-        self.stop = threading.Event()
-        self.ops, self.errors = 0, []
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    rows: int
+    seed: int = 3
+    migration: str | None = None
+    delay: float = 0.002
+    prepare_threshold: int | None = 5  # psycopg's default: prepared statements, as an application has them
 
-    def start(self):
-        self.thread.start()
-        return self
-
-    def _run(self):
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    if self.migration and self.ops % 20 == 0 and self._backfill_over(conn):
-                        break
-                    i = self.rng.randint(1, self.rows)
-                    code = _long(self.rng) if self.rng.random() < 0.3 else _short(self.rng)
-                    conn.execute("UPDATE items SET code = %s, qty = qty + 1 WHERE id = %s", (code, i))
-                    self.ops += 1
-                    self.stop.wait(0.002)
-        except Exception as exc:
-            self.errors.append(exc)
+    def write(self, conn, rng: random.Random) -> None:
+        if self.migration and self.ops % 20 == 0 and self._backfill_over(conn):
+            self.stop.set()
+            return
+        i = rng.randint(1, self.rows)
+        code = _long(rng) if rng.random() < 0.3 else _short(rng)
+        conn.execute("UPDATE items SET code = %s, qty = qty + 1 WHERE id = %s", (code, i))
 
     def _backfill_over(self, conn) -> bool:
         row = conn.execute("SELECT step NOT IN ('create_target', 'install_capture', 'backfill')"
                            " FROM mover.migrations WHERE name = %s", (self.migration,)).fetchone()
         return bool(row and row[0])
-
-    def halt(self):
-        self.stop.set()
-        self.thread.join(30)
 
 
 ITEMS = 3000
@@ -129,15 +95,15 @@ def create_items(dsn):
 
 def test_varchar_narrowing_refused_unless_acknowledged(db_dsn, tmp_path):
     create_items(db_dsn)
-    r = mover(db_dsn, "plan", "check", plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }'))
+    r = mover(db_dsn, "plan", "check", plan(tmp_path, "narrow", "items", {"code": "varchar(5)"}))
     assert r.returncode == 2, r.stderr
     for part in ('"code"', "character varying(20) -> character varying(5)", "length narrowing",
                  'accept_lossy = ["code"]'):
         assert part in r.stderr, r.stderr
     assert query(db_dsn, "SELECT count(*) FROM mover.migrations")[0][0] == 0
-    r = mover(db_dsn, "run", plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }'))
+    r = mover(db_dsn, "run", plan(tmp_path, "narrow", "items", {"code": "varchar(5)"}))
     assert r.returncode == 2 and "accept_lossy" in r.stderr, r.stderr
-    r = mover(db_dsn, "plan", "check", "--json", plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }', ["code"]))
+    r = mover(db_dsn, "plan", "check", "--json", plan(tmp_path, "narrow", "items", {"code": "varchar(5)"}, ["code"]))
     assert r.returncode == 0, r.stderr
     assert "length narrowing" in json.loads(r.stdout)["lossy_accepted"]["code"]
 
@@ -147,8 +113,8 @@ def test_varchar_narrowing_long_rows_are_divergences(db_dsn, tmp_path):
     it, the short ones are copied, the cutover waits; fixing the source rows and repairing ends
     in equal tables and a cutover."""
     create_items(db_dsn)
-    path = plan(tmp_path, "narrow", "items", '{ code = "varchar(5)" }', ["code"], rate=3000)
-    writer = CodeWriter(db_dsn, ITEMS, migration="narrow").start()
+    path = plan(tmp_path, "narrow", "items", {"code": "varchar(5)"}, ["code"], rate=3000)
+    writer = CodeWriter(db_dsn, rows=ITEMS, migration="narrow").start()
     try:
         r = mover(db_dsn, "run", path)
         assert r.returncode == 3, r.stderr
@@ -199,7 +165,7 @@ def test_rounding_conversions_are_reported_as_different(db_dsn, tmp_path):
             "CREATE TABLE m (id int PRIMARY KEY, amount numeric(12,4), ratio double precision)",
             "INSERT INTO m SELECT g, CASE WHEN g % 10 = 0 THEN g + 0.1234 ELSE g + 0.5 END,"
             " CASE WHEN g % 7 = 0 THEN g * 0.1 ELSE g * 0.25 END FROM generate_series(1, 2000) g")
-    columns = '{ amount = "numeric(12,2)", ratio = "real" }'
+    columns = {"amount": "numeric(12,2)", "ratio": "real"}
     r = mover(db_dsn, "plan", "check", plan(tmp_path, "round", "m", columns))
     assert r.returncode == 2, r.stderr
     assert '"amount" numeric(12,4) -> numeric(12,2): scale narrowing' in r.stderr, r.stderr
@@ -226,14 +192,14 @@ def test_rounding_conversions_are_reported_as_different(db_dsn, tmp_path):
 
 def test_no_assignment_cast_is_refused(db_dsn, tmp_path):
     run_sql(db_dsn, "CREATE TABLE t (id int PRIMARY KEY, n text)", "INSERT INTO t VALUES (1, '42')")
-    r = mover(db_dsn, "plan", "check", plan(tmp_path, "to-int", "t", '{ n = "integer" }', ["n"]))
+    r = mover(db_dsn, "plan", "check", plan(tmp_path, "to-int", "t", {"n": "integer"}, ["n"]))
     assert r.returncode == 2, r.stderr
     assert 'column "n" cannot become \'integer\'' in r.stderr and "no assignment cast from text to integer" in r.stderr
 
 
 def test_lossy_key_is_refused(db_dsn, tmp_path):
     run_sql(db_dsn, "CREATE TABLE k (id bigint PRIMARY KEY, v text)", "INSERT INTO k VALUES (1, 'a')")
-    r = mover(db_dsn, "plan", "check", plan(tmp_path, "key-narrow", "k", '{ id = "integer" }', ["id"]))
+    r = mover(db_dsn, "plan", "check", plan(tmp_path, "key-narrow", "k", {"id": "integer"}, ["id"]))
     assert r.returncode == 2, r.stderr
     assert 'key column "id"' in r.stderr and "bigint -> integer" in r.stderr, r.stderr
 
@@ -241,6 +207,6 @@ def test_lossy_key_is_refused(db_dsn, tmp_path):
 def test_a_narrowing_through_a_domain_is_named(db_dsn, tmp_path):
     run_sql(db_dsn, "CREATE DOMAIN code20 AS varchar(20)", "CREATE TABLE d (id int PRIMARY KEY, code code20)",
             "INSERT INTO d VALUES (1, 'abcdefgh')")
-    r = mover(db_dsn, "plan", "check", plan(tmp_path, "dom", "d", '{ code = "varchar(5)" }'))
+    r = mover(db_dsn, "plan", "check", plan(tmp_path, "dom", "d", {"code": "varchar(5)"}))
     assert r.returncode == 2, r.stderr
     assert '"code" public.code20 -> character varying(5): length narrowing' in r.stderr, r.stderr

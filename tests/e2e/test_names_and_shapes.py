@@ -9,7 +9,7 @@ import zipfile
 import psycopg
 from psycopg import sql
 
-from tests.workload import ROOT, finish, hung_at, mover, spawn, write_plan
+from tests.workload import ROOT, finish, hung_at, mover, plan_file, spawn
 
 
 def test_names_needing_quotes_composite_key_identity_and_odd_types(db_dsn, tmp_path):
@@ -32,22 +32,10 @@ def test_names_needing_quotes_composite_key_identity_and_odd_types(db_dsn, tmp_p
             FROM generate_series(1, 3000) g""").format(t))
         # The oracle: a plain copy that the test's own writes below also go to.
         conn.execute(sql.SQL('CREATE TABLE expected AS SELECT * FROM {}').format(t))
-    plan = write_plan(tmp_path / "odd.toml", """
-[migration]
-name = "odd"
-source = '"Sales Dept"."Order ""Items""; DROP"'
-
-[target]
-name = '"Sales Dept"."Order Items new"'
-columns = { "Qty" = "integer", line = "bigint" }
-
-[backfill]
-range_rows = 700
-
-[rollback]
-window = "0s"
-old_name = '"Sales Dept"."Order Items (old)"'
-""")
+    plan = plan_file(tmp_path, "odd", '"Sales Dept"."Order ""Items""; DROP"',
+                     columns={"Qty": "integer", "line": "bigint"}, target={"name": '"Sales Dept"."Order Items new"'},
+                     backfill={"range_rows": 700},
+                     rollback={"window": "0s", "old_name": '"Sales Dept"."Order Items (old)"'})
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 0, r.stderr
     assert '"Sales Dept"."Order Items new"' in r.stdout
@@ -91,15 +79,7 @@ old_name = '"Sales Dept"."Order Items (old)"'
 def test_ctrl_c_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
     from tests.workload import assert_oracle, create_orders
     create_orders(db_dsn, 5_000)
-    plan = write_plan(tmp_path / "p.toml", """
-[migration]
-name = "ctrlc"
-source = 'public."Orders"'
-[backfill]
-range_rows = 500
-[rollback]
-window = "1h"
-""")
+    plan = plan_file(tmp_path, "ctrlc", backfill={"range_rows": 500})
     release = tmp_path / "release"
     proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@backfill_range:2", "MOVER_FAULT_RELEASE": str(release)})
     assert hung_at(proc, "backfill_range:2")

@@ -22,22 +22,9 @@ from mover import api
 from mover.errors import MoverError, Waiting
 from mover.state import control
 from tests.conftest import connect, dsn_with_dbname
-from tests.workload import write_plan
+from tests.workload import plan_text, write_plan
 
-PLAN = """
-[migration]
-name = "ns"
-source = "ns"
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 100
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("ns", "ns", columns={"id": "bigint"}, backfill={"range_rows": 100})
 
 COMMAND = re.compile(r"`mover ([a-z]+) ([^`]*)`")
 

@@ -8,26 +8,7 @@ import json
 import psycopg
 
 from mover.engines import parity as mover_parity
-from tests.workload import Writer, assert_oracle, create_orders, cutover_with_change_before_lock, mover, write_plan
-
-PLAN = """
-[migration]
-name = "parity"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-chunk_rows = 1000
-
-[cutover]
-lock_timeout = "500ms"
-{accept}
-
-[rollback]
-window = "1h"
-"""
+from tests.workload import Writer, assert_oracle, create_orders, cutover_with_change_before_lock, mover, plan_file
 
 METADATA = """
 ALTER TABLE "Orders" REPLICA IDENTITY USING INDEX "Orders_pkey";
@@ -41,8 +22,9 @@ GRANT SELECT ON "Orders" TO PUBLIC;
 """
 
 
-def plan_file(tmp_path, accept: str = "") -> str:
-    return write_plan(tmp_path / "parity.toml", PLAN.format(accept=accept))
+def parity_plan(tmp_path, accept: list[str] | None = None) -> str:
+    cutover = {"lock_timeout": "500ms", **({"accept_parity": accept} if accept else {})}
+    return plan_file(tmp_path, "parity", columns={"id": "bigint"}, backfill={"chunk_rows": 1000}, cutover=cutover)
 
 
 def parity(dsn: str) -> tuple[int, dict]:
@@ -85,7 +67,7 @@ def test_metadata_survives_swap_and_rollback_under_writer(db_dsn, tmp_path):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(METADATA)
     assert metadata(db_dsn, "Orders") == EXPECTED
-    plan = plan_file(tmp_path)
+    plan = parity_plan(tmp_path)
     r = mover(db_dsn, "plan", "check", plan, "--json")
     assert r.returncode == 0, r.stderr
     notes = json.loads(r.stdout)["metadata"]
@@ -145,7 +127,7 @@ def test_unplanned_difference_refuses_cutover_until_accepted(db_dsn, tmp_path):
     create_orders(db_dsn, 2_000)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute('GRANT SELECT ON "Orders" TO PUBLIC')
-    plan = plan_file(tmp_path)
+    plan = parity_plan(tmp_path)
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -164,7 +146,7 @@ def test_unplanned_difference_refuses_cutover_until_accepted(db_dsn, tmp_path):
         assert conn.execute("SELECT has_table_privilege('public', '\"Orders\"', 'SELECT')").fetchone() == (True,)
 
     # The operator's decision, recorded in the plan, lets exactly that difference through.
-    plan = plan_file(tmp_path, 'accept_parity = ["grant:SELECT TO PUBLIC"]')
+    plan = parity_plan(tmp_path, ["grant:SELECT TO PUBLIC"])
     assert mover(db_dsn, "run", plan).returncode == 3
     r = mover(db_dsn, "cutover", "parity")
     assert r.returncode == 0, r.stderr
@@ -182,7 +164,7 @@ def test_swap_back_checks_parity_too(db_dsn, tmp_path):
     """In the window someone changes the old table; the rollback would hand the application a table
     that differs from the one it uses, so it refuses (exit 3) naming `mover rollback`."""
     create_orders(db_dsn, 1_000)
-    plan = plan_file(tmp_path)
+    plan = parity_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     r = mover(db_dsn, "cutover", "parity")
     assert r.returncode == 0, r.stderr
@@ -220,7 +202,7 @@ def test_what_the_swap_moves_is_compared_too(db_dsn, tmp_path):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute('UPDATE "Orders" SET note = id::text')
         conn.execute(SWAPPED_OBJECTS)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", parity_plan(tmp_path)).returncode == 3
     code, before = parity(db_dsn)
     made = {d["kind"] for d in before["comparisons"][0]["differences"] if d["reason"] == "made at the swap"}
     assert code == 0 and {"trigger", "policy", "view", "referenced_by", "row_security"} <= made, before
@@ -245,7 +227,7 @@ def test_a_change_between_preparation_and_lock_is_caught_under_the_lock(db_dsn, 
     the lock) change the digest checked under the lock, so it is read again there and the new table,
     which lacks them, is refused (exit 3) rather than swapped in without them."""
     create_orders(db_dsn, 1_000)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", parity_plan(tmp_path)).returncode == 3
     code, err = cutover_with_change_before_lock(db_dsn, "parity", tmp_path, 'GRANT SELECT ON "Orders" TO PUBLIC',
                                                 """COMMENT ON COLUMN "Orders".note IS 'late'""")
     assert code == 3, err
@@ -270,7 +252,7 @@ def test_a_shape_change_between_preparation_and_lock_is_caught_under_the_lock(db
     """The shapes are checked before the lock and, under it, through the digest: a column default
     changed or an index created on the source in between is refused (exit 2), nothing swapped."""
     create_orders(db_dsn, 1_000)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", parity_plan(tmp_path)).returncode == 3
     for change, named in (("""ALTER TABLE "Orders" ALTER status SET DEFAULT 'late'""", "status"),
                           ('CREATE INDEX orders_late ON "Orders" (note)', "orders_late")):
         code, err = cutover_with_change_before_lock(db_dsn, "parity", tmp_path, change)
@@ -296,7 +278,7 @@ def test_a_security_label_without_its_provider_is_reported_not_carried(db_dsn, t
         conn.execute("SET allow_system_table_mods = on")
         conn.execute("""INSERT INTO pg_seclabel VALUES ('"Orders"'::regclass, 'pg_class'::regclass, 0,"""
                      " 'absent_provider', 'secret')")
-    plan = plan_file(tmp_path)
+    plan = parity_plan(tmp_path)
     for command in (("plan", "check", plan), ("run", plan)):
         r = mover(db_dsn, *command)
         said = " ".join(r.stderr.split())

@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 import random
 import re
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import Spawned, WriterThread, differences, mismatches, mover, write_plan
+from tests import workload
+from tests.workload import AppWriter, Spawned, differences, mover
 
 COLUMNS = ("id", "created_at", "tenant_id", "region", "payload")
 ROWS = 3000
@@ -65,115 +65,75 @@ def mirrored_delete(statement: str) -> str:
 
 
 def assert_oracle(dsn: str, *tables: str) -> None:
-    """Each table holds exactly what the application committed, column by column."""
-    for table in tables:
-        diff = mismatches(dsn, table, MIRROR, COLUMNS)
-        assert diff == {}, f"{table} differs from what the application committed ({MIRROR}): {diff}"
+    workload.assert_oracle(dsn, *tables, mirror=MIRROR, columns=COLUMNS)
 
 
-PLAN = """
-[migration]
-name = "events_part"
-source = "events"
-
-[target.partition]
-{partition}
-
-[backfill]
-range_rows = 500
-
-[rollback]
-window = "1h"
-"""
-
-MONTHLY = 'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\npremake = 2\naccept_key_change = true\n'
+MONTHLY = {"by": "range", "column": "created_at", "interval": "1 month", "premake": 2, "accept_key_change": True}
+MONTHLY_DEFAULT = {**MONTHLY, "default": True}
+HASH = {"by": "hash", "column": "tenant_id", "modulus": 4, "accept_key_change": True}
 
 
-def plan_file(tmp_path, partition: str = MONTHLY, index_builds: int = 0) -> str:
-    text = PLAN.format(partition=partition)
-    if index_builds:
-        text = text.replace("range_rows = 500\n", f"range_rows = 500\nindex_builds = {index_builds}\n")
-    return write_plan(tmp_path / "events.toml", text)
+def plan_file(tmp_path, partition: dict = MONTHLY, *, backfill: dict | None = None, method: str = "trigger",
+              **sections) -> str:
+    """The events migration with `partition` as its [target.partition], capturing by `method`."""
+    if method != "trigger":
+        sections["capture"] = {"method": method}
+    return workload.plan_file(tmp_path, "events_part", "events", target={"partition": partition},
+                              backfill={"range_rows": 500, **(backfill or {})}, **sections)
 
 
-@dataclass
-class EventWriter(WriterThread):
+@dataclass(eq=False, kw_only=True)
+class EventWriter(AppWriter):
     """The application: inserts, updates that move a row to another month, deletes, and (with
     `outside`) a row dated where no partition exists; with `future`, rows dated in the months
     ahead (in the default partition until `maintain` creates theirs) and moves into them and
-    back. Every write is mirrored in the same statement. Any error it sees is recorded."""
+    back. Every write is mirrored in the same statement."""
 
-    dsn: str
+    seed: int = 7
     outside: bool = False
     future: bool = False
     outside_rows: int = 0
-    ops: int = 0
     moved: int = 0
-    errors: list = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    paused: threading.Event = field(default_factory=threading.Event)
-    idle: threading.Event = field(default_factory=threading.Event)
-    done: threading.Condition = field(default_factory=threading.Condition)
 
-    def wait_for_ops(self, n: int, timeout: float = 60) -> None:
-        """Returns once the writer has done n operations in all."""
-        with self.done:
-            assert self.done.wait_for(lambda: self.ops >= n, timeout), f"writer stuck at {self.ops} operations"
-
-    def _loop(self) -> None:
-        rnd = random.Random(7)
-        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
-            while not self.stop.is_set():
-                if self.paused.is_set():
-                    self.idle.set()
-                    self.stop.wait(0.01)
-                    continue
-                self.idle.clear()
-                op = rnd.random()
-                try:
-                    (top,) = conn.execute("SELECT coalesce(max(id), 1) FROM events").fetchone()
-                    k = rnd.randint(1, top)
-                    if op < 0.3:
-                        # With `future`, a third of the rows are dated 2 to 7 months ahead.
-                        days = -rnd.randint(60, 210) if self.future and rnd.random() < 0.33 else rnd.randint(0, 700)
-                        conn.execute(mirrored("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
-                                              " (now() - %s * interval '1 day', %s, 'de', 'w')"),
-                                     (days, rnd.randint(0, 19)))
-                    elif op < 0.5:
-                        conn.execute(mirrored("UPDATE events SET payload = md5(random()::text) WHERE id = %s"), (k,))
-                    elif self.future and op < 0.6:
-                        # Into a month ahead, or back from one: across the default partition.
-                        n = conn.execute(mirrored(
-                            "UPDATE events SET created_at = CASE WHEN created_at > now() THEN now() - interval"
-                            " '3 days' ELSE now() + %s * interval '1 day' END, payload = 'ahead' WHERE id = %s"),
-                            (rnd.randint(60, 210), k)).rowcount
-                        self.moved += n
-                    elif op < 0.75:
-                        # Across months: the row changes partition in the target.
-                        # (Every partition column changes: the hash and list variants move too.)
-                        # Forward or back 45 days, never past the first or last partition.
-                        n = conn.execute(mirrored(
-                            "UPDATE events SET created_at = created_at + CASE WHEN created_at <"
-                            " now() - interval '60 days' THEN 1 ELSE -1 END * interval '45 days',"
-                            " tenant_id = (tenant_id + 1) %% 20, region = CASE region WHEN 'de'"
-                            " THEN 'fr' WHEN 'fr' THEN 'us' ELSE 'de' END, payload = 'moved'"
-                            " WHERE id = %s"), (k,)).rowcount
-                        self.moved += n
-                    elif op < 0.9:
-                        conn.execute(mirrored_delete("DELETE FROM events WHERE id = %s"), (k,))
-                    elif self.outside and self.outside_rows < 5 and op < 0.92 and conn.execute(
-                            "SELECT to_regclass('events_new') IS NOT NULL").fetchone()[0]:
-                        # Only once the target exists: plan check would refuse (or route to the
-                        # default partition) a row that is already there.
-                        conn.execute(mirrored("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
-                                              " (%s, 1, 'us', 'outside')"), (OUTSIDE,))
-                        self.outside_rows += 1
-                    with self.done:
-                        self.ops += 1
-                        self.done.notify_all()
-                except psycopg.Error as exc:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-
+    def write(self, conn, rnd: random.Random) -> None:
+        op = rnd.random()
+        (top,) = conn.execute("SELECT coalesce(max(id), 1) FROM events").fetchone()
+        k = rnd.randint(1, top)
+        if op < 0.3:
+            # With `future`, a third of the rows are dated 2 to 7 months ahead.
+            days = -rnd.randint(60, 210) if self.future and rnd.random() < 0.33 else rnd.randint(0, 700)
+            conn.execute(mirrored("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                  " (now() - %s * interval '1 day', %s, 'de', 'w')"),
+                         (days, rnd.randint(0, 19)))
+        elif op < 0.5:
+            conn.execute(mirrored("UPDATE events SET payload = md5(random()::text) WHERE id = %s"), (k,))
+        elif self.future and op < 0.6:
+            # Into a month ahead, or back from one: across the default partition.
+            n = conn.execute(mirrored(
+                "UPDATE events SET created_at = CASE WHEN created_at > now() THEN now() - interval"
+                " '3 days' ELSE now() + %s * interval '1 day' END, payload = 'ahead' WHERE id = %s"),
+                (rnd.randint(60, 210), k)).rowcount
+            self.moved += n
+        elif op < 0.75:
+            # Across months: the row changes partition in the target.
+            # (Every partition column changes: the hash and list variants move too.)
+            # Forward or back 45 days, never past the first or last partition.
+            n = conn.execute(mirrored(
+                "UPDATE events SET created_at = created_at + CASE WHEN created_at <"
+                " now() - interval '60 days' THEN 1 ELSE -1 END * interval '45 days',"
+                " tenant_id = (tenant_id + 1) %% 20, region = CASE region WHEN 'de'"
+                " THEN 'fr' WHEN 'fr' THEN 'us' ELSE 'de' END, payload = 'moved'"
+                " WHERE id = %s"), (k,)).rowcount
+            self.moved += n
+        elif op < 0.9:
+            conn.execute(mirrored_delete("DELETE FROM events WHERE id = %s"), (k,))
+        elif self.outside and self.outside_rows < 5 and op < 0.92 and conn.execute(
+                "SELECT to_regclass('events_new') IS NOT NULL").fetchone()[0]:
+            # Only once the target exists: plan check would refuse (or route to the
+            # default partition) a row that is already there.
+            conn.execute(mirrored("INSERT INTO events (created_at, tenant_id, region, payload) VALUES"
+                                  " (%s, 1, 'us', 'outside')"), (OUTSIDE,))
+            self.outside_rows += 1
 
 
 def status(dsn: str) -> dict:
@@ -231,7 +191,7 @@ def test_plan_check_lists_each_partitions_index_builds_that_the_backfill_runs(db
     the parent, which would build every partition in one transaction), the parent's index ON ONLY
     and the attachments, and those are the indexes the backfill makes."""
     create_events(db_dsn, 500)
-    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    plan = plan_file(tmp_path, MONTHLY_DEFAULT)
     r = mover(db_dsn, "plan", "check", plan, "--json")
     assert r.returncode == 0, r.stderr
     (backfill,) = [s for s in json.loads(r.stdout)["steps"] if s["name"] == "backfill"]
@@ -276,10 +236,11 @@ def drain_and_judge(dsn: str, writer: EventWriter, *tables: str) -> None:
         writer.resume()
 
 
-@pytest.mark.parametrize("default", [True, False])
-def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_path, default):
+# With logical capture too: a partitioned target, its rows moving between partitions under the writer.
+@pytest.mark.parametrize("default,method", [(True, "trigger"), (False, "trigger"), (True, "logical")])
+def test_monthly_conversion_under_writer_cutover_rollback_and_again(db_dsn, tmp_path, default, method):
     create_events(db_dsn)
-    plan = plan_file(tmp_path, MONTHLY + f"default = {str(default).lower()}\n")
+    plan = plan_file(tmp_path, {**MONTHLY, "default": default}, method=method)
     writer = EventWriter(db_dsn, outside=True).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -348,8 +309,7 @@ def test_two_hundred_thousand_rows_over_24_months_convert_under_writer(db_dsn, t
     rows across months, deletes and writes rows dated beyond every partition (the default one
     takes them); judged by the writer's mirror before the swap and after it."""
     create_events(db_dsn, 200_000)
-    plan = write_plan(tmp_path / "events.toml", PLAN.format(partition=MONTHLY + "default = true\n").replace(
-        "range_rows = 500\n", "range_rows = 500\nmax_rows = 10000\n"))  # 20 ranges or more
+    plan = plan_file(tmp_path, MONTHLY_DEFAULT, backfill={"max_rows": 10000})  # 20 ranges or more
     writer = EventWriter(db_dsn, outside=True).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -373,9 +333,8 @@ def test_maintain_premakes_reports_default_rows_applies_retention_and_is_idempot
     CONCURRENTLY then); without one, CONCURRENTLY."""
     create_events(db_dsn)
     drop = not default  # both policies, one per variant
-    text = PLAN.format(partition=MONTHLY + f"default = {str(default).lower()}\n") + (
-        f'\n[partitions]\npremake = 5\nretention = "12 months"\ndrop_detached = {str(drop).lower()}\n')
-    plan = write_plan(tmp_path / "events.toml", text)
+    plan = plan_file(tmp_path, {**MONTHLY, "default": default},
+                     partitions={"premake": 5, "retention": "12 months", "drop_detached": drop})
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     r = mover(db_dsn, "cutover", "events_part")
@@ -454,8 +413,7 @@ def test_maintain_under_a_concurrent_writer_loses_and_duplicates_nothing(db_dsn,
     """maintain creates partitions and carves rows out of the default partition while the
     application inserts rows into those months and moves rows into and out of them."""
     create_events(db_dsn)
-    text = PLAN.format(partition=MONTHLY + "default = true\n") + "\n[partitions]\npremake = 6\n"
-    plan = write_plan(tmp_path / "events.toml", text)
+    plan = plan_file(tmp_path, MONTHLY_DEFAULT, partitions={"premake": 6})
     writer = EventWriter(db_dsn, future=True).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -489,9 +447,9 @@ def test_maintain_under_a_concurrent_writer_loses_and_duplicates_nothing(db_dsn,
 
 
 @pytest.mark.parametrize("partition, expected", [
-    ('by = "hash"\ncolumn = "tenant_id"\nmodulus = 4\nname = "{table}_h{N}"\naccept_key_change = true\n',
+    ({**HASH, "name": "{table}_h{N}"},
      ["events_h0", "events_h1", "events_h2", "events_h3"]),
-    ('by = "list"\ncolumn = "region"\nvalues = { eu = ["de", "fr"], us = ["us"] }\naccept_key_change = true\n',
+    ({"by": "list", "column": "region", "values": {"eu": ["de", "fr"], "us": ["us"]}, "accept_key_change": True},
      ["events_eu", "events_us"]),
 ], ids=["hash", "list"])
 def test_hash_and_list_conversions_under_writer(db_dsn, tmp_path, partition, expected):
@@ -527,7 +485,7 @@ def test_a_nullable_partition_column_is_refused_while_it_holds_null_then_made_no
         conn.execute("ALTER TABLE events ALTER tenant_id DROP NOT NULL")
         conn.execute("ALTER TABLE events_mirror ALTER tenant_id DROP NOT NULL")
         conn.execute(mirrored("UPDATE events SET tenant_id = NULL WHERE id = 7"))
-    plan = plan_file(tmp_path, 'by = "hash"\ncolumn = "tenant_id"\nmodulus = 4\naccept_key_change = true\n')
+    plan = plan_file(tmp_path, HASH)
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 2 and "NULL in column \"tenant_id\"" in " ".join(r.stderr.split()), r.stderr
     assert query(db_dsn, "SELECT to_regclass('events_new')")[0][0] is None
@@ -555,7 +513,7 @@ def test_a_nullable_partition_column_is_refused_while_it_holds_null_then_made_no
 def test_refusals_name_the_cause_and_create_nothing(db_dsn, tmp_path):
     create_events(db_dsn)
 
-    def refused(partition: str) -> str:
+    def refused(partition: dict) -> str:
         plan = plan_file(tmp_path, partition)
         for args in (("plan", "check", plan), ("run", plan)):
             r = mover(db_dsn, *args)
@@ -566,10 +524,10 @@ def test_refusals_name_the_cause_and_create_nothing(db_dsn, tmp_path):
         return " ".join(r.stderr.split())
 
     # The key loses uniqueness: the plan must say it accepts that.
-    err = refused(MONTHLY.replace("accept_key_change = true\n", ""))
+    err = refused({k: v for k, v in MONTHLY.items() if k != "accept_key_change"})
     assert "primary key (id) becomes (id, created_at)" in err and "accept_key_change = true" in err
     # A value no partition takes, and no default partition.
-    err = refused('by = "list"\ncolumn = "region"\nvalues = { eu = ["de", "fr"] }\naccept_key_change = true\n')
+    err = refused({"by": "list", "column": "region", "values": {"eu": ["de", "fr"]}, "accept_key_change": True})
     assert "'us'" in err and "no partition" in err and "default = true" in err
     # An inbound foreign key on the key that will no longer be unique.
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -585,7 +543,7 @@ def test_kill_9_during_the_conversion_then_resume(db_dsn, tmp_path, point):
     """kill -9 at every step of the conversion, the swap and the swap back included; the resumed
     migration converts the table with every index valid and every row the source holds."""
     create_events(db_dsn, 1500)
-    plan = plan_file(tmp_path, MONTHLY + "default = true\n")
+    plan = plan_file(tmp_path, MONTHLY_DEFAULT)
     if point == "swap:locked":
         r = mover(db_dsn, "run", plan)
         assert r.returncode == 3, r.stderr
@@ -635,7 +593,7 @@ def test_kill_9_during_a_partitions_index_build_then_resume(db_dsn, tmp_path, se
     no index is left; the orphans end by themselves; the resume builds every partition's index,
     attaches them, and the data is what the writer committed."""
     create_events(db_dsn, 1500)
-    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=sessions)
+    plan = plan_file(tmp_path, MONTHLY_DEFAULT, backfill={"index_builds": sessions})
     writer = EventWriter(db_dsn).start()
     try:
         r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@after:create_target"})
@@ -687,7 +645,7 @@ def test_a_failing_index_build_stops_every_build_session_and_the_resume_builds_t
     raised once both sessions stopped, and no further build starts; the next run builds every
     partition's indexes and attaches them."""
     create_events(db_dsn, 1500)
-    plan = plan_file(tmp_path, MONTHLY + "default = true\n", index_builds=2)
+    plan = plan_file(tmp_path, MONTHLY_DEFAULT, backfill={"index_builds": 2})
     r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "error@index_building"})
     assert r.returncode == 1, r.stderr
     assert "fault injected at index_building" in r.stderr
@@ -710,8 +668,7 @@ def test_rows_the_old_table_cannot_hold_are_reverse_divergences_retire_goes_ahea
     divergence, rollback refuses without --give-up-rows, retire goes ahead (the rows live in the
     new table). Every other row of the writer's reaches the old table, judged by the mirror."""
     create_events(db_dsn)
-    text = PLAN.format(partition=MONTHLY).replace("[rollback]\n", "[cutover]\nauto = true\n\n[rollback]\n")
-    plan = write_plan(tmp_path / "events.toml", text)
+    plan = plan_file(tmp_path, cutover={"auto": True})
     writer = EventWriter(db_dsn).start()
     try:
         r = mover(db_dsn, "run", plan)

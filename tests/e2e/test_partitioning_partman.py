@@ -10,10 +10,18 @@ import json
 import psycopg
 
 from tests.conftest import require_partman
-from tests.e2e.test_partitioning import MONTHLY, OUTSIDE, PLAN, create_events, partitions_of, query
-from tests.workload import mover, write_plan
+from tests.e2e.test_partitioning import (
+    MONTHLY,
+    MONTHLY_DEFAULT,
+    OUTSIDE,
+    create_events,
+    partitions_of,
+    plan_file,
+    query,
+)
+from tests.workload import mover
 
-PARTMAN = '\n[partitions]\nmanager = "pg_partman"\nretention = "12 months"\ndrop_detached = true\n'
+PARTMAN = {"manager": "pg_partman", "retention": "12 months", "drop_detached": True}
 
 
 def install_partman(dsn: str) -> None:
@@ -24,7 +32,7 @@ def install_partman(dsn: str) -> None:
 
 def test_plan_check_refuses_pg_partman_not_installed(db_dsn, tmp_path):
     create_events(db_dsn, 500)
-    plan = write_plan(tmp_path / "events.toml", PLAN.format(partition=MONTHLY) + PARTMAN)
+    plan = plan_file(tmp_path, MONTHLY, partitions=PARTMAN)
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 2, (r.stdout, r.stderr)
     err = " ".join(r.stderr.split())
@@ -37,8 +45,7 @@ def test_plan_check_refuses_pg_partman_not_installed(db_dsn, tmp_path):
         # The package is named for the server's major version.
         assert "no pg_partman extension" in err and "-partman" in err, err
     # A weekly layout is one pg_partman would name differently: refused without the database.
-    weekly = MONTHLY.replace('"1 month"', '"1 week"')
-    plan = write_plan(tmp_path / "weekly.toml", PLAN.format(partition=weekly) + PARTMAN)
+    plan = plan_file(tmp_path, {**MONTHLY, "interval": "1 week"}, partitions=PARTMAN)
     r = mover(db_dsn, "plan", "check", plan)
     assert r.returncode == 2 and "ISO week" in r.stderr, r.stderr
 
@@ -47,7 +54,7 @@ def test_hand_over_to_pg_partman_after_retire(db_dsn, tmp_path):
     require_partman(db_dsn)
     create_events(db_dsn)
     install_partman(db_dsn)
-    plan = write_plan(tmp_path / "events.toml", PLAN.format(partition=MONTHLY + "default = true\n") + PARTMAN)
+    plan = plan_file(tmp_path, MONTHLY_DEFAULT, partitions=PARTMAN)
     r = mover(db_dsn, "plan", "check", plan, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["partitioning"]["manager"] == "pg_partman (schema partman)"

@@ -19,26 +19,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import Writer, assert_oracle, create_orders, differences, mover, write_plan
+from tests.workload import Writer, assert_oracle, create_orders, differences, mover, plan_text, write_plan
 
-PLAN = """
-[migration]
-name = "pooled"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 500
-
-[cutover]
-lock_timeout = "100ms"
-attempts = 3
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("pooled", columns={"id": "bigint"}, backfill={"range_rows": 500},
+                 cutover={"lock_timeout": "100ms", "attempts": 3})
 
 
 def _pgbouncer() -> str | None:

@@ -18,25 +18,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import Writer, assert_oracle, create_orders, differences, mover, write_plan
+from tests.workload import Writer, assert_oracle, create_orders, differences, mover, plan_text, write_plan
 
-PLAN = """
-[migration]
-name = "priv"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 500
-
-[cutover]
-lock_timeout = "500ms"
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("priv", columns={"id": "bigint"}, backfill={"range_rows": 500}, cutover={"lock_timeout": "500ms"})
 
 
 @dataclass

@@ -19,34 +19,17 @@ from tests.workload import (
     differences,
     finish,
     mover,
+    plan_file,
+    plan_text,
     spawn,
     write_plan,
 )
 
-PLAN = """
-[migration]
-name = "promise"
-source = 'public."Orders"'
 
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = 1000
-{backfill}
-
-[reconcile]
-{reconcile}
-
-[rollback]
-window = "{window}"
-{rollback}
-"""
-
-
-def plan_file(tmp_path, *, window="1h", backfill="", reconcile="", rollback="") -> str:
-    return write_plan(tmp_path / "promise.toml", PLAN.format(window=window, backfill=backfill, reconcile=reconcile,
-                                                             rollback=rollback))
+def promise_plan(tmp_path, *, window="1h", target=None, backfill=None, reconcile=None, rollback=None) -> str:
+    return plan_file(tmp_path, "promise", columns={"id": "bigint"}, target=target or {},
+                     backfill={"range_rows": 1000, **(backfill or {})}, reconcile=reconcile or {},
+                     rollback=rollback or {}, window=window)
 
 
 def status(dsn):
@@ -88,7 +71,7 @@ def test_writes_under_replica_role_are_captured_both_ways(db_dsn, tmp_path):
     """Logical replication appliers and pg_restore run with session_replication_role = replica;
     the capture triggers are ENABLE ALWAYS, so those writes reach the other table too."""
     create_orders(db_dsn, 2_000)
-    plan = plan_file(tmp_path)
+    plan = promise_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
 
     def replica_writes(table, note):
@@ -113,7 +96,7 @@ def test_writes_under_replica_role_are_captured_both_ways(db_dsn, tmp_path):
 
 def test_truncate_of_the_new_table_is_refused_in_the_window(db_dsn, tmp_path):
     create_orders(db_dsn, 2_000)
-    plan = plan_file(tmp_path)
+    plan = promise_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     assert mover(db_dsn, "cutover", "promise").returncode == 0
     before = sql(db_dsn, 'SELECT count(*) FROM "Orders"')[0][0]
@@ -130,7 +113,7 @@ def test_truncate_of_the_new_table_is_refused_in_the_window(db_dsn, tmp_path):
 
 def test_run_wait_syncs_through_the_window_then_retires_keeping_the_old_table(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = plan_file(tmp_path, rollback="keep_old = true")
+    plan = promise_plan(tmp_path, rollback={"keep_old": True})
     writer = Writer(db_dsn, seed=21).start()
     try:
         assert mover(db_dsn, "run", plan).returncode == 3
@@ -184,9 +167,7 @@ def test_a_kept_old_table_holds_no_foreign_key(db_dsn, tmp_path):
                    INSERT INTO accounts SELECT generate_series(0, 999);
                    ALTER TABLE "Orders" ADD CONSTRAINT orders_account_fkey
                        FOREIGN KEY ("Account") REFERENCES accounts""")
-    plan = write_plan(tmp_path / "promise.toml", PLAN.format(window="1h", backfill="", reconcile="",
-                                                             rollback="keep_old = true").replace(
-        "[target]\n", '[target]\ndrop_foreign_keys = ["orders_account_fkey"]\n'))
+    plan = promise_plan(tmp_path, rollback={"keep_old": True}, target={"drop_foreign_keys": ["orders_account_fkey"]})
     assert mover(db_dsn, "run", plan).returncode == 3
     assert mover(db_dsn, "cutover", "promise").returncode == 0
     fkeys = """SELECT conrelid::regclass::text FROM pg_constraint WHERE confrelid = 'accounts'::regclass"""
@@ -205,7 +186,7 @@ def test_a_kept_old_table_holds_no_foreign_key(db_dsn, tmp_path):
 
 def test_abort_refused_after_cutover_and_clean_after_rollback(db_dsn, tmp_path):
     create_orders(db_dsn, 2_000)
-    plan = plan_file(tmp_path)
+    plan = promise_plan(tmp_path)
     assert mover(db_dsn, "run", plan).returncode == 3
     assert mover(db_dsn, "cutover", "promise").returncode == 0
     before = catalog_snapshot(db_dsn)
@@ -242,7 +223,7 @@ def test_abort_refused_after_cutover_and_clean_after_rollback(db_dsn, tmp_path):
 
 def test_sigterm_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
     create_orders(db_dsn, 4_000)
-    plan = plan_file(tmp_path, backfill="max_rows_per_second = 1000")
+    plan = promise_plan(tmp_path, backfill={"max_rows_per_second": 1000})
     writer = Writer(db_dsn, seed=5).start()
     try:
         proc = spawn(db_dsn, "run", plan)
@@ -267,7 +248,7 @@ def test_sigterm_stops_at_a_safe_point_and_resumes(db_dsn, tmp_path):
 
 def test_second_sigterm_stops_at_once_rolling_back_the_open_transaction(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = plan_file(tmp_path)
+    plan = promise_plan(tmp_path)
     proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@range_copied"})
     try:
         # The first range is copied and its transaction is still open.
@@ -313,7 +294,7 @@ def test_unique_non_primary_key_index_as_the_key_under_a_writer(db_dsn, tmp_path
         conn.execute("""INSERT INTO "Orders" ("Account", amount, status, note)
                         SELECT g % 1000, g / 100.0, 'new', md5(g::text) FROM generate_series(1, 3000) g""")
         create_mirror(conn)
-    plan = plan_file(tmp_path)
+    plan = promise_plan(tmp_path)
     writer = Writer(db_dsn, seed=11).start()
     try:
         r = mover(db_dsn, "run", plan)
@@ -358,7 +339,7 @@ def open_divergences(dsn) -> list[tuple[list[str], str]]:
 
 def test_settle_rounds_exhausted_leaves_a_pending_key_to_the_next_pass(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = plan_file(tmp_path, reconcile="settle_rounds = 2")
+    plan = promise_plan(tmp_path, reconcile={"settle_rounds": 2})
     assert mover(db_dsn, "run", plan).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as holder:
         # The applier is busy (its advisory lock is held): key 5's change stays in the log through
@@ -386,7 +367,7 @@ def test_settle_rounds_exhausted_leaves_a_pending_key_to_the_next_pass(db_dsn, t
 @pytest.mark.parametrize("before_cutover", [True, False])
 def test_before_cutover_decides_whether_the_last_pass_runs(db_dsn, tmp_path, before_cutover):
     create_orders(db_dsn, 3_000)
-    plan = plan_file(tmp_path, reconcile=f"before_cutover = {str(before_cutover).lower()}")
+    plan = promise_plan(tmp_path, reconcile={"before_cutover": before_cutover})
     assert mover(db_dsn, "run", plan).returncode == 3
     # A captured change in the range (so the quick pass re-verifies it) and, in the same range, a
     # write to the new table behind mover's back.
@@ -409,7 +390,7 @@ def test_before_cutover_decides_whether_the_last_pass_runs(db_dsn, tmp_path, bef
 
 def test_reconcile_range_out_of_attempts_ends_failed_and_the_next_run_retries_it(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = plan_file(tmp_path, reconcile="range_rows = 1000\nmax_attempts = 2")
+    plan = promise_plan(tmp_path, reconcile={"range_rows": 1000, "max_attempts": 2})
     r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "error@reconcile_compared:2"})
     assert r.returncode == 1, r.stderr
     assert "1 reconcile ranges failed; range 2" in r.stderr and "next:" in r.stderr, r.stderr
@@ -426,22 +407,8 @@ def test_reconcile_range_out_of_attempts_ends_failed_and_the_next_run_retries_it
 
 # --- replay failures ---------------------------------------------------------------------------------
 
-NARROW = """
-[migration]
-name = "promise"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint", amount = "numeric(6,2)" }
-accept_lossy = ["amount"]
-
-[cutover]
-lock_timeout = "10s"
-attempts = 1
-
-[rollback]
-window = "1h"
-"""
+NARROW = plan_text("promise", columns={"id": "bigint", "amount": "numeric(6,2)"}, target={"accept_lossy": ["amount"]},
+                   cutover={"lock_timeout": "10s", "attempts": 1})
 
 
 def test_forward_apply_error_is_a_divergence_not_an_application_error(db_dsn, tmp_path):

@@ -22,7 +22,7 @@ from tests.workload import (
     create_mirror,
     cutover_with_change_before_lock,
     mover,
-    write_plan,
+    plan_file,
 )
 
 SCHEMA = """
@@ -72,20 +72,9 @@ CREATE STATISTICS orders_account_status (ndistinct, dependencies) ON "Account", 
 ALTER STATISTICS orders_account_status SET STATISTICS 300;
 """
 
-PLAN = """
-[migration]
-name = "{name}"
-source = 'public."Orders"'
+def real_plan(tmp_path, name: str, columns: dict) -> str:
+    return plan_file(tmp_path, name, columns=columns, backfill={"chunk_rows": 500})
 
-[target]
-columns = {{ {columns} }}
-
-[backfill]
-chunk_rows = 500
-
-[rollback]
-window = "1h"
-"""
 
 OBJECTS = {
     "indexes": "SELECT ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
@@ -184,7 +173,7 @@ def scenario(db_dsn):
 def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario, tmp_path):
     dsn = scenario
     before = objects(dsn)
-    plan = write_plan(tmp_path / "orders.toml", PLAN.format(name="orders_wide", columns='id = "bigint"'))
+    plan = real_plan(tmp_path, "orders_wide", {"id": "bigint"})
 
     r = mover(dsn, "plan", "check", plan)
     assert r.returncode == 0, r.stderr
@@ -254,8 +243,7 @@ def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario
         writer.resume()
 
         # a second migration of the same table needs no rename by hand
-        plan2 = write_plan(tmp_path / "orders2.toml", PLAN.format(name="orders_amount",
-                                                                  columns='amount = "numeric(14,2)"'))
+        plan2 = real_plan(tmp_path, "orders_amount", {"amount": "numeric(14,2)"})
         assert mover(dsn, "run", plan2).returncode == 3
         r = mover(dsn, "cutover", "orders_amount")
         assert r.returncode == 0, r.stderr
@@ -274,7 +262,7 @@ def test_validation_after_the_lock_resumes_after_a_crash(scenario, tmp_path):
     """Killed after the swap committed but before its foreign keys were validated: they are
     NOT VALID (still checking every new write), and the next `mover run` validates them."""
     dsn = scenario
-    plan = write_plan(tmp_path / "orders.toml", PLAN.format(name="orders_crash", columns='id = "bigint"'))
+    plan = real_plan(tmp_path, "orders_crash", {"id": "bigint"})
     assert mover(dsn, "run", plan).returncode == 3
     r = mover(dsn, "cutover", "orders_crash", env={"MOVER_FAULT": "kill@validate"})
     assert r.returncode != 0
@@ -296,7 +284,7 @@ def test_catalog_changed_between_reading_and_lock_is_read_again_under_the_lock(s
     checked under the lock differs, the statements are built again there, and the new objects
     move with the name."""
     dsn = scenario
-    plan = write_plan(tmp_path / "orders.toml", PLAN.format(name="orders_late", columns='id = "bigint"'))
+    plan = real_plan(tmp_path, "orders_late", {"id": "bigint"})
     assert mover(dsn, "run", plan).returncode == 3
     code, err = cutover_with_change_before_lock(
         dsn, "orders_late", tmp_path,

@@ -12,10 +12,12 @@ import json
 import re
 import signal
 import time
+from dataclasses import dataclass, field
 
 import psycopg
 
 from tests.workload import (
+    AppWriter,
     Spawned,
     Writer,
     app_execute,
@@ -24,27 +26,11 @@ from tests.workload import (
     differences,
     mismatches,
     mover,
+    plan_file,
     write_plan,
 )
 
-PLAN = """
-[migration]
-name = "rec"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 5000
-
-[reconcile]
-range_rows = 2000
-workers = 2
-
-[rollback]
-window = "1h"
-"""
+PLAN = dict(columns={"id": "bigint"}, backfill={"range_rows": 5000}, reconcile={"range_rows": 2000, "workers": 2})
 
 
 def setup(dsn, tmp_path, rows=20_000) -> str:
@@ -53,7 +39,7 @@ def setup(dsn, tmp_path, rows=20_000) -> str:
         app_execute(conn, """INSERT INTO {t} (id, "Account", amount, status, payload, note)
                              SELECT -g, g, g / 10.0, 'quiet', jsonb_build_object('q', g), 'quiet row'
                              FROM generate_series(1, 50) g""")
-    return write_plan(tmp_path / "rec.toml", PLAN)
+    return plan_file(tmp_path, "rec", **PLAN)
 
 
 def sql(dsn, *statements):
@@ -281,30 +267,34 @@ CREATE TRIGGER corrupt_account BEFORE INSERT OR UPDATE ON "Orders_new"
 """
 
 
-def _inject_while_pending(dsn, stop, landed):
+@dataclass(eq=False, kw_only=True)
+class Injector(AppWriter):
     """Differences the writer's next change resolves: "Account" changed in the target only on keys
     whose change is still in the log, holding those log rows (FOR UPDATE) so that the applier
-    replays them (reading the source's state) only after the injection has committed."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    replays them (reading the source's state) only after the injection has committed. `landed`:
+    the rows each injection changed."""
+
+    delay: float = 0.005
+    landed: list = field(default_factory=list)
+
+    def connected(self, conn) -> None:
         log = conn.execute("SELECT format('mover.%I', 'm' || id || '_changes') FROM mover.migrations").fetchone()[0]
-        stmt = f"""WITH p AS (SELECT id FROM {log} WHERE id BETWEEN -10 AND -6 FOR UPDATE)
+        self.statement = f"""WITH p AS (SELECT id FROM {log} WHERE id BETWEEN -10 AND -6 FOR UPDATE)
                    UPDATE "Orders_new" SET "Account" = "Account" + 7 WHERE id IN (SELECT id FROM p)"""
-        while not stop.is_set():
-            landed.append(conn.execute(stmt).rowcount)
-            stop.wait(0.005)
+
+    def write(self, conn, rnd) -> None:
+        self.landed.append(conn.execute(self.statement).rowcount)
 
 
 def test_differences_on_hot_keys_are_reported_once_settled_and_only_then(db_dsn, tmp_path):
     """Keys the writer is changing while reconcile reads them: a difference that survives the
     applier's replay (here the target mangles "Account" on every write of keys -5..-1) is recorded,
     naming only that column; differences the pending change resolves (keys -10..-6) are not."""
-    import threading
     plan = setup(db_dsn, tmp_path, rows=5_000)
     writer = Writer(db_dsn, seed=8).start()
     # Updates only, of amount/status/note/payload, each key a few times a second.
     hot = Writer(db_dsn, seed=9, hot=(-10, -1), delay=0.01)
-    stop, landed = threading.Event(), []
-    injector = threading.Thread(target=_inject_while_pending, args=(db_dsn, stop, landed), daemon=True)
+    injector = Injector(db_dsn)
     try:
         assert mover(db_dsn, "run", plan).returncode == 3
         sql(db_dsn, CORRUPT)
@@ -319,14 +309,13 @@ def test_differences_on_hot_keys_are_reported_once_settled_and_only_then(db_dsn,
             found = {tuple(d["key"]) for d in divergences(db_dsn, "--all")}
             if not result["pass"]["unsettled"]:
                 break
-        assert sum(landed) > 0 and rechecked > 0
+        assert sum(injector.landed) > 0 and rechecked > 0
         assert found == mangled  # none of the resolved ones, ever
         for d in divergences(db_dsn):
             assert d["kind"] == "different" and set(d["columns"]) == {"Account"}, d
             src, dst = d["columns"]["Account"]
             assert int(dst) == int(d["key"][0]) - 1000 and int(src) == -int(d["key"][0])
-        stop.set()
-        injector.join(10)
+        injector.halt()
         hot.pause()
         writer.pause()
         assert mover(db_dsn, "run", "rec").returncode == 3
@@ -337,8 +326,9 @@ def test_differences_on_hot_keys_are_reported_once_settled_and_only_then(db_dsn,
         assert mover(db_dsn, "run", "rec").returncode == 3
         assert_oracle(db_dsn, "Orders", "Orders_new")
     finally:
-        stop.set()
-        hot.halt() if hasattr(hot, "thread") else None
+        for started in (injector, hot):
+            if hasattr(started, "thread"):
+                started.halt()
         writer.halt()
     assert writer.errors == [] and hot.errors == []
     assert hot.ops > 50

@@ -9,26 +9,7 @@ import time
 
 import psycopg
 
-from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
-
-PLAN = """
-[migration]
-name = "recthrottle"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = 5000
-
-[reconcile]
-range_rows = {range_rows}
-max_rows_per_second = {cap}
-
-[rollback]
-window = "1h"
-"""
+from tests.workload import create_orders, differences, finish, mover, plan_file, spawn
 
 
 def query(dsn: str, statement: str, params=()) -> list[tuple]:
@@ -68,7 +49,8 @@ def wait_for(predicate, what: str, *procs, timeout: float = 60.0):
 def to_reconcile(dsn: str, tmp_path, rows: int, range_rows: int, cap: int = 0) -> str:
     """A migration whose next step is the reconcile."""
     create_orders(dsn, rows)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=range_rows, cap=cap))
+    plan = plan_file(tmp_path, "recthrottle", columns={"id": "bigint"}, backfill={"range_rows": 5000},
+                     reconcile={"range_rows": range_rows, "max_rows_per_second": cap})
     for _ in ("create_target", "install_capture", "backfill"):
         r = mover(dsn, "step", plan)
         assert r.returncode == 0, r.stderr

@@ -8,34 +8,11 @@ from __future__ import annotations
 import psycopg
 
 from tests import workload
-from tests.workload import Writer, finish, mover, spawn, write_plan
+from tests.workload import Writer, finish, mover, plan_text, spawn, write_plan
 
-ORDERS = """
-[migration]
-name = "orders"
-source = '"Orders"'
+ORDERS = plan_text("orders", '"Orders"', columns={"id": "bigint"}, backfill={"range_rows": 500})
 
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 500
-
-[rollback]
-window = "1h"
-"""
-
-ACCOUNTS = """
-[migration]
-name = "accounts"
-source = "accounts"
-
-[target]
-columns = { id = "bigint" }
-
-[rollback]
-window = "1h"
-"""
+ACCOUNTS = plan_text("accounts", "accounts", columns={"id": "bigint"})
 
 
 def test_the_childs_migration_goes_on_while_the_parents_cutover_validates_its_key(db_dsn, tmp_path):

@@ -7,30 +7,20 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
 import time
 
 import psycopg
 
 from mover import api
 from mover.demo.embedded import EmbeddedPostgres
-from tests.workload import assert_oracle, create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import AppWriter, assert_oracle, create_orders, differences, finish, mover, plan_file, spawn
 
-PLAN = """
-[migration]
-name = "lagging"
-source = 'public."Orders"'
+PLAN = dict(columns={"id": "bigint"}, backfill={"range_rows": 500, "max_replica_lag": "1s"})
 
-[target]
-columns = { id = "bigint" }
 
-[backfill]
-range_rows = 500
-max_replica_lag = "1s"
-
-[rollback]
-window = "1h"
-"""
+def ticker(dsn: str) -> AppWriter:
+    """WAL that keeps coming, as from any application: a row every 0.1 s."""
+    return AppWriter(dsn, delay=0.1, each=lambda conn, rnd: conn.execute("INSERT INTO ticks VALUES (now())"))
 
 
 class Replica(EmbeddedPostgres):
@@ -78,21 +68,14 @@ def test_backfill_waits_for_a_lagging_replica_and_resumes(tmp_path):
             conn.execute("CREATE TABLE ticks (at timestamptz)")
         with Replica(dsn) as replica:
             wait_for(lambda: _streaming(dsn), "the replica to stream")
-            # WAL keeps coming (as from any application) while the replica stops replaying it.
-            stop = threading.Event()
-
-            def tick():
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    while not stop.wait(0.1):
-                        conn.execute("INSERT INTO ticks VALUES (now())")
-            ticker = threading.Thread(target=tick, daemon=True)
-            ticker.start()
+            # WAL keeps coming while the replica stops replaying it.
+            ticks = ticker(dsn).start()
             try:
                 with psycopg.connect(replica.dsn, autocommit=True) as conn:
                     conn.execute("SELECT pg_wal_replay_pause()")
                 wait_for(lambda: (replay_lag(dsn) or 0) > 2, "the replica to lag")
 
-                plan = write_plan(tmp_path / "lagging.toml", PLAN)
+                plan = plan_file(tmp_path, "lagging", **PLAN)
                 proc = spawn(dsn, "run", plan)
                 try:
                     def waiting() -> bool:
@@ -119,8 +102,7 @@ def test_backfill_waits_for_a_lagging_replica_and_resumes(tmp_path):
                 st = json.loads(mover(dsn, "status", "lagging", "--json").stdout)
                 assert st["backfill"]["rows_copied"] == 3_000 and st["backfill"]["waiting_for"] == [], st
             finally:
-                stop.set()
-                ticker.join(10)
+                ticks.halt()
 
 
 def _streaming(dsn: str) -> bool:
@@ -138,18 +120,11 @@ def test_reconcile_waits_for_a_lagging_replica_and_resumes(tmp_path):
             conn.execute("CREATE TABLE ticks (at timestamptz)")
         with Replica(dsn) as replica:
             wait_for(lambda: _streaming(dsn), "the replica to stream")
-            plan = write_plan(tmp_path / "lagging.toml", PLAN)
+            plan = plan_file(tmp_path, "lagging", **PLAN)
             for _ in ("create_target", "install_capture", "backfill"):
                 r = mover(dsn, "step", plan)
                 assert r.returncode == 0, r.stderr
-            stop = threading.Event()
-
-            def tick():
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    while not stop.wait(0.1):
-                        conn.execute("INSERT INTO ticks VALUES (now())")
-            ticker = threading.Thread(target=tick, daemon=True)
-            ticker.start()
+            ticks = ticker(dsn).start()
             try:
                 with psycopg.connect(replica.dsn, autocommit=True) as conn:
                     conn.execute("SELECT pg_wal_replay_pause()")
@@ -173,5 +148,4 @@ def test_reconcile_waits_for_a_lagging_replica_and_resumes(tmp_path):
                 assert st["step"] == "cutover" and st["reconcile"]["rows_compared"] == 3_000, st
                 assert st["reconcile"]["waiting_for"] == [], st
             finally:
-                stop.set()
-                ticker.join(10)
+                ticks.halt()

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import Writer, assert_oracle, count, create_orders, differences, mover, write_plan
+from tests.workload import Writer, assert_oracle, count, create_orders, differences, mover, plan_text, write_plan
 
 
 @dataclass
@@ -72,23 +72,7 @@ def setup_b(c: Cast, owner: str) -> sql.Composable:
 # ---------------------------------------------------------------------------------------------
 # Row-level security
 
-RLS_PLAN = """
-[migration]
-name = "rls"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 2000
-
-[cutover]
-lock_timeout = "500ms"
-
-[rollback]
-window = "1h"
-"""
+RLS_PLAN = plan_text("rls", columns={"id": "bigint"}, backfill={"range_rows": 2000}, cutover={"lock_timeout": "500ms"})
 
 
 @pytest.fixture
@@ -172,24 +156,8 @@ def test_row_security_is_refused_at_plan_check_and_bypassrls_loses_nothing(tenan
 # ---------------------------------------------------------------------------------------------
 # Conversion settings fixed at registration
 
-TZ_PLAN = """
-[migration]
-name = "tz"
-source = 'public."Orders"'
-
-[target]
-columns = { created_at = "timestamptz" }
-accept_lossy = ["created_at"]
-
-[backfill]
-range_rows = 500
-
-[cutover]
-lock_timeout = "500ms"
-
-[rollback]
-window = "1h"
-"""
+TZ_PLAN = plan_text("tz", columns={"created_at": "timestamptz"}, target={"accept_lossy": ["created_at"]},
+                    backfill={"range_rows": 500}, cutover={"lock_timeout": "500ms"})
 
 UTC = {"PGTZ": "UTC"}
 # Another zone and other conversion settings, by each of the ways a client sets them.
@@ -248,23 +216,8 @@ def test_processes_in_other_time_zones_convert_as_registration_did(db_dsn, tmp_p
 # ---------------------------------------------------------------------------------------------
 # search_path: another role's objects in a writable schema never run in a mover session
 
-HIJACK_PLAN = """
-[migration]
-name = "hijack"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 500
-
-[cutover]
-lock_timeout = "500ms"
-
-[rollback]
-window = "1h"
-"""
+HIJACK_PLAN = plan_text("hijack", columns={"id": "bigint"}, backfill={"range_rows": 500},
+                        cutover={"lock_timeout": "500ms"})
 
 # Each shadow records who ran it (and, run as the owner, would hand its author the owner's other
 # table), then behaves as the built-in it shadows, so that only the record tells it ran.
@@ -387,7 +340,8 @@ def test_shadowing_objects_in_a_writable_schema_never_run_in_a_mover_session(hos
     assert runs == [], runs
 
 
-CITEXT_PLAN = HIJACK_PLAN.replace('"hijack"', '"citext"').replace("range_rows = 500", "range_rows = 300")
+CITEXT_PLAN = plan_text("citext", columns={"id": "bigint"}, backfill={"range_rows": 300},
+                        cutover={"lock_timeout": "500ms"})
 
 
 def test_a_key_whose_operators_live_outside_pg_catalog_compares_with_them(db_dsn, tmp_path):

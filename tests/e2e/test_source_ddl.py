@@ -5,31 +5,17 @@ exit 2 naming the change; adoptable changes carried over by `mover adopt`, the r
 from __future__ import annotations
 
 import json
-import threading
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from tests.workload import finish, mover, spawn, write_plan
+from tests.workload import AppWriter, differences, finish, mover, plan_file, spawn
 
-PLAN = """
-[migration]
-name = "ord"
-source = "orders"
 
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = 500
-min_rows = 500
-max_rows = 500
-{backfill}
-
-[rollback]
-window = "1h"
-"""
+def ord_plan(tmp_path, **sections) -> str:
+    return plan_file(tmp_path, "ord", "orders", columns={"id": "bigint"},
+                     backfill={"range_rows": 500, "min_rows": 500, "max_rows": 500}, **sections)
 
 
 def sql_run(dsn, *statements, params=None):
@@ -46,7 +32,7 @@ def orders(db_dsn, tmp_path):
     sql_run(db_dsn, "CREATE TABLE orders (id int PRIMARY KEY, qty int, note text)",
             "CREATE INDEX orders_qty ON orders (qty)",
             "INSERT INTO orders SELECT g, g % 17, 'n' || g FROM generate_series(1, 3000) g")
-    return write_plan(tmp_path / "ord.toml", PLAN.format(backfill=""))
+    return ord_plan(tmp_path)
 
 
 def status(dsn):
@@ -63,17 +49,6 @@ def tables(dsn):
 def columns(dsn, table):
     return [r[0] for r in sql_run(dsn, "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
                                        " AND NOT attisdropped ORDER BY attnum", params=(table,))]
-
-
-def differences(dsn, a, b, cols):
-    """Rows of a not in b and of b not in a: plain EXCEPT ALL both ways, in one snapshot."""
-    c = sql.SQL(", ").join(sql.Identifier(x) for x in cols)
-    q = "SELECT count(*) FROM (SELECT {c} FROM {x} EXCEPT ALL SELECT {c} FROM {y}) d"
-    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        ab = conn.execute(sql.SQL(q).format(c=c, x=sql.Identifier(a), y=sql.Identifier(b))).fetchone()[0]
-        ba = conn.execute(sql.SQL(q).format(c=c, x=sql.Identifier(b), y=sql.Identifier(a))).fetchone()[0]
-    return ab, ba
 
 
 def hang(dsn, point, release, *args):
@@ -95,35 +70,12 @@ def assert_stopped(r_code, stderr, *needles):
         assert n in stderr, stderr
 
 
-class Updater:
-    """The application: updates random rows until stopped (through DDL: it retries what DDL blocks)."""
-
-    def __init__(self, dsn, column="qty"):
-        self.dsn, self.column, self.stop, self.errors, self.done = dsn, column, threading.Event(), [], 0
-
-    def __enter__(self):
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-        return self
-
-    def _loop(self):
-        import random
-        rnd = random.Random(7)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self.stop.is_set():
-                try:
-                    conn.execute(sql.SQL("UPDATE orders SET {c} = coalesce({c}, 0) + 1 WHERE id = %s").format(
-                        c=sql.Identifier(self.column)), (rnd.randint(1, 3000),))
-                    self.done += 1
-                except psycopg.errors.UndefinedColumn:
-                    self.stop.wait(0.01)
-                except psycopg.Error as exc:
-                    self.errors.append(exc)
-                self.stop.wait(0.002)
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(10)
+def updater(dsn, column="qty") -> AppWriter:
+    """The application: updates random rows until stopped, through DDL (a column not there yet
+    is the application's to retry)."""
+    stmt = sql.SQL("UPDATE orders SET {c} = coalesce({c}, 0) + 1 WHERE id = %s").format(c=sql.Identifier(column))
+    return AppWriter(dsn, seed=7, delay=0.002, prepare_threshold=5, tolerate=(psycopg.errors.UndefinedColumn,),
+                     each=lambda conn, rnd: conn.execute(stmt, (rnd.randint(1, 3000),)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,14 +100,14 @@ def test_add_column_mid_backfill_stops_then_adopt_carries_it_through_cutover(db_
     r = mover(db_dsn, "run", "ord")
     assert_stopped(r.returncode, r.stderr, 'column "priority" was added')
 
-    with Updater(db_dsn, "priority") as app:
+    with updater(db_dsn, "priority") as app:
         r = mover(db_dsn, "adopt", "ord")
         assert r.returncode == 0, r.stderr
         assert 'adopted: column "priority" was added' in r.stderr
         r = mover(db_dsn, "run", "ord")
         assert r.returncode == 3, r.stderr
         assert "ready for cutover" in r.stderr
-    assert app.errors == [] and app.done > 0
+    assert app.errors == [] and app.ops > 0
     r = mover(db_dsn, "cutover", "ord")
     assert r.returncode == 0, r.stderr
     assert tables(db_dsn) == ["orders", "orders_old"]
@@ -260,7 +212,7 @@ def test_index_added_between_backfill_ranges_then_adopted(db_dsn, orders, tmp_pa
 def test_change_during_a_reconcile_pass_is_detected(db_dsn, tmp_path):
     sql_run(db_dsn, "CREATE TABLE orders (id int PRIMARY KEY, qty int, note text)",
             "INSERT INTO orders SELECT g, g % 17, 'n' || g FROM generate_series(1, 3000) g")
-    plan = write_plan(tmp_path / "ord.toml", PLAN.format(backfill="") + "\n[reconcile]\nrange_rows = 500\n")
+    plan = ord_plan(tmp_path, reconcile={"range_rows": 500})
     release = tmp_path / "release"
     proc = hang(db_dsn, "reconcile_range:2", release, "run", plan)
     sql_run(db_dsn, "ALTER TABLE orders ALTER COLUMN qty TYPE bigint")

@@ -22,27 +22,19 @@ import pytest
 from psycopg import sql
 
 from mover.demo.embedded import EmbeddedPostgres
-from tests.workload import MIRROR, ORDERS_COLUMNS, ORDERS_DDL, Writer, assert_oracle, create_orders, mover, write_plan
+from tests.workload import MIRROR, ORDERS_COLUMNS, ORDERS_DDL, Writer, assert_oracle, create_orders, mover, plan_file
 
 ROWS = 3000
-PLAN = """
-[migration]
-name = "orders_sub"
-source = 'public."Orders"'
-
-{target}
-
-[backfill]
-range_rows = 1000
-
-[rollback]
-window = "1h"
-"""
-WIDEN = '[target]\ncolumns = { id = "bigint" }'
-PARTITION = '[target.partition]\nby = "hash"\ncolumn = "id"\nmodulus = 4'
+WIDEN = {"columns": {"id": "bigint"}}  # the plan's [target]
+PARTITION = {"partition": {"by": "hash", "column": "id", "modulus": 4}}
 # A FOR TABLE publication with a column list and a row filter: both must hold through the swaps.
 PUBLISHED_COLUMNS = ("id", "Account", "amount", "status")
 ROW_FILTER = "id % 3 <> 0"
+
+
+def sub_plan(tmp_path, target: dict) -> str:
+    return plan_file(tmp_path, "orders_sub", target=target, backfill={"range_rows": 1000})
+
 
 WIDE = {"COLUMNS": "2000"}  # the printed statements on one line each, to run them as printed
 
@@ -142,7 +134,7 @@ def test_subscriber_stays_in_step_for_each_kind_of_publication(logical, tmp_path
             r = mover(source, "init")
         assert r.returncode == 0, r.stderr
 
-        plan = write_plan(tmp_path / "plan.toml", PLAN.format(target=target))
+        plan = sub_plan(tmp_path, target)
         r = mover(source, "plan", "check", plan, env=WIDE)
         if refused_by == "plan check":
             assert r.returncode == 2 and '"pub"' in r.stderr, r.stderr
@@ -184,7 +176,7 @@ def test_subscriber_stays_in_step_for_each_kind_of_publication(logical, tmp_path
 def test_cutover_refuses_a_publication_made_since_registration(db_dsn, tmp_path):
     """plan check ran before the publication existed: the cutover checks again, before the swap."""
     create_orders(db_dsn, ROWS)
-    plan = write_plan(tmp_path / "plan.toml", PLAN.format(target=PARTITION))
+    plan = sub_plan(tmp_path, PARTITION)
     assert mover(db_dsn, "run", plan).returncode == 3
     _sql(db_dsn, 'CREATE PUBLICATION pub FOR TABLE "Orders"')
     r = mover(db_dsn, "cutover", "orders_sub", env=WIDE)
@@ -199,7 +191,7 @@ def test_cutover_refuses_a_publication_made_since_registration(db_dsn, tmp_path)
 def test_a_publication_of_the_control_schema_is_refused(db_dsn, tmp_path):
     create_orders(db_dsn, 100)
     _sql(db_dsn, "CREATE PUBLICATION pub FOR TABLES IN SCHEMA mover")
-    plan = write_plan(tmp_path / "plan.toml", PLAN.format(target=WIDEN))
+    plan = sub_plan(tmp_path, WIDEN)
     for args in (("init",), ("plan", "check", plan)):
         r = mover(db_dsn, *args, env=WIDE)
         assert r.returncode == 2 and '"pub"' in r.stderr and "control schema" in r.stderr, r.stderr

@@ -11,7 +11,7 @@ import uuid
 
 import psycopg
 
-from tests.workload import create_orders, differences, finish, hung_at, mover, spawn, write_plan
+from tests.workload import create_orders, differences, finish, hung_at, mover, plan_file, plan_text, spawn, write_plan
 
 
 def query(dsn, q, params=()):
@@ -41,21 +41,8 @@ def status(dsn, name):
     return json.loads(r.stdout)
 
 
-def plan(tmp_path, name, source, extra="", window="1h"):
-    return write_plan(tmp_path / f"{name}.toml", f"""
-[migration]
-name = "{name}"
-source = '{source}'
-
-[target]
-{extra}
-
-[backfill]
-range_rows = 500
-
-[rollback]
-window = "{window}"
-""")
+def plan(tmp_path, name, source):
+    return plan_file(tmp_path, name, source, columns={"id": "bigint"}, backfill={"range_rows": 500})
 
 
 def same_rows(dsn, a, b):
@@ -69,7 +56,7 @@ def same_rows(dsn, a, b):
 # kill -9 during an index build
 
 
-IX_PLAN = '[migration]\nname = "ix"\nsource = \'public."Orders"\'\n[rollback]\nwindow = "1h"\n'
+IX_PLAN = plan_text("ix")
 
 
 def test_kill9_during_an_index_build_then_resume_cancels_the_orphan(db_dsn, tmp_path):
@@ -152,7 +139,7 @@ def test_unlogged_source_stays_unlogged_after_the_swap(db_dsn, tmp_path):
         CREATE UNLOGGED TABLE cache (id int PRIMARY KEY, v text NOT NULL);
         INSERT INTO cache SELECT g, md5(g::text) FROM generate_series(1, 3000) g;
     """)
-    p = plan(tmp_path, "cache", "public.cache", 'columns = { id = "bigint" }')
+    p = plan(tmp_path, "cache", "public.cache")
     r = mover(db_dsn, "run", p)
     assert r.returncode == 3, r.stderr
     assert query(db_dsn, "SELECT relpersistence FROM pg_class WHERE oid = 'cache_new'::regclass") == [("u",)]
@@ -179,7 +166,7 @@ def test_not_valid_check_with_violating_rows_is_copied_not_valid(db_dsn, tmp_pat
         ALTER TABLE stock ADD CONSTRAINT sku_set CHECK (sku IS NOT NULL);
         COMMENT ON CONSTRAINT "qty not negative" ON stock IS 'old rows may break it';
     """)
-    p = plan(tmp_path, "stock", "public.stock", 'columns = { id = "bigint" }')
+    p = plan(tmp_path, "stock", "public.stock")
     r = mover(db_dsn, "plan", "check", p)
     assert r.returncode == 0, r.stderr
     checked = " ".join(r.stdout.split())
@@ -241,7 +228,7 @@ def test_identity_sequence_keeps_its_name_through_swap_rollback_and_retire(db_ds
 
 
 def _identity_sequence_keeps_its_name(db_dsn, tmp_path, app):
-    p = plan(tmp_path, "ida", "public.ida", 'columns = { id = "bigint" }')
+    p = plan(tmp_path, "ida", "public.ida")
     assert mover(db_dsn, "run", p).returncode == 3
 
     def sequence_of(table):
@@ -283,7 +270,7 @@ def test_index_and_key_comments_follow_the_swap(db_dsn, tmp_path):
         COMMENT ON CONSTRAINT notes_pkey ON notes IS 'the key';
         COMMENT ON INDEX "notes by author" IS 'for the author page';
     """)
-    p = plan(tmp_path, "notes", "public.notes", 'columns = { id = "bigint" }')
+    p = plan(tmp_path, "notes", "public.notes")
     assert mover(db_dsn, "run", p).returncode == 3
     r = mover(db_dsn, "cutover", "notes")
     assert r.returncode == 0, r.stderr

@@ -9,24 +9,12 @@ import time
 import psycopg
 import pytest
 
-from tests.workload import create_orders, differences, finish, mover, spawn, write_plan
+from tests.workload import create_orders, differences, finish, mover, plan_file, spawn
 
-PLAN = """
-[migration]
-name = "throttled"
-source = 'public."Orders"'
 
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = {range_rows}
-target_range_ms = 500
-max_rows_per_second = {cap}
-
-[rollback]
-window = "1h"
-"""
+def throttled_plan(tmp_path, range_rows: int, cap: int, **backfill) -> str:
+    backfill = {"range_rows": range_rows, "target_range_ms": 500, "max_rows_per_second": cap, **backfill}
+    return plan_file(tmp_path, "throttled", columns={"id": "bigint"}, backfill=backfill)
 
 
 def ranges(dsn: str) -> list[tuple[int, int, float]]:
@@ -50,8 +38,7 @@ def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path, range_row
     # target_range_ms from a small start (fast copies ask for ever bigger ranges). Two workers
     # share the cap.
     create_orders(db_dsn, 6_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=range_rows, cap=2_000)
-                      .replace("target_range_ms = 500", f"target_range_ms = 500\nworkers = {workers}"))
+    plan = throttled_plan(tmp_path, range_rows, 2_000, workers=workers)
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     done = ranges(db_dsn)
@@ -65,7 +52,7 @@ def test_rows_per_second_cap_holds_over_every_second(db_dsn, tmp_path, range_row
 
 def test_set_reaches_a_running_backfill(db_dsn, tmp_path):
     create_orders(db_dsn, 6_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=500, cap=1_000))
+    plan = throttled_plan(tmp_path, 500, 1_000)
     proc = spawn(db_dsn, "run", plan)
     try:
         deadline = time.monotonic() + 60
@@ -102,7 +89,7 @@ def test_set_range_rows_reaches_a_waiting_worker(db_dsn, tmp_path):
     # `mover set backfill.range_rows` is the size of the next range a running worker cuts (then
     # it adapts as usual), not only of a later run's first one.
     create_orders(db_dsn, 3_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=100, cap=0))
+    plan = throttled_plan(tmp_path, 100, 0)
     for _ in ("create_target", "install_capture"):
         assert mover(db_dsn, "step", plan).returncode == 0
     assert mover(db_dsn, "pause", "throttled").returncode == 0
@@ -134,8 +121,7 @@ def test_status_never_waits_on_the_cap_with_nothing_left_to_copy(db_dsn, tmp_pat
     # key space's last, after which nothing is left to pace. The status is sampled throughout.
     from mover import api
     create_orders(db_dsn, 2_750)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(range_rows=500, cap=1_000)
-                      .replace("target_range_ms = 500", "target_range_ms = 500\nmin_rows = 100\nmax_rows = 500"))
+    plan = throttled_plan(tmp_path, 500, 1_000, min_rows=100, max_rows=500)
     proc = spawn(db_dsn, "run", plan)
     samples = []
     try:

@@ -4,34 +4,18 @@ replay to the source's final state; a row the other side cannot hold is never dr
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import threading
+from dataclasses import dataclass, field
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from tests import workload
-from tests.workload import WriterThread, finish, hung_at, mover, spawn, write_plan
+from tests.workload import AppWriter, finish, hung_at, mover, plan_file, spawn
 
 ACCT_COLUMNS = ("id", "email", "handle", "note")
-
-PLAN = """
-[migration]
-name = "acct"
-source = "acct"
-
-[target]
-columns = {{ id = "bigint"{extra} }}
-{lossy}
-[backfill]
-range_rows = {range_rows}
-{throttle}
-[rollback]
-window = "1h"
-"""
-
 
 def create_acct(dsn: str, rows: int = 3000) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -44,9 +28,9 @@ def create_acct(dsn: str, rows: int = 3000) -> None:
         workload.create_mirror(conn, "acct", MIRROR)
 
 
-def plan_file(tmp_path, range_rows=500, extra="", throttle="", lossy="") -> str:
-    return write_plan(tmp_path / "acct.toml", PLAN.format(range_rows=range_rows, extra=extra, throttle=throttle,
-                                                          lossy=lossy))
+def acct_plan(tmp_path, range_rows=500, columns=None, backfill=None, target=None) -> str:
+    return plan_file(tmp_path, "acct", "acct", columns={"id": "bigint", **(columns or {})},
+                     target=target or {}, backfill={"range_rows": range_rows, **(backfill or {})})
 
 
 def status(dsn):
@@ -86,7 +70,7 @@ def rotate(conn: psycopg.Connection, ids: list[int], column: str = "email") -> N
 
 def test_swap_and_cycle_at_the_gate_replay_and_cut_over(db_dsn, tmp_path):
     create_acct(db_dsn)
-    plan = plan_file(tmp_path)
+    plan = acct_plan(tmp_path)
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -127,7 +111,7 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     # The target's secondary unique indexes are built after the backfill, so replays during it
     # cannot meet them; this guards that the swaps still arrive, across the copied bound.
     create_acct(db_dsn)
-    plan = plan_file(tmp_path, throttle="min_rows = 100\nmax_rows = 500\n")  # small ranges: some left to copy
+    plan = acct_plan(tmp_path, backfill={"min_rows": 100, "max_rows": 500})  # small ranges: some left to copy
     release = tmp_path / "release"
     proc = spawn(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@backfill_range:2", "MOVER_FAULT_RELEASE": str(release)})
     try:
@@ -147,96 +131,59 @@ def test_swaps_while_the_backfill_runs(db_dsn, tmp_path):
     assert_oracle(db_dsn, "acct", "acct_new")
 
 
-class SwapWriter(WriterThread):
-    """An application that swaps unique values all the time: pairs and 3-cycles of random rows,
-    on its own connection, against the table by name (it follows the swap). Stops by itself
-    after `seconds`, or when told; pause() returns once it is idle between transactions."""
-
-    def __init__(self, dsn: str, rows: int, seed: int = 1, seconds: float = 120):
-        self.dsn, self.rows, self.seed, self.seconds = dsn, rows, seed, seconds
-        self.ops = 0
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.paused = threading.Event()
-        self.idle = threading.Event()
+def swapper(rows: int):
+    """An application that swaps unique values all the time: pairs and 3-cycles of random rows."""
+    def swap(conn: psycopg.Connection, rnd) -> None:
+        rotate(conn, rnd.sample(range(1, rows + 1), rnd.choice((2, 2, 3))), rnd.choice(("email", "email", "handle")))
+    return swap
 
 
-    def _loop(self) -> None:
-        rnd = random.Random(self.seed)
-        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
-            while not self.stop.wait(0):
-                if self.paused.is_set():
-                    self.idle.set()
-                    self.stop.wait(0.01)
-                    continue
-                self.idle.clear()
-                ids = rnd.sample(range(1, self.rows + 1), rnd.choice((2, 2, 3)))
-                try:
-                    rotate(conn, ids, rnd.choice(("email", "email", "handle")))
-                    self.ops += 1
-                except psycopg.Error as exc:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                self.stop.wait(0.002)  # busy, not a tight loop: the machine is shared
-            self.idle.set()
-
-
-
-class IssueMix(WriterThread):
+@dataclass(kw_only=True)
+class IssueMix(AppWriter):
     """Issue 21, item 4's application, as fast as it goes on its own connection: half of its
     transactions two-row e-mail swaps through a temporary value (rotate), the rest note updates,
     inserts and deletes, each mirrored in its transaction. `swapped` is set once it has made
     `swaps` swaps; it stops by itself after `seconds`."""
 
-    def __init__(self, dsn: str, rows: int, swaps: int, seed: int = 7, seconds: float = 300):
-        self.dsn, self.rows, self.seed, self.seconds = dsn, rows, seed, seconds
-        self.target = swaps
-        self.swaps = self.ops = 0
-        self.errors: list[str] = []
-        self.stop, self.paused, self.idle, self.swapped = (threading.Event() for _ in range(4))
-        self.next_id = 10_000_000
+    rows: int
+    swaps: int
+    seed: int = 7
+    seconds: float = 300
+    made: int = 0  # swaps made so far
+    next_id: int = 10_000_000
+    swapped: threading.Event = field(default_factory=threading.Event)
 
-    def _loop(self) -> None:
-        rnd = random.Random(self.seed)
-        mirror, cols = sql.Identifier(MIRROR), sql.SQL(", ").join(map(sql.Identifier, ACCT_COLUMNS))
+    def connected(self, conn: psycopg.Connection) -> None:
         deadline = threading.Timer(self.seconds, self.stop.set)
+        deadline.daemon = True
         deadline.start()
-        with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
-            while not self.stop.is_set():
-                if self.paused.is_set():
-                    self.idle.set()
-                    self.stop.wait(0.01)
-                    continue
-                self.idle.clear()
-                r = rnd.random()
-                try:
-                    if r < 0.5:
-                        rotate(conn, rnd.sample(range(1, self.rows + 1), 2))
-                        self.swaps += 1
-                        if self.swaps >= self.target:
-                            self.swapped.set()
-                    elif r < 0.7:
-                        k = rnd.randint(1, self.rows)
-                        with conn.transaction():
-                            conn.execute("UPDATE acct SET note = md5(random()::text) WHERE id = %s", (k,))
-                            conn.execute(sql.SQL("UPDATE {m} SET note = a.note FROM acct a WHERE a.id = %s"
-                                                 " AND {m}.id = a.id").format(m=mirror), (k,))
-                    elif r < 0.85:
-                        self.next_id += 1
-                        with conn.transaction():
-                            conn.execute("INSERT INTO acct VALUES (%s, %s, %s, 'new')",
-                                         (self.next_id, f"n{self.next_id}@x", f"N{self.next_id}"))
-                            conn.execute(sql.SQL("INSERT INTO {m} ({c}) SELECT {c} FROM acct WHERE id = %s").format(
-                                m=mirror, c=cols), (self.next_id,))
-                    else:
-                        k = rnd.randint(10_000_001, max(self.next_id, 10_000_001))
-                        with conn.transaction():
-                            conn.execute("DELETE FROM acct WHERE id = %s", (k,))
-                            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(mirror), (k,))
-                    self.ops += 1
-                except psycopg.Error as exc:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-            self.idle.set()
-        deadline.cancel()
+
+    def write(self, conn: psycopg.Connection, rnd) -> None:
+        mirror, cols = sql.Identifier(MIRROR), sql.SQL(", ").join(map(sql.Identifier, ACCT_COLUMNS))
+        r = rnd.random()
+        if r < 0.5:
+            rotate(conn, rnd.sample(range(1, self.rows + 1), 2))
+            self.made += 1
+            if self.made >= self.swaps:
+                self.swapped.set()
+        elif r < 0.7:
+            k = rnd.randint(1, self.rows)
+            with conn.transaction():
+                conn.execute("UPDATE acct SET note = md5(random()::text) WHERE id = %s", (k,))
+                conn.execute(sql.SQL("UPDATE {m} SET note = a.note FROM acct a WHERE a.id = %s"
+                                     " AND {m}.id = a.id").format(m=mirror), (k,))
+        elif r < 0.85:
+            self.next_id += 1
+            with conn.transaction():
+                conn.execute("INSERT INTO acct VALUES (%s, %s, %s, 'new')",
+                             (self.next_id, f"n{self.next_id}@x", f"N{self.next_id}"))
+                conn.execute(sql.SQL("INSERT INTO {m} ({c}) SELECT {c} FROM acct WHERE id = %s").format(
+                    m=mirror, c=cols), (self.next_id,))
+        else:
+            k = rnd.randint(10_000_001, max(self.next_id, 10_000_001))
+            with conn.transaction():
+                conn.execute("DELETE FROM acct WHERE id = %s", (k,))
+                conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(mirror), (k,))
 
 
 def test_swaps_piled_up_while_nothing_applied_converge_with_the_writer_still_running(db_dsn, tmp_path):
@@ -251,11 +198,11 @@ def test_swaps_piled_up_while_nothing_applied_converge_with_the_writer_still_run
     past it. Judged by the mirror at the gate (writer paused) and after the cutover."""
     rows = 3000
     create_acct(db_dsn, rows)
-    r = mover(db_dsn, "run", plan_file(tmp_path))
+    r = mover(db_dsn, "run", acct_plan(tmp_path))
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
-    writer = IssueMix(db_dsn, rows, swaps=rows).start()
+    writer = IssueMix(db_dsn, rows=rows, swaps=rows).start()
     try:
-        assert writer.swapped.wait(240), f"the writer made only {writer.swaps} swaps"
+        assert writer.swapped.wait(240), f"the writer made only {writer.made} swaps"
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             (mid,) = conn.execute("SELECT id FROM mover.migrations WHERE name = 'acct'").fetchone()
             piled = conn.execute(f"SELECT count(*) FROM mover.m{mid}_changes").fetchone()[0]
@@ -266,7 +213,7 @@ def test_swaps_piled_up_while_nothing_applied_converge_with_the_writer_still_run
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
-            pytest.fail(f"`mover run acct` did not reach the gate in 240 s beside the writer ({writer.swaps} swaps"
+            pytest.fail(f"`mover run acct` did not reach the gate in 240 s beside the writer ({writer.made} swaps"
                         f" so far): {err[-2000:]}")
         assert not writer.stop.is_set(), "the writer stopped before mover reached the gate"
         assert code == 3 and "ready for cutover" in err, err
@@ -287,8 +234,8 @@ def test_swaps_piled_up_while_nothing_applied_converge_with_the_writer_still_run
 
 def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
     create_acct(db_dsn)
-    plan = plan_file(tmp_path, range_rows=300, throttle="max_rows_per_second = 4000\n")
-    writer = SwapWriter(db_dsn, 3000).start()
+    plan = acct_plan(tmp_path, range_rows=300, backfill={"max_rows_per_second": 4000})
+    writer = AppWriter(db_dsn, each=swapper(3000), delay=0.002).start()  # busy, not a tight loop
     # Stops by itself after its time is up, so a stuck step cannot leave it running.
     timer = threading.Timer(240, writer.stop.set)
     timer.start()
@@ -331,7 +278,7 @@ def test_continuous_swaps_through_every_step(db_dsn, tmp_path):
 
 def test_swap_in_the_window_then_rollback_loses_nothing(db_dsn, tmp_path):
     create_acct(db_dsn)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", acct_plan(tmp_path)).returncode == 3
     r = mover(db_dsn, "cutover", "acct")
     assert r.returncode == 0, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -357,7 +304,7 @@ def events_of(dsn, kind):
 
 def test_rows_the_old_table_rejects_block_rollback_and_abort_until_given_up(db_dsn, tmp_path):
     create_acct(db_dsn)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", acct_plan(tmp_path)).returncode == 3
     assert mover(db_dsn, "cutover", "acct").returncode == 0
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         # The new table's bigint key holds these; the old table's integer cannot.
@@ -404,7 +351,7 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
     create_acct(db_dsn)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE acct ADD COLUMN n integer NOT NULL DEFAULT 0")
-    plan = plan_file(tmp_path, extra=', n = "smallint"', lossy='accept_lossy = ["n"]\n')
+    plan = acct_plan(tmp_path, columns={"n": "smallint"}, target={"accept_lossy": ["n"]})
     assert mover(db_dsn, "run", plan).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("UPDATE acct SET n = 40000 WHERE id = 5")  # smallint cannot hold it
@@ -445,7 +392,7 @@ def test_a_row_the_target_cannot_hold_stays_a_divergence_and_blocks_cutover(db_d
 
 def test_abort_in_the_window_is_refused_and_rollback_then_abort_keep_every_write(db_dsn, tmp_path):
     create_acct(db_dsn)
-    assert mover(db_dsn, "run", plan_file(tmp_path)).returncode == 3
+    assert mover(db_dsn, "run", acct_plan(tmp_path)).returncode == 3
     assert mover(db_dsn, "cutover", "acct").returncode == 0
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         rotate(conn, [1, 2])
@@ -478,16 +425,8 @@ def test_swaps_with_composite_key_quoted_names_and_partial_index(db_dsn, tmp_pat
                      .format(t))
         conn.execute(sql.SQL("INSERT INTO {} SELECT g % 3, g, 'e' || g, 'h' || g, true, g"
                              " FROM generate_series(1, 900) g").format(t))
-    plan = write_plan(tmp_path / "odd.toml", '''
-[migration]
-name = "odd"
-source = '"Odd Schema"."Acct ""X"""'
-[target]
-columns = { "Line No" = "bigint", tiny = "smallint" }
-accept_lossy = ["tiny"]
-[rollback]
-window = "1h"
-''')
+    plan = plan_file(tmp_path, "odd", '"Odd Schema"."Acct ""X"""', columns={"Line No": "bigint", "tiny": "smallint"},
+                     target={"accept_lossy": ["tiny"]})
     r = mover(db_dsn, "run", plan)
     assert r.returncode == 3, r.stderr
 

@@ -22,45 +22,35 @@ from html.parser import HTMLParser
 import psycopg
 import pytest
 
-from tests.workload import ROOT, Writer, assert_oracle, create_orders, finish, mover, spawn, write_plan
+from tests.workload import ROOT, Spawned, Writer, assert_oracle, create_orders, finish, mover, plan_file, spawn
 
 NAME = "orders_watched"
 STEPS = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
 
-PLAN = """
-[migration]
-name = "{name}"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = 1000
-max_rows_per_second = {cap}
-
-[rollback]
-window = "2s"
-"""
+def watched_plan(tmp_path, cap: int) -> str:
+    return plan_file(tmp_path, NAME, columns={"id": "bigint"}, window="2s",
+                     backfill={"range_rows": 1000, "max_rows_per_second": cap})
 
 
 def test_watch_lines_then_report_in_a_browser(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
     # A capped backfill of some seconds: several samples, and the cap shows as a wait.
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=5000))
+    plan = watched_plan(tmp_path, 5000)
     writer = Writer(db_dsn).start()
     try:
         r = mover(db_dsn, "step", plan)  # registered (watch needs a name to look up)
         assert r.returncode == 0, r.stderr
-        watch = spawn(db_dsn, "watch", NAME, "--interval", "0.5")
+        watch = Spawned(db_dsn, "watch", NAME, "--interval", "0.5", env={}, stdout=True)
+        # The view is up (its first line): then the backfill starts, which it must see.
+        assert watch.wait_for(f" | {NAME} | ", timeout=60), "".join(watch.err)
         r = mover(db_dsn, "run", NAME)
         assert r.returncode == 3, r.stderr  # the cutover gate
         r = mover(db_dsn, "cutover", NAME)
         assert r.returncode == 0, r.stderr
         r = mover(db_dsn, "run", NAME, "--wait")  # window of 2 s, then retire
         assert r.returncode == 0, r.stderr
-        out, err = watch.communicate(timeout=60)  # watch ends by itself once the migration is done
-        assert watch.returncode == 0, err
+        assert watch.wait(60) == 0, "".join(watch.err)  # watch ends by itself once the migration is done
+        out = "".join(watch.err)
     finally:
         writer.halt()
     assert writer.errors == []
@@ -188,7 +178,7 @@ def decode_png(data: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
 
 def test_watch_full_screen_on_a_terminal(db_dsn, tmp_path):
     create_orders(db_dsn, 20_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=2000))  # ten seconds of backfill to look at
+    plan = watched_plan(tmp_path, 2000)  # ten seconds of backfill to look at
     writer = Writer(db_dsn).start()
     run = None
     try:
@@ -256,7 +246,7 @@ def test_watch_and_report_of_an_unknown_migration_say_what_to_do(db_dsn):
 
 def test_report_during_a_migration_shows_how_each_divergence_was_resolved(db_dsn, tmp_path):
     create_orders(db_dsn, 3_000)
-    plan = write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=0))
+    plan = watched_plan(tmp_path, 0)
     assert mover(db_dsn, "run", plan).returncode == 3  # at the cutover gate
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("""INSERT INTO "Orders_new" (id, "Account", note) VALUES (-7, 7, 'kept on purpose')""")
@@ -288,7 +278,7 @@ def _divergence_id(dsn: str, kind: str) -> int:
 
 def test_watch_of_an_aborted_migration_prints_one_line_and_ends(db_dsn, tmp_path):
     create_orders(db_dsn, 500)
-    assert mover(db_dsn, "step", write_plan(tmp_path / "p.toml", PLAN.format(name=NAME, cap=0))).returncode == 0
+    assert mover(db_dsn, "step", watched_plan(tmp_path, 0)).returncode == 0
     r = mover(db_dsn, "abort", NAME)
     assert r.returncode == 0, r.stderr
     r = mover(db_dsn, "watch", NAME, "--interval", "30", timeout=60)  # ends at once, not after 30 s

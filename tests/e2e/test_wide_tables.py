@@ -10,27 +10,11 @@ import json
 import psycopg
 from psycopg import sql
 
-from tests.workload import mover, write_plan
+from tests.workload import mover, plan_text, write_plan
 
 COLUMNS = 1600
 
-PLAN = """
-[migration]
-name = "wide"
-source = "wide"
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 100
-
-[reconcile]
-range_rows = 100
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("wide", "wide", columns={"id": "bigint"}, backfill={"range_rows": 100}, reconcile={"range_rows": 100})
 
 
 def create_wide(dsn: str, rows: int = 150) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.workload import mover, write_plan
+from tests.workload import mover, plan_file
 
 
 def test_each_write_logs_exactly_the_keys_it_touches(db_dsn, tmp_path):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute('CREATE TABLE "T" (a int NOT NULL, b text NOT NULL, v text, PRIMARY KEY (a, b))')
         conn.execute("""INSERT INTO "T" VALUES (1, 'x', 'before')""")
-    plan = write_plan(tmp_path / "p.toml", '[migration]\nname = "cap"\nsource = \'"T"\'\n[rollback]\nwindow = "1h"\n')
+    plan = plan_file(tmp_path, "cap", '"T"')
     assert mover(db_dsn, "step", plan).returncode == 0
     assert mover(db_dsn, "step", "cap").returncode == 0  # install_capture
 
@@ -59,7 +59,7 @@ def test_capture_path_check_refuses_rights_of_other_roles_on_the_log(db_dsn, tmp
         conn.execute("CREATE TABLE t (k int PRIMARY KEY, v text)")
         conn.execute("DROP ROLE IF EXISTS cap_other")
         conn.execute("CREATE ROLE cap_other")
-    plan = write_plan(tmp_path / "p.toml", '[migration]\nname = "cap"\nsource = "t"\n[rollback]\nwindow = "1h"\n')
+    plan = plan_file(tmp_path, "cap", "t")
     assert mover(db_dsn, "step", plan).returncode == 0
     assert mover(db_dsn, "step", "cap").returncode == 0  # install_capture
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -85,8 +85,7 @@ def test_capture_path_check_refuses_rights_of_other_roles_on_the_log(db_dsn, tmp
             # A new log would get INSERT for PUBLIC from the schema's default privileges: plan check says so.
             conn.execute("ALTER DEFAULT PRIVILEGES IN SCHEMA mover GRANT INSERT ON TABLES TO PUBLIC")
             conn.execute("CREATE TABLE t2 (k int PRIMARY KEY)")
-            other = write_plan(tmp_path / "q.toml", '[migration]\nname = "cap2"\nsource = "t2"\n'
-                               '[rollback]\nwindow = "1h"\n')
+            other = plan_file(tmp_path, "cap2", "t2")
             out = mover(db_dsn, "plan", "check", other)
             assert out.returncode == 2, out.stderr
             flat = " ".join(out.stderr.split())
@@ -109,7 +108,7 @@ def test_a_capture_installed_by_an_older_mover_is_upgraded_on_resume(db_dsn, tmp
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (k int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 100) g")
-    plan = write_plan(tmp_path / "p.toml", '[migration]\nname = "up"\nsource = "t"\n[rollback]\nwindow = "1h"\n')
+    plan = plan_file(tmp_path, "up", "t")
     assert mover(db_dsn, "step", plan).returncode == 0
     assert mover(db_dsn, "step", "up").returncode == 0  # install_capture
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -164,9 +163,8 @@ def test_replay_into_an_unanalyzed_partitioned_target_is_driven_by_the_keys(db_d
         conn.execute("INSERT INTO ev SELECT g, now() - (g % 600) * interval '1 day', md5(g::text)"
                      " FROM generate_series(1, 20000) g")
         conn.execute("ANALYZE ev")
-    plan = write_plan(tmp_path / "p.toml", '[migration]\nname = "ev"\nsource = "ev"\n[target.partition]\n'
-                      'by = "range"\ncolumn = "created_at"\ninterval = "1 month"\naccept_key_change = true\n'
-                      '[rollback]\nwindow = "1h"\n')
+    plan = plan_file(tmp_path, "ev", "ev", target={"partition": {
+        "by": "range", "column": "created_at", "interval": "1 month", "accept_key_change": True}})
     assert mover(db_dsn, "step", plan).returncode == 0  # create_target
     assert mover(db_dsn, "step", "ev").returncode == 0  # install_capture
     with psycopg.connect(db_dsn, autocommit=True) as conn:

@@ -7,32 +7,18 @@ from __future__ import annotations
 import re
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from mover import steps
 from mover.db import Database
-from mover.engines import cutover
+from mover.engines import cutover, logical
 from mover.plan import load_plan
 from mover.runner import lifecycle, register
 from mover.runner.lease import leased
 from mover.state import control
 from mover.steps import rollback_window
-from tests.workload import create_orders, write_plan
-
-PLAN = """
-[migration]
-name = "{name}"
-source = 'public."Orders"'
-
-[target]
-columns = {{ id = "bigint" }}
-
-[backfill]
-range_rows = 100
-
-[rollback]
-window = "1h"
-"""
+from tests.workload import create_orders, plan_file
 
 DDL = re.compile(r"\s*(CREATE|ALTER|DROP|COMMENT|GRANT|REVOKE|LOCK|REFRESH|SELECT setval)\b", re.IGNORECASE)
 
@@ -65,12 +51,13 @@ def described(ctx, cur, stmts) -> list[str]:
     return ddl_only(s if isinstance(s, str) else s.as_string(cur) for s in stmts)
 
 
-def _setup(db_dsn, tmp_path, name, extra=""):
+def _setup(db_dsn, tmp_path, name, extra="", method="trigger"):
     create_orders(db_dsn, 300)
     if extra:
         with psycopg.connect(db_dsn, autocommit=True) as conn:
             conn.execute(extra)
-    plan = write_plan(tmp_path / f"{name}.toml", PLAN.format(name=name))
+    plan = plan_file(tmp_path, name, columns={"id": "bigint"}, backfill={"range_rows": 100},
+                     **({"capture": {"method": method}} if method != "trigger" else {}))
     db = Database(db_dsn)
     m = register.register_or_load(db, load_plan(plan), "test")
     db.connection().cursor_factory = Recording
@@ -87,8 +74,12 @@ def _run_and_compare(ctx, name, run) -> list[str]:
     return got
 
 
-def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path):
-    db, m = _setup(db_dsn, tmp_path, "orders_describe")
+METHODS = pytest.mark.parametrize("method", ["trigger", "logical"])
+
+
+@METHODS
+def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path, method):
+    db, m = _setup(db_dsn, tmp_path, "orders_describe", method=method)
     try:
         with leased(db, m, control.new_owner_id()) as ctx:
             for name in ("create_target", "install_capture"):
@@ -99,6 +90,8 @@ def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path):
             assert ctx.refresh().step == "cutover"
             swap = _run_and_compare(ctx, "cutover", lambda: lifecycle.advance(ctx, through_cutover=True))
             assert any("RENAME TO" in s for s in swap) and any("CREATE TRIGGER" in s for s in swap)
+            # Logical capture: the publication goes in the swap (the slot after its commit).
+            assert any("DROP PUBLICATION" in s for s in swap) == (method == "logical")
             assert rollback_window.close(ctx, force=True)
             dropped = _run_and_compare(ctx, "retire", lambda: lifecycle.advance(ctx))
             assert len(dropped) >= 7  # both captures' triggers, functions, logs, the notes, the old table
@@ -107,8 +100,9 @@ def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path):
         db.close()
 
 
-def test_abort_runs_what_it_lists(db_dsn, tmp_path):
-    db, m = _setup(db_dsn, tmp_path, "orders_abort")
+@METHODS
+def test_abort_runs_what_it_lists(db_dsn, tmp_path, method):
+    db, m = _setup(db_dsn, tmp_path, "orders_abort", method=method)
     try:
         with leased(db, m, control.new_owner_id()) as ctx:
             lifecycle.advance(ctx, one_step=True)
@@ -141,9 +135,10 @@ CREATE MATERIALIZED VIEW orders_mv AS SELECT count(*) AS n FROM "Orders";
 """
 
 
-def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp_path):
+@METHODS
+def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp_path, method):
     """The statements that move the dependents (mover/engines/carry.py) are the ones plan check lists."""
-    db, m = _setup(db_dsn, tmp_path, "orders_dependents", DEPENDENTS)
+    db, m = _setup(db_dsn, tmp_path, "orders_dependents", DEPENDENTS, method=method)
     try:
         with leased(db, m, control.new_owner_id()) as ctx:
             for _ in range(4):  # create_target, install_capture, backfill, reconcile
@@ -154,8 +149,10 @@ def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp
                              'REFRESH MATERIALIZED VIEW "public"."orders_mv"', 'DISABLE TRIGGER "orders_noop"',
                              'ADD CONSTRAINT "orders_account_fkey"', 'RENAME TO "Orders_pkey"'):
                 assert any(fragment in s for s in swap), fragment
-            want = ctx.db.transaction(lambda cur: described(ctx, cur, [cutover.render(cur, s) for s in
-                                                                       cutover.swap_sql(cur, ctx, forward=False)]))
+            # With logical capture, the forward slot's publication first (logical.prepare, before the lock).
+            want = ctx.db.transaction(lambda cur: described(ctx, cur, [
+                *(logical.prepare_sql(ctx, cur, ctx.original) if method == "logical" else []),
+                *(cutover.render(cur, s) for s in cutover.swap_sql(cur, ctx, forward=False))]))
             Recording.sent = []
             lifecycle.rollback(ctx)
             got = [s for s in ddl_only(Recording.sent) if not s.startswith(("LOCK", "ALTER TABLE \"public\".\"lines\" "

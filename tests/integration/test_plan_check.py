@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from psycopg import sql
-from rich.console import Console
-from typer.testing import CliRunner
 
-from mover import cli
 from tests.conftest import connect, dsn_with_dbname
+from tests.workload import mover, plan_text, toml_value
 
 STEP_NAMES = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,35 +43,6 @@ CREATE SCHEMA other;
 # Helpers
 
 
-@dataclass
-class Outcome:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def mover(dsn: str, *args: str) -> Outcome:
-    """The CLI run in this process through typer's CliRunner: the same app, error mapping and
-    messages as `python -m mover`, without starting an interpreter per case (mover_process keeps
-    one real process test)."""
-    # Wide, colourless consoles like COLUMNS=400 NO_COLOR=1 below; file=None resolves to the
-    # streams CliRunner swaps in. Signal handlers set by `run` must not outlive the call.
-    consoles = cli.err, cli.out
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    cli.err = Console(stderr=True, width=400, color_system=None)
-    cli.out = Console(width=400, color_system=None)
-    try:
-        result = CliRunner(env={"DATABASE_URL": None}).invoke(cli.app, ["--dsn", dsn, *args])
-    finally:
-        cli.err, cli.out = consoles
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
-    stderr = result.stderr
-    if result.exc_info and not isinstance(result.exception, SystemExit):  # escaped the CLI's own mapping
-        stderr += "".join(traceback.format_exception(*result.exc_info))
-    return Outcome(result.exit_code, result.stdout, stderr)
-
-
 def mover_process(dsn: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
     env.pop("DATABASE_URL", None)
@@ -88,32 +55,15 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def toml_value(value) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return json.dumps(value)  # a TOML basic string: JSON's escapes are valid TOML
-
-
 def plan_toml(name: str = "orders-move", source: str = "public.orders", target: str | None = None,
               columns: dict[str, str] | None = None, old_name: str | None = None, window: str = "1h",
               range_rows: int | None = None, accept_lossy: list[str] | None = None) -> str:
-    lines = ["[migration]", f"name = {toml_value(name)}", f"source = {toml_value(source)}", "", "[target]"]
-    if target is not None:
-        lines.append(f"name = {toml_value(target)}")
-    if columns is not None:
-        lines.append(f"columns = {toml_value(columns)}")
-    if accept_lossy is not None:
-        lines.append(f"accept_lossy = [{', '.join(toml_value(c) for c in accept_lossy)}]")
-    if range_rows is not None:
-        lines += ["", "[backfill]", f"range_rows = {range_rows}"]
-    lines += ["", "[rollback]", f"window = {toml_value(window)}"]
-    if old_name is not None:
-        lines.append(f"old_name = {toml_value(old_name)}")
-    return "\n".join(lines) + "\n"
+    """The plan text, always with a [target] section (some cases add keys to it)."""
+    given = {"target": {"name": target, "accept_lossy": accept_lossy}, "backfill": {"range_rows": range_rows},
+             "rollback": {"old_name": old_name}}
+    sections = {k: {key: v for key, v in keys.items() if v is not None} for k, keys in given.items()}
+    return plan_text(name, source, columns=columns, window=window, **{k: v for k, v in sections.items()
+                                                                      if v or k == "target"})
 
 
 def execute(dsn: str, statements: str) -> None:
@@ -190,7 +140,7 @@ def snapshot(dsn: str) -> dict[str, list]:
     return snap
 
 
-def assert_bad(result: Outcome | subprocess.CompletedProcess, fragments: list[str]) -> None:
+def assert_bad(result: subprocess.CompletedProcess, fragments: list[str]) -> None:
     message = flat(result.stderr)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr

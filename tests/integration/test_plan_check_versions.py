@@ -45,26 +45,58 @@ CREATE TABLE bookings (id int PRIMARY KEY, room int, during tstzrange, note text
 """
 
 
-def test_18_temporal_keys_and_period_foreign_keys_are_refused_naming_each(db_dsn, tmp_path):
-    """WITHOUT OVERLAPS is an exclusion constraint underneath (GiST): refused, once, as a temporal key
-    (not also as an anonymous exclusion index), with its PERIOD foreign key; both named."""
+def test_18_temporal_keys_are_built_after_the_copy_and_period_foreign_keys_carried(db_dsn, tmp_path):
+    """A temporal key goes to the new table like an exclusion constraint (ADD CONSTRAINT under
+    mover's name after the copy, tried on the rehearsed target), its PERIOD foreign key like every
+    foreign key (NOT VALID in the swap, validated after): plan check says so and passes."""
     require(db_dsn, "temporal keys (PostgreSQL 18) or btree_gist", "CREATE EXTENSION btree_gist",
             "CREATE TABLE probe (r int, d tstzrange, PRIMARY KEY (r, d WITHOUT OVERLAPS))")
     execute(db_dsn, TEMPORAL)
-    err = refused(db_dsn, tmp_path, plan_toml(name="bookings", source="public.bookings", columns={"id": "bigint"}),
-                  ['temporal key "no_double_booking" (UNIQUE (room, during WITHOUT OVERLAPS))',
-                   'temporal foreign key "booked_room"', "PERIOD"])
-    assert "exclusion constraint index" not in err, err
-    # Acknowledged in [target] drop_foreign_keys, the PERIOD key is left on the old table: only the
-    # temporal key itself is refused.
-    text = plan_toml(name="bookings", source="public.bookings", columns={"id": "bigint"}).replace(
-        "[target]\n", '[target]\ndrop_foreign_keys = ["booked_room"]\n')
-    err = refused(db_dsn, tmp_path, text, ['temporal key "no_double_booking"'])
-    assert "booked_room" not in err, err
-    # The referenced table's own temporal primary key is refused as well.
+    before = snapshot(db_dsn)
+    r = mover(db_dsn, "plan", "check", str(write_plan(tmp_path, plan_toml(
+        name="bookings", source="public.bookings", columns={"id": "bigint"}))))
+    assert r.returncode == 0, r.stdout + r.stderr
+    checked = " ".join(r.stdout.split())
+    assert ('ALTER TABLE "public"."bookings_new" ADD CONSTRAINT "no_double_booking_m1" UNIQUE (room, during WITHOUT'
+            ' OVERLAPS)') in checked, checked
+    assert ('ALTER TABLE "public"."bookings" ADD CONSTRAINT "booked_room" FOREIGN KEY (room, PERIOD during)'
+            ' REFERENCES public.rooms(room, PERIOD during) NOT VALID') in checked, checked
+    assert 'VALIDATE CONSTRAINT "booked_room"' in checked, checked
+    assert snapshot(db_dsn) == before
+
+
+def test_18_a_table_keyed_only_by_a_temporal_key_is_refused_naming_the_btree_key_to_add(db_dsn, tmp_path):
+    """A temporal key does not serve as mover's key (its GiST index orders no ranges and serves no
+    ON CONFLICT): the table is refused, with the unique btree index over its columns that does."""
+    require(db_dsn, "temporal keys (PostgreSQL 18) or btree_gist", "CREATE EXTENSION btree_gist",
+            "CREATE TABLE probe (r int, d tstzrange, PRIMARY KEY (r, d WITHOUT OVERLAPS))")
+    execute(db_dsn, TEMPORAL)
     refused(db_dsn, tmp_path, plan_toml(name="rooms", source="public.rooms"),
             ['"public"."rooms" has no primary key or unique index on NOT NULL columns (PRIMARY KEY (room, during'
-             ' WITHOUT OVERLAPS) is a temporal key'])
+             ' WITHOUT OVERLAPS) is a temporal key', 'CREATE UNIQUE INDEX CONCURRENTLY ON "public"."rooms"'
+             ' ("room", "during")'])
+
+
+def test_18_a_temporal_key_is_refused_on_a_target_partitioned_by_a_column_outside_its_plain_ones(db_dsn,
+                                                                                                  tmp_path):
+    """PostgreSQL takes a temporal key on a partitioned table only when the partition columns are
+    among the key's plain columns (compared with =): partitioning by the period, or by another
+    column, is refused naming the key, once (not also as a unique index lacking the column)."""
+    require(db_dsn, "temporal keys (PostgreSQL 18) or btree_gist", "CREATE EXTENSION btree_gist",
+            "CREATE TABLE probe (r int, d tstzrange, PRIMARY KEY (r, d WITHOUT OVERLAPS))")
+    execute(db_dsn, TEMPORAL)
+    base = plan_toml(name="bookings", source="public.bookings")
+    for column in ("id", "during"):
+        partition = (f'[target.partition]\nby = "hash"\ncolumn = "{column}"\nmodulus = 2\n'
+                     f'accept_key_change = true\n\n[rollback]\n')
+        err = refused(db_dsn, tmp_path, base.replace("[rollback]\n", partition),
+                      ['temporal key "no_double_booking" (UNIQUE (room, during WITHOUT OVERLAPS)), which does not hold'
+                       f' the partition column "{column}" among its plain (non-period) columns'])
+        assert "unique indexes" not in err, err
+    text = base.replace("[rollback]\n", '[target.partition]\nby = "hash"\ncolumn = "room"\nmodulus = 2\n'
+                                         'accept_key_change = true\n\n[rollback]\n')
+    r = mover(db_dsn, "plan", "check", str(write_plan(tmp_path, text)))
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_18_not_null_no_inherit_is_refused_for_a_partitioned_target(db_dsn, tmp_path):

@@ -13,7 +13,7 @@ from mover.names import QualifiedName
 from mover.sql import copy as copy_sql
 from mover.state import control, ranges
 from tests.conftest import require_icu
-from tests.workload import mover, write_plan
+from tests.workload import mover, plan_file
 
 
 def setup_table(dsn, ddl, fill, tmp_path):
@@ -21,7 +21,7 @@ def setup_table(dsn, ddl, fill, tmp_path):
         conn.execute(ddl)
         if fill:
             conn.execute(fill)
-    plan = write_plan(tmp_path / "p.toml", '[migration]\nname = "q"\nsource = "t"\n[rollback]\nwindow = "1h"\n')
+    plan = plan_file(tmp_path, "q", "t")
     r = mover(dsn, "step", plan)
     assert r.returncode == 0, r.stderr
     conn = psycopg.connect(dsn, autocommit=True)

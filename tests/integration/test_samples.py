@@ -16,19 +16,9 @@ from mover.db import Database, bind
 from mover.runner import sampler
 from mover.state import control, samples
 from mover.views import report, status, watch
-from tests.workload import create_orders, write_plan
+from tests.workload import create_orders, plan_text, write_plan
 
-PLAN = """
-[migration]
-name = "orders_sampled"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("orders_sampled", columns={"id": "bigint"})
 
 FIELDS = {"at", "step", "backfill_rows", "reconcile_rows", "pending_forward", "lag_forward", "pending_reverse",
           "lag_reverse", "workers", "range_rows", "waiting_for", "lock_waits"}

@@ -15,22 +15,9 @@ from mover.db import Database
 from mover.engines import capture
 from mover.errors import BadInput, LeaseLost, Waiting
 from mover.state import control
-from tests.workload import create_orders, write_plan
+from tests.workload import create_orders, plan_text, write_plan
 
-PLAN = """
-[migration]
-name = "orders_sm"
-source = 'public."Orders"'
-
-[target]
-columns = { id = "bigint" }
-
-[backfill]
-range_rows = 200
-
-[rollback]
-window = "1h"
-"""
+PLAN = plan_text("orders_sm", columns={"id": "bigint"}, backfill={"range_rows": 200})
 
 
 def _check_values(db: Database, table: str, column: str) -> set[str]:

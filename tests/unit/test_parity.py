@@ -174,6 +174,37 @@ def test_a_partitioned_target_plans_no_difference_of_an_exclusion_constraint():
         "constraint:orders_qty_excl"]
 
 
+def test_a_temporal_key_that_went_missing_is_unplanned_whether_partitioned_or_not():
+    """PostgreSQL 18's temporal keys are exclusion constraints underneath, built as the constraint
+    they are (never a unique index carried under mover's name, nor part of a partitioned key): one
+    missing from the table taking the name is unplanned, on a plain or a partitioned target."""
+    temporal = {"type": "u", "definition": "UNIQUE (qty, note WITHOUT OVERLAPS)", "validated": True,
+                "deferrable": False, "deferred": False}
+    d = copy.deepcopy(DESC)
+    d["constraints"]["orders_qty_note_key"] = temporal
+    d["indexes"]["orders_qty_note_key"] = {"definition": "USING gist (qty, note)", "unique": True, "valid": True,
+                                           "constraint": "orders_qty_note_key"}
+
+    def built(with_key, partitioned):
+        def fn(n):
+            if partitioned:
+                n["kind"] = "p"
+                n["constraints"]["orders_new_pkey"]["definition"] = "PRIMARY KEY (id, qty)"
+                n["metadata"]["reloptions"] = []
+            if with_key:
+                n["constraints"]["orders_qty_note_key_m1"] = dict(temporal)
+                n["indexes"]["orders_qty_note_key_m1"] = dict(d["indexes"]["orders_qty_note_key"],
+                                                              constraint="orders_qty_note_key_m1")
+        return fn
+
+    renames = {**RENAMES, "orders_qty_note_key_m1": "orders_qty_note_key"}
+    for partitioned in (False, True):
+        planned = parity.Planned(renames=renames, partition_columns=frozenset({"qty"} if partitioned else ()))
+        assert parity.unplanned(parity.compare(d, new_table(built(True, partitioned)), planned)) == []
+        missing = parity.unplanned(parity.compare(d, new_table(built(False, partitioned)), planned))
+        assert "constraint:orders_qty_note_key" in [x.key for x in missing], partitioned
+
+
 def test_differences_read_as_json_and_refusal_names_the_keys():
     diffs = parity.unplanned(compare(new_table(lambda d: d["metadata"].update(owner="postgres"))))
     assert diffs[0].as_dict() == {"key": "owner:table", "kind": "owner", "item": "table", "before": "app",

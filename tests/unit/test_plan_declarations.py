@@ -87,10 +87,10 @@ def test_each_bound_is_enforced_naming_the_key(s):
 
 
 def test_sections_list_their_keys_in_the_files_order():
-    assert list(KEYS) == ["migration", "target", "backfill", "cutover", "rollback", "reconcile", "partitions", "hooks",
-                          "also"]
-    assert [p.holder for p in SECTIONS] == [None, None, "backfill", "cutover", "rollback", "reconcile", "upkeep", None,
-                                            None]
+    assert list(KEYS) == ["migration", "target", "backfill", "cutover", "rollback", "reconcile", "partitions",
+                          "capture", "hooks", "also"]
+    assert [p.holder for p in SECTIONS] == [None, None, "backfill", "cutover", "rollback", "reconcile", "upkeep",
+                                            "capture", None, None]
 
 
 # [[also]] (issue 27) takes [target]'s keys: a subclass declared under its own name, read by the

@@ -58,6 +58,20 @@ def resolve_tables(cur: psycopg.Cursor, plan: Plan) -> list[tuple[Plan, dict[str
     registration names it), checked as a plan of one table would be, and the family as a whole
     (each table once); every problem of every table at once."""
     problems: list[PlanError] = []
+    if plan.also and plan.capture.logical:
+        # A family's replay is one statement over every table's log, and the keys between the
+        # tables are checked at its end: it needs every change the sources show at that moment in
+        # the logs, which the trigger gives (each change logged in the application's transaction).
+        # Logical capture fills each log from its own slot, behind the application and table by
+        # table: a child's new row can reach its log before its parent's, and the targets' keys
+        # would refuse the replay though the application wrote nothing wrong.
+        problems.append(PlanError(
+            f"[capture] method = \"logical\" cannot move a family ({len(plan.also) + 1} tables: [migration] source "
+            f"and [[also]]): the keys between its tables are checked at the end of each replay of their change "
+            f"logs, which must then hold every change the sources show; logical capture fills each table's log "
+            f"from its own slot, behind the application, so a child's change can be logged before its parent's",
+            hint="remove [capture] method (the trigger, the default, logs each change in the application's "
+                 "transaction), or move each table with a migration of its own"))
     out: list[tuple[Plan, dict[str, Any]]] = []
     for i, table in enumerate(plan.tables()):
         try:

@@ -149,3 +149,32 @@ drop_foreign_keys = ["order_lines_order_id_fkey"]
     assert tables_of(schema) == before
     with psycopg.connect(schema, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM mover.migrations").fetchone()[0] == 0
+
+
+def test_a_family_with_logical_capture_is_refused_saying_why(schema, tmp_path):
+    """A family's replays need every change the sources show in the logs at once (the keys between
+    its tables are checked at the end of each); logical capture logs each table from its own slot,
+    behind the application. plan check and run refuse it (exit 2), naming the reason and the way
+    out, and change nothing; the same plan without [[also]] checks clean (the refusal is the
+    family's, not the server's)."""
+    before = tables_of(schema)
+    head = HEAD.replace('"public.orders"', '"public.customers"') + '\n[capture]\nmethod = "logical"\n'
+    alone = write_plan(tmp_path / "alone.toml", head)
+    family = write_plan(tmp_path / "family.toml", head + """
+[[also]]
+source = "public.orders"
+columns = { customer_id = "bigint" }
+""")
+    r = mover(schema, "plan", "check", alone)
+    assert r.returncode == 0, r.stderr
+    for args in (("plan", "check", family), ("run", family)):
+        r = mover(schema, *args)
+        assert r.returncode == 2, r.stderr
+        assert '[capture] method = "logical" cannot move a family (2 tables' in r.stderr
+        assert "a child's change can be logged before its parent's" in r.stderr
+        assert "remove [capture] method" in r.stderr
+    assert tables_of(schema) == before
+    with psycopg.connect(schema, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM mover.migrations").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pg_publication").fetchone()[0] == 0

@@ -777,6 +777,9 @@ def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json
         table.add_row("this pass", f"{p['found']} new divergences, {p['still_open']} found again, "
                                    f"{p['resolved']} resolved (equal now)"
                       + (f", {p['unsettled']} keys kept changing (left to the next pass)" if p["unsettled"] else ""))
+        if "foreign_keys_checked" in p:  # a family's: the keys between its tables on the other side
+            table.add_row("family keys", f"{p['foreign_keys_checked']} foreign keys between the tables hold on the "
+                                         f"side the application does not write")
         by_kind = st["reconcile"]["divergences"]["open"]
         table.add_row("open divergences", ", ".join(f"{k}: {v}" for k, v in by_kind.items()) or "none")
         table.add_row("step / state", f"{st['step']} / {st['state']}")

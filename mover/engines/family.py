@@ -136,16 +136,18 @@ def link(ctx: Context, members: Sequence[Context]) -> int:
     return added
 
 
-def orphans(cur: psycopg.Cursor, members: Sequence[Context]) -> list[str]:
+def orphans(cur: psycopg.Cursor, members: Sequence[Context]) -> tuple[int, list[str]]:
     """The keys between the family's tables on the side the application does not write (the
     targets before the swap, the old tables in the window), each checked with a plain query: rows
     whose reference finds no row. Only the keys the live side holds validated (a NOT VALID one may
-    hold such rows on both sides). One line per key that does."""
+    hold such rows on both sides). The keys checked, and one line per key that finds such rows."""
     live = {introspect.table_oid(cur, t.migration.source) or 0: t for t in members}
     out = []
+    checked = 0
     for k in family_catalog.between(cur, list(live)):
         if not k.validated:
             continue
+        checked += 1
         child, parent = live[k.child], live[k.parent]
         c_tab, p_tab = (child.original, parent.original) if child.swapped else (child.new, parent.new)
         cur.execute(sql.SQL("SELECT count(*) FROM {c} c WHERE {notnull} AND NOT EXISTS"
@@ -157,16 +159,19 @@ def orphans(cur: psycopg.Cursor, members: Sequence[Context]) -> list[str]:
         n = int(one(cur)[0])
         if n:
             out.append(f"{n} rows of {c_tab} reference no row of {p_tab} (foreign key {k.name})")
-    return out
+    return checked, out
 
 
-def check_keys(ctx: Context, members: Sequence[Context]) -> None:
-    """Reconcile's check of the family's keys: no row of the other side references a missing row."""
-    found = ctx.db.transaction(lambda cur: orphans(cur, members), statement_timeout="0", label="family keys check")
+def check_keys(ctx: Context, members: Sequence[Context]) -> int:
+    """Reconcile's check of the family's keys: no row of the other side references a missing row.
+    Returns the keys checked."""
+    checked, found = ctx.db.transaction(lambda cur: orphans(cur, members), statement_timeout="0",
+                                        label="family keys check")
     if found:
         raise Failed(f"migration {ctx.migration.name!r}: " + "; ".join(found),
                      hint=f"`mover status {ctx.migration.name}`; the tables' keys were validated, so a trigger or "
                           f"session_replication_role bypassed them: report it, and `mover abort {ctx.migration.name}`")
+    return checked
 
 
 # ---------------------------------------------------------------------------------------------

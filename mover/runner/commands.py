@@ -107,7 +107,8 @@ def reconcile(db: Database, name: str, *, full: bool = False, **kw: Any) -> dict
 
     def go(head: Context) -> None:
         passes = []
-        for ctx in family_engine.tables(head):  # a family's tables one after another
+        members = family_engine.tables(head)
+        for ctx in members:  # a family's tables one after another
             at_step = ctx.migration.step == "reconcile"
             if at_step:
                 ctx.db.transaction(bind(control.start_step, ctx.migration, "reconcile", ctx.owner))
@@ -121,6 +122,10 @@ def reconcile(db: Database, name: str, *, full: bool = False, **kw: Any) -> dict
             else:
                 _wait_at_gate(ctx)
         out["pass"] = passes[0] if len(passes) == 1 else _family_pass(passes)
+        if len(members) > 1:
+            # The family's reconcile checks the keys between its tables on the side the application
+            # does not write, as its reconcile step does (Failed, naming the rows, if one breaks).
+            out["pass"]["foreign_keys_checked"] = family_engine.check_keys(head, members)
     _under_lease(db, name, "reconcile", go, **kw)
     passed: dict[str, Any] = out["pass"]
     return passed
@@ -130,6 +135,8 @@ def _family_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
     """A family's pass: the sums of its tables' (a pass's counts), and each table's."""
     total = {k: sum(p[k] for p in passes) for k, v in passes[0].items()
              if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "rows_per_second"}
+    # The tables are compared one after another: the family's rate is its rows over its time.
+    total["rows_per_second"] = round(total["rows"] / total["seconds"]) if total.get("seconds") else None
     return {"mode": passes[0]["mode"], **total, "tables": passes}
 
 

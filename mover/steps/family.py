@@ -46,9 +46,9 @@ def link(ctx: Context, members: Sequence[Context]) -> None:
     family.link(ctx, members)
 
 
-def check_keys(ctx: Context, members: Sequence[Context]) -> None:
+def check_keys(ctx: Context, members: Sequence[Context]) -> int:
     """After the family's reconcile: the keys between the targets hold (a plain query each)."""
-    family.check_keys(ctx, members)
+    return family.check_keys(ctx, members)
 
 
 def wait(ctx: Context, members: Sequence[Context]) -> NoReturn:

@@ -10,6 +10,7 @@ hold), one rollback swaps them all back."""
 
 from __future__ import annotations
 
+import html
 import json
 import random
 import signal
@@ -384,3 +385,110 @@ def test_a_family_aborts_in_one_transaction(db_dsn, tmp_path, suffix):
         assert conn.execute("SELECT DISTINCT state FROM mover.migrations").fetchall() == [("aborted",)]
         assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'mover%'").fetchone()[0] == 0
     assert_mirrored(db_dsn)
+
+
+def test_status_watch_history_and_report_show_each_table_and_the_whole(db_dsn, tmp_path):
+    """Each read command shows the family as a whole (its step, the sums) and each table: status
+    (JSON and text), the list of migrations (the family once), history, the report (JSON, each
+    event naming its table, and the page), watch (its line and its screen)."""
+    from rich.console import Console
+
+    from mover.db import Database, bind
+    from mover.views import watch
+
+    create(db_dsn)
+    plan = write_plan(tmp_path / "family.toml", PLAN)
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    names = ['"public"."customers"', '"public"."orders"', '"public"."invoices"']
+    rows = [1500, 3000, 2000]
+
+    st = status(db_dsn)
+    tables = st["family"]["tables"]
+    assert [t["tables"]["source"] for t in tables] == names
+    assert [t["step"] for t in tables] == ["cutover"] * 3
+    assert [t["backfill"]["rows_copied"] for t in tables] == rows
+    assert st["backfill"]["rows_copied"] == sum(rows)  # the whole: the sum of its tables'
+    assert st["reconcile"]["rows_compared"] == sum(t["reconcile"]["rows_compared"] for t in tables) >= sum(rows)
+    text = mover(db_dsn, "status", "family").stdout
+    for name, n in zip(names, rows, strict=True):
+        assert f"table {name}" in text and f"{n:,} rows copied" in text, text
+    every = json.loads(mover(db_dsn, "status", "--json").stdout)
+    assert [m["name"] for m in every] == ["family"]  # a family is listed once
+
+    (entry,) = json.loads(mover(db_dsn, "history", "--json").stdout)
+    assert entry["name"] == "family"
+    assert [t["name"] for t in entry["tables"]] == ["family/public.orders", "family/public.invoices"]
+
+    db = Database(db_dsn)
+    try:
+        snap = db.transaction(bind(watch.snapshot, "family"))
+    finally:
+        db.close()
+    line = watch.line(snap)
+    assert "| backfill 6,500 rows" in line, line
+    for name, n in zip(names, rows, strict=True):
+        assert f"{name} cutover/waiting {n:,} copied 0 pending" in line, line
+    console = Console(record=True, width=200)
+    console.print(watch.screen(snap))
+    screen = console.export_text()
+    assert "tables" in screen and all(name in screen for name in names), screen
+
+    r = mover(db_dsn, "cutover", "family")
+    assert r.returncode == 0, r.stderr
+    r = mover(db_dsn, "retire", "family", "--force")
+    assert r.returncode == 0, r.stderr
+    r = mover(db_dsn, "watch", "family", "--interval", "30", timeout=60)  # done: one line, then it ends
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if " | family | " in ln]
+    assert all(f"{name} retire/done {n:,} copied" in line for name, n in zip(names, rows, strict=True)), line
+
+    page = tmp_path / "report.html"
+    r = mover(db_dsn, "report", "family", "--json", "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    model = json.loads(r.stdout)
+    assert [t["tables"]["source"] for t in model["status"]["family"]["tables"]] == names
+    assert {e["table"] for e in model["events"]} == set(names)
+    swaps = [e for e in model["events"] if e["kind"] == "family_swapped"]
+    assert len(swaps) == 1 and swaps[0]["detail"]["lock_ms"] > 0  # one swap, its lock hold
+    each = page.read_text().split("id='tables'>Each table</h2>")[1]  # the page's section of its own
+    assert all(html.escape(name) in each for name in names), each[:2000]
+
+
+def test_the_familys_reconcile_checks_the_keys_between_its_tables(db_dsn, tmp_path):
+    """The family's reconcile (its step, and `mover reconcile`) checks with a plain query that no
+    row of a target references a missing row: a parent deleted behind the keys' back
+    (session_replication_role = replica) fails it, naming the rows, the tables and the key."""
+    create(db_dsn)
+    plan = write_plan(tmp_path / "family.toml", PLAN)
+    # Killed inside the first reconcile pass: the keys are on the targets by then.
+    r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@reconcile_range:1"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        (keys,) = conn.execute("SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND convalidated"
+                               " AND conrelid IN ('orders_new'::regclass, 'invoices_new'::regclass)").fetchone()
+        assert keys == 3
+        conn.execute("SET session_replication_role = replica")
+        (customer,) = conn.execute("SELECT customer_id FROM orders_new WHERE customer_id NOT IN"
+                                   " (SELECT customer_id FROM invoices_new) LIMIT 1").fetchone()
+        conn.execute("DELETE FROM customers_new WHERE id = %s", (customer,))
+    orphan = ('rows of "public"."orders_new" reference no row of "public"."customers_new"'
+              " (foreign key orders_customer_id_fkey)")
+    r = mover(db_dsn, "run", "family")
+    assert r.returncode == 1 and orphan in r.stderr, r.stderr
+    assert "invoices_new" not in r.stderr.split("next:")[0]  # only the key that finds orphans
+    r = mover(db_dsn, "reconcile", "family")
+    assert r.returncode == 1 and orphan in r.stderr, r.stderr
+    # Put back, the family's reconcile passes and says how many keys it checked.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO customers_new SELECT * FROM customers WHERE id = %s", (customer,))
+    r = mover(db_dsn, "reconcile", "family")
+    assert r.returncode == 0, r.stderr
+    assert "3 foreign keys between the tables hold" in r.stdout, r.stdout
+    r = mover(db_dsn, "reconcile", "family", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["pass"]
+    assert p["foreign_keys_checked"] == 3 and [t["table"] for t in p["tables"]] == [
+        '"public"."customers"', '"public"."orders"', '"public"."invoices"']
+    r = mover(db_dsn, "run", "family")
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr

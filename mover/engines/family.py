@@ -275,6 +275,7 @@ def retire(ctx: Context, members: Sequence[Context], give_up_rows: bool = False)
         for t in members:
             old = f"kept as {t.migration.old}" if keep else "dropped"
             control.mark_retired(cur, t.migration, t.owner, message=f"retired; old table {old}")
+        faults.point("family:retired")  # every table's drops and transitions, not committed: none retired
 
     tables = [x for t in members for x in (t.migration.source, t.migration.old)]
     lockwatch.run_locked(ctx, drop, tables=tables, what="retire", retry=f"mover retire {ctx.migration.name}",
@@ -305,6 +306,7 @@ def abort(ctx: Context, members: Sequence[Context], give_up_rows: bool = False) 
             ranges.reset(cur, t.mid, "reconcile")
         for t in members:
             control.mark_aborted(cur, t.migration, t.owner)
+        faults.point("family:aborted")  # every table's drops and transitions, not committed: none aborted
 
     tables = ctx.db.transaction(lambda cur: [x for t in members for x in (live_of(cur, t), t.migration.target)],
                                 label="tables abort locks")

@@ -346,6 +346,15 @@ def test_a_family_widens_under_writers_through_kills_one_cutover_one_rollback(db
 
         r = mover(db_dsn, "cutover", "family")
         assert r.returncode == 0, r.stderr
+        # kill -9 inside retire's one transaction (the window closed before it): no table retired,
+        # every old table still there
+        r = mover(db_dsn, "retire", "family", "--force", env={"MOVER_FAULT": "kill@family:retired"})
+        assert r.returncode == -signal.SIGKILL, r.stderr
+        st = status(db_dsn)
+        assert [t["step"] for t in st["family"]["tables"]] == ["retire"] * 3 and st["state"] == "failed", st
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_class WHERE relname ~ '_old$' AND relkind = 'r'"
+                                ).fetchone() == (3,)
         r = mover(db_dsn, "retire", "family", "--force")
         assert r.returncode == 0, r.stderr
         writer.pause()
@@ -378,6 +387,14 @@ def test_a_family_aborts_in_one_transaction(db_dsn, tmp_path, suffix):
         # describe == run: the keys plan check printed are the keys the run added to the targets
         (ran,) = conn.execute("SELECT detail->'statements' FROM mover.events WHERE kind = 'family_keys'").fetchone()
     assert ran == described and len(ran) == 3
+    # kill -9 inside abort's one transaction: nothing dropped, every table still at the gate
+    r = mover(db_dsn, "abort", "family", env={"MOVER_FAULT": "kill@family:aborted"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT DISTINCT step, state = 'aborted' FROM mover.migrations").fetchall() == [
+            ("cutover", False)]
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname LIKE %s AND relkind = 'r'",
+                            (f"%{suffix}",)).fetchone() == (3,)
     r = mover(db_dsn, "abort", "family/public.orders")  # a table's name is its family's
     assert r.returncode == 0, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -492,3 +509,55 @@ def test_the_familys_reconcile_checks_the_keys_between_its_tables(db_dsn, tmp_pa
         '"public"."customers"', '"public"."orders"', '"public"."invoices"']
     r = mover(db_dsn, "run", "family")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+
+
+def test_a_blocker_on_any_table_of_the_family_is_named_and_nothing_is_swapped(db_dsn, tmp_path):
+    """The family's swap takes its locks as one table's does (lockwatch: lock_timeout, attempts,
+    blockers named, autovacuum paused and restored, terminate_blockers): a session holding the
+    last table the swap locks (invoices, referenced by none) makes it give up with every table
+    unswapped, naming the session; with terminate_blockers the session is ended and all swap."""
+    create(db_dsn)
+    plan = write_plan(tmp_path / "family.toml", PLAN + '\n[cutover]\nlock_timeout = "200ms"\nattempts = 2\n')
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    # kill -9 with autovacuum paused on the six tables: the next run puts every setting back.
+    r = mover(db_dsn, "cutover", "family", env={"MOVER_FAULT": "kill@lock:paused"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    paused = ("SELECT count(*) FROM pg_class WHERE relname ~ '^(customers|orders|invoices)(_new)?$'"
+              " AND reloptions = '{autovacuum_enabled=false}'")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute(paused).fetchone() == (6,)
+    r = mover(db_dsn, "run", "family")
+    assert r.returncode == 3, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute(paused).fetchone() == (0,)
+    blocker = psycopg.connect(db_dsn, application_name="app-report")
+    blocker.execute("SELECT count(*) FROM invoices")  # idle in a transaction: ACCESS SHARE held
+    pid = blocker.info.backend_pid
+    try:
+        r = mover(db_dsn, "cutover", "family")
+        assert r.returncode == 3, r.stderr
+        err = " ".join(r.stderr.split())
+        assert f"pid {pid} (user " in err and "'app-report'" in err, err
+        st = status(db_dsn)
+        assert st["step"] == "cutover" and all(t["cutover"] is None for t in st["family"]["tables"])
+        assert f"pid {pid}" in st["error"]
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            # Nothing swapped, nothing left paused.
+            assert conn.execute("SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid ="
+                                " 'customers'::regclass AND attname = 'id'").fetchone() == ("integer",)
+            assert conn.execute("SELECT count(*) FROM pg_class WHERE relname ~ '^(customers|orders|invoices)'"
+                                " AND reloptions IS NOT NULL").fetchone() == (0,)
+        assert mover(db_dsn, "set", "family", "cutover.terminate_blockers=true",
+                     "cutover.blocker_grace=300ms").returncode == 0
+        r = mover(db_dsn, "cutover", "family")
+        assert r.returncode == 0, r.stderr
+        with pytest.raises(psycopg.OperationalError):
+            blocker.execute("SELECT 1")
+    finally:
+        blocker.close()
+    st = status(db_dsn)
+    assert st["step"] == "rollback_window"
+    assert {t["cutover"]["at"] for t in st["family"]["tables"]} == {st["cutover"]["at"]}
+    assert_mirrored(db_dsn)
+    assert_mirrored(db_dsn, "_old")

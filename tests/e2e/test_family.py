@@ -561,3 +561,80 @@ def test_a_blocker_on_any_table_of_the_family_is_named_and_nothing_is_swapped(db
     assert {t["cutover"]["at"] for t in st["family"]["tables"]} == {st["cutover"]["at"]}
     assert_mirrored(db_dsn)
     assert_mirrored(db_dsn, "_old")
+
+
+OUTSIDE = """
+CREATE TABLE regions (id int PRIMARY KEY);
+INSERT INTO regions SELECT generate_series(1, 3);
+CREATE TABLE customers (id serial PRIMARY KEY, region_id int NOT NULL REFERENCES regions);
+CREATE TABLE orders (id serial PRIMARY KEY, customer_id int NOT NULL REFERENCES customers ON DELETE CASCADE);
+CREATE TABLE payments (id serial PRIMARY KEY, order_id bigint REFERENCES orders,
+                       customer_id bigint NOT NULL REFERENCES customers);
+INSERT INTO customers (region_id) SELECT 1 + g % 3 FROM generate_series(1, 300) g;
+INSERT INTO orders (customer_id) SELECT 1 + g % 300 FROM generate_series(1, 600) g;
+INSERT INTO payments (order_id, customer_id) SELECT id, customer_id FROM orders WHERE id % 2 = 0;
+"""
+
+
+def test_keys_from_and_to_tables_outside_the_family_are_moved_as_for_one_table(db_dsn, tmp_path):
+    """A table outside the family that references two of its tables (payments, its columns bigint
+    already: nothing to widen) and a key from the family to a table outside it (customers to
+    regions): the swap moves them to the tables taking the names, validated after the lock, and
+    the rollback moves them back; the keys between the family's tables stay with their tables."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(OUTSIDE)
+    plan = write_plan(tmp_path / "family.toml", PLAN.split("[[also]]")[0] + """
+[[also]]
+source = "public.orders"
+columns = { customer_id = "bigint" }
+
+[rollback]
+window = "1h"
+""")
+    check = api.check_plan(db_dsn, plan)
+    assert check["also"] == []  # payments' columns are as wide as the keys become
+
+    def keys() -> dict[str, tuple[int, int, bool]]:
+        """Every foreign key of the schema: (table, referenced table) oids and whether validated."""
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            return {f"{r[0]}.{r[1]}": (r[2], r[3], r[4]) for r in conn.execute(
+                "SELECT conrelid::regclass::text, conname, conrelid::oid::int, confrelid::oid::int, convalidated"
+                " FROM pg_constraint WHERE contype = 'f' AND connamespace = 'public'::regnamespace").fetchall()}
+
+    def oid(conn, name: str) -> int:
+        return conn.execute("SELECT %s::regclass::oid::int", (name,)).fetchone()[0]
+
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        old = {t: oid(conn, t) for t in ("customers", "orders")}
+        new = {t: oid(conn, f"{t}_new") for t in ("customers", "orders")}
+        outside = {t: oid(conn, t) for t in ("payments", "regions")}
+    before = keys()
+
+    r = mover(db_dsn, "cutover", "family")
+    assert r.returncode == 0, r.stderr
+    after = keys()
+    # From outside: payments' keys now reference the new tables (taking the names), validated.
+    assert after["payments.payments_order_id_fkey"] == (outside["payments"], new["orders"], True)
+    assert after["payments.payments_customer_id_fkey"] == (outside["payments"], new["customers"], True)
+    # To outside: the live customers (the new table) references regions, validated.
+    (to_regions,) = [v for k, v in after.items() if k.startswith("customers.") and v[1] == outside["regions"]]
+    assert to_regions == (new["customers"], outside["regions"], True)
+    # Between the family's tables: the key stayed with its tables, on both sides.
+    assert after["orders.orders_customer_id_fkey"] == (new["orders"], new["customers"], True)
+    assert after["orders_old.orders_customer_id_fkey"] == (old["orders"], old["customers"], True)
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute("INSERT INTO payments (order_id, customer_id) VALUES (1000000, 1)")
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute("DELETE FROM customers WHERE id = (SELECT min(customer_id) FROM payments)")
+
+    r = mover(db_dsn, "rollback", "family")
+    assert r.returncode == 0, r.stderr
+    back = keys()
+    assert back["payments.payments_order_id_fkey"] == (outside["payments"], old["orders"], True)
+    assert back["payments.payments_customer_id_fkey"] == (outside["payments"], old["customers"], True)
+    assert back["orders.orders_customer_id_fkey"] == before["orders.orders_customer_id_fkey"]
+    (to_regions,) = [v for k, v in back.items() if k.startswith("customers.") and v[1] == outside["regions"]]
+    assert to_regions == (old["customers"], outside["regions"], True)

@@ -82,8 +82,7 @@ def wait(ctx: Context, members: Sequence[Context]) -> NoReturn:
 
 def swap_in(ctx: Context, members: Sequence[Context]) -> float:
     """The family's cutover: every table swapped in under one short lock; returns its hold (ms)."""
-    for t in members:
-        query_rehearsal.before_cutover(t)  # [cutover] rehearse: no statement on a table plans markedly worse
+    query_rehearsal.before_cutover(ctx)  # [cutover] rehearse: no statement on any table plans markedly worse
     for t in members:
         cutover.preflight(t, last_check)  # no divergences, indexes valid, subscribers; drain; last check
     digest = ctx.db.transaction(bind(family.digest, members, True), label="family digest")  # before the statements

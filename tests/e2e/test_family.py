@@ -15,14 +15,14 @@ import json
 import random
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from mover import api
-from tests.workload import WriterThread, assert_oracle, mover, write_plan
+from tests.workload import AppWriter, assert_oracle, mover, write_plan
 
 SCHEMA = """
 CREATE TABLE customers (id serial PRIMARY KEY, name text NOT NULL, note text);
@@ -82,42 +82,17 @@ def create(dsn: str) -> None:
             conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
 
 
-@dataclass
-class FamilyWriter(WriterThread):
+@dataclass(eq=False, kw_only=True)
+class FamilyWriter(AppWriter):
     """The application: every write in a transaction of its own (one or several statements), each
     statement's rows copied to the table's mirror in that transaction. Legal writes only: a child
     always references an existing parent, a parent goes after its children."""
 
-    dsn: str
-    seed: int = 1
-    ops: int = 0
-    errors: list = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    paused: threading.Event = field(default_factory=threading.Event)
-    idle: threading.Event = field(default_factory=threading.Event)
-
-    def _loop(self) -> None:
-        rnd = random.Random(self.seed)
-        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+    def write(self, conn: psycopg.Connection, rnd: random.Random) -> None:
         ops = [self._insert_family, self._update, self._delete_family, self._change_order_key,
                self._change_customer_key, self._reparent, self._reinsert_invoice, self._insert_children]
-        try:
-            while not self.stop.is_set():
-                if self.paused.is_set():
-                    self.idle.set()
-                    self.stop.wait(0.01)
-                    continue
-                self.idle.clear()
-                try:
-                    with conn.transaction():
-                        rnd.choice(ops)(conn, rnd)
-                    self.ops += 1
-                except psycopg.Error as exc:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                    if conn.broken:
-                        conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
-        finally:
-            conn.close()
+        with conn.transaction():
+            rnd.choice(ops)(conn, rnd)
 
     @staticmethod
     def _write(conn, table: str, statement: str, params: dict) -> list[int]:

@@ -316,6 +316,13 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
     _show_hooks(result)
     for col, why in result.get("lossy_accepted", {}).items():
         out.print(f"lossy type change accepted ([target] accept_lossy): {col!r} {why}", highlight=False, markup=False)
+    if result.get("rollback_carries_back"):
+        out.print("in the rollback window, a value goes back to the old table only if it converts to the old type "
+                  "unchanged; a row whose value does not stays only in the new table (`mover rollback` refuses "
+                  "while one exists, `--give-up-rows` gives it up, `mover retire` keeps it):", highlight=False,
+                  markup=False)
+        for col, why in result["rollback_carries_back"].items():
+            out.print(f"  {col!r} {why}", highlight=False, markup=False)
     part = result.get("partitioning")
     if part:
         out.print(f"partitioned by {part['by']} ({', '.join(part['columns'])}), unique key ({', '.join(part['key'])})",

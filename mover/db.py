@@ -39,13 +39,16 @@ R = TypeVar("R")
 
 # What a whole-transaction retry cures, by psycopg's error classes (one per SQLSTATE): another
 # transaction was in the way (40001, 40P01, 55P03), or the server went away or is restarting
-# (class 08, 57P01..57P03). Everything else means the same on every attempt.
+# (class 08 but 08P01, 57P01..57P03). Everything else means the same on every attempt.
 RETRYABLE = (pgerrors.SerializationFailure, pgerrors.DeadlockDetected, pgerrors.LockNotAvailable)
 CONNECTION_LOST = (
-    # class 08 (psycopg's classes for it have no common base of their own)
+    # class 08 (psycopg's classes for it have no common base of their own). Not 08P01,
+    # protocol_violation: the server understood the client and refused what it sent (a bind message
+    # whose parameters do not match the statement, a malformed message); the same statement fails
+    # the same way on a new connection, so it is a failure to report, not a server that went away.
     pgerrors.ConnectionException, pgerrors.SqlclientUnableToEstablishSqlconnection,
     pgerrors.ConnectionDoesNotExist, pgerrors.SqlserverRejectedEstablishmentOfSqlconnection,
-    pgerrors.ConnectionFailure, pgerrors.TransactionResolutionUnknown, pgerrors.ProtocolViolation,
+    pgerrors.ConnectionFailure, pgerrors.TransactionResolutionUnknown,
     # the server shuts down or is starting up
     pgerrors.AdminShutdown, pgerrors.CrashShutdown, pgerrors.CannotConnectNow,
 )

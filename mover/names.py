@@ -169,3 +169,9 @@ def capture_slot(mid: int, database_oid: int) -> str:
 def feed_state(mid: int) -> QualifiedName:
     """The one row saying how far the logical capture has fed the change log (mover/engines/logical.py)."""
     return QualifiedName(CONTROL_SCHEMA, f"m{mid}_feed")
+
+
+def cast_probe(token: str) -> QualifiedName:
+    """The conversion probes' table (mover/sql/casts.py): created in a savepoint and rolled back,
+    named per probe so that two sessions probing at once never wait for each other's name."""
+    return QualifiedName(CONTROL_SCHEMA, f"cast_probe_{token}")

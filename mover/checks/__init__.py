@@ -40,6 +40,8 @@ class Subject:
     old: QualifiedName | None = None
     rehearsed: introspect.TableInfo | None = None  # the target as the rehearsal created it
     lossy: dict[str, str] = field(default_factory=dict)
+    # Changed columns whose values a rollback may not carry back, and why (mover/checks/types.py).
+    carried_back: dict[str, str] = field(default_factory=dict)
     partitioning: Any = None  # what a conversion to a partitioned table creates (mover/engines/partitions.py)
     metadata: dict[str, list[str]] = field(default_factory=dict)  # carried when, or not (mover/engines/carry.py)
     problems: list[PlanError] = field(default_factory=list)
@@ -148,7 +150,8 @@ def run(cur: psycopg.Cursor, plan: Plan) -> Subject:
 def resolved(s: Subject) -> dict[str, Any]:
     """The checked plan's resolved names and key, as registration stores them."""
     return {"source": s.src, "target": s.new, "old": s.old, "key": list(s.table.key), "info": s.table,
-            "lossy": s.lossy, "partitioning": s.partitioning, "metadata": s.metadata, "warnings": s.warnings,
+            "rehearsed": s.rehearsed, "lossy": s.lossy, "carried_back": s.carried_back, "partitioning": s.partitioning,
+            "metadata": s.metadata, "warnings": s.warnings,
             "operator_schemas": s.operator_schemas}
 
 

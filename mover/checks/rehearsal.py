@@ -26,11 +26,12 @@ def create_target(s: Subject) -> None:
     """Without the type changes first, so that the message can name the key at fault; then with
     them, and one column at a time when they fail (this is the error path: cheap enough)."""
     cur, plan, source, target = s.cur, s.plan, s.src, s.new
-    problem = rehearse(cur, replace(plan, columns={}), source, target)
+    rehearsed: list[Any] = []
+    problem = rehearse(cur, replace(plan, columns={}), source, target, None if plan.columns else rehearsed)
     if problem:
         raise PlanError(f"[target] name: the target {target} cannot be created: {problem}", hint=HINT)
-    rehearsed: list[Any] = []
     if not plan.columns:
+        s.rehearsed = rehearsed[0]
         return
     if not rehearse(cur, plan, source, target, rehearsed):
         s.rehearsed = rehearsed[0]

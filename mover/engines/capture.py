@@ -34,7 +34,7 @@ from mover.errors import PlanError
 from mover.sql import capture as q
 from mover.sql import trusted
 from mover.sql.copy import covered_by
-from mover.sql.mapping import Mapping, named_bound
+from mover.sql.mapping import Mapping, named_bound, refusal
 from mover.state import control, ranges
 
 log = logging.getLogger("mover.capture")
@@ -454,9 +454,9 @@ def _apply_key_by_key(cur: psycopg.Cursor, ctx: Context, m: Mapping, log_table: 
         else:
             control.record_divergence(cur, ctx.mid, list(key), "apply_error", columns)
         control.event(cur, ctx.mid, ctx.owner, None, "apply_error",
-                      f"replaying key {list(key)} into {m.dst} failed: {str(exc).splitlines()[0]}")
+                      f"replaying key {list(key)} into {m.dst} failed: {columns['error']}")
     result.failed = len(failed)
-    result.failures = {k: str(e).splitlines()[0] for k, e in failed.items()}
+    result.failures = {k: data_error(e)["error"] for k, e in failed.items()}
     result.upserted = len(keys) - len(failed)
     _count(cur, ctx.mid, reverse, result.claimed)
     return result
@@ -476,6 +476,9 @@ SEVERAL_ROWS = "21000"
 def data_error(exc: psycopg.Error) -> dict[str, Any]:
     """What an apply_error divergence records of a copy or replay that failed on a row's data."""
     out: dict[str, Any] = {"error": str(exc).splitlines()[0], "sqlstate": exc.sqlstate}
+    own = refusal(exc.diag.message_primary or "")
+    if own is not None:  # a value refused by mover itself (mover/sql/mapping.py source_values): its words
+        out["error"] = own
     if exc.sqlstate == SEVERAL_ROWS:
         # PostgreSQL's wording names the upsert, not the data: say what the row is.
         out["error"] = ("the source holds several rows with this key, and the destination's key holds one: "

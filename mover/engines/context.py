@@ -41,6 +41,9 @@ class Context:
     lease_lost: threading.Event = field(default_factory=threading.Event)
     workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
     give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
+    # Plan check only: the target as its DDL rehearsal created it (rolled back since), so that the
+    # steps' describe() prints the copy's and the replay's conversions before the target exists.
+    planned_target: introspect.TableInfo | None = None
     _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
     _family: dict[int, Context] = field(default_factory=dict, repr=False)
     # The family's rows when they are not registered (yet): plan check describes them provisionally.
@@ -133,14 +136,33 @@ class Context:
             self._mappings[cache_key] = self._describe_mapping(cur, reverse)
         return self._mappings[cache_key]
 
+    def described_mapping(self, cur: psycopg.Cursor, reverse: bool = False) -> Mapping | None:
+        """The mapping a step's describe() prints from: the one the step will run with once the
+        target exists, or before (plan check) the same built over the rehearsed target; None when
+        there is neither."""
+        if introspect.exists(cur, self.new):
+            return self.mapping(cur, reverse)
+        if self.planned_target is None:
+            return None
+        original, new = introspect.describe(cur, self.original), self.planned_target
+        return self._map(cur, original, new, reverse)
+
     def check_shape(self, cur: psycopg.Cursor) -> str:
         """ShapeChanged unless both tables have their recorded shape; the recorded fingerprints."""
         return shape.verify(cur, self.mid, self.migration.name, self.swapped)
 
     def _describe_mapping(self, cur: psycopg.Cursor, reverse: bool) -> Mapping:
         original = introspect.describe(cur, self.original)
-        new = introspect.describe(cur, self.new)
-        key = tuple(self.migration.key_columns)
-        m = conversion.mapping(new, original, key) if reverse else conversion.mapping(original, new, key)
-        extra = tuple(c for c in partitions.partition_columns(cur, m.dst) if c not in key)
+        m = self._map(cur, original, introspect.describe(cur, self.new), reverse)
+        extra = tuple(c for c in partitions.partition_columns(cur, m.dst) if c not in m.key)
         return dataclasses.replace(m, dst_partition=extra) if extra else m
+
+    def _map(self, cur: psycopg.Cursor, original: introspect.TableInfo, new: introspect.TableInfo,
+             reverse: bool) -> Mapping:
+        key = tuple(self.migration.key_columns)
+        if reverse:
+            # The rollback window's direction: how the server converts each changed column back
+            # (assignment, CAST, or not at all) decides how the replay writes it (invariant 9).
+            back = conversion.probe(cur, conversion.changed(new, original))
+            return conversion.mapping(new, original, key, reverse=back)
+        return conversion.mapping(original, new, key)

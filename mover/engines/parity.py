@@ -225,6 +225,11 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
     if column is not None and column in p.columns and d.kind in ("column_type", "column_storage",
                                                                   "column_compression", "column_default"):
         return "[target] columns changes this column's type"
+    # A type change that makes the column collatable (integer -> text: the type's default collation)
+    # or no longer so (text -> integer) changes its collation with it. Between two collatable types
+    # create_target keeps the column's own (_kept_collation): a difference there is not the plan's.
+    if column is not None and column in p.columns and d.kind == "column_collation" and None in (d.before, d.after):
+        return "[target] columns changes this column's type, and whether the type has a collation"
     if p.partitioned and d.kind in ("kind", "reloptions", "constraint", "index", "index_name", "constraint_name",
                                     "replica_identity") and not _exclusion(d):
         return "[target.partition]: a partitioned table's key holds the partition columns and it stores no rows"

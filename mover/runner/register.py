@@ -142,6 +142,8 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
                 for i, (p, r) in enumerate(resolved)]
         head = Context(db=db, migration=rows[0], owner="plan-check", provisional_family=rows if plan.also else None)
         members = head.family(cur)
+        for t, (_, r2) in zip(members, resolved, strict=True):
+            t.planned_target = r2["rehearsed"]  # each table's target as its DDL rehearsal made it
 
         def text(stmts: list[Any]) -> list[str]:
             return [s if isinstance(s, str) else s.as_string(cur) for s in stmts]
@@ -152,8 +154,8 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         def table(ctx: Context, r: dict[str, Any]) -> dict[str, Any]:
             return {"name": ctx.migration.name, "migration_id": ctx.mid,
                     "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "lossy_accepted": r["lossy"], "partitioning": r["partitioning"],
-                    "metadata": r["metadata"]}
+                    "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
+                    "partitioning": r["partitioning"], "metadata": r["metadata"]}
 
         r = resolved[0][1]
         warnings, advice = widening_advice(cur, resolved)

@@ -17,7 +17,16 @@ from psycopg import sql
 
 from mover.names import QualifiedName
 from mover.sql import trusted
-from mover.sql.mapping import Mapping, collated, ident_list, key_column_defs, key_equal, overriding, source_values
+from mover.sql.mapping import (
+    Mapping,
+    collated,
+    destination_value,
+    ident_list,
+    key_column_defs,
+    key_equal,
+    overriding,
+    source_values,
+)
 
 
 def create_log(log: QualifiedName, key: tuple[str, ...], key_types: tuple[str, ...],
@@ -377,8 +386,7 @@ def _conflict_probe(m: Mapping, c: Conflicts) -> tuple[sql.Composed, sql.Compose
     match). Unqualified catalog expressions read the one row in scope: `v`'s inner subquery holds
     only the converted source row, and each branch of `h` reads only the destination, through a
     subquery the planner flattens, so that the index of the constraint serves each probe."""
-    casts = [sql.SQL("CAST({} AS {})").format(sql.Identifier("s", col.name), trusted(col.cast_to, "format_type"))
-             if col.cast_to else sql.Identifier("s", col.name) for col in m.columns]
+    casts = [destination_value("s", col) for col in m.columns]
     row = sql.SQL("(SELECT {}) AS c ({})").format(
         sql.SQL(", ").join([*casts, *(sql.Identifier("s", g) for g in c.computed)]),
         ident_list([*(col.name for col in m.columns), *c.computed]))

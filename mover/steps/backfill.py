@@ -23,8 +23,10 @@ class Backfill(Step):
         m = ctx.migration
         out: list[Any] = [f"-- each range of {ctx.plan.backfill.range_rows} keys in its own transaction"
                      " (synchronous_commit = off): find the upper bound, copy, mark done; the last is open-ended"]
-        if introspect.exists(cur, m.target):
-            mapping = ctx.mapping(cur)
+        mapping = ctx.described_mapping(cur)
+        if mapping is not None:
+            # The copy converts each value as this statement does (invariant 8): printed by plan check
+            # too, from the same mapping over the rehearsed target.
             out += [*ranges.bound_statements(mapping), copy_sql.copy_range(mapping, None, ["<hi>"])[0]]
         elif introspect.exists(cur, ctx.original):
             # Before create_target (plan check): the bounds are cut on the source alone, its key says how.

@@ -12,6 +12,8 @@ from mover.engines import capture, carry, cutover
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.plan import duration_text
+from mover.sql import trusted
+from mover.sql.mapping import ASSIGN, source_value
 from mover.state import control
 from mover.steps.base import Step
 
@@ -20,8 +22,17 @@ class RollbackWindow(Step):
     name = "rollback_window"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
-        return [f"-- until the window ({duration_text(ctx.plan.rollback.window_ms)}) ends, apply the reverse "
-                f"change log to {ctx.migration.old}; `mover rollback {ctx.migration.name}` swaps back"]
+        out: list[sql.Composable | str] = [
+            f"-- until the window ({duration_text(ctx.plan.rollback.window_ms)}) ends, apply the reverse change log "
+            f"to {ctx.migration.old}; `mover rollback {ctx.migration.name}` swaps back"]
+        mapping = ctx.described_mapping(cur, reverse=True)
+        for c in mapping.columns if mapping is not None else ():
+            if c.cast_to is not None and (c.convert != ASSIGN or c.checked is not None):
+                # The replay's own expression (mover/sql/mapping.py source_values): what plan check
+                # says about the way back is what the window runs.
+                out.append(sql.SQL("-- {} goes back to {} as: {}").format(
+                    sql.Identifier(c.name), trusted(c.cast_to, "format_type"), source_value("s", c)))
+        return out
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
@@ -32,9 +43,14 @@ class RollbackWindow(Step):
             stuck = ctx.db.transaction(lambda cur: cutover.retry_unapplied(cur, ctx, reverse=True))
             rejected = (f"; {len({tuple(d['key']) for d in stuck})} rows exist only in {m.source}, the old table "
                         f"rejected them: {cutover.describe_rows(stuck)}") if stuck else ""
+            # With such rows a plain rollback would refuse: the hint names what does move on.
+            hint = (f"fix those rows in the application (each `mover run {m.name}` replays them again; `mover "
+                    f"divergences {m.name}` lists them), or `mover rollback {m.name} {cutover.GIVE_UP_FLAG}` swaps "
+                    f"back without them; `mover retire {m.name} --force` ends the window now, keeping them"
+                    if stuck else
+                    f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
             raise Waiting(f"the rollback window of {m.name!r} is open until"
-                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}",
-                          hint=f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
+                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}", hint=hint)
 
 
 def close(ctx: Context, *, force: bool) -> bool:

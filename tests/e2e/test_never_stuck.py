@@ -16,13 +16,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from mover import api
 from mover.errors import MoverError, Waiting
 from mover.state import control
 from tests.conftest import connect, dsn_with_dbname
-from tests.workload import plan_text, write_plan
+from tests.workload import plan_file, plan_text, write_plan
 
 PLAN = plan_text("ns", "ns", columns={"id": "bigint"}, backfill={"range_rows": 100})
 
@@ -189,3 +190,96 @@ def test_every_reachable_step_and_state_has_a_way_forward(pg_dsn, db_dsn, tmp_pa
     api.retire(db_dsn, "ns", force=True)
     walk(control.FINISHED)
     assert problems == [], "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# A type change plan check accepts can always leave the rollback window (issue 21): after the swap
+# the application writes values the old type holds and values it does not (or holds only changed:
+# the way back of a widening narrows). Values that go back unchanged are in the old table; a row
+# whose value does not stays in the new table only, named: `mover rollback` refuses while it
+# exists, `--give-up-rows` swaps back without it, `mover retire` keeps it. Never a value changed
+# on its way back, never a command that fails.
+
+# name: (source type, plan type, accept_lossy, values before, written after the swap: going back
+# unchanged, and not)
+TYPE_PAIRS = {
+    "int4_int8": ("integer", "bigint", False, ["1", "-7"], ["5", "2147483647"], ["3000000000"]),
+    "int4_text": ("integer", "text", False, ["1", "-7"], ["42", "-3"], ["abc", "042", " 8"]),
+    "numeric_float8": ("numeric", "double precision", True, ["1.5", "-0.25"], ["12.5", "1e-3"],
+                       ["0.30000000000000004"]),  # numeric takes a float8 with 15 digits: 0.3
+    "varchar10_text": ("varchar(10)", "text", False, ["short", "ten chars!"], ["fits", "é"],
+                       ["eleven chars", "abcdefghij   "]),  # assignment to varchar(10) cuts trailing spaces
+    "text_varchar5": ("text", "varchar(5)", True, ["ab", "abcde"], ["xyz", ""], []),
+    "timestamp_timestamptz": ("timestamp", "timestamptz", True, ["2024-01-01 10:00", "infinity"],
+                              ["2025-06-01 12:30:00.123456+02", "-infinity"], []),
+    "int4_numeric": ("integer", "numeric", False, ["1", "-7"], ["8", "-2.000"], ["1.5", "1e20"]),
+}
+
+
+def _differing(dsn: str, table: str, typ: str, written: dict[int, str]) -> set[int]:
+    """The keys whose row does not hold the value written (compared in `typ`, the new type, by its
+    own `=`: -2.000 is -2), or that have no row."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL(
+            "SELECT w.k FROM unnest(%s::int[], %s::text[]) AS w(k, v) LEFT JOIN {t} t ON t.id = w.k"
+            " WHERE t.id IS NULL OR CAST(t.v AS {ty}) IS DISTINCT FROM CAST(w.v AS {ty})").format(
+            t=sql.Identifier(table), ty=sql.SQL(typ)), (list(written), list(written.values()))).fetchall()
+    return {r[0] for r in rows}
+
+
+@pytest.mark.parametrize("pair", list(TYPE_PAIRS))
+def test_an_accepted_type_change_can_always_leave_the_window(pg_dsn, db_dsn, tmp_path, pair):
+    old, new, lossy, before, back, stuck = TYPE_PAIRS[pair]
+    name = f"tc_{pair}"
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v {})").format(sql.Identifier(name), sql.SQL(old)))
+        for i, v in enumerate(before, 1):
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(sql.Identifier(name)), (i, v))
+    plan = plan_file(tmp_path, name, name, columns={"v": new}, backfill={"range_rows": 100}, cutover={"auto": True},
+                     **({"target": {"accept_lossy": ["v"]}} if lossy else {}))
+    checked = api.check_plan(db_dsn, plan)
+    assert checked["ok"], checked
+    if stuck:  # plan check says what a rollback cannot carry back
+        assert "v" in checked["rollback_carries_back"], checked
+    err = attempt(lambda: api.run(db_dsn, plan))
+    assert isinstance(err, Waiting) and where(db_dsn)[:2] == ("rollback_window", "waiting"), (err, where(db_dsn))
+    # The application, after the swap: rows updated and inserted with values that go back, and not.
+    written: dict[int, str] = {}
+    bad: set[int] = set()
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        t = sql.Identifier(name)
+        for i, v in enumerate(back):
+            key = 1 if i == 0 else 100 + i
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, CAST(%s AS {})) ON CONFLICT (id) DO UPDATE SET v ="
+                                 " EXCLUDED.v").format(t, sql.SQL(new)), (key, v))
+            written[key] = v
+        for i, v in enumerate(stuck):
+            key = 2 if i == 0 else 200 + i
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, CAST(%s AS {})) ON CONFLICT (id) DO UPDATE SET v ="
+                                 " EXCLUDED.v").format(t, sql.SQL(new)), (key, v))
+            written[key] = v
+            bad.add(key)
+    err = attempt(lambda: api.run(db_dsn, name))
+    assert isinstance(err, Waiting), err
+    assert where(db_dsn)[:2] == ("rollback_window", "waiting"), where(db_dsn)
+    for key in bad:
+        assert f"key ['{key}']" in str(err), (key, str(err))
+
+    # Rolled back: refused while rows would stay behind, then with them given up.
+    with copy_of(pg_dsn, db_dsn) as dsn:
+        err = attempt(lambda: api.rollback(dsn, name))
+        if bad:
+            assert isinstance(err, Waiting) and "refused" in str(err), err
+            refused = {int(k) for k in re.findall(r"key \['(\d+)'\]", str(err))}
+            assert refused == bad, (refused, bad, str(err))
+            assert where(dsn)[:2] == ("rollback_window", "waiting")
+            err = attempt(lambda: api.rollback(dsn, name, give_up_rows=True))
+        assert err is None, err
+        assert where(dsn)[:2] == ("reconcile", "pending"), where(dsn)
+        assert _differing(dsn, name, new, written) == bad  # the rest went back as written
+
+    # Retired instead: the rows the old table could not take live on in the new one.
+    err = attempt(lambda: api.retire(db_dsn, name, force=True))
+    assert err is None, err
+    assert where(db_dsn)[:2] == (control.FINISHED, "done")
+    assert _differing(db_dsn, name, new, written) == set()

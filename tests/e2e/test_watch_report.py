@@ -188,7 +188,8 @@ def test_watch_full_screen_on_a_terminal(db_dsn, tmp_path):
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 160, 0, 0))
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
         view = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", db_dsn, "status", NAME, "--watch"],
-                                stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm-256color"},
+                                stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm-256color",
+                                                                               "PYTHONFAULTHANDLER": "1"},
                                 cwd=ROOT, close_fds=True)
         os.close(slave)
         screen = _Screen(master)
@@ -197,7 +198,12 @@ def test_watch_full_screen_on_a_terminal(db_dsn, tmp_path):
         assert screen.wait_for(wanted, timeout=60), screen.text()[-3000:]
         assert re.search(r"▶ +backfill", screen.text()), screen.text()[-3000:]  # the running step is marked
         view.send_signal(signal.SIGINT)  # Ctrl-C leaves the view, changing nothing
-        assert view.wait(30) == 0
+        try:
+            assert view.wait(60) == 0
+        except subprocess.TimeoutExpired:  # where it hangs: faulthandler prints every thread's stack
+            view.send_signal(signal.SIGABRT)
+            view.wait(30)
+            raise AssertionError("the view did not leave on Ctrl-C:\n" + screen.text()[-6000:]) from None
         os.close(master)
     finally:
         if run is not None and run.poll() is None:

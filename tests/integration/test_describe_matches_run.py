@@ -34,10 +34,13 @@ class Recording(psycopg.Cursor):
 # The lock discipline's autovacuum pause and its restore (mover/engines/lockwatch.py) wrap each locked
 # step rather than belong to it: plan check says so in a comment, not statement by statement.
 AUTOVACUUM_PAUSE = re.compile(r"ALTER TABLE \S+ (SET|RESET) \(autovacuum_enabled")
+# The conversion probe's table (mover/catalog/conversion.py probe), made in a savepoint that is rolled
+# back when the rollback window's mapping is built: it asks the server, it changes nothing.
+CAST_PROBE = re.compile(r'CREATE TABLE "mover"\."cast_probe_')
 
 
 def ddl_only(texts) -> list[str]:
-    return [t for t in texts if DDL.match(t) and not AUTOVACUUM_PAUSE.match(t)]
+    return [t for t in texts if DDL.match(t) and not AUTOVACUUM_PAUSE.match(t) and not CAST_PROBE.match(t)]
 
 
 def joined(texts) -> str:
@@ -159,5 +162,56 @@ def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp
                                                                             "VALIDATE", "ALTER TABLE \"public\".\""
                                                                             "Orders\" VALIDATE"))]
             assert joined(got) == joined(want), "rollback listed\n" + "\n".join(want) + "\nbut ran\n" + "\n".join(got)
+    finally:
+        db.close()
+
+
+WAY_BACK = re.compile(r'-- ("[^"]+") goes back to .+? as: (.+)$', re.S)
+
+
+def test_plan_check_prints_the_copy_and_the_way_back_that_run(db_dsn, tmp_path, monkeypatch):
+    """The conversions (issue 21): before anything exists, plan check prints the backfill's INSERT
+    and each changed column's way back in the rollback window, built by the mapping code over the
+    rehearsed target; the backfill then sends that very INSERT, and the window's replay that very
+    expression for each column (text -> integer through CAST, float8 -> numeric(12,2) checked)."""
+    create_orders(db_dsn, 300)
+    plan = plan_file(tmp_path, "orders_way", columns={"Account": "text", "amount": "double precision"},
+                     target={"accept_lossy": ["amount"]}, backfill={"range_rows": 100})
+    db = Database(db_dsn)
+    try:
+        checked, _ = register.check(db, plan)
+        printed = {step["name"]: step["sql"] for step in checked["steps"]}
+        copy = [s for s in printed["backfill"] if s.startswith("INSERT INTO")]
+        assert len(copy) == 1, printed["backfill"]
+        ways = dict(m.groups() for s in printed["rollback_window"] if (m := WAY_BACK.match(s)))
+        assert set(ways) == {'"Account"', '"amount"'}, printed["rollback_window"]
+        assert "CAST(\"s\".\"Account\" AS integer)" in ways['"Account"']
+        m = register.register_or_load(db, load_plan(plan), "test")
+        # Every connection's statements, the backfill's worker threads' included.
+        execute = psycopg.Cursor.execute
+
+        def recorded(cur, query, params=None, **kwargs):
+            Recording.sent.append(query.as_string(cur) if isinstance(query, sql.Composable) else str(query))
+            return execute(cur, query, params, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+        with leased(db, m, control.new_owner_id()) as ctx:
+            lifecycle.advance(ctx, one_step=True)  # create_target
+            lifecycle.advance(ctx, one_step=True)  # install_capture
+            Recording.sent = []
+            lifecycle.advance(ctx, one_step=True)  # backfill
+            assert copy[0] in Recording.sent, "plan check printed\n" + copy[0] + "\nbut the backfill sent\n" + \
+                "\n".join(s for s in Recording.sent if s.startswith("INSERT"))
+            lifecycle.advance(ctx, one_step=True)  # reconcile
+            lifecycle.advance(ctx, through_cutover=True)
+            with psycopg.connect(db_dsn, autocommit=True) as conn:  # the application, in the window
+                conn.execute('UPDATE "Orders" SET "Account" = %s, amount = %s WHERE id = 1', ("7", 1.5))
+            Recording.sent = []
+            assert not rollback_window.close(ctx, force=False)
+            replayed = "\n".join(Recording.sent)
+            for column, expression in ways.items():
+                assert expression in replayed, (column, expression, replayed)
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                assert conn.execute('SELECT "Account", amount FROM "Orders_old" WHERE id = 1').fetchone() == (7, 1.5)
     finally:
         db.close()

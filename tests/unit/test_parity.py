@@ -84,6 +84,29 @@ def test_type_change_and_its_storage_are_planned_for_the_plans_columns_only():
     assert statuses(diffs)["column_storage:note"] == "unplanned"
 
 
+def test_a_collation_that_follows_from_a_planned_type_change_is_planned():
+    """integer -> text gives the column the type's default collation, text -> integer takes it away
+    (issue 21: the swap refused an integer -> text plan for it). Between two collatable types the
+    column keeps its own: another collation there is not the plan's."""
+    def to_text(d):
+        d["columns"][1].update(type="text", collation='pg_catalog."default"')
+        d["metadata"]["columns"]["qty"]["storage"] = "x"
+    diffs = compare(new_table(to_text), columns=frozenset({"qty"}))
+    assert {k: v for k, v in statuses(diffs).items() if k.startswith("column_")} == {
+        "column_type:qty": "planned", "column_collation:qty": "planned", "column_storage:qty": "planned"}
+    assert parity.unplanned(diffs) == []
+    # the swap back compares the other way: the collation goes as the type goes back
+    back = parity.compare(new_table(to_text), DESC, parity.Planned(columns=frozenset({"qty"})))
+    assert statuses(back)["column_collation:qty"] == "planned"
+    # not planned for a column the plan leaves alone, nor a collation changed between collatable types
+    assert statuses(compare(new_table(to_text)))["column_collation:qty"] == "unplanned"
+    recollated = compare(new_table(lambda d: d["columns"][2].update(type="character varying(20)",
+                                                                    collation='"C"')),
+                         columns=frozenset({"note"}))
+    assert statuses(recollated) == {**statuses(compare(new_table())), "column_type:note": "planned",
+                                    "column_collation:note": "unplanned"}
+
+
 def test_each_aspect_is_compared():
     cases = {
         "column_statistics:qty": lambda d: d["metadata"]["columns"]["qty"].update(statistics=None),

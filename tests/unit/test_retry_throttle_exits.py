@@ -46,6 +46,37 @@ def test_what_fails_the_same_way_again_is_not_retried(exc):
     assert not db.is_retryable(exc)
 
 
+def test_a_protocol_violation_is_a_failure_not_a_lost_connection(capsys):
+    """08P01: the server refused what the client sent (a bind message whose parameters do not match
+    its statement): the same statement fails the same way on a new connection. It is reported as
+    the database error it is (exit 1), neither retried nor called a server that went away."""
+    exc = e.ProtocolViolation('bind message supplies 1 parameters, but prepared statement "" requires 2')
+    assert exc.sqlstate == "08P01"
+    assert not db.is_connection_lost(exc)
+    assert not db.is_retryable(exc)
+    calls = []
+
+    def body():
+        calls.append(1)
+        raise exc
+
+    retrying = Retrying(retry=retry_if_exception(db.is_retryable), stop=stop_after_attempt(5), wait=wait_none(),
+                        reraise=True)
+    with pytest.raises(e.ProtocolViolation):
+        retrying(body)
+    assert len(calls) == 1
+
+    def command():
+        raise exc
+
+    with pytest.raises(typer.Exit) as caught:
+        cli._exits(command)()
+    assert caught.value.exit_code == 1
+    stderr = capsys.readouterr().err
+    assert "database error: bind message supplies 1 parameters" in stderr, stderr
+    assert "lost the connection" not in stderr and "once the server is back" not in stderr, stderr
+
+
 def test_retryable_sqlstates_are_the_classes_own():
     assert db.RETRYABLE_SQLSTATES == {"40001", "40P01", "55P03"}
 

@@ -9,7 +9,7 @@ from psycopg import sql
 from mover.catalog.introspect import Index
 from mover.engines import lockwatch
 from mover.names import QualifiedName
-from mover.sql import capture, compare, copy, ddl, mapping
+from mover.sql import capture, casts, compare, copy, ddl, mapping
 from mover.sql.mapping import MappedColumn, Mapping
 
 SRC = QualifiedName("Sales", "Order Items")
@@ -133,6 +133,61 @@ def test_copy_range_inserts_with_assignment_semantics():
         ' SELECT "s"."Item ID", "s"."line", "s"."Qty" FROM "Sales"."Order Items" s'
         ' WHERE ("s"."Item ID", "s"."line") <= (CAST(%s AS integer), CAST(%s AS text))')
     assert params == ["5", "x"]
+
+
+def test_values_go_back_through_cast_only_without_an_assignment_cast_and_checked_where_they_can_change():
+    """The rollback window's replay (mover/catalog/conversion.py mapping, reverse): a text column back to
+    integer goes through CAST, and its value is refused where it does not come back as written; a
+    varchar(10) column is converted by the INSERT (assignment: a long value fails, never cut), checked
+    byte for byte; a column with no conversion at all takes only NULL."""
+    cols = (MappedColumn("id", None),
+            MappedColumn("Code %", "integer", "text", mapping.CAST, "collated"),
+            MappedColumn("name", "character varying(10)", "text", mapping.ASSIGN, "collated"),
+            MappedColumn("price", "numeric", "double precision", mapping.ASSIGN, "value"),
+            MappedColumn("pay", "money", None, mapping.NONE))
+    m = Mapping(src=DST, dst=SRC, key=("id",), src_key_types=("integer",), columns=cols, overriding=False)
+    values = text(mapping.source_values("s", m))
+    assert values.startswith('"s"."id", CASE WHEN ')
+    rest = values.removeprefix('"s"."id", ')
+    refused = ("CAST(CAST(CAST(%s AS pg_catalog.int4) AS pg_catalog.text) AS {})")
+    shown = "pg_catalog.quote_literal(pg_catalog.left(CAST({} AS pg_catalog.text), 100))"
+    code, back = '"s"."Code %"', 'CAST(CAST("s"."Code %" AS integer) AS text)'
+    assert rest.startswith(
+        f'CASE WHEN {code} COLLATE pg_catalog."C" IS NOT DISTINCT FROM {back}'
+        f' THEN CAST({code} AS integer) ELSE ' + refused.format("integer").replace("%s", (
+            "('mover: value of column \"Code ' || pg_catalog.chr(37) || '\" does not convert to integer and back"
+            " unchanged: ') || " + shown.format(code) + " || ' comes back as ' || " + shown.format(back))) + " END")
+    assert ('CASE WHEN "s"."name" COLLATE pg_catalog."C" IS NOT DISTINCT FROM CAST(CAST("s"."name" AS character'
+            ' varying(10)) AS text) THEN "s"."name" ELSE CAST(CAST(CAST(') in rest  # the INSERT converts it
+    assert ('CASE WHEN "s"."price" IS NOT DISTINCT FROM CAST(CAST("s"."price" AS numeric) AS double precision)'
+            ' THEN "s"."price" ELSE') in rest
+    assert rest.endswith(
+        'CASE WHEN "s"."pay" IS NULL THEN CAST(NULL AS money) ELSE ' + refused.format("money").replace(
+            "%s", "'mover: column \"pay\" has no conversion to money: value ' || " + shown.format('"s"."pay"'))
+        + " END")
+    # the % of a name is spelled chr(37): psycopg would read it as a placeholder, literal or not
+    assert "%" not in text(mapping.source_values("s", m)).replace('"Code %"', "")
+    # the forward direction is untouched: plain columns, the INSERT converts
+    assert text(mapping.source_values("s", _mapping())) == '"s"."Item ID", "s"."line", "s"."Qty"'
+
+
+def test_a_refusal_is_read_back_out_of_the_error():
+    assert mapping.refusal('invalid input syntax for type integer: "mover: value of column "c" does not convert to'
+                           ' integer and back unchanged: \'042\' comes back as \'42\'"') == (
+        'value of column "c" does not convert to integer and back unchanged: \'042\' comes back as \'42\'')
+    assert mapping.refusal('invalid input syntax for type integer: "abc"') is None
+
+
+def test_the_conversion_probes():
+    t = QualifiedName("mover", "cast_probe_x")
+    assert text(casts.probe_table(t, ["integer", "character varying(10)"])) == (
+        'CREATE TABLE "mover"."cast_probe_x" ("c_0" integer, "c_1" character varying(10))')
+    assert text(casts.assignment(t, 0, 1)) == (
+        'EXPLAIN INSERT INTO "mover"."cast_probe_x" ("c_1") SELECT "c_0" FROM "mover"."cast_probe_x"')
+    assert text(casts.explicit(t, 1, "integer")) == 'EXPLAIN SELECT CAST("c_1" AS integer) FROM "mover"."cast_probe_x"'
+    assert text(casts.comparable(t, [(0, 1), (2, 3)])) == (
+        'EXPLAIN SELECT 1 FROM "mover"."cast_probe_x" WHERE ("c_0", "c_2") = ("c_1", "c_3") AND ("c_1", "c_3") ='
+        ' ("c_0", "c_2") AND ("c_0", "c_2") > ("c_1", "c_3") AND ("c_1", "c_3") > ("c_0", "c_2")')
 
 
 def test_next_bound_casts_to_text_outside_the_offset():

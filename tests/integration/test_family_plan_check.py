@@ -92,6 +92,12 @@ def test_a_widened_key_prints_the_also_lines_of_every_narrower_column_recursivel
         '"public"."orders_new"', '"public"."invoices_new"', '"public"."order_lines_new"', '"public"."shipments_new"']
     for t in family["tables"][1:]:
         assert [s["name"] for s in t["steps"]][0] == "create_target"
+        # each table's copy printed over its own rehearsed target (describe == run), its column
+        # converted as the copy converts it
+        [backfill] = [s["sql"] for s in t["steps"] if s["name"] == "backfill"]
+        [copy] = [x for x in backfill if x.startswith("INSERT INTO")]
+        assert copy.startswith(f"INSERT INTO {t['tables']['target']}") and '"order_id"' in copy, copy
+        assert t["rollback_carries_back"] is not None
     keys = [s for s in family["sql"] if s.startswith("ALTER TABLE")]
     # the keys between the family's tables, on the targets (the self-reference is the table's own)
     assert keys == [

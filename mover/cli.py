@@ -233,6 +233,15 @@ def _show_status(st: dict[str, Any]) -> None:
                       + (f", last at {r['verified_at']}" if r["verified_at"] else ""))
     by_kind = ", ".join(f"{k} {v}" for k, v in (r or {}).get("divergences", {}).get("open", {}).items())
     table.add_row("divergences", str(st["divergences"]) + (f" ({by_kind})" if by_kind else ""))
+    for t in (st.get("family") or {}).get("tables", []):
+        # Each table of a family (issue 27); the rows above are the whole family's.
+        b, r = t["backfill"], t["reconcile"]
+        where = "source" if "source" in t["tables_present"] else "target"
+        line = (f"{t['step']} / {t['state']}: {b['rows_copied']:,} rows copied, {t['capture']['pending']:,} pending, "
+                f"{r['ranges_done']}/{r['ranges_total']} ranges verified, {t['divergences']} divergences")
+        table.add_row(escape(f"table {t['tables'][where]}"), escape(line))
+    if st.get("family_of"):
+        table.add_row("family", escape(f"a table of migration {st['family_of']!r}: its commands take that name"))
     if st["cutover"]:
         table.add_row("cutover", f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)")
     if st["rollback_window_ends_at"]:
@@ -339,7 +348,23 @@ def plan_check(plan: Path = typer.Argument(..., help="Plan file (TOML)."), dsn: 
             out.print(f"{title}:", highlight=False, markup=False)
             for line in meta[key]:
                 out.print(f"  {line}", highlight=False, markup=False)
-    for step in result["steps"]:
+    _show_also(result)
+    _show_steps(result["steps"])
+    family = result.get("family")
+    if family:
+        for table in family["tables"][1:]:
+            t = table["tables"]
+            out.print(f"\n[bold]table {table['name']!r}[/bold] (id {table['migration_id']} when registered now): "
+                      f"copies {t['source']} into {t['target']}, keyed by ({', '.join(table['key'])}); after the "
+                      f"cutover the original is kept as {t['old']}", highlight=False)
+            _show_steps(table["steps"])
+        out.print("\n[bold]the family[/bold]")
+        for stmt in family["sql"]:
+            out.print(stmt, highlight=False, markup=False)
+
+
+def _show_steps(described: list[dict[str, Any]]) -> None:
+    for step in described:
         out.print(f"\n[bold]{step['name']}[/bold]")
         for stmt in step["sql"]:
             out.print(stmt, highlight=False, markup=False)
@@ -352,6 +377,15 @@ def _show_throttle(result: dict[str, Any]) -> None:
             out.print(f"{title}:", highlight=False, markup=False)
             for line in result[key]:
                 out.print(f"  {line}", highlight=False, markup=False)
+
+
+def _show_also(result: dict[str, Any]) -> None:
+    """The [[also]] lines that widen every column referencing a key the plan widens: to paste."""
+    if result.get("also"):
+        out.print("\nto widen the columns that reference the widened key in the same migration (one cutover), add "
+                  "to the plan:", highlight=False, markup=False)
+        for line in result["also"]:
+            out.print(line, highlight=False, markup=False)
 
 
 def _show_hooks(result: dict[str, Any]) -> None:
@@ -494,6 +528,11 @@ def history(name: str | None = typer.Argument(None, help="One migration and its 
             lock = "" if a["lock_ms"] is None else f", lock held {a['lock_ms']:.1f} ms"
             why = f" ({a['message']})" if a["message"] and a["outcome"] not in ("done", "running") else ""
             out.print(f"  {a['started_at']}  {a['step']:<16} {a['outcome']:<12} {took}{lock}{why}",
+                      highlight=False, markup=False)
+        for t in h.get("tables", []):  # a family's other tables (issue 27), each with its steps
+            done = [s for s in t["steps"] if s["seconds"] is not None]
+            steps = ", ".join(f"{s['name']} {_seconds(s['seconds'])}" for s in done)
+            out.print(f"  table {t['source']}  {t['outcome']}" + (f": {steps}" if steps else ""),
                       highlight=False, markup=False)
 
 
@@ -759,6 +798,9 @@ def reconcile_cmd(name: str = NameArgument, dsn: str | None = DsnOption, as_json
         table.add_row("this pass", f"{p['found']} new divergences, {p['still_open']} found again, "
                                    f"{p['resolved']} resolved (equal now)"
                       + (f", {p['unsettled']} keys kept changing (left to the next pass)" if p["unsettled"] else ""))
+        if "foreign_keys_checked" in p:  # a family's: the keys between its tables on the other side
+            table.add_row("family keys", f"{p['foreign_keys_checked']} foreign keys between the tables hold on the "
+                                         f"side the application does not write")
         by_kind = st["reconcile"]["divergences"]["open"]
         table.add_row("open divergences", ", ".join(f"{k}: {v}" for k, v in by_kind.items()) or "none")
         table.add_row("step / state", f"{st['step']} / {st['state']}")

@@ -413,33 +413,6 @@ def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
 INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}
 
 
-def narrower_referencing_columns(cur: psycopg.Cursor, source_oid: int, new_types: dict[str, str]) -> list[str]:
-    """Referencing columns of inbound foreign keys narrower than the key column they reference
-    becomes (an int column referencing a key widened to bigint): fine today, but the key's new
-    values beyond the column's range cannot be referenced. One line each, naming the column."""
-    cur.execute("""
-        SELECT k.conname, k.conrelid::regclass::text, ca.attname, format_type(ca.atttypid, NULL), pa.attname
-        FROM pg_constraint k
-        CROSS JOIN LATERAL unnest(k.conkey, k.confkey) AS u(child_att, parent_att)
-        JOIN pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = u.child_att
-        JOIN pg_attribute pa ON pa.attrelid = k.confrelid AND pa.attnum = u.parent_att
-        WHERE k.contype = 'f' AND k.confrelid = %s AND k.conrelid <> %s AND k.conparentid = 0
-        ORDER BY 2, 1, 3""", (source_oid, source_oid))
-    out = []
-    for conname, child, column, child_type, key_column in cur.fetchall():
-        new_type = new_types.get(key_column)
-        if new_type is None:
-            continue
-        cur.execute("SELECT format_type(to_regtype(%s), NULL)", (new_type,))
-        canonical = one(cur)[0]
-        if INTEGER_MAX.get(canonical, 0) > INTEGER_MAX.get(child_type, 2 ** 63):
-            out.append(f"column {display_ident(column)} of {child} ({child_type}) references "
-                       f"{display_ident(key_column)}, which becomes {canonical}: once the key passes the "
-                       f"{child_type} range, rows referencing the new keys cannot be written; widen it with a "
-                       f"second migration of {child} (foreign key {display_ident(conname)})")
-    return out
-
-
 def estimate_rows(cur: psycopg.Cursor, table: QualifiedName) -> int:
     """The planner's row count (pg_class.reltuples): for progress and ETAs, never for decisions."""
     cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(table),))

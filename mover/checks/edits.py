@@ -28,6 +28,7 @@ def check(cur: psycopg.Cursor, existing: control.Migration, plan: Plan) -> list[
         oids = [d["oid"] for d in (recorded["source"], recorded["target"]) if d is not None]
         try:
             foreign_keys.check_dropped(cur, plan.drop_foreign_keys, oids, existing.source)
+            foreign_keys.check_not_in_family(cur, plan.drop_foreign_keys, control.family(cur, existing))
         except PlanError as exc:
             problems.append(exc)
     if any(e.path == "partitions.manager" for e in found) and plan.upkeep.manager == "pg_partman":

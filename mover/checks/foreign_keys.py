@@ -7,9 +7,11 @@ from __future__ import annotations
 import psycopg
 
 from mover import names
+from mover.catalog import family as family_catalog
 from mover.catalog import introspect
 from mover.checks import Subject
 from mover.errors import PlanError
+from mover.state import control
 
 
 def outbound(s: Subject) -> None:
@@ -45,3 +47,19 @@ def not_valid_to_partitioned(s: Subject) -> None:
                         f"NOT VALID, and a partitioned table takes a foreign key only validated",
                         hint=f"validate it first (ALTER TABLE {s.src} VALIDATE CONSTRAINT "
                              f"{names.display_ident(broken[0])}), or list it in [target] drop_foreign_keys")
+
+
+def check_not_in_family(cur: psycopg.Cursor, dropped: tuple[str, ...], family: list[control.Migration]) -> None:
+    """A key between two tables of a family (issue 27) stays with them through the swap: it cannot
+    be left on the old table alone ([target] drop_foreign_keys of the family's first table, edited
+    after registration; registration refuses it for every table)."""
+    if len(family) < 2 or not dropped:
+        return
+    oids = [introspect.table_oid(cur, m.source) for m in family]
+    own = oids[0]
+    between = {k.name for k in family_catalog.between(cur, [o for o in oids if o is not None]) if k.child == own}
+    named = [n for n in dropped if n in between]
+    if named:
+        raise PlanError(f"[target] drop_foreign_keys: {names.display_ident(named[0])} references another table of "
+                        f"this migration, and the keys between its tables move with them",
+                        hint="remove it from drop_foreign_keys")

@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import psycopg
 from psycopg import sql
 
 from mover import names
+from mover.catalog import family as family_catalog
 from mover.catalog import introspect, privileges
 from mover.db import one
 from mover.engines import logical
@@ -202,9 +204,10 @@ def lock_applier(cur: psycopg.Cursor, mid: int, reverse: bool) -> None:
 
 
 def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping,
-                      backfill_done: bool) -> tuple[sql.Composable, dict[str, Any]] | None:
+                      backfill_done: bool, name: str = "wm") -> tuple[sql.Composable, dict[str, Any]] | None:
     """Which log rows may be replayed now: all once the backfill is done, else the keys at or
-    below the done prefix of the backfill's ranges; None when nothing is covered yet."""
+    below the done prefix of the backfill's ranges; None when nothing is covered yet. `name`:
+    the bound's parameters' (a statement replaying several logs names each apart)."""
     if backfill_done:
         return sql.SQL("true"), {}
     everything, hi = ranges.watermark(cur, ctx.mid, "backfill")
@@ -212,7 +215,7 @@ def covered_condition(cur: psycopg.Cursor, ctx: Context, m: Mapping,
         return sql.SQL("true"), {}
     if hi is None:
         return None
-    return covered_by("c", m, "wm"), named_bound("wm", hi)
+    return covered_by("c", m, name), named_bound(name, hi)
 
 
 # Planner settings a replay into a partitioned destination runs with (SET LOCAL, put back after
@@ -259,6 +262,135 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
     # rolled back, which puts the settings back with it.
     _put_back(cur, settings)
     return applied
+
+
+# ---------------------------------------------------------------------------------------------
+# A family's logs (issue 27), replayed together. The foreign keys between a family's tables are on
+# both sides (mover/engines/family.py), so replaying one table's log alone could reach a state the
+# other side's keys refuse though the application never wrote it: a child replayed before its new
+# parent, a parent deleted before its children. All of the family's logs are replayed by one
+# statement instead (q.replay_family): one snapshot of every source, and the keys checked once, at
+# its end, against the state it reached. A batch of each log is not always a cut the keys hold
+# (a child's new row in the batch, its parent's beyond it): a batch the keys refuse is replayed
+# again with every logged row of every log, which is (one snapshot of sources whose keys hold).
+
+
+def family_members(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> list[tuple[Context, bool]]:
+    """The tables of ctx's family whose log in this direction the applier may replay now, each with
+    whether its backfill is done (a table still copying replays only the keys of its done ranges;
+    one not yet copying, nothing)."""
+    out = []
+    for member in ctx.family(cur):
+        m = member.migration
+        if m.state == "aborted" or m.step in control.SETTING_UP or m.step == control.FINISHED:
+            continue
+        if not introspect.exists(cur, names.change_log(m.id, reverse)):
+            continue
+        out.append((member, m.step not in control.BUILDING))
+    return out
+
+
+def apply_family_batch(cur: psycopg.Cursor, ctx: Context, *, reverse: bool, limit: int | None = BATCH,
+                       wait_for_lock: bool = False,
+                       copied: Sequence[tuple[Context, Mapping]] | None = None) -> Applied:
+    """Replay up to `limit` logged changes of each table of ctx's family (None: all of them) in the
+    caller's transaction, as one statement; the appliers' locks of every table first, in id order
+    (every family applier takes them in that order). A batch that fails on data otherwise than by
+    the family's keys is replayed table by table, the referenced tables first, each as apply_batch
+    would (key by key, a failing key a divergence). `copied`: the tables, with their mappings, when
+    the caller knows them all copied and their mappings checked (the swap, under its lock: no
+    catalog read beyond the replay's own)."""
+    members = family_members(cur, ctx, reverse) if copied is None else [(t, True) for t, _ in copied]
+    if not _lock_appliers(cur, sorted(t.mid for t, _ in members), reverse, wait_for_lock):
+        return Applied()
+    given = {t.mid: m for t, m in copied or ()}
+    parts = []
+    params: dict[str, Any] = {}
+    for i, (member, done) in enumerate(members):
+        m = given.get(member.mid) or member.mapping(cur, reverse)
+        cond = covered_condition(cur, member, m, done, name=f"wm{i}")
+        if cond is not None:
+            parts.append((member, m, cond[0]))
+            params.update(cond[1])
+    if not parts:
+        return Applied()
+    if len(parts) == 1:
+        member, m, covered = parts[0]
+        return _apply(cur, member, m, reverse, (covered, params), BATCH if limit is None else limit, wait_for_lock)
+    if wait_for_lock:
+        # Under the swap's lock most drains find every log empty: one probe instead of the statement.
+        cur.execute(sql.SQL(" UNION ALL ").join(
+            sql.SQL("(SELECT 1 FROM {} c WHERE {} LIMIT 1)").format(names.change_log(member.mid, reverse).ident,
+                                                                   covered)
+            for member, _, covered in parts), params)
+        if cur.fetchone() is None:
+            return Applied()
+    settings: list[tuple[str, str]] = []
+    for _, m, _ in parts:  # the values before the first change are those to put back
+        settings = settings or _drive_by_keys(cur, m)
+    logs = [(m, names.change_log(member.mid, reverse), covered) for member, m, covered in parts]
+    stmt = trusted(q.replay_family(logs, skip_locked=not wait_for_lock).as_string(cur), "composed")
+    for attempt_limit in dict.fromkeys([limit, None]):
+        cur.execute("SAVEPOINT mover_family_replay")
+        try:
+            cur.execute(stmt, {**params, "limit": attempt_limit})
+            row = one(cur)
+            cur.execute("RELEASE SAVEPOINT mover_family_replay")
+        except psycopg.errors.ForeignKeyViolation as exc:
+            cur.execute("ROLLBACK TO SAVEPOINT mover_family_replay")
+            log.info("the family's replay batch broke a foreign key between its tables (%s); every logged row "
+                     "next", str(exc).splitlines()[0])
+            continue
+        except DATA_ERRORS as exc:
+            cur.execute("ROLLBACK TO SAVEPOINT mover_family_replay")
+            log.info("the family's replay batch failed on data (%s); replaying table by table", exc.sqlstate)
+            break
+        _put_back(cur, settings)
+        total = Applied()
+        for i, (member, _, _) in enumerate(parts):
+            claimed, deleted, upserted = row[3 * i:3 * i + 3]
+            _count(cur, member.mid, reverse, claimed)
+            total.claimed += claimed
+            total.deleted += deleted
+            total.upserted += upserted
+            total.log_rows = max(total.log_rows, claimed)
+        return total
+    _put_back(cur, settings)
+    return _apply_each(cur, parts, params, reverse, limit, wait_for_lock)
+
+
+def _lock_appliers(cur: psycopg.Cursor, mids: list[int], reverse: bool, wait: bool) -> bool:
+    """_lock_applier of several migrations in one statement, in the order given (evaluated left to
+    right); False when one of them is taken (those got meanwhile are held to the transaction's end)."""
+    if len(mids) == 1:
+        return _lock_applier(cur, mids[0], reverse, wait)
+    fn = sql.Identifier("pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock")
+    name = control.APPLIER_LOCKS[1 if reverse else 0]
+    cur.execute(sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+        sql.SQL("{}(hashtext(%s), %s::int)").format(fn) for _ in mids)), [x for mid in mids for x in (name, mid)])
+    got = wait or all(one(cur))
+    if got:
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # as _lock_applier says why
+    return got
+
+
+def _apply_each(cur: psycopg.Cursor, parts: list[tuple[Context, Mapping, sql.Composable]], params: dict[str, Any],
+                reverse: bool, limit: int | None, wait_for_lock: bool) -> Applied:
+    """The family's tables one by one, the referenced ones first (a parent's new row before its
+    children's): the fallback of a batch that failed on a row's data."""
+    oids = {introspect.table_oid(cur, m.dst) or 0: i for i, (_, m, _) in enumerate(parts)}
+    order = family_catalog.parents_first(list(oids), family_catalog.between(cur, list(oids)))
+    total = Applied()
+    for oid in order:
+        member, m, covered = parts[oids[oid]]
+        got = _apply(cur, member, m, reverse, (covered, params), BATCH if limit is None else limit, wait_for_lock)
+        total.claimed += got.claimed
+        total.deleted += got.deleted
+        total.upserted += got.upserted
+        total.failed += got.failed
+        total.failures.update(got.failures)
+        total.log_rows = max(total.log_rows, got.log_rows)
+    return total
 
 
 def _apply(cur: psycopg.Cursor, ctx: Context, m: Mapping, reverse: bool,
@@ -504,6 +636,8 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
         ctx.checkpoint()
 
         def one(cur: psycopg.Cursor) -> Applied:
+            if ctx.migration.family_id is not None:  # every table of the family, in one statement
+                return apply_family_batch(cur, ctx, reverse=reverse)
             return apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=backfill_done)
 
         got = ctx.db.transaction(one, statement_timeout="120s", label="apply")

@@ -147,18 +147,22 @@ def _partition_only_keys(cur: psycopg.Cursor, live_oid: int, mid: int) -> list[t
 
 
 def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip: tuple[str, ...], out: Carried,
-                  after_name: QualifiedName, other_oid: int, mid: int, *, own_only: bool = False) -> None:
+                  after_name: QualifiedName, other_oid: int, mid: int, *, own_only: bool = False,
+                  family: frozenset[int] = frozenset()) -> None:
     """Outbound (the table's own, self-references included) and inbound (other tables' that
     reference it) foreign keys move to the table taking the name, NOT VALID, validated after.
     The other table keeps none: the replay into it must not wait for the parent's rows, nor
-    block the application's deletes of them."""
+    block the application's deletes of them. A key to or from another table of the same family
+    (`family`: their live tables) stays where it is: both sides hold it (mover/engines/family.py)."""
     assert after_name.schema is not None
     cur.execute("""
         SELECT k.conrelid = %(oid)s, n.nspname, c.relname, k.conname, pg_get_constraintdef(k.oid), k.convalidated,
                obj_description(k.oid, 'pg_constraint')
         FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE k.contype = 'f' AND k.conparentid = 0 AND (k.conrelid = %(oid)s OR k.confrelid = %(oid)s)
-        ORDER BY k.conrelid = %(oid)s DESC, n.nspname, c.relname, k.conname""", {"oid": live_oid})
+          AND NOT (k.conrelid = ANY(%(family)s) OR k.confrelid = ANY(%(family)s))
+        ORDER BY k.conrelid = %(oid)s DESC, n.nspname, c.relname, k.conname""",
+                {"oid": live_oid, "family": sorted(family)})
     rows = [(*r, None) for r in cur.fetchall()]
     # A swap back before `validate` attached them: the partitions hold the only copies.
     rows += [(True, None, None, name, definition, valid, None, tables)
@@ -336,8 +340,10 @@ def carry_sql(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qua
     out = Carried()
     live_oid = _oid(cur, live)
     _views(cur, live_oid, out)
+    # The other tables of its family (issue 27), by the name the application uses (either side of the swap).
+    family = frozenset(_oid(cur, t.migration.source) for t in ctx.family(cur) if t.mid != ctx.mid)
     _foreign_keys(cur, live_oid, live, ctx.plan.drop_foreign_keys if forward else (), out, after_name,
-                  _oid(cur, other), ctx.mid)
+                  _oid(cur, other), ctx.mid, family=family)
     _triggers(cur, live_oid, live.ident, after_name.ident, out)
     _rules(cur, live_oid, live, after_name, out)
     _row_security(cur, live_oid, live, after_name, out)

@@ -50,6 +50,9 @@ class Context:
     # The migration's throttle in this process while an engine's bulk work runs (throttle.governing).
     governor: Governor | None = None
     _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
+    _family: dict[int, Context] = field(default_factory=dict, repr=False)
+    # The family's rows when they are not registered (yet): plan check describes them provisionally.
+    provisional_family: list[control.Migration] | None = None
 
     def __post_init__(self) -> None:
         # Every transaction of this migration runs with the conversion settings it was registered
@@ -80,6 +83,28 @@ class Context:
         """Work from `migration`, the row as a transaction has just read it."""
         self.migration = migration
         self.db.pin(self._settings())
+
+    def family(self, cur: psycopg.Cursor) -> list[Context]:
+        """The contexts of the tables this migration moves together (issue 27), in the plan's order
+        and as the caller's transaction reads their rows now: [self] for a migration of one table.
+        They share this one's database, lease owner, stop flag, reporter and worker registry, and
+        each keeps its own mappings."""
+        if self.migration.family_id is None:
+            return [self]
+        out = []
+        for row in self.provisional_family or control.family(cur, self.migration):
+            if row.id == self.mid:
+                out.append(self)
+                continue
+            member = self._family.get(row.id)
+            if member is None:
+                member = self._family[row.id] = Context(db=self.db, migration=row, owner=self.owner,
+                                                        report=self.report, stop=self.stop,
+                                                        lease_lost=self.lease_lost, workers=self.workers,
+                                                        provisional_family=self.provisional_family)
+            member.migration = row
+            out.append(member)
+        return out
 
     def checkpoint(self) -> None:
         """Called between transactions: the only places a run stops on request."""

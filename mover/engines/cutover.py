@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -402,55 +402,71 @@ class Swap:
     def _mark(self, phase: str) -> None:
         self.marks[phase] = time.monotonic()
 
-    def lock(self) -> None:
+    def lock(self, relations: Sequence[QualifiedName] | None = None) -> None:
         """The lease, then every lock, one relation at a time in swap_locks' order (lockwatch.lock_all
-        names the one waited on): each is waited for under lock_timeout before anything else."""
+        names the one waited on): each is waited for under lock_timeout before anything else. A
+        family's swap (mover/engines/family.py) passes the relations of all its tables (to the
+        first table's Swap; none to the others')."""
         m, cur = self.ctx.migration, self.cur
         control.guard(cur, self.ctx.mid, m.step, self.ctx.owner)
-        live, other = _swap_tables(self.ctx, self.forward)
         if self.flusher is not None:
             # Before the tables, as every feeder takes it before the change log: no feed is under way
             # while the lock's own reads the slot, and none waits on a table the swap holds.
             logical.lock_feeder(cur, self.ctx.mid)
-        lockwatch.lock_all(cur, swap_locks(cur, self.ctx, live, other))
+        if relations is None:
+            live, other = _swap_tables(self.ctx, self.forward)
+            relations = swap_locks(cur, self.ctx, live, other)
+        lockwatch.lock_all(cur, relations)
         self._mark("locked")
 
-    def verify(self) -> None:
+    def verify(self, changed: bool | None = None) -> None:
         """The digest of the catalog rows everything was built from (invariant 7, race 8): equal, the
-        shapes checked, the statements and the parity description built before the lock stand."""
-        self.rebuilt = carry.catalog_digest(self.cur, _swap_tables(self.ctx, self.forward)) != self.prepared.digest
+        shapes checked, the statements and the parity description built before the lock stand.
+        `changed`: a family's swap compares one digest of all its tables' catalog rows, read before
+        any of their statements (mover/engines/family.py), and says so."""
+        if changed is None:
+            changed = carry.catalog_digest(self.cur, _swap_tables(self.ctx, self.forward)) != self.prepared.digest
+        self.rebuilt = changed
         self._mark("verified")
 
-    def drain(self) -> None:
-        """Everything logged so far committed before our lock: drain it all (race 4). A change that
-        cannot be applied rolls the whole swap back (forward: Unapplied); swapping back, a row the
-        old table still rejects exists only in the new one (invariant 9): refused, or given up."""
-        cur, ctx = self.cur, self.ctx
+    def mapping(self) -> Mapping:
+        """The drain's column mapping under the lock."""
         if self.rebuilt:
             # ctx.mapping checks both tables' shapes under the lock: a change committed since the
             # preparation aborts the swap with ShapeChanged, and nothing is swapped.
-            mapping = ctx.mapping(cur, reverse=not self.forward)
-        else:
-            # The digest covers every catalog row the shapes are described from (carry.SWAP_INPUTS):
-            # equal, the shapes are those checked when the mapping was built, before the lock.
-            mapping = self.prepared.mapping
-        if self.flusher is not None:
-            # Race 4 with logical capture (invariant 13): every change committed before the lock ends
-            # before the WAL insert position read now; the WAL is flushed to it from the second session
-            # and the slot read to it, into the log drained next.
-            self.fed = logical.feed_in(cur, ctx, self.flusher,
-                                       logical.Source(self.prepared.oids[0], mapping.key, mapping.src_key_types))
-            faults.point("swap:fed")
+            return self.ctx.mapping(self.cur, reverse=not self.forward)
+        # The digest covers every catalog row the shapes are described from (carry.SWAP_INPUTS):
+        # equal, the shapes are those checked when the mapping was built, before the lock.
+        return self.prepared.mapping
+
+    def drain(self, replayed: int | None = None) -> None:
+        """Everything logged so far committed before our lock: drain it all (race 4). A change that
+        cannot be applied rolls the whole swap back (forward: Unapplied); swapping back, a row the
+        old table still rejects exists only in the new one (invariant 9): refused, or given up.
+        `replayed`: a family's swap has replayed every log of its tables already, in one statement
+        (mover/engines/family.py), these changes among them; what is left is the refusal."""
+        cur, ctx = self.cur, self.ctx
         failures: dict[str, Any] = {}
-        while True:
-            got = capture.apply_batch(cur, ctx, mapping, reverse=not self.forward, backfill_done=True,
-                                      wait_for_lock=True, limit=DRAIN_BATCH)
-            failures.update(got.failures)
-            self.drained += got.claimed
-            # Fewer log rows than asked for: the log is empty, and stays so (no write reaches the
-            # locked table, and the applier lock keeps other appliers out): no empty batch after.
-            if got.log_rows < DRAIN_BATCH:
-                break
+        if replayed is not None:
+            self.drained = replayed
+        else:
+            mapping = self.mapping()
+            if self.flusher is not None:
+                # Race 4 with logical capture (invariant 13): every change committed before the lock
+                # ends before the WAL insert position read now; the WAL is flushed to it from the
+                # second session and the slot read to it, into the log drained next.
+                self.fed = logical.feed_in(cur, ctx, self.flusher,
+                                           logical.Source(self.prepared.oids[0], mapping.key, mapping.src_key_types))
+                faults.point("swap:fed")
+            while True:
+                got = capture.apply_batch(cur, ctx, mapping, reverse=not self.forward, backfill_done=True,
+                                          wait_for_lock=True, limit=DRAIN_BATCH)
+                failures.update(got.failures)
+                self.drained += got.claimed
+                # Fewer log rows than asked for: the log is empty, and stays so (no write reaches the
+                # locked table, and the applier lock keeps other appliers out): no empty batch after.
+                if got.log_rows < DRAIN_BATCH:
+                    break
         if self.forward and failures:
             raise Unapplied(failures)
         if not self.forward:
@@ -480,13 +496,14 @@ class Swap:
         self._mark("ddl")
         carry.record_validation(self.cur, self.ctx, self.carried.to_validate, self.carried.to_attach)
 
-    def check_parity(self) -> None:
+    def check_parity(self, described: dict[int, dict[str, Any]] | None = None) -> None:
         """Both tables in one query: the one that now carries the name must look to the application
         as the other did (an unplanned difference rolls the swap back), and both shapes are recorded
-        again (only the names changed; the shapes are those checked, the lock is held)."""
+        again (only the names changed; the shapes are those checked, the lock is held).
+        `described`: a family's swap describes all its tables in that one query."""
         cur, ctx = self.cur, self.ctx
         original, new = self.prepared.oids
-        now = shape.describe(cur, [original, new])
+        now = described if described is not None else shape.describe(cur, [original, new])
         parity.check_swap(cur, ctx, self.parity_before, self.prepared.key_index, forward=self.forward,
                           after_shape=now[new if self.forward else original])
         shape.store(cur, ctx.mid, "source", now[original])
@@ -555,16 +572,18 @@ def refused(ctx: Context, exc: Unapplied, *, forward: bool, command: str = "roll
     return refuse_losing(ctx, left or exc.rows, command, "new")
 
 
-def finish(ctx: Context, held: float, *, forward: bool) -> None:
-    """After the commit: say how long the lock was held, then VALIDATE the foreign keys the swap
-    added NOT VALID, with writes going on (after a crash: the window's run, or the next cutover's
-    preflight, resumes it). With logical capture the slot goes now: the swap dropped its publication
-    and feed state, a slot is not transactional (a crash before this leaves it to logical.cleanup)."""
+def finish(ctx: Context, held: float, *, forward: bool, report: bool = True) -> None:
+    """After the commit: say how long the lock was held (once for a family: `report`), then
+    VALIDATE the foreign keys the swap added NOT VALID, with writes going on (after a crash: the
+    window's run, or the next cutover's preflight, resumes it). With logical capture the slot goes
+    now: the swap dropped its publication and feed state, a slot is not transactional (a crash
+    before this leaves it to logical.cleanup)."""
     ctx.refresh()
     if forward and logical.enabled(ctx):
         faults.point("swap:before_slot_drop")
         logical.drop_slot(ctx.db, ctx.mid)
-    ctx.report("cutover" if forward else "rolled_back", lock_ms=round(held, 1))
+    if report:
+        ctx.report("cutover" if forward else "rolled_back", lock_ms=round(held, 1))
     carry.validate(ctx)
 
 

@@ -612,8 +612,8 @@ def _one(db: Database, roles: _Roles, pair: Pair, tables: _Tables, rec: Recorded
 
 
 def pairs_of(ctx: Context) -> list[Pair]:
-    """The migration's tables (one; a family of tables gives one pair each)."""
-    return [ctx.db.transaction(bind(Pair.of, ctx.migration), label="rehearsal")]
+    """The migration's tables: one pair, or one per table of a family (issue 27), in its order."""
+    return ctx.db.transaction(lambda cur: [Pair.of(cur, t.migration) for t in ctx.family(cur)], label="rehearsal")
 
 
 def of_migration(ctx: Context, top: int | None = None) -> dict[str, Any]:

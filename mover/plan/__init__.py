@@ -26,6 +26,7 @@ from mover.plan.forms import (
     to_document,
 )
 from mover.plan.settings import (
+    AlsoTable,
     BackfillSettings,
     CutoverSettings,
     MigrationKeys,
@@ -35,13 +36,14 @@ from mover.plan.settings import (
     RollbackSettings,
     TargetKeys,
     ThrottleSettings,
+    member_name,
 )
 from mover.plan.tables import DEFAULT_NAMES, HOOK_EVENTS, HOOK_TIMEOUT_MS, RANGE_INTERVALS, Hook, PartitionSpec
 
 __all__ = [
-    "DEFAULT_NAMES", "HOOK_EVENTS", "HOOK_TIMEOUT_MS", "KEYS", "RANGE_INTERVALS", "RENAMED_KEYS", "SECTIONS",
-    "SETTABLE", "SETTINGS", "TAKES_EFFECT", "BackfillSettings", "CutoverSettings", "Edit", "Hook", "MigrationKeys",
-    "PartitionSpec", "PartitionUpkeep", "Plan", "ReconcileSettings", "RollbackSettings", "Setting", "TargetKeys",
-    "ThrottleSettings", "duration_text", "edits", "load_plan", "parse_duration_ms", "parse_plan", "percent",
-    "plan_from_canonical", "renamed", "size_text", "to_document",
+    "AlsoTable", "DEFAULT_NAMES", "HOOK_EVENTS", "HOOK_TIMEOUT_MS", "KEYS", "RANGE_INTERVALS", "RENAMED_KEYS",
+    "SECTIONS", "SETTABLE", "SETTINGS", "TAKES_EFFECT", "BackfillSettings", "CutoverSettings", "Edit", "Hook",
+    "MigrationKeys", "PartitionSpec", "PartitionUpkeep", "Plan", "ReconcileSettings", "RollbackSettings", "Setting",
+    "TargetKeys", "ThrottleSettings", "duration_text", "edits", "load_plan", "member_name", "parse_duration_ms",
+    "parse_plan", "percent", "plan_from_canonical", "renamed", "size_text", "to_document",
 ]

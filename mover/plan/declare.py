@@ -95,6 +95,7 @@ class Kind:
     these are, each holding a `toml` value ([hooks])."""
     toml: type | tuple[type, ...] = str
     keys: tuple[str, ...] = ()
+    repeated = False  # the setting is a whole array of tables ([[also]]), each of `keys`, read whole
 
     def read(self, value: Any, at: At) -> Any:
         return value
@@ -507,6 +508,11 @@ def read_section(part: Section, table: Any, problems: Problems) -> Read:
     the wrong type reported and left out, required keys asked for, every value checked and
     converted, defaults for the others. The section's own check (part.check) is the caller's,
     once every section is read. `table`: what the file holds (not a table: nothing given)."""
+    whole = next((s for s in part.settings if s.kind.repeated), None)
+    if whole is not None:  # an array of tables: its kind reads each ([[also]])
+        given_list = table if isinstance(table, list) else []
+        return Read(part.name, {whole.attr: whole.kind.read(given_list, At(part.name, whole.key, whole.fresh_default(),
+                                                                             problems))}, {})
     given = table if isinstance(table, dict) else {}
     raw = {}
     for key, item in given.items():

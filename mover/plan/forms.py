@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 SECTIONS: tuple[Section, ...] = layout(Plan)
 _SECTION = {part.name: part for part in SECTIONS}
 
+# The sections written once (`[name]`), as against arrays of tables (`[[also]]`).
+_SINGLE = tuple(part.name for part in SECTIONS if not any(s.kind.repeated for s in part.settings))
+
 # The keys each section accepts, in the order the errors list them.
 KEYS: dict[str, tuple[str, ...]] = {part.name: part.keys() for part in SECTIONS}
 
@@ -70,7 +73,11 @@ def parse_plan(doc: dict[str, Any], origin: str = "plan") -> Plan:
     doc = {name: renamed(name, value) if isinstance(value, dict) else value for name, value in doc.items()}
     for name, value in doc.items():
         if name not in _SECTION:
-            problems.add(f"unknown section [{name}]", f"known sections: {', '.join('[' + s + ']' for s in KEYS)}")
+            problems.add(f"unknown section [{name}]", f"known sections: {', '.join('[' + s + ']' for s in _SINGLE)}")
+        elif name not in _SINGLE:
+            if not isinstance(value, list):
+                problems.add(f"[{name}] must be an array of tables: write [[{name}]] above each table's keys",
+                             f"e.g. [[{name}]] then source = \"public.orders\" on the next line")
         elif not isinstance(value, dict):
             problems.add(f"[{name}] must be a table, not a {type(value).__name__}")
     read = {part.name: read_section(part, doc.get(part.name), problems) for part in SECTIONS}
@@ -122,6 +129,11 @@ def to_document(plan: Plan) -> dict[str, Any]:
         if part.written is not None and not part.written(plan):
             continue
         table: dict[str, Any] = {}
+        if part.name not in _SINGLE:  # an array of tables, written when it has one
+            tables = [s.kind.write(v) for s in part.settings if (v := getattr(held(plan, part), s.attr))]
+            if tables:
+                doc[part.name] = tables[0]
+            continue
         for s in part.settings:
             value = getattr(held(plan, part), s.attr)
             if s.kind.keys:

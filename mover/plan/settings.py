@@ -9,17 +9,19 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mover.errors import PlanError
 from mover.names import QualifiedName
 from mover.plan.declare import (
+    At,
     Choice,
     Columns,
     Count,
     Duration,
     Flag,
+    Kind,
     Name,
     Pattern,
     Percent,
@@ -29,7 +31,9 @@ from mover.plan.declare import (
     Strings,
     Text,
     nested,
+    read_section,
     section,
+    section_of,
     setting,
     store,
 )
@@ -230,10 +234,64 @@ class PartitionUpkeep:
                                   'e.g. manager = "pg_partman", or leave it out for mover\'s own upkeep'), "mover")
 
 
+# ---------------------------------------------------------------------------------------------
+# [[also]]: more tables that move with the source, in the same migration (a family: one cutover
+# for all of them, docs/design.md "Families")
+
+
+@section("also", check=_lossy_columns_are_planned)
+@dataclass(frozen=True, kw_only=True)
+class AlsoTable(TargetKeys):
+    """One `[[also]]` table: [target]'s keys, read by the same declarations and check, and its own
+    source. The rest of the plan ([backfill], [cutover], [rollback] window and keep_old,
+    [reconcile]) is the family's."""
+    source: QualifiedName = setting(Name(), required=True, fixed=True)
+
+
+class AlsoTables(Kind):
+    """`[[also]]`: an array of tables, each an AlsoTable. Stored in the canonical form by file key,
+    only when there is one (a single-table plan stores and hashes as it always did)."""
+    toml = list
+    repeated = True
+    keys = section_of(AlsoTable).keys()
+
+    def read(self, value: list[Any], at: At) -> Any:
+        part = section_of(AlsoTable)
+        out = []
+        for table in value:
+            if not isinstance(table, dict):
+                at.problems.add("[[also]] must be an array of tables: one [[also]] line above each table's keys",
+                                'e.g. [[also]] then source = "public.orders" and columns = { customer_id = "bigint" }')
+                continue
+            read = read_section(part, table, at.problems)
+            if part.check:
+                part.check(read, {}, at.problems)
+            if read.values["source"] is not None:
+                out.append(AlsoTable(**read.values))
+        return tuple(out)
+
+    def store(self, value: tuple[AlsoTable, ...]) -> list[dict[str, Any]]:
+        settings = section_of(AlsoTable).settings
+        return [{s.key: s.kind.store(getattr(t, s.attr)) for s in settings} for t in value]
+
+    def load(self, stored: Any) -> Any:
+        settings = section_of(AlsoTable).settings
+        return tuple(AlsoTable(**{s.attr: s.kind.load(d[s.key]) if s.key in d else s.fresh_default()
+                                  for s in settings}) for d in stored)
+
+    def write(self, value: tuple[AlsoTable, ...]) -> list[dict[str, Any]]:
+        settings = section_of(AlsoTable).settings
+        return [{s.key: s.kind.write(v) for s in settings if (v := getattr(t, s.attr)) not in (None, (), {})}
+                for t in value]
+
+    def shown(self, default: Any) -> str:
+        return "none"  # no [[also]] table: one table moves
+
+
 # The canonical form's top-level keys in the order mover has always stored them (jsonb keeps no
 # order, but the text stays as it was); a new section's key follows them.
 STORED_ORDER = ("migration", "target", "backfill", "cutover", "rollback", "reconcile", "drop_foreign_keys",
-                "partition", "partitions", "hooks")
+                "partition", "partitions", "hooks", "also")
 
 
 @dataclass(frozen=True)
@@ -247,6 +305,8 @@ class Plan(TargetKeys, MigrationKeys):
     upkeep: PartitionUpkeep = nested(PartitionUpkeep)
     capture: CaptureSettings = nested(CaptureSettings)
     hooks: dict[str, Hook] = setting(HookTables(), {}, section="hooks", effect="at the hook's next run")
+    # Fixed: each [[also]] table is part of what defines the migration (its shape hash).
+    also: tuple[AlsoTable, ...] = setting(AlsoTables(), (), section="also", stored="also", only_set=True, fixed=True)
     document: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def canonical(self) -> dict[str, Any]:
@@ -261,8 +321,32 @@ class Plan(TargetKeys, MigrationKeys):
             if name is None:
                 return None
             return [name.schema or schema or self.source.schema, name.name]
-        shape = {"source": qualified(self.source), "target": qualified(self.target),
-                 "old": qualified(self.rollback.old_name), "columns": dict(sorted(self.columns.items()))}
+        shape: dict[str, Any] = {"source": qualified(self.source), "target": qualified(self.target),
+                                 "old": qualified(self.rollback.old_name),
+                                 "columns": dict(sorted(self.columns.items()))}
         if self.partition is not None:  # only when set: hashes of plans registered before stay the same
             shape["partition"] = self.partition.as_dict()
+        if self.also:  # likewise: a single-table plan hashes as it always did
+            def in_its_schema(t: AlsoTable) -> dict[str, Any]:
+                own = t.source.schema or schema or self.source.schema
+                return {**AlsoTables().store((t,))[0], "source": [own, t.source.name],
+                        "name": None if t.target is None else [t.target.schema or own, t.target.name]}
+            shape["also"] = [in_its_schema(t) for t in self.also]
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+    def tables(self) -> tuple[Plan, ...]:
+        """The plan of each table the migration moves: this one first (the family's head, whose
+        plan is the whole plan), then one per [[also]] table, named `<name>/<source>`, with its
+        [target] keys and the family's other sections. Hooks run once, for the family (the head's);
+        each table's old name is its own `<source>_old`."""
+        return (self, *(replace(self, name=member_name(self.name, t.source), source=t.source, target=t.target,
+                                columns=t.columns, accept_lossy=t.accept_lossy, drop_foreign_keys=t.drop_foreign_keys,
+                                partition=t.partition, also=(), hooks={}, upkeep=PartitionUpkeep(),
+                                rollback=replace(self.rollback, old_name=None), document={})
+                        for t in self.also))
+
+
+def member_name(family: str, source: QualifiedName) -> str:
+    """The name of a family's [[also]] table's migration row: the family's name and the table (a
+    `/` no migration name holds, so it never collides with one)."""
+    return f"{family}/{source.name}" if source.schema is None else f"{family}/{source.schema}.{source.name}"

@@ -19,13 +19,14 @@ from mover import steps
 from mover.catalog import shape
 from mover.db import Database, bind
 from mover.engines import adopt as adopt_engine
+from mover.engines import family as family_engine
 from mover.engines import logical, upkeep
 from mover.engines import reconcile as reconcile_engine
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import BadInput, NotFound, Waiting
 from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, plan_from_canonical, to_document
+from mover.runner import family, lifecycle, register
 from mover.runner import follow as follower
-from mover.runner import lifecycle, register
 from mover.runner.lease import leased
 from mover.state import control
 from mover.steps import reconcile as reconcile_step
@@ -43,7 +44,8 @@ def run(db: Database, name_or_plan: str, *, one_step: bool = False, wait: bool =
     m = register.locate(db, name_or_plan, owner)
     if m.state != "done":
         with leased(db, m, owner, report=report, stop=stop) as ctx:
-            if one_step and steps.BY_NAME.get(ctx.migration.step, steps.ALL[0]).gate:
+            step = family.step_of(family_engine.tables(ctx))  # a family's: its tables' earliest
+            if one_step and steps.BY_NAME.get(step, steps.ALL[0]).gate:
                 raise Waiting(f"the next step of {m.name!r} is the cutover",
                               hint=f"run `mover cutover {m.name}` to swap")
             lifecycle.advance(ctx, one_step=one_step)
@@ -68,13 +70,13 @@ def _under_lease(db: Database, name: str, command: str, action: Callable[[Contex
                  report: Reporter = log_reporter, stop: threading.Event | None = None) -> control.Migration:
     """Run one operator command under the lease, from the recorded shapes (but abort and adopt, the
     two ways out of a changed shape)."""
-    m = db.transaction(lambda cur: control.get(cur, name))
+    m = db.transaction(lambda cur: control.head_of(cur, control.get(cur, name)))  # a family's table: the family
     control.require_command(m, command)
     with leased(db, m, control.new_owner_id(), report=report, stop=stop, command=command) as ctx:
         control.require_command(ctx.refresh(), command)
         if command not in ("abort", "adopt"):
-            ctx.db.transaction(lambda cur: shape.verify_at_step(cur, ctx.migration, ctx.swapped),
-                               label="shape check")
+            for t in family_engine.tables(ctx):
+                ctx.db.transaction(bind(shape.verify_at_step, t.migration, t.swapped), label="shape check")
         action(ctx)
         return ctx.migration
 
@@ -103,35 +105,66 @@ def reconcile(db: Database, name: str, *, full: bool = False, **kw: Any) -> dict
     changed since the last one (all of them with `full`). Returns the pass."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context) -> None:
-        at_step = ctx.migration.step == "reconcile"
-        if at_step:
-            ctx.db.transaction(lambda cur: control.start_step(cur, ctx.migration, "reconcile", ctx.owner))
-        result = reconcile_engine.run(ctx, full=full)
-        out["pass"] = result.as_dict()
-        if at_step:
-            try:
-                reconcile_step.conclude(ctx, result)
-            except Waiting:
-                pass  # recorded; the caller reports the divergences
-        else:
-            _wait_at_gate(ctx)
+    def go(head: Context) -> None:
+        passes = []
+        members = family_engine.tables(head)
+        for ctx in members:  # a family's tables one after another
+            at_step = ctx.migration.step == "reconcile"
+            if at_step:
+                ctx.db.transaction(bind(control.start_step, ctx.migration, "reconcile", ctx.owner))
+            result = reconcile_engine.run(ctx, full=full)
+            passes.append({"table": str(ctx.migration.source), **result.as_dict()})
+            if at_step:
+                try:
+                    reconcile_step.conclude(ctx, result)
+                except Waiting:
+                    pass  # recorded; the caller reports the divergences
+            else:
+                _wait_at_gate(ctx)
+        out["pass"] = passes[0] if len(passes) == 1 else _family_pass(passes)
+        if len(members) > 1:
+            # The family's reconcile checks the keys between its tables on the side the application
+            # does not write, as its reconcile step does (Failed, naming the rows, if one breaks).
+            out["pass"]["foreign_keys_checked"] = family_engine.check_keys(head, members)
     _under_lease(db, name, "reconcile", go, **kw)
     passed: dict[str, Any] = out["pass"]
     return passed
+
+
+def _family_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A family's pass: the sums of its tables' (a pass's counts), and each table's."""
+    total = {k: sum(p[k] for p in passes) for k, v in passes[0].items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "rows_per_second"}
+    # The tables are compared one after another: the family's rate is its rows over its time.
+    total["rows_per_second"] = round(total["rows"] / total["seconds"]) if total.get("seconds") else None
+    return {"mode": passes[0]["mode"], **total, "tables": passes}
 
 
 def repair(db: Database, name: str, *, divergence_id: int | None = None, **kw: Any) -> dict[str, Any]:
     """`mover repair`: re-sync the open divergences' rows from the source and check them again."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context) -> None:
-        out["repair"] = reconcile_engine.repair(ctx, divergence_id)
-        if ctx.migration.step == "cutover":
-            _wait_at_gate(ctx)
+    def go(head: Context) -> None:
+        # A family's tables in turn, referenced ones first (a parent's row before its children's).
+        members = head.db.transaction(lambda cur: family_engine.parents_first(cur, head.family(cur)))
+        if divergence_id is not None and len(members) > 1:  # the table whose divergence it is
+            members = [t for t in members if t.db.transaction(bind(control.open_divergence_rows, t.mid,
+                                                                   divergence_id))] or [head]
+        for ctx in members:
+            repaired = reconcile_engine.repair(ctx, divergence_id)
+            out["repair"] = _merged(out.get("repair"), repaired)
+            if ctx.migration.step == "cutover":
+                _wait_at_gate(ctx)
     _under_lease(db, name, "repair", go, **kw)
     repaired: dict[str, Any] = out["repair"]
     return repaired
+
+
+def _merged(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Two tables' repair results as one: counts added, lists joined."""
+    if a is None:
+        return b
+    return {k: (a.get(k, 0) + v if isinstance(v, (int, list)) and not isinstance(v, bool) else v) for k, v in b.items()}
 
 
 def _wait_at_gate(ctx: Context) -> None:
@@ -147,8 +180,8 @@ def adopt(db: Database, name: str, **kw: Any) -> list[dict[str, Any]]:
     any other change. Returns what was adopted."""
     out: dict[str, Any] = {}
 
-    def go(ctx: Context) -> None:
-        out["adopted"] = adopt_engine.adopt(ctx)
+    def go(head: Context) -> None:
+        out["adopted"] = [a for ctx in family_engine.tables(head) for a in adopt_engine.adopt(ctx)]
     _under_lease(db, name, "adopt", go, **kw)
     adopted: list[dict[str, Any]] = out.get("adopted", [])
     return adopted
@@ -176,9 +209,10 @@ def accept(db: Database, name: str, reason: str, *, divergence_id: int | None = 
         raise BadInput("accepting divergences needs a reason", hint="pass --reason TEXT")
 
     def go(cur: psycopg.Cursor) -> list[int]:
-        m = control.get(cur, name, lock=True)
+        m = control.head_of(cur, control.get(cur, name, lock=True))
         control.require_command(m, "accept")
-        ids = reconcile_engine.accept(cur, m.id, reason.strip(), control.new_owner_id(), divergence_id)
+        ids = [i for t in control.family(cur, m)
+               for i in reconcile_engine.accept(cur, t.id, reason.strip(), control.new_owner_id(), divergence_id)]
         if divergence_id is not None and not ids:
             raise NotFound(f"migration {m.name!r} has no open divergence with id {divergence_id}",
                            hint=f"`mover divergences {m.name}` lists the open ones")
@@ -195,7 +229,7 @@ def set_settings(db: Database, name: str, assignments: list[str]) -> None:
     """`mover set section.key=value ...` for the settings a running migration may change
     (plan.SETTABLE); values are parsed as TOML, validated like a plan file, recorded as an event."""
     def apply(cur: psycopg.Cursor) -> None:
-        m = control.get(cur, name, lock=True)
+        m = control.head_of(cur, control.get(cur, name, lock=True))
         doc = to_document(plan_from_canonical(m.plan))
         changes = {}
         for item in assignments:
@@ -213,7 +247,7 @@ def set_settings(db: Database, name: str, assignments: list[str]) -> None:
             doc.setdefault(section, {})[field] = value
             changes[key.strip()] = value
         new_plan = parse_plan(doc, origin="mover set")
-        control.update_plan(cur, m.id, new_plan.canonical(), control.new_owner_id())
+        register.update_plan(cur, m, new_plan, control.new_owner_id(), [])  # a family's tables with it
         control.event(cur, m.id, "operator", None, "settings_changed", f"set {changes}", changes)
     db.transaction(apply)
 

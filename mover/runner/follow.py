@@ -28,7 +28,7 @@ from mover.db import Database, bind
 from mover.engines import capture, logical
 from mover.engines.context import Context, Reporter
 from mover.errors import Interrupted, LeaseHeld, Waiting
-from mover.runner import lifecycle
+from mover.runner import family, lifecycle
 from mover.runner.lease import leased
 from mover.state import control
 
@@ -49,16 +49,21 @@ def window_over(m: control.Migration) -> bool:
 
 
 def _batch(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> capture.Applied | None:
-    live, other = (ctx.new, ctx.original) if reverse else (ctx.original, ctx.new)
+    members = ctx.family(cur)  # a family's tables (issue 27): all of them, replayed by one statement
+    tables = [x for t in members for x in ((t.new, t.original) if reverse else (t.original, t.new))]
     try:
         with cur.connection.transaction():  # a savepoint: a lock refused ends only this round
             cur.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE NOWAIT").format(
-                sql.SQL(", ").join(t.ident for t in (live, other))))
+                sql.SQL(", ").join(t.ident for t in tables)))
     except (psycopg.errors.LockNotAvailable, psycopg.errors.UndefinedTable):
         return None  # an operator command holds or waits for the tables (or just renamed them)
     now = control.get_by_id(cur, ctx.mid)
     if (now.step, now.cutover_at) != (ctx.migration.step, ctx.migration.cutover_at):
         return None
+    if ctx.migration.family_id is not None:
+        if any(t.migration.step != ctx.migration.step for t in members):
+            return None  # not every table at the gate (or in the window): the steps first
+        return capture.apply_family_batch(cur, ctx, reverse=reverse)
     return capture.apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=True)
 
 
@@ -79,7 +84,12 @@ def drain_round(ctx: Context) -> dict[str, Any]:
         applied += got.claimed
         if got.log_rows < capture.BATCH:  # log rows: a closure's batch claims fewer keys than rows
             break
-    pending, lag = ctx.db.transaction(bind(capture.pending, ctx.mid, reverse), label="backlog")
+    def backlog(cur: psycopg.Cursor) -> tuple[int, float | None]:
+        each = [capture.pending(cur, t.mid, reverse) for t in ctx.family(cur)]
+        lags = [lag for _, lag in each if lag is not None]
+        return sum(n for n, _ in each), max(lags) if lags else None
+
+    pending, lag = ctx.db.transaction(backlog, label="backlog")
     return {"direction": "reverse" if reverse else "forward", "applied": applied, "backlog": pending,
             "lag_s": round(lag, 1) if lag is not None else None}
 
@@ -92,7 +102,7 @@ def follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, 
     ctx = Context(db=db, migration=m, owner=owner, report=report, stop=stop)
     followed = False
     while not stop.is_set():
-        m = ctx.refresh()
+        m = _refresh(ctx)
         if m.state in control.TERMINAL or m.step == control.FINISHED:
             return
         if following(m):
@@ -101,7 +111,7 @@ def follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, 
             if why == "stopped":
                 report("follow_stopped", step=ctx.migration.step, reason="signal")
                 return
-            if why == "left" and not following(ctx.refresh()):
+            if why == "left" and not following(_refresh(ctx)):
                 report("follow_done", step=ctx.migration.step, state=ctx.migration.state)
                 return  # a rollback, retire or abort from another terminal: the operator decides what next
             if why != "window_over":
@@ -113,7 +123,7 @@ def follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, 
             with leased(db, m, owner, report=report, stop=stop) as leased_ctx:
                 lifecycle.advance(leased_ctx)
         except Waiting:
-            if not following(ctx.refresh()):
+            if not following(_refresh(ctx)):
                 raise  # waiting for something else than the gate or window (divergences are at the gate)
         except LeaseHeld:
             # An operator command runs now; look again shortly.
@@ -123,6 +133,14 @@ def follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, 
             return
 
 
+def _refresh(ctx: Context) -> control.Migration:
+    """The migration row as it is now; a family's with the family's step (its tables' earliest)."""
+    m = ctx.refresh()
+    if m.family_id is None:
+        return m
+    return family.as_family(ctx.db.transaction(ctx.family, label="family"))
+
+
 def drain_while_waiting(ctx: Context, *, interval: float = INTERVAL_SECONDS) -> str:
     """Drain while the migration stays at the gate or in the window. Returns why it stopped:
     "left" (another step now: the operator cut over, rolled back, retired or aborted; the
@@ -130,7 +148,7 @@ def drain_while_waiting(ctx: Context, *, interval: float = INTERVAL_SECONDS) -> 
     "stopped" (SIGTERM / Ctrl-C)."""
     seen = None
     while True:
-        m = ctx.refresh()
+        m = _refresh(ctx)
         if not following(m):
             return "left"
         if window_over(m):

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from mover.db import Database, bind, is_connection_lost, mask
+from mover.db import Database, is_connection_lost, mask
 from mover.engines import capture, lockwatch, logical
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, ServerGone, ShapeChanged, Waiting
@@ -37,9 +37,14 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     command's outcome under the command's name: an abort that could not lock is the abort's
     event, not the step's)."""
     sample = sampler.Sampler(migration.id, owner)
+    # A family's tables (issue 27) are held together: the same lease on every row, taken in one
+    # transaction, the head's first (two takers queue on its row), kept and released together.
+    rows = [migration]
 
     def acquire(cur: psycopg.Cursor) -> None:
-        control.acquire_lease(cur, migration, owner)
+        rows[:] = control.family(cur, migration)
+        for row in rows:
+            control.acquire_lease(cur, row, owner)
         sample(cur, force=True)
 
     db.transaction(acquire, label="acquire lease")
@@ -48,8 +53,9 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
 
     def beat_once(cur: psycopg.Cursor) -> bool:
         if ctx.workers:
-            ranges.keep_leases(cur, migration.id, sorted(ctx.workers))
-        alive = control.heartbeat(cur, migration.id, owner)
+            for row in rows:
+                ranges.keep_leases(cur, row.id, sorted(ctx.workers))
+        alive = all([control.heartbeat(cur, row.id, owner) for row in rows])
         if alive:
             sample(cur)  # what `mover watch` and `mover report` chart; never costs the lease
         return alive
@@ -65,15 +71,15 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     except (LeaseLost, LeaseHeld):
         raise
     except Waiting as exc:
-        _record(db, ctx, "waiting", str(exc), command=command)
+        _record(db, ctx, rows, "waiting", str(exc), command=command)
         raise
     except (Interrupted, KeyboardInterrupt):
         how = getattr(ctx.stop, "reason", None) or "Ctrl-C"
-        _record(db, ctx, "interrupted", None, kind="interrupted", message=f"stopped by the operator ({how})",
+        _record(db, ctx, rows, "interrupted", None, kind="interrupted", message=f"stopped by the operator ({how})",
                 command=command)
         raise
     except MoverError as exc:
-        _record(db, ctx, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),
+        _record(db, ctx, rows, "failed", str(exc), kind=getattr(exc, "event_kind", "failed"), message=str(exc),
                 detail=getattr(exc, "detail", None), command=command)
         raise
     except Exception as exc:
@@ -83,21 +89,22 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
             raise server_gone(migration.name, exc) from exc
         changed = _shape_change(ctx)
         if changed is not None:  # e.g. a statement that met a dropped column: say what changed
-            _record(db, ctx, "failed", str(changed), kind=changed.event_kind, message=str(changed),
+            _record(db, ctx, rows, "failed", str(changed), kind=changed.event_kind, message=str(changed),
                     detail=changed.detail)
             raise changed from exc
-        _record(db, ctx, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc),
+        _record(db, ctx, rows, "failed", f"{type(exc).__name__}: {exc}", kind="failed", message=str(exc),
                 command=command)
         raise
     else:
-        _clear_error(db, ctx)
+        _clear_error(db, ctx, rows)
     finally:
         beat.stop()
         if not ctx.lease_lost.is_set() and not gone:
             try:
                 def release(cur: psycopg.Cursor) -> None:
                     sample(cur, force=True)
-                    control.release_lease(cur, migration.id, owner)
+                    for row in rows:
+                        control.release_lease(cur, row.id, owner)
 
                 db.transaction(release, label="release lease")
             except psycopg.Error as exc:  # the lease expires by itself; say so and go on
@@ -128,22 +135,30 @@ def _shape_change(ctx: Context) -> ShapeChanged | None:
     return None
 
 
-def _record(db: Database, ctx: Context, state: str, error: str | None, *, kind: str | None = None,
-            message: str | None = None, detail: dict[str, Any] | None = None, command: str | None = None) -> None:
+def _record(db: Database, ctx: Context, rows: list[control.Migration], state: str, error: str | None, *,
+            kind: str | None = None, message: str | None = None, detail: dict[str, Any] | None = None,
+            command: str | None = None) -> None:
+    """How the work ended, on the migration's row (on each row of a family: it moves as one)."""
     if error is not None:
         error = mask(error)  # stored and shown by `status`: no password, whatever raised it
     if message is not None:
         message = mask(message)
 
+    def record(cur: psycopg.Cursor) -> None:
+        for row in rows:
+            control.record_outcome(cur, row.id, ctx.owner, command or ctx.migration.step, state, error, kind,
+                                   message, detail)
     try:
-        db.transaction(bind(control.record_outcome, ctx.mid, ctx.owner, command or ctx.migration.step, state, error,
-                            kind, message, detail), label="record outcome")
+        db.transaction(record, label="record outcome")
     except psycopg.Error as exc:
         log.error("could not record the outcome %r of migration %s: %s", state, ctx.mid, exc)
 
 
-def _clear_error(db: Database, ctx: Context) -> None:
+def _clear_error(db: Database, ctx: Context, rows: list[control.Migration]) -> None:
+    def clear(cur: psycopg.Cursor) -> None:
+        for row in rows:
+            control.clear_error(cur, row.id, ctx.owner)
     try:
-        db.transaction(bind(control.clear_error, ctx.mid, ctx.owner), label="clear error")
+        db.transaction(clear, label="clear error")
     except psycopg.Error as exc:
         log.warning("could not clear the recorded error of migration %s: %s", ctx.mid, exc)

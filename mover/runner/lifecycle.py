@@ -6,6 +6,7 @@ cutover gate (the cutover step's wait: exit 3 until the operator says go), or (o
 step ran. Each step starts from the recorded shapes (invariant 7) and marks itself done in the
 transaction of its effect (mover/steps/). The operator's moves (cutover, rollback, retire, abort)
 check the transition table (control.COMMANDS) under the lease, then go through the same steps;
+a family of tables (issue 27) is moved by mover/runner/family.py, the same way for all of them;
 their sequences read top to bottom in mover/steps/cutover.py (the swap and the swap back) and
 mover/engines/cutover.py (retire, abort).
 """
@@ -19,6 +20,7 @@ from mover.engines import cutover as cutover_engine
 from mover.engines import hooks
 from mover.engines.context import Context
 from mover.errors import Waiting
+from mover.runner import family
 from mover.state import control
 from mover.steps import cutover as cutover_step
 from mover.steps import rollback_window
@@ -26,6 +28,8 @@ from mover.steps import rollback_window
 
 def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = False) -> control.Migration:
     """Run steps until the migration is done, reaches a gate, or (one_step) one step ran."""
+    if ctx.migration.family_id is not None:
+        return family.advance(ctx, one_step=one_step, through_cutover=through_cutover)
     while True:
         ctx.checkpoint()
         m = ctx.refresh()
@@ -46,6 +50,8 @@ def advance(ctx: Context, *, one_step: bool = False, through_cutover: bool = Fal
 def cutover(ctx: Context) -> control.Migration:
     """`mover cutover`: pass the gate and swap; a zero-length window retires at once, otherwise
     the open window is success (the migration waits in it)."""
+    if ctx.migration.family_id is not None:
+        return family.cutover(ctx)
     control.require_command(ctx.refresh(), "cutover")
     advance(ctx, through_cutover=True)
     try:
@@ -60,6 +66,8 @@ def cutover(ctx: Context) -> control.Migration:
 
 def rollback(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
     """`mover rollback`: swap back within the window; the migration returns to reconcile."""
+    if ctx.migration.family_id is not None:
+        return family.rollback(ctx, give_up_rows=give_up_rows)
     control.require_command(ctx.refresh(), "rollback")
     hooks.run(ctx, "before_rollback")
     cutover_step.swap_back(ctx, give_up_rows)
@@ -69,6 +77,8 @@ def rollback(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
 
 def retire(ctx: Context, *, force: bool = False, give_up_rows: bool = False) -> control.Migration:
     """`mover retire`: close the window (early, with force), then the retire step."""
+    if ctx.migration.family_id is not None:
+        return family.retire(ctx, force=force, give_up_rows=give_up_rows)
     m = ctx.refresh()
     control.require_command(m, "retire")
     if m.step == "rollback_window" and not rollback_window.close(ctx, force=force):
@@ -81,6 +91,8 @@ def retire(ctx: Context, *, force: bool = False, give_up_rows: bool = False) -> 
 
 def abort(ctx: Context, *, give_up_rows: bool = False) -> control.Migration:
     """`mover abort`: remove what mover built (before the cutover, or after a rollback)."""
+    if ctx.migration.family_id is not None:
+        return family.abort(ctx, give_up_rows=give_up_rows)
     control.require_command(ctx.refresh(), "abort")
     cutover_engine.abort(ctx, give_up_rows)
     return ctx.migration

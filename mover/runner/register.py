@@ -9,6 +9,7 @@ mover/state/control.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,16 +17,18 @@ from typing import Any
 
 import psycopg
 
-from mover import checks, steps
+from mover import checks, names, steps
+from mover.catalog import family as family_catalog
 from mover.catalog import shape, subscribers
 from mover.checks import edits as edits_check
 from mover.db import Database, conversion_settings, search_path
 from mover.engines import backfill, throttle
 from mover.engines.context import Context
-from mover.errors import BadInput, PlanError
+from mover.errors import BadInput, PlanError, combined
 from mover.names import QualifiedName
-from mover.plan import Plan, load_plan
+from mover.plan import Plan, load_plan, member_name
 from mover.state import control
+from mover.steps import family as family_step
 
 log = logging.getLogger("mover")
 
@@ -55,6 +58,73 @@ def resolve(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     return checks.resolved(checks.run(cur, plan))
 
 
+def resolve_tables(cur: psycopg.Cursor, plan: Plan) -> list[tuple[Plan, dict[str, Any]]]:
+    """Each table the plan moves (plan.tables(): itself, then its [[also]] tables, each named as
+    registration names it), checked as a plan of one table would be, and the family as a whole
+    (each table once); every problem of every table at once."""
+    problems: list[PlanError] = []
+    if plan.also and plan.capture.logical:
+        # A family's replay is one statement over every table's log, and the keys between the
+        # tables are checked at its end: it needs every change the sources show at that moment in
+        # the logs, which the trigger gives (each change logged in the application's transaction).
+        # Logical capture fills each log from its own slot, behind the application and table by
+        # table: a child's new row can reach its log before its parent's, and the targets' keys
+        # would refuse the replay though the application wrote nothing wrong.
+        problems.append(PlanError(
+            f"[capture] method = \"logical\" cannot move a family ({len(plan.also) + 1} tables: [migration] source "
+            f"and [[also]]): the keys between its tables are checked at the end of each replay of their change "
+            f"logs, which must then hold every change the sources show; logical capture fills each table's log "
+            f"from its own slot, behind the application, so a child's change can be logged before its parent's",
+            hint="remove [capture] method (the trigger, the default, logs each change in the application's "
+                 "transaction), or move each table with a migration of its own"))
+    out: list[tuple[Plan, dict[str, Any]]] = []
+    for i, table in enumerate(plan.tables()):
+        try:
+            r = resolve(cur, table)
+        except PlanError as exc:
+            problems += exc.problems if i == 0 else [PlanError(f"[[also]] source = {table.source}: {p.message}",
+                                                               hint=p.hint) for p in exc.problems]
+            continue
+        if i:
+            table = dataclasses.replace(table, name=member_name(plan.name, r["source"]))
+        out.append((table, r))
+    seen: dict[int, QualifiedName] = {}
+    for _, r in out:
+        oid = r["info"].oid
+        if oid in seen:
+            problems.append(PlanError(f"[[also]] source = {r['source']} is {seen[oid]}, which the plan moves already",
+                                      hint="list each table once: [migration] source, or one [[also]] table"))
+        seen[oid] = r["source"]
+    # A key between two tables of the family stays with them through the swap (docs/design.md
+    # "Families"): it cannot be left on the old table alone.
+    between = {(k.child, k.name) for k in family_catalog.between(cur, list(seen))} if len(seen) > 1 else set()
+    for table, r in out:
+        for name in table.drop_foreign_keys:
+            if (r["info"].oid, name) in between:
+                problems.append(PlanError(
+                    f"drop_foreign_keys of {r['source']}: {names.display_ident(name)} references another table of "
+                    f"this migration, and the keys between its tables move with them",
+                    hint="remove it from drop_foreign_keys (or drop the key before the migration)"))
+    if problems:
+        raise combined(problems)
+    return out
+
+
+def widening_advice(cur: psycopg.Cursor, resolved: list[tuple[Plan, dict[str, Any]]]) -> tuple[list[str], list[str]]:
+    """The columns that reference a key the plan widens and are narrower than it becomes
+    (recursively, mover/catalog/family.py): a warning for each, and the [[also]] lines that widen
+    them in this migration, ready to paste."""
+    planned = {r["info"].oid: dict(p.columns) for p, r in resolved}
+    found = family_catalog.widenings(cur, planned)
+    in_plan = {r["info"].oid: "[target]" if i == 0 else f"[[also]] source = {family_catalog.toml_name(r['source'])}"
+               for i, (_, r) in enumerate(resolved)}
+    warnings = [f"column {names.display_ident(w.column)} of {w.table} ({w.was}) references {w.references}, which "
+                f"becomes {w.type}: once the key passes the {w.was} range, rows referencing the new keys cannot be "
+                f"written; widen it in this migration (foreign key {names.display_ident(w.constraint)}): plan check "
+                f"prints the [[also]] lines" for w in found]
+    return warnings, family_catalog.advice(found, in_plan)
+
+
 def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migration | None]:
     """`mover plan check`: what registering the plan would do (each step and the SQL it will run,
     from the steps' describe()), or, for a plan registered already, which of its edits take effect
@@ -67,22 +137,46 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         if existing is not None and existing.state != "aborted":
             same_shape(existing, plan)
             changes = edits_check.check(cur, existing, plan)
-            guards = governor_lines(cur, plan, existing.source, existing.id)
+            columns = [plan.columns, *(a.columns for a in plan.also)]  # the family's rows are in the plan's order
+            guards = governor_lines(cur, plan, [(t.source, c) for t, c in zip(control.family(cur, existing), columns,
+                                                                              strict=False)], existing.id)
             return ({"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                      "edits": [{"key": c.key, "takes_effect": c.effect} for c in changes],
                      "steps": [], **guards, **hooks_and_warnings(plan, guards.pop("warnings"))}, existing)
-        r = resolve(cur, plan)
+        resolved = resolve_tables(cur, plan)
         mid = control.next_id(cur)
-        ctx = Context(db=db, migration=provisional(plan, r, mid), owner="plan-check", planned_target=r["rehearsed"])
-        described = [{"name": step.name, "sql": [s if isinstance(s, str) else s.as_string(cur)
-                                                 for s in step.describe(ctx, cur)]}
-                     for step in steps.ALL]
-        guards = governor_lines(cur, plan, r["source"])
-        return ({"plan": str(path), "name": plan.name, "registered": False, "ok": True, "migration_id": mid,
-                 "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                 "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
-                 "partitioning": r["partitioning"], "metadata": r["metadata"], "steps": described, **guards,
-                 **hooks_and_warnings(plan, r["warnings"] + guards.pop("warnings"))}, None)
+        rows = [provisional(p, r, mid + i, family=mid if plan.also else None, position=i if plan.also else None,
+                            operator_schemas=[x for _, r2 in resolved for x in r2["operator_schemas"]])
+                for i, (p, r) in enumerate(resolved)]
+        head = Context(db=db, migration=rows[0], owner="plan-check", provisional_family=rows if plan.also else None)
+        members = head.family(cur)
+        for t, (_, r2) in zip(members, resolved, strict=True):
+            t.planned_target = r2["rehearsed"]  # each table's target as its DDL rehearsal made it
+
+        def text(stmts: list[Any]) -> list[str]:
+            return [s if isinstance(s, str) else s.as_string(cur) for s in stmts]
+
+        def described(ctx: Context) -> list[dict[str, Any]]:
+            return [{"name": step.name, "sql": text(step.describe(ctx, cur))} for step in steps.ALL]
+
+        def table(ctx: Context, r: dict[str, Any]) -> dict[str, Any]:
+            return {"name": ctx.migration.name, "migration_id": ctx.mid,
+                    "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
+                    "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
+                    "partitioning": r["partitioning"], "metadata": r["metadata"]}
+
+        r = resolved[0][1]
+        warnings, advice = widening_advice(cur, resolved)
+        found = [w for _, r2 in resolved for w in r2["warnings"]]
+        guards = governor_lines(cur, plan, [(r2["source"], p.columns) for p, r2 in resolved])
+        out = {"plan": str(path), "name": plan.name, "registered": False, "ok": True, **table(head, r),
+               "steps": described(head), **guards,
+               **hooks_and_warnings(plan, [*found, *warnings, *guards.pop("warnings")]), "also": advice}
+        if plan.also:
+            out["family"] = {"tables": [{**table(t, r2), "steps": described(t) if t is not head else []}
+                                        for t, (_, r2) in zip(members, resolved, strict=True)],
+                             "sql": text(family_step.describe(head, members, cur))}
+        return out, None
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.
     conn = db.connection()
@@ -92,19 +186,23 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         return describe(cur)
 
 
-def governor_lines(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, mid: int | None = None) -> dict[str, Any]:
+def governor_lines(cur: psycopg.Cursor, plan: Plan, tables: list[tuple[QualifiedName, dict[str, str]]],
+                   mid: int | None = None) -> dict[str, Any]:
     """What plan check says of the throttle (one line per input, from the governor's own readings
-    and verdicts) and the backfill's preflight (the space and the WAL it takes), and a warning
-    when a guard would hold mover at its first range now."""
+    and verdicts) and the backfill's preflight for each table moved (the space and the WAL it
+    takes; a family's summed), and a warning when a guard would hold mover at its first range now."""
     guards = throttle.describe(cur, plan, mid)
-    pre = backfill.preflight(cur, source, plan.columns)
+    pres = [(source, backfill.preflight(cur, source, columns)) for source, columns in tables]
+    lines = [line if len(pres) == 1 else f"{source}: {line}" for source, pre in pres for line in pre["lines"][:2]]
+    lines += pres[0][1]["lines"][2:]
+    estimates = {k: sum(pre[k] for _, pre in pres) for k in pres[0][1] if k != "lines"}
     warnings = [f"mover would wait at its first range now: {guards['wait']}"] if guards["wait"] else []
-    return {"throttle": guards["lines"], "preflight": pre["lines"],
-            "estimates": {k: v for k, v in pre.items() if k != "lines"}, "server": guards["readings"],
+    return {"throttle": guards["lines"], "preflight": lines, "estimates": estimates, "server": guards["readings"],
             "warnings": warnings}
 
 
-def provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migration:
+def provisional(plan: Plan, r: dict[str, Any], mid: int = 0, *, family: int | None = None,
+                position: int | None = None, operator_schemas: list[str] | None = None) -> control.Migration:
     """A migration row as registration would write it, for describing a plan not yet registered."""
     now = datetime.now(UTC)
     return control.Migration(
@@ -113,7 +211,10 @@ def provisional(plan: Plan, r: dict[str, Any], mid: int = 0) -> control.Migratio
         target=r["target"], old=r["old"], key_columns=r["key"], step="create_target", state="pending",
         paused=False, error=None, created_at=now, updated_at=now, cutover_at=None, cutover_lock_ms=None,
         window_ends_at=None, finished_at=None, lease_owner=None, lease_host=None, lease_pid=None,
-        lease_expires_at=None, settings={"search_path": search_path(r["operator_schemas"])})
+        lease_expires_at=None,
+        settings={"search_path": search_path(operator_schemas if operator_schemas is not None
+                                             else r["operator_schemas"])},
+        family_id=family, family_position=position)
 
 
 def hooks_and_warnings(plan: Plan, found: list[str] | None = None) -> dict[str, Any]:
@@ -170,21 +271,27 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
             same_shape(existing, plan)
             if existing.plan != plan.canonical():
                 changes = edits_check.check(cur, existing, plan)
-                control.update_plan(cur, existing.id, plan.canonical(), actor, [c.describe() for c in changes])
+                update_plan(cur, existing, plan, actor, [c.describe() for c in changes])
                 for c in changes:
                     log.warning("plan of %r updated: %s", plan.name, c.describe())
             return control.get_by_id(cur, existing.id)
-        r = resolve(cur, plan)
-        m = control.register(cur, name=plan.name, plan=plan.canonical(),
-                             plan_hash=plan.shape_hash(r["source"].schema),
-                             source=r["source"], target=r["target"], old=r["old"], key=r["key"], actor=actor,
-                             settings={**conversion_settings(cur),
-                                       "search_path": search_path(r["operator_schemas"])})
-        # The shape is described under the search_path every later step runs with: format_type and
-        # pg_get_expr qualify names by it, and a description read under another would differ.
-        db.pin_local(cur, m.settings)
-        shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/catalog/shape.py)
-        return m
+        resolved = resolve_tables(cur, plan)
+        # One search_path for the family: the one its sessions run with (every table's key operators').
+        settings = {**conversion_settings(cur),
+                    "search_path": search_path([x for _, r in resolved for x in r["operator_schemas"]])}
+        head: control.Migration | None = None
+        for i, (table, r) in enumerate(resolved):
+            m = control.register(cur, name=table.name, plan=table.canonical(),
+                                 plan_hash=table.shape_hash(r["source"].schema), source=r["source"], target=r["target"],
+                                 old=r["old"], key=r["key"], actor=actor, settings=settings, family=head,
+                                 position=i if plan.also else None)
+            head = head or m
+            # The shape is described under the search_path every later step runs with: format_type and
+            # pg_get_expr qualify names by it, and a description read under another would differ.
+            db.pin_local(cur, m.settings)
+            shape.record(cur, m.id, source=r["source"])  # fixed from here on (mover/catalog/shape.py)
+        assert head is not None
+        return control.get_by_id(cur, head.id)
     try:
         return db.transaction(register, label="register")
     except psycopg.errors.UniqueViolation as exc:
@@ -193,13 +300,21 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
             from exc
 
 
+def update_plan(cur: psycopg.Cursor, m: control.Migration, plan: Plan, actor: str, changes: list[str]) -> None:
+    """Tunables changed (the shape hash is the same): stored with the migration, and with each other
+    table of its family (each table's plan is derived from the family's, plan.tables())."""
+    control.update_plan(cur, m.id, plan.canonical(), actor, changes)
+    for row, table in zip(control.family(cur, m)[1:], plan.tables()[1:], strict=True):
+        control.update_plan(cur, row.id, dataclasses.replace(table, name=row.name).canonical(), actor, changes)
+
+
 def locate(db: Database, name_or_plan: str, actor: str) -> control.Migration:
     """A migration by name, or the one a plan file defines (registering it if need be); an aborted
-    one is refused (its plan file starts it afresh)."""
+    one is refused (its plan file starts it afresh). A table of a family is the family (its head)."""
     if name_or_plan.endswith(".toml") or Path(name_or_plan).is_file():
         m = register_or_load(db, load_plan(name_or_plan), actor)
     else:
-        m = db.transaction(lambda cur: control.get(cur, name_or_plan))
+        m = db.transaction(lambda cur: control.head_of(cur, control.get(cur, name_or_plan)))
     if m.state == "aborted":
         raise BadInput(f"migration {m.name!r} was aborted", hint=AFRESH)
     return m

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from mover.db import Database, bind
+from mover.db import Database
 from mover.engines import query_rehearsal
 from mover.engines.context import Context
+from mover.runner import family
 from mover.state import control
 
 
 def rehearse(db: Database, name: str, *, top: int | None = None) -> dict[str, Any]:
     """The rehearsal as plain data (query_rehearsal.summary); the caller decides the exit code."""
-    m = db.transaction(bind(control.get, name), label="rehearse")
-    control.require_command(m, "rehearse")
+    # A family's table names its family; the family's step (its tables' earliest) decides, and
+    # every table is rehearsed.
+    m = db.transaction(lambda cur: control.head_of(cur, control.get(cur, name)), label="rehearse")
     # The migration's recorded session settings pinned, as for any of its commands.
     ctx = Context(db=db, migration=m, owner="rehearse")
+    control.require_command(family.as_family(db.transaction(ctx.family, label="rehearse")), "rehearse")
     return query_rehearsal.of_migration(ctx, top=top)

@@ -24,9 +24,9 @@ WAIT_SECONDS = 1.0  # between looks at a migration whose next range work has not
 def work(db: Database, name: str, *, threads: int, report: Reporter, stop: threading.Event) -> None:
     """Help with the ranges of the backfill, then of a reconcile pass the orchestrator has started;
     return when there are none left to take (or the migration ended)."""
-    served: set[str] = set()
+    served: set[tuple[int, str]] = set()
     while not stop.is_set():
-        m = db.transaction(lambda cur: control.get(cur, name))
+        m = db.transaction(lambda cur: working_table(cur, control.get(cur, name)))
         if m.state in ("aborted", "failed", "done"):
             return
         if m.step in control.SETTING_UP:
@@ -35,7 +35,7 @@ def work(db: Database, name: str, *, threads: int, report: Reporter, stop: threa
         if m.step not in control.HELPED:
             return
         kind = backfill_engine.KIND if m.step == "backfill" else reconcile_engine.KIND
-        if kind in served:
+        if (m.id, kind) in served:
             if kind == backfill_engine.KIND and db.transaction(bind(control.lease_live, m.id)):
                 stop.wait(WAIT_SECONDS)  # the orchestrator builds the indexes; a reconcile pass comes next
                 continue
@@ -47,8 +47,17 @@ def work(db: Database, name: str, *, threads: int, report: Reporter, stop: threa
                 continue
             if st["exhausted"] and st["open"] == 0:
                 return  # no pass is under way: nothing to help with
-        served.add(kind)
+        served.add((m.id, kind))
         serve(db, m, kind, threads, report, stop)
+
+
+def working_table(cur: psycopg.Cursor, m: control.Migration) -> control.Migration:
+    """The table whose ranges a helper takes: the migration's; in a family (issue 27), whose tables
+    take their turns, the first table at the family's step (the one its orchestrator works on)."""
+    rows = control.family(cur, control.head_of(cur, m))
+    order = [*control.STEPS, control.FINISHED]
+    step = min((r.step for r in rows), key=order.index)
+    return next(r for r in rows if r.step == step)
 
 
 def serve(db: Database, m: control.Migration, kind: str, threads: int, report: Reporter,

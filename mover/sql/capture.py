@@ -156,9 +156,10 @@ def drop_table(table: QualifiedName) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {t}").format(t=table.ident)
 
 
-def _sync_keys(m: Mapping) -> sql.Composed:
+def _sync_keys(m: Mapping, suffix: str = "") -> sql.Composed:
     """CTEs that bring the destination rows of the keys in CTE `keys` to their source state:
-    delete those whose source row is gone, upsert the others."""
+    delete those whose source row is gone, upsert the others. `suffix` names the CTEs apart when
+    one statement replays several tables (replay_family)."""
     k = m.key
     conflict = k + m.dst_partition
     action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
@@ -173,19 +174,20 @@ def _sync_keys(m: Mapping) -> sql.Composed:
         d=sql.SQL(", ").join(sql.Identifier("d", c) for c in m.dst_partition),
         s=sql.SQL(", ").join(sql.Identifier("s", c) for c in m.dst_partition)) if m.dst_partition else sql.SQL(""))
     return sql.SQL(
-        """gone AS (
-    DELETE FROM {dst} d USING keys l
+        """{gone} AS (
+    DELETE FROM {dst} d USING {keys} l
     WHERE {d_eq_l} AND NOT EXISTS (SELECT 1 FROM {src} s WHERE {s_eq_l}{moved})
     RETURNING 1
-), upserted AS (
+), {upserted} AS (
     INSERT INTO {dst} AS d ({cols}){overriding}
-    SELECT {values} FROM {src} s JOIN keys l ON {s_eq_l}
+    SELECT {values} FROM {src} s JOIN {keys} l ON {s_eq_l}
     ON CONFLICT ({key_cols}) {action}
     RETURNING 1
 )"""
     ).format(dst=m.dst.ident, src=m.src.ident, d_eq_l=key_equal("d", "l", k), s_eq_l=key_equal("s", "l", k),
              cols=ident_list(c.name for c in m.columns), overriding=overriding(m), values=source_values("s", m),
-             key_cols=ident_list(conflict), action=action, moved=moved)
+             key_cols=ident_list(conflict), action=action, moved=moved, gone=sql.Identifier("gone" + suffix),
+             upserted=sql.Identifier("upserted" + suffix), keys=sql.Identifier("keys" + suffix))
 
 
 def replay(m: Mapping, log: QualifiedName, *, covered: sql.Composable, skip_locked: bool) -> sql.Composed:
@@ -206,6 +208,33 @@ SELECT (SELECT count(*) FROM claimed), (SELECT count(*) FROM gone), (SELECT coun
 """
     ).format(log=log.ident, covered=covered, skip=sql.SQL(" SKIP LOCKED") if skip_locked else sql.SQL(""),
              lkey=lkey, sync=_sync_keys(m))
+
+
+def replay_family(parts: list[tuple[Mapping, QualifiedName, sql.Composable]], *, skip_locked: bool) -> sql.Composed:
+    """replay() of several tables' logs in ONE statement: for each (mapping, log, covered), claim up
+    to %(limit)s log rows (NULL: all of them), delete the destination rows whose source row is
+    gone, upsert the others. One statement, one snapshot of every source and log; and the
+    destinations' foreign keys between these tables are checked once, at the end of the
+    statement, against the state it reached: a child replayed with its new parent, a parent
+    deleted with its children, never one before the other (docs/design.md "Families"). Returns
+    one row: claimed, deleted, upserted for each part in turn."""
+    ctes: list[sql.Composable] = []
+    counts: list[sql.Composable] = []
+    for i, (m, log, covered) in enumerate(parts):
+        lkey = sql.SQL(", ").join(sql.Identifier("l", c) for c in m.key)
+        claimed, keys = sql.Identifier(f"claimed_{i}"), sql.Identifier(f"keys_{i}")
+        ctes.append(sql.SQL(
+            """{claimed} AS (
+    DELETE FROM {log} l WHERE l.seq IN (
+        SELECT c.seq FROM {log} c WHERE {covered} ORDER BY c.seq LIMIT %(limit)s FOR UPDATE{skip})
+    RETURNING {lkey}
+), {keys} AS (
+    SELECT DISTINCT {lkey} FROM {claimed} l
+), {sync}""").format(claimed=claimed, keys=keys, log=log.ident, covered=covered, lkey=lkey,
+                     skip=sql.SQL(" SKIP LOCKED") if skip_locked else sql.SQL(""), sync=_sync_keys(m, f"_{i}")))
+        counts += [sql.SQL("(SELECT count(*) FROM {})").format(sql.Identifier(f"{name}_{i}"))
+                   for name in ("claimed", "gone", "upserted")]
+    return sql.SQL("WITH {}\nSELECT {}").format(sql.SQL(",\n").join(ctes), sql.SQL(", ").join(counts))
 
 
 def replay_keys(m: Mapping) -> sql.Composed:

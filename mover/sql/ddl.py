@@ -238,3 +238,34 @@ def add_generated_column(table: QualifiedName, column: str, type_text: str, coll
 
 def comment_on_column(table: QualifiedName, column: str, comment: str) -> sql.Composed:
     return sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(table.ident, sql.Identifier(column), sql.Literal(comment))
+
+
+FK_ACTIONS = {"a": "NO ACTION", "r": "RESTRICT", "c": "CASCADE", "n": "SET NULL", "d": "SET DEFAULT"}
+FK_MATCH = {"f": "MATCH FULL", "s": "MATCH SIMPLE", "p": "MATCH PARTIAL"}
+
+
+def add_foreign_key(table: QualifiedName, name: str, columns: tuple[str, ...], parent: QualifiedName,
+                    ref_columns: tuple[str, ...], *, match: str, on_update: str, on_delete: str,
+                    delete_set: tuple[str, ...] = (), deferrable: bool = False, deferred: bool = False,
+                    not_valid: bool = False, not_enforced: bool = False, period: bool = False) -> sql.Composed:
+    """The foreign key pg_constraint describes (confmatchtype, confupdtype, confdeltype, confdelsetcols,
+    condeferrable, condeferred as one-letter codes and names; conenforced and conperiod on 18),
+    between two other tables: built from its parts, so pg_get_constraintdef prints it as it printed
+    the original (the referenced table's name aside)."""
+    def listed(names: tuple[str, ...]) -> sql.Composed:
+        parts: list[sql.Composable] = [sql.Identifier(c) for c in names]
+        if period:  # the last column of each list is the PERIOD one
+            parts[-1] = sql.SQL("PERIOD {}").format(parts[-1])
+        return sql.SQL(", ").join(parts)
+    cols, refs = listed(columns), listed(ref_columns)
+    on_delete_sql: sql.Composable = trusted(FK_ACTIONS[on_delete], "keyword")
+    if delete_set:
+        on_delete_sql = sql.SQL("{} ({})").format(on_delete_sql, sql.SQL(", ").join(sql.Identifier(c)
+                                                                                     for c in delete_set))
+    return sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {n} FOREIGN KEY ({c}) REFERENCES {p} ({r}) {m}"
+                   " ON UPDATE {u} ON DELETE {d}{defer}{nv}").format(
+        t=table.ident, n=sql.Identifier(name), c=cols, p=parent.ident, r=refs, m=trusted(FK_MATCH[match], "keyword"),
+        u=trusted(FK_ACTIONS[on_update], "keyword"), d=on_delete_sql,
+        defer=sql.SQL(" DEFERRABLE INITIALLY DEFERRED") if deferred else sql.SQL(" DEFERRABLE") if deferrable
+        else sql.SQL(""),
+        nv=sql.SQL(" NOT ENFORCED") if not_enforced else sql.SQL(" NOT VALID") if not_valid else sql.SQL(""))

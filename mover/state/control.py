@@ -69,6 +69,11 @@ class Migration:
     # The conversion settings fixed at registration (mover/db.py CONVERSION_SETTINGS); empty for a
     # migration registered before they were recorded.
     settings: dict[str, str] = field(default_factory=dict)
+    # A table of a family (issue 27): the head's id (the head's own row included) and the table's
+    # place in the plan (0: the head, [migration] source; then the [[also]] tables); None for a
+    # migration of one table.
+    family_id: int | None = None
+    family_position: int | None = None
 
     @classmethod
     def from_row(cls, r: dict[str, Any]) -> Migration:
@@ -83,7 +88,13 @@ class Migration:
             window_ends_at=r["window_ends_at"], finished_at=r["finished_at"],
             lease_owner=r["lease_owner"], lease_host=r["lease_host"], lease_pid=r["lease_pid"],
             lease_expires_at=r["lease_expires_at"], settings=dict(r.get("session_settings") or {}),
+            family_id=r.get("family_id"), family_position=r.get("family_position"),
         )
+
+    @property
+    def head(self) -> bool:
+        """The row the operator names: a migration of one table, or a family's head."""
+        return self.family_id is None or self.family_id == self.id
 
     @property
     def live(self) -> QualifiedName:
@@ -249,7 +260,10 @@ def next_id(cur: psycopg.Cursor) -> int:
 
 def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash: str, source: QualifiedName,
              target: QualifiedName, old: QualifiedName, key: list[str], actor: str,
-             settings: dict[str, str]) -> Migration:
+             settings: dict[str, str], family: Migration | None = None, position: int | None = None) -> Migration:
+    """A new migration row with its steps. A family's tables: the head with position 0 (its
+    family_id is its own id), then each other table with the head as `family`."""
+    family_id = None if position is None else family.id if family is not None else None
     cur.execute(
         """
         INSERT INTO mover.migrations (name, plan, plan_hash, source_schema, source_table, target_schema,
@@ -260,11 +274,30 @@ def register(cur: psycopg.Cursor, *, name: str, plan: dict[str, Any], plan_hash:
          old.schema, old.name, key, json.dumps(settings)),
     )
     mid = one(cur)[0]
+    if position is not None:
+        cur.execute("UPDATE mover.migrations SET family_id = %s, family_position = %s WHERE id = %s",
+                    (family_id if family_id is not None else mid, position, mid))
     cur.executemany("INSERT INTO mover.steps (migration_id, name, position) VALUES (%s, %s, %s)",
                     [(mid, s, i) for i, s in enumerate(STEPS)])
-    event(cur, mid, actor, None, "registered", f"migration {name!r} registered",
+    event(cur, mid, actor, None, "registered", f"migration {name!r} registered"
+          + (f" (table {position + 1} of family {family.name!r})" if family is not None and position else ""),
           {"plan": plan, "settings": settings})
     return get_by_id(cur, mid)
+
+
+def family(cur: psycopg.Cursor, m: Migration) -> list[Migration]:
+    """The tables `m` moves together, in the plan's order (the head first): [m] for a migration
+    of one table."""
+    if m.family_id is None:
+        return [m]
+    with cur.connection.cursor(row_factory=dict_row) as dcur:
+        dcur.execute("SELECT * FROM mover.migrations WHERE family_id = %s ORDER BY family_position", (m.family_id,))
+        return [Migration.from_row(r) for r in dcur.fetchall()]
+
+
+def head_of(cur: psycopg.Cursor, m: Migration) -> Migration:
+    """The row the operator's commands act on: the family's head, or `m` itself."""
+    return m if m.head else get_by_id(cur, m.family_id)  # type: ignore[arg-type]
 
 
 def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str,
@@ -631,20 +664,27 @@ def mark_recaptured(cur: psycopg.Cursor, m: Migration, owner: str, *, slot: str)
 
 def set_paused(cur: psycopg.Cursor, name: str, paused: bool, actor: str) -> Migration:
     """`mover pause` / `unpause`: a flag the workers read; no lease needed, the row lock orders it."""
-    m = get(cur, name, lock=True)
+    m = head_of(cur, get(cur, name, lock=True))
     require_command(m, "pause" if paused else "unpause")
     cur.execute("UPDATE mover.migrations SET paused = %s, updated_at = now() WHERE id = %s"
                 " AND state NOT IN ('done', 'aborted')", (paused, m.id))
     _one_row(cur, m.id, "pause" if paused else "unpause")
+    if m.family_id is not None:  # every table of the family: each one's workers read its own row
+        cur.execute("UPDATE mover.migrations SET paused = %s, updated_at = now() WHERE family_id = %s AND id <> %s"
+                    " AND state NOT IN ('done', 'aborted')", (paused, m.family_id, m.id))
     event(cur, m.id, actor, None, "paused" if paused else "unpaused",
           "paused by the operator" if paused else "unpaused by the operator")
     return m
 
 
 def set_aside_aborted(cur: psycopg.Cursor, m: Migration, actor: str) -> None:
-    """Keep an aborted attempt's history under another name, so that its plan can start afresh."""
+    """Keep an aborted attempt's history under another name, so that its plan can start afresh
+    (a family's tables with it: their names come back with the plan)."""
     cur.execute("UPDATE mover.migrations SET name = name || '#' || id WHERE id = %s AND state = 'aborted'", (m.id,))
     _one_row(cur, m.id, "be set aside")
+    if m.family_id is not None:
+        cur.execute("UPDATE mover.migrations SET name = name || '#' || id WHERE family_id = %s AND id <> %s"
+                    " AND state = 'aborted'", (m.family_id, m.id))
     event(cur, m.id, actor, None, "set_aside", f"renamed {m.name!r} to {m.name}#{m.id}: its plan starts afresh")
 
 

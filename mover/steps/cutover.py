@@ -64,10 +64,6 @@ class Cutover(Step):
             out.append("-- then, on the partitioned table (attaches the partitions' validated copies, no scan):")
             out += [carry.attach_sql(*c) for c in carried.to_attach]
         out += [f"-- {note}" for note in carried.notes if "no partner" not in note or introspect.exists(cur, m.target)]
-        source_oid = introspect.table_oid(cur, m.source)
-        if source_oid is not None:
-            out += [f"-- warning: {w}" for w in
-                    introspect.narrower_referencing_columns(cur, source_oid, dict(ctx.plan.columns))]
         if ctx.plan.drop_foreign_keys:
             out.append(f"-- foreign keys not carried over (acknowledged in [target] drop_foreign_keys): "
                        f"{', '.join(ctx.plan.drop_foreign_keys)}; they stay on the old table, so after retire "

@@ -71,7 +71,10 @@ def attempts(story: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]]:
     """The migrations (one name: it and its aborted attempts, which registration set aside as
     NAME#id), oldest first."""
-    migrations = control.list_all(cur)
+    everything = control.list_all(cur)
+    # A family's tables (issue 27) are listed within it, each with its own steps.
+    tables_of = {m.id: [t for t in everything if t.family_id == m.id and t.id != m.id] for m in everything if m.head}
+    migrations = [m for m in everything if m.head]
     if name is not None:
         migrations = [m for m in migrations if m.name == name or m.name.startswith(f"{name}#")]
         if not migrations:
@@ -80,22 +83,26 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
     cur.execute("SELECT migration_id, count(*) FILTER (WHERE kind = 'rolled_back'),"
                 " count(*) FILTER (WHERE kind = 'failed') FROM mover.events GROUP BY migration_id")
     counts = {mid: (rolled_back, failed) for mid, rolled_back, failed in cur.fetchall()}
-    result = []
-    for m in migrations:
-        tried = attempts(control.story(cur, m.id))
-        steps = []
-        for s in control.steps(cur, m.id):
-            # The step's time is that of the attempt that finished it, not the span of all its attempts.
-            done = [a for a in tried if a["step"] == s["name"] and a["outcome"] == "done"]
-            steps.append({"name": s["name"], "status": s["status"], "started_at": iso(s["started_at"]),
-                          "finished_at": iso(s["finished_at"]),
-                          "seconds": done[-1]["seconds"] if done else None,
-                          "attempts": sum(a["step"] == s["name"] for a in tried)})
-        total = None if m.finished_at is None else round((m.finished_at - m.created_at).total_seconds(), 3)
-        rolled_back, failures = counts.get(m.id, (0, 0))
-        result.append({"name": m.name, "id": m.id, "outcome": outcome(m),
-                       "step": control.shown_step(m.step), "state": m.state,
-                       "source": str(m.source), "created_at": iso(m.created_at), "finished_at": iso(m.finished_at),
-                       "seconds": total, "cutover_lock_ms": m.cutover_lock_ms, "rollbacks": rolled_back,
-                       "failures": failures, "steps": steps, "attempts": tried})
-    return result
+    return [entry(cur, m, counts, [entry(cur, t, counts, []) for t in tables_of.get(m.id, [])])
+            for m in migrations]
+
+
+def entry(cur: psycopg.Cursor, m: control.Migration, counts: dict[int, tuple[int, int]],
+          tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """One migration's history (one table's, within a family)."""
+    tried = attempts(control.story(cur, m.id))
+    steps = []
+    for s in control.steps(cur, m.id):
+        # The step's time is that of the attempt that finished it, not the span of all its attempts.
+        done = [a for a in tried if a["step"] == s["name"] and a["outcome"] == "done"]
+        steps.append({"name": s["name"], "status": s["status"], "started_at": iso(s["started_at"]),
+                      "finished_at": iso(s["finished_at"]),
+                      "seconds": done[-1]["seconds"] if done else None,
+                      "attempts": sum(a["step"] == s["name"] for a in tried)})
+    total = None if m.finished_at is None else round((m.finished_at - m.created_at).total_seconds(), 3)
+    rolled_back, failures = counts.get(m.id, (0, 0))
+    return {"name": m.name, "id": m.id, "outcome": outcome(m), "step": control.shown_step(m.step),
+            "state": m.state, "source": str(m.source), "created_at": iso(m.created_at),
+            "finished_at": iso(m.finished_at), "seconds": total, "cutover_lock_ms": m.cutover_lock_ms,
+            "rollbacks": rolled_back, "failures": failures, "steps": steps, "attempts": tried,
+            **({"tables": tables} if tables else {})}

@@ -24,23 +24,31 @@ from mover.views import history, status
 
 
 def gather(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
-    m = control.get(cur, name)
+    m = control.head_of(cur, control.get(cur, name))
     story = control.story(cur, m.id)
     points = samples.read(cur, m.id)
+    # A family's (issue 27): every table's events and divergences, each naming its table; the
+    # status holds each table's progress and the whole's; the samples are the whole's.
+    rows = control.family(cur, m)
+    tables = {row.id: str(row.source) for row in rows} if len(rows) > 1 else {}
+    merged = story if not tables else sorted(
+        [{**e, "table": tables[row.id]} for row in rows for e in (story if row.id == m.id else
+                                                                   control.story(cur, row.id))],
+        key=lambda e: (e["at"], e["id"]))
     return {
         "name": m.name,
         "status": status.status_of(cur, m),
         "plan": m.plan,
         "attempts": history.attempts(story),
-        "events": [_event(e) for e in story],
+        "events": [_event(e) for e in merged],
         "samples": [{**p, "at": status.iso(p["at"])} for p in points],
         "rates": {kind: [(status.iso(at), round(r, 1)) for at, r in samples.rates(points, f"{kind}_rows")]
                   for kind in ("backfill", "reconcile")},
         "divergences": [{**d, "found_at": status.iso(d["found_at"]), "resolved_at": status.iso(d["resolved_at"]),
-                         "checked_at": status.iso(d["checked_at"])}
-                        for d in control.list_divergences(cur, m.id, include_resolved=True)],
+                         "checked_at": status.iso(d["checked_at"]), **({"table": tables[row.id]} if tables else {})}
+                        for row in rows for d in control.list_divergences(cur, row.id, include_resolved=True)],
         "locks": [_event(e) for e in story if _lock_event(e)],
-        "actors": _actors(story),
+        "actors": _actors(merged),
     }
 
 
@@ -213,6 +221,11 @@ def render_html(r: dict[str, Any]) -> str:
     story = _table(["at", "who", "step", "kind", "message", "ms"],
                    [[e["at"], e["actor"], e["step"], e["kind"], e["message"],
                      "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}"] for e in r["events"]])
+    family = _table(["table", "step / state", "rows copied", "rows compared", "divergences", "cutover lock (ms)"],
+                    [[x["tables"]["source"], f"{x['step']} / {x['state']}", f"{x['backfill']['rows_copied']:,}",
+                      f"{x['reconcile']['rows_compared']:,}", x["divergences"],
+                      "" if not x["cutover"] else f"{x['cutover']['lock_ms']:.1f}"]
+                     for x in (st.get("family") or {}).get("tables", [])]) if st.get("family") else ""
     t = st["tables"]
     summary = _table(None, [
         ["step / state", f"{st['step']} / {st['state']}"],
@@ -236,7 +249,7 @@ def render_html(r: dict[str, Any]) -> str:
 <style>{CSS}</style></head><body>
 <h1>mover report: {esc(r['name'])}</h1>
 <p>created {esc(st['created_at'] or '')}; finished {esc(st['finished_at'] or 'not yet')}</p>
-<h2 id="summary">Summary</h2>{summary}
+<h2 id="summary">Summary</h2>{summary}{"<h2 id='tables'>Each table</h2>" + family if family else ""}
 <h2 id="timeline">Step timeline</h2>{timeline}
 <h2 id="charts">Throughput and backlog</h2>{rates}{backlog}{lag}
 <h2 id="divergences">Divergences and their resolution</h2>{divs}

@@ -3,6 +3,7 @@ control schema and the catalog in one transaction. Reads only."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from datetime import datetime
 from typing import Any
@@ -61,6 +62,57 @@ def _workers(cur: psycopg.Cursor, m: control.Migration) -> tuple[int, int | None
 
 
 def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
+    """A migration's status; a family's (issue 27) is the whole family's: its step (the earliest of
+    its tables'), and backfill, capture, reconcile and divergences summed over its tables, with
+    each table's own under `family.tables` (the first table's names stay under `tables`)."""
+    out = _status_of(cur, m)
+    if m.family_id is None or not m.head:
+        return out
+    rows = control.family(cur, m)
+    each = [out if row.id == m.id else _status_of(cur, row) for row in rows]
+    out["family"] = {"tables": [_table(x, row) for x, row in zip(each, rows, strict=True)]}
+    order = [*control.STEPS, control.FINISHED]
+    earliest = min((row.step for row in rows), key=order.index)
+    out["step"] = control.shown_step(earliest)
+    for part in ("backfill", "reconcile", "capture"):
+        out[part] = _summed([x[part] for x in each])
+    out["divergences"] = sum(x["divergences"] for x in each)
+    return out
+
+
+def _summed(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first table's part, with every count summed over the family's tables (a nested count
+    too: divergences by kind)."""
+    out = dict(parts[0])
+    for key, value in parts[0].items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)) or (value is None and any(isinstance(p.get(key), (int, float))
+                                                                    for p in parts)):
+            if key.endswith("eta_seconds"):
+                etas = [float(p[key]) for p in parts if p.get(key) is not None]
+                out[key] = max(etas) if etas else None
+            elif key != "lag_seconds":
+                out[key] = sum(p.get(key) or 0 for p in parts)
+        elif isinstance(value, dict):
+            out[key] = _summed([p.get(key) or {} for p in parts])
+        elif isinstance(value, list) and key == "waiting_for":
+            out[key] = sorted({w for p in parts for w in p.get(key) or []})
+    return out
+
+
+def _table(st: dict[str, Any], m: control.Migration) -> dict[str, Any]:
+    """One table of a family, as `mover status` lists it."""
+    return {"name": st["name"], "position": m.family_position, "step": st["step"], "state": st["state"],
+            "tables": st["tables"], "tables_present": st["tables_present"], "key": st["key"],
+            "backfill": {k: st["backfill"][k] for k in ("rows_copied", "ranges_done", "ranges_total",
+                                                        "ranges_failed", "rows_estimate", "workers")},
+            "capture": st["capture"], "divergences": st["divergences"],
+            "reconcile": {k: st["reconcile"][k] for k in ("ranges_done", "ranges_total", "rows_compared")},
+            "cutover": st["cutover"]}
+
+
+def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
@@ -111,7 +163,12 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "created_at": iso(m.created_at),
         "finished_at": iso(m.finished_at),
         "partitions": _partitions(cur, m),
+        **({"family_of": None} if m.family_id is None or m.head else {"family_of": _head_name(cur, m)}),
     }
+
+
+def _head_name(cur: psycopg.Cursor, m: control.Migration) -> str:
+    return control.head_of(cur, m).name
 
 
 def named(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
@@ -120,16 +177,17 @@ def named(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
 
 
 def every(cur: psycopg.Cursor) -> list[dict[str, Any]]:
-    """`mover status`: every migration's."""
-    return [status_of(cur, m) for m in control.list_all(cur)]
+    """`mover status`: every migration's (a family's once, its tables within it)."""
+    return [status_of(cur, m) for m in control.list_all(cur) if m.head]
 
 
 def divergences(cur: psycopg.Cursor, name: str, include_resolved: bool = False) -> list[dict[str, Any]]:
     """`mover divergences NAME [--all]`: the open ones (or all), oldest first."""
     m = control.get(cur, name)
+    rows = control.family(cur, m) if m.head else [m]  # a family's: every table's, each naming its table
     return [{**d, "found_at": iso(d["found_at"]), "resolved_at": iso(d["resolved_at"]),
-             "checked_at": iso(d["checked_at"])}
-            for d in control.list_divergences(cur, m.id, include_resolved)]
+             "checked_at": iso(d["checked_at"]), **({"table": str(row.source)} if len(rows) > 1 else {})}
+            for row in rows for d in control.list_divergences(cur, row.id, include_resolved)]
 
 
 def events(cur: psycopg.Cursor, name: str, limit: int = 50) -> list[dict[str, Any]]:
@@ -237,6 +295,14 @@ def iso(value: datetime | None) -> str | None:
 def sample_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     """What a periodic sample records (mover/runner/sampler.py): counters and gauges only, from the same
     reads as status_of, so that a chart and the status never disagree on what a number means."""
+    if m.family_id is not None and m.head:  # a family's sample is the whole family's
+        each = [sample_of(cur, row) for row in control.family(cur, m) if row.id != m.id]
+        if each:
+            own = sample_of(cur, dataclasses.replace(m, family_id=None))
+            for key in ("backfill_rows", "reconcile_rows", "pending_forward", "pending_reverse", "workers"):
+                own[key] = own[key] + sum(x[key] for x in each)
+            own["waiting_for"] = sorted({*own["waiting_for"], *(w for x in each for w in x["waiting_for"])})
+            return own
     pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
     workers, range_rows, waiting = _workers(cur, m)

@@ -45,9 +45,9 @@ def watch(db: Database, name: str, show: Callable[[dict[str, Any]], None], *, in
 
 def snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
     """One reading of the migration, in one transaction (the readings are the caller's)."""
-    m = control.get(cur, name)
-    snap = status.status_of(cur, m)
-    snap["worker_list"] = status.workers_of(cur, m)
+    m = control.head_of(cur, control.get(cur, name))
+    snap = status.status_of(cur, m)  # a family's: the whole's, and each table's under "family"
+    snap["worker_list"] = [w for row in control.family(cur, m) for w in status.workers_of(cur, row)]
     snap["lock_waits"] = status.lock_waits(cur)
     cur.execute("SELECT now() - make_interval(secs => %s)", (WINDOW_SECONDS,))
     snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
@@ -130,10 +130,23 @@ def line(snap: dict[str, Any]) -> str:
              f"workers {snap['backfill']['workers']}", f"divergences {snap['divergences']}"]
     if (throttle := status.throttle_line(snap.get("throttle"))) is not None:
         parts.append(f"throttle {throttle}")
+    tables = _tables(snap)
+    if tables:  # a family's (issue 27): the fields above are the whole's, then each table's
+        parts.append("tables: " + "; ".join(" ".join(row) for row in tables))
     waits = _waiting(snap)
     if waits:
         parts.append("waiting: " + "; ".join(waits))
     return " | ".join(parts)
+
+
+def _tables(snap: dict[str, Any]) -> list[tuple[str, ...]]:
+    """A family's tables, one row each: name, step/state, rows copied, pending keys, reconcile
+    ranges verified, divergences (the whole's figures are the sums)."""
+    return [(t["tables"]["source"], f"{t['step']}/{t['state']}", f"{t['backfill']['rows_copied']:,} copied",
+             f"{t['capture']['pending']:,} pending",
+             f"{t['reconcile']['ranges_done']}/{t['reconcile']['ranges_total']} verified",
+             f"{t['divergences']} divergences")
+            for t in (snap.get("family") or {}).get("tables", [])]
 
 
 def screen(snap: dict[str, Any]) -> RenderableType:
@@ -195,12 +208,21 @@ def screen(snap: dict[str, Any]) -> RenderableType:
     for e in snap["recent_events"]:
         events.add_row(Text((e["at"] or "")[11:19], "dim"), e["kind"], Text(e["message"][:110]))
 
+    family = None
+    if snap.get("family"):  # each table of a family (issue 27); the panels above are the whole's
+        family = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+        for col in ("table", "step", "backfill", "capture", "reconcile", "divergences"):
+            family.add_column(col)
+        for row in _tables(snap):
+            family.add_row(*row)
+
     grid = Table.grid(expand=True, padding=(0, 1))
     grid.add_column(ratio=1)
     grid.add_column(ratio=2)
     grid.add_row(Panel(timeline, title="steps"), Group(Panel(progress, title="progress"),
                                                        Panel(capture, title="capture")))
-    return Group(Panel(head), grid, Panel(workers, title="workers"),
+    return Group(Panel(head), grid, *([Panel(family, title="tables")] if family is not None else []),
+                 Panel(workers, title="workers"),
                  Panel(Group(Text.assemble(("divergences: ", "bold"), divs),
                              Text.assemble(("waiting for: ", "bold"), waiting),
                              Text.assemble(("throttle: ", "bold"), governed)), title="attention"),

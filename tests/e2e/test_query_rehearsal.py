@@ -239,3 +239,69 @@ def test_a_rehearsal_holds_no_lock_a_writer_waits_for(server, tmp_path):
     assert code == 0, err
     assert run_sql(dsn, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
                         " WHERE a.application_name LIKE 'mover%%'")[0][0] == 0
+
+
+FAMILY = """
+CREATE TABLE customers (id int PRIMARY KEY, name text);
+INSERT INTO customers SELECT g, 'c' || g FROM generate_series(1, 2000) g;
+CREATE TABLE orders (id int PRIMARY KEY, customer_id int NOT NULL REFERENCES customers, code numeric);
+INSERT INTO orders SELECT g, 1 + g % 2000, g % 2000 FROM generate_series(1, 20000) g;
+CREATE INDEX orders_by_customer ON orders (customer_id);
+CREATE INDEX orders_by_code ON orders (code);
+ANALYZE customers, orders;
+"""
+
+FAMILY_PLAN = """
+[migration]
+name = "family"
+source = "public.customers"
+
+[target]
+columns = { id = "bigint" }
+
+[[also]]
+source = "public.orders"
+columns = { customer_id = "bigint", code = "integer" }
+accept_lossy = ["code"]
+
+[cutover]
+rehearse = true
+
+[rollback]
+window = "1h"
+"""
+
+
+def test_a_family_rehearses_every_table_and_its_cutover_refuses_a_slower_one(server, tmp_path):
+    """A family (issue 27): `mover rehearse` plans the statements of every table on its target, and
+    the family's cutover with `[cutover] rehearse = true` refuses the swap of all (nothing swapped)
+    while a statement on any table (here the second: a numeric column made integer, compared with
+    a numeric parameter) plans markedly worse."""
+    dsn = database(server, "family_rehearsal", rows=10)
+    run_sql(dsn, FAMILY)
+    r = mover(dsn, "run", write_plan(tmp_path / "family.toml", FAMILY_PLAN))
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+        for i in range(30):
+            conn.execute("SELECT * FROM customers WHERE id = %s", (i,))
+            conn.execute("SELECT id FROM orders WHERE customer_id = %s", (i,))
+            conn.execute("SELECT id FROM orders WHERE code = %s::numeric", (i,))
+
+    code, result, err = rehearse(dsn, "family/public.orders")  # a table's name is its family's
+    assert code == 3, err
+    assert [(t["source"], t["marked"]) for t in result["tables"]] == [('"public"."customers"', 0),
+                                                                     ('"public"."orders"', 1)], result["tables"]
+    [slower] = [s for s in result["tables"][1]["statements"] if s["marked"]]
+    assert "code = $1::numeric" in slower["statement"] and slower["verdict"] == "seq_scan", slower
+    customer = [s for s in result["tables"][0]["statements"] if "customers WHERE id = $1" in s["statement"]]
+    assert [s["verdict"] for s in customer] == ["same"], customer
+
+    r = mover(dsn, "cutover", "family")
+    assert r.returncode == 3, r.stderr
+    err = " ".join(r.stderr.split())
+    assert 'plan markedly worse on "public"."orders_new" than on "public"."orders"' in err, err
+    st = json.loads(mover(dsn, "status", "family", "--json").stdout)
+    assert st["step"] == "cutover" and all(t["cutover"] is None for t in st["family"]["tables"]), st
+    assert mover(dsn, "set", "family", "cutover.rehearse=false").returncode == 0
+    r = mover(dsn, "cutover", "family")
+    assert r.returncode == 0, r.stderr

@@ -177,9 +177,11 @@ def test_real_schema_survives_swap_rollback_second_migration_and_retire(scenario
 
     r = mover(dsn, "plan", "check", plan)
     assert r.returncode == 0, r.stderr
-    # the int column referencing the widened key is named, with the way out
-    assert '"order_id" of public.order_lines (integer) references "id", which becomes bigint' in r.stdout
-    assert "second migration of public.order_lines" in r.stdout
+    # the int column referencing the widened key is named, with the way out: the [[also]] lines
+    # that widen it in the same migration, ready to paste (issue 27)
+    assert 'column "order_id" of "public"."order_lines" (integer) references "public"."Orders"."id", which' \
+           ' becomes bigint' in " ".join(r.stdout.split())
+    assert '[[also]]\nsource = "public.order_lines"\ncolumns = { order_id = "bigint" }' in r.stdout
 
     writer = Writer(dsn).start()
     try:

@@ -28,6 +28,7 @@ from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.state import control
 from mover.steps import family as family_step
+from mover.steps import rollback_window
 
 # Steps each table runs on its own; from the gate on the family moves as one.
 PER_TABLE = control.RANGE_STEPS
@@ -159,9 +160,7 @@ def retire(ctx: Context, *, force: bool = False, give_up_rows: bool = False) -> 
     members = require_command(ctx, "retire")
     m = ctx.refresh()
     if step_of(members) == "rollback_window" and not family_step.close(ctx, members, force=force):
-        ends = f" until {m.window_ends_at:%Y-%m-%d %H:%M:%S %Z}".rstrip() if m.window_ends_at else ""
-        raise Waiting(f"the rollback window of {m.name!r} is still open{ends}",
-                      hint=f"wait, or `mover retire {m.name} --force`")
+        raise rollback_window.still_open(m)
     ctx.give_up_rows = give_up_rows
     return advance(ctx)
 

@@ -82,9 +82,7 @@ def retire(ctx: Context, *, force: bool = False, give_up_rows: bool = False) -> 
     m = ctx.refresh()
     control.require_command(m, "retire")
     if m.step == "rollback_window" and not rollback_window.close(ctx, force=force):
-        ends = f" until {m.window_ends_at:%Y-%m-%d %H:%M:%S %Z}".rstrip() if m.window_ends_at else ""
-        raise Waiting(f"the rollback window of {m.name!r} is still open{ends}",
-                      hint=f"wait, or `mover retire {m.name} --force`")
+        raise rollback_window.still_open(m)
     ctx.give_up_rows = give_up_rows
     return advance(ctx)
 

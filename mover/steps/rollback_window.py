@@ -53,6 +53,14 @@ class RollbackWindow(Step):
                           f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}", hint=hint)
 
 
+def still_open(m: control.Migration) -> Waiting:
+    """What `mover retire` without --force says while the window of `m` (one table's, or a family's
+    head) is still open."""
+    ends = f" until {m.window_ends_at:%Y-%m-%d %H:%M:%S %Z}".rstrip() if m.window_ends_at else ""
+    return Waiting(f"the rollback window of {m.name!r} is still open{ends}",
+                   hint=f"wait, or `mover retire {m.name} --force`")
+
+
 def close(ctx: Context, *, force: bool) -> bool:
     """Apply the reverse log to the old table, then end the window if it is over (or now, with
     force). False while it is open."""

@@ -36,8 +36,9 @@ class Replica(EmbeddedPostgres):
         super()._prepare()  # directories, owner and binaries as for any server; its initdb is replaced
         shutil.rmtree(self.datadir)
         res = subprocess.run([self._bins.exe("pg_basebackup"), "-D", str(self.datadir), "-R", "-X", "stream",
-                              "--no-sync", "-d", self.primary_dsn], check=False, stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=120, **self._subprocess_kwargs())
+                              "--checkpoint=fast", "--no-sync", "-d", self.primary_dsn], check=False,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                             **self._subprocess_kwargs())
         if res.returncode != 0:
             raise RuntimeError(f"pg_basebackup failed: {res.stderr.strip()}")
 

@@ -295,12 +295,14 @@ def test_bookings_keep_their_exclusion_constraint_through_every_step(db_dsn, tmp
         assert conn.execute("SELECT count(*) FROM mover.divergences").fetchone()[0] == 0
 
 
-def test_rows_the_old_table_cannot_hold_under_its_constraint_are_divergences_retire_goes_ahead(db_dsn, tmp_path):
+def test_rows_the_old_table_cannot_hold_are_divergences_before_its_constraint_retire_goes_ahead(db_dsn, tmp_path):
     """In the rollback window the new table takes two bookings of rooms 1.04 and 1.01 at one
-    time (room widened to numeric(5,2)); the old table's numeric(4,1) holds both as room 1.0, where
-    its exclusion constraint rejects the second. The reverse replay makes that row a divergence
-    (the application's insert succeeded, nothing stuck): rollback refuses without
-    --give-up-rows, naming the row and the constraint; retire goes ahead, the row lives on."""
+    time (room widened to numeric(5,2)); the old table's numeric(4,1) would hold both as room 1.0,
+    where its exclusion constraint would reject the second. The way back refuses both first: a
+    value that does not come back unchanged is never written (mover/sql/mapping.py `checked`), so
+    no rounded row can meet the old table's constraint. Each is a divergence (the application's
+    insert succeeded, nothing stuck): rollback refuses without --give-up-rows, naming the rows;
+    retire goes ahead, the rows live on."""
     create_bookings(db_dsn, "numeric(4,1)", rows=[(1, 1.0, slot(0), "n"), (2, 2.0, slot(0), "n")])
     plan = write_plan(tmp_path / "booking.toml",
                       PLAN.replace('id = "bigint"', 'room = "numeric(5,2)"').format(partition=""))
@@ -310,12 +312,13 @@ def test_rows_the_old_table_cannot_hold_under_its_constraint_are_divergences_ret
     for id_, room in ((10, 1.04), (11, 1.01)):
         app_execute(db_dsn, "INSERT INTO booking VALUES (%s, %s, tsrange(%s, %s), 'window')", (id_, room, *slot(5)))
     r = mover(db_dsn, "run", "booking")
-    assert r.returncode == 3 and "1 rows exist only in" in r.stderr, r.stderr
+    message = " ".join(r.stderr.split())
+    assert r.returncode == 3 and "2 rows exist only in" in message, message
+    assert "'1.04' comes back as '1.00'" in message and "'1.01' comes back as '1.00'" in message, message
     r = mover(db_dsn, "rollback", "booking")
     assert r.returncode == 3, r.stderr
     message = " ".join(r.stderr.split())
-    assert "key ['11']" in message and 'exclusion constraint "booking_no_overlap_m' in message, message
-    assert "--give-up-rows" in message
+    assert "key ['10']" in message and "key ['11']" in message and "--give-up-rows" in message, message
     r = mover(db_dsn, "retire", "booking", "--force")
     assert r.returncode == 0, r.stderr
     assert exclusions(db_dsn) == {"booking": {"booking_no_overlap": DEFINITION}}

@@ -136,8 +136,8 @@ def one_method(dsn: str, workdir: Path, method: str, args) -> dict:
             kills["window"] += killed
             exits.append(code)
     finally:
-        bench.send_signal(signal.SIGINT)
-        out, err = bench.communicate(timeout=120)
+        bench.terminate()  # SIGTERM: a SIGINT may be ignored (a background job of a script inherits that)
+        bench.communicate(timeout=120)
     sync = subprocess.run(cli(db, "run", name), capture_output=True, text=True, cwd=ROOT)
     st = status(db, name)
     old = st["tables"]["old"].split(".")[-1].strip('"')

@@ -283,7 +283,8 @@ def report(r: dict) -> str:
                  ("run", "lock held ms", "drained under lock", "cutover wall ms", "app p50 ms", "app p99 ms",
                   "app worst during cutover ms", "worst beyond p99 ms"))
     locks = sorted(run["lock_ms"] for run in ok)
-    stalls = sorted(run["worst_beyond_p99_ms"] for run in ok)
+    # None where pgbench had ended before the swap committed: no transaction overlapped its lock.
+    stalls = sorted(x for run in ok if (x := run["worst_beyond_p99_ms"]) is not None) or ["-"]
     if r["schema"] == "family":
         singles = sorted(run["single_table"]["lock_ms"] for run in ok if run.get("single_table", {}).get("lock_ms"))
         pairs = table([(i, (run.get("single_table") or {}).get("lock_ms"), run["lock_ms"]) for i, run in enumerate(ok)],

@@ -199,12 +199,13 @@ def test_bookings_keep_their_temporal_key_and_period_foreign_keys_through_every_
                 conn.execute(statement, params)
 
 
-def test_rows_the_old_table_cannot_hold_under_its_temporal_key_are_divergences_retire_goes_ahead(db_dsn, tmp_path):
+def test_rows_the_old_table_cannot_hold_are_divergences_before_its_temporal_key_retire_goes_ahead(db_dsn, tmp_path):
     """In the rollback window the new table takes two bookings of rooms 1.04 and 1.01 in
-    overlapping periods (room widened to numeric(5,2)); the old table's numeric(4,1) holds both as
-    room 1.0, where its temporal key rejects the second. The reverse replay makes that row a
-    divergence (the application's insert succeeded, nothing stuck): rollback refuses without
-    --give-up-rows, naming the row and the key; retire goes ahead, the row lives on."""
+    overlapping periods (room widened to numeric(5,2)); the old table's numeric(4,1) would hold
+    both as room 1.0, where its temporal key would reject the second. The way back refuses both
+    first (a value that does not come back unchanged is never written), so no rounded row meets
+    the key. Each is a divergence (the application's insert succeeded, nothing stuck): rollback
+    refuses without --give-up-rows, naming the rows; retire goes ahead, the rows live on."""
     require_temporal(db_dsn)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE booking (id int PRIMARY KEY, room numeric(4,1) NOT NULL, during tsrange NOT NULL,"
@@ -222,12 +223,13 @@ def test_rows_the_old_table_cannot_hold_under_its_temporal_key_are_divergences_r
     for id_, room, during in ((10, 1.04, (lo, hi)), (11, 1.01, (lo + half, hi + half))):
         app_execute(db_dsn, "INSERT INTO booking VALUES (%s, %s, tsrange(%s, %s), 'window')", (id_, room, *during))
     r = mover(db_dsn, "run", "booking")
-    assert r.returncode == 3 and "1 rows exist only in" in r.stderr, r.stderr
+    message = " ".join(r.stderr.split())
+    assert r.returncode == 3 and "2 rows exist only in" in message, message
+    assert "'1.04' comes back as '1.00'" in message and "'1.01' comes back as '1.00'" in message, message
     r = mover(db_dsn, "rollback", "booking")
     assert r.returncode == 3, r.stderr
     message = " ".join(r.stderr.split())
-    assert "key ['11']" in message and 'exclusion constraint "booking_no_overlap_m' in message, message
-    assert "--give-up-rows" in message
+    assert "key ['10']" in message and "key ['11']" in message and "--give-up-rows" in message, message
     r = mover(db_dsn, "retire", "booking", "--force")
     assert r.returncode == 0, r.stderr
     assert [row[:5] for row in catalog(db_dsn, "booking")] == [("booking_no_overlap", "u", KEY, True, True)]

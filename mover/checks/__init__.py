@@ -121,7 +121,6 @@ def _registry() -> list[Check]:
         Check("privileges", privileges.setup),
         Check("publications", metadata.publications),
         Check("subscribers", metadata.subscribers_in_step),
-        Check("a published source (PostgreSQL 18)", versions.published_source_on_18),
         Check("logical capture", logical.prerequisites),
         Check("metadata carried", metadata.carried),
         Check("target DDL", rehearsal.create_target, clean=True),

@@ -26,20 +26,3 @@ def no_inherit_not_null(s: Subject) -> None:
             f" which a partitioned table does not pass to its partitions: the new table would take NULL there",
             hint=f"make it inherited first (ALTER TABLE {s.src} ALTER CONSTRAINT {names.display_ident(name)}"
                  f" INHERIT), then check the plan again"))
-
-
-def published_source_on_18(s: Subject) -> None:
-    """On PostgreSQL 18 a subscriber of a publication holding the source was seen out of step after
-    the swap (tests/e2e/test_subscribers.py, marked as a known failure there): said at plan check
-    until that is understood, so that nobody learns it from a subscriber's missing rows."""
-    if server.of(s.cur).major < 18:
-        return
-    s.cur.execute("SELECT string_agg(DISTINCT quote_ident(pubname), ', ' ORDER BY quote_ident(pubname))"
-                  " FROM pg_catalog.pg_publication_tables WHERE schemaname = %s AND tablename = %s",
-                  (s.src.schema, s.src.name))
-    (pubs,) = s.cur.fetchone() or (None,)
-    if pubs:
-        s.warnings.append(
-            f"{s.src} is published ({pubs}): on PostgreSQL 18 a subscriber was seen out of step with the source after"
-            f" mover's swap (a known problem, not yet understood: docs/operating.md, Known limitations); keep"
-            f" subscribers of this table off it during the migration, or re-sync them after the cutover")

@@ -629,11 +629,10 @@ def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
     event(cur, m.id, owner, None, "aborted", "aborted; everything mover created was removed")
 
 
-def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool, message: str,
-                 detail: dict[str, Any]) -> None:
-    """`mover adopt` applied a change of the live table's shape; with `recheck` (a column added
-    before the swap) a migration at the cutover gate goes back to reconcile for a full pass."""
-    if recheck and m.step == "cutover":
+def _pending_again(cur: psycopg.Cursor, m: Migration, owner: str, *, back_to_reconcile: bool) -> None:
+    """The migration pending again (its error cleared); with back_to_reconcile, one at the cutover
+    gate goes back to reconcile for a full pass. The caller checks the last update's row."""
+    if back_to_reconcile and m.step == "cutover":
         cur.execute("UPDATE mover.migrations SET step = 'reconcile' WHERE id = %s AND step = 'cutover'"
                     " AND lease_owner = %s", (m.id, owner))
         _one_row(cur, m.id, "go back to reconcile")
@@ -641,6 +640,13 @@ def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool
                     " WHERE migration_id = %s AND name = ANY(%s)", (m.id, list(_through("reconcile", "cutover"))))
     cur.execute("UPDATE mover.migrations SET state = 'pending', error = NULL, updated_at = now()"
                 " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')", (m.id, owner))
+
+
+def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool, message: str,
+                 detail: dict[str, Any]) -> None:
+    """`mover adopt` applied a change of the live table's shape; with `recheck` (a column added
+    before the swap) a migration at the cutover gate goes back to reconcile for a full pass."""
+    _pending_again(cur, m, owner, back_to_reconcile=recheck)
     _one_row(cur, m.id, "record the adopted change")
     event(cur, m.id, owner, m.step, "adopted", message, detail)
 
@@ -648,14 +654,7 @@ def mark_adopted(cur: psycopg.Cursor, m: Migration, owner: str, *, recheck: bool
 def mark_recaptured(cur: psycopg.Cursor, m: Migration, owner: str, *, slot: str) -> None:
     """`mover recapture`: logical capture restarted from a new slot after the old one was lost; the
     next reconcile pass compares every range (a migration at the cutover gate goes back to it)."""
-    if m.step == "cutover":
-        cur.execute("UPDATE mover.migrations SET step = 'reconcile' WHERE id = %s AND step = 'cutover'"
-                    " AND lease_owner = %s", (m.id, owner))
-        _one_row(cur, m.id, "go back to reconcile")
-        cur.execute("UPDATE mover.steps SET status = 'pending', finished_at = NULL"
-                    " WHERE migration_id = %s AND name = ANY(%s)", (m.id, list(_through("reconcile", "cutover"))))
-    cur.execute("UPDATE mover.migrations SET state = 'pending', error = NULL, updated_at = now()"
-                " WHERE id = %s AND lease_owner = %s AND state NOT IN ('done', 'aborted')", (m.id, owner))
+    _pending_again(cur, m, owner, back_to_reconcile=True)
     _one_row(cur, m.id, "record the new capture slot")
     event(cur, m.id, owner, m.step, "capture_recovered",
           f"logical capture restarted from a new replication slot {slot}; the next reconcile pass compares every"

@@ -193,7 +193,7 @@ def one_run(dsn: str, workdir: Path, name: str, args, schema: str | None = None)
                            " (detail->>'drain_ms')::float8, (detail->>'verify_ms')::float8,"
                            " (detail->>'catalog_ms')::float8, (detail->>'ddl_ms')::float8,"
                            " (detail->>'parity_ms')::float8, (detail->>'finish_ms')::float8,"
-                           " (detail->>'prepare_ms')::float8"
+                           " (detail->>'prepare_ms')::float8, (detail->>'attempt')::int"
                            " FROM mover.events e JOIN mover.migrations m"
                            " ON m.id = e.migration_id WHERE m.name = %s AND e.detail ? 'drained'"
                            " ORDER BY e.id DESC LIMIT 1", (name,)).fetchone()
@@ -220,10 +220,11 @@ def one_run(dsn: str, workdir: Path, name: str, args, schema: str | None = None)
         "cutover_wall_ms": round((ended - started) * 1000, 1),
         "lock_ms": round(lock_ms, 1) if lock_ms is not None else None,
         "drained_under_lock": row[0] if row else None,
+        "lock_attempt": row[-1] if row else None,  # which attempt at the lock swapped (each after a drain)
         # Where the hold went (the swap records it): the drain, the digest check, reading the
         # catalog again (only when it changed), the DDL, the parity check after it, the rest; and
         # what was read before the lock (prepare).
-        "lock_phases_ms": {k: round(v, 1) for k, v in zip(PHASES, row[2:], strict=True)
+        "lock_phases_ms": {k: round(v, 1) for k, v in zip(PHASES, row[2:-1], strict=True)
                            if v is not None} if row else None,
         "transactions": len(txns), "transactions_after_swap": after,
         "p50_ms": p50, "p99_ms": p99, "worst_during_ms": worst,

@@ -24,6 +24,7 @@ from psycopg import sql
 from tenacity import (
     RetryCallState,
     Retrying,
+    before_nothing,
     retry_if_exception,
     stop_after_attempt,
     wait_exponential_jitter,
@@ -341,11 +342,14 @@ class Database:
         attempts: int | None = None,
         label: str | None = None,
         repeatable_read: bool = False,
+        before_attempt: Callable[[], None] | None = None,
     ) -> T:
         """Run fn(cursor) in one short transaction, retried whole on transient failures.
         `repeatable_read`: one snapshot for the whole transaction, taken at its first statement
-        (a write that meets a newer version of its row fails with 40001 and is retried whole)."""
+        (a write that meets a newer version of its row fails with 40001 and is retried whole).
+        `before_attempt`: run before every attempt, outside the transaction (after the backoff)."""
         retrying = Retrying(
+            before=(lambda _state: before_attempt()) if before_attempt is not None else before_nothing,
             retry=retry_if_exception(is_retryable),
             stop=stop_after_attempt(attempts or self.attempts),
             wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2),

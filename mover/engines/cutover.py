@@ -26,7 +26,7 @@ from psycopg import sql
 
 from mover import faults, names
 from mover.catalog import introspect, privileges, shape, subscribers
-from mover.db import one
+from mover.db import bind, one
 from mover.engines import capture, carry, lockwatch, logical, metadata, parity
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
@@ -39,6 +39,10 @@ log = logging.getLogger("mover.cutover")
 
 LOCK_STATEMENT_TIMEOUT = "30s"
 DRAIN_BATCH = 50_000  # log rows per replay statement under the swap's lock
+# Before each lock attempt: drain passes until one replays fewer log rows than this (what arrives
+# during a pass is about proportional to what it replayed), at most this many passes.
+PRE_LOCK_ENOUGH = 200
+PRE_LOCK_PASSES = 4
 
 
 # The last check before the lock: a verifying pass over what changed since reconcile, returning the
@@ -331,6 +335,7 @@ class Prepared:
     mapping: Mapping  # built after both tables' shapes were checked against the recorded ones
     key_index: str
     prepare_ms: float = 0.0
+    attempts: int = 0  # at the lock, each after a drain (drain_before_lock)
 
 
 def prepare(ctx: Context, *, forward: bool) -> Prepared:
@@ -361,16 +366,23 @@ def swap_locks(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qu
     return [live, other, *carry.also_locked(cur, live), *lockwatch.own_tables(ctx.mid)]
 
 
-def drain_before_lock(ctx: Context) -> None:
-    """What arrived while the last check and the statements were read, drained outside the lock so
-    that the lock's drain is small. A row it could not apply is a divergence: refused as the
-    preflight refuses (under the lock, one would be refused by Unapplied)."""
-    m = ctx.migration
-    capture.drain(ctx, reverse=False, backfill_done=True)
-    n = ctx.db.transaction(lambda cur: control.open_divergences(cur, ctx.mid), label="cutover divergences")
-    if n:
-        raise Waiting(f"migration {m.name!r} has {n} unresolved divergences; cutover refused",
-                      hint=f"see them with `mover divergences {m.name}`")
+def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Sequence[Context] = ()) -> None:
+    """Before each attempt at the swap's lock, outside it: what arrived while the statements were
+    read, or while the last attempt waited for its lock, drained so that the lock's own drain is
+    small. In passes, since writes go on during each: until one finds few changes. A row it could
+    not apply is a divergence: refused as the preflight refuses (under the lock, one would be
+    refused by Unapplied). `members`: a family's tables, whose logs the head's drain replays."""
+    for p in prepared:
+        p.attempts += 1
+    for _ in range(PRE_LOCK_PASSES):
+        if capture.drain(ctx, reverse=False, backfill_done=True).log_rows < PRE_LOCK_ENOUGH:
+            break
+    for t in members or [ctx]:
+        m = t.migration
+        n = ctx.db.transaction(bind(control.open_divergences, t.mid), label="cutover divergences")
+        if n:
+            raise Waiting(f"migration {m.name!r} has {n} unresolved divergences; cutover refused",
+                          hint=f"see them with `mover divergences {m.name}`")
 
 
 def refuse_rows_only_in_new(ctx: Context, give_up_rows: bool, command: str) -> None:
@@ -528,7 +540,7 @@ class Swap:
                   "verify_ms": (t["verified"] - t["locked"]) * 1000, "drain_ms": (t["drained"] - t["verified"]) * 1000,
                   "catalog_ms": (t["read"] - t["drained"]) * 1000, "ddl_ms": (t["ddl"] - t["read"]) * 1000,
                   "parity_ms": (t["ran"] - t["ddl"]) * 1000, "statements": len(self.stmts), "round_trips": self.trips,
-                  "rebuilt": self.rebuilt, "prepare_ms": self.prepared.prepare_ms,
+                  "rebuilt": self.rebuilt, "prepare_ms": self.prepared.prepare_ms, "attempt": self.prepared.attempts,
                   "finish_ms": (time.monotonic() - t["ran"]) * 1000}  # the capture path check
         if self.forward:
             control.mark_swapped(cur, m, ctx.owner, lock_ms=held_ms, window_ms=ctx.plan.rollback.window_ms,
@@ -542,18 +554,24 @@ class Swap:
 
 
 def run_locked(ctx: Context, attempt: Callable[[psycopg.Cursor], float], *, forward: bool,
-               command: str = "rollback") -> float:
+               command: str = "rollback", before_attempt: Callable[[], None] | None = None) -> float:
     """The swap's transaction under the lock discipline (mover/engines/lockwatch.py: autovacuum
     paused, blocking sessions named, lock_timeout, attempts): returns how long the lock was held,
-    in ms. The referencing tables and views the swap locks too are watched for blockers as well."""
+    in ms. The referencing tables and views the swap locks too are watched for blockers as well.
+    `before_attempt` runs before each attempt, outside its transaction (drain_before_lock)."""
     m = ctx.migration
-    faults.point("swap:before_lock" if forward else "swap_back:before_lock")
     live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
     also = ctx.db.transaction(lambda cur: carry.also_locked(cur, live), label="tables the swap locks")
+
+    def before() -> None:
+        if before_attempt is not None:
+            before_attempt()
+        faults.point("swap:before_lock" if forward else "swap_back:before_lock")  # race 4's gap, at its widest
+
     held = lockwatch.run_locked(ctx, attempt, tables=[live, other], what="swap in" if forward else "swap back",
                                 retry=f"mover {'cutover' if forward else command} {m.name}",
                                 label="cutover" if forward else "rollback", statement_timeout=LOCK_STATEMENT_TIMEOUT,
-                                extra_tables=also)
+                                extra_tables=also, before_attempt=before)
     ctx._mappings.clear()  # the tables changed names
     return held
 

@@ -24,7 +24,8 @@ Invariants:
 - Locks are taken one relation at a time (lockwatch.lock_all, each under lock_timeout, the one
   waited on named): the live tables, referenced ones first, the other side's in the same order,
   the other tables the swap changes (outside the family: referencing tables, views), then
-  mover's logs. The same retries, backoff and blocker handling as for one table (lockwatch).
+  mover's logs. The same retries, backoff and blocker handling as for one table (lockwatch),
+  and one more: a live table an attempt timed out on is locked first by the next (race 9).
 - Retire and abort drop the family's tables referencing ones first (a key between them refuses
   the drop of its parent), in one transaction each.
 """
@@ -214,7 +215,7 @@ def drain_locked(cur: psycopg.Cursor, ctx: Context, swaps: Sequence[cutover.Swap
 
 
 def run_locked(ctx: Context, members: Sequence[Context], attempt: Callable[[psycopg.Cursor], T], *, forward: bool,
-               command: str = "rollback") -> T:
+               command: str = "rollback", before_attempt: Callable[[], None] | None = None) -> T:
     """The family's swap (or swap back) under the lock discipline of one table's
     (lockwatch.run_locked: autovacuum paused on every table, blockers named, lock_timeout,
     attempts, the terminate option), watching every relation it locks."""
@@ -227,7 +228,8 @@ def run_locked(ctx: Context, members: Sequence[Context], attempt: Callable[[psyc
                                     retry=f"mover {'cutover' if forward else command} {m.name}",
                                     label="cutover" if forward else "rollback",
                                     statement_timeout=cutover.LOCK_STATEMENT_TIMEOUT,
-                                    extra_tables=[x for x in locks if x not in tables])
+                                    extra_tables=[x for x in locks if x not in tables],
+                                    before_attempt=before_attempt, learn_order=tables[:len(members)])
     finally:
         for t in members:
             t._mappings.clear()  # the tables changed names (or may have)
@@ -237,16 +239,18 @@ FAMILY_PHASES = ("verify_ms", "drain_ms", "catalog_ms", "ddl_ms", "parity_ms", "
 
 
 def record(cur: psycopg.Cursor, ctx: Context, tables: int, forward: bool, held: float, replayed: int,
-           marks: Sequence[float]) -> None:
+           marks: Sequence[float], attempt: int) -> None:
     """The family's lock hold split into its phases, each over every table (each table's own
     transition records its share from its own marks, which interleave): an event on the head's
-    row, in the swap's transaction. `marks`: locked, verified, drained, read, ddl, ran (monotonic)."""
+    row, in the swap's transaction. `marks`: locked, verified, drained, read, ddl, ran (monotonic);
+    `attempt`: which attempt at the lock this was."""
     ends = [*marks[1:], time.monotonic()]
     phases = {name: (end - start) * 1000 for name, start, end in zip(FAMILY_PHASES, marks, ends, strict=True)}
     kind = "family_swapped" if forward else "family_swapped_back"
     control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind,
                   f"{'swapped' if forward else 'swapped back'} {tables} tables in one transaction; "
-                  f"lock held {held:.1f} ms", {"lock_ms": held, "drained": replayed, **phases}, held)
+                  f"lock held {held:.1f} ms",
+                  {"lock_ms": held, "drained": replayed, "attempt": attempt, **phases}, held)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +283,8 @@ def retire(ctx: Context, members: Sequence[Context], give_up_rows: bool = False)
 
     tables = [x for t in members for x in (t.migration.source, t.migration.old)]
     lockwatch.run_locked(ctx, drop, tables=tables, what="retire", retry=f"mover retire {ctx.migration.name}",
-                         label="retire", extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)])
+                         label="retire", extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)],
+                         learn_order=tables[::2])
     for t in members:
         t.refresh()
 
@@ -311,7 +316,8 @@ def abort(ctx: Context, members: Sequence[Context], give_up_rows: bool = False) 
     tables = ctx.db.transaction(lambda cur: [x for t in members for x in (live_of(cur, t), t.migration.target)],
                                 label="tables abort locks")
     lockwatch.run_locked(ctx, undo, tables=tables, what="abort", retry=f"mover abort {ctx.migration.name}",
-                         label="abort", extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)])
+                         label="abort", extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)],
+                         learn_order=tables[::2])
     for t in members:
         t.refresh()
 

@@ -99,7 +99,9 @@ def blockers(cur: psycopg.Cursor, tables: Sequence[QualifiedName], *, min_age_s:
     return [b for b in out if b.autovacuum or (b.xact_age_s or 0.0) >= min_age_s]
 
 
-_waiting = threading.local()  # the relation lock_all is waiting for, per thread (a transaction's)
+# Per thread (a transaction's): the relation lock_all is waiting for (`on`), and the tables that
+# earlier attempts of run_locked timed out on, which lock_all takes first (`first`).
+_waiting = threading.local()
 
 
 def lock_sql(table: QualifiedName, mode: str = "ACCESS EXCLUSIVE") -> sql.Composed:
@@ -122,8 +124,10 @@ def lock_all(cur: psycopg.Cursor, tables: Sequence[QualifiedName], mode: str = "
     """Lock each of `tables` that exists, in order, one statement each (lock_statements: what plan
     check prints), remembering which one the transaction waits for (waiting_on): a lock_timeout
     then names it. In order: the live table first, as the application's writers take it before
-    the log their trigger writes. Which exist is asked before the first lock."""
-    for t, stmt in lock_statements(cur, tables, mode):
+    the log their trigger writes. Which exist is asked before the first lock. Tables an earlier
+    attempt timed out on (run_locked's `learn_order`) come first, the latest first."""
+    first = [t for t in getattr(_waiting, "first", ()) if t in tables]
+    for t, stmt in lock_statements(cur, [*first, *(t for t in tables if t not in first)], mode):
         _waiting.on = t
         cur.execute(stmt)
     _waiting.on = None
@@ -384,15 +388,23 @@ class LockBlocked(Waiting):
 
 def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Sequence[QualifiedName], what: str,
                retry: str, label: str, statement_timeout: str = "60s",
-               extra_tables: Sequence[QualifiedName] = ()) -> T:
+               extra_tables: Sequence[QualifiedName] = (), before_attempt: Callable[[], None] | None = None,
+               learn_order: Sequence[QualifiedName] = ()) -> T:
     """Run `fn`, a transaction that takes a strong lock on `tables` (the live table first), under
     the plan's lock_timeout and attempts, with the discipline above. Tables whose foreign keys
     reference `tables` are watched for blockers too, and so are `extra_tables` (any other table
-    the transaction locks); neither has its autovacuum paused."""
+    the transaction locks); neither has its autovacuum paused. `before_attempt` runs before each
+    attempt, outside its transaction (the cutover drains there what came during the last wait).
+
+    `learn_order`: tables the application writes in orders of its own (a family's: a child's
+    insert locks the child, then its parent for the key check; an order inserted with its items
+    locks the parent first). Any fixed order of ours meets one of them: holding a table, it waits
+    for a session that waits for that table, a cycle only lock_timeout ends, attempt after
+    attempt. So one of these an attempt timed out on is taken first by the next (race 9)."""
     c = ctx.plan.cutover
     referencing = ctx.db.transaction(bind(referencing_tables, tables), label="referencing tables")
     watched = list(dict.fromkeys([*tables, *extra_tables, *referencing, *own_tables(ctx.mid)]))
-    _waiting.on = None
+    _waiting.on, _waiting.first = None, []
     restore_pending(ctx)
     cancelled: list[int] = []
     try:
@@ -412,9 +424,17 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
         if early:
             ctx.report("lock_blockers", what=what, sessions=describe_all(early))
 
+        def before() -> None:
+            timed_out = waiting_on()
+            if timed_out is not None and timed_out in learn_order:
+                _waiting.first = [timed_out, *(t for t in _waiting.first if t != timed_out)]
+            if before_attempt is not None:
+                before_attempt()
+
         def attempt() -> T:
             return ctx.db.transaction(clearing_autovacuum(tables, fn, cancelled), lock_timeout=f"{c.lock_timeout_ms}ms",
-                                      statement_timeout=statement_timeout, attempts=c.attempts, label=label)
+                                      statement_timeout=statement_timeout, attempts=c.attempts, label=label,
+                                      before_attempt=before)
         try:
             return attempt()
         except psycopg.errors.LockNotAvailable as exc:
@@ -428,6 +448,7 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
             found = ctx.db.transaction(bind(blockers, watched), label="blockers")
             raise _blocked(ctx, watched, what, retry, found) from exc
     finally:
+        _waiting.first = []
         record_cancelled(ctx, cancelled)
         restore_pending(ctx, after_crash=False)
 

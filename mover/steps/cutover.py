@@ -106,11 +106,11 @@ def swap_in(ctx: Context) -> float:
     query_rehearsal.before_cutover(ctx)  # [cutover] rehearse: no recorded statement plans markedly worse
     cutover.preflight(ctx, last_check)  # no divergences, indexes valid, no subscriber broken; drain; last check
     prepared = cutover.prepare(ctx, forward=True)  # before the lock: digest, shapes, statements, parity
-    cutover.drain_before_lock(ctx)  # what came meanwhile; a row that does not fit refuses (exit 3)
     try:
         with logical.flusher(ctx) as flusher:  # logical capture: a second session, to flush the WAL under the lock
             held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=True, flusher=flusher),
-                                      forward=True)
+                                      forward=True,  # before each attempt: what came meanwhile drained, outside
+                                      before_attempt=lambda: cutover.drain_before_lock(ctx, [prepared]))
     except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
         raise cutover.refused(ctx, exc, forward=True) from None
     cutover.finish(ctx, held, forward=True)  # the slot dropped; VALIDATE the foreign keys added NOT VALID

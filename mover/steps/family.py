@@ -16,7 +16,7 @@ from psycopg import sql
 
 from mover import faults
 from mover.catalog import shape
-from mover.db import bind
+from mover.db import bind, one
 from mover.engines import capture, carry, cutover, family, query_rehearsal
 from mover.engines.context import Context
 from mover.errors import Waiting
@@ -37,7 +37,16 @@ def describe(ctx: Context, members: Sequence[Context], cur: psycopg.Cursor) -> l
             "it locks, one relation at a time, in this order:",
             *(f"--   {t}" for t in family.swap_locks(cur, ordered, forward=True)),
             "-- then verifies each table's catalog digest, replays every change log by one statement, runs each "
-            "table's swap, checks each table's parity, and records the cutover of every table"]
+            "table's swap, checks each table's parity, and records the cutover of every table",
+            "-- an attempt that times out on a table locks that table first in the next (race 9); before each "
+            "attempt, every log is drained outside the lock"]
+    cur.execute("SELECT setting::int FROM pg_catalog.pg_settings WHERE name = 'deadlock_timeout'")
+    (deadlock_ms,) = one(cur)
+    if ctx.plan.cutover.lock_timeout_ms >= deadlock_ms:
+        out.append(f"-- warning: [cutover] lock_timeout ({ctx.plan.cutover.lock_timeout_ms}ms) is not below the "
+                   f"server's deadlock_timeout ({deadlock_ms}ms): where the application's transactions and the swap "
+                   "wait for each other (race 9), the server's deadlock check may end the application's transaction "
+                   "before mover's attempt gives up; keep lock_timeout below deadlock_timeout")
     return out
 
 
@@ -87,11 +96,10 @@ def swap_in(ctx: Context, members: Sequence[Context]) -> float:
         cutover.preflight(t, last_check)  # no divergences, indexes valid, subscribers; drain; last check
     digest = ctx.db.transaction(bind(family.digest, members, True), label="family digest")  # before the statements
     prepared = [cutover.prepare(t, forward=True) for t in members]  # before the lock: shapes, statements, parity
-    for t in members:
-        cutover.drain_before_lock(t)  # what came meanwhile (every log: one statement); refused on a divergence
     try:
         held = family.run_locked(ctx, members, lambda cur: _swap(cur, ctx, members, prepared, digest, forward=True),
-                                 forward=True)
+                                 forward=True,  # before each attempt: every log drained (one statement a batch)
+                                 before_attempt=lambda: cutover.drain_before_lock(ctx, prepared, members))
     except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
         raise cutover.refused(ctx, exc, forward=True) from None
     for t in members:
@@ -150,7 +158,8 @@ def _swap(cur: psycopg.Cursor, ctx: Context, members: Sequence[Context], prepare
     # Each table's transition, in this transaction; the head's last, so that its hold (the one
     # `mover status NAME` shows) runs from the family's locks to all but the commit.
     held = [s.record() for s in reversed(swaps)][-1]
-    family.record(cur, ctx, len(swaps), forward, held, replayed, marks)  # where the lock's time went
+    family.record(cur, ctx, len(swaps), forward, held, replayed, marks,  # where the lock's time went
+                  prepared[0].attempts)
     return held
 
 

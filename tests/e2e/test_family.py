@@ -538,6 +538,52 @@ def test_a_blocker_on_any_table_of_the_family_is_named_and_nothing_is_swapped(db
     assert_mirrored(db_dsn, "_old")
 
 
+
+def test_the_swap_locks_first_the_table_an_attempt_timed_out_on(db_dsn, tmp_path):
+    """Race 9: the application takes the family's tables in an order of its own. One writer holds
+    customers a moment at a time (an update, then 50 ms in its transaction), the others insert
+    orders (the order first, then customers for the key check). The swap's first order
+    (customers, referenced, first) waits for customers, the inserts queue behind it holding
+    orders, and its wait for orders is a cycle: the attempt gives up. The next one locks orders
+    first and swaps while they all write; the application sees no error, no deadlock among them."""
+    create(db_dsn)
+    slow = write_plan(tmp_path / "slow.toml", PLAN + '\n[cutover]\nlock_timeout = "1s"\n')
+    warned = [line for line in api.check_plan(db_dsn, slow)["family"]["sql"] if "deadlock_timeout" in line]
+    assert len(warned) == 1 and "(1000ms)" in warned[0], warned  # the server's default: 1s, not below it
+    plan = write_plan(tmp_path / "family.toml", PLAN + '\n[cutover]\nlock_timeout = "300ms"\nattempts = 4\n')
+    assert not [line for line in api.check_plan(db_dsn, plan)["family"]["sql"] if "deadlock_timeout" in line]
+    r = mover(db_dsn, "run", plan)
+    assert r.returncode == 3, r.stderr
+
+    def hold_customer(conn: psycopg.Connection, rnd: random.Random) -> None:
+        with conn.transaction():
+            conn.execute("UPDATE customers SET note = 'held' WHERE id = %s", (rnd.randint(1, 1500),))
+            conn.execute("SELECT pg_sleep(0.05)")
+
+    def insert_order(conn: psycopg.Connection, rnd: random.Random) -> None:
+        conn.execute("INSERT INTO orders (customer_id, amount) VALUES (%s, 1)", (rnd.randint(1, 1500),))
+
+    writers = [AppWriter(db_dsn, seed=1, each=hold_customer).start(),
+               *(AppWriter(db_dsn, seed=2 + i, each=insert_order).start() for i in range(3))]
+    try:
+        for w in writers:
+            w.wait_for_ops(5)
+        r = mover(db_dsn, "cutover", "family")
+        assert r.returncode == 0, r.stderr
+        for w in writers:  # still writing, to the new tables
+            w.wait_for_ops(w.ops + 5)
+    finally:
+        for w in writers:
+            w.halt()
+    assert [w.errors for w in writers] == [[]] * 4
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        (attempt,) = conn.execute("SELECT (detail->>'attempt')::int FROM mover.events"
+                                  " WHERE kind = 'family_swapped'").fetchone()
+        waited = conn.execute("SELECT count(*) FROM mover.events e JOIN mover.migrations m ON m.id ="
+                              " e.migration_id WHERE m.name = 'family' AND e.kind = 'family_swapped'").fetchone()
+    assert attempt >= 2 and waited == (1,), attempt  # the first attempt met the cycle (else: nothing tested)
+
+
 OUTSIDE = """
 CREATE TABLE regions (id int PRIMARY KEY);
 INSERT INTO regions SELECT generate_series(1, 3);

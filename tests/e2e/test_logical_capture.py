@@ -213,6 +213,48 @@ def test_a_change_not_yet_fed_when_reconcile_reads_is_not_a_divergence(db_dsn, o
     assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
+def test_a_background_feed_reads_the_slot_at_most_every_few_seconds_a_whole_feed_always(db_dsn, orders, monkeypatch):
+    """Every read of the slot decodes again from its restart point: a bounded feed soon after the
+    last read reads nothing (the keys wait in the WAL), unless enough WAL waits; a whole feed (the
+    gate's, the cutover's) reads to the end at once."""
+    from mover.db import Database
+    from mover.engines import logical
+    from mover.runner.lease import leased
+    from mover.state import control
+    assert mover(db_dsn, "run", orders).returncode == 3
+    db = Database(db_dsn)
+    m = db.transaction(lambda cur: control.get(cur, "wal"))
+    log = f"mover.m{m.id}_changes"
+
+    def write(first: int) -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            app_execute(conn, "UPDATE {t} SET note = 'spaced' WHERE id BETWEEN %s AND %s", (first, first + 4))
+        logical.flush(db)  # the suite's server commits asynchronously: decodable once flushed
+
+    def logged() -> int:
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            return conn.execute(f"SELECT count(*) FROM {log}").fetchone()[0]
+
+    monkeypatch.setattr(logical, "FEED_SPACING_SECONDS", 60.0)  # (5 s: a slow machine could pass it meanwhile)
+    with leased(db, m, control.new_owner_id()) as ctx:
+        write(1)
+        before = logged()
+        logical._last_read.clear()  # (`mover run` above ran in this process and read the slot)
+        assert logical.feed(ctx, catch_up=False).keys == 5  # the first read
+        write(11)
+        spaced = logical.feed(ctx, catch_up=False)
+        assert (spaced.keys, logged()) == (0, before + 5)  # read a moment ago: not again yet
+        monkeypatch.setattr(logical, "FEED_SPACING_BYTES", 1)  # as if 64 MB of WAL waited
+        assert logical.feed(ctx, catch_up=False).keys == 5
+        monkeypatch.setattr(logical, "FEED_SPACING_BYTES", 64 << 20)
+        write(21)
+        assert logical.feed(ctx, catch_up=False).keys == 0
+        assert logical.feed(ctx, catch_up=True).keys == 5  # a whole feed: every change committed before it
+    db.close()
+    assert mover(db_dsn, "run", "wal").returncode == 3
+    assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
 def test_hot_keys_under_logical_capture_never_become_divergences(db_dsn, orders):
     """Keys written many times a second while reconcile reads them: the differences the feeder's
     lag makes are re-checked in a snapshot whose log holds every change before it, never recorded."""

@@ -82,6 +82,7 @@ window = "1h"
 """
 
 UNGOVERNED = '\n[throttle]\nmax_latency_increase = "off"\n'
+PLAN_EXTRA = ""  # --plan-extra: appended to every plan (a section the plan has not already)
 PHASES = ("copy", "index builds", "reconcile", "applier")
 
 
@@ -150,7 +151,8 @@ def window(txns: list[tuple[float, float]], a: float, b: float) -> dict[str, Any
 
 def plan(workdir: Path, name: str, governed: bool, extra: str = "") -> Path:
     p = workdir / f"{name}.toml"
-    p.write_text(PLAN.format(name=name, source=SOURCE, throttle=("" if governed else UNGOVERNED) + extra))
+    p.write_text(PLAN.format(name=name, source=SOURCE, throttle=("" if governed else UNGOVERNED) + extra)
+                 + PLAN_EXTRA)
     return p
 
 
@@ -320,12 +322,17 @@ def burst(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
     evs = event_times(dsn, name)
     started = first(evs, "step_started", step="backfill")
     drained = first(evs, "drained", after=started)
-    throttled = [at for at, k, _, _ in evs if k == "throttled" and at >= burst_from]
+    # Throttled already when the burst began (the base writers alone can take the probe over its
+    # budget): backed off at 0 s. Else the first "throttled" after the burst's start.
+    state = [k for at, k, _, _ in evs if k in ("throttled", "released") and at < burst_from]
+    throttled = [burst_from] if state and state[-1] == "throttled" else \
+        [at for at, k, _, _ in evs if k == "throttled" and at >= burst_from]
     released = [at for at, k, _, _ in evs if k == "released" and at >= burst_to]
     if drained < burst_to:
         cli(dsn, "abort", name)
         return {"error": "the copy ended before the burst did: measure the burst with more --rows"}
     out = {"backed_off_after_s": round(throttled[0] - burst_from, 2) if throttled else None,
+           "throttled_at_start": bool(state and state[-1] == "throttled"),
            "released_after_s": round(released[0] - burst_to, 2) if released else None,
            "rows_per_second_before": round(rows_from / max(burst_from - started, 1e-3)),
            "rows_per_second_during": round((rows_to - rows_from) / max(burst_to - burst_from, 1e-3)),
@@ -500,7 +507,8 @@ def report(r: dict[str, Any]) -> str:
         text += f"\n\nburst: {b['error']}"
     elif b:
         text += (f"\n\nburst (a second pgbench at full speed for {r['burst_seconds']} s at a third of a governed "
-                 f"backfill): throttled {b['backed_off_after_s']} s after it began (goal <= 2), released "
+                 f"backfill): throttled {b['backed_off_after_s']} s after it began (goal <= 2"
+                 f"{'; throttled already when it began' if b.get('throttled_at_start') else ''}), released "
                  f"{b['released_after_s']} s after it ended; copy rows/s before {b['rows_per_second_before']:,}, "
                  f"during {b['rows_per_second_during']:,}, after {b['rows_per_second_after']:,}")
     return text
@@ -519,8 +527,12 @@ def main() -> None:
     ap.add_argument("--burst-seconds", type=int, default=10)
     ap.add_argument("--skip", action="append", default=[], choices=["burst", "applier", "ungoverned", "governed"])
     ap.add_argument("--signals", action="store_true", help="measure how the signals track the writers' latency")
+    ap.add_argument("--plan-extra", default="", help="TOML appended to every plan, e.g. a [backfill] section "
+                    "(with --skip applier --skip burst, whose plans have one)")
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
     args = ap.parse_args()
+    global PLAN_EXTRA
+    PLAN_EXTRA = args.plan_extra.replace("\\n", "\n")
     results: dict[str, Any] = {"rows": args.rows, "shape": args.shape, "clients": args.clients, "share": args.share,
                                "burst_seconds": args.burst_seconds}
     with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:

@@ -32,7 +32,7 @@ from psycopg import sql
 
 from mover import faults, names
 from mover.catalog import introspect
-from mover.db import bind
+from mover.db import bind, one
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.names import QualifiedName
@@ -125,11 +125,25 @@ def lock_all(cur: psycopg.Cursor, tables: Sequence[QualifiedName], mode: str = "
     check prints), remembering which one the transaction waits for (waiting_on): a lock_timeout
     then names it. In order: the live table first, as the application's writers take it before
     the log their trigger writes. Which exist is asked before the first lock. Tables an earlier
-    attempt timed out on (run_locked's `learn_order`) come first, the latest first."""
+    attempt timed out on (run_locked's `learn_order`) come first, the latest first.
+
+    The transaction's lock_timeout bounds all the waits together, not each: each lock waits only
+    for what is left of it. The application queued behind the first table waits for the whole
+    sequence, and six waits of a lock_timeout each held it past the server's deadlock_timeout,
+    where its own transaction, not mover's attempt, became the deadlock's victim (race 9)."""
     first = [t for t in getattr(_waiting, "first", ()) if t in tables]
-    for t, stmt in lock_statements(cur, [*first, *(t for t in tables if t not in first)], mode):
+    statements = lock_statements(cur, [*first, *(t for t in tables if t not in first)], mode)
+    cur.execute("SELECT setting::int FROM pg_catalog.pg_settings WHERE name = 'lock_timeout'")
+    (budget_ms,) = one(cur)  # the transaction's own (SET LOCAL); 0: no timeout
+    started = time.monotonic()
+    for i, (t, stmt) in enumerate(statements):
+        if budget_ms and i:
+            left = max(1, budget_ms - int((time.monotonic() - started) * 1000))
+            cur.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{left}ms")))
         _waiting.on = t
         cur.execute(stmt)
+    if budget_ms and len(statements) > 1:
+        cur.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{budget_ms}ms")))
     _waiting.on = None
 
 

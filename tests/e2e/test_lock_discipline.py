@@ -192,3 +192,35 @@ def test_a_real_autovacuum_worker_is_cancelled_and_named(db_dsn, tmp_path):
     assert differences(db_dsn, "Orders", "Orders_old") == (0, 0)
     # its storage parameters came back with the pause undone (the vacuum settings are the operator's)
     assert "autovacuum_enabled=false" not in reloptions(db_dsn, '"Orders_old"')
+
+
+def test_one_lock_timeout_bounds_all_the_locks_of_an_attempt(db_dsn):
+    """lockwatch.lock_all spends the transaction's lock_timeout across its locks (race 9): the
+    first waits 0.6 s for a session that then lets it go, the second waits only the 0.4 s left of
+    1 s before giving up, not a whole second more. An application transaction queued behind the
+    first table waits for the whole sequence: one lock_timeout each could hold it past the
+    server's deadlock_timeout."""
+    import threading
+
+    from mover.engines import lockwatch
+    from mover.names import QualifiedName
+    sql(db_dsn, "CREATE TABLE first_t (id int); CREATE TABLE second_t (id int)")
+    holder_first = psycopg.connect(db_dsn)
+    holder_second = psycopg.connect(db_dsn)
+    holder_first.execute("SELECT * FROM first_t")  # ACCESS SHARE, let go after 0.6 s
+    holder_second.execute("SELECT * FROM second_t")  # held throughout
+    release = threading.Timer(0.6, holder_first.commit)
+    try:
+        with psycopg.connect(db_dsn) as conn, conn.cursor() as cur:
+            cur.execute("SET LOCAL lock_timeout = '1s'")
+            release.start()
+            started = time.monotonic()
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                lockwatch.lock_all(cur, [QualifiedName("public", "first_t"), QualifiedName("public", "second_t")])
+            waited = time.monotonic() - started
+            assert lockwatch.waiting_on() == QualifiedName("public", "second_t")
+    finally:
+        release.join()
+        holder_first.close()
+        holder_second.close()
+    assert 0.9 <= waited < 1.4, waited  # one lock_timeout each would have been 1.6 s

@@ -82,7 +82,6 @@ window = "1h"
 """
 
 UNGOVERNED = '\n[throttle]\nmax_latency_increase = "off"\n'
-PLAN_EXTRA = ""  # --plan-extra: appended to every plan (a section the plan has not already)
 PHASES = ("copy", "index builds", "reconcile", "applier")
 
 
@@ -149,10 +148,11 @@ def window(txns: list[tuple[float, float]], a: float, b: float) -> dict[str, Any
 # mover
 
 
-def plan(workdir: Path, name: str, governed: bool, extra: str = "") -> Path:
+def plan(workdir: Path, name: str, governed: bool, args, extra: str = "") -> Path:
+    """The migration's plan; `args.plan_extra` (--plan-extra) appended to it."""
     p = workdir / f"{name}.toml"
     p.write_text(PLAN.format(name=name, source=SOURCE, throttle=("" if governed else UNGOVERNED) + extra)
-                 + PLAN_EXTRA)
+                 + args.plan_extra.replace("\\n", "\n"))
     return p
 
 
@@ -206,7 +206,7 @@ def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[s
     mode = "governed" if governed else "ungoverned"
     name = f"impact_{mode}"
     fresh(dsn, name)
-    p = plan(workdir, name, governed)
+    p = plan(workdir, name, governed, args)
     writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, f"phases_{mode}")
     try:
         time.sleep(2)  # the writers reach their rate
@@ -253,7 +253,7 @@ def applier(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[
     name = f"impact_applier_{mode}"
     fresh(dsn, name)
     # The copy capped to last about ten seconds, so that it is still copying when paused at 60 %.
-    p = plan(workdir, name, governed, f"\n[backfill]\nmax_rows_per_second = {max(args.rows // 10, 1)}\n")
+    p = plan(workdir, name, governed, args, f"\n[backfill]\nmax_rows_per_second = {max(args.rows // 10, 1)}\n")
     writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, f"applier_{mode}")
     proc = None
     try:
@@ -298,7 +298,7 @@ def burst(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
     """A governed backfill; at a third of it, a second pgbench at full speed for burst_seconds."""
     name = "impact_burst"
     fresh(dsn, name)
-    p = plan(workdir, name, True)
+    p = plan(workdir, name, True, args)
     writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, "burst_base")
     extra = None
     try:
@@ -385,7 +385,7 @@ def signals_run(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
                threading.Thread(target=sessions, daemon=True)]
     name = "impact_signals"
     fresh(dsn, name)
-    p = plan(workdir, name, False)
+    p = plan(workdir, name, False, args)
     writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, "signals")
     for t in threads:
         t.start()
@@ -531,8 +531,6 @@ def main() -> None:
                     "(with --skip applier --skip burst, whose plans have one)")
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
     args = ap.parse_args()
-    global PLAN_EXTRA
-    PLAN_EXTRA = args.plan_extra.replace("\\n", "\n")
     results: dict[str, Any] = {"rows": args.rows, "shape": args.shape, "clients": args.clients, "share": args.share,
                                "burst_seconds": args.burst_seconds}
     with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:

@@ -89,6 +89,14 @@ class TableInfo:
         return tuple(c for c in self.columns if not c.generated)
 
 
+def setting_ms(cur: psycopg.Cursor, name: str) -> int:
+    """A time setting of this session (SET LOCAL included), in milliseconds: lock_timeout,
+    deadlock_timeout (their unit in pg_settings is ms)."""
+    cur.execute("SELECT setting::int FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) %s"
+                " AND unit OPERATOR(pg_catalog.=) 'ms'", (name,))
+    return int(one(cur)[0])
+
+
 def resolve(cur: psycopg.Cursor, name: QualifiedName) -> QualifiedName | None:
     """The schema-qualified name of an existing relation. An unqualified name (a plan's) follows
     the search_path the session started with, the operator's and the application's, not the one

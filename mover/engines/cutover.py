@@ -26,7 +26,7 @@ from psycopg import sql
 
 from mover import faults, names
 from mover.catalog import introspect, privileges, shape, subscribers
-from mover.db import bind, one
+from mover.db import one
 from mover.engines import capture, carry, lockwatch, logical, metadata, parity
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
@@ -371,18 +371,20 @@ def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Seque
     read, or while the last attempt waited for its lock, drained so that the lock's own drain is
     small. In passes, since writes go on during each: until one finds few changes. A row it could
     not apply is a divergence: refused as the preflight refuses (under the lock, one would be
-    refused by Unapplied). `members`: a family's tables, whose logs the head's drain replays."""
+    refused by Unapplied). `members`: a family's tables, whose logs the head's drain replays.
+    Counts the attempt in each of `prepared` (the swap records which attempt it was)."""
     for p in prepared:
         p.attempts += 1
     for _ in range(PRE_LOCK_PASSES):
         if capture.drain(ctx, reverse=False, backfill_done=True).log_rows < PRE_LOCK_ENOUGH:
             break
-    for t in members or [ctx]:
-        m = t.migration
-        n = ctx.db.transaction(bind(control.open_divergences, t.mid), label="cutover divergences")
+    tables = list(members) or [ctx]
+    counts = ctx.db.transaction(lambda cur: [control.open_divergences(cur, t.mid) for t in tables],
+                                label="cutover divergences")
+    for t, n in zip(tables, counts, strict=True):
         if n:
-            raise Waiting(f"migration {m.name!r} has {n} unresolved divergences; cutover refused",
-                          hint=f"see them with `mover divergences {m.name}`")
+            raise Waiting(f"migration {t.migration.name!r} has {n} unresolved divergences; cutover refused",
+                          hint=f"see them with `mover divergences {t.migration.name}`")
 
 
 def refuse_rows_only_in_new(ctx: Context, give_up_rows: bool, command: str) -> None:

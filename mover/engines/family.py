@@ -221,15 +221,15 @@ def run_locked(ctx: Context, members: Sequence[Context], attempt: Callable[[psyc
     attempts, the terminate option), watching every relation it locks."""
     m = ctx.migration
     locks = ctx.db.transaction(lambda cur: swap_locks(cur, members, forward), label="tables the swap locks")
-    tables = [(t.original if forward else t.new) for t in members] + [(t.new if forward else t.original)
-                                                                       for t in members]
+    live = [(t.original if forward else t.new) for t in members]
+    tables = live + [(t.new if forward else t.original) for t in members]
     try:
         return lockwatch.run_locked(ctx, attempt, tables=tables, what="swap in" if forward else "swap back",
                                     retry=f"mover {'cutover' if forward else command} {m.name}",
                                     label="cutover" if forward else "rollback",
                                     statement_timeout=cutover.LOCK_STATEMENT_TIMEOUT,
                                     extra_tables=[x for x in locks if x not in tables],
-                                    before_attempt=before_attempt, learn_order=tables[:len(members)])
+                                    before_attempt=before_attempt, learn_order=live)
     finally:
         for t in members:
             t._mappings.clear()  # the tables changed names (or may have)
@@ -281,10 +281,10 @@ def retire(ctx: Context, members: Sequence[Context], give_up_rows: bool = False)
             control.mark_retired(cur, t.migration, t.owner, message=f"retired; old table {old}")
         faults.point("family:retired")  # every table's drops and transitions, not committed: none retired
 
-    tables = [x for t in members for x in (t.migration.source, t.migration.old)]
-    lockwatch.run_locked(ctx, drop, tables=tables, what="retire", retry=f"mover retire {ctx.migration.name}",
-                         label="retire", extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)],
-                         learn_order=tables[::2])
+    live = [t.migration.source for t in members]
+    lockwatch.run_locked(ctx, drop, tables=[*live, *(t.migration.old for t in members)], what="retire",
+                         retry=f"mover retire {ctx.migration.name}", label="retire",
+                         extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)], learn_order=live)
     for t in members:
         t.refresh()
 
@@ -313,11 +313,10 @@ def abort(ctx: Context, members: Sequence[Context], give_up_rows: bool = False) 
             control.mark_aborted(cur, t.migration, t.owner)
         faults.point("family:aborted")  # every table's drops and transitions, not committed: none aborted
 
-    tables = ctx.db.transaction(lambda cur: [x for t in members for x in (live_of(cur, t), t.migration.target)],
-                                label="tables abort locks")
-    lockwatch.run_locked(ctx, undo, tables=tables, what="abort", retry=f"mover abort {ctx.migration.name}",
-                         label="abort", extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)],
-                         learn_order=tables[::2])
+    live = ctx.db.transaction(lambda cur: [live_of(cur, t) for t in members], label="tables abort locks")
+    lockwatch.run_locked(ctx, undo, tables=[*live, *(t.migration.target for t in members)], what="abort",
+                         retry=f"mover abort {ctx.migration.name}", label="abort",
+                         extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)], learn_order=live)
     for t in members:
         t.refresh()
 

@@ -32,7 +32,7 @@ from psycopg import sql
 
 from mover import faults, names
 from mover.catalog import introspect
-from mover.db import bind, one
+from mover.db import bind
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.names import QualifiedName
@@ -133,8 +133,7 @@ def lock_all(cur: psycopg.Cursor, tables: Sequence[QualifiedName], mode: str = "
     where its own transaction, not mover's attempt, became the deadlock's victim (race 9)."""
     first = [t for t in getattr(_waiting, "first", ()) if t in tables]
     statements = lock_statements(cur, [*first, *(t for t in tables if t not in first)], mode)
-    cur.execute("SELECT setting::int FROM pg_catalog.pg_settings WHERE name = 'lock_timeout'")
-    (budget_ms,) = one(cur)  # the transaction's own (SET LOCAL); 0: no timeout
+    budget_ms = introspect.setting_ms(cur, "lock_timeout")  # the transaction's own (SET LOCAL); 0: none
     started = time.monotonic()
     for i, (t, stmt) in enumerate(statements):
         if budget_ms and i:

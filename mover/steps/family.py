@@ -15,8 +15,8 @@ import psycopg
 from psycopg import sql
 
 from mover import faults
-from mover.catalog import shape
-from mover.db import bind, one
+from mover.catalog import introspect, shape
+from mover.db import bind
 from mover.engines import capture, carry, cutover, family, query_rehearsal
 from mover.engines.context import Context
 from mover.errors import Waiting
@@ -40,8 +40,7 @@ def describe(ctx: Context, members: Sequence[Context], cur: psycopg.Cursor) -> l
             "table's swap, checks each table's parity, and records the cutover of every table",
             "-- an attempt that times out on a table locks that table first in the next (race 9); before each "
             "attempt, every log is drained outside the lock"]
-    cur.execute("SELECT setting::int FROM pg_catalog.pg_settings WHERE name = 'deadlock_timeout'")
-    (deadlock_ms,) = one(cur)
+    deadlock_ms = introspect.setting_ms(cur, "deadlock_timeout")
     if ctx.plan.cutover.lock_timeout_ms >= deadlock_ms:
         out.append(f"-- warning: [cutover] lock_timeout ({ctx.plan.cutover.lock_timeout_ms}ms) is not below the "
                    f"server's deadlock_timeout ({deadlock_ms}ms): where the application's transactions and the swap "

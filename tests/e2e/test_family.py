@@ -579,9 +579,9 @@ def test_the_swap_locks_first_the_table_an_attempt_timed_out_on(db_dsn, tmp_path
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         (attempt,) = conn.execute("SELECT (detail->>'attempt')::int FROM mover.events"
                                   " WHERE kind = 'family_swapped'").fetchone()
-        waited = conn.execute("SELECT count(*) FROM mover.events e JOIN mover.migrations m ON m.id ="
-                              " e.migration_id WHERE m.name = 'family' AND e.kind = 'family_swapped'").fetchone()
-    assert attempt >= 2 and waited == (1,), attempt  # the first attempt met the cycle (else: nothing tested)
+        swaps = conn.execute("SELECT count(*) FROM mover.events e JOIN mover.migrations m ON m.id ="
+                             " e.migration_id WHERE m.name = 'family' AND e.kind = 'family_swapped'").fetchone()
+    assert attempt >= 2 and swaps == (1,), attempt  # the first attempt met the cycle (else: nothing tested)
 
 
 OUTSIDE = """

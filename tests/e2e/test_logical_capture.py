@@ -213,6 +213,36 @@ def test_a_change_not_yet_fed_when_reconcile_reads_is_not_a_divergence(db_dsn, o
     assert_oracle(db_dsn, "Orders", "Orders_new")
 
 
+def test_a_range_whose_differences_settle_does_not_read_the_slot_again_before_its_last_look(db_dsn, orders,
+                                                                                           monkeypatch):
+    """A range that differs only by changes not yet fed: the settling rounds feed and replay them,
+    and the range's last transaction finds every key equal, so it reads nothing more from the slot
+    (each read decodes again from the slot's restart point); it feeds there only when a key still
+    differs with nothing pending (test_a_change_not_yet_fed_when_reconcile_reads_is_not_a_divergence)."""
+    from mover import faults
+    from mover.engines import logical
+    assert mover(db_dsn, "run", orders).returncode == 3
+    point = faults.point
+
+    def change_when_claimed(name: str) -> None:
+        if name == "reconcile_claimed:1":  # the pass's first range claimed, not yet compared
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                app_execute(conn, "UPDATE {t} SET note = 'not fed yet' WHERE id BETWEEN 1 AND 40")
+        point(name)
+
+    monkeypatch.setattr(faults, "point", change_when_claimed)
+    calls = []
+    feed_in = logical.feed_in
+    monkeypatch.setattr(logical, "feed_in", lambda *a, **k: calls.append(1) or feed_in(*a, **k))
+    r = mover(db_dsn, "reconcile", "wal", "--full", "--json", process=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pass"]["rechecked"] >= 40  # the range did differ when compared
+    assert calls == []
+    assert status(db_dsn)["divergences"] == 0
+    assert mover(db_dsn, "run", "wal").returncode == 3
+    assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
 def test_a_background_feed_reads_the_slot_at_most_every_few_seconds_a_whole_feed_always(db_dsn, orders, monkeypatch):
     """Every read of the slot decodes again from its restart point: a bounded feed soon after the
     last read reads nothing (the keys wait in the WAL), unless enough WAL waits; a whole feed (the

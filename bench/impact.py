@@ -17,7 +17,8 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
    start to its `drained` event; the applier replays beside it), the index builds and ANALYZE
    (`drained` to the step's end), reconcile (its step). For each window: the writers' TPS
    (transactions completed in it per second), their p50 and p99 latency, against the reference;
-   and the backfill step's duration.
+   and the backfill step's duration. `--waits`: what the writers waited on meanwhile
+   (pg_stat_activity sampled every 4 ms, itself a load), for their transactions over 25 ms.
 3. The applier alone (`--skip applier` leaves it out): another migration's backfill is paused at
    60 % for `--backlog-seconds` while the writers go on (the change log grows for the copied
    ranges), then its copy is capped to one row a second and unpaused: the backfill's applier
@@ -26,6 +27,12 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
    pgbench at full speed beside the first for `--burst-seconds`: the time from the burst's start
    to the governor's `throttled` event, from its end to `released`, and the copy's rows/s
    before, during and after.
+
+5. The control (`--control`), no mover at all: the writers at `--share`; an idle spell; for
+   `--control-seconds` a plain INSERT ... SELECT of `--control-rows` source rows into a table of
+   the source's shape once a second (synchronous_commit off, as mover's ranges); an idle spell;
+   the same duty of a statement that only spends CPU; an idle spell. What a bulk write that size
+   costs the writers on this machine whoever runs it, and how far idle spells differ.
 
 `--signals` instead measures what the governor's signal is worth: the writers at `--share`, and
 every 250 ms a probe on a logged table (the governor's, mover/engines/signals.py), one on an
@@ -46,6 +53,7 @@ if __package__ in (None, ""):  # run as `python bench/impact.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -54,6 +62,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -201,6 +210,55 @@ def fresh(dsn: str, name: str) -> None:
         conn.execute("CHECKPOINT")
 
 
+SLOW_MS = 25.0  # a writer's transaction this slow is looked at: what the writers waited on meanwhile
+
+
+class Waits:
+    """What the writers' backends wait on (pg_stat_activity's wait_event_type:wait_event, "cpu" for
+    none), sampled every few milliseconds on a connection of its own while it runs; per window,
+    the share of each among the samples taken while a transaction slower than SLOW_MS ran."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self.samples: list[tuple[float, list[str]]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with connect(self.dsn) as conn:
+            while not self.stop.is_set():
+                rows = conn.execute("SELECT coalesce(wait_event_type || ':' || wait_event, 'cpu') FROM pg_stat_activity"
+                                    " WHERE application_name = 'pgbench' AND state = 'active'").fetchall()
+                self.samples.append((time.time(), [r[0] for r in rows]))
+                self.stop.wait(0.004)
+
+    def __enter__(self) -> Waits:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def of_slow(self, txns: list[tuple[float, float]], a: float, b: float) -> dict[str, Any]:
+        slow = [(at, ms) for at, ms in txns if a <= at < b and ms > SLOW_MS]
+        seen: dict[str, int] = {}
+        i = 0
+        for at, ms in slow:  # both sorted by time
+            began = at - ms / 1000
+            while i < len(self.samples) and self.samples[i][0] < began - 1:
+                i += 1
+            for t, events in self.samples[i:]:
+                if t > at:
+                    break
+                if t >= began:
+                    for e in events:
+                        seen[e] = seen.get(e, 0) + 1
+        total = sum(seen.values()) or 1
+        top = sorted(seen.items(), key=lambda kv: -kv[1])[:5]
+        return {"slow": len(slow), "waits": {k: round(v / total, 2) for k, v in top}}
+
+
 def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[str, Any]:
     """The writers at `rate`; idle, then backfill and reconcile: each phase's window."""
     mode = "governed" if governed else "ungoverned"
@@ -209,16 +267,17 @@ def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[s
     p = plan(workdir, name, governed, args)
     writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, f"phases_{mode}")
     try:
-        time.sleep(2)  # the writers reach their rate
-        idle_from = time.time()
-        time.sleep(args.idle_seconds)
-        idle_to = time.time()
-        step(dsn, str(p))
-        step(dsn, str(p))  # create_target, install_capture
-        backfill_s = step(dsn, name)
-        time.sleep(2)
-        reconcile_s = step(dsn, name)
-        time.sleep(1)
+        with Waits(dsn) if args.waits else contextlib.nullcontext() as waits:
+            time.sleep(2)  # the writers reach their rate
+            idle_from = time.time()
+            time.sleep(args.idle_seconds)
+            idle_to = time.time()
+            step(dsn, str(p))
+            step(dsn, str(p))  # create_target, install_capture
+            backfill_s = step(dsn, name)
+            time.sleep(2)
+            reconcile_s = step(dsn, name)
+            time.sleep(1)
     finally:
         writers.stop()
     txns = writers.transactions()
@@ -235,7 +294,10 @@ def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[s
            "throttle_events": [(round(at - started, 2), k, m) for at, k, m, _ in evs
                                if k in ("throttle_baseline", "throttled", "released", "throttle_floor",
                                         "throttle_waiting", "throttle_resumed")],
-           "throttled_seconds": _throttled_seconds(dsn, name)}
+           "throttled_seconds": _throttled_seconds(dsn, name),
+           "slow_waits": {k: waits.of_slow(txns, a, b) for k, (a, b) in
+                          (("idle", (idle_from, idle_to)), ("copy", (started, drained)),
+                           ("index builds", (drained, done)), ("reconcile", (r_start, r_done)))} if waits else {}}
     cli(dsn, "abort", name)
     return out
 
@@ -455,6 +517,65 @@ def _r(x: float) -> float | None:
 # Report
 
 
+def control(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
+    """No mover at all: the writers at `rate`; an idle spell; `--control-seconds` of one plain
+    INSERT ... SELECT of `--control-rows` source rows into a table of the source's shape (its key
+    alone) every second, committed with synchronous_commit off as mover's ranges are; an idle
+    spell; the same duty of a statement that only spends CPU (a count over generate_series, sized
+    to the insert's mean time); an idle spell. What a bulk write of that size, and what the same
+    CPU alone, cost the writers on this machine, and how far idle spells differ among themselves."""
+    with connect(dsn) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_control")
+        conn.execute(f"CREATE TABLE bench_control (LIKE {SOURCE} INCLUDING DEFAULTS)")
+        conn.execute("ALTER TABLE bench_control ADD PRIMARY KEY (id)")
+        conn.execute("CHECKPOINT")
+    writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, "control")
+    spells: dict[str, tuple[float, float]] = {}
+    took: dict[str, list[float]] = {"insert": [], "cpu": []}
+
+    def every_second(name: str, run: Callable[[], None]) -> None:
+        start = time.time()
+        for i in range(args.control_seconds):
+            t = time.perf_counter()
+            run()
+            took[name].append((time.perf_counter() - t) * 1000)
+            time.sleep(max(0.0, start + i + 1 - time.time()))
+        spells[name] = (start, time.time())
+
+    def idle(name: str) -> None:
+        start = time.time()
+        time.sleep(args.idle_seconds)
+        spells[name] = (start, time.time())
+
+    try:
+        with connect(dsn) as conn:
+            conn.execute("SET synchronous_commit = off")
+            time.sleep(2)  # the writers reach their rate
+            idle("idle")
+            lo = [0]
+
+            def insert() -> None:
+                conn.execute(f"INSERT INTO bench_control SELECT * FROM {SOURCE} WHERE id > %s AND id <= %s",
+                             (lo[0], lo[0] + args.control_rows))
+                lo[0] += args.control_rows
+
+            every_second("insert", insert)
+            idle("idle 2")
+            t = time.perf_counter()
+            conn.execute("SELECT count(*) FROM generate_series(1, 1000000)")
+            per_million = (time.perf_counter() - t) * 1000
+            n = max(1, int(statistics.mean(took["insert"]) / per_million * 1_000_000))
+            every_second("cpu", lambda: conn.execute("SELECT count(*) FROM generate_series(1, %s)", (n,)))
+            idle("idle 3")
+    finally:
+        writers.stop()
+    txns = writers.transactions()
+    with connect(dsn) as conn:
+        conn.execute("DROP TABLE bench_control")
+    return {"rows_per_second": args.control_rows, **{k: window(txns, a, b) for k, (a, b) in spells.items()},
+            "statement_ms": {k: round(statistics.median(v), 1) for k, v in took.items()}}
+
+
 def ratios(run: dict[str, Any], phase: str) -> tuple[str, str]:
     ref, got = run["idle"], run.get(phase) or {}
     if not got.get("tps") or not ref.get("tps"):
@@ -480,6 +601,16 @@ def report(r: dict[str, Any]) -> str:
                 rows, ("signal", "r with the writers' p50 per second", "r with their mean", "median idle",
                        "median over the run", "copy / idle", "index builds / idle"))
     rows = []
+    c = r.get("control")
+    if c:
+        for spell in ("idle", "insert", "idle 2", "cpu", "idle 3"):
+            got = c[spell]
+            what = {"insert": f"INSERT ... SELECT of {c['rows_per_second']:,} rows once a second "
+                              f"({c['statement_ms']['insert']} ms each)",
+                    "cpu": f"the same CPU alone once a second ({c['statement_ms']['cpu']} ms each)"}.get(spell, spell)
+            rows.append(("control, no mover", what, got["seconds"], got["tps"],
+                         f"{got['tps'] / c['idle']['tps']:.2f}", got["p50_ms"], got["p99_ms"],
+                         f"{got['p99_ms'] / c['idle']['p99_ms']:.2f}"))
     for run in r["runs"]:
         for phase in ("copy", "index builds", "reconcile"):
             got = run[phase]
@@ -496,6 +627,11 @@ def report(r: dict[str, Any]) -> str:
                      a["p50_ms"], a["p99_ms"], p99))
     text = head + table(rows, ("mode", "phase", "seconds", "writers tps", "tps / idle", "p50 ms", "p99 ms",
                                "p99 / idle"))
+    for run in r["runs"]:
+        for phase, w in (run.get("slow_waits") or {}).items():
+            if w["slow"]:
+                text += (f"\n{run['mode']}, {phase}: {w['slow']:,} writers' transactions over {SLOW_MS:.0f} ms,"
+                         " waiting " + ", ".join(f"{k} {v:.0%}" for k, v in w["waits"].items()))
     by = {run["mode"]: run for run in r["runs"]}
     if "governed" in by and "ungoverned" in by:
         g, u = by["governed"], by["ungoverned"]
@@ -529,6 +665,14 @@ def main() -> None:
     ap.add_argument("--signals", action="store_true", help="measure how the signals track the writers' latency")
     ap.add_argument("--plan-extra", default="", help="TOML appended to every plan, e.g. a [backfill] section "
                     "(with --skip applier --skip burst, whose plans have one)")
+    ap.add_argument("--waits", action="store_true",
+                    help=f"sample what the writers wait on (pg_stat_activity every 4 ms: a load of its own) and report"
+                         f" it for their transactions over {SLOW_MS:.0f} ms, phase by phase")
+    ap.add_argument("--control", action="store_true",
+                    help="also the control without mover: a plain INSERT ... SELECT of --control-rows once a"
+                         " second, then the same CPU alone, between idle spells")
+    ap.add_argument("--control-rows", type=int, default=25_000)
+    ap.add_argument("--control-seconds", type=int, default=20)
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
     args = ap.parse_args()
     results: dict[str, Any] = {"rows": args.rows, "shape": args.shape, "clients": args.clients, "share": args.share,
@@ -556,6 +700,8 @@ def main() -> None:
                 results["applier"] = [applier(db, workdir, args, rate, governed) for governed in modes]
             if "burst" not in args.skip and True in modes:
                 results["burst"] = burst(db, workdir, args, rate)
+            if args.control:
+                results["control"] = control(db, workdir, args, rate)
     path = save("impact" + ("-signals" if args.signals else ""), results)
     print(report(results))
     print(f"\nresults: {path}")

@@ -34,6 +34,16 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
    the same duty of a statement that only spends CPU; an idle spell. What a bulk write that size
    costs the writers on this machine whoever runs it, and how far idle spells differ.
 
+6. Side by side (`--side-by-side`), no mover at all: the writers at `--share`; on a copy of the
+   source, a plain CREATE INDEX alone, then two at once, then a CPU-bound query alone and two at
+   once, between idle spells. What a statement that cannot be paced costs the writers, and what
+   a second beside it does.
+
+`--wal-ahead MB` keeps that much WAL recycled ahead (min_wal_size raised, the segments made once
+at the start), as on a server that has run a while. `--waits --timeline PATH` also writes each
+mode's transactions, wait samples, mover's statements and unwritten WAL / page cache / disk
+writes to PATH-<mode>.json.
+
 `--signals` instead measures what the governor's signal is worth: the writers at `--share`, and
 every 250 ms a probe on a logged table (the governor's, mover/engines/signals.py), one on an
 unlogged table, and the count of active application sessions (all and waiting on Lock, LWLock
@@ -54,6 +64,7 @@ if __package__ in (None, ""):  # run as `python bench/impact.py`
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import re
@@ -201,6 +212,28 @@ def rows_copied(dsn: str, name: str) -> int:
                                 " AND r.status = 'done'", (name,)).fetchone()[0])
 
 
+def wal_ahead(dsn: str, mb: int) -> None:
+    """Leave `mb` of WAL segments recycled ahead of the insert position, as a server that has run a
+    while holds them (the server keeps them at each checkpoint up to min_wal_size, which main()
+    raises). Without them every 16 MB of WAL the phases write is a new segment, written out whole
+    while it holds WALWriteLock, and the writers' commits wait for it."""
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE bench_wal_ahead (pad text)")
+        for _ in range(max(1, mb // 100)):  # about 100 MB of WAL a round
+            conn.execute("INSERT INTO bench_wal_ahead SELECT repeat('x', 200) FROM generate_series(1, 400000)")
+            conn.execute("TRUNCATE bench_wal_ahead")
+        conn.execute("DROP TABLE bench_wal_ahead")
+        conn.execute("CHECKPOINT")
+        conn.execute("CHECKPOINT")  # the first's redo point passes the fill: the second recycles it
+
+
+def segments_ahead(dsn: str) -> int:
+    """WAL segment files past the one being written: what the next WAL needs no new file for."""
+    with connect(dsn) as conn:
+        return int(conn.execute("SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'"
+                                " AND name > pg_walfile_name(pg_current_wal_insert_lsn())").fetchone()[0])
+
+
 def fresh(dsn: str, name: str) -> None:
     """Abort the migration of that name if there is one, vacuum the source (as autovacuum keeps a
     live table), and checkpoint, so that each mode starts alike."""
@@ -210,28 +243,60 @@ def fresh(dsn: str, name: str) -> None:
         conn.execute("CHECKPOINT")
 
 
+def _disk_written() -> int:
+    """Sectors (512 bytes) written to the whole disks so far (/proc/diskstats; 0 where there is none)."""
+    try:
+        lines = Path("/proc/diskstats").read_text().splitlines()
+    except OSError:
+        return 0
+    disk = re.compile(r"(sd[a-z]+|vd[a-z]+|xvd[a-z]+|nvme\d+n\d+)")  # whole disks, not their partitions
+    return sum(int(f[9]) for f in (line.split() for line in lines) if len(f) > 9 and disk.fullmatch(f[2]))
+
+
+def _page_cache() -> tuple[int, int]:
+    """The kernel's Dirty and Writeback, kB (0, 0 where there is no /proc/meminfo)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return 0, 0
+    got = dict(re.findall(r"^(Dirty|Writeback):\s+(\d+)", text, re.M))
+    return int(got.get("Dirty", 0)), int(got.get("Writeback", 0))
+
+
 SLOW_MS = 25.0  # a writer's transaction this slow is looked at: what the writers waited on meanwhile
 
 
 class Waits:
     """What the writers' backends wait on (pg_stat_activity's wait_event_type:wait_event, "cpu" for
     none), sampled every few milliseconds on a connection of its own while it runs; per window,
-    the share of each among the samples taken while a transaction slower than SLOW_MS ran."""
+    the share of each among the samples taken while a transaction slower than SLOW_MS ran. Beside
+    each sample, what the server and the kernel hold unwritten: the WAL inserted but not yet
+    flushed, and the page cache's Dirty and Writeback (/proc/meminfo)."""
 
     def __init__(self, dsn: str):
         self.dsn = dsn
         self.samples: list[tuple[float, list[str]]] = []
+        # at, WAL bytes unflushed, Dirty kB, Writeback kB, sectors written to disk so far
+        self.backlog: list[tuple[float, int, int, int, int]] = []
+        self.mover: list[tuple[float, list[str]]] = []  # at, the statements mover's sessions run
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         with connect(self.dsn) as conn:
             while not self.stop.is_set():
-                rows = conn.execute("SELECT coalesce(wait_event_type || ':' || wait_event, 'cpu') FROM pg_stat_activity"
-                                    " WHERE application_name = 'pgbench' AND state = 'active'").fetchall()
-                self.samples.append((time.time(), [r[0] for r in rows]))
+                events, unflushed, movers = conn.execute(
+                    "SELECT array(SELECT coalesce(wait_event_type || ':' || wait_event, 'cpu') FROM pg_stat_activity"
+                    " WHERE application_name = 'pgbench' AND state = 'active'),"
+                    " pg_wal_lsn_diff(pg_current_wal_insert_lsn(), pg_current_wal_flush_lsn())::bigint,"
+                    " array(SELECT state || ' ' || coalesce(wait_event, '-') || ' ' || left(query, 30)"
+                    " FROM pg_stat_activity WHERE application_name LIKE 'mover%%'"
+                    " AND state <> 'idle' AND query NOT LIKE 'UPDATE mover.throttle%%')").fetchone()
+                at = time.time()
+                self.samples.append((at, events))
+                self.mover.append((at, movers))
+                self.backlog.append((at, unflushed, *_page_cache(), _disk_written()))
                 self.stop.wait(0.004)
-
     def __enter__(self) -> Waits:
         self.thread.start()
         return self
@@ -256,7 +321,25 @@ class Waits:
                         seen[e] = seen.get(e, 0) + 1
         total = sum(seen.values()) or 1
         top = sorted(seen.items(), key=lambda kv: -kv[1])[:5]
-        return {"slow": len(slow), "waits": {k: round(v / total, 2) for k, v in top}}
+        return {"slow": len(slow), "waits": {k: round(v / total, 2) for k, v in top},
+                "unwritten": self.unwritten(slow, a, b)}
+
+    def unwritten(self, slow: list[tuple[float, float]], a: float, b: float) -> dict[str, Any]:
+        """The WAL inserted but not flushed (kB), the page cache's Dirty and Writeback (MB) and what the
+        disks wrote (MB/s): their median and maximum over [a, b), and their median while a slow
+        transaction ran."""
+        spans = [(at - ms / 1000, at) for at, ms in slow]
+        inside = [x for x in self.backlog if a <= x[0] < b]
+        during = [x for x in inside if any(lo <= x[0] <= hi for lo, hi in spans)]
+        out: dict[str, Any] = {}
+        rate = {x[0]: (y[4] - x[4]) * 512 / 2**20 / (y[0] - x[0]) for x, y in itertools.pairwise(self.backlog)
+                if y[0] > x[0]}  # MB/s written to disk from each sample to the next
+        for i, name in enumerate(("wal_unflushed_kB", "dirty_MB", "writeback_MB", "disk_write_MB/s"), 1):
+            col = [x[i] / 1024 if i < 4 else rate.get(x[0], 0.0) for x in inside]  # bytes to kB, kB to MB
+            slow_col = [x[i] / 1024 if i < 4 else rate.get(x[0], 0.0) for x in during]
+            out[name] = {"median": _r(statistics.median(col)) if col else None, "max": _r(max(col)) if col else None,
+                         "slow_median": _r(statistics.median(slow_col)) if slow_col else None}
+        return out
 
 
 def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[str, Any]:
@@ -265,6 +348,7 @@ def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[s
     name = f"impact_{mode}"
     fresh(dsn, name)
     p = plan(workdir, name, governed, args)
+    ahead = segments_ahead(dsn)
     writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, f"phases_{mode}")
     try:
         with Waits(dsn) if args.waits else contextlib.nullcontext() as waits:
@@ -287,7 +371,8 @@ def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[s
     done = first(evs, "step_done", after=drained)
     r_start = first(evs, "step_started", after=done, step="reconcile")
     r_done = first(evs, "step_done", after=r_start)
-    out = {"mode": mode, "backfill_s": round(backfill_s, 2), "copy_s": round(drained - started, 2),
+    out = {"mode": mode, "segments_ahead": ahead, "backfill_s": round(backfill_s, 2),
+           "copy_s": round(drained - started, 2),
            "index_builds_s": round(done - drained, 2), "reconcile_s": round(reconcile_s, 2),
            "idle": window(txns, idle_from, idle_to), "copy": window(txns, started, drained),
            "index builds": window(txns, drained, done), "reconcile": window(txns, r_start, r_done),
@@ -298,6 +383,10 @@ def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[s
            "slow_waits": {k: waits.of_slow(txns, a, b) for k, (a, b) in
                           (("idle", (idle_from, idle_to)), ("copy", (started, drained)),
                            ("index builds", (drained, done)), ("reconcile", (r_start, r_done)))} if waits else {}}
+    if waits and args.timeline:
+        Path(f"{args.timeline}-{mode}.json").write_text(json.dumps(
+            {"txns": txns, "backlog": waits.backlog, "mover": waits.mover, "waits": waits.samples,
+             "events": [(at, k, m) for at, k, m, _ in evs]}))
     cli(dsn, "abort", name)
     return out
 
@@ -514,7 +603,7 @@ def _r(x: float) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Report
+# Controls: the same writers, no mover
 
 
 def control(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
@@ -576,6 +665,66 @@ def control(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
             "statement_ms": {k: round(statistics.median(v), 1) for k, v in took.items()}}
 
 
+SIDE_BY_SIDE = {  # what --side-by-side runs on a copy of the source, alone and two at once
+    "CREATE INDEX": ("CREATE INDEX ON bench_side (created_at)", "CREATE INDEX ON bench_side (account_id)"),
+    "a CPU-bound query": ("SELECT count(*) FROM generate_series(1, 30000000)",) * 2,
+}
+
+
+def side_by_side(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
+    """No mover at all: the writers at `rate`; an idle spell; then for each statement of
+    SIDE_BY_SIDE, one alone, an idle spell, two at once (each in a session of its own, without
+    parallel workers), an idle spell. What one statement that cannot be paced costs the writers
+    on this machine, and what a second beside it does."""
+    with connect(dsn) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_side")
+        conn.execute(f"CREATE TABLE bench_side AS SELECT * FROM {SOURCE}")
+        conn.execute("VACUUM ANALYZE bench_side")
+        conn.execute("CHECKPOINT")
+    writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, "side_by_side")
+    spells: dict[str, tuple[float, float]] = {}
+
+    def run(statement: str) -> None:
+        with connect(dsn) as conn:
+            conn.execute("SET max_parallel_maintenance_workers = 0")
+            conn.execute("SET max_parallel_workers_per_gather = 0")
+            conn.execute(statement)
+
+    def spell(name: str, statements: tuple[str, ...]) -> None:
+        threads = [threading.Thread(target=run, args=(st,)) for st in statements]
+        start = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        spells[name] = (start, time.time())
+        time.sleep(args.idle_seconds / 2)  # the writers' queue drains before the next spell
+
+    try:
+        time.sleep(2)  # the writers reach their rate
+        start = time.time()
+        time.sleep(args.idle_seconds)
+        spells["idle"] = (start, time.time())
+        for what, (first, second) in SIDE_BY_SIDE.items():
+            spell(f"{what}, one", (first,))
+            with connect(dsn) as conn:
+                conn.execute("DROP INDEX IF EXISTS bench_side_created_at_idx")
+            spell(f"{what}, two at once", (first, second))
+            with connect(dsn) as conn:
+                conn.execute("DROP INDEX IF EXISTS bench_side_created_at_idx, bench_side_account_id_idx")
+    finally:
+        writers.stop()
+    txns = writers.transactions()
+    with connect(dsn) as conn:
+        conn.execute("DROP TABLE bench_side")
+    # A statement's cost lands on the transactions that complete during it and just after it.
+    return {k: {**window(txns, a, b + 0.5), "statement_s": round(b - a, 2)} for k, (a, b) in spells.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
 def ratios(run: dict[str, Any], phase: str) -> tuple[str, str]:
     ref, got = run["idle"], run.get(phase) or {}
     if not got.get("tps") or not ref.get("tps"):
@@ -588,7 +737,12 @@ def ratios(run: dict[str, Any], phase: str) -> tuple[str, str]:
 def report(r: dict[str, Any]) -> str:
     """The tables of one result file (also `python -m bench.report`)."""
     head = (f"{r['rows']:,} rows, {r['shape']} table; writers: {r['clients']} clients at {r['rate']:.0f} tps "
-            f"({r['share']:.0%} of the {r['capacity_tps']:.0f} tps measured); {r.get('server', '')}\n\n")
+            f"({r['share']:.0%} of the {r['capacity_tps']:.0f} tps measured); {r.get('server', '')}\n")
+    ahead = [f"{run['mode']} {run['segments_ahead']}" for run in r.get("runs", []) if "segments_ahead" in run]
+    if ahead:
+        head += (f"WAL segments recycled ahead when each mode began (--wal-ahead {r.get('wal_ahead_mb', 0)} MB): "
+                 f"{', '.join(ahead)}\n")
+    head += "\n"
     if "signals" in r:
         s = r["signals"]
         rows = [(k, v["p50"], v["mean"], v["median_idle"], v["median_all"]) for k, v in s["correlation"].items()]
@@ -601,6 +755,11 @@ def report(r: dict[str, Any]) -> str:
                 rows, ("signal", "r with the writers' p50 per second", "r with their mean", "median idle",
                        "median over the run", "copy / idle", "index builds / idle"))
     rows = []
+    for spell, got in (r.get("side_by_side") or {}).items():
+        ref = r["side_by_side"]["idle"]
+        rows.append(("side by side, no mover", spell, got["statement_s"], got["tps"],
+                     f"{got['tps'] / ref['tps']:.2f}", got["p50_ms"], got["p99_ms"],
+                     f"{got['p99_ms'] / ref['p99_ms']:.2f}"))
     c = r.get("control")
     if c:
         for spell in ("idle", "insert", "idle 2", "cpu", "idle 3"):
@@ -611,7 +770,7 @@ def report(r: dict[str, Any]) -> str:
             rows.append(("control, no mover", what, got["seconds"], got["tps"],
                          f"{got['tps'] / c['idle']['tps']:.2f}", got["p50_ms"], got["p99_ms"],
                          f"{got['p99_ms'] / c['idle']['p99_ms']:.2f}"))
-    for run in r["runs"]:
+    for run in r.get("runs", []):
         for phase in ("copy", "index builds", "reconcile"):
             got = run[phase]
             tps, p99 = ratios(run, phase)
@@ -627,12 +786,15 @@ def report(r: dict[str, Any]) -> str:
                      a["p50_ms"], a["p99_ms"], p99))
     text = head + table(rows, ("mode", "phase", "seconds", "writers tps", "tps / idle", "p50 ms", "p99 ms",
                                "p99 / idle"))
-    for run in r["runs"]:
+    for run in r.get("runs", []):
         for phase, w in (run.get("slow_waits") or {}).items():
             if w["slow"]:
                 text += (f"\n{run['mode']}, {phase}: {w['slow']:,} writers' transactions over {SLOW_MS:.0f} ms,"
                          " waiting " + ", ".join(f"{k} {v:.0%}" for k, v in w["waits"].items()))
-    by = {run["mode"]: run for run in r["runs"]}
+                u = w.get("unwritten") or {}
+                text += "" if not u else "; unwritten (median / max / median while slow): " + ", ".join(
+                    f"{k} {v['median']} / {v['max']} / {v['slow_median']}" for k, v in u.items())
+    by = {run["mode"]: run for run in r.get("runs", [])}
     if "governed" in by and "ungoverned" in by:
         g, u = by["governed"], by["ungoverned"]
         text += (f"\n\nbackfill step: governed {g['backfill_s']} s (copy {g['copy_s']} s, throttled "
@@ -668,16 +830,26 @@ def main() -> None:
     ap.add_argument("--waits", action="store_true",
                     help=f"sample what the writers wait on (pg_stat_activity every 4 ms: a load of its own) and report"
                          f" it for their transactions over {SLOW_MS:.0f} ms, phase by phase")
+    ap.add_argument("--timeline", help="with --waits: write each mode's transactions, samples and events to"
+                    " TIMELINE-<mode>.json")
     ap.add_argument("--control", action="store_true",
                     help="also the control without mover: a plain INSERT ... SELECT of --control-rows once a"
                          " second, then the same CPU alone, between idle spells")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="also, without mover: a plain CREATE INDEX and a CPU-bound query, each alone and two at"
+                         " once, between idle spells")
     ap.add_argument("--control-rows", type=int, default=25_000)
     ap.add_argument("--control-seconds", type=int, default=20)
+    ap.add_argument("--wal-ahead", type=int, default=0, metavar="MB",
+                    help="keep this much WAL recycled ahead (min_wal_size raised to it, the segments made once at"
+                         " the start), as on a server that has run a while; default: a new server's few")
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
     args = ap.parse_args()
     results: dict[str, Any] = {"rows": args.rows, "shape": args.shape, "clients": args.clients, "share": args.share,
                                "burst_seconds": args.burst_seconds}
-    with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
+    settings = {"min_wal_size": f"{args.wal_ahead + 512}MB"} if args.wal_ahead else {}
+    results["wal_ahead_mb"] = args.wal_ahead
+    with server(args.dsn, settings) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         db = create_database(dsn, "bench_impact")
         from mover import api
@@ -685,6 +857,8 @@ def main() -> None:
         generate(db, SOURCE, args.rows, args.shape)
         with connect(db) as conn:
             results["server"] = conn.execute("SELECT version()").fetchone()[0]
+        if args.wal_ahead:
+            wal_ahead(db, args.wal_ahead)
         results["capacity_tps"] = capacity(db, workdir, args.rows, args.clients, args.capacity_seconds)
         rate = results["rate"] = results["capacity_tps"] * args.share
         print(f"capacity {results['capacity_tps']:.0f} tps; writers at {rate:.0f} tps", flush=True)
@@ -702,6 +876,8 @@ def main() -> None:
                 results["burst"] = burst(db, workdir, args, rate)
             if args.control:
                 results["control"] = control(db, workdir, args, rate)
+            if args.side_by_side:
+                results["side_by_side"] = side_by_side(db, workdir, args, rate)
     path = save("impact" + ("-signals" if args.signals else ""), results)
     print(report(results))
     print(f"\nresults: {path}")

@@ -39,7 +39,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -371,9 +372,10 @@ class IndexBuild:
         return ddl.create_index(self.name, self.table, self.ix, concurrently=False)
 
 
-def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
+def _build_one(ctx: Context, db: Database, b: IndexBuild, governed: bool) -> None:
     """Build index `b.name` on `b.table` in one transaction on `db` (this build session's
-    connection), dropping an invalid one that an interrupted concurrent build left first."""
+    connection), dropping an invalid one that an interrupted concurrent build left first;
+    `governed` (turn()'s): without parallel workers."""
     schema = b.table.schema
     assert schema is not None  # the new table and its partitions are named with their schema
     state = db.transaction(lambda cur: introspect.index_state(cur, schema, b.name))
@@ -387,13 +389,12 @@ def _build_one(ctx: Context, db: Database, b: IndexBuild) -> None:
     started = time.monotonic()
     ctx.report("index", name=b.name, state="building")
 
-    throttled = ctx.governor is not None and ctx.governor.duty < 1
-
     def build(cur: psycopg.Cursor) -> None:
         _check_client(cur)
-        if throttled:
-            # A build cannot be paced once it runs: started while the application is over its
-            # budget, it at least keeps to one core, without parallel workers.
+        if governed:
+            # A build cannot be paced once it runs, and a parallel worker is a core more that no
+            # probe can take back: under the governor a build keeps to one process, and builds
+            # run side by side only as the ramp adds them (turn()).
             cur.execute("SET LOCAL max_parallel_maintenance_workers = 0")
         cur.execute(b.statement())
         faults.point("index_build_done")  # built, not committed: a crash here leaves no index
@@ -481,26 +482,44 @@ def _retried(ctx: Context, what: str, fn: Callable[[], object]) -> None:
             time.sleep(min(0.2 * 2 ** attempt, 5.0))
 
 
-def wait_for_turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1, what: str = "index builds") -> None:
-    """Before a statement the throttle cannot pace inside (an index build, a constraint, ANALYZE):
-    wait while mover is paused or a guard holds, and while the governor's duty allows fewer
-    sessions at once than `session` + 1 (session 0 always goes when nothing holds it). Says why
-    once a wait begins (an `index_waiting` report: `what` waits, and the reason)."""
+@contextmanager
+def turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1,
+         what: str = "index builds") -> Iterator[bool]:
+    """Around a statement the throttle cannot pace inside (an index build, a constraint, ANALYZE):
+    wait while mover is paused or a guard holds, while the governor's duty allows fewer sessions
+    at once than `session` + 1 (session 0 always goes when nothing holds it), and, while another
+    such statement runs, until the governor has read it (throttle.Ramp). Says why once a wait
+    on the throttle begins (an `index_waiting` report: `what` waits, and the reason). Yields
+    whether a governed duty holds the statement (the plan as read now)."""
     pacer = throttle.Throttle(throttle.Limits(), governor=ctx.governor)
-    said = False
+    ramp = ctx.governor.ramp if ctx.governor is not None else None
+    said = governed = False
     while True:
         ctx.checkpoint()
-        paused = db.transaction(lambda cur: control.get_by_id(cur, ctx.mid).paused, label="throttle")
-        reason = pacer.reason(paused)
+        m = db.transaction(lambda cur: control.get_by_id(cur, ctx.mid), label="throttle")
+        reason = pacer.reason(m.paused)
         if reason is None and session >= (allowed := pacing.sessions_allowed(sessions, pacer.duty)):
             assert ctx.governor is not None  # a duty under 1 is a governor's
             reason = f"{ctx.governor.throttled()} ({allowed} of {sessions} at once)"
         if reason is None:
-            return
+            if ramp is None:
+                break
+            # Read now, as the build sessions are: `mover set backfill.index_builds` counts.
+            plan = plan_from_canonical(m.plan)
+            governed = plan.throttle.governed
+            if (settle := ramp.claim(governed, plan.backfill.index_sessions(governed))) == 0:
+                break
+            ramp.wait(min(settle, throttle.RECHECK_SECONDS))
+            continue
         if not said:
             ctx.report("index_waiting", what=what, reason=reason)
             said = True
         ctx.stop.wait(throttle.RECHECK_SECONDS)
+    try:
+        yield governed
+    finally:
+        if ramp is not None:
+            ramp.release()
 
 
 def rest_after(ctx: Context, seconds: float) -> None:
@@ -517,7 +536,7 @@ def rest_after(ctx: Context, seconds: float) -> None:
 class _Builds:
     """`sessions` build sessions (threads, each with its own connection) taking builds from one
     list; several may build on one table (a plain build's SHARE lock does not conflict with
-    itself). Each session waits for its turn before it takes a build (wait_for_turn: the governor
+    itself). Each session waits for its turn before it takes a build (turn(): the governor
     decides how many run at once) and rests after it (rest_after). After the first failure no
     session takes another build; the ones under way finish, and the failure is raised once all
     have stopped (mover/threads.py)."""
@@ -538,11 +557,11 @@ class _Builds:
     def _session(self, db: Database, session: int = 0) -> None:
         try:
             while True:
-                wait_for_turn(self.ctx, db, session, self.sessions)
-                if (b := self._next()) is None:
-                    return
-                started = time.monotonic()
-                _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b))
+                with turn(self.ctx, db, session, self.sessions) as governed:
+                    if (b := self._next()) is None:
+                        return
+                    started = time.monotonic()
+                    _retried(self.ctx, f"building index {b.name}", partial(_build_one, self.ctx, db, b, governed))
                 rest_after(self.ctx, time.monotonic() - started)
         finally:
             if db is not self.ctx.db:
@@ -619,8 +638,8 @@ def build_indexes(ctx: Context) -> None:
         # invalid until the last of its partitions' is attached.
         builds += planned_builds(name, ix, ctx.new, parts)
     # Read now: `mover set backfill.index_builds` during the copy counts.
-    sessions = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan
-                                   ).backfill.index_sessions()
+    plan = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan)
+    sessions = plan.backfill.index_sessions(plan.throttle.governed)
     started = time.monotonic()
     if builds or constraints:
         ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions)
@@ -636,9 +655,9 @@ def build_indexes(ctx: Context) -> None:
     # table, which would wait for every build's SHARE lock (and they for it).
     for name, ix in constraints:
         for b in planned_builds(name, ix, ctx.new, parts):
-            wait_for_turn(ctx, ctx.db, what="constraint builds")
-            started_one = time.monotonic()
-            _retried(ctx, f"building constraint {name}", partial(build_constraint, ctx, b))
+            with turn(ctx, ctx.db, what="constraint builds"):
+                started_one = time.monotonic()
+                _retried(ctx, f"building constraint {name}", partial(build_constraint, ctx, b))
             rest_after(ctx, time.monotonic() - started_one)
         _copy_index_comment(ctx, name, ix)
     if builds or constraints:
@@ -702,8 +721,9 @@ class Analyze:
     def _beside(self) -> None:
         db = self.ctx.db.sibling()
         try:
-            wait_for_turn(self.ctx, db, what="ANALYZE")  # one statement: the throttle decides only when it starts
-            db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
+            with turn(self.ctx, db, what="ANALYZE"):  # one statement: the throttle decides only when it starts
+                self.started = time.monotonic()  # its own time, not its wait for a turn
+                db.autocommit(self.statement(), statement_timeout="0", lock_timeout=self.LOCK_TIMEOUT)
             self.ms = (time.monotonic() - self.started) * 1000
         finally:
             db.close()
@@ -711,12 +731,12 @@ class Analyze:
     def finish(self) -> float:
         """Wait for it, or run it now; its duration in ms."""
         if self.thread is None:
-            wait_for_turn(self.ctx, self.ctx.db, what="ANALYZE")
-            started = time.monotonic()
-            # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
-            self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",
-                                    label="analyze")
-            return (time.monotonic() - started) * 1000
+            with turn(self.ctx, self.ctx.db, what="ANALYZE"):
+                started = time.monotonic()
+                # In a transaction (ANALYZE allows one): its timeout is SET LOCAL, which a pooler cannot leak.
+                self.ctx.db.transaction(bind(psycopg.Cursor.execute, self.statement()), statement_timeout="0",
+                                        label="analyze")
+                return (time.monotonic() - started) * 1000
         self.thread.join()  # raises what ANALYZE raised, in the step's thread
         return self.ms
 
@@ -791,3 +811,39 @@ def preflight(cur: psycopg.Cursor, source: names.QualifiedName, columns: dict[st
     ]
     return {"target_bytes": heap + indexes, "heap_bytes": heap, "index_bytes": indexes,
             "wal_bytes": wal_copy + wal_builds, "lines": lines}
+
+
+def wal_segments(cur: psycopg.Cursor, wal_bytes: int) -> dict[str, Any]:
+    """Whether the backfill's WAL finds segment files ready: a segment that is not (recycled at a
+    checkpoint, up to min_wal_size) is a new file, written out whole when wal_init_zero is on by
+    the backend that needs it while it holds WALWriteLock, and every commit of the application
+    waits meanwhile (bench/README.md, "WAL segments ready ahead": with them the copy's p99 had a
+    median of 85 ms over six runs, 144 ms without). pg_ls_waldir() needs pg_monitor: without it,
+    what lies ahead is not known."""
+    cur.execute("SELECT pg_size_bytes(current_setting('wal_segment_size')),"
+                " pg_size_bytes(current_setting('min_wal_size')), current_setting('wal_recycle')::bool,"
+                " current_setting('wal_init_zero')::bool, has_function_privilege('pg_ls_waldir()', 'EXECUTE')"
+                " AND NOT pg_is_in_recovery()")
+    segment, keep, recycle, zero, readable = one(cur)
+    ahead = None
+    if readable:
+        cur.execute("SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'"
+                    " AND name > pg_walfile_name(pg_current_wal_insert_lsn())")
+        ahead = int(one(cur)[0])
+    needed = -(-wal_bytes // segment)
+    h = pacing.human_bytes
+    made = ("each written out whole (wal_init_zero) while the application's commits wait" if zero
+            else "each made while the application's commits wait")
+    if not recycle:
+        line = (f"WAL segments: this server recycles none (wal_recycle = off): each of the backfill's {needed:,} is a "
+                f"new file, {made}")
+    elif ahead is not None and ahead >= needed:
+        line = f"WAL segments: {ahead:,} ready for reuse in pg_wal, enough for the backfill's {needed:,}"
+    else:
+        held = (f"{ahead:,} ready for reuse in pg_wal" if ahead is not None
+                else "how many pg_wal holds ready for reuse is not readable (pg_ls_waldir needs pg_monitor)")
+        line = (f"WAL segments: {held}; the backfill's WAL needs about {needed:,}: the others are new files, {made}"
+                + (f"; a min_wal_size of at least {h(wal_bytes)} (now {h(keep)}) keeps them for reuse once made"
+                   if keep < wal_bytes else "")
+                + " (docs/operating.md, \"WAL segments\")")
+    return {"wal_segments_needed": needed, "wal_segments_ahead": ahead, "line": line}

@@ -42,6 +42,9 @@ MIN_DUTY = 0.01  # under this, engines wait rather than work in slivers
 SLOT_MARGIN_FRACTION = 0.2  # keep a fifth of max_slot_wal_keep_size clear of invalidation ...
 SLOT_MARGIN_SECONDS = 10.0  # ... or ten seconds of WAL at the current rate, whichever is more
 WAL_RATE_SECONDS = 5.0  # the WAL rate is read over this window
+# A statement the throttle cannot pace (an index build, ANALYZE) runs this long before another
+# starts beside it: the probes' median the duty comes from then reads what it costs.
+SETTLE_SECONDS = WINDOW * PROBE_SECONDS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -116,6 +117,43 @@ def guard_wait(r: signals.Readings, limits: pacing.Limits, seen: frozenset[str],
     return standby or slot or pacing.archive_wait(r.archiver, limits.max_archive_backlog), seen
 
 
+class Ramp:
+    """The statements of one migration that the throttle cannot pace once they run (index builds,
+    ANALYZE beside them). Under a governed duty, at most `at_once` of them run together
+    ([backfill] index_builds, one by default), and while one runs the next starts only
+    pacing.SETTLE_SECONDS after the last one began, so that the duty it asks has read what already
+    runs. Two CPU-bound statements side by side took both cores of a 2-core server, and the
+    application's commits stalled for as long as they ran, where either alone cost it little
+    (docs/design.md, "What cannot be paced inside a statement")."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running = 0
+        self._last = -math.inf
+
+    def claim(self, governed: bool, at_once: int) -> float:
+        """0 and counted as running (release() when it ends), or the seconds to wait first."""
+        with self._changed:
+            if governed and self._running:
+                if self._running >= at_once:
+                    return RECHECK_SECONDS
+                if (left := self._last + pacing.SETTLE_SECONDS - time.monotonic()) > 0:
+                    return left
+            self._running += 1
+            self._last = time.monotonic()
+            return 0.0
+
+    def wait(self, seconds: float) -> None:
+        """Up to `seconds`, less when one of them ends."""
+        with self._changed:
+            self._changed.wait(seconds)
+
+    def release(self) -> None:
+        with self._changed:
+            self._running -= 1
+            self._changed.notify_all()
+
+
 class Governor:
     """The throttle of one migration in one process, shared by every loop of it (thread-safe:
     the engines read an immutable decision that the sampler thread replaces)."""
@@ -133,6 +171,7 @@ class Governor:
         self.baseline_ms: float | None = None
         self.limits = limits_of(plan_from_canonical(migration.plan), None)
         self.readings: signals.Readings | None = None
+        self.ramp = Ramp()
         self._wait: str | None = None  # the guards' verdict, for every engine
         self._consumer_wait: str | None = None  # the same without the slots the capture consumes
         self._latencies: deque[float] = deque(maxlen=pacing.WINDOW)

@@ -31,6 +31,7 @@ from mover.plan.declare import (
     Strings,
     Text,
     nested,
+    percent,
     read_section,
     section,
     section_of,
@@ -96,14 +97,18 @@ class BackfillSettings:
     max_replica_lag_ms: int = setting(Duration(), 30_000, settable=True)  # 0: do not check
     max_attempts: int = setting(Count(1, 100), 5, settable=True)  # a range failing this often is marked failed
     synchronous_commit: bool = setting(Flag(), False)
-    # CREATE INDEX sessions at once after the copy (0: as many as workers, at least 2): a plain
-    # table's indexes, or a partitioned target's per-partition builds, side by side. At least 2:
-    # the copy workers are idle by then, and only mover reads the new table.
+    # CREATE INDEX sessions at once after the copy: a plain table's indexes, or a partitioned
+    # target's per-partition builds, side by side. 0: one at a time under the governor (a build
+    # cannot be paced, and two side by side took every core of a 2-core server from the
+    # application: docs/design.md, "What cannot be paced inside a statement"); ungoverned, as many
+    # as workers and at least 2 (the copy workers are idle by then, only mover reads the new table).
     index_builds: int = setting(Count(0, 64), 0, settable=True)
     DEFAULT_MIN_INDEX_BUILDS = 2
 
-    def index_sessions(self) -> int:
-        return self.index_builds or max(self.workers, self.DEFAULT_MIN_INDEX_BUILDS)
+    def index_sessions(self, governed: bool) -> int:
+        if self.index_builds:
+            return self.index_builds
+        return 1 if governed else max(self.workers, self.DEFAULT_MIN_INDEX_BUILDS)
 
 
 @section("cutover", effect="at the next lock mover takes and the next cutover")
@@ -182,6 +187,13 @@ class ThrottleSettings:
     max_archive_backlog: int = setting(Size(), 1024**3, settable=True, only_set=True)
     # The server's WAL rate mover keeps under (bytes per second; "off": none).
     max_wal_per_second: int = setting(Size(), 0, settable=True, only_set=True)
+
+    @property
+    def governed(self) -> bool:
+        """Whether the governor sets a duty (a latency budget or a WAL rate cap), as
+        engines/pacing.Limits.governed says of the limits it reads from this."""
+        return percent(self.max_latency_increase) is not None or self.probe_latency_ms > 0 \
+            or self.max_wal_per_second > 0
 
 
 @section("capture", effect="at the next replication slot mover creates",

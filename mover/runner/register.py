@@ -196,6 +196,9 @@ def governor_lines(cur: psycopg.Cursor, plan: Plan, tables: list[tuple[Qualified
     lines = [line if len(pres) == 1 else f"{source}: {line}" for source, pre in pres for line in pre["lines"][:2]]
     lines += pres[0][1]["lines"][2:]
     estimates = {k: sum(pre[k] for _, pre in pres) for k in pres[0][1] if k != "lines"}
+    segments = backfill.wal_segments(cur, estimates["wal_bytes"])
+    lines.append(segments.pop("line"))
+    estimates.update(segments)
     warnings = [f"mover would wait at its first range now: {guards['wait']}"] if guards["wait"] else []
     return {"throttle": guards["lines"], "preflight": lines, "estimates": estimates, "server": guards["readings"],
             "warnings": warnings}

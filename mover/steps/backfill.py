@@ -34,14 +34,19 @@ class Backfill(Step):
             out += ranges.bound_statements(conversion.mapping(source, source, tuple(m.key_columns)))
         indexes = backfill.deferred_indexes(cur, ctx)
         if indexes:
-            out.append(f"-- deferred indexes: up to {ctx.plan.backfill.index_sessions()} CREATE INDEX at once"
-                       " ([backfill] index_builds), each in its own transaction (only mover writes the new table"
-                       " before the cutover); a partitioned target builds each partition's, then attaches them"
-                       " to its parent's index ON ONLY")
+            governed = ctx.plan.throttle.governed
+            at_once = ctx.plan.backfill.index_sessions(governed)
+            out.append(f"-- deferred indexes: up to {at_once} CREATE INDEX at once ([backfill] index_builds"
+                       + (", the next beside another once the governor has read the first running, each without"
+                          " parallel workers" if governed else "") +
+                       "), each in its own transaction (only mover writes the new table before the cutover); a"
+                       " partitioned target builds each partition's, then attaches them to its parent's index ON"
+                       " ONLY")
         out += backfill.index_statements(ctx, indexes, self._partitions(ctx, cur))
         out += ["-- beside the index builds, in a session of its own out of a transaction block (one partition"
-                " locked at a time), unless a deferred index has expressions, an exclusion constraint is built or"
-                " a pooler stands in the way: then after them, in a transaction", backfill.Analyze(ctx).statement()]
+                " locked at a time; under the governor it takes one of the builds' turns), unless a deferred index"
+                " has expressions, an exclusion constraint is built or a pooler stands in the way: then after them,"
+                " in a transaction", backfill.Analyze(ctx).statement()]
         return out
 
     @staticmethod

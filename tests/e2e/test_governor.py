@@ -22,6 +22,7 @@ from rich.console import Console
 
 from mover import api
 from mover.demo.embedded import EmbeddedPostgres
+from mover.engines import pacing
 from mover.views import watch as watch_view
 from tests.workload import (
     AppWriter,
@@ -355,6 +356,39 @@ def test_the_index_builds_wait_between_builds_on_the_same_throttle(db_dsn, tmp_p
         p.kill()
     order = [k for _, k, _, _ in events(db_dsn, "index_built", "paused", "unpaused")]
     assert order == ["index_built", "paused", "unpaused", "index_built"], order
+    assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
+@pytest.mark.parametrize("governed", [True, False], ids=["governed", "off"])
+def test_builds_side_by_side_start_a_probe_window_apart_under_the_governor(db_dsn, tmp_path, governed):
+    # Two builds started together take two cores before one probe can say so; under the governor
+    # the second starts only once the governor has read the first running (throttle.Ramp). Each
+    # build hangs after its CREATE INDEX, in its transaction, so the first still runs when the
+    # second may start.
+    create_orders(db_dsn, 3_000)
+    query(db_dsn, 'CREATE INDEX "Orders by status" ON "Orders" (status)')
+    query(db_dsn, 'CREATE INDEX "Orders by amount" ON "Orders" (amount)')
+    plan = plan_file(tmp_path, "gov", columns={"id": "bigint"}, backfill={"index_builds": 2},
+                     throttle={} if governed else {"max_latency_increase": "off"})
+    release = tmp_path / "release"
+    p = Spawned(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@index_build_done",
+                                          "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        assert p.wait_for("hanging at index_build_done"), "".join(p.err)
+        first = time.monotonic()
+        assert p.wait_for("hanging at index_build_done"), "".join(p.err)  # the second, the first still open
+        apart = time.monotonic() - first
+        building = query(db_dsn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE INDEX%%'"
+                                 " AND state = 'idle in transaction'")[0][0]
+        assert building == 2, building  # both builds open at once: side by side, not one after the other
+        release.touch()
+        assert p.wait(120) == 3, "".join(p.err)
+    finally:
+        p.kill()
+    if governed:
+        assert apart >= pacing.SETTLE_SECONDS * 0.8, apart
+    else:
+        assert apart < pacing.SETTLE_SECONDS, apart  # nothing holds the second back
     assert_oracle(db_dsn, "Orders", "Orders_new")
 
 

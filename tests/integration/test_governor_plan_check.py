@@ -67,3 +67,45 @@ def test_a_failing_archiver_is_named_as_what_would_hold_mover(tmp_path):
         held = [w for w in got["warnings"] if w.startswith("mover would wait at its first range now: archiving fails")]
         assert held, got["warnings"]
         assert got["server"]["archiver"]["failing"] is True, got["server"]["archiver"]
+
+
+def test_plan_check_says_whether_the_backfills_wal_finds_segments_ready(db_dsn, tmp_path):
+    """pg_wal's segments past the one being written, counted independently, against what the
+    backfill needs: enough, or how many are new files; a role without pg_monitor is told what it
+    cannot read, and its transaction goes on."""
+    from mover.engines import backfill
+
+    create_orders(db_dsn, 20_000)
+    counted = "SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'" \
+              " AND name > pg_walfile_name(pg_current_wal_insert_lsn())"
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        segment = conn.execute("SELECT pg_size_bytes(current_setting('wal_segment_size'))").fetchone()[0]
+        before = conn.execute(counted).fetchone()[0]
+        got = check(db_dsn, plan_file(tmp_path, "seg", columns={"id": "bigint"}))
+        after = conn.execute(counted).fetchone()[0]
+    est, line = got["estimates"], got["preflight"][-1]
+    assert est["wal_segments_needed"] == -(-est["wal_bytes"] // segment), est
+    # Other tests' writes may use a segment up, a checkpoint recycle some, meanwhile.
+    assert min(before, after) - 2 <= est["wal_segments_ahead"] <= max(before, after) + 2, (est, before, after)
+    ahead = est["wal_segments_ahead"]
+    if ahead >= est["wal_segments_needed"]:
+        assert line == f"WAL segments: {ahead:,} ready for reuse in pg_wal, enough for the backfill's " \
+                       f"{est['wal_segments_needed']:,}", line
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        cur = conn.cursor()
+        big = backfill.wal_segments(cur, (after + 50) * segment)  # more than pg_wal holds ready
+        ahead = big["wal_segments_ahead"]
+        assert big["wal_segments_needed"] == after + 50 and ahead < after + 50, big
+        assert f"{ahead:,} ready for reuse in pg_wal; the backfill's WAL needs about {after + 50:,}: the others" \
+               " are new files, each written out whole (wal_init_zero)" in big["line"], big["line"]
+        conn.execute("DROP ROLE IF EXISTS no_monitor")
+        conn.execute("CREATE ROLE no_monitor")
+        try:
+            with conn.transaction(force_rollback=True):
+                conn.execute("SET LOCAL ROLE no_monitor")
+                blind = backfill.wal_segments(cur, 10 * segment)
+                assert conn.execute("SELECT current_user").fetchone()[0] == "no_monitor"  # still usable
+            assert blind["wal_segments_ahead"] is None, blind
+            assert "not readable (pg_ls_waldir needs pg_monitor)" in blind["line"], blind["line"]
+        finally:
+            conn.execute("DROP ROLE no_monitor")

@@ -5,6 +5,8 @@ slots and the archiver, and how a loop applies a duty (mover/engines/throttle.py
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -336,3 +338,32 @@ def test_archiving_that_fails_or_lags_holds_mover():
 def test_the_wal_rate_is_read_over_the_window():
     assert pacing.wal_rate([(0.0, 0), (2.0, 40 * MB), (4.0, 100 * MB)]) == pytest.approx(25 * MB)
     assert pacing.wal_rate([(0.0, 0)]) is None
+
+
+def test_statements_that_cannot_be_paced_start_one_at_a_time_then_a_probe_window_apart():
+    ramp = throttle.Ramp()
+    assert ramp.claim(True, 1) == 0
+    assert ramp.claim(True, 1) == throttle.RECHECK_SECONDS  # one at once by default: the next waits
+    ramp.release()
+    assert ramp.claim(True, 1) == 0  # nothing runs: no window to wait for
+    left = ramp.claim(True, 2)  # a second may run beside, once the governor has read the first
+    assert 0 < left <= pacing.SETTLE_SECONDS, left
+    ramp._last -= pacing.SETTLE_SECONDS
+    assert ramp.claim(True, 2) == 0
+    assert ramp.claim(True, 2) == throttle.RECHECK_SECONDS
+    ramp.release()
+    ramp.release()
+    off = throttle.Ramp()  # ungoverned: together, as many as ask
+    assert [off.claim(False, 1) for _ in range(3)] == [0, 0, 0]
+
+
+def test_a_statement_waiting_for_its_turn_wakes_when_one_ends():
+    ramp = throttle.Ramp()
+    assert ramp.claim(True, 1) == 0
+    ended = threading.Timer(0.05, ramp.release)
+    ended.start()
+    started = time.monotonic()
+    ramp.wait(30)
+    assert time.monotonic() - started < 10  # woken by the release, not by the timeout
+    assert ramp.claim(True, 1) == 0
+    ended.join()

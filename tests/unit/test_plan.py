@@ -409,18 +409,23 @@ def test_accept_parity_round_trips_and_leaves_older_canonical_forms_alone():
     assert "accept_parity" in bad(doc(cutover={"accept_parity": ["", "x"]})).message
 
 
-def test_index_builds_default_to_the_workers_at_least_two_and_round_trip():
+def test_index_builds_default_to_one_governed_else_the_workers_at_least_two_and_round_trip():
     plain = parse_plan(doc(backfill={"workers": 3}))
-    assert (plain.backfill.index_builds, plain.backfill.index_sessions()) == (0, 3)
-    assert parse_plan(doc(backfill={"workers": 1})).backfill.index_sessions() == 2
-    assert parse_plan(doc(backfill={"workers": 1, "index_builds": 1})).backfill.index_sessions() == 1
+    assert plain.throttle.governed and plain.backfill.index_builds == 0
+    assert (plain.backfill.index_sessions(True), plain.backfill.index_sessions(False)) == (1, 3)
+    ungoverned = parse_plan(doc(backfill={"workers": 3}, throttle={"max_latency_increase": "off"}))
+    assert not ungoverned.throttle.governed
+    assert parse_plan(doc(throttle={"max_latency_increase": "off", "probe_latency": "5ms"})).throttle.governed
+    assert parse_plan(doc(throttle={"max_latency_increase": "off", "max_wal_per_second": "50MB"})).throttle.governed
+    assert parse_plan(doc(backfill={"workers": 1})).backfill.index_sessions(False) == 2
+    assert parse_plan(doc(backfill={"workers": 1, "index_builds": 1})).backfill.index_sessions(False) == 1
     own = parse_plan(doc(backfill={"workers": 1, "index_builds": 4}))
-    assert own.backfill.index_sessions() == 4
-    assert plan_from_canonical(own.canonical()).backfill.index_sessions() == 4
+    assert own.backfill.index_sessions(True) == own.backfill.index_sessions(False) == 4
+    assert plan_from_canonical(own.canonical()).backfill.index_sessions(True) == 4
     assert parse_plan(to_document(own)).backfill.index_builds == 4  # what `mover set` re-parses
     stored = plain.canonical()  # a plan registered before the key existed
     del stored["backfill"]["index_builds"]
-    assert plan_from_canonical(stored).backfill.index_sessions() == 3
+    assert plan_from_canonical(stored).backfill.index_sessions(False) == 3
     assert "index_builds must be between 0 and 64" in bad(doc(backfill={"index_builds": 65})).message
 
 

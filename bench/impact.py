@@ -227,11 +227,11 @@ def wal_ahead(dsn: str, mb: int) -> None:
         conn.execute("CHECKPOINT")  # the first's redo point passes the fill: the second recycles it
 
 
-def segments_ahead(dsn: str) -> int:
-    """WAL segment files past the one being written: what the next WAL needs no new file for."""
+def segments_ahead(dsn: str) -> int | None:
+    """WAL segment files past the one being written, as plan check counts them."""
+    from mover.engines import backfill
     with connect(dsn) as conn:
-        return int(conn.execute("SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'"
-                                " AND name > pg_walfile_name(pg_current_wal_insert_lsn())").fetchone()[0])
+        return backfill.wal_segments(conn.cursor(), 0)["wal_segments_ahead"]
 
 
 def fresh(dsn: str, name: str) -> None:

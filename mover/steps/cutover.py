@@ -126,7 +126,9 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
         try:
             held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=False,
                                                              give_up_rows=give_up_rows, command=command),
-                                      forward=False, command=command)
+                                      forward=False, command=command,  # before each attempt: reverse drain, snapshots
+                                      before_attempt=lambda: cutover.drain_before_swap_back(ctx, [prepared],
+                                                                                            command=command))
         except cutover.Unapplied as exc:
             raise cutover.refused(ctx, exc, forward=False, command=command) from None
     cutover.finish(ctx, held, forward=False)

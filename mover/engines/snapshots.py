@@ -44,10 +44,12 @@ from mover.db import bind, one
 from mover.engines import lockwatch
 from mover.engines.context import Context
 from mover.errors import Waiting
+from mover.state import control
 
 log = logging.getLogger("mover.snapshots")
 
 POLL_S = 0.05  # between two looks at pg_stat_activity while waiting
+REPORT_AFTER_S = 0.5  # a transaction kept waited for this long is named (output, event)
 ROUNDS = 3  # wait, drain what came meanwhile, wait for the snapshots older than that drain, ...
 XID_SPAN = 1 << 32
 
@@ -57,9 +59,12 @@ _HOLDERS = """
 SELECT a.pid, a.usename, a.application_name, a.state,
        extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
        to_char(a.query_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC'), a.backend_type,
-       a.xact_start::text, extract(epoch FROM clock_timestamp() - a.query_start)::float8
+       a.xact_start::text, extract(epoch FROM clock_timestamp() - a.query_start)::float8, a.backend_xmin::text
 FROM pg_stat_activity a
-WHERE a.backend_type = 'client backend' AND a.datname = current_database() AND a.pid <> pg_backend_pid()
+-- Without pg_read_all_stats another role's session shows its backend_xmin but no backend_type nor
+-- state: still waited for (a session with a role is no autovacuum worker), never read as "none".
+WHERE (a.backend_type = 'client backend' OR (a.backend_type IS NULL AND a.usesysid IS NOT NULL))
+  AND a.datname = current_database() AND a.pid <> pg_backend_pid()
   AND a.backend_xmin IS NOT NULL AND age(a.backend_xmin) > age(%(x)s::text::xid)
   AND NOT coalesce(a.application_name, '') LIKE 'mover%%'
 ORDER BY a.xact_start, a.pid
@@ -71,16 +76,26 @@ class SnapshotHolder(lockwatch.Blocker):
     """A session whose snapshot may not see the new table complete (a lockwatch.Blocker, so that
     terminate_blockers treats it as one)."""
 
-    xact_start: str = ""
+    xact_start: str | None = None
     statement_age_s: float | None = None
+    xmin: str = ""
+
+    @property
+    def hidden(self) -> bool:
+        """A session of another role that this role may not look into (pg_read_all_stats)."""
+        return self.backend_type is None
 
     @property
     def key(self) -> tuple[int, str]:
-        """The transaction (a pid's next transaction has another start)."""
-        return self.pid, self.xact_start
+        """The transaction (a pid's next transaction has another start); where the start is hidden,
+        the snapshot (the oldest it holds: another xmin, it let that one go)."""
+        return self.pid, self.xact_start if self.xact_start is not None else f"xmin {self.xmin}"
 
     @property
     def holds(self) -> str:
+        if self.hidden:
+            return (f"a snapshot with xmin {self.xmin}; its state is not visible to this role "
+                    f"(GRANT pg_read_all_stats to see it)")
         if (self.state or "").startswith("idle in transaction"):
             # Between statements only a REPEATABLE READ / SERIALIZABLE transaction or an open
             # cursor keeps a snapshot (READ COMMITTED lets it go at each statement's end).
@@ -89,6 +104,8 @@ class SnapshotHolder(lockwatch.Blocker):
         return f"{self.state or 'running'}: a statement running{age}"
 
     def describe(self) -> str:
+        if self.hidden:
+            return f"pid {self.pid} (user {self.user}, application {self.application_name!r}, {self.holds})"
         age = f"transaction open {self.xact_age_s:.1f} s" if self.xact_age_s is not None else "no transaction"
         return (f"pid {self.pid} (user {self.user}, application {self.application_name!r}, {self.holds}, {age}, "
                 f"query started {self.query_start or '-'})")
@@ -121,7 +138,7 @@ def next_xid(cur: psycopg.Cursor) -> int:
 def holders(cur: psycopg.Cursor, x: int) -> list[SnapshotHolder]:
     """The sessions whose snapshot's xmin precedes `x`, oldest transaction first."""
     cur.execute(_HOLDERS, {"x": str(x)})
-    return [SnapshotHolder(r[0], r[1], r[2], r[3], r[4], r[5], r[6], (), r[7], r[8]) for r in cur.fetchall()]
+    return [SnapshotHolder(r[0], r[1], r[2], r[3], r[4], r[5], r[6], (), r[7], r[8], r[9]) for r in cur.fetchall()]
 
 
 def describe_all(found: list[SnapshotHolder]) -> str:
@@ -154,16 +171,18 @@ def wait(ctx: Context, waits: Waits, *, what: str, retry: str) -> bool:
     for h in found:
         waits.first.setdefault(h.key, now)
     bound = ctx.plan.cutover.snapshot_wait_ms / 1000
-    new = [h for h in found if h.key not in waits.reported]
-    if new:
-        waits.reported.update(h.key for h in new)
-        ctx.report("snapshot_wait", what=what, bound=f"{bound:g}s", sessions=describe_all(new),
-                   why="waiting for older snapshots: they would read the new table without its latest rows")
     while True:
         still = [h for h in ctx.db.transaction(bind(holders, x), label="older snapshots") if h.key in keys]
         if not still:
             return True
-        over = [h for h in still if time.monotonic() - waits.first[h.key] >= bound]
+        now = time.monotonic()
+        # Named once each, when it has kept the swap waiting a while (an OLTP transaction in
+        # REPEATABLE READ ends in milliseconds: no line for each).
+        new = [h for h in still if h.key not in waits.reported and now - waits.first[h.key] >= REPORT_AFTER_S]
+        if new:
+            waits.reported.update(h.key for h in new)
+            _report(ctx, new, what, bound)
+        over = [h for h in still if now - waits.first[h.key] >= bound]
         if over:
             if not ctx.plan.cutover.terminate_blockers or any(h.key in waits.terminated for h in over):
                 raise _refused(ctx, over, what, retry, bound)
@@ -174,6 +193,15 @@ def wait(ctx: Context, waits: Waits, *, what: str, retry: str) -> bool:
             continue
         if ctx.stop.wait(POLL_S):
             ctx.checkpoint()  # interrupted: stops here, before the lock, nothing changed
+
+
+def _report(ctx: Context, found: list[SnapshotHolder], what: str, bound: float) -> None:
+    message = (f"waiting up to {bound:g} s ([cutover] snapshot_wait) to {what}: {len(found)} transaction(s) hold a "
+               f"snapshot older than the new table's last rows, which they would not see: {describe_all(found)}")
+    log.info("%s", message)
+    ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, "snapshot_wait", message,
+                                                 {"sessions": [asdict(h) for h in found]}), label="record")
+    ctx.report("snapshot_wait", what=what, bound=f"{bound:g}s", sessions=describe_all(found))
 
 
 def _refused(ctx: Context, over: list[SnapshotHolder], what: str, retry: str, bound: float) -> SnapshotsHeld:

@@ -178,3 +178,63 @@ def test_the_rollback_waits_for_readers_older_than_its_last_drain(db_dsn, tmp_pa
     assert writer.errors == []
     assert oid(db_dsn, '"Orders"') != live  # swapped back
     assert differences(db_dsn, "Orders", "Orders_mirror") == (0, 0)
+
+
+def test_a_familys_swap_and_swap_back_wait_for_old_readers(db_dsn, tmp_path):
+    """A family's swap and swap back (steps/family.py) wait as one table's do: a SERIALIZABLE
+    reader from before the backfill refuses the cutover (its pid named, nothing swapped) and reads
+    every row; a REPEATABLE READ reader in the window refuses the rollback; each ended, the swap
+    goes through. The application's mirrors are the oracle."""
+    from tests.e2e.test_family import PLAN, assert_mirrored, create
+
+    create(db_dsn)
+    old = reader(db_dsn, "SERIALIZABLE")
+    plan_path = tmp_path / "family.toml"
+    plan_path.write_text(PLAN + '\n[cutover]\nlock_timeout = "200ms"\nattempts = 3\nsnapshot_wait = "500ms"\n')
+    assert mover(db_dsn, "run", str(plan_path)).returncode == 3
+    customers = oid(db_dsn, "customers")
+    r = mover(db_dsn, "cutover", "family")
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 3 and f"pid {old.info.backend_pid} (user " in err, err
+    assert oid(db_dsn, "customers") == customers  # no table swapped
+    assert old.execute("SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM customers)").fetchone() \
+        == (3_000, 1_500)
+    old.rollback()
+    old.close()
+    assert mover(db_dsn, "cutover", "family").returncode == 0
+    window = reader(db_dsn, "REPEATABLE READ")
+    r = mover(db_dsn, "rollback", "family")
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 3 and f"pid {window.info.backend_pid} (user " in err, err
+    assert oid(db_dsn, "customers") != customers  # still swapped in
+    window.rollback()
+    window.close()
+    assert mover(db_dsn, "rollback", "family").returncode == 0
+    assert oid(db_dsn, "customers") == customers
+    assert_mirrored(db_dsn)
+
+
+def test_older_snapshots_are_found_across_wraparound_and_without_pg_read_all_stats(db_dsn):
+    """The comparison with X is modulo 2^32 (age()), as xids wrap: an X 2^31 - 100 behind finds no
+    snapshot older, one 2^31 - 100 ahead finds the reader (a plain comparison of the numbers says
+    the opposite for one of them). A role without pg_read_all_stats sees the reader's snapshot but
+    not its state: still found, named as such."""
+    from mover.engines import snapshots
+
+    conn = reader(db_dsn, "REPEATABLE READ")
+    sql(db_dsn, "SELECT txid_current()")  # a transaction after the reader's snapshot
+    role = f"snap_{conn.info.dbname}"  # roles are the server's: one per test database
+    sql(db_dsn, f'CREATE ROLE "{role}" LOGIN')
+    try:
+        with psycopg.connect(db_dsn, autocommit=True) as admin, admin.cursor() as cur:
+            x = snapshots.next_xid(cur)
+            assert [h.pid for h in snapshots.holders(cur, x)] == [conn.info.backend_pid]
+            assert snapshots.holders(cur, (x - 2**31 + 100) % 2**32) == []
+            assert [h.pid for h in snapshots.holders(cur, (x + 2**31 - 100) % 2**32)] == [conn.info.backend_pid]
+        plain = psycopg.conninfo.make_conninfo(db_dsn, user=role)
+        with psycopg.connect(plain, autocommit=True) as other, other.cursor() as cur:
+            (found,) = snapshots.holders(cur, snapshots.next_xid(cur))
+            assert found.pid == conn.info.backend_pid and "pg_read_all_stats" in found.describe(), found
+    finally:
+        conn.close()
+        sql(db_dsn, f'DROP ROLE "{role}"')

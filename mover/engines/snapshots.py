@@ -171,10 +171,8 @@ def wait(ctx: Context, waits: Waits, *, what: str, retry: str) -> bool:
     for h in found:
         waits.first.setdefault(h.key, now)
     bound = ctx.plan.cutover.snapshot_wait_ms / 1000
+    still = found
     while True:
-        still = [h for h in ctx.db.transaction(bind(holders, x), label="older snapshots") if h.key in keys]
-        if not still:
-            return True
         now = time.monotonic()
         # Named once each, when it has kept the swap waiting a while (an OLTP transaction in
         # REPEATABLE READ ends in milliseconds: no line for each).
@@ -190,14 +188,18 @@ def wait(ctx: Context, waits: Waits, *, what: str, retry: str) -> bool:
             # As lock blockers: cancelled, terminated after blocker_grace, recorded (blockers_cancelled).
             lockwatch.terminate_blockers(ctx, [], list(over), held=lambda cur: [
                 h for h in holders(cur, x) if h.key in keys])
-            continue
-        if ctx.stop.wait(POLL_S):
-            ctx.checkpoint()  # interrupted: stops here, before the lock, nothing changed
+        else:
+            ctx.stop.wait(POLL_S)
+        ctx.checkpoint()  # interrupted, or the lease lost: stops here, before the lock, nothing changed
+        still = [h for h in ctx.db.transaction(bind(holders, x), label="older snapshots") if h.key in keys]
+        if not still:
+            return True
 
 
 def _report(ctx: Context, found: list[SnapshotHolder], what: str, bound: float) -> None:
     message = (f"waiting up to {bound:g} s ([cutover] snapshot_wait) to {what}: {len(found)} transaction(s) hold a "
-               f"snapshot older than the new table's last rows, which they would not see: {describe_all(found)}")
+               f"snapshot older than mover's last write to the table that takes the name, which they would "
+               f"not see: {describe_all(found)}")
     log.info("%s", message)
     ctx.db.transaction(lambda cur: control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, "snapshot_wait", message,
                                                  {"sessions": [asdict(h) for h in found]}), label="record")
@@ -208,9 +210,9 @@ def _refused(ctx: Context, over: list[SnapshotHolder], what: str, retry: str, bo
     name = ctx.migration.name
     pids = ", ".join(str(h.pid) for h in over)
     return SnapshotsHeld(
-        f"could not {what} migration {name!r}: {len(over)} transaction(s) kept a snapshot older than the new "
-        f"table's last rows for longer than [cutover] snapshot_wait ({bound:g} s); after the swap they would read "
-        f"the table by its name without those rows; nothing was changed; {describe_all(over)}",
+        f"could not {what} migration {name!r}: {len(over)} transaction(s) kept a snapshot older than mover's last "
+        f"write to the table that takes the name for longer than [cutover] snapshot_wait ({bound:g} s); after the "
+        f"swap they would read that table by its name without those rows; nothing was changed; {describe_all(over)}",
         hint=f"end them (COMMIT or ROLLBACK in that session, or `SELECT pg_terminate_backend(pid)` for pid {pids}), "
              f"then retry `{retry}`; or raise [cutover] snapshot_wait (`mover set {name} cutover.snapshot_wait=60s`), "
              f"or set `[cutover] terminate_blockers = true` to have them terminated",

@@ -27,10 +27,14 @@ def sql(dsn, statement, params=None):
         return cur.fetchall() if cur.description else None
 
 
-def step(dsn) -> str:
+def status(dsn) -> dict:
     r = mover(dsn, "status", "snap", "--json")
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["step"]
+    return json.loads(r.stdout)
+
+
+def step(dsn) -> str:
+    return status(dsn)["step"]
 
 
 def reader(dsn, isolation) -> psycopg.Connection:
@@ -85,7 +89,9 @@ def test_readers_older_than_the_backfill_refuse_the_cutover(db_dsn, tmp_path):
         assert f"pid {conn.info.backend_pid} (user " in err, err
     assert "snapshot_wait" in err and "'app-report'" in err and "idle in transaction holding a snapshot" in err, err
     assert "nothing was changed" in err and "terminate_blockers" in err, err
-    assert step(db_dsn) == "cutover" and oid(db_dsn, '"Orders"') == before  # nothing swapped
+    st = status(db_dsn)
+    assert st["step"] == "cutover" and oid(db_dsn, '"Orders"') == before  # nothing swapped
+    assert all(f"pid {conn.info.backend_pid}" in st["error"] for conn in readers), st["error"]  # and in status
     for conn in readers:
         assert conn.execute('SELECT count(*) FROM "Orders"').fetchone() == (2_000,)
         assert conn.execute('UPDATE "Orders" SET note = note WHERE id = 7').rowcount == 1

@@ -16,8 +16,8 @@ from tests.workload import Spawned, Writer, create_orders, differences, mover, p
 ISOLATIONS = ("REPEATABLE READ", "SERIALIZABLE")
 
 
-def plan(tmp_path, **cutover) -> str:
-    return plan_file(tmp_path, "snap", columns={"id": "bigint"},
+def plan(tmp_path, method: str = "trigger", **cutover) -> str:
+    return plan_file(tmp_path, "snap", columns={"id": "bigint"}, capture={"method": method},
                      cutover={"lock_timeout": "200ms", "attempts": 3, "snapshot_wait": "1s", **cutover})
 
 
@@ -74,13 +74,15 @@ def oid(dsn, table) -> int:
     return sql(dsn, "SELECT to_regclass(%s)::oid::int", (table,))[0][0]
 
 
-def test_readers_older_than_the_backfill_refuse_the_cutover(db_dsn, tmp_path):
+@pytest.mark.parametrize("method", ["trigger", "logical"])
+def test_readers_older_than_the_backfill_refuse_the_cutover(db_dsn, tmp_path, method):
     """(a) Snapshots taken before the backfill: the cutover waits, names them, and with its short bound
     refuses (exit 3) having changed nothing; they still read every row, and update row 7 (not 0 rows,
-    not an UPDATE of nothing). Once they end, the cutover goes through."""
+    not an UPDATE of nothing). Once they end, the cutover goes through. Either capture method."""
     create_orders(db_dsn, 2_000)
     readers = [reader(db_dsn, iso) for iso in ISOLATIONS]
-    assert mover(db_dsn, "run", plan(tmp_path)).returncode == 3
+    r = mover(db_dsn, "run", plan(tmp_path, method))
+    assert r.returncode == 3, r.stderr
     before = oid(db_dsn, '"Orders"')
     r = mover(db_dsn, "cutover", "snap")
     err = " ".join(r.stderr.split())  # the console wraps long lines

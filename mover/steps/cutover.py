@@ -32,6 +32,8 @@ class Cutover(Step):
             *query_rehearsal.describe(ctx.plan),
             "-- before: autovacuum paused on both tables (restored after), blocking sessions named"
             + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
+            f"-- before each attempt: the log drained, then transactions with an older snapshot waited for (named; "
+            f"at most {ctx.plan.cutover.snapshot_wait_ms / 1000:g} s each, [cutover] snapshot_wait; invariant 16)",
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
         ]

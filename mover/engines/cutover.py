@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -27,7 +27,7 @@ from psycopg import sql
 from mover import faults, names
 from mover.catalog import introspect, privileges, shape, subscribers
 from mover.db import one
-from mover.engines import capture, carry, lockwatch, logical, metadata, parity
+from mover.engines import capture, carry, lockwatch, logical, metadata, parity, snapshots
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
@@ -336,6 +336,7 @@ class Prepared:
     key_index: str
     prepare_ms: float = 0.0
     attempts: int = 0  # at the lock, each after a drain (drain_before_lock)
+    snapshots: snapshots.Waits = field(default_factory=snapshots.Waits)  # waited for across the attempts
 
 
 def prepare(ctx: Context, *, forward: bool) -> Prepared:
@@ -385,6 +386,22 @@ def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Seque
         if n:
             raise Waiting(f"migration {t.migration.name!r} has {n} unresolved divergences; cutover refused",
                           hint=f"see them with `mover divergences {t.migration.name}`")
+    # Invariant 16: no transaction whose snapshot predates the last drain meets the new table by name.
+    snapshots.settle(ctx, prepared[0].snapshots, lambda: capture.drain(ctx, reverse=False, backfill_done=True),
+                     what="swap in", retry=f"mover cutover {ctx.migration.name}")
+
+
+def drain_before_swap_back(ctx: Context, prepared: Sequence[Prepared], members: Sequence[Context] = (),
+                           command: str = "rollback") -> None:
+    """Before each attempt at the rollback's lock, outside it: the reverse logs drained (what arrived
+    while the last attempt waited), then no transaction whose snapshot predates that drain left to
+    meet the old table by name (invariant 16). A row the old table rejects is left to the lock's
+    drain, which refuses it (invariant 9)."""
+    def drain() -> None:
+        for t in members or [ctx]:
+            capture.drain(t, reverse=True, backfill_done=True)
+    drain()
+    snapshots.settle(ctx, prepared[0].snapshots, drain, what="swap back", retry=f"mover {command} {ctx.migration.name}")
 
 
 def refuse_rows_only_in_new(ctx: Context, give_up_rows: bool, command: str) -> None:

@@ -356,9 +356,11 @@ def record_cancelled(ctx: Context, pids: list[int]) -> None:
     ctx.report("autovacuum_cancelled", pids=pids)
 
 
-def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: list[Blocker]) -> list[dict[str, Any]]:
+def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: list[Blocker],
+                       held: Callable[[psycopg.Cursor], list[Blocker]] | None = None) -> list[dict[str, Any]]:
     """Cancel the blockers' statements; terminate the sessions still holding a lock after
-    blocker_grace (an idle transaction ignores a cancel). mover's own sessions are left alone."""
+    blocker_grace (an idle transaction ignores a cancel). mover's own sessions are left alone.
+    `held`: what they hold, if not a lock on `tables` (snapshots.wait: an older snapshot)."""
     grace = ctx.plan.cutover.blocker_grace_ms / 1000
     targets = {b.pid: b for b in found if not b.ours}
     if not targets:
@@ -369,8 +371,8 @@ def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: lis
     while still and time.monotonic() < deadline:
         if ctx.stop.wait(min(0.05, grace)):
             break
-        held = ctx.db.transaction(bind(blockers, tables), label="blockers")
-        still = {b.pid: b for b in held if b.pid in targets}
+        now = ctx.db.transaction(held or bind(blockers, tables), label="blockers")
+        still = {b.pid: b for b in now if b.pid in targets}
     terminated = []
     if still:
         terminated = ctx.db.transaction(

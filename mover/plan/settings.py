@@ -124,6 +124,11 @@ class CutoverSettings:
     terminate_blockers: bool = setting(Flag(), False, settable=True)
     blocker_grace_ms: int = setting(Duration(0, 600_000, "0 and 10 minutes", 'e.g. blocker_grace = "5s"'), 5000,
                                     settable=True)
+    # Before each attempt at the swap's lock: how long it waits for a transaction whose snapshot is older
+    # than the new table's last rows (mover/engines/snapshots.py, invariant 16); then refused, or with
+    # terminate_blockers that session ended. Stored only when set: plans registered before read the same.
+    snapshot_wait_ms: int = setting(Duration(0, 3_600_000, "0 and 1 hour", 'e.g. snapshot_wait = "30s"'), 30_000,
+                                    settable=True, only_set=True)
     # Metadata differences the operator lets through the swap's parity check (mover/engines/parity.py):
     # "kind:item" keys as `mover parity NAME` prints them, or a bare kind.
     accept_parity: tuple[str, ...] = setting(

@@ -32,6 +32,8 @@ class Cutover(Step):
             *query_rehearsal.describe(ctx.plan),
             "-- before: autovacuum paused on both tables (restored after), blocking sessions named"
             + (", cancelled after [cutover] blocker_grace" if ctx.plan.cutover.terminate_blockers else ""),
+            f"-- before each attempt: the log drained, then transactions with an older snapshot waited for (named; "
+            f"at most {ctx.plan.cutover.snapshot_wait_ms / 1000:g} s each, [cutover] snapshot_wait; invariant 16)",
             f"-- one transaction, lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to "
             f"{ctx.plan.cutover.attempts} attempts:",
         ]
@@ -126,7 +128,9 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
         try:
             held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=False,
                                                              give_up_rows=give_up_rows, command=command),
-                                      forward=False, command=command)
+                                      forward=False, command=command,  # before each attempt: reverse drain, snapshots
+                                      before_attempt=lambda: cutover.drain_before_swap_back(ctx, [prepared],
+                                                                                            command=command))
         except cutover.Unapplied as exc:
             raise cutover.refused(ctx, exc, forward=False, command=command) from None
     cutover.finish(ctx, held, forward=False)

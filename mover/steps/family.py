@@ -117,7 +117,8 @@ def swap_back(ctx: Context, members: Sequence[Context], give_up_rows: bool = Fal
     try:
         held = family.run_locked(ctx, members, lambda cur: _swap(cur, ctx, members, prepared, digest, forward=False,
                                                                  give_up_rows=give_up_rows, command=command),
-                                 forward=False, command=command)
+                                 forward=False, command=command,  # before each attempt: reverse drains, snapshots
+                                 before_attempt=lambda: cutover.drain_before_swap_back(ctx, prepared, members, command))
     except cutover.Unapplied as exc:
         raise cutover.refused(ctx, exc, forward=False, command=command) from None
     for t in members:

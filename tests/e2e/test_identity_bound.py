@@ -232,3 +232,22 @@ def test_a_subscription_made_after_registration_refuses_the_cutover(db_dsn, tmp_
     q(db_dsn, "ALTER SUBSCRIPTION orders_sub DISABLE")
     q(db_dsn, "ALTER SUBSCRIPTION orders_sub ENABLE")
     assert replicates(db_dsn, pub, "after the refused cutover")
+
+
+def test_an_inheritance_child_made_before_the_backfill_is_never_copied(db_dsn, tmp_path):
+    """The copies read ONLY the source: a child's rows are the child's, not the table's (and the
+    child refuses the cutover, named)."""
+    create_orders(db_dsn, ROWS)
+    p = plan_file(tmp_path, "ident", columns={"id": "bigint"}, backfill={"range_rows": 100})
+    r = mover(db_dsn, "run", p, env={"MOVER_FAULT": "kill@after:install_capture"})
+    assert r.returncode != 0 and q(db_dsn, "SELECT step FROM mover.migrations WHERE name = 'ident'") \
+        == [("backfill",)], r.stderr
+    assert q(db_dsn, 'SELECT count(*) FROM "Orders_new"') == [(0,)]  # nothing copied yet
+    q(db_dsn, """CREATE TABLE "Orders_archive" () INHERITS ("Orders");
+                 INSERT INTO "Orders_archive" (id, "Account", created_at)
+                 SELECT 100000 + g, 7, now() FROM generate_series(1, 50) g""")
+    r = mover(db_dsn, "run", "ident")
+    assert r.returncode == 3 and '"Orders_archive"' in " ".join(r.stderr.split()), r.stderr
+    assert q(db_dsn, 'SELECT (SELECT count(*) FROM "Orders_new"), (SELECT count(*) FROM ONLY "Orders")') \
+        == [(ROWS, ROWS)]
+    assert mover(db_dsn, "cutover", "ident").returncode == 3

@@ -56,7 +56,8 @@ def numbered(section: str) -> set[int]:
 
 
 def test_design_numbers_its_invariants_and_races():
-    assert numbered("Invariants") == set(range(1, 14))
+    # 14 and 16 come with issue 34's other parts (capture verified, old snapshots), merged beside this one.
+    assert numbered("Invariants") == set(range(1, 14)) | {15}
     assert numbered("Races") == set(range(1, 10))
 
 

@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import connect, dsn_with_dbname
-from tests.workload import create_orders, mover, plan_file
+from tests.workload import create_orders, cutover_with_change_before_lock, mover, plan_file
 
 ROWS = 300
 
@@ -117,6 +117,25 @@ def test_an_object_bound_to_the_identity_made_at_the_gate_refuses_the_cutover(db
     # The gate names it too (mover run stops there).
     r = mover(db_dsn, "run", "ident")
     assert r.returncode == 3 and "bound to the identity" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("statement, named", [
+    ('CREATE TABLE audit (r "Orders")', "column r of table public.audit"),
+    ('CREATE TABLE "Orders_archive" () INHERITS ("Orders")', 'NO INHERIT "public"."Orders"'),
+    ('CREATE TABLE reporting (id int); ALTER TABLE "Orders" INHERIT reporting', 'NO INHERIT "public"."reporting"'),
+    ("CREATE FUNCTION orders_count() RETURNS bigint LANGUAGE sql BEGIN ATOMIC SELECT count(*) FROM \"Orders\"; END",
+     "function public.orders_count()"),
+], ids=["row-type column", "inheritance child", "inheritance parent", "BEGIN ATOMIC"])
+def test_an_object_made_between_the_preparation_and_the_lock_is_refused_under_the_lock(db_dsn, tmp_path,
+                                                                                      statement, named):
+    """The swap's statements are read before its lock; the catalog digest it compares under the lock
+    covers what the identity search reads, so an object made in between is found there."""
+    at_gate(db_dsn, tmp_path)
+    code, err = cutover_with_change_before_lock(db_dsn, "ident", tmp_path, statement)
+    flat = " ".join(err.split())
+    assert code == 3 and named in flat, flat
+    insert_one(db_dsn)  # the application's table is the one it was
+    assert q(db_dsn, "SELECT step FROM mover.migrations WHERE name = 'ident'")[0][0] == "cutover"
 
 
 def test_a_fixed_object_lets_the_cutover_through_and_retire_names_what_binds_the_old_table(db_dsn, tmp_path):

@@ -31,10 +31,10 @@ from mover.errors import Waiting
 
 # The views and materialized views that read the table, recursively (the swap re-creates them:
 # carry._views); then the row types of the table and of those views, and every array or domain
-# over them, recursively; then each pg_depend row of an ordinary dependency on any of them. Auto and
-# internal dependencies ('a', 'i') are the objects' own parts (indexes, constraints, triggers,
-# rules, policies, statistics, sequences, the row type and its array): dropped with them, and
-# carried by the swap where they belong to the table.
+# over them, recursively; then each object with an ordinary or automatic dependency on any of them,
+# with the relation it belongs to. What belongs to the table (indexes, constraints, triggers, rules,
+# policies, statistics, owned sequences, partitions) is its own: dropped with it, and carried by the
+# swap; internal dependencies ('i': the row type, its array, the toast table) are parts of it.
 DEPENDENTS = """
 WITH RECURSIVE views(oid, depth) AS (
     SELECT %(oid)s::oid, 0
@@ -54,11 +54,7 @@ WITH RECURSIVE views(oid, depth) AS (
                     AND d.classid = 'pg_type'::regclass
     WHERE t.depth < 20
 ), deps AS (
-    SELECT DISTINCT d.classid, d.objid, d.objsubid FROM pg_depend d
-    WHERE d.deptype = 'n' AND ((d.refclassid = 'pg_class'::regclass AND d.refobjid IN (SELECT oid FROM rel))
-                               OR (d.refclassid = 'pg_type'::regclass AND d.refobjid IN (SELECT oid FROM types)))
-)
-SELECT d.classid::regclass::text, d.objid, d.objsubid, pg_describe_object(d.classid, d.objid, d.objsubid),
+    SELECT d.classid, d.objid, d.objsubid,
        -- the relation the object belongs to, if it belongs to one: the swap carries what belongs to
        -- the table (or to a view it re-creates), and the foreign keys that reference it
        CASE d.classid
@@ -69,11 +65,26 @@ SELECT d.classid::regclass::text, d.objid, d.objsubid, pg_describe_object(d.clas
            WHEN 'pg_statistic_ext'::regclass THEN (SELECT x.stxrelid FROM pg_statistic_ext x WHERE x.oid = d.objid)
            WHEN 'pg_attrdef'::regclass THEN (SELECT a.adrelid FROM pg_attrdef a WHERE a.oid = d.objid)
            WHEN 'pg_publication_rel'::regclass THEN (SELECT p.prrelid FROM pg_publication_rel p WHERE p.oid = d.objid)
-           WHEN 'pg_class'::regclass THEN coalesce((SELECT i.indrelid FROM pg_index i WHERE i.indexrelid = d.objid),
-                                                  CASE WHEN d.objsubid = 0 THEN d.objid END)
+           WHEN 'pg_class'::regclass THEN coalesce(
+               (SELECT i.indrelid FROM pg_index i WHERE i.indexrelid = d.objid),
+               -- a partition (of a partitioned new table, in the window) belongs to its parent
+               (SELECT h.inhparent FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhrelid
+                 WHERE h.inhrelid = d.objid AND p.relispartition),
+               -- a sequence OWNED BY a column of the table (handed over at the swap)
+               (SELECT d.refobjid FROM pg_class q WHERE q.oid = d.objid AND q.relkind = 'S' AND d.deptype = 'a'),
+               CASE WHEN d.objsubid = 0 THEN d.objid END)
        END IN (SELECT oid FROM rel) AS own,
        d.classid = 'pg_constraint'::regclass
-           AND EXISTS (SELECT 1 FROM pg_constraint k WHERE k.oid = d.objid AND k.contype = 'f') AS foreign_key,
+           AND EXISTS (SELECT 1 FROM pg_constraint k WHERE k.oid = d.objid AND k.contype = 'f') AS foreign_key
+    FROM pg_depend d
+    -- Ordinary and automatic dependencies: an automatic one of an object that is not the table's own
+    -- (a CONSTRAINT TRIGGER ... FROM t on another table) would go with the old table silently.
+    WHERE d.deptype IN ('n', 'a')
+      AND ((d.refclassid = 'pg_class'::regclass AND d.refobjid IN (SELECT oid FROM rel))
+           OR (d.refclassid = 'pg_type'::regclass AND d.refobjid IN (SELECT oid FROM types)))
+)
+SELECT d.classid::regclass::text, d.objid, d.objsubid, pg_describe_object(d.classid, d.objid, d.objsubid),
+       coalesce(bool_and(d.own), false), bool_or(d.foreign_key),
        -- what the fix statements name
        CASE d.classid
            WHEN 'pg_class'::regclass THEN (SELECT ARRAY[n.nspname, c.relname, c.relkind::text,
@@ -105,6 +116,7 @@ SELECT d.classid::regclass::text, d.objid, d.objsubid, pg_describe_object(d.clas
                                          WHERE p.oid = d.objid)
        END AS names
 FROM deps d
+GROUP BY d.classid, d.objid, d.objsubid
 ORDER BY 4
 """
 
@@ -153,11 +165,11 @@ def _rel(schema: str, name: str) -> sql.Identifier:
 def _classify(cur: psycopg.Cursor, table: sql.Identifier, classid: str, what: str, got: list[str] | None,
               *, dropping: bool) -> Bound:
     """The refusal for one dependent object (`got`: the names the DEPENDENTS query read for its fix)."""
-    stays = ("PostgreSQL would refuse to drop the table over it" if dropping
+    stays = ("it depends on the table: the drop would fail over it, or take it along" if dropping
              else "bound to the table's oid or row type, it would stay on the old table at the swap")
     again = "" if dropping else " (create it again after the cutover if needed: it then binds to the new table)"
-    if got is None:  # vanished while read
-        return Bound(what, stays, "none needed if it is gone; run the command again")
+    if got is None:  # a kind without names read for its fix, or an object that vanished while read
+        return Bound(what, stays, f"drop or change {what}{again}")
     if classid == "pg_class":
         schema, name, relkind, column, child = got
         rel = _rel(schema, name)

@@ -255,9 +255,10 @@ def bound(cur: psycopg.Cursor, oid: int) -> list[Bound]:
 
 
 def blocking(cur: psycopg.Cursor, oid: int) -> list[Bound]:
-    """What `DROP TABLE` of `oid` would refuse over (2BP01): every ordinary dependency on it, on a
-    column of it or on its row type (and the arrays and domains over it), inheritance children
-    included. Views that read it count too: nothing but the table's own parts may remain."""
+    """What `DROP TABLE` of `oid` would refuse over (2BP01), or take along silently: every object
+    with an ordinary or automatic dependency on it, on a column of it or on its row type (and the
+    arrays and domains over it) that is not its own part, inheritance children included. Views
+    that read it count too: nothing but the table's own parts may remain."""
     table = _table(cur, oid)
     # Without views, only the table's own parts belong: they go with it.
     return [_classify(cur, table, classid, what, got, dropping=True)

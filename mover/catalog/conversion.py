@@ -257,6 +257,7 @@ def mapping(src: TableInfo, dst: TableInfo, key: tuple[str, ...], *, reverse: Pr
         columns=tuple(cols),
         overriding=any(c.identity == "a" for c in dst.columns),
         key_collations=tuple(src.column(k).collation for k in key),
+        src_only=src.relkind == "r", dst_only=dst.relkind == "r",
     )
 
 

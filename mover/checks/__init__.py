@@ -82,6 +82,7 @@ def _registry() -> list[Check]:
     from mover.checks import (
         carried,
         foreign_keys,
+        identity,
         key,
         logical,
         metadata,
@@ -116,7 +117,8 @@ def _registry() -> list[Check]:
         Check("NOT NULL NO INHERIT to a partitioned table (PostgreSQL 18)", versions.no_inherit_not_null),
         Check("outbound foreign keys", foreign_keys.outbound),
         Check("NOT VALID foreign keys to a partitioned table", foreign_keys.not_valid_to_partitioned),
-        Check("inheritance", refused_objects.table_properties),
+        Check("typed table, partition", refused_objects.table_properties),
+        Check("objects bound to the source's identity", identity.bound),
         Check("dependents the swap moves are owned", carried.owned),
         Check("privileges", privileges.setup),
         Check("publications", metadata.publications),

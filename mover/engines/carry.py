@@ -467,7 +467,8 @@ def validate(ctx: Context) -> list[tuple[str, str, str]]:
 # carry_sql and metadata.swap_sql, parity.live_description, shape.DESCRIBE: all read before the
 # lock, read nothing else): the two tables and, recursively, the views that read them; their
 # indexes, sequences, column defaults, publications, extended statistics, security labels and the
-# tables whose foreign keys reference them; and of each, the catalog rows read. A row's xmin changes
+# tables whose foreign keys reference them; and of each, the catalog rows read; and what
+# mover/catalog/identity.py reads of them (the swap's refusal of what it would leave behind). A row's xmin changes
 # with every transactional update of it, so an equal digest means the statements and the description
 # read then are still what the catalog would give now. pg_class is compared by content instead:
 # VACUUM's in-place updates keep xmin anyway, but an ALTER TABLE SET (autovacuum_enabled = ...)
@@ -529,6 +530,18 @@ SELECT md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
         WHERE classoid = 'pg_class'::regclass AND objoid IN (SELECT oid FROM rel)
     UNION ALL SELECT concat_ws(':', 'd', classid, objid, objsubid, refobjid, refobjsubid, deptype) FROM pg_depend
         WHERE refclassid = 'pg_class'::regclass AND refobjid IN (SELECT oid FROM rel)
+    -- What mover/catalog/identity.py reads besides (invariant 15): what depends on the row types and
+    -- their arrays (a column, domain or function made since would be left on the old table),
+    -- inheritance both ways, the subscriptions applying into the tables.
+    UNION ALL SELECT concat_ws(':', 'y', classid, objid, objsubid, refobjid, deptype) FROM pg_depend
+        WHERE refclassid = 'pg_type'::regclass AND refobjid IN (
+            SELECT c.reltype FROM pg_class c WHERE c.oid IN (SELECT oid FROM rel)
+            UNION SELECT t.typarray FROM pg_type t JOIN pg_class c ON c.reltype = t.oid
+                                   WHERE c.oid IN (SELECT oid FROM rel))
+    UNION ALL SELECT concat_ws(':', 'h', inhrelid, inhparent, xmin) FROM pg_inherits
+        WHERE inhrelid IN (SELECT oid FROM tab) OR inhparent IN (SELECT oid FROM tab)
+    UNION ALL SELECT concat_ws(':', 'b', srsubid, srrelid, xmin) FROM pg_subscription_rel
+        WHERE srrelid IN (SELECT oid FROM tab)
     UNION ALL SELECT concat_ws(':', 'm', objoid, classoid, objsubid, xmin) FROM pg_description
         WHERE objoid IN (SELECT oid FROM rel UNION ALL SELECT oid FROM cons UNION ALL SELECT oid FROM trig
                          UNION ALL SELECT oid FROM stx)

@@ -15,9 +15,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ import psycopg
 from psycopg import sql
 
 from mover import faults, names
-from mover.catalog import introspect, privileges, shape, subscribers
+from mover.catalog import identity, introspect, privileges, shape, subscribers
 from mover.db import one
 from mover.engines import capture, carry, lockwatch, logical, metadata, parity, snapshots
 from mover.engines.context import Context
@@ -352,12 +353,23 @@ def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> Prepared:
     # The digest first: a change committed after it, while the rest is read, changes the digest the
     # lock reads, so nothing read here can be newer than the digest says and still be used.
     digest = carry.catalog_digest(cur, _swap_tables(ctx, forward))
+    refuse_identity_bound(cur, ctx, forward)  # after the digest: one made meanwhile changes it (invariant 15)
     mapping = ctx.mapping(cur, reverse=not forward)  # ShapeChanged now rather than under the lock
     stmts, carried = swap_plan(cur, ctx, forward=forward)
     original, new = parity.oids(cur, ctx.mid)
     assert new is not None  # the swap runs after create_target
     return Prepared(stmts, carried, digest, parity.live_description(cur, ctx.mid, forward), (original, new),
                     mapping, introspect.describe(cur, ctx.original).key_index)
+
+
+def refuse_identity_bound(cur: psycopg.Cursor, ctx: Context, forward: bool) -> None:
+    """Invariant 15: what is bound to the live table's oid or row type and the swap does not carry
+    (mover/catalog/identity.py) refuses the swap, named with its fix (exit 3)."""
+    live = _swap_tables(ctx, forward)[0]
+    oid = introspect.table_oid(cur, live)
+    assert oid is not None  # the live table carries the name
+    identity.refuse_bound(cur, oid, "cutover" if forward else "rollback",
+                          f"`mover {'cutover' if forward else 'rollback'} {ctx.migration.name}` again")
 
 
 def swap_locks(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName) -> list[QualifiedName]:
@@ -514,6 +526,7 @@ class Swap:
         compare with a stale description. Under the lock nothing they read can change again, so one
         rebuild is the last."""
         if self.rebuilt:
+            refuse_identity_bound(self.cur, self.ctx, self.forward)  # one made since the preparation
             self.stmts, self.carried = swap_plan(self.cur, self.ctx, forward=self.forward)
             self.parity_before = parity.live_description(self.cur, self.ctx.mid, self.forward)
         self._mark("read")
@@ -667,6 +680,20 @@ def inert_old_sql(cur: psycopg.Cursor, old: names.QualifiedName) -> list[Stateme
     return out
 
 
+@contextlib.contextmanager
+def dependents_named(ctx: Context, command: str) -> Iterator[None]:
+    """The last resort behind identity.refuse_blocking: a drop PostgreSQL still refuses over a
+    dependent object (2BP01) is said as mover says it, never passed through raw."""
+    try:
+        yield
+    except psycopg.errors.DependentObjectsStillExist as exc:
+        detail = (exc.diag.message_detail or "").replace("\n", "; ")
+        raise identity.IdentityBound(
+            f"{command} refused: {exc.diag.message_primary}: {detail} (nothing was dropped)",
+            hint=f"drop or change each object named (docs/operating.md \"Objects bound to the table's identity\"),"
+                 f" then `mover {command} {ctx.migration.name}` again") from None
+
+
 def retire_locks(ctx: Context) -> list[QualifiedName]:
     """What retire locks first (ACCESS EXCLUSIVE, those that exist), each named if it waits: the
     live table, the old one unless kept, the migration's logs and notes."""
@@ -692,7 +719,10 @@ def retire(ctx: Context, give_up_rows: bool = False) -> None:
             if left and not give_up_rows:
                 raise refuse_losing(ctx, left, "retire", "original")
             give_up(cur, ctx, left, "retire")
-        execute_all(cur, retire_sql(cur, ctx))
+        if not keep:  # what the drop would refuse over (2BP01), named with its fix instead
+            identity.refuse_blocking(cur, introspect.table_oid(cur, m.old), "retire", f"`mover retire {m.name}` again")
+        with dependents_named(ctx, "retire"):
+            execute_all(cur, retire_sql(cur, ctx))
         control.mark_retired(cur, m, ctx.owner,
                              message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
 
@@ -729,7 +759,9 @@ def abort(ctx: Context, give_up_rows: bool = False) -> None:
         if left and not give_up_rows:
             raise refuse_losing(ctx, left, "abort", "new")
         give_up(cur, ctx, left, "abort")
-        execute_all(cur, abort_sql(cur, ctx))
+        identity.refuse_blocking(cur, introspect.table_oid(cur, m.target), "abort", f"`mover abort {m.name}` again")
+        with dependents_named(ctx, "abort"):
+            execute_all(cur, abort_sql(cur, ctx))
         ranges.reset(cur, ctx.mid, "backfill")
         ranges.reset(cur, ctx.mid, "reconcile")
         control.mark_aborted(cur, m, ctx.owner)

@@ -274,8 +274,9 @@ def retire(ctx: Context, members: Sequence[Context], give_up_rows: bool = False)
                 if left and not give_up_rows:
                     raise cutover.refuse_losing(t, left, "retire", "original")
                 cutover.give_up(cur, t, left, "retire")
-        for t in reversed(ordered):
-            cutover.execute_all(cur, cutover.retire_sql(cur, t))
+        with cutover.dependents_named(ctx, "retire"):  # a 2BP01 named as mover names it (invariant 15)
+            for t in reversed(ordered):
+                cutover.execute_all(cur, cutover.retire_sql(cur, t))
         for t in members:
             old = f"kept as {t.migration.old}" if keep else "dropped"
             control.mark_retired(cur, t.migration, t.owner, message=f"retired; old table {old}")
@@ -305,10 +306,11 @@ def abort(ctx: Context, members: Sequence[Context], give_up_rows: bool = False) 
             if left and not give_up_rows:
                 raise cutover.refuse_losing(t, left, "abort", "new")
             cutover.give_up(cur, t, left, "abort")
-        for t in reversed(ordered):
-            cutover.execute_all(cur, cutover.abort_sql(cur, t))
-            ranges.reset(cur, t.mid, "backfill")
-            ranges.reset(cur, t.mid, "reconcile")
+        with cutover.dependents_named(ctx, "abort"):  # a 2BP01 named as mover names it (invariant 15)
+            for t in reversed(ordered):
+                cutover.execute_all(cur, cutover.abort_sql(cur, t))
+                ranges.reset(cur, t.mid, "backfill")
+                ranges.reset(cur, t.mid, "reconcile")
         for t in members:
             control.mark_aborted(cur, t.migration, t.owner)
         faults.point("family:aborted")  # every table's drops and transitions, not committed: none aborted

@@ -184,7 +184,7 @@ def _sync_keys(m: Mapping, suffix: str = "") -> sql.Composed:
     ON CONFLICT ({key_cols}) {action}
     RETURNING 1
 )"""
-    ).format(dst=m.dst.ident, src=m.src.ident, d_eq_l=key_equal("d", "l", k), s_eq_l=key_equal("s", "l", k),
+    ).format(dst=m.dst.ident, src=m.reads("src"), d_eq_l=key_equal("d", "l", k), s_eq_l=key_equal("s", "l", k),
              cols=ident_list(c.name for c in m.columns), overriding=overriding(m), values=source_values("s", m),
              key_cols=ident_list(conflict), action=action, moved=moved, gone=sql.Identifier("gone" + suffix),
              upserted=sql.Identifier("upserted" + suffix), keys=sql.Identifier("keys" + suffix))
@@ -463,7 +463,7 @@ closure ({key_cols}) AS (
 ), gone AS (DELETE FROM {dst} d USING closure l WHERE {d_eq_l} RETURNING 1)
 INSERT INTO {dst} ({dcols}){overriding} SELECT {svalues} FROM {src} s JOIN closure l ON {s_eq_l}
 WHERE (SELECT count(*) FROM gone) >= 0""").format(
-        keys=_key_set(m), key_cols=key_cols, pulled=pulled, src=m.src.ident, s_eq_w=key_equal("s", "w", m.key),
+        keys=_key_set(m), key_cols=key_cols, pulled=pulled, src=m.reads("src"), s_eq_w=key_equal("s", "w", m.key),
         v=v, h=h, dst=m.dst.ident, d_eq_l=key_equal("d", "l", m.key), dcols=ident_list(col.name for col in m.columns),
         overriding=overriding(m), svalues=source_values("s", m), s_eq_l=key_equal("s", "l", m.key))
 
@@ -477,4 +477,4 @@ INSERT INTO {dst} ({dcols}){overriding} SELECT {svalues} FROM {src} s JOIN keys 
 WHERE (SELECT count(*) FROM gone) >= 0""").format(
         keys=_key_set(m), dst=m.dst.ident, d_eq_l=key_equal("d", "l", m.key),
         dcols=ident_list(col.name for col in m.columns), overriding=overriding(m), svalues=source_values("s", m),
-        src=m.src.ident, s_eq_l=key_equal("s", "l", m.key))
+        src=m.reads("src"), s_eq_l=key_equal("s", "l", m.key))

@@ -211,7 +211,7 @@ def _narrowed(spec: Spec, side: str, where: sql.Composable) -> sql.Composed:
     return sql.SQL("(SELECT {keys}, ROW({vals}) AS v, {h} AS h FROM {tbl} {a} WHERE {where} OFFSET 0) {a}").format(
         keys=sql.SQL(", ").join(sql.Identifier(alias, k) for k in m.key),
         vals=sql.SQL(", ").join(compared(c, alias, side) for c in spec.non_key),
-        h=row_hash(spec, alias, side), tbl=(m.src if side == "src" else m.dst).ident, a=sql.Identifier(alias),
+        h=row_hash(spec, alias, side), tbl=m.reads(side), a=sql.Identifier(alias),
         where=where)
 
 
@@ -230,7 +230,7 @@ def _column_detail_wide(spec: Spec) -> sql.Composed:
                                               sql.Identifier("t2", k), sql.Identifier("t", k)) for k in m.key)
     cols = spec.non_key
     groups = [sql.SQL("(SELECT {d} FROM {src} s2, {dst} t2 WHERE {on})").format(
-        d=_column_detail(spec, "s2", "t2", cols[i:i + WIDE_GROUP]), src=m.src.ident, dst=m.dst.ident, on=on)
+        d=_column_detail(spec, "s2", "t2", cols[i:i + WIDE_GROUP]), src=m.reads("src"), dst=m.reads("dst"), on=on)
         for i in range(0, len(cols), WIDE_GROUP)]
     return sql.SQL("({})").format(sql.SQL(" || ").join(groups))
 
@@ -290,7 +290,7 @@ WHERE (s.{k0} IS NOT NULL OR t.{k0} IS NOT NULL) AND {differs}
                         on_s=sql.SQL("true"), on_t=sql.SQL("true"), differs=_differs_wide(spec))
     return q.format(k0=sql.Identifier(k0), columns=_column_detail(spec, "s", "t"), pending=pending,
                     hash_s=row_hash(spec, "s", "src"), hash_t=row_hash(spec, "t", "dst"), keys=keys,
-                    src=sql.SQL("{} s").format(m.src.ident), dst=sql.SQL("{} t").format(m.dst.ident),
+                    src=sql.SQL("{} s").format(m.reads("src")), dst=sql.SQL("{} t").format(m.reads("dst")),
                     on_s=lookup_s, on_t=lookup_t, differs=differs(spec))
 
 
@@ -325,9 +325,9 @@ FROM j LEFT JOIN LATERAL ({detail}) d ON true
     ).format(k0=k0, hash_s=sql.SQL("s.h") if wide else row_hash(spec, "s", "src"), key_text=_key_text(spec),
              differs=_differs_wide(spec) if wide else differs(spec),
              src=_narrowed(spec, "src", s_where) if wide
-             else sql.SQL("(SELECT * FROM {} s WHERE {}) s").format(m.src.ident, s_where),
+             else sql.SQL("(SELECT * FROM {} s WHERE {}) s").format(m.reads("src"), s_where),
              dst=_narrowed(spec, "dst", t_where) if wide
-             else sql.SQL("(SELECT * FROM {} t WHERE {}) t").format(m.dst.ident, t_where),
+             else sql.SQL("(SELECT * FROM {} t WHERE {}) t").format(m.reads("dst"), t_where),
              on=key_equal("s", "t", m.key), mark=mark,
              detail=detail(spec, sql.SQL("coalesce(j.keys, '[]'::jsonb)"), log))
     return q, s_params + t_params
@@ -346,7 +346,7 @@ def range_fingerprint(spec: Spec, side: str, lo: list[str] | None,
     alias = "s" if side == "src" else "t"
     where, params = range_predicate(alias, m, lo, hi)
     q = sql.SQL("SELECT count(*), coalesce(sum({h}), 0) FROM {tbl} {a} WHERE {where}").format(
-        h=row_hash(spec, alias, side), tbl=(m.src if side == "src" else m.dst).ident, a=sql.Identifier(alias),
+        h=row_hash(spec, alias, side), tbl=m.reads(side), a=sql.Identifier(alias),
         where=where)
     return q, params
 

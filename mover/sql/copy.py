@@ -26,7 +26,7 @@ def next_bound(m: Mapping, lo: list[str] | None) -> tuple[sql.Composed, list[Any
                 ).format(
         keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("s", k)) for k in m.key),
         cols=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key),
-        src=m.src.ident, where=where,
+        src=m.reads("src"), where=where,
         order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
     return q, params
 
@@ -38,7 +38,7 @@ def key_above(m: Mapping, bound: list[str]) -> tuple[sql.Composed, list[Any]]:
     row above the bound, which on an append-mostly table is at its end (a whole-table scan)."""
     where, params = range_predicate("s", m, bound, None)
     q = sql.SQL("SELECT 1 FROM {src} s WHERE {where} ORDER BY {order} LIMIT 1").format(
-        src=m.src.ident, where=where, order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
+        src=m.reads("src"), where=where, order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
     return q, params
 
 
@@ -46,7 +46,7 @@ def copy_range(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[
     where, params = range_predicate("s", m, lo, hi)
     q = sql.SQL("INSERT INTO {dst} ({cols}){overriding} SELECT {values} FROM {src} s WHERE {where}").format(
         dst=m.dst.ident, cols=ident_list(c.name for c in m.columns), overriding=overriding(m),
-        values=source_values("s", m), src=m.src.ident, where=where)
+        values=source_values("s", m), src=m.reads("src"), where=where)
     return q, params
 
 
@@ -55,7 +55,7 @@ def range_keys(m: Mapping, lo: list[str] | None, hi: list[str] | None) -> tuple[
     where, params = range_predicate("s", m, lo, hi)
     q = sql.SQL("SELECT {keys} FROM {src} s WHERE {where} ORDER BY {order}").format(
         keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("s", k)) for k in m.key),
-        src=m.src.ident, where=where, order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
+        src=m.reads("src"), where=where, order=sql.SQL(", ").join(sql.Identifier("s", k) for k in m.key))
     return q, params
 
 

@@ -60,6 +60,16 @@ class Mapping:
     # is the source's plus these, so replay upserts on that and deletes a row that changed
     # partition (mover/sql/capture.py).
     dst_partition: tuple[str, ...] = ()
+    # Each side is an ordinary table: read with ONLY, so that an inheritance child's rows (plan check
+    # and the swap refuse children, invariant 15: defence in depth) are never copied or compared as
+    # the table's. A partitioned side is read whole (ONLY would read none of its rows).
+    src_only: bool = False
+    dst_only: bool = False
+
+    def reads(self, side: str) -> sql.Composable:
+        """The relation a statement reads `side` ("src" or "dst") from: `ONLY table` where it may."""
+        table, only = (self.src, self.src_only) if side == "src" else (self.dst, self.dst_only)
+        return sql.SQL("ONLY {}").format(table.ident) if only else table.ident
 
     @property
     def non_key(self) -> tuple[MappedColumn, ...]:

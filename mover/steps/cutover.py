@@ -88,6 +88,8 @@ class Cutover(Step):
                           f"{counts['open']} divergences ({kinds}) open; cutover refuses until they are resolved",
                           hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
                                f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
+        # What the swap would leave on the old table is named here already (invariant 15).
+        ctx.db.transaction(lambda cur: cutover.refuse_identity_bound(cur, ctx, forward=True), label="identity")
         raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
                       hint=f"run `mover cutover {m.name}` to swap it in")
 

@@ -39,8 +39,8 @@ import psycopg
 
 from mover import faults, names
 from mover.catalog import introspect, server
-from mover.db import Database, bind, is_retryable
-from mover.engines import capture, logical, rangework, throttle
+from mover.db import Database, bind, is_retryable, one
+from mover.engines import capture, integrity, logical, rangework, throttle
 from mover.engines.context import Context, Reporter
 from mover.errors import Failed
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
@@ -394,7 +394,11 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     settings = ctx.plan.reconcile
     capture.drain(ctx, reverse=False, backfill_done=True)
     spec = ctx.db.transaction(lambda cur: spec_for(cur, ctx.mapping(cur)))
-    mode = _start_pass(ctx, spec, full)
+    # Invariant 14: after a capture gap, once capture is back in force, a pass over every range; it
+    # covers the gaps restored before it started (read before its ranges are reset).
+    pass_started, gap = ctx.db.transaction(lambda cur: (one(cur.execute("SELECT clock_timestamp()"))[0],
+                                                        integrity.needs_full(cur, ctx.mid)))
+    mode = _start_pass(ctx, spec, full or gap)
     result = PassResult(mode)
 
     def todo(cur: psycopg.Cursor) -> tuple[dict[str, Any], int | None]:
@@ -425,6 +429,9 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
             summary += f"; {result.unsettled} keys kept changing and were left to the next pass"
         control.event(cur, ctx.mid, ctx.owner, KIND, "pass_done", summary, result.as_dict(),
                       result.seconds * 1000)
+        if mode == "full":
+            integrity.covered_by_pass(cur, ctx, pass_started,
+                                      f"the full reconcile pass started {pass_started:%H:%M:%S}")
     ctx.db.transaction(finish)
     ctx.report("reconcile_done", **{k: v for k, v in result.as_dict().items() if k in (
         "mode", "ranges", "rows", "seconds", "found", "resolved", "open", "unsettled")})

@@ -205,6 +205,10 @@ def _record(cur: psycopg.Cursor, spec: q.Spec, mid: int, key_range: ranges.KeyRa
         f"rows equal when reconcile range {key_range.range_no} was verified again", actor)
     stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), key_range.lo, key_range.hi)
     cur.execute(stmt, [*params, agg["mark"]])
+    # Every row of a range that was equal when last verified differs now, nothing pending: a write
+    # pattern only a bypassed capture produces (invariant 14): named as such, not as bare divergences.
+    integrity.whole_range_differs(cur, mid, actor, key_range.kind, key_range.range_no, len(settled),
+                                  max(agg["src_rows"], agg["dst_rows"]))
     src_fp, dst_fp = q.fingerprint(agg["src_sum"], first_diffs)
     ranges.store_fingerprint(cur, mid, key_range, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp, len(settled))
     return {"found": found, "still_open": again, "resolved": len(resolved), "unsettled": len(unsettled)}

@@ -114,6 +114,15 @@ def record(cur: psycopg.Cursor, mid: int, reverse: bool, obj: str, relation: str
     return Gap(*cur.fetchone()), True  # type: ignore[misc]
 
 
+def found_by_comparison(cur: psycopg.Cursor, mid: int, obj: str, seen: str) -> Gap:
+    """A forward gap a reconcile comparison found (no catalog object to name): covered by that
+    comparison already, recorded so that the refusals name it."""
+    cur.execute(f"INSERT INTO mover.capture_gaps (migration_id, direction, object, seen, restored_at, compared_at,"
+                f" resolution) VALUES (%s, 'forward', %s, %s, clock_timestamp(), clock_timestamp(),"
+                f" 'found by the comparison itself') RETURNING {_COLUMNS}", (mid, obj, seen))
+    return Gap(*cur.fetchone())  # type: ignore[misc]
+
+
 def covered(cur: psycopg.Cursor, mid: int, reverse: bool, since: datetime, how: str) -> list[Gap]:
     """The restored gaps of a direction that a full comparison (or re-sync) started at `since`
     covers: those restored before it. Returns them."""

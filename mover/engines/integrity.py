@@ -212,6 +212,8 @@ def check(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> list[Seen]:
 def name_of(g: gaps.Gap) -> str:
     if g.relation is None:
         return g.object  # found by a comparison, not by the catalog
+    if g.object.startswith("slot:"):
+        return f"replication slot {names.display_ident(g.object.removeprefix('slot:'))}"
     kind = _kind(g.object)
     if kind == "trigger":
         return f"trigger {names.display_ident(g.object)} on {g.relation}"

@@ -52,7 +52,7 @@ from mover.engines.context import Context
 from mover.errors import Failed, PlanError, SlotLost, Waiting
 from mover.names import QualifiedName
 from mover.sql import logical as q
-from mover.state import control, ranges
+from mover.state import control, gaps, ranges
 
 log = logging.getLogger("mover.logical")
 
@@ -747,6 +747,11 @@ def recapture(ctx: Context) -> str:
         # The notes of applied keys say which ranges changed since the last pass; with a gap in the
         # capture any range may have: with its ranges forgotten the next pass compares every one.
         ranges.reset(cur, ctx.mid, "reconcile")
+        # Invariant 14: the changes the old slot did not deliver are a capture gap, named by the
+        # refusals until the full pass covers it.
+        gaps.restored_now(cur, ctx.mid, f"slot:{slot}", str(ctx.original),
+                          "the replication slot was lost, dropped or replaced, and `mover recapture` made a new one: "
+                          "the changes committed between the last feed and the new slot were not captured")
         control.mark_recaptured(cur, m, ctx.owner, slot=slot)
 
     ctx.db.transaction(restart, lock_timeout=f"{ctx.plan.cutover.lock_timeout_ms}ms",

@@ -123,6 +123,15 @@ def found_by_comparison(cur: psycopg.Cursor, mid: int, obj: str, seen: str) -> G
     return Gap(*cur.fetchone())  # type: ignore[misc]
 
 
+def restored_now(cur: psycopg.Cursor, mid: int, obj: str, relation: str, seen: str) -> Gap:
+    """A forward gap mover closed itself just now (`mover recapture`: a new slot): in force again,
+    not yet compared."""
+    cur.execute(f"INSERT INTO mover.capture_gaps (migration_id, direction, object, relation, seen, restored_at)"
+                f" VALUES (%s, 'forward', %s, %s, %s, clock_timestamp()) RETURNING {_COLUMNS}",
+                (mid, obj, relation, seen))
+    return Gap(*cur.fetchone())  # type: ignore[misc]
+
+
 def covered(cur: psycopg.Cursor, mid: int, reverse: bool, since: datetime, how: str) -> list[Gap]:
     """The restored gaps of a direction that a full comparison (or re-sync) started at `since`
     covers: those restored before it. Returns them."""

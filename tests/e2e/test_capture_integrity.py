@@ -318,3 +318,28 @@ def test_logical_capture_publication_changed_is_named_and_refused(db_dsn, tmp_pa
     finally:
         writer.halt()
     assert writer.errors == []
+
+
+def test_logical_capture_slot_dropped_and_created_again_stops_the_feed(db_dsn, tmp_path):
+    """A slot of mover's name made again by someone: it exists and is usable, but starts past where
+    mover fed from the old one; the changes in between would never be fed."""
+    plan = orders(db_dsn, tmp_path, capture={"method": "logical"})
+    writer = Writer(db_dsn, seed=39, delay=0.002).start()
+    try:
+        assert mover(db_dsn, "run", plan).returncode == 3
+        slot = status(db_dsn)["capture"]["slot"]["slot"]
+        writer.pause()
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            app_execute(conn, "UPDATE {t} SET note = 'between the slots' WHERE id BETWEEN 300 AND 330")
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        writer.resume()
+        r = run(db_dsn, "run", NAME)
+        assert r.returncode == 1, r.stderr
+        assert f"the replication slot {slot}" in r.stderr and "dropped and created again" in r.stderr, r.stderr
+        assert f"mover recapture {NAME}" in r.stderr, r.stderr
+        assert mover(db_dsn, "recapture", NAME).returncode == 0
+        recover_forward(db_dsn, writer)
+    finally:
+        writer.halt()
+    assert writer.errors == []

@@ -226,6 +226,8 @@ def _show_status(st: dict[str, Any]) -> None:
         table.add_row("capture", f"{c['pending']:,} pending, {c['applied']:,} applied ({c['direction']}{wal})")
     if c.get("slot"):
         table.add_row("slot", escape(c["slot"]["summary"]))
+    for gap in c.get("gaps") or []:  # invariant 14: the capture was bypassed; no swap until covered
+        table.add_row("CAPTURE GAP", escape(gap["summary"]))
     r = st.get("reconcile")
     if r and r["ranges_total"]:
         table.add_row("reconcile", f"{r['ranges_done']}/{r['ranges_total']} ranges verified, {r['rows_compared']:,} "

@@ -28,7 +28,7 @@ from mover import names
 from mover.catalog import family as family_catalog
 from mover.catalog import introspect, privileges
 from mover.db import one
-from mover.engines import logical
+from mover.engines import integrity, logical
 from mover.engines.context import Context
 from mover.errors import PlanError
 from mover.sql import capture as q
@@ -253,6 +253,7 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
     """Replay up to `limit` logged changes inside the caller's transaction."""
     if not _lock_applier(cur, ctx.mid, reverse, wait_for_lock):
         return Applied()
+    integrity.check(cur, ctx, reverse)  # invariant 14: the capture feeding this log still in force, continuously
     cond = covered_condition(cur, ctx, m, backfill_done)
     if cond is None:
         return Applied()
@@ -303,6 +304,8 @@ def apply_family_batch(cur: psycopg.Cursor, ctx: Context, *, reverse: bool, limi
     members = family_members(cur, ctx, reverse) if copied is None else [(t, True) for t, _ in copied]
     if not _lock_appliers(cur, sorted(t.mid for t, _ in members), reverse, wait_for_lock):
         return Applied()
+    for member, _ in members:
+        integrity.check(cur, member, reverse)  # invariant 14, for each table's capture
     given = {t.mid: m for t, m in copied or ()}
     parts = []
     params: dict[str, Any] = {}
@@ -629,6 +632,7 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
     the slot first: to the changes committed before this call (a whole drain), or one bounded feed
     (max_rounds: the background's, between ranges)."""
     if not reverse:
+        integrity.before_feed(ctx)  # a publication dropped or altered: named, not a decoding error
         logical.feed(ctx, catch_up=max_rounds is None)
     total = Applied()
     rounds = 0

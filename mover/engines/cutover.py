@@ -28,7 +28,7 @@ from psycopg import sql
 from mover import faults, names
 from mover.catalog import identity, introspect, privileges, shape, subscribers
 from mover.db import one
-from mover.engines import capture, carry, lockwatch, logical, metadata, parity, snapshots
+from mover.engines import capture, carry, integrity, lockwatch, logical, metadata, parity, snapshots
 from mover.engines.context import Context
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
@@ -62,7 +62,8 @@ def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
         problems = []
         n = control.open_divergences(cur, ctx.mid)
         if n:
-            raise Waiting(f"migration {ctx.migration.name!r} has {n} unresolved divergences; cutover refused",
+            raise Waiting(f"migration {ctx.migration.name!r} has {n} unresolved divergences; cutover refused"
+                          + integrity.bypassed_note(cur, ctx.mid),
                           hint=f"see them with `mover divergences {ctx.migration.name}`")
         for ix in introspect.describe(cur, ctx.new).indexes:
             if not ix.is_valid:
@@ -80,14 +81,16 @@ def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
     ctx.db.transaction(check)
     # Drain outside the lock so the locked transaction has little left to apply.
     capture.drain(ctx, reverse=False, backfill_done=True)
+    integrity.refuse_forward(ctx)  # invariant 14: capture bypassed, not in force or not compared since: refused
     if ctx.plan.reconcile.before_cutover and last_check is not None:
         # The last check, outside the lock: re-verify every range that received an applied change
         # since reconcile verified it (mover/engines/reconcile.py). What the lock's own drain applies after
         # this is the same state replay whose results this pass has just checked.
         still_open = last_check(ctx)
         if still_open:
+            note = ctx.db.transaction(lambda cur: integrity.bypassed_note(cur, ctx.mid))
             raise Waiting(f"the last reconcile before the cutover of {ctx.migration.name!r} found {still_open}"
-                          f" unresolved divergences; cutover refused",
+                          f" unresolved divergences; cutover refused{note}",
                           hint=f"see them with `mover divergences {ctx.migration.name}`")
 
 
@@ -392,11 +395,11 @@ def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Seque
         if capture.drain(ctx, reverse=False, backfill_done=True).log_rows < PRE_LOCK_ENOUGH:
             break
     tables = list(members) or [ctx]
-    counts = ctx.db.transaction(lambda cur: [control.open_divergences(cur, t.mid) for t in tables],
-                                label="cutover divergences")
-    for t, n in zip(tables, counts, strict=True):
+    counts = ctx.db.transaction(lambda cur: [(control.open_divergences(cur, t.mid), integrity.bypassed_note(cur, t.mid))
+                                             for t in tables], label="cutover divergences")
+    for t, (n, note) in zip(tables, counts, strict=True):
         if n:
-            raise Waiting(f"migration {t.migration.name!r} has {n} unresolved divergences; cutover refused",
+            raise Waiting(f"migration {t.migration.name!r} has {n} unresolved divergences; cutover refused{note}",
                           hint=f"see them with `mover divergences {t.migration.name}`")
     # Invariant 16: no transaction whose snapshot predates the last drain meets the new table by name.
     snapshots.settle(ctx, prepared[0].snapshots, lambda: capture.drain(ctx, reverse=False, backfill_done=True),
@@ -471,6 +474,12 @@ class Swap:
             changed = carry.catalog_digest(self.cur, _swap_tables(self.ctx, self.forward)) != self.prepared.digest
         self.rebuilt = changed
         self._mark("verified")
+
+    def verify_capture(self) -> None:
+        """Invariant 14: the capture whose log this swap drains last was continuously in force since
+        mover last verified it, and no gap of it is uncovered; else integrity.Bypassed, and the
+        swap rolls back (the caller records the gap and refuses)."""
+        integrity.require(self.cur, self.ctx, reverse=not self.forward)
 
     def mapping(self) -> Mapping:
         """The drain's column mapping under the lock."""
@@ -565,6 +574,7 @@ class Swap:
                                         names.change_log(ctx.mid, self.forward), m.name)
         if not self.forward and logical.enabled(ctx):
             logical.require_slot(cur, ctx.mid)  # made before the lock (logical.preparing_back): still there
+        integrity.handed_over(cur, ctx, self.forward)  # the capture installed now is what drains verify next
         faults.point("swap:locked" if self.forward else "swap_back:locked")
         t = self.marks
         held_ms = (time.monotonic() - t["locked"]) * 1000

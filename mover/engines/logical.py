@@ -52,7 +52,7 @@ from mover.engines.context import Context
 from mover.errors import Failed, PlanError, SlotLost, Waiting
 from mover.names import QualifiedName
 from mover.sql import logical as q
-from mover.state import control, ranges
+from mover.state import control, gaps, ranges
 
 log = logging.getLogger("mover.logical")
 
@@ -154,11 +154,14 @@ def prepare(ctx: Context, table: QualifiedName) -> str:
     def publish(cur: psycopg.Cursor) -> None:
         oid = introspect.table_oid(cur, table)
         cur.execute("SELECT array(SELECT r.prrelid::bigint FROM pg_catalog.pg_publication_rel r"
-                    " WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid) FROM pg_catalog.pg_publication p"
-                    " WHERE p.pubname OPERATOR(pg_catalog.=) %s", (pub,))
+                    " WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid AND r.prqual IS NULL AND r.prattrs IS NULL),"
+                    " p.pubinsert AND p.pubupdate AND p.pubdelete AND p.pubtruncate"
+                    " FROM pg_catalog.pg_publication p WHERE p.pubname OPERATOR(pg_catalog.=) %s", (pub,))
         row = cur.fetchone()
-        if row is not None and list(row[0]) != [oid]:
-            cur.execute(q.drop_publication(pub))  # left by an earlier attempt for another table
+        if row is not None and (list(row[0]) != [oid] or not row[1]):
+            # Left by an earlier attempt for another table, or altered behind mover's back (invariant
+            # 14: a table dropped from it, a row filter, fewer actions published): made again whole.
+            cur.execute(q.drop_publication(pub))
             row = None
         if row is None:
             cur.execute(q.create_publication(pub, table))
@@ -561,6 +564,15 @@ def _feed_once(cur: psycopg.Cursor, ctx: Context, upto: int | None, wait: bool) 
     if fed_at is not None and row.confirmed < fed_at:
         # A crash came between the last feed's commit and its advance: those keys are in the log.
         cur.execute(q.advance(), {"slot": slot, "lsn": wire.lsn_text(fed_at)})
+    if fed_at is not None and row.confirmed > fed_at:
+        # The slot is advanced only to a position fed first (fed_at): past it, someone advanced it or
+        # dropped and created it again, and the changes in between were never fed (invariant 14).
+        m = control.get_by_id(cur, ctx.mid)
+        raise SlotLost(f"the replication slot {slot} of migration {m.name!r} is at {wire.lsn_text(row.confirmed)}, "
+                       f"past {wire.lsn_text(fed_at)}, where mover last fed from it: it was advanced, or dropped and "
+                       f"created again, by someone else; the changes in between never reached the change log",
+                       hint=f"`mover recapture {m.name}` makes a new slot and has the next reconcile pass compare "
+                            f"every range, or `mover abort {m.name}`")
     start = max(row.confirmed, fed_at or 0)
     flushed = _flush_position(cur)
     target = flushed if upto is None else upto
@@ -735,6 +747,11 @@ def recapture(ctx: Context) -> str:
         # The notes of applied keys say which ranges changed since the last pass; with a gap in the
         # capture any range may have: with its ranges forgotten the next pass compares every one.
         ranges.reset(cur, ctx.mid, "reconcile")
+        # Invariant 14: the changes the old slot did not deliver are a capture gap, named by the
+        # refusals until the full pass covers it.
+        gaps.restored_now(cur, ctx.mid, f"slot:{slot}", str(ctx.original),
+                          "the replication slot was lost, dropped or replaced, and `mover recapture` made a new one: "
+                          "the changes committed between the last feed and the new slot were not captured")
         control.mark_recaptured(cur, m, ctx.owner, slot=slot)
 
     ctx.db.transaction(restart, lock_timeout=f"{ctx.plan.cutover.lock_timeout_ms}ms",

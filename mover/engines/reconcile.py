@@ -39,8 +39,8 @@ import psycopg
 
 from mover import faults, names
 from mover.catalog import introspect, server
-from mover.db import Database, bind, is_retryable
-from mover.engines import capture, logical, rangework, throttle
+from mover.db import Database, bind, is_retryable, one
+from mover.engines import capture, integrity, logical, rangework, throttle
 from mover.engines.context import Context, Reporter
 from mover.errors import Failed
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
@@ -205,6 +205,10 @@ def _record(cur: psycopg.Cursor, spec: q.Spec, mid: int, key_range: ranges.KeyRa
         f"rows equal when reconcile range {key_range.range_no} was verified again", actor)
     stmt, params = q.forget_notes(spec.mapping, names.applied_notes(mid), key_range.lo, key_range.hi)
     cur.execute(stmt, [*params, agg["mark"]])
+    # Every row of a range that was equal when last verified differs now, nothing pending: a write
+    # pattern only a bypassed capture produces (invariant 14): named as such, not as bare divergences.
+    integrity.whole_range_differs(cur, mid, actor, key_range.kind, key_range.range_no, len(settled),
+                                  max(agg["src_rows"], agg["dst_rows"]))
     src_fp, dst_fp = q.fingerprint(agg["src_sum"], first_diffs)
     ranges.store_fingerprint(cur, mid, key_range, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp, len(settled))
     return {"found": found, "still_open": again, "resolved": len(resolved), "unsettled": len(unsettled)}
@@ -394,7 +398,11 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     settings = ctx.plan.reconcile
     capture.drain(ctx, reverse=False, backfill_done=True)
     spec = ctx.db.transaction(lambda cur: spec_for(cur, ctx.mapping(cur)))
-    mode = _start_pass(ctx, spec, full)
+    # Invariant 14: after a capture gap, once capture is back in force, a pass over every range; it
+    # covers the gaps restored before it started (read before its ranges are reset).
+    pass_started, gap = ctx.db.transaction(lambda cur: (one(cur.execute("SELECT clock_timestamp()"))[0],
+                                                        integrity.needs_full(cur, ctx.mid)))
+    mode = _start_pass(ctx, spec, full or gap)
     result = PassResult(mode)
 
     def todo(cur: psycopg.Cursor) -> tuple[dict[str, Any], int | None]:
@@ -425,6 +433,9 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
             summary += f"; {result.unsettled} keys kept changing and were left to the next pass"
         control.event(cur, ctx.mid, ctx.owner, KIND, "pass_done", summary, result.as_dict(),
                       result.seconds * 1000)
+        if mode == "full":
+            integrity.covered_by_pass(cur, ctx, pass_started,
+                                      f"the full reconcile pass started {pass_started:%H:%M:%S}")
     ctx.db.transaction(finish)
     ctx.report("reconcile_done", **{k: v for k, v in result.as_dict().items() if k in (
         "mode", "ranges", "rows", "seconds", "found", "resolved", "open", "unsettled")})

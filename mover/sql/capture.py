@@ -478,3 +478,67 @@ WHERE (SELECT count(*) FROM gone) >= 0""").format(
         keys=_key_set(m), dst=m.dst.ident, d_eq_l=key_equal("d", "l", m.key),
         dcols=ident_list(col.name for col in m.columns), overriding=overriding(m), svalues=source_values("s", m),
         src=m.reads("src"), s_eq_l=key_equal("s", "l", m.key))
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture integrity (invariant 14): the catalog rows that make capture fire, as they are now and as
+# mover last verified them. A row's oid and raw xmin (the xmin system column: freezing leaves it)
+# change with every ALTER that touches the row (DISABLE/ENABLE TRIGGER, DROP and CREATE, ALTER
+# PUBLICATION), also when a second ALTER put the state back before mover looked: so "the same oid
+# and xmin as verified" means "continuously as verified", and anything else is a gap.
+
+def capture_probe() -> sql.SQL:
+    """One row per object in %(objects)s (in order): what the catalog holds now (oid, raw xmin,
+    state, whether it is in force) and mover's mark of it (oid, xmin), each NULL when there is none.
+    An object is a trigger name (on the table %(table)s, as text), 'publication:' || %(publication)s
+    (the publication's row: in force when it publishes every action) or that || ':table' (the
+    table's membership of it: in force without a row filter or column list). Catalog reads
+    only, by index: what every drain transaction runs."""
+    return sql.SQL(
+        """
+SELECT o.object, s.oid, s.row_xmin, s.state, coalesce(s.in_force, false), k.object_oid, k.row_xmin, k.state
+FROM unnest(%(objects)s::text[]) WITH ORDINALITY AS o(object, n)
+LEFT JOIN LATERAL (
+    SELECT t.oid::bigint AS oid, t.xmin::text AS row_xmin, t.tgenabled::text AS state,
+           t.tgenabled OPERATOR(pg_catalog.=) 'A' AS in_force
+    FROM pg_catalog.pg_trigger t
+    WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%(table)s)
+      AND t.tgname OPERATOR(pg_catalog.=) o.object
+    UNION ALL
+    SELECT p.oid::bigint, p.xmin::text,
+           pg_catalog.concat_ws(', ', CASE WHEN p.pubinsert THEN 'insert' END, CASE WHEN p.pubupdate THEN 'update' END,
+                                CASE WHEN p.pubdelete THEN 'delete' END, CASE WHEN p.pubtruncate THEN 'truncate' END),
+           p.pubinsert AND p.pubupdate AND p.pubdelete AND p.pubtruncate
+    FROM pg_catalog.pg_publication p
+    WHERE o.object OPERATOR(pg_catalog.=) ('publication:' || %(publication)s)
+      AND p.pubname OPERATOR(pg_catalog.=) %(publication)s
+    UNION ALL
+    SELECT r.oid::bigint, r.xmin::text,
+           CASE WHEN r.prqual IS NULL AND r.prattrs IS NULL THEN 'whole table' ELSE 'row filter or column list' END,
+           r.prqual IS NULL AND r.prattrs IS NULL
+    FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid OPERATOR(pg_catalog.=) r.prpubid
+    WHERE o.object OPERATOR(pg_catalog.=) ('publication:' || %(publication)s || ':table')
+      AND p.pubname OPERATOR(pg_catalog.=) %(publication)s
+      AND r.prrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%(table)s)
+) s ON true
+LEFT JOIN mover.capture_marks k ON k.migration_id = %(mid)s AND k.direction = %(direction)s AND k.object = o.object
+ORDER BY o.n
+""")
+
+
+def enable_always(trigger: str, table: QualifiedName) -> sql.Composed:
+    """The statement that puts a capture trigger back in force (the fix a refusal names)."""
+    return sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=sql.Identifier(trigger), tbl=table.ident)
+
+
+def resync_all_keys(log: QualifiedName, key: tuple[str, ...], key_types: tuple[str, ...],
+                    live: QualifiedName, other: QualifiedName) -> sql.Composed:
+    """Every key of either table into the change log (`key_types`: the log's, the live table's):
+    the applier then replays each by state, which brings the other table's row to the live table's
+    state, a row the live table no longer has deleted. The full re-sync after a gap in the reverse
+    capture (the rows written while it was off are not in the log)."""
+    cols = ident_list(key)
+    cast = sql.SQL(", ").join(sql.SQL("CAST({} AS {})").format(sql.Identifier(k), trusted(t, "format_type"))
+                              for k, t in zip(key, key_types, strict=True))
+    return sql.SQL("INSERT INTO {log} ({cols}) SELECT {cols} FROM {live} UNION ALL SELECT {cast} FROM {other}").format(
+        log=log.ident, cols=cols, live=live.ident, cast=cast, other=other.ident)

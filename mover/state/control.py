@@ -661,6 +661,17 @@ def mark_recaptured(cur: psycopg.Cursor, m: Migration, owner: str, *, slot: str)
           f" range", {"slot": slot})
 
 
+def mark_capture_restored(cur: psycopg.Cursor, m: Migration, owner: str, gaps: list[str]) -> None:
+    """Capture is in force again after a gap (mover/engines/integrity.py): as after `mover
+    recapture`, the next reconcile pass compares every range (the caller forgot the ranges), and a
+    migration at the cutover gate goes back to reconcile for it."""
+    _pending_again(cur, m, owner, back_to_reconcile=True)
+    _one_row(cur, m.id, "record the capture restored")
+    event(cur, m.id, owner, m.step, "capture_recovered",
+          f"capture in force again after a gap ({'; '.join(gaps)}); the next reconcile pass compares every range",
+          {"gaps": gaps})
+
+
 def set_paused(cur: psycopg.Cursor, name: str, paused: bool, actor: str) -> Migration:
     """`mover pause` / `unpause`: a flag the workers read; no lease needed, the row lock orders it."""
     m = head_of(cur, get(cur, name, lock=True))

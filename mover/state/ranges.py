@@ -269,6 +269,15 @@ def store_fingerprint(cur: psycopg.Cursor, mid: int, key_range: KeyRange, src_ro
                  key_range.range_no))
 
 
+def last_verified(cur: psycopg.Cursor, mid: int, kind: str, range_no: int) -> tuple[int, Any] | None:
+    """A reconcile range's differences and time at its last verification (before this one stores
+    its own); None when it was never verified."""
+    cur.execute("SELECT differences, verified_at FROM mover.ranges WHERE migration_id = %s AND kind = %s"
+                " AND range_no = %s AND verified_at IS NOT NULL", (mid, kind, range_no))
+    row = cur.fetchone()
+    return (int(row[0] or 0), row[1]) if row else None
+
+
 def reopen(cur: psycopg.Cursor, mid: int, kind: str, where: sql.Composable, params: Sequence[Any]) -> list[int]:
     """Done ranges `c` for which `where` holds (with `params`) back to pending, with a fresh set of
     attempts; their numbers. The condition is the engine's (reconcile: a change applied in the

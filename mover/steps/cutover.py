@@ -13,7 +13,7 @@ from psycopg import sql
 
 from mover.catalog import introspect
 from mover.db import bind
-from mover.engines import capture, carry, cutover, hooks, lockwatch, logical, query_rehearsal
+from mover.engines import capture, carry, cutover, hooks, integrity, lockwatch, logical, query_rehearsal
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.state import control
@@ -77,6 +77,7 @@ class Cutover(Step):
         target in step with the source while waiting, and tell the truth about it."""
         m = ctx.migration
         capture.drain(ctx, reverse=False, backfill_done=True)
+        integrity.refuse_forward(ctx)  # invariant 14: a capture gap refuses here too, naming it and its fix
         # A replay that failed since reconcile left open divergences: replayed once more first (the
         # application may have fixed the row since).
         ctx.db.transaction(bind(cutover.retry_unapplied, ctx, reverse=False))
@@ -84,8 +85,10 @@ class Cutover(Step):
         ctx.db.transaction(bind(control.wait_at_gate, m, ctx.owner, counts), label="wait at the gate")
         if counts["open"]:
             kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
+            note = ctx.db.transaction(bind(integrity.bypassed_note, m.id))  # a recorded gap explains them
             raise Waiting(f"migration {m.name!r} is at the cutover gate, but {m.target} differs from {m.source}: "
-                          f"{counts['open']} divergences ({kinds}) open; cutover refuses until they are resolved",
+                          f"{counts['open']} divergences ({kinds}) open; cutover refuses until they are resolved"
+                          f"{note}",
                           hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
                                f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
         # What the swap would leave on the old table is named here already (invariant 15).
@@ -117,6 +120,8 @@ def swap_in(ctx: Context) -> float:
                                       before_attempt=lambda: cutover.drain_before_lock(ctx, [prepared]))
     except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
         raise cutover.refused(ctx, exc, forward=True) from None
+    except integrity.Bypassed as exc:  # capture not continuously in force, seen under the lock: recorded, refused
+        raise integrity.refused(exc, "cutover") from None
     cutover.finish(ctx, held, forward=True)  # the slot dropped; VALIDATE the foreign keys added NOT VALID
     return held
 
@@ -125,6 +130,7 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
     """The rollback (within the window): the old table takes the name back, losing nothing (or
     refusing, invariant 9); the migration returns to before the gate."""
     cutover.refuse_rows_only_in_new(ctx, give_up_rows, command)  # reverse log drained; refused early
+    integrity.refuse_reverse(ctx, give_up_rows, command)  # invariant 14: a gap in the reverse capture refuses
     with logical.preparing_back(ctx):  # logical capture: its publication and slot made before the lock
         prepared = cutover.prepare(ctx, forward=False)  # before the lock: digest, shapes, statements, parity
         try:
@@ -135,6 +141,8 @@ def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback
                                                                                             command=command))
         except cutover.Unapplied as exc:
             raise cutover.refused(ctx, exc, forward=False, command=command) from None
+        except integrity.Bypassed as exc:  # seen under the lock: recorded, refused
+            raise integrity.refused(exc, command) from None
     cutover.finish(ctx, held, forward=False)
     return held
 
@@ -146,6 +154,7 @@ def _swap(cur: psycopg.Cursor, ctx: Context, prepared: cutover.Prepared, *, forw
                      flusher=flusher)
     s.lock()  # ACCESS EXCLUSIVE: both tables, referencing tables, views, the logs; one at a time, in order
     s.verify()  # the catalog digest (shape, invariant 7): unchanged, what was built before the lock stands
+    s.verify_capture()  # invariant 14: the capture drained next was continuously in force, no gap uncovered
     s.drain()  # logical capture fed to the lock first; the last logged changes (race 4, race 5)
     s.rebuild()  # only if the digest changed: statements and parity description read again, under the lock
     s.execute()  # swap and carry: capture off, objects off, renames, sequences, objects on, capture reversed

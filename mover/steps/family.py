@@ -17,7 +17,7 @@ from psycopg import sql
 from mover import faults
 from mover.catalog import introspect, shape
 from mover.db import bind
-from mover.engines import capture, carry, cutover, family, query_rehearsal
+from mover.engines import capture, carry, cutover, family, integrity, query_rehearsal
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.state import control
@@ -101,6 +101,8 @@ def swap_in(ctx: Context, members: Sequence[Context]) -> float:
                                  before_attempt=lambda: cutover.drain_before_lock(ctx, prepared, members))
     except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
         raise cutover.refused(ctx, exc, forward=True) from None
+    except integrity.Bypassed as exc:  # a table's capture not continuously in force: recorded, refused
+        raise integrity.refused(exc, "cutover") from None
     for t in members:
         cutover.finish(t, held, forward=True, report=t is ctx)  # VALIDATE keys from outside the family added NOT VALID
     return held
@@ -121,6 +123,8 @@ def swap_back(ctx: Context, members: Sequence[Context], give_up_rows: bool = Fal
                                  before_attempt=lambda: cutover.drain_before_swap_back(ctx, prepared, members, command))
     except cutover.Unapplied as exc:
         raise cutover.refused(ctx, exc, forward=False, command=command) from None
+    except integrity.Bypassed as exc:
+        raise integrity.refused(exc, command) from None
     for t in members:
         cutover.finish(t, held, forward=False, report=t is ctx)
     return held
@@ -139,6 +143,7 @@ def _swap(cur: psycopg.Cursor, ctx: Context, members: Sequence[Context], prepare
     changed = family.digest(cur, members, forward) != digest  # one query: every table's catalog rows
     for s in swaps:
         s.verify(changed)  # unchanged: what was built before the lock stands
+        s.verify_capture()  # invariant 14: each table's capture continuously in force, no gap uncovered
     marks.append(time.monotonic())
     replayed = family.drain_locked(cur, ctx, swaps, forward)  # every log, one statement (race 4, 5)
     for i, s in enumerate(swaps):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover.engines import capture, lockwatch, logical
+from mover.engines import capture, integrity, lockwatch, logical
 from mover.engines.context import Context
 from mover.state import control
 from mover.steps.base import Step
@@ -36,6 +36,7 @@ class InstallCapture(Step):
             control.guard(cur, m.id, self.name, ctx.owner)
             lockwatch.lock_all(cur, [m.source], INSTALL_LOCK)  # named if it waits
             capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)
+            integrity.mark(cur, ctx, reverse=False)  # invariant 14: what every drain verifies from now on
             control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}"
                                 + (" from the WAL (logical)" if from_wal else ""))
 

@@ -5,7 +5,7 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import introspect
-from mover.engines import reconcile
+from mover.engines import integrity, reconcile
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.sql import compare
@@ -46,7 +46,8 @@ def conclude(ctx: Context, result: reconcile.PassResult) -> None:
     m = ctx.migration
     if result.open:
         ctx.db.transaction(lambda cur: control.wait_for_divergences(cur, m, ctx.owner, result.open))
-        raise Waiting(f"reconcile found {result.open} rows that differ between {m.source} and {m.target}",
+        note = ctx.db.transaction(lambda cur: integrity.bypassed_note(cur, m.id))  # a recorded gap explains them
+        raise Waiting(f"reconcile found {result.open} rows that differ between {m.source} and {m.target}{note}",
                       hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs them"
                            f" from the source, `mover accept {m.name} --reason TEXT` accepts them; cutover is"
                            f" refused until none remain")

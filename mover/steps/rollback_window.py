@@ -8,7 +8,7 @@ import psycopg
 from psycopg import sql
 
 from mover.db import bind
-from mover.engines import capture, carry, cutover
+from mover.engines import capture, carry, cutover, integrity
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.plan import duration_text
@@ -37,6 +37,7 @@ class RollbackWindow(Step):
     def run(self, ctx: Context) -> None:
         m = ctx.migration
         carry.validate(ctx)  # what the swap added NOT VALID, if a crash came before it was validated
+        integrity.resync_reverse(ctx)  # invariant 14: after a reverse capture gap, every key re-synced (drained next)
         if not close(ctx, force=False):
             # Say so while rows the old table rejected exist only in the new one (replayed once more:
             # the application may have fixed them): a rollback would refuse.
@@ -49,8 +50,9 @@ class RollbackWindow(Step):
                     f"back without them; `mover retire {m.name} --force` ends the window now, keeping them"
                     if stuck else
                     f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
+            gap = integrity.window_note(ctx)  # a reverse capture gap: a rollback would refuse
             raise Waiting(f"the rollback window of {m.name!r} is open until"
-                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}", hint=hint)
+                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}{gap}", hint=hint)
 
 
 def still_open(m: control.Migration) -> Waiting:

@@ -12,9 +12,9 @@ import psycopg
 
 from mover.catalog import introspect
 from mover.db import one
-from mover.engines import capture, logical, partitions
+from mover.engines import capture, integrity, logical, partitions
 from mover.names import QualifiedName
-from mover.state import control, ranges
+from mover.state import control, gaps, ranges
 from mover.state import throttle as throttle_row
 
 
@@ -151,7 +151,9 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
                     "lag_seconds": lag_fwd if lag_fwd is not None else lag_rev,
                     "direction": "reverse" if m.cutover_at else "forward",
                     "method": (m.plan.get("capture") or {}).get("method", "trigger"),
-                    "slot": None if slot is None else {**slot.as_dict(), "summary": logical.describe_health(slot)}},
+                    "slot": None if slot is None else {**slot.as_dict(), "summary": logical.describe_health(slot)},
+                    # Invariant 14: each gap in the capture not yet covered by a full comparison after it.
+                    "gaps": [] if m.state in control.TERMINAL else _gaps(cur, m)},
         "divergences": control.open_divergences(cur, m.id),
         "reconcile": _reconcile_status(cur, m),
         "throttle": _throttle_status(cur, m),
@@ -165,6 +167,17 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "partitions": _partitions(cur, m),
         **({"family_of": None} if m.family_id is None or m.head else {"family_of": _head_name(cur, m)}),
     }
+
+
+def _gaps(cur: psycopg.Cursor, m: control.Migration) -> list[dict[str, Any]]:
+    out = []
+    for g in gaps.open_gaps(cur, m.id):
+        what = "not in force: " + (g.fix or "") if g.restored_at is None else (
+            f"in force again; `mover run {m.name}` " + ("compares every range" if g.direction == "forward"
+                                                         else "re-syncs the old table"))
+        out.append({**{k: iso(v) if isinstance(v, datetime) else v for k, v in g.as_dict().items()},
+                    "summary": f"{g.direction}: {integrity.explain(g)}; {what}"})
+    return out
 
 
 def _head_name(cur: psycopg.Cursor, m: control.Migration) -> str:

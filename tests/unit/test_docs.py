@@ -56,7 +56,7 @@ def numbered(section: str) -> set[int]:
 
 
 def test_design_numbers_its_invariants_and_races():
-    assert numbered("Invariants") == set(range(1, 14)) | {15, 16}  # 14: issue 34's capture part, merged next
+    assert numbered("Invariants") == set(range(1, 17))
     assert numbered("Races") == set(range(1, 10))
 
 

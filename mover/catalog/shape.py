@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from mover import names
+from mover.catalog import reading
 from mover.db import one
 from mover.errors import BadInput, ShapeChanged
 from mover.names import QualifiedName, display_ident
@@ -84,7 +85,9 @@ SELECT c.oid, jsonb_build_object(
     -- A typed table's type (CREATE TABLE ... OF type): only when it has one, so that the
     -- descriptions (and fingerprints) recorded for other tables stay what they were.
     || CASE WHEN c.reloftype <> 0 THEN jsonb_build_object('of_type', format_type(c.reloftype, NULL))
-            ELSE '{}'::jsonb END
+            ELSE '{}'::jsonb END,
+    -- the columns with a default (or generation expression) the scan found: each must print one
+    array(SELECT d.adnum FROM pg_attrdef d WHERE d.adrelid = c.oid)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = ANY(%s)
 """
@@ -363,10 +366,21 @@ def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = N
 # The catalog and the control row
 
 
+def vanished(row: reading.Row) -> str | None:
+    """The object a DESCRIBE row found but could not print (dropped since the scan: race 10)."""
+    d, defaults = row[1], set(row[2])
+    t = table_name(d)
+    return reading.first([
+        *(f"constraint {display_ident(k)} of {t}" for k, v in d["constraints"].items() if v["definition"] is None),
+        *(f"index {display_ident(k)} of {t}" for k, v in d["indexes"].items() if v["definition"] is None),
+        *(f"column {display_ident(c['name'])} of {t}" for c in d["columns"]
+          if reading.gone(c["type"]) or (c["position"] in defaults and c["default"] is None)),
+        f"the type of {t}" if reading.gone(d.get("of_type", "")) else None])
+
+
 def describe(cur: psycopg.Cursor, oids: list[int]) -> dict[int, dict[str, Any]]:
     """Descriptions of the tables with these oids (a missing one is absent from the result)."""
-    cur.execute(DESCRIBE, (list(oids),))
-    return {oid: d for oid, d in cur.fetchall()}
+    return {oid: d for oid, d, _ in reading.read(cur, DESCRIBE, (list(oids),), missing=vanished)}
 
 
 def describe_table(cur: psycopg.Cursor, table: QualifiedName) -> dict[str, Any]:

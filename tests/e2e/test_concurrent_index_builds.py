@@ -32,7 +32,7 @@ INDEXES = """SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c
 def _plan(tmp_path) -> str:
     return write_plan(tmp_path / "orders.toml", plan_text("orders", '"Orders"', columns={"id": "bigint"},
                                                           backfill={"range_rows": 500, "min_rows": 500,
-                                                                    "max_rows": 500}))
+                                                                    "max_rows": 500}, cutover={"attempts": 3}))
 
 
 def _waiting_reindex(dsn: str, done: list) -> threading.Thread:
@@ -82,6 +82,13 @@ def test_a_reindex_concurrently_mid_backfill_is_waited_out_not_an_abort(db_dsn, 
         assert code == 3 and "ready for cutover" in err, err
         assert "abort" not in err and "adopt" not in err, err
         assert not reindexed  # still waiting: the whole backfill and reconcile ran beside it
+        # The swap cannot meet the build: its lock waits for the build's, as for any blocker.
+        r = mover(db_dsn, "cutover", "orders")
+        said = " ".join(r.stderr.split())
+        assert r.returncode == 3 and "running REINDEX CONCURRENTLY (waiting for old snapshots)" in said, r.stderr
+        assert "abort" not in said, r.stderr
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT to_regclass('\"Orders_old\"')").fetchone() == (None,)  # nothing swapped
         holder.rollback()
         thread.join(120)
         assert reindexed == [None], reindexed

@@ -83,8 +83,8 @@ def test_the_childs_migration_reads_its_catalog_while_the_parents_swaps_come_and
     r = mover(db_dsn, "run", write_plan(tmp_path / "accounts.toml", ACCOUNTS))
     assert r.returncode == 3, r.stderr
     child = write_plan(tmp_path / "orders.toml", plan_text("orders", '"Orders"', columns={"id": "bigint"},
-                                                           backfill={"range_rows": 200, "min_rows": 200,
-                                                                     "max_rows": 200}))
+                                                           backfill={"range_rows": 100, "min_rows": 100,
+                                                                     "max_rows": 100}))
     writer = Writer(db_dsn, seed=34).start()
     runs: list[tuple[int, str]] = []
     swapping = threading.Event()
@@ -103,7 +103,7 @@ def test_the_childs_migration_reads_its_catalog_while_the_parents_swaps_come_and
         thread.start()
         deadline = time.monotonic() + 120
         swaps, overlapped = 0, 0
-        while swaps < 6 and time.monotonic() < deadline:
+        while swaps < 10 and time.monotonic() < deadline:
             overlapped += thread.is_alive()  # the child's run goes on meanwhile
             r = mover(db_dsn, "cutover", "accounts")
             assert r.returncode == 0, r.stderr

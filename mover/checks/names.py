@@ -14,9 +14,10 @@ from mover import names
 from mover.catalog import introspect
 from mover.checks import Subject
 from mover.db import one
-from mover.engines import backfill, metadata
+from mover.engines import backfill, metadata, partitions
 from mover.errors import PlanError
 from mover.names import QualifiedName
+from mover.plan import Plan
 from mover.sql import capture as capture_sql
 from mover.state import control
 
@@ -80,22 +81,30 @@ class Derived:
     table: QualifiedName | None = None  # the table a trigger is on
 
 
-def derived(cur: psycopg.Cursor, m: control.Migration, logical: bool) -> list[Derived]:
-    """Every name mover creates an object under for migration `m` besides the target and the old
-    table (free() checks those): the target's key index, the deferred indexes and statistics (all
-    per migration id: `<name>_m<id>`), the change logs with their indexes, the capture functions
-    and trigger, the notes, and logical capture's feed table, publication and slot."""
+def derived(cur: psycopg.Cursor, m: control.Migration, plan: Plan) -> list[Derived]:
+    """Every name mover creates an object under for migration `m` (its table's `plan`) besides the
+    target and the old table (free() checks those): the target's key index, the deferred indexes
+    and statistics (all per migration id: `<name>_m<id>`), a partitioned target's partitions'
+    indexes, the change logs with their indexes, the capture functions and trigger, the
+    notes, and logical capture's feed table, publication and slot."""
     out: list[Derived] = []
     schema = m.target.schema
     assert schema is not None and m.source.schema is not None
     info = introspect.describe(cur, m.source)
+    parts = [] if plan.partition is None else \
+        partitions.layout(cur, plan.partition, m.source, m.source.name, schema).partitions
+    # (the partitions' own names: checks/partitioning.py)
     for ix in info.indexes:
         if ix.name == info.key_index:
             name = names.derived(m.target.name, "_pkey" if ix.is_primary else "_key")
             out.append(Derived("index", QualifiedName(schema, name), f"the key of {m.target}"))
-        else:
-            out.append(Derived("index", QualifiedName(schema, backfill.deferred_index_name(m.id, ix.name)),
-                               f"the copy of index {names.display_ident(ix.name)} the backfill builds on {m.target}"))
+            continue
+        name = backfill.deferred_index_name(m.id, ix.name)
+        what = f"the copy of index {names.display_ident(ix.name)} the backfill builds on {m.target}"
+        out.append(Derived("index", QualifiedName(schema, name), what))
+        if not ix.by_constraint:
+            out += [Derived("index", QualifiedName(schema, partitions.child_index_name(p.name, name)),
+                            f"{what} (on its partition {names.display_ident(p.name)})") for p in parts]
     cur.execute("SELECT stxname FROM pg_statistic_ext WHERE stxrelid = %s ORDER BY 1", (info.oid,))
     out += [Derived("statistics", QualifiedName(schema, metadata.statistics_name(m.id, s)),
                     f"the copy of statistics {names.display_ident(s)} on {m.target}") for (s,) in cur.fetchall()]
@@ -111,7 +120,7 @@ def derived(cur: psycopg.Cursor, m: control.Migration, logical: bool) -> list[De
     out += [
             Derived("table", names.applied_notes(m.id), "the reconcile's notes"),
             Derived("function", names.notes_function(m.id), "the reconcile's notes function")]
-    if logical:
+    if plan.capture.logical:
         cur.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
         out += [Derived("table", names.feed_state(m.id), "the logical capture's feed state"),
                 Derived("publication", QualifiedName(None, names.capture_publication(m.id)),
@@ -136,10 +145,10 @@ _HOLDERS = {
 }
 
 
-def collisions(cur: psycopg.Cursor, m: control.Migration, logical: bool) -> list[PlanError]:
+def collisions(cur: psycopg.Cursor, m: control.Migration, plan: Plan) -> list[PlanError]:
     """The derived names another object holds already: mover would fail creating its own, after
     the copy for a deferred index. Each named with what holds it and the fix."""
-    found = derived(cur, m, logical)
+    found = derived(cur, m, plan)
     held: dict[tuple[str, Any, Any], str] = {}
     for kind, query in _HOLDERS.items():
         mine = [d for d in found if (d.kind in ("index", "table")) == (kind == "relation") and

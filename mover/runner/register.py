@@ -151,7 +151,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
                 for i, (p, r) in enumerate(resolved)]
         head = Context(db=db, migration=rows[0], owner="plan-check", provisional_family=rows if plan.also else None)
         members = head.family(cur)
-        taken(cur, [t.migration for t in members], plan)
+        taken(cur, [(t.migration, p) for t, (p, _) in zip(members, resolved, strict=True)])
         for t, (_, r2) in zip(members, resolved, strict=True):
             t.planned_target = r2["rehearsed"]  # each table's target as its DDL rehearsal made it
 
@@ -188,10 +188,10 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         return describe(cur)
 
 
-def taken(cur: psycopg.Cursor, rows: list[control.Migration], plan: Plan) -> None:
+def taken(cur: psycopg.Cursor, tables: list[tuple[control.Migration, Plan]]) -> None:
     """Every name plan check prints for these tables is free (mover/checks/names.py collisions): a
     taken one refused now, not met after the whole copy."""
-    problems = [p for m in rows for p in names_check.collisions(cur, m, plan.capture.logical)]
+    problems = [p for m, plan in tables for p in names_check.collisions(cur, m, plan)]
     if problems:
         raise combined(problems)
 
@@ -299,7 +299,7 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
                                  old=r["old"], key=r["key"], actor=actor, settings=settings, family=head,
                                  position=i if plan.also else None)
             head = head or m
-            taken(cur, [m], plan)  # with the ids the run will use; the transaction rolls back
+            taken(cur, [(m, table)])  # with the ids the run will use; the transaction rolls back
             # The shape is described under the search_path every later step runs with: format_type and
             # pg_get_expr qualify names by it, and a description read under another would differ.
             db.pin_local(cur, m.settings)

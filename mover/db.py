@@ -30,7 +30,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from mover.errors import BadInput, Failed
+from mover.errors import BadInput, CatalogMoved, Failed
 
 log = logging.getLogger("mover.db")
 
@@ -264,9 +264,10 @@ def is_connection_lost(exc: BaseException) -> bool:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Worth running the whole transaction again: a conflict with another transaction, or a lost
-    connection (reconnect and rerun)."""
-    return isinstance(exc, RETRYABLE) or is_connection_lost(exc)
+    """Worth running the whole transaction again: a conflict with another transaction, a lost
+    connection (reconnect and rerun), or a catalog read that met an object another session's DDL
+    dropped meanwhile (a new transaction's snapshot no longer finds it: race 10)."""
+    return isinstance(exc, (*RETRYABLE, CatalogMoved)) or is_connection_lost(exc)
 
 
 def _retry_logger(label: str | None) -> Callable[[RetryCallState], None]:

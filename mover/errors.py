@@ -101,6 +101,15 @@ class Waiting(MoverError):
     exit_code = 3
 
 
+class CatalogMoved(Waiting):
+    """A catalog read found an object that another session's DDL dropped or replaced while the read
+    ran (mover/catalog/reading.py): its print came back NULL. Database.transaction runs the whole
+    transaction again, like a serialization failure; this reaches the operator only when the
+    catalog kept moving through every attempt, and then running the command again is the cure."""
+
+    event_kind = "catalog_moved"
+
+
 class LeaseHeld(Waiting):
     """Another live process is the orchestrator of this migration."""
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from mover.catalog import server
+from mover.catalog import reading, server
 from mover.catalog.introspect import INTEGER_MAX
-from mover.db import one
 from mover.names import QualifiedName, display_ident
 
 
@@ -115,8 +114,9 @@ ORDER BY n.nspname, c.relname, k.conname, ca.attname
 
 
 def canonical_type(cur: psycopg.Cursor, type_text: str) -> str | None:
-    cur.execute("SELECT format_type(to_regtype(%s), NULL)", (type_text,))
-    found: str | None = one(cur)[0]
+    row = reading.read_one(cur, "SELECT format_type(to_regtype(%s), NULL)", (type_text,),
+                           missing=lambda r: f"type {type_text}" if r[0] == reading.UNKNOWN_TYPE else None)
+    found: str | None = row[0] if row else None
     return found
 
 
@@ -137,8 +137,9 @@ def widenings(cur: psycopg.Cursor, planned: dict[int, dict[str, str]]) -> list[W
     while queue:
         oid, column = queue.pop(0)
         new = wide[(oid, column)]
-        cur.execute(_REFERENCING, (oid, column))
-        for constraint, child, schema, table, child_column, child_type, p_schema, p_table in cur.fetchall():
+        for constraint, child, schema, table, child_column, child_type, p_schema, p_table in reading.read(
+                cur, _REFERENCING, (oid, column), missing=reading.printed(
+                    5, name=lambda r: f"the type of column {display_ident(r[4])} of {QualifiedName(r[2], r[3])}")):
             now = wide[(child, child_column)] if (child, child_column) in wide else str(child_type)
             if INTEGER_MAX.get(new, 0) <= INTEGER_MAX.get(now, 2 ** 63):
                 continue

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from mover.catalog import server
+from mover.catalog import reading, server
 from mover.db import one
 from mover.errors import NotFound, PlanError
 from mover.names import QualifiedName, display_ident
@@ -146,7 +146,7 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
         raise NotFound(f"table {name} does not exist", hint="check the table's name and schema in the plan")
     oid, relkind = row
     srv = server.of(cur)
-    cur.execute(sql.SQL(
+    rows = reading.read(cur, sql.SQL(
         """
         SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, {not_null},
                a.attidentity, a.attgenerated,
@@ -161,10 +161,9 @@ def describe(cur: psycopg.Cursor, name: QualifiedName) -> TableInfo:
         WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum
         """).format(not_null=srv.not_null_validated("a")),
-        (oid,),
-    )
+        (oid,), missing=reading.printed(1, name=lambda r: f"the type of column {display_ident(r[0])} of {name}"))
     columns = tuple(Column(r[0], r[1], r[2], r[3], r[4], r[5], tuple(r[6]) if r[6] else None, r[7], r[8], r[9])
-                    for r in cur.fetchall())
+                    for r in rows)
     key, key_index = _key(cur, oid, name, srv)
     return TableInfo(oid, name, relkind, columns, key, key_index, _indexes(cur, oid))
 
@@ -210,14 +209,13 @@ def _no_key(cur: psycopg.Cursor, oid: int, name: QualifiedName, srv: server.Serv
     hint = "add one (ALTER TABLE ... ADD PRIMARY KEY) and check the plan again"
     if not srv.temporal_constraints:
         return PlanError(f"table {name} has no primary key or unique index on NOT NULL columns", hint=hint)
-    cur.execute(sql.SQL(
+    temporal = reading.read(cur, sql.SQL(
         "SELECT pg_get_constraintdef(k.oid), array(SELECT a.attname FROM unnest(k.conkey) WITH ORDINALITY"
         "   AS u(attnum, ord) JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = u.attnum ORDER BY u.ord),"
         " (SELECT bool_and({not_null}) FROM pg_attribute a WHERE a.attrelid = k.conrelid AND a.attnum = ANY(k.conkey))"
         " FROM pg_constraint k WHERE k.conrelid = %s AND k.contype IN ('p', 'u') AND {period}"
         " ORDER BY k.contype, k.conname").format(not_null=srv.not_null_validated("a"), period=srv.conperiod("k")),
-        (oid,))
-    temporal = cur.fetchall()
+        (oid,), missing=reading.printed(0, name=lambda r: f"a key constraint of {name}"))
     if not temporal:
         return PlanError(f"table {name} has no primary key or unique index on NOT NULL columns", hint=hint)
     keys = ", ".join(definition for definition, _, _ in temporal)
@@ -247,7 +245,8 @@ BUILT_BY_CONSTRAINT = "k.conexclop IS NOT NULL"
 def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
     # pg_get_indexdef() reads "CREATE [UNIQUE] INDEX name ON schema.table USING ...". Names may
     # contain " USING ", so the tail is cut after the exact prefix the catalog would print.
-    cur.execute(
+    rows = reading.read(
+        cur,
         """
         SELECT i.indexrelid, ic.relname, i.indisprimary, i.indisunique, i.indisvalid, i.indisexclusion,
                pg_get_indexdef(i.indexrelid),
@@ -265,9 +264,12 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
         ORDER BY ic.relname
         """,
         (oid,),
+        # k.contype: the scan found the constraint, whose definition must then print
+        missing=lambda r: f"index {display_ident(r[1])}" if r[6] is None or (r[9] is not None and r[8] is None)
+        else None,
     )
     out = []
-    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint, contype in cur.fetchall():
+    for ioid, iname, primary, unique, valid, exclusion, definition, prefix, constraint, contype in rows:
         if not definition.startswith(prefix) or not definition[len(prefix):].startswith("USING "):
             raise PlanError(f"cannot read the definition of index {iname!r}: {definition!r}",
                             hint="report this definition; mover does not handle this index form yet")
@@ -278,9 +280,10 @@ def _indexes(cur: psycopg.Cursor, oid: int) -> tuple[Index, ...]:
 
 def outbound_foreign_keys(cur: psycopg.Cursor, oid: int) -> list[tuple[str, str]]:
     """(name, definition) of the table's own foreign keys, self-references included."""
-    cur.execute("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
-                " WHERE contype = 'f' AND conrelid = %s ORDER BY conname", (oid,))
-    return [(r[0], r[1]) for r in cur.fetchall()]
+    return [(r[0], r[1]) for r in reading.read(
+        cur, "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+             " WHERE contype = 'f' AND conrelid = %s ORDER BY conname", (oid,),
+        missing=reading.printed(1, name=lambda r: f"constraint {display_ident(r[0])}"))]
 
 
 def index_comments(cur: psycopg.Cursor, index_oid: int) -> tuple[str | None, str | None]:
@@ -298,9 +301,10 @@ def unvalidated_constraints(cur: psycopg.Cursor, oid: int) -> list[tuple[str, st
     NOT VALID ones (the definition ends in NOT VALID), and CHECKs NOT ENFORCED (18). NOT NULL
     constraints are rows of pg_constraint from PostgreSQL 18 on (contype 'n'), with a name and,
     added by ALTER TABLE, possibly NOT VALID; before 18 there are none, and the query is the same."""
-    cur.execute("SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint') FROM pg_constraint"
-                " WHERE contype IN ('c', 'n') AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,))
-    return [(r[0], r[1], r[2]) for r in cur.fetchall()]
+    return [(r[0], r[1], r[2]) for r in reading.read(
+        cur, "SELECT conname, pg_get_constraintdef(oid), obj_description(oid, 'pg_constraint') FROM pg_constraint"
+             " WHERE contype IN ('c', 'n') AND conrelid = %s AND NOT convalidated ORDER BY conname", (oid,),
+        missing=reading.printed(1, name=lambda r: f"constraint {display_ident(r[0])}"))]
 
 
 def type_exists(cur: psycopg.Cursor, type_text: str) -> bool:
@@ -391,8 +395,8 @@ def metadata(cur: psycopg.Cursor, oid: int) -> Metadata:
     cur.execute("SELECT rulename FROM pg_rewrite WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY 1", (oid,))
     rules = tuple(r[0] for r in cur.fetchall())
     inheritance = None
-    cur.execute("SELECT format_type(reloftype, NULL) FROM pg_class WHERE oid = %s AND reloftype <> 0", (oid,))
-    typed = cur.fetchone()
+    typed = reading.read_one(cur, "SELECT format_type(reloftype, NULL) FROM pg_class WHERE oid = %s AND reloftype <> 0",
+                             (oid,), missing=reading.printed(0, name=lambda r: "the type of a typed table"))
     if typed:
         # CREATE TABLE ... OF type: the new table mover builds would be a plain one.
         inheritance = f"is a typed table (OF {typed[0]})"
@@ -412,10 +416,13 @@ def metadata(cur: psycopg.Cursor, oid: int) -> Metadata:
 
 def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
     """(data type, max value) of a sequence."""
-    cur.execute("SELECT format_type(s.seqtypid, NULL), s.seqmax FROM pg_sequence s"
-                " JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = %s AND c.relname = %s", (seq.schema, seq.name))
-    return one(cur)
+    row = reading.read_one(cur, "SELECT format_type(s.seqtypid, NULL), s.seqmax FROM pg_sequence s"
+                                " JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+                                " WHERE n.nspname = %s AND c.relname = %s", (seq.schema, seq.name),
+                           missing=reading.printed(0, name=lambda r: f"the type of sequence {seq}"))
+    if row is None:
+        raise NotFound(f"sequence {seq} does not exist", hint="check the sequence's name")
+    return row[0], row[1]
 
 
 INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}

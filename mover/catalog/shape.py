@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from mover import names
+from mover.catalog import reading
 from mover.db import one
 from mover.errors import BadInput, ShapeChanged
 from mover.names import QualifiedName, display_ident
@@ -84,7 +86,9 @@ SELECT c.oid, jsonb_build_object(
     -- A typed table's type (CREATE TABLE ... OF type): only when it has one, so that the
     -- descriptions (and fingerprints) recorded for other tables stay what they were.
     || CASE WHEN c.reloftype <> 0 THEN jsonb_build_object('of_type', format_type(c.reloftype, NULL))
-            ELSE '{}'::jsonb END
+            ELSE '{}'::jsonb END,
+    -- the columns with a default (or generation expression) the scan found: each must print one
+    array(SELECT d.adnum FROM pg_attrdef d WHERE d.adrelid = c.oid)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = ANY(%s)
 """
@@ -291,10 +295,10 @@ def _diff_indexes(side: str, t: QualifiedName, old: dict[str, Any], new: dict[st
             continue
         if n.get("constraint"):
             continue  # a constraint's own index: reported with the constraint
-        state = "" if n["valid"] else " (not valid yet: being built concurrently, or a failed build)"
+        state = "" if n["valid"] else " (not valid: a concurrent build that failed or was cancelled)"
         out.append(Change(side, "index_added", f"{'unique ' if n['unique'] else ''}index {display_ident(name)} was"
                                                f" added to {t}: {n['definition']}{state}", bool(n["valid"]), name,
-                          {"index": n}))
+                          {"index": n, "schema": t.schema}))
     return out
 
 
@@ -347,6 +351,17 @@ def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = N
     live_changes = [c for c in changes if c.side == live]
     adoptable = all(c.adoptable for c in live_changes) and all(
         mid is not None and mirrors(c, live_changes, mid) for c in changes if c.side != live)
+    leftovers = [c for c in changes if c.kind == "index_added" and transient(c, [_ANY_BUILD])]
+    if leftovers and len(leftovers) == len(changes):
+        # What a failed or cancelled CREATE INDEX / REINDEX CONCURRENTLY leaves behind (one still
+        # running is no change at all: changes()). The table is as it was: drop it and go on.
+        drops = "; ".join(f"DROP INDEX CONCURRENTLY {QualifiedName(c.detail.get('schema'), str(c.item))}"
+                          for c in leftovers)
+        return ShapeChanged(f"the shape of a table of migration {name!r} changed since mover recorded it: {listed};"
+                            f" nothing was copied, compared or swapped across the change",
+                            hint=f"a CREATE INDEX or REINDEX CONCURRENTLY that failed or was cancelled left"
+                                 f" {'it' if len(leftovers) == 1 else 'them'} behind (nothing to abort): {drops};"
+                                 f" then `mover run {name}` resumes", changes=changes)
     if adoptable:
         hint = (f"`mover adopt {name}` applies the same change to the other table and re-checks what it touched;"
                 f" or `mover abort {name}` and plan again")
@@ -363,10 +378,21 @@ def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = N
 # The catalog and the control row
 
 
+def vanished(row: reading.Row) -> str | None:
+    """The object a DESCRIBE row found but could not print (dropped since the scan: race 10)."""
+    d, defaults = row[1], set(row[2])
+    t = table_name(d)
+    return reading.first([
+        *(f"constraint {display_ident(k)} of {t}" for k, v in d["constraints"].items() if v["definition"] is None),
+        *(f"index {display_ident(k)} of {t}" for k, v in d["indexes"].items() if v["definition"] is None),
+        *(f"column {display_ident(c['name'])} of {t}" for c in d["columns"]
+          if reading.gone(c["type"]) or (c["position"] in defaults and c["default"] is None)),
+        f"the type of {t}" if reading.gone(d.get("of_type", "")) else None])
+
+
 def describe(cur: psycopg.Cursor, oids: list[int]) -> dict[int, dict[str, Any]]:
     """Descriptions of the tables with these oids (a missing one is absent from the result)."""
-    cur.execute(DESCRIBE, (list(oids),))
-    return {oid: d for oid, d in cur.fetchall()}
+    return {oid: d for oid, d, _ in reading.read(cur, DESCRIBE, (list(oids),), missing=vanished)}
 
 
 def describe_table(cur: psycopg.Cursor, table: QualifiedName) -> dict[str, Any]:
@@ -412,17 +438,83 @@ def validated_by_another(cur: psycopg.Cursor, mid: int, table: dict[str, Any] | 
     return row[0] if row else None
 
 
+# A concurrent index build's transient indexes: REINDEX CONCURRENTLY builds <index>_ccnew (then
+# _ccnew1, ...) beside the index, swaps the two and drops <index>_ccold.
+_TRANSIENT = re.compile(r"_cc(new|old)[0-9]*$")
+
+# The tables with a concurrent index build running (CREATE INDEX CONCURRENTLY, REINDEX
+# CONCURRENTLY): a session of pg_stat_progress_create_index holding the table's SHARE UPDATE
+# EXCLUSIVE lock (which those builds hold from start to end). The view hides the table of another
+# role's session (relid NULL) from a role without pg_read_all_stats; its lock is seen by all.
+BUILDS = """
+SELECT DISTINCT l.relation, p.pid, coalesce(p.command, 'a concurrent index build'), coalesce(p.phase, '')
+FROM pg_stat_progress_create_index p
+JOIN pg_locks l ON l.pid = p.pid AND l.locktype = 'relation' AND l.granted AND l.mode = 'ShareUpdateExclusiveLock'
+WHERE l.relation = ANY(%s) AND (p.relid IS NULL OR p.relid = l.relation) AND p.pid <> pg_backend_pid()
+ORDER BY 1, 2
+"""
+
+
+@dataclass(frozen=True)
+class Build:
+    """A concurrent index build running on a table mover moves."""
+    table_oid: int
+    pid: int
+    command: str
+    phase: str
+
+
+def builds(cur: psycopg.Cursor, oids: list[int]) -> dict[int, list[Build]]:
+    """The concurrent index builds running on the tables with these oids, by table."""
+    if not oids:
+        return {}
+    cur.execute(BUILDS, (list(oids),))
+    out: dict[int, list[Build]] = {}
+    for oid, pid, command, phase in cur.fetchall():
+        out.setdefault(oid, []).append(Build(oid, pid, command, phase))
+    return out
+
+
+def transient(change: Change, running: list[Build]) -> bool:
+    """Is `change` only a concurrent index build in progress on its table (`running` its builds)?
+    Its new index, still invalid (CREATE INDEX CONCURRENTLY, a REINDEX's <index>_ccnew), or a
+    REINDEX CONCURRENTLY's _ccnew/_ccold by name (valid a moment before the swap of the two). Not
+    a change of the table's shape: the build changes no column, constraint or row, so nothing is
+    copied, compared or replayed across it; it ends with the index as it was (REINDEX: the same
+    definition under the same name, so the recorded shape holds again) or with a new index
+    (`mover adopt`, as for any index added). The swap cannot meet one: a build holds the table's
+    SHARE UPDATE EXCLUSIVE lock until it ends, which the swap's lock waits for (it names the
+    build's session when its attempts run out)."""
+    if change.kind != "index_added":
+        return False
+    return transient_index(str(change.item), bool(change.detail.get("index", {}).get("valid", True)), running)
+
+
+def transient_index(name: str, valid: bool, running: list[Build]) -> bool:
+    """An index of a table on which these builds run that is theirs: not valid yet, or a REINDEX
+    CONCURRENTLY's by name."""
+    return bool(running) and (not valid or bool(_TRANSIENT.search(name)))
+
+
+# transient()'s `running` when only the index itself decides (explain(): a leftover of a build).
+_ANY_BUILD = Build(0, 0, "", "")
+
+
 def changes(cur: psycopg.Cursor, mid: int) -> tuple[dict[str, Any], dict[str, Any], list[Change]]:
     """(stored, current, changes) of both tables; a side mover has not recorded yet is skipped, and
-    so is a foreign key's validation state while another migration re-validates it."""
+    so is a foreign key's validation state while another migration re-validates it, and the
+    transient index of a concurrent index build running on the table (transient())."""
     before = control.shapes(cur, mid)
     now = current(cur, before)
     found: list[Change] = []
     for side in SIDES:
         old = before[side]
         if old is not None and fingerprint(now[side]) != fingerprint(old):
-            found += [c for c in diff(old, now[side], side)
-                      if validated_by_another(cur, mid, now[side], c) is None]
+            differs = diff(old, now[side], side)
+            running = builds(cur, [old["oid"]]).get(old["oid"], []) \
+                if any(c.kind == "index_added" for c in differs) else []
+            found += [c for c in differs
+                      if validated_by_another(cur, mid, now[side], c) is None and not transient(c, running)]
     return before, now, found
 
 

@@ -7,7 +7,7 @@ else)."""
 from __future__ import annotations
 
 from mover import names
-from mover.catalog import server
+from mover.catalog import reading, server
 from mover.checks import Subject
 from mover.errors import PlanError
 
@@ -18,9 +18,10 @@ def no_inherit_not_null(s: Subject) -> None:
     NULL where the source refuses it."""
     if s.plan.partition is None or not server.of(s.cur).catalogued_not_null:
         return
-    s.cur.execute("SELECT k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s"
-                  " AND k.contype = 'n' AND k.connoinherit ORDER BY k.conname", (s.table.oid,))
-    for name, definition in s.cur.fetchall():
+    for name, definition in reading.read(
+            s.cur, "SELECT k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s"
+                   " AND k.contype = 'n' AND k.connoinherit ORDER BY k.conname", (s.table.oid,),
+            missing=reading.printed(1, name=lambda r: f"constraint {names.display_ident(r[0])} of {s.src}")):
         s.report(PlanError(
             f"[target.partition]: {s.src} has the NOT NULL constraint {names.display_ident(name)} ({definition}),"
             f" which a partitioned table does not pass to its partitions: the new table would take NULL there",

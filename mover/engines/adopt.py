@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 
 from mover import faults, names
-from mover.catalog import introspect, shape
+from mover.catalog import introspect, reading, shape
 from mover.db import bind
 from mover.engines import backfill, capture
 from mover.engines.context import Context
@@ -235,9 +235,10 @@ def _not_null_name(cur: psycopg.Cursor, live: QualifiedName, column: str) -> str
 
 def _live_definition(cur: psycopg.Cursor, live: QualifiedName, name: str) -> str | None:
     """pg_get_constraintdef() of a validated CHECK or NOT NULL constraint of the live table."""
-    cur.execute("SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s::regclass"
-                " AND k.conname = %s AND k.contype IN ('c', 'n') AND k.convalidated", (str(live), name))
-    row = cur.fetchone()
+    row = reading.read_one(
+        cur, "SELECT pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s::regclass"
+             " AND k.conname = %s AND k.contype IN ('c', 'n') AND k.convalidated", (str(live), name),
+        missing=reading.printed(0, name=f"constraint {names.display_ident(name)} of {live}"))
     return row[0] if row else None
 
 

@@ -49,7 +49,7 @@ import psycopg
 from psycopg import sql
 
 from mover import faults, names, threads
-from mover.catalog import introspect
+from mover.catalog import introspect, shape
 from mover.db import Database, bind, is_retryable, one
 from mover.engines import capture, pacing, partitions, rangework, throttle
 from mover.engines.context import Context, Reporter
@@ -285,8 +285,11 @@ def deferred_index_name(mid: int, source_index: str) -> str:
 def deferred_indexes(cur: psycopg.Cursor, ctx: Context) -> list[tuple[str, introspect.Index]]:
     """(name in the new table, source index) for every index still to build."""
     original = introspect.describe(cur, ctx.original)
+    # Not the transient index of a concurrent build running on the source (a REINDEX CONCURRENTLY's
+    # <index>_ccnew): not part of its shape (shape.transient), gone when the build ends.
+    running = shape.builds(cur, [original.oid]).get(original.oid, [])
     return [(deferred_index_name(ctx.mid, ix.name), ix) for ix in original.indexes
-            if ix.name != original.key_index]
+            if ix.name != original.key_index and not shape.transient_index(ix.name, ix.is_valid, running)]
 
 
 INDEX_ATTEMPTS = 6

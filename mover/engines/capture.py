@@ -26,7 +26,7 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import family as family_catalog
-from mover.catalog import introspect, privileges
+from mover.catalog import introspect, privileges, reading
 from mover.db import one
 from mover.engines import integrity, logical
 from mover.engines.context import Context
@@ -582,23 +582,28 @@ def _conflicts(cur: psycopg.Cursor, m: Mapping) -> q.Conflicts:
     cur.execute(q.generated_columns(), {"src": src, "dst": dst})
     computed = tuple(r[0] for r in cur.fetchall())
     readable = {c.name for c in m.columns} | set(computed)
-    cur.execute(q.unique_indexes(), {"table": dst})
     unique = []
-    for name, exprs, predicate, reads, plain in cur.fetchall():
+    for name, exprs, predicate, reads, plain in reading.read(cur, q.unique_indexes(), {"table": dst},
+                                                             missing=_index_gone):
         if set(m.key) <= set(plain):
             continue
         if set(reads) <= readable:
             unique.append(q.Unique(tuple(exprs), predicate))
         else:
             log.debug("unique index %s reads columns not copied; left out of replay closures", name)
-    cur.execute(q.exclusion_constraints(), {"table": dst})
     exclusions = []
-    for name, exprs, schemas, operators, predicate, reads in cur.fetchall():
+    for name, exprs, schemas, operators, predicate, reads in reading.read(cur, q.exclusion_constraints(),
+                                                                         {"table": dst}, missing=_index_gone):
         if set(reads) <= readable:
             exclusions.append(q.Exclusion(tuple(exprs), tuple(zip(schemas, operators, strict=True)), predicate))
         else:
             log.debug("exclusion constraint %s reads columns not copied; left out of replay closures", name)
     return q.Conflicts(tuple(unique), tuple(exclusions), computed)
+
+
+def _index_gone(row: reading.Row) -> str | None:
+    """An index (or exclusion constraint) whose key texts did not print: dropped since the scan."""
+    return f"index {row[0]}" if any(reading.gone(e) for e in row[1]) else None
 
 
 def _count(cur: psycopg.Cursor, mid: int, reverse: bool, n: int) -> None:

@@ -27,7 +27,7 @@ import psycopg
 from psycopg import sql
 
 from mover import faults, names
-from mover.catalog import introspect, shape
+from mover.catalog import introspect, reading, shape
 from mover.db import one
 from mover.names import QualifiedName
 from mover.sql import ddl, trusted
@@ -134,16 +134,17 @@ def _partition_only_keys(cur: psycopg.Cursor, live_oid: int, mid: int) -> list[t
     if not leaves:
         return []
     attach = {name for _, _, name, _ in pending_attach(cur, mid)}
-    cur.execute("""
+    rows = reading.read(cur, """
         SELECT k.conname, min(pg_get_constraintdef(k.oid)), bool_and(k.convalidated),
                array_agg(ARRAY[n.nspname, c.relname] ORDER BY n.nspname, c.relname)
         FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE k.contype = 'f' AND k.conparentid = 0 AND k.conrelid IN (SELECT relid FROM pg_partition_tree(%(oid)s)
                                                                        WHERE isleaf AND relid <> %(oid)s)
         AND NOT EXISTS (SELECT 1 FROM pg_constraint p WHERE p.conrelid = %(oid)s AND p.conname = k.conname)
-        GROUP BY k.conname ORDER BY k.conname""", {"oid": live_oid})
+        GROUP BY k.conname ORDER BY k.conname""", {"oid": live_oid},
+        missing=reading.printed(1, name=lambda r: f"foreign key {names.display_ident(r[0])} of a partition"))
     return [(name, definition.removesuffix(" NOT VALID"), valid or name in attach,
-             [QualifiedName(s, t) for s, t in tables]) for name, definition, valid, tables in cur.fetchall()]
+             [QualifiedName(s, t) for s, t in tables]) for name, definition, valid, tables in rows]
 
 
 def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip: tuple[str, ...], out: Carried,
@@ -155,15 +156,17 @@ def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip:
     block the application's deletes of them. A key to or from another table of the same family
     (`family`: their live tables) stays where it is: both sides hold it (mover/engines/family.py)."""
     assert after_name.schema is not None
-    cur.execute("""
+    found = reading.read(cur, """
         SELECT k.conrelid = %(oid)s, n.nspname, c.relname, k.conname, pg_get_constraintdef(k.oid), k.convalidated,
                obj_description(k.oid, 'pg_constraint')
         FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE k.contype = 'f' AND k.conparentid = 0 AND (k.conrelid = %(oid)s OR k.confrelid = %(oid)s)
           AND NOT (k.conrelid = ANY(%(family)s) OR k.confrelid = ANY(%(family)s))
         ORDER BY k.conrelid = %(oid)s DESC, n.nspname, c.relname, k.conname""",
-                {"oid": live_oid, "family": sorted(family)})
-    rows = [(*r, None) for r in cur.fetchall()]
+        {"oid": live_oid, "family": sorted(family)},
+        missing=reading.printed(4, name=lambda r: f"foreign key {names.display_ident(r[3])} of"
+                                                  f" {QualifiedName(r[1], r[2])}"))
+    rows = [(*r, None) for r in found]
     # A swap back before `validate` attached them: the partitions hold the only copies.
     rows += [(True, None, None, name, definition, valid, None, tables)
              for name, definition, valid, tables in _partition_only_keys(cur, live_oid, mid)]
@@ -207,10 +210,11 @@ def _triggers(cur: psycopg.Cursor, oid: int, table: sql.Composable, after_table:
               drop: bool = True) -> None:
     """The application's triggers (mover's capture triggers stay mover's), same names (so the same
     firing order) and enabled state."""
-    cur.execute("SELECT tgname, pg_get_triggerdef(oid), tgenabled, obj_description(oid, 'pg_trigger')"
-                " FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal AND tgname !~ '^mover_m[0-9]+_'"
-                " ORDER BY tgname", (oid,))
-    for name, definition, enabled, comment in cur.fetchall():
+    for name, definition, enabled, comment in reading.read(
+            cur, "SELECT tgname, pg_get_triggerdef(oid), tgenabled, obj_description(oid, 'pg_trigger')"
+                 " FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal AND tgname !~ '^mover_m[0-9]+_'"
+                 " ORDER BY tgname", (oid,),
+            missing=reading.printed(1, name=lambda r: f"trigger {names.display_ident(r[0])}")):
         if drop:
             out.before.append(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(name), table))
         out.after.append(trusted(definition, "pg_get_triggerdef"))
@@ -223,9 +227,10 @@ def _triggers(cur: psycopg.Cursor, oid: int, table: sql.Composable, after_table:
 
 
 def _rules(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name: QualifiedName, out: Carried) -> None:
-    cur.execute("SELECT rulename, pg_get_ruledef(oid), ev_enabled FROM pg_rewrite"
-                " WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY rulename", (oid,))
-    for name, definition, enabled in cur.fetchall():
+    for name, definition, enabled in reading.read(
+            cur, "SELECT rulename, pg_get_ruledef(oid), ev_enabled FROM pg_rewrite"
+                 " WHERE ev_class = %s AND rulename <> '_RETURN' ORDER BY rulename", (oid,),
+            missing=reading.printed(1, name=lambda r: f"rule {names.display_ident(r[0])} of {live}")):
         out.before.append(sql.SQL("DROP RULE {} ON {}").format(sql.Identifier(name), live.ident))
         out.after.append(trusted(definition.rstrip(";"), "pg_get_ruledef"))
         if enabled in ENABLE_RULE:
@@ -238,14 +243,17 @@ def _row_security(cur: psycopg.Cursor, oid: int, live: QualifiedName, after_name
     filtered (with RLS on and no policy, everything but the owner would see no row)."""
     cur.execute("SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = %s", (oid,))
     enabled, forced = one(cur)
-    cur.execute("""
+    policies = reading.read(cur, """
         SELECT p.polname, p.polpermissive, p.polcmd,
                (SELECT array_agg(CASE WHEN r = 0 THEN NULL ELSE pg_get_userbyid(r) END ORDER BY r)
                 FROM unnest(p.polroles) r),
-               pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid)
-        FROM pg_policy p WHERE p.polrelid = %s ORDER BY p.polname""", (oid,))
+               pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid),
+               p.polqual IS NOT NULL, p.polwithcheck IS NOT NULL
+        FROM pg_policy p WHERE p.polrelid = %s ORDER BY p.polname""", (oid,),
+        missing=lambda r: f"policy {names.display_ident(r[0])} of {live}"
+                          if (r[6] and r[4] is None) or (r[7] and r[5] is None) else None)
     commands = {"r": "SELECT", "a": "INSERT", "w": "UPDATE", "d": "DELETE", "*": "ALL"}
-    for name, permissive, cmd, roles, qual, check in cur.fetchall():
+    for name, permissive, cmd, roles, qual, check, _, _ in policies:
         out.before.append(sql.SQL("DROP POLICY {} ON {}").format(sql.Identifier(name), live.ident))
         role_list = sql.SQL(", ").join(sql.SQL("PUBLIC") if r is None else sql.Identifier(r) for r in roles or [None])
         out.after.append(sql.SQL("CREATE POLICY {} ON {} AS {} FOR {} TO {}{}{}").format(
@@ -282,6 +290,8 @@ GROUP BY c.oid, n.nspname, c.relname
 ORDER BY max(dep.depth), n.nspname, c.relname
 """
 
+_view_gone = reading.printed(5, name=lambda r: f"view {QualifiedName(r[1], r[2])}")
+
 
 def _views(cur: psycopg.Cursor, oid: int, out: Carried) -> None:
     """Views bind to the table by oid: each one that reads it (or reads a view that does) is
@@ -289,8 +299,7 @@ def _views(cur: psycopg.Cursor, oid: int, out: Carried) -> None:
     catalog printed, with its owner, options, grants, comment, triggers and (materialized) indexes.
     A materialized view is refreshed inside the swap: the application never reads one that is
     not populated (it costs the lock what the refresh takes; see docs/operating.md)."""
-    cur.execute(DEPENDENT_VIEWS, {"oid": oid})
-    views = cur.fetchall()
+    views = reading.read(cur, DEPENDENT_VIEWS, {"oid": oid}, missing=_view_gone)
     creates: list[Statement] = []
     for voids, schema, name, kind, _, definition, owner, options, comment, populated in views:
         view = QualifiedName(schema, name)
@@ -315,9 +324,9 @@ def _views(cur: psycopg.Cursor, oid: int, out: Carried) -> None:
         if comment is not None:
             creates.append(sql.SQL("COMMENT ON {} {} IS {}").format(what, view.ident, sql.Literal(comment)))
         if kind == "m":
-            cur.execute("SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s ORDER BY indexrelid",
-                        (voids,))
-            creates += [trusted(r[0], "pg_get_indexdef") for r in cur.fetchall()]
+            creates += [trusted(r[0], "pg_get_indexdef") for r in reading.read(
+                cur, "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s ORDER BY indexrelid",
+                (voids,), missing=reading.printed(0, name=f"an index of materialized view {view}"))]
             if populated:
                 creates.append(sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view.ident))
         view_out = Carried()
@@ -371,8 +380,8 @@ def also_locked(cur: psycopg.Cursor, table: QualifiedName) -> list[QualifiedName
     oid = one(cur)[0]
     if oid is None:
         return []
-    cur.execute(DEPENDENT_VIEWS, {"oid": oid})
-    views = [QualifiedName(r[1], r[2]) for r in cur.fetchall() if r[3] == "v"]  # LOCK takes no materialized view
+    views = [QualifiedName(r[1], r[2]) for r in reading.read(cur, DEPENDENT_VIEWS, {"oid": oid}, missing=_view_gone)
+             if r[3] == "v"]  # LOCK takes no materialized view
     cur.execute("SELECT DISTINCT n.nspname, c.relname FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE k.contype = 'f' AND k.conparentid = 0"
                 " AND k.confrelid = %s AND k.conrelid <> %s ORDER BY 1, 2", (oid, oid))

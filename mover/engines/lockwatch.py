@@ -54,6 +54,9 @@ class Blocker:
     query_start: str | None
     backend_type: str | None
     tables: tuple[str, ...]
+    # CREATE INDEX / REINDEX [CONCURRENTLY] with its phase, when the session runs one: the
+    # operator then waits for it to end rather than ending it (a REINDEX CONCURRENTLY ends itself)
+    build: str | None = None
 
     @property
     def autovacuum(self) -> bool:
@@ -66,7 +69,8 @@ class Blocker:
     def describe(self) -> str:
         age = f"transaction open {self.xact_age_s:.1f} s" if self.xact_age_s is not None else "no transaction"
         who = "autovacuum worker" if self.autovacuum else f"user {self.user}, application {self.application_name!r}"
-        return (f"pid {self.pid} ({who}, {self.state or '-'}, {age}, query started {self.query_start or '-'}, "
+        build = f"running {self.build}, " if self.build else ""
+        return (f"pid {self.pid} ({who}, {build}{self.state or '-'}, {age}, query started {self.query_start or '-'}, "
                 f"holding {', '.join(self.tables)})")
 
 
@@ -76,7 +80,10 @@ SELECT a.pid, a.usename, a.application_name, a.state,
        to_char(a.query_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC'), a.backend_type,
        -- Qualified and always quoted, as QualifiedName prints (whatever the session's search_path)
        array_agg(DISTINCT format('"%%s"."%%s"', replace(n.nspname, '"', '""'), replace(c.relname, '"', '""'))
-                 ORDER BY format('"%%s"."%%s"', replace(n.nspname, '"', '""'), replace(c.relname, '"', '""')))
+                 ORDER BY format('"%%s"."%%s"', replace(n.nspname, '"', '""'), replace(c.relname, '"', '""'))),
+       -- the view hides another role's command and phase (NULL) from a role without pg_read_all_stats
+       (SELECT coalesce(p.command, 'an index build') || coalesce(' (' || p.phase || ')', '')
+          FROM pg_stat_progress_create_index p WHERE p.pid = a.pid)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE l.locktype = 'relation' AND l.granted AND l.relation = ANY(%(oids)s)
@@ -95,7 +102,7 @@ def blockers(cur: psycopg.Cursor, tables: Sequence[QualifiedName], *, min_age_s:
         return []
     cur.execute(_BLOCKERS, {"oids": oids})
     # Not the query text: it may carry the application's data, and it would land in the events.
-    out = [Blocker(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7])) for r in cur.fetchall()]
+    out = [Blocker(r[0], r[1], r[2], r[3], r[4], r[5], r[6], tuple(r[7]), r[8]) for r in cur.fetchall()]
     return [b for b in out if b.autovacuum or (b.xact_age_s or 0.0) >= min_age_s]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from mover import names
-from mover.catalog import shape
+from mover.catalog import reading, shape
 from mover.names import QualifiedName
 from mover.sql import ddl
 
@@ -32,12 +32,13 @@ Statement = Any  # sql.Composable, or (Composable, params) as mover/engines/cuto
 
 def _statistics(cur: psycopg.Cursor, oid: int) -> list[tuple[str, list[str], str, int | None, str | None]]:
     """(name, kinds, column list, statistics target, comment) of a table's extended statistics."""
-    cur.execute("SELECT s.stxname, array(SELECT CASE k WHEN 'd' THEN 'ndistinct' WHEN 'f' THEN 'dependencies'"
-                " WHEN 'm' THEN 'mcv' END FROM unnest(s.stxkind) k WHERE k <> 'e' ORDER BY 1),"
-                " pg_get_statisticsobjdef_columns(s.oid), nullif(s.stxstattarget::int, -1),"
-                " obj_description(s.oid, 'pg_statistic_ext')"
-                " FROM pg_statistic_ext s WHERE s.stxrelid = %s ORDER BY 1", (oid,))
-    return [(n, list(k), c, t, cm) for n, k, c, t, cm in cur.fetchall()]
+    return [(n, list(k), c, t, cm) for n, k, c, t, cm in reading.read(
+        cur, "SELECT s.stxname, array(SELECT CASE k WHEN 'd' THEN 'ndistinct' WHEN 'f' THEN 'dependencies'"
+             " WHEN 'm' THEN 'mcv' END FROM unnest(s.stxkind) k WHERE k <> 'e' ORDER BY 1),"
+             " pg_get_statisticsobjdef_columns(s.oid), nullif(s.stxstattarget::int, -1),"
+             " obj_description(s.oid, 'pg_statistic_ext')"
+             " FROM pg_statistic_ext s WHERE s.stxrelid = %s ORDER BY 1", (oid,),
+        missing=reading.printed(2, name=lambda r: f"statistics {names.display_ident(r[0])}"))]
 
 
 def statistics_name(mid: int, name: str) -> str:
@@ -88,12 +89,14 @@ def swap_sql(cur: psycopg.Cursor, live: QualifiedName, other: QualifiedName) -> 
     live_oid, other_oid = _oid(cur, live), _oid(cur, other)
     out: list[Statement] = []
     out += _replica_identity(cur, live_oid, other_oid, other)
-    cur.execute("SELECT p.pubname, (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a"
-                " WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[])),"
-                " pg_get_expr(pr.prqual, pr.prrelid)"
-                " FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
-                " WHERE pr.prrelid = %s AND p.pubname !~ '^mover_m[0-9]+_' ORDER BY 1", (live_oid,))
-    for pub, columns, row_filter in cur.fetchall():
+    for pub, columns, row_filter, _ in reading.read(
+            cur, "SELECT p.pubname, (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a"
+                 " WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[])),"
+                 " pg_get_expr(pr.prqual, pr.prrelid), pr.prqual IS NOT NULL"
+                 " FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid"
+                 " WHERE pr.prrelid = %s AND p.pubname !~ '^mover_m[0-9]+_' ORDER BY 1", (live_oid,),
+            missing=lambda r: f"the row filter of publication {names.display_ident(r[0])}" if r[3] and r[2] is None
+            else None):
         out += [ddl.publication_add(pub, other, columns, row_filter), ddl.publication_drop(pub, live)]
     out += _swap_statistics_names(cur, live_oid, other_oid)
     return out
@@ -127,10 +130,11 @@ def _replica_identity(cur: psycopg.Cursor, live_oid: int, other_oid: int, other:
 def _swap_statistics_names(cur: psycopg.Cursor, live_oid: int, other_oid: int) -> list[Statement]:
     """Extended statistics matched by definition exchange names (through a parking name, as
     sequences do in mover/engines/cutover.py): statements and tools that name them keep working."""
-    cur.execute("SELECT s.stxrelid, n.nspname, s.stxname, pg_get_statisticsobjdef_columns(s.oid), s.stxkind::text"
-                " FROM pg_statistic_ext s JOIN pg_namespace n ON n.oid = s.stxnamespace"
-                " WHERE s.stxrelid = ANY(%s) ORDER BY 3", ([live_oid, other_oid],))
-    rows = cur.fetchall()
+    rows = reading.read(
+        cur, "SELECT s.stxrelid, n.nspname, s.stxname, pg_get_statisticsobjdef_columns(s.oid), s.stxkind::text"
+             " FROM pg_statistic_ext s JOIN pg_namespace n ON n.oid = s.stxnamespace"
+             " WHERE s.stxrelid = ANY(%s) ORDER BY 3", ([live_oid, other_oid],),
+        missing=reading.printed(3, name=lambda r: f"statistics {QualifiedName(r[1], r[2])}"))
     others = {(cols, kinds): QualifiedName(ns, name) for rel, ns, name, cols, kinds in rows if rel == other_oid}
     out: list[Statement] = []
     for rel, ns, name, cols, kinds in rows:

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from mover import names
-from mover.catalog import introspect, shape
+from mover.catalog import introspect, reading, shape
 from mover.engines.backfill import deferred_index_name
 from mover.errors import BadInput, Waiting
 from mover.plan import Plan
@@ -93,10 +93,11 @@ SELECT jsonb_build_object(
         FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = c.oid
         AND p.pubname !~ '^mover_m[0-9]+_'),
     'statistics', (SELECT coalesce(jsonb_object_agg(s.stxname, jsonb_build_object(
-            'definition', format('(%%s) ON %%s', array_to_string(array(
+            -- || rather than format(): NULL (race 10) when the statistics vanished since the scan
+            'definition', '(' || array_to_string(array(
                 SELECT CASE k WHEN 'd' THEN 'ndistinct' WHEN 'f' THEN 'dependencies' WHEN 'm' THEN 'mcv' END
-                FROM unnest(s.stxkind) k WHERE k <> 'e' ORDER BY 1), ', '),
-                pg_get_statisticsobjdef_columns(s.oid)),
+                FROM unnest(s.stxkind) k WHERE k <> 'e' ORDER BY 1), ', ') || ') ON '
+                || pg_get_statisticsobjdef_columns(s.oid),
             'statistics', nullif(s.stxstattarget::int, -1),
             'comment', obj_description(s.oid, 'pg_statistic_ext'))), '{}')
         FROM pg_statistic_ext s WHERE s.stxrelid = c.oid),
@@ -137,10 +138,19 @@ def describe(cur: psycopg.Cursor, oid: int, base: dict[str, Any] | None = None) 
     base = base or shape.describe(cur, [oid]).get(oid)
     if base is None:
         return None
-    cur.execute(DESCRIBE_METADATA, (oid,))
-    row = cur.fetchone()
-    assert row is not None  # the table was just described
+    row = reading.read_one(cur, DESCRIBE_METADATA, (oid,), missing=_vanished)
+    if row is None:  # dropped since shape.describe read it
+        return None
     return {**base, "metadata": row[0]}
+
+
+def _vanished(row: reading.Row) -> str | None:
+    """The object DESCRIBE_METADATA found but could not print (dropped since the scan: race 10)."""
+    m = row[0]
+    return reading.first([
+        *(f"{what[:-1]} {names.display_ident(k)}" for what in ("triggers", "rules", "statistics")
+          for k, v in m[what].items() if v["definition"] is None),
+        *(f"foreign key {k}" for k, v in m["referenced_by"].items() if v is None)])
 
 
 # ---------------------------------------------------------------------------------------------

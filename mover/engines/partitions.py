@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect, server
+from mover.catalog import introspect, reading, server
 from mover.db import one
 from mover.errors import PlanError
 from mover.plan import PartitionSpec
@@ -240,8 +240,9 @@ def partition_columns(cur: psycopg.Cursor, table: names.QualifiedName) -> tuple[
 
 def children(cur: psycopg.Cursor, parent: names.QualifiedName) -> list[tuple[names.QualifiedName, str, bool, bool]]:
     """(partition, bound text, is default, detach pending) for each partition of `parent`."""
-    cur.execute(q.partitions_of(), {"parent": introspect.table_oid(cur, parent)})
-    return [(names.QualifiedName(s, n), b, d, p) for s, n, b, d, p in cur.fetchall()]
+    return [(names.QualifiedName(s, n), b, d, p) for s, n, b, d, p in reading.read(
+        cur, q.partitions_of(), {"parent": introspect.table_oid(cur, parent)},
+        missing=reading.printed(2, name=lambda r: f"partition {names.QualifiedName(r[0], r[1])}"))]
 
 
 def key_sql(target: names.QualifiedName, key_name: str, primary: bool, columns: tuple[str, ...]) -> list[sql.Composed]:

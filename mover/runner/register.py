@@ -21,6 +21,7 @@ from mover import checks, names, steps
 from mover.catalog import family as family_catalog
 from mover.catalog import shape, subscribers
 from mover.checks import edits as edits_check
+from mover.checks import names as names_check
 from mover.db import Database, conversion_settings, search_path
 from mover.engines import backfill, throttle
 from mover.engines.context import Context
@@ -150,6 +151,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
                 for i, (p, r) in enumerate(resolved)]
         head = Context(db=db, migration=rows[0], owner="plan-check", provisional_family=rows if plan.also else None)
         members = head.family(cur)
+        taken(cur, [(t.migration, p) for t, (p, _) in zip(members, resolved, strict=True)])
         for t, (_, r2) in zip(members, resolved, strict=True):
             t.planned_target = r2["rehearsed"]  # each table's target as its DDL rehearsal made it
 
@@ -184,6 +186,14 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         db.pin_local(cur)  # the pinned settings, behind a pooler too (as Database.transaction)
         cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
         return describe(cur)
+
+
+def taken(cur: psycopg.Cursor, tables: list[tuple[control.Migration, Plan]]) -> None:
+    """Every name plan check prints for these tables is free (mover/checks/names.py collisions): a
+    taken one refused now, not met after the whole copy."""
+    problems = [p for m, plan in tables for p in names_check.collisions(cur, m, plan)]
+    if problems:
+        raise combined(problems)
 
 
 def governor_lines(cur: psycopg.Cursor, plan: Plan, tables: list[tuple[QualifiedName, dict[str, str]]],
@@ -289,6 +299,7 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
                                  old=r["old"], key=r["key"], actor=actor, settings=settings, family=head,
                                  position=i if plan.also else None)
             head = head or m
+            taken(cur, [(m, table)])  # with the ids the run will use; the transaction rolls back
             # The shape is described under the search_path every later step runs with: format_type and
             # pg_get_expr qualify names by it, and a description read under another would differ.
             db.pin_local(cur, m.settings)

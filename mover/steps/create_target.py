@@ -4,7 +4,7 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect, server
+from mover.catalog import introspect, reading, server
 from mover.engines import metadata, partitions
 from mover.engines.context import Context
 from mover.errors import Failed, PlanError
@@ -104,9 +104,10 @@ def _regenerated(cur: psycopg.Cursor, info: introspect.TableInfo, columns: dict[
     if not columns:
         return [], []
     attnums = _attnums(cur, info.oid, [c.name for c in info.columns if c.name in columns])
-    cur.execute(_GENERATED_AFTER.format(not_null=server.of(cur).not_null_validated("a")),
-                {"rel": info.oid, "changed": attnums})
-    rows = cur.fetchall()
+    rows = reading.read(cur, _GENERATED_AFTER.format(not_null=server.of(cur).not_null_validated("a")),
+                        {"rel": info.oid, "changed": attnums},
+                        missing=lambda r: f"the expression of column {names.display_ident(r[0])} of {info.name}"
+                        if r[1] and r[2] is None else None)
     if not rows:
         return [], []
     plain = [r[0] for r in rows if not r[1]]
@@ -132,10 +133,11 @@ def _regenerated(cur: psycopg.Cursor, info: introspect.TableInfo, columns: dict[
             add.append(ddl.comment_on_column(target, name, comment))
     # The validated CHECK constraints the drop took with it (LIKE had copied them); the NOT VALID
     # ones come back at the swap anyway.
-    cur.execute("SELECT k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s"
-                " AND k.contype = 'c' AND k.convalidated AND k.conkey && %s::int2[] ORDER BY k.conname",
-                (info.oid, _attnums(cur, info.oid, [r[0] for r in rows])))
-    add += [ddl.add_constraint(target, conname, definition) for conname, definition in cur.fetchall()]
+    add += [ddl.add_constraint(target, conname, definition) for conname, definition in reading.read(
+        cur, "SELECT k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s"
+             " AND k.contype = 'c' AND k.convalidated AND k.conkey && %s::int2[] ORDER BY k.conname",
+        (info.oid, _attnums(cur, info.oid, [r[0] for r in rows])),
+        missing=reading.printed(1, name=lambda r: f"constraint {names.display_ident(r[0])} of {info.name}"))]
     return drop, add
 
 

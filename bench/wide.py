@@ -67,14 +67,15 @@ def create(dsn: str, name: str, columns: int, rows: int) -> None:
 def _events(dsn: str, name: str) -> tuple[float | None, list[dict]]:
     """(the backfill step's duration in seconds, the reconcile passes' details in order)."""
     with connect(dsn) as conn:
-        backfill = conn.execute(
-            "SELECT e.duration_ms FROM mover.events e JOIN mover.migrations m ON m.id = e.migration_id"
-            " WHERE m.name = %s AND e.kind = 'step_done' AND e.step = 'backfill' ORDER BY e.id DESC LIMIT 1",
-            (name,)).fetchone()
+        backfill = conn.execute(  # from the step's start to its end, as `mover history` shows it
+            "SELECT extract(epoch FROM max(e.at) FILTER (WHERE e.kind = 'step_done')"
+            "                        - max(e.at) FILTER (WHERE e.kind = 'step_started')) * 1000"
+            " FROM mover.events e JOIN mover.migrations m ON m.id = e.migration_id"
+            " WHERE m.name = %s AND e.step = 'backfill'", (name,)).fetchone()
         passes = conn.execute(
             "SELECT e.detail FROM mover.events e JOIN mover.migrations m ON m.id = e.migration_id"
             " WHERE m.name = %s AND e.kind = 'pass_done' ORDER BY e.id", (name,)).fetchall()
-    return (backfill[0] / 1000 if backfill and backfill[0] is not None else None), [p[0] for p in passes]
+    return (float(backfill[0]) / 1000 if backfill and backfill[0] is not None else None), [p[0] for p in passes]
 
 
 def one(dsn: str, columns: int, rows: int, range_rows: int, code: Path | None, label: str) -> dict:

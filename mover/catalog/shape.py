@@ -10,7 +10,8 @@ found by oid. Checking is one catalog query (readable by any role: no superuser,
 trigger), run at every step start, in every range's transaction, in every replay transaction
 (through Context.mapping) and inside the cutover's lock (there through the digest of the
 catalog rows DESCRIBE reads, mover/engines/carry.py, and in full only when that digest changed since the
-check before the lock).
+check before the lock). Context.check_shape, the check of ranges and replays, likewise verifies in
+full only when SHAPE_INPUTS' digest changed since its last full check that passed.
 
 describe() and diff() are the pure part; verify() and record() go through control.shapes / store_shape.
 """

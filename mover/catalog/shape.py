@@ -452,33 +452,38 @@ WITH m AS (
     SELECT source_fingerprint AS sf, target_fingerprint AS tf,
            ARRAY[(source_shape ->> 'oid')::oid, (target_shape ->> 'oid')::oid] AS oids
     FROM mover.migrations WHERE id = %(mid)s
-), tab AS (
-    SELECT unnest(oids) AS oid FROM m
-), obj AS (
-    SELECT 'pg_attrdef'::regclass AS classid, oid FROM pg_attrdef WHERE adrelid IN (SELECT oid FROM tab)
-    UNION ALL SELECT 'pg_constraint'::regclass, oid FROM pg_constraint WHERE conrelid IN (SELECT oid FROM tab)
-    UNION ALL SELECT 'pg_class'::regclass, indexrelid FROM pg_index WHERE indrelid IN (SELECT oid FROM tab)
+), tab AS MATERIALIZED (
+    SELECT DISTINCT unnest(oids) AS oid FROM m
+), obj AS MATERIALIZED (
+    SELECT 'pg_attrdef'::regclass AS classid, e.oid, concat_ws(':', 'e', e.oid, e.xmin) AS x
+        FROM tab, LATERAL (SELECT oid, xmin FROM pg_attrdef WHERE adrelid = tab.oid) e
+    UNION ALL SELECT 'pg_constraint'::regclass, k.oid, concat_ws(':', 'k', k.oid, k.xmin)
+        FROM tab, LATERAL (SELECT oid, xmin FROM pg_constraint WHERE conrelid = tab.oid) k
+    UNION ALL SELECT 'pg_class'::regclass, i.indexrelid,
+                     concat_ws(':', 'i', i.indexrelid, i.xmin, i.indisvalid, i.indisready, i.indislive, ic.relname)
+        FROM tab, LATERAL (SELECT indexrelid, xmin, indisvalid, indisready, indislive FROM pg_index
+                               WHERE indrelid = tab.oid) i JOIN pg_class ic ON ic.oid = i.indexrelid
 )
 SELECT (SELECT sf FROM m), (SELECT tf FROM m), md5(coalesce(string_agg(x, ',' ORDER BY x), '')) FROM (
     SELECT concat_ws(':', 'c', c.oid, c.relname, c.relnamespace, c.relkind, c.relpersistence, c.reloftype, n.xmin) AS x
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid IN (SELECT oid FROM tab)
-    UNION ALL SELECT concat_ws(':', 'a', a.attrelid, a.attnum, a.xmin, t.xmin, co.xmin) FROM pg_attribute a
+        FROM tab JOIN pg_class c ON c.oid = tab.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+    UNION ALL SELECT concat_ws(':', 'a', a.attrelid, a.attnum, a.xmin, t.xmin, co.xmin)
+        FROM tab, LATERAL (SELECT attrelid, attnum, xmin, atttypid, attcollation FROM pg_attribute
+                           WHERE attrelid = tab.oid AND attnum > 0) a
         JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_collation co ON co.oid = a.attcollation
-        WHERE a.attrelid IN (SELECT oid FROM tab) AND a.attnum > 0
-    UNION ALL SELECT concat_ws(':', 'e', oid, xmin) FROM pg_attrdef WHERE adrelid IN (SELECT oid FROM tab)
-    UNION ALL SELECT concat_ws(':', 'k', oid, xmin) FROM pg_constraint WHERE conrelid IN (SELECT oid FROM tab)
-    UNION ALL SELECT concat_ws(':', 'i', i.indexrelid, i.xmin, i.indisvalid, i.indisready, i.indislive, ic.relname)
-        FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid IN (SELECT oid FROM tab)
+    UNION ALL SELECT x FROM obj
     UNION ALL SELECT concat_ws(':', 'd', d.classid, d.objid, d.refclassid, d.refobjid, d.refobjsubid,
-                               rc.xmin, ra.xmin, rp.xmin, rt.xmin, rl.xmin)
-        FROM pg_depend d
-        LEFT JOIN pg_class rc ON d.refclassid = 'pg_class'::regclass AND rc.oid = d.refobjid
-        LEFT JOIN pg_attribute ra ON d.refclassid = 'pg_class'::regclass AND ra.attrelid = d.refobjid
-                                 AND ra.attnum = d.refobjsubid AND d.refobjsubid > 0
-        LEFT JOIN pg_proc rp ON d.refclassid = 'pg_proc'::regclass AND rp.oid = d.refobjid
-        LEFT JOIN pg_type rt ON d.refclassid = 'pg_type'::regclass AND rt.oid = d.refobjid
-        LEFT JOIN pg_collation rl ON d.refclassid = 'pg_collation'::regclass AND rl.oid = d.refobjid
-        WHERE (d.classid, d.objid) IN (SELECT classid, oid FROM obj)
+                               CASE d.refclassid  -- each an index probe
+                                   WHEN 'pg_class'::regclass THEN (SELECT xmin FROM pg_class WHERE oid = d.refobjid)
+                                   WHEN 'pg_proc'::regclass THEN (SELECT xmin FROM pg_proc WHERE oid = d.refobjid)
+                                   WHEN 'pg_type'::regclass THEN (SELECT xmin FROM pg_type WHERE oid = d.refobjid)
+                                   WHEN 'pg_collation'::regclass THEN
+                                       (SELECT xmin FROM pg_collation WHERE oid = d.refobjid) END,
+                               CASE WHEN d.refclassid = 'pg_class'::regclass AND d.refobjsubid > 0 THEN
+                                   (SELECT xmin FROM pg_attribute WHERE attrelid = d.refobjid
+                                                                    AND attnum = d.refobjsubid) END)
+        FROM obj, LATERAL (SELECT classid, objid, refclassid, refobjid, refobjsubid FROM pg_depend
+                           WHERE classid = obj.classid AND objid = obj.oid) d
 ) inputs
 """
 

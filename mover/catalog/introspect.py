@@ -8,6 +8,7 @@ transaction (and therefore its snapshot and timeouts).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import psycopg
@@ -77,10 +78,12 @@ class TableInfo:
     indexes: tuple[Index, ...] = field(default=())
 
     def column(self, name: str) -> Column:
-        for c in self.columns:
-            if c.name == name:
-                return c
-        raise KeyError(name)
+        return self._by_name[name]  # KeyError for a column the table lacks
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Column]:
+        # By name, not a scan: mappings look every column up, a scan made them quadratic (issue 34).
+        return {c.name: c for c in self.columns}
 
     @property
     def copy_columns(self) -> tuple[Column, ...]:

@@ -245,28 +245,34 @@ def _collation(m: Mapping, i: int) -> tuple[str, str] | None:
     return m.key_collations[i] if m.key_collations else None
 
 
-def detail(spec: Spec, keys: sql.Composable, log: QualifiedName | None) -> sql.Composed:
+def _pending(spec: Spec, log: QualifiedName | None) -> sql.Composable:
+    """Whether the change log holds a change to the key e.value (jsonb array of text)."""
+    m = spec.mapping
+    if log is None:
+        return sql.SQL("false")
+    # A hashed subplan: one pass over the log however many keys differ.
+    # (The log may hold NULL keys: the capture trigger logs OLD's key on INSERT too. Without
+    # the filter, IN would answer NULL rather than false for a key that is not pending.)
+    template = (sql.SQL("(ROW({keys}) IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))") if len(m.key) > 1
+                else sql.SQL("({keys} IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))"))
+    return template.format(
+        keys=sql.SQL(", ").join(_key_of(spec, i) for i in range(len(m.key))),
+        lkeys=sql.SQL(", ").join(sql.Identifier("l", k) for k in m.key), log=log.ident,
+        notnull=sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("l", k)) for k in m.key))
+
+
+def detail(spec: Spec, keys: sql.Composable, log: QualifiedName | None, *, columns: bool = True) -> sql.Composed:
     """For each key in the jsonb array `keys` ([[k1, k2...], ...], text in the target's types)
-    that differs now: key, kind, differing columns, whether the change log still holds a
-    change to it, and the row hash of each side present."""
+    that differs now: key, kind, differing columns (NULL without `columns`: the statement then
+    names no column twice, see "Wide tables"), whether the change log still holds a change to it,
+    and the row hash of each side present."""
     m = spec.mapping
     k0 = m.key[0]
     lookup_s = sql.SQL(" AND ").join(
         sql.SQL("{} = {}").format(sql.Identifier("s", k), _key_of(spec, i)) for i, k in enumerate(m.key))
     lookup_t = sql.SQL(" AND ").join(
         sql.SQL("{} = {}").format(sql.Identifier("t", k), _key_of(spec, i)) for i, k in enumerate(m.key))
-    if log is None:
-        pending: sql.Composable = sql.SQL("false")
-    else:
-        # A hashed subplan: one pass over the log however many keys differ.
-        # (The log may hold NULL keys: the capture trigger logs OLD's key on INSERT too. Without
-        # the filter, IN would answer NULL rather than false for a key that is not pending.)
-        template = (sql.SQL("(ROW({keys}) IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))") if len(m.key) > 1
-                    else sql.SQL("({keys} IN (SELECT {lkeys} FROM {log} l WHERE {notnull}))"))
-        pending = template.format(
-            keys=sql.SQL(", ").join(_key_of(spec, i) for i in range(len(m.key))),
-            lkeys=sql.SQL(", ").join(sql.Identifier("l", k) for k in m.key), log=log.ident,
-            notnull=sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("l", k)) for k in m.key))
+    pending = _pending(spec, log)
     q = sql.SQL(
         """
 SELECT e.value AS key,
@@ -283,23 +289,51 @@ LEFT JOIN {dst} ON {on_t}
 WHERE (s.{k0} IS NOT NULL OR t.{k0} IS NOT NULL) AND {differs}
 """)
     if is_wide(spec):
-        return q.format(k0=sql.Identifier(k0), columns=_column_detail_wide(spec), pending=pending,
+        return q.format(k0=sql.Identifier(k0), columns=_column_detail_wide(spec) if columns else sql.SQL("NULL::jsonb"),
+                        pending=pending,
                         hash_s=sql.SQL("s.h"), hash_t=sql.SQL("t.h"), keys=keys,
                         src=sql.SQL("LATERAL {}").format(_narrowed(spec, "src", lookup_s)),
                         dst=sql.SQL("LATERAL {}").format(_narrowed(spec, "dst", lookup_t)),
                         on_s=sql.SQL("true"), on_t=sql.SQL("true"), differs=_differs_wide(spec))
-    return q.format(k0=sql.Identifier(k0), columns=_column_detail(spec, "s", "t"), pending=pending,
+    return q.format(k0=sql.Identifier(k0), pending=pending,
+                    columns=_column_detail(spec, "s", "t") if columns else sql.SQL("NULL::jsonb"),
                     hash_s=row_hash(spec, "s", "src"), hash_t=row_hash(spec, "t", "dst"), keys=keys,
                     src=sql.SQL("{} s").format(m.reads("src")), dst=sql.SQL("{} t").format(m.reads("dst")),
                     on_s=lookup_s, on_t=lookup_t, differs=differs(spec))
+
+
+def _differing_wide(spec: Spec, log: QualifiedName | None) -> sql.Composed:
+    """detail()'s rows for a wide table's range statement, from what its join aggregated for each
+    differing key (j.keys: [key, source hash, target hash, missing in source, missing in target]):
+    the columns are left NULL, the tables are not read again (reading them again, and naming
+    each column in a second and a third place, tripled the statement). Which columns differ is
+    asked of the keys alone, by detail(), in the range's transaction (mover/engines/reconcile.py)."""
+    return sql.SQL(
+        """
+SELECT e.value AS key,
+       CASE WHEN (e.row ->> 4)::boolean THEN 'missing_in_target'
+            WHEN (e.row ->> 3)::boolean THEN 'extra_in_target'
+            ELSE 'different' END AS kind,
+       NULL::jsonb AS columns,
+       {pending} AS pending,
+       (e.row ->> 1)::bigint AS src_hash,
+       (e.row ->> 2)::bigint AS dst_hash
+FROM (SELECT x.value -> 0 AS value, x.value AS row FROM jsonb_array_elements(coalesce(j.keys, '[]'::jsonb)) x) e
+""").format(pending=_pending(spec, log))
+
+
+def range_params(spec: Spec, lo: list[str] | None, hi: list[str] | None) -> list[Any]:
+    """compare_range()'s parameters: its statement depends only on which bounds are open."""
+    return range_predicate("s", spec.mapping, lo, hi)[1] + range_predicate("t", spec.mapping, lo, hi)[1]
 
 
 def compare_range(spec: Spec, log: QualifiedName | None, notes: QualifiedName, lo: list[str] | None,
                   hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """One statement, one snapshot: both ranges joined on the key, the count and hash sum of
     the source rows, the count of the target rows, the highest applied-change note (what this
-    verification covers), and one row per key that differs (see detail()); a range without
-    differences gives one row whose detail columns are NULL.
+    verification covers), and one row per key that differs (see detail(); on a wide table
+    without its columns, see _differing_wide()); a range without differences gives one row
+    whose detail columns are NULL.
 
     Columns: src_rows, dst_rows, src_sum (numeric), mark, key, kind, columns, pending,
     src_hash, dst_hash."""
@@ -322,20 +356,22 @@ WITH j AS (
 SELECT j.src_rows, j.dst_rows, j.src_sum, {mark} AS mark, d.*
 FROM j LEFT JOIN LATERAL ({detail}) d ON true
 """
-    ).format(k0=k0, hash_s=sql.SQL("s.h") if wide else row_hash(spec, "s", "src"), key_text=_key_text(spec),
+    ).format(k0=k0, hash_s=sql.SQL("s.h") if wide else row_hash(spec, "s", "src"),
+             key_text=sql.SQL("jsonb_build_array({}, s.h, t.h, s.{k0} IS NULL, t.{k0} IS NULL)").format(
+                 _key_text(spec), k0=k0) if wide else _key_text(spec),
              differs=_differs_wide(spec) if wide else differs(spec),
              src=_narrowed(spec, "src", s_where) if wide
              else sql.SQL("(SELECT * FROM {} s WHERE {}) s").format(m.reads("src"), s_where),
              dst=_narrowed(spec, "dst", t_where) if wide
              else sql.SQL("(SELECT * FROM {} t WHERE {}) t").format(m.reads("dst"), t_where),
              on=key_equal("s", "t", m.key), mark=mark,
-             detail=detail(spec, sql.SQL("coalesce(j.keys, '[]'::jsonb)"), log))
+             detail=_differing_wide(spec, log) if wide else detail(spec, sql.SQL("coalesce(j.keys, '[]'::jsonb)"), log))
     return q, s_params + t_params
 
 
-def recheck_keys(spec: Spec, log: QualifiedName | None) -> sql.Composed:
+def recheck_keys(spec: Spec, log: QualifiedName | None, *, columns: bool = True) -> sql.Composed:
     """The keys given as one jsonb parameter, compared again; rows as detail() returns them."""
-    return detail(spec, sql.SQL("CAST(%s AS jsonb)"), log)
+    return detail(spec, sql.SQL("CAST(%s AS jsonb)"), log, columns=columns)
 
 
 def range_fingerprint(spec: Spec, side: str, lo: list[str] | None,

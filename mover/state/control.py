@@ -211,8 +211,12 @@ def newest_revision() -> str:
 
 
 def _fetch(cur: psycopg.Cursor, where: sql.Composable, params: tuple[Any, ...], lock: bool = False) -> list[Migration]:
-    q = sql.SQL("SELECT * FROM mover.migrations WHERE {} ORDER BY id{}").format(
-        where, sql.SQL(" FOR UPDATE") if lock else sql.SQL(""))
+    # Without the recorded shapes (Migration has no use for them): on a wide table they are
+    # hundreds of kilobytes of JSON, and the row is read again for every range (issue 34).
+    q = sql.SQL("SELECT r.* FROM (SELECT * FROM mover.migrations WHERE {} ORDER BY id{}) m,"
+                " LATERAL jsonb_populate_record(CAST(m AS mover.migrations),"
+                "                               '{{\"source_shape\": null, \"target_shape\": null}}') r"
+                " ORDER BY r.id").format(where, sql.SQL(" FOR UPDATE") if lock else sql.SQL(""))
     with cur.connection.cursor(row_factory=dict_row) as dcur:
         dcur.execute(q, params)
         return [Migration.from_row(r) for r in dcur.fetchall()]

@@ -142,6 +142,52 @@ def test_capture_switched_off_refuses_the_cutover_until_restored_and_compared(db
     assert writer.errors == []
 
 
+def test_a_row_the_application_deletes_behind_a_captured_replica_update_is_gone_after_the_cutover(db_dsn, tmp_path):
+    """The one failure of the test above ([enable_replica], under CPU load), made deterministic:
+    the trigger ENABLE REPLICA; a replica session's update of row k is captured, and the
+    application's delete of k (not captured: an origin write), waiting for k's lock, commits right
+    after it. The target must lose k, and the oracle must say k is gone (it once kept k, the mirror
+    row app_execute rewrote: tests/integration/test_workload_oracle.py)."""
+    import threading
+    import time
+
+    from psycopg import sql
+    plan = orders(db_dsn, tmp_path)
+    writer = Writer(db_dsn, seed=34, delay=0.002).start()
+    try:
+        assert mover(db_dsn, "run", plan).returncode == 3  # at the gate
+        with psycopg.connect(db_dsn, autocommit=True) as conn, psycopg.connect(db_dsn, autocommit=True) as app, \
+                psycopg.connect(db_dsn, autocommit=True) as watch:
+            conn.execute(NOT_IN_FORCE["enable_replica"][0])
+            deleter = Writer(db_dsn)
+            deleter.connected(app)
+            conn.execute("SET session_replication_role = replica")
+            with conn.transaction():  # replica_writes' update, its transaction held until the delete waits
+                app_execute(conn, "UPDATE {t} SET note = 'replica' WHERE id IN (SELECT id FROM {t}"
+                                  " WHERE mod(id, 10) = 5 ORDER BY id LIMIT 50)")
+                (k,) = conn.execute("SELECT max(id) FROM \"Orders\" WHERE note = 'replica'").fetchone()
+                t = threading.Thread(target=deleter._run, args=(app, sql.SQL('DELETE FROM "Orders" WHERE id = %(k)s'
+                                                                              ' RETURNING id'), {"k": k}),
+                                     kwargs={"delete": True})
+                t.start()
+                deadline = time.monotonic() + 30
+                while watch.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                    (app.info.backend_pid,)).fetchone()[0] != "Lock":
+                    assert time.monotonic() < deadline, "the delete never waited for the row"
+                    time.sleep(0.01)
+            t.join(30)
+            conn.execute("SET session_replication_role = origin")
+            conn.execute(f'ALTER TABLE "public"."Orders" ENABLE ALWAYS TRIGGER "{TRIGGER}"')
+        r = run(db_dsn, "cutover", NAME)  # back in force: every range compared again first
+        assert r.returncode == 3 and "every range must be compared again" in r.stderr, r.stderr
+        recover_forward(db_dsn, writer)  # the oracle, just after the swap
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            assert conn.execute('SELECT count(*) FROM "Orders" WHERE id = %s', (k,)).fetchone()[0] == 0
+    finally:
+        writer.halt()
+    assert writer.errors == []
+
+
 # Capture put back before mover looked: the state is right, the row is not the one mover verified.
 PUT_BACK = {
     "disable_enable_always": [f'ALTER TABLE "Orders" DISABLE TRIGGER {TRIGGER}', "LOAD",

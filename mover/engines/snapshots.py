@@ -138,7 +138,10 @@ def next_xid(cur: psycopg.Cursor) -> int:
 def holders(cur: psycopg.Cursor, x: int) -> list[SnapshotHolder]:
     """The sessions whose snapshot's xmin precedes `x`, oldest transaction first."""
     cur.execute(_HOLDERS, {"x": str(x)})
-    return [SnapshotHolder(r[0], r[1], r[2], r[3], r[4], r[5], r[6], (), r[7], r[8], r[9]) for r in cur.fetchall()]
+    # By keyword: lockwatch.Blocker's fields grow (build), and a positional tail would shift.
+    return [SnapshotHolder(pid=r[0], user=r[1], application_name=r[2], state=r[3], xact_age_s=r[4], query_start=r[5],
+                           backend_type=r[6], tables=(), xact_start=r[7], statement_age_s=r[8], xmin=r[9])
+            for r in cur.fetchall()]
 
 
 def describe_all(found: list[SnapshotHolder]) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 
 from mover import names
-from mover.catalog import reading
+from mover.catalog import identity, reading
 from mover.db import one
 from mover.errors import BadInput, ShapeChanged
 from mover.names import QualifiedName, display_ident
@@ -624,7 +624,16 @@ def verify_at_step(cur: psycopg.Cursor, m: control.Migration, swapped: bool) -> 
                 record(cur, m.id, **{side: tables[side]})
                 control.event(cur, m.id, "mover", m.step, "shape_recorded",
                               f"recorded the shape of {tables[side]} (registered before shapes were recorded)")
-    return verify(cur, m.id, m.name, swapped)
+    recorded = verify(cur, m.id, m.name, swapped)
+    if not swapped:
+        # Invariant 15, from registration on: an object bound to the source's oid or row type made
+        # since (a child table, a row-type column...) is named at the next step's start, not first
+        # at the gate. In the window the rollback and retire check it themselves: a refusal here
+        # would stop the old table's sync.
+        source = control.shapes(cur, m.id)["source"]
+        if source is not None:
+            identity.refuse_bound(cur, source["oid"], "cutover", f"`mover run {m.name}`")
+    return recorded
 
 
 def current_name(cur: psycopg.Cursor, mid: int, side: str) -> QualifiedName | None:

@@ -270,3 +270,24 @@ def test_an_inheritance_child_made_before_the_backfill_is_never_copied(db_dsn, t
     assert q(db_dsn, 'SELECT (SELECT count(*) FROM "Orders_new"), (SELECT count(*) FROM ONLY "Orders")') \
         == [(ROWS, ROWS)]
     assert mover(db_dsn, "cutover", "ident").returncode == 3
+
+
+def test_an_object_bound_during_the_backfill_stops_the_run_at_the_next_step(db_dsn, tmp_path):
+    """From registration on, not first at the gate: an inheritance child made after the first step
+    is named when the next step starts (exit 3, with its fix), and the run goes on once it is fixed.
+    The oracle: the child's parent in the catalog, and the copy holding the source's rows only."""
+    create_orders(db_dsn, ROWS)
+    p = plan_file(tmp_path, "early", columns={"id": "bigint"}, backfill={"range_rows": 100})
+    r = mover(db_dsn, "step", p)  # create_target only
+    assert r.returncode == 0, r.stderr
+    q(db_dsn, 'CREATE TABLE "Orders_child" () INHERITS ("Orders")')
+    r = mover(db_dsn, "run", "early")
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 3, err
+    assert 'ALTER TABLE "public"."Orders_child" NO INHERIT "public"."Orders"' in err, err
+    step = q(db_dsn, "SELECT step FROM mover.migrations WHERE name = 'early'")[0][0]
+    assert step in ("install_capture", "backfill"), step  # stopped before the gate
+    q(db_dsn, 'ALTER TABLE "Orders_child" NO INHERIT "Orders"')
+    r = mover(db_dsn, "run", "early")
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    assert q(db_dsn, "SELECT count(*) FROM pg_inherits WHERE inhparent = '\"Orders\"'::regclass") == [(0,)]

@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import connect, dsn_with_dbname
-from tests.workload import create_orders, cutover_with_change_before_lock, mover, plan_file
+from tests.workload import create_orders, cutover_with_change_before_lock, finish, hung_at, mover, plan_file, spawn
 
 ROWS = 300
 
@@ -253,23 +253,29 @@ def test_a_subscription_made_after_registration_refuses_the_cutover(db_dsn, tmp_
     assert replicates(db_dsn, pub, "after the refused cutover")
 
 
-def test_an_inheritance_child_made_before_the_backfill_is_never_copied(db_dsn, tmp_path):
-    """The copies read ONLY the source: a child's rows are the child's, not the table's (and the
-    child refuses the cutover, named)."""
+def test_an_inheritance_child_made_during_the_backfill_is_never_copied(db_dsn, tmp_path):
+    """The copies read ONLY the source: a child made while the backfill copies (after its step began,
+    so no step start has refused it yet) keeps its rows to itself, and the next step's start names it."""
     create_orders(db_dsn, ROWS)
     p = plan_file(tmp_path, "ident", columns={"id": "bigint"}, backfill={"range_rows": 100})
-    r = mover(db_dsn, "run", p, env={"MOVER_FAULT": "kill@after:install_capture"})
-    assert r.returncode != 0 and q(db_dsn, "SELECT step FROM mover.migrations WHERE name = 'ident'") \
-        == [("backfill",)], r.stderr
-    assert q(db_dsn, 'SELECT count(*) FROM "Orders_new"') == [(0,)]  # nothing copied yet
-    q(db_dsn, """CREATE TABLE "Orders_archive" () INHERITS ("Orders");
-                 INSERT INTO "Orders_archive" (id, "Account", created_at)
-                 SELECT 100000 + g, 7, now() FROM generate_series(1, 50) g""")
-    r = mover(db_dsn, "run", "ident")
-    assert r.returncode == 3 and '"Orders_archive"' in " ".join(r.stderr.split()), r.stderr
+    release = tmp_path / "release"
+    proc = spawn(db_dsn, "run", p, env={"MOVER_FAULT": "hang@range_copied", "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        assert hung_at(proc, "range_copied")  # the backfill under way: its first range copied
+        q(db_dsn, """CREATE TABLE "Orders_archive" () INHERITS ("Orders");
+                     INSERT INTO "Orders_archive" (id, "Account", created_at)
+                     SELECT 100000 + g, 7, now() FROM generate_series(1, 50) g""")
+        release.touch()
+        code, err = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 3 and '"Orders_archive"' in " ".join(err.split()), err
+    assert q(db_dsn, "SELECT step FROM mover.migrations WHERE name = 'ident'") == [("reconcile",)]
     assert q(db_dsn, 'SELECT (SELECT count(*) FROM "Orders_new"), (SELECT count(*) FROM ONLY "Orders")') \
         == [(ROWS, ROWS)]
-    assert mover(db_dsn, "cutover", "ident").returncode == 3
+    r = mover(db_dsn, "run", "ident")  # still named until it is fixed
+    assert r.returncode == 3 and "NO INHERIT" in r.stderr, r.stderr
 
 
 def test_an_object_bound_during_the_backfill_stops_the_run_at_the_next_step(db_dsn, tmp_path):

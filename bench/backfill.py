@@ -10,7 +10,7 @@
    exactly the backfill step's window against their TPS with no migration, and the capture
    backlog over time: during the backfill, then while the next step (reconcile) drains it,
    until it is empty, before anything is dropped;
-4. capture overhead alone (few runs; bench/capture.py is the careful measurement): pgbench
+4. capture overhead alone (few runs; bench/changelog.py is the careful measurement): pgbench
    tpcb-like and simple-update on pgbench_accounts, with and without mover's trigger, interleaved;
 5. peak RSS of the mover process;
 6. the peer: pg_repack -t of the same table, idle.
@@ -296,7 +296,7 @@ def writes_during_backfill(dsn: str, workdir: Path, rows: int, baseline_s: int =
 def capture_overhead(dsn: str, runs: int, seconds: int, scale: int) -> dict:
     from mover import names
     from mover.db import Database
-    from mover.engines import capture
+    from mover.engines.capture import changelog
     pgdsn = create_database(dsn, "bench_pgbench")
     pgbench = str(bindir() / "pgbench")
     subprocess.run([pgbench, "-i", "-q", "-s", str(scale), pgdsn], check=True, capture_output=True)
@@ -315,9 +315,9 @@ def capture_overhead(dsn: str, runs: int, seconds: int, scale: int) -> dict:
         off, on = [], []
         for _ in range(runs):  # interleaved, so drift hits both sides alike
             off.append(run(builtin))
-            db.transaction(lambda cur: capture.install(cur, 999999, accounts, ("aid",), "bench"))
+            db.transaction(lambda cur: changelog.install(cur, 999999, accounts, ("aid",), "bench"))
             on.append(run(builtin))
-            db.transaction(lambda cur: capture.remove(cur, 999999, accounts))
+            db.transaction(lambda cur: changelog.remove(cur, 999999, accounts))
         results[builtin] = {"tps_without": median(off), "tps_with": median(on),
                             "cost": 1 - median(on) / median(off), "runs_without": off, "runs_with": on}
     db.close()

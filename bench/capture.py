@@ -1,7 +1,7 @@
 """Capture overhead (issue #12): what the application pays for mover's trigger, trigger design
 by trigger design, measured side by side on one server in one run.
 
-    .venv/bin/python bench/capture.py [--runs 10] [--seconds 5] [--scale 20] [--clients 4]
+    .venv/bin/python bench/changelog.py [--runs 10] [--seconds 5] [--scale 20] [--clients 4]
                                       [--variant NAME ...] [--dsn DSN]
 
 pgbench's built-in tpcb-like and simple-update on pgbench_accounts (the trigger sits on that
@@ -17,7 +17,7 @@ Variants (names for --variant):
   none        no trigger: the baseline
   mover       mover's trigger as shipped: a plpgsql row trigger, SECURITY DEFINER without a SET
               clause (its body fully qualified), appending the key to a log with a bigint
-              identity seq and a plain (not unique) index on it (mover/sql/capture.py)
+              identity seq and a plain (not unique) index on it (mover/sql/changelog.py)
   invoker     the design before issue 20: the same function SECURITY INVOKER (the log granted to
               PUBLIC), the log's seq its primary key
   statement   statement-level triggers with transition tables, one per event (PostgreSQL
@@ -39,7 +39,7 @@ Variants (names for --variant):
   logical     no trigger: mover's logical capture ([capture] method = "logical"), a migration of
               pgbench_accounts through install_capture (its publication, its replication slot,
               the TRUNCATE trigger alone), and its feeder reading the slot into the change log
-              while pgbench runs (mover/engines/logical.py; the applier does not run, as for the
+              while pgbench runs (mover/engines/capture/logical.py; the applier does not run, as for the
               trigger variants). Reported beside it: the CPU the decoding took (the feeder's
               server backend, read from /proc when the server is local, and the feeder's own
               Python thread), the WAL per transaction (every variant's), and how long the
@@ -55,7 +55,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python bench/capture.py`
+if __package__ in (None, ""):  # run as `python bench/changelog.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
@@ -87,7 +87,7 @@ def _names():
 
 
 def install(cur: psycopg.Cursor, variant: str) -> None:
-    from mover.engines import capture
+    from mover.engines.capture import changelog
     from mover.sql import capture as q
     accounts, log, fn, trigger = _names()
     if variant == "none":
@@ -109,7 +109,7 @@ def install(cur: psycopg.Cursor, variant: str) -> None:
                                 " EXECUTE FUNCTION {}()").format(
                 sql.Identifier(f"{trigger}_{event.lower()}"), sql.SQL(event), accounts.ident, sql.SQL(refs), f))
         return
-    capture.install(cur, MID, accounts, ("aid",), "bench")
+    changelog.install(cur, MID, accounts, ("aid",), "bench")
     seq_index = sql.Identifier(log.schema, f"{log.name}_seq")
     if variant == "definer_set":
         cur.execute(sql.SQL("ALTER FUNCTION {}() SET search_path = pg_catalog, pg_temp").format(fn.ident))
@@ -139,7 +139,7 @@ def install(cur: psycopg.Cursor, variant: str) -> None:
 
 
 def remove(cur: psycopg.Cursor, variant: str) -> None:
-    from mover.engines import capture
+    from mover.engines.capture import changelog
     accounts, log, fn, trigger = _names()
     if variant == "none":
         return
@@ -149,7 +149,7 @@ def remove(cur: psycopg.Cursor, variant: str) -> None:
             cur.execute(sql.SQL("DROP FUNCTION {}()").format(sql.Identifier(fn.schema, f"{fn.name}_{event}")))
         cur.execute(sql.SQL("DROP TABLE {}").format(log.ident))
         return
-    capture.remove(cur, MID, accounts)
+    changelog.remove(cur, MID, accounts)
 
 
 def sql_trigger_answer(dsn: str) -> str:
@@ -205,12 +205,13 @@ class Feeder:
         return self
 
     def _loop(self) -> None:
-        from mover.engines import backfill, capture, logical
+        from mover.engines.bulk import backfill
+        from mover.engines.capture import changelog, logical
         started = time.thread_time()
         try:
             while not self.stop_event.is_set():
                 # As the backfill's applier feeds: a round, then a pause unless a full batch came.
-                if logical.feed(self.ctx, catch_up=False).keys < capture.BATCH:
+                if logical.feed(self.ctx, catch_up=False).keys < changelog.BATCH:
                     self.stop_event.wait(backfill.APPLY_IDLE_SECONDS)
         except Exception as exc:  # reported with the results: a feeder that failed measured nothing
             self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -219,7 +220,7 @@ class Feeder:
 
     def stop(self) -> dict:
         """Stop feeding; then one catch-up feed (what pgbench left unfed), timed."""
-        from mover.engines import logical
+        from mover.engines.capture import logical
         self.stop_event.set()
         self.thread.join(60)
         started = time.monotonic()
@@ -386,7 +387,7 @@ def main() -> None:
             results["server"] = conn.execute("SELECT version()").fetchone()[0]
     results.update(runs=args.runs, seconds=args.seconds, scale=args.scale, clients=args.clients, seed=args.seed,
                    variants=variants, wall_s=time.time() - started,
-                   command=" ".join(["bench/capture.py", *sys.argv[1:]]))
+                   command=" ".join(["bench/changelog.py", *sys.argv[1:]]))
     path = save("capture", results)
     print(report(results))
     print(f"\nresults: {path}")

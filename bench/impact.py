@@ -45,7 +45,7 @@ mode's transactions, wait samples, mover's statements and unwritten WAL / page c
 writes to PATH-<mode>.json.
 
 `--signals` instead measures what the governor's signal is worth: the writers at `--share`, and
-every 250 ms a probe on a logged table (the governor's, mover/engines/signals.py), one on an
+every 250 ms a probe on a logged table (the governor's, mover/engines/governor/signals.py), one on an
 unlogged table, and the count of active application sessions (all and waiting on Lock, LWLock
 or IO), while an ungoverned migration copies, builds and reconciles between idle spells. Per
 second: the writers' median and mean latency against each signal's median (Pearson's r).
@@ -229,7 +229,7 @@ def wal_ahead(dsn: str, mb: int) -> None:
 
 def segments_ahead(dsn: str) -> int | None:
     """WAL segment files past the one being written, as plan check counts them."""
-    from mover.engines import backfill
+    from mover.engines.bulk import backfill
     with connect(dsn) as conn:
         return backfill.wal_segments(conn.cursor(), 0)["wal_segments_ahead"]
 
@@ -500,7 +500,7 @@ def burst(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
 
 def signals_run(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
     """What tracks the application's latency: the logged probe, an unlogged one, session counts."""
-    from mover.engines import signals
+    from mover.engines.governor import signals
 
     with connect(dsn) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_probe_logged, bench_probe_unlogged")

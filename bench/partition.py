@@ -212,7 +212,7 @@ def explain_apply(dsn: str, name: str, *, midcopy: bool = False) -> dict:
 
     from mover import names
     from mover.db import Database
-    from mover.engines import capture
+    from mover.engines.capture import changelog
     from mover.engines.context import Context
     from mover.sql import capture as q
     from mover.state import control
@@ -222,11 +222,11 @@ def explain_apply(dsn: str, name: str, *, midcopy: bool = False) -> dict:
         m = db.transaction(lambda cur: control.get(cur, name))
         ctx = Context(db=db, migration=m, owner="bench")
         mapping = db.transaction(lambda cur: ctx.mapping(cur))
-        cond = db.transaction(lambda cur: capture.covered_condition(cur, ctx, mapping, not midcopy))
+        cond = db.transaction(lambda cur: changelog.covered_condition(cur, ctx, mapping, not midcopy))
         covered, params = cond if cond else (sql.SQL("true"), {})
         stmt = q.replay(mapping, names.change_log(m.id, False), covered=covered, skip_locked=True)
         # mover's settings first: the second run finds the pages the first read in the cache.
-        for label, settings in (("key_driven", capture.KEY_DRIVEN), ("defaults", ())):
+        for label, settings in (("key_driven", changelog.KEY_DRIVEN), ("defaults", ())):
             with psycopg.connect(dsn) as conn:
                 out["log_rows"] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
                     names.change_log(m.id, False).ident)).fetchone()[0]

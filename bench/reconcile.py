@@ -126,7 +126,7 @@ def mover_pass(dsn: str, workers: int, injected, code: Path | None = None) -> di
 
 def spec(dsn: str):
     from mover.catalog import conversion, introspect
-    from mover.engines import reconcile
+    from mover.engines.bulk import reconcile
     from mover.names import QualifiedName
     with connect(dsn) as conn, conn.transaction(), conn.cursor() as cur:
         m = conversion.mapping(introspect.describe(cur, QualifiedName("public", SOURCE)),
@@ -385,19 +385,19 @@ def _pgss_read(conn) -> list[dict]:
 
 
 PROFILED = {  # functions of a 1-worker pass whose cumulative time cProfile reports (file suffix, name)
-    "the whole reconcile engine (reconcile.run)": ("mover/engines/reconcile.py", "run"),
-    "one range: verify_range": ("mover/engines/reconcile.py", "verify_range"),
-    "  the compare statement (_compare)": ("mover/engines/reconcile.py", "_compare"),
-    "  recording (_record: divergences, notes, fingerprints)": ("mover/engines/reconcile.py", "_record"),
+    "the whole reconcile engine (reconcile.run)": ("mover/engines/bulk/reconcile.py", "run"),
+    "one range: verify_range": ("mover/engines/bulk/reconcile.py", "verify_range"),
+    "  the compare statement (_compare)": ("mover/engines/bulk/reconcile.py", "_compare"),
+    "  recording (_record: divergences, notes, fingerprints)": ("mover/engines/bulk/reconcile.py", "_record"),
     "  done mark": ("mover/state/ranges.py", "mark_done"),
     "  range hold": ("mover/state/ranges.py", "hold"),
     "shape checks (shape.verify, every caller)": ("mover/catalog/shape.py", "verify"),
     "claim (frontier + bound probe)": ("mover/state/ranges.py", "claim"),
-    "drain between ranges (capture.drain)": ("mover/engines/capture.py", "drain"),
-    "migration row before each range (the range loop's _look)": ("mover/engines/rangework.py", "_look"),
-    "throttle reason": ("mover/engines/throttle.py", "reason"),
-    "spec_for (column probes)": ("mover/engines/reconcile.py", "spec_for"),
-    "start of the pass (_start_pass)": ("mover/engines/reconcile.py", "_start_pass"),
+    "drain between ranges (capture.drain)": ("mover/engines/capture/changelog.py", "drain"),
+    "migration row before each range (the range loop's _look)": ("mover/engines/bulk/rangework.py", "_look"),
+    "throttle reason": ("mover/engines/governor/throttle.py", "reason"),
+    "spec_for (column probes)": ("mover/engines/bulk/reconcile.py", "spec_for"),
+    "start of the pass (_start_pass)": ("mover/engines/bulk/reconcile.py", "_start_pass"),
     "status printed at the end (api.status)": ("mover/api.py", "status"),
     "all transactions (Database.transaction)": ("mover/db.py", "transaction"),
     "commits (psycopg Transaction.__exit__)": ("psycopg/transaction.py", "__exit__"),

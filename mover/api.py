@@ -181,7 +181,7 @@ def work(dsn: str, name: str, *, threads: int = 1, report: Reporter = log_report
 def maintain_partitions(dsn: str, table: str | None = None, *, all_tables: bool = False,
                         dry_run: bool = False) -> list[dict[str, Any]]:
     """`mover partitions maintain [TABLE | --all]`: create partitions ahead, report the default
-    partition's rows, apply the retention (mover/engines/upkeep.py). Idempotent: safe from cron."""
+    partition's rows, apply the retention (mover/engines/partitioning/upkeep.py). Idempotent: safe from cron."""
     with session(dsn) as db:
         return commands.maintain_partitions(db, table, all_tables=all_tables, dry_run=dry_run)
 
@@ -212,13 +212,13 @@ def _status(db: Database, name: str) -> dict[str, Any]:
 
 def rehearse(dsn: str, name: str, *, top: int | None = None) -> dict[str, Any]:
     """`mover rehearse NAME`: the statements pg_stat_statements recorded on the source, planned on
-    the target under the source's name (mover/engines/query_rehearsal.py)."""
+    the target under the source's name (mover/engines/swap/query_rehearsal.py)."""
     with session(dsn) as db:
         return rehearsal.rehearse(db, name, top=top)
 
 
 def parity_report(dsn: str, name: str) -> dict[str, Any]:
-    """`mover parity NAME`: the metadata differences (mover/engines/parity.py), read-only."""
+    """`mover parity NAME`: the metadata differences (mover/engines/swap/parity.py), read-only."""
     with session(dsn) as db:
         return parity_view.report(db, name)
 

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from mover import api
 from mover.db import is_connection_lost, mask, remember_secrets
-from mover.engines import query_rehearsal
+from mover.engines.swap import query_rehearsal
 from mover.errors import BadInput, MoverError, Waiting
 from mover.state import control
 from mover.views import status as status_view

@@ -154,7 +154,7 @@ def notes_trigger(mid: int) -> str:
 
 
 def capture_publication(mid: int) -> str:
-    """The publication logical capture decodes the source through (mover/engines/logical.py): mover's
+    """The publication logical capture decodes the source through (mover/engines/capture/logical.py): mover's
     own, of the source only, never one a subscriber should use. Its name starts as mover's triggers'
     do, so the metadata the swap carries and compares leaves it out."""
     return f"mover_m{mid}_capture"
@@ -167,7 +167,7 @@ def capture_slot(mid: int, database_oid: int) -> str:
 
 
 def feed_state(mid: int) -> QualifiedName:
-    """The one row saying how far the logical capture has fed the change log (mover/engines/logical.py)."""
+    """The one row saying how far the logical capture has fed the change log (mover/engines/capture/logical.py)."""
     return QualifiedName(CONTROL_SCHEMA, f"m{mid}_feed")
 
 

@@ -1,4 +1,4 @@
-"""The governor's row per migration (mover/engines/throttle.py, written by mover/state/throttle.py):
+"""The governor's row per migration (mover/engines/governor/throttle.py, written by mover/state/throttle.py):
 who probes the server for the migration, what the probe and the guards read, and what every
 process's bulk work is held to. The probe is this row's own update: a one-row write and commit
 every few hundred ms, timed by the process that holds `prober`. A logged table on purpose: the

@@ -1,9 +1,9 @@
 """A family's foreign keys, read from the catalog (issue 27): the keys between its tables, the order
 they give the tables, and the columns that must widen with a key the plan widens.
 
-Catalog reads only. mover/engines/family.py adds the keys between the family's sources to its
+Catalog reads only. mover/engines/swap/keys.py adds the keys between the family's sources to its
 targets after the backfill (so both sides hold them, and the swap renames rather than re-creates
-them); mover/engines/carry.py leaves them where they are; `plan check` prints the [[also]] lines
+them); mover/engines/swap/carry.py leaves them where they are; `plan check` prints the [[also]] lines
 that `widenings` finds.
 """
 

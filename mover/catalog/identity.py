@@ -4,7 +4,7 @@ bound to the table's identity").
 
 The swap renames the tables: whatever reaches the table by name (PL/pgSQL bodies, the application's
 statements, publications' subscribers) meets the new table; whatever PostgreSQL bound to the oid
-stays with the old one. mover/engines/carry.py and metadata.py move some of those across: the
+stays with the old one. mover/engines/swap/carry.py and metadata.py move some of those across: the
 table's own objects (indexes, constraints, triggers, rules, policies, statistics, publication
 memberships, owned sequences, the row security), the views and materialized views that read it
 (recursively) and the foreign keys that reference it. Everything else found here is refused, named,
@@ -231,7 +231,7 @@ def bound(cur: psycopg.Cursor, oid: int) -> list[Bound]:
     fix: nothing when the swap can carry the table's identity whole."""
     table = _table(cur, oid)
     # Carried: what belongs to the table or to a view the swap re-creates, and the foreign keys
-    # that reference them (mover/engines/carry.py).
+    # that reference them (mover/engines/swap/carry.py).
     out = [_classify(cur, table, classid, what, got, dropping=False)
            for classid, what, own, foreign_key, got in _dependents(cur, oid, views=True)
            if not (own or foreign_key)]

@@ -93,7 +93,7 @@ class Server:
     @property
     def not_valid_foreign_key_on_partitioned(self) -> bool:
         """ALTER TABLE <partitioned> ADD FOREIGN KEY ... NOT VALID (18). Before 18 mover adds it to
-        each partition and attaches them after validation (mover/engines/carry.py), which works on
+        each partition and attaches them after validation (mover/engines/swap/carry.py), which works on
         every version, so the swap does the same on all of them."""
         return self.major >= 18
 
@@ -101,7 +101,7 @@ class Server:
     def split_merge_partition(self) -> bool:
         """ALTER TABLE ... SPLIT / MERGE PARTITION(S): in no release up to 18 (committed to 17's
         development and reverted before its release). `mover partitions maintain` splits a range off
-        the default partition by hand instead: create, move the rows, attach (engines/partitions.py)."""
+        the default partition by hand instead: create, move the rows, attach (engines/partitioning/partitions.py)."""
         return False
 
     # -- Catalog fragments ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ original table and "target" the new one, whatever names the swap gives them, sin
 found by oid. Checking is one catalog query (readable by any role: no superuser, no event
 trigger), run at every step start, in every range's transaction, in every replay transaction
 (through Context.mapping) and inside the cutover's lock (there through the digest of the
-catalog rows DESCRIBE reads, mover/engines/carry.py, and in full only when that digest changed since the
+catalog rows DESCRIBE reads, mover/engines/swap/carry.py, and in full only when that digest changed since the
 check before the lock). Context.check_shape, the check of ranges and replays, likewise verifies in
 full only when SHAPE_INPUTS' digest changed since its last full check that passed.
 
@@ -311,7 +311,7 @@ def mirrors(change: Change, live_changes: list[Change], mid: int) -> bool:
                    for c in live_changes)
     if change.kind in ("constraint_added", "column_not_null"):
         # A constraint the live table had NOT VALID when the target was created (which left it off)
-        # and now validated: adopt adds it validated to the other table (engines/adopt.py); a NOT
+        # and now validated: adopt adds it validated to the other table (engines/bulk/adopt.py); a NOT
         # NULL one (PostgreSQL 18) makes its column NOT NULL there too.
         validated = [c for c in live_changes if c.kind == "constraint_validated"]
         if change.kind == "constraint_added" and any(c.item == change.item for c in validated):
@@ -537,7 +537,7 @@ def verify(cur: psycopg.Cursor, mid: int, name: str, swapped: bool) -> str:
 # sequences, functions, types, collations). A row's xmin changes with every transactional
 # update of it. One query, a few milliseconds for 1600 columns where DESCRIBE and the
 # comparison of two descriptions cost tens (issue 34). Not covered, as by the swap's digest
-# (mover/engines/carry.py): the schema of a referenced function, type or sequence renamed; the
+# (mover/engines/swap/carry.py): the schema of a referenced function, type or sequence renamed; the
 # full check at the next step's start, and the swap's, still see it.
 SHAPE_INPUTS = """
 WITH m AS (

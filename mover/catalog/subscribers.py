@@ -3,7 +3,7 @@
 A subscriber applies each change under the publisher's schema-qualified table name; a name it
 lacks stops its apply worker, in a loop, and its slot retains WAL on the source. A FOR TABLE
 publication names its tables: the swap moves the membership to the table taking the name
-(mover/engines/metadata.py swap_sql), so its subscribers only ever see that name. The other kinds publish
+(mover/engines/swap/metadata.py swap_sql), so its subscribers only ever see that name. The other kinds publish
 tables by where they are, and mover's own tables would reach the subscribers:
 - FOR ALL TABLES publishes every permanent table: mover's control tables and change logs (which
   cannot be unlogged without losing crash safety);

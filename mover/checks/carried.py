@@ -1,11 +1,11 @@
-"""The swap moves the table's dependents (mover/engines/carry.py): mover's role must be able to drop and
+"""The swap moves the table's dependents (mover/engines/swap/carry.py): mover's role must be able to drop and
 re-create each one, so it must own (or be a member of the owner of) every table whose foreign
 key references the source and every view that reads it. Found here, not as a permission error
 inside the swap's lock."""
 
 from __future__ import annotations
 
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.errors import PlanError
 
 

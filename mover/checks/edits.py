@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from mover.checks import foreign_keys
-from mover.engines import partitions
+from mover.engines.partitioning import partitions
 from mover.errors import PlanError, combined
 from mover.plan import Edit, Plan, edits
 from mover.state import control

@@ -1,4 +1,4 @@
-"""Foreign keys: the swap carries them over (mover/engines/carry.py). Inbound ones are re-pointed at the
+"""Foreign keys: the swap carries them over (mover/engines/swap/carry.py). Inbound ones are re-pointed at the
 new table; the source's own (outbound) ones move to it, except those the plan lists in
 [target] drop_foreign_keys (left on the old table), which must be foreign keys of the source."""
 
@@ -9,7 +9,7 @@ import psycopg
 from mover import names
 from mover.catalog import family as family_catalog
 from mover.catalog import introspect
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.errors import PlanError
 from mover.state import control
 
@@ -35,7 +35,7 @@ def check_dropped(cur: psycopg.Cursor, dropped: tuple[str, ...], oids: list[int]
 
 def not_valid_to_partitioned(s: Subject) -> None:
     """PostgreSQL before 18 takes no NOT VALID foreign key on a partitioned table, and mover carries
-    a foreign key to one by validating it (mover/engines/carry.py): a NOT VALID one, whose old rows may
+    a foreign key to one by validating it (mover/engines/swap/carry.py): a NOT VALID one, whose old rows may
     break it, cannot be carried to a partitioned target."""
     if s.plan.partition is None:
         return

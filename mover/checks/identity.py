@@ -6,7 +6,7 @@ appears after registration the same way."""
 from __future__ import annotations
 
 from mover.catalog import identity
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.errors import PlanError
 
 

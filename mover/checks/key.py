@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mover import names
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.db import one
 from mover.errors import PlanError
 

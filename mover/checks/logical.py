@@ -1,14 +1,14 @@
 """What `[capture] method = "logical"` needs of the server, the role and the source, each missing
-piece reported with the statement or setting that provides it (mover/engines/logical.py reads the
+piece reported with the statement or setting that provides it (mover/engines/capture/logical.py reads the
 source's changes from the WAL through a replication slot and a publication of its own)."""
 
 from __future__ import annotations
 
 from psycopg import sql
 
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.db import one
-from mover.engines import logical
+from mover.engines.capture import logical
 from mover.errors import PlanError
 
 TRIGGER = 'or set [capture] method = "trigger" (the default, which needs none of this)'

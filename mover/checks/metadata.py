@@ -1,12 +1,12 @@
-"""The rest of the table's metadata (mover/engines/metadata.py): what is carried when, what cannot be,
+"""The rest of the table's metadata (mover/engines/swap/metadata.py): what is carried when, what cannot be,
 and what would make the swap fail (a publication mover's role cannot alter)."""
 
 from __future__ import annotations
 
 from mover import names
 from mover.catalog import subscribers
-from mover.checks import Subject
-from mover.engines import metadata
+from mover.checks.subject import Subject
+from mover.engines.swap import metadata
 from mover.errors import PlanError
 
 

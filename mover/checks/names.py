@@ -12,9 +12,11 @@ import psycopg
 
 from mover import names
 from mover.catalog import introspect
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.db import one
-from mover.engines import backfill, metadata, partitions
+from mover.engines.bulk import backfill
+from mover.engines.partitioning import partitions
+from mover.engines.swap import metadata
 from mover.errors import PlanError
 from mover.names import QualifiedName
 from mover.plan import Plan

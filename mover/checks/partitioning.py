@@ -1,10 +1,10 @@
 """A conversion to a partitioned table: the key that changes, the partitions to create, and the
-values no partition would take (mover/engines/partitions.py)."""
+values no partition would take (mover/engines/partitioning/partitions.py)."""
 
 from __future__ import annotations
 
-from mover.checks import Subject
-from mover.engines import partitions
+from mover.checks.subject import Subject
+from mover.engines.partitioning import partitions
 
 
 def plan(s: Subject) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from mover import names as mover_names
 from mover.catalog import introspect, privileges
-from mover.checks import Subject
-from mover.engines import capture
+from mover.checks.subject import Subject
+from mover.engines.capture import changelog
 from mover.errors import PlanError
 from mover.sql import capture as capture_sql
 from mover.state import control
@@ -30,7 +30,7 @@ def capture_path(s: Subject) -> None:
     try:
         for stmt in [*capture_sql.create_log(log_table, key, tuple(info.column(k).type for k in key)),
                      *capture_sql.create_trigger_function(fn, log_table, key, s.plan.name,
-                                                          capture.key_equality(cur, info, key))]:
+                                                          changelog.key_equality(cur, info, key))]:
             cur.execute(stmt)
         missing = privileges.capture_path_missing(cur, fn, log_table)
     finally:

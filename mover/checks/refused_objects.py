@@ -3,14 +3,14 @@ partition (inheritance, and everything else bound to the table's oid or row type
 mover/checks/identity.py), and an
 exclusion constraint (or a temporal key, one underneath) on a partitioned target where PostgreSQL
 takes none. (Triggers, rules, row-level security, dependent views and foreign keys are carried
-over: mover/engines/carry.py; exclusion constraints and temporal keys are built on the new table
-after the copy: mover/engines/backfill.py.)"""
+over: mover/engines/swap/carry.py; exclusion constraints and temporal keys are built on the new table
+after the copy: mover/engines/bulk/backfill.py.)"""
 
 from __future__ import annotations
 
 from mover import names
 from mover.catalog import introspect, server
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.errors import PlanError
 
 

@@ -11,9 +11,10 @@ import psycopg
 
 from mover import names
 from mover.catalog import introspect
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.db import is_retryable
-from mover.engines import backfill, carry
+from mover.engines.bulk import backfill
+from mover.engines.swap import carry
 from mover.errors import PlanError
 from mover.names import QualifiedName
 from mover.plan import Plan
@@ -62,7 +63,7 @@ def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: Qua
     try:
         for stmt in target_ddl(cur, plan, source, target):
             cur.execute(stmt)
-        # The NOT VALID checks (and, on 18, NOT NULLs) come back at the swap (mover/engines/cutover.py):
+        # The NOT VALID checks (and, on 18, NOT NULLs) come back at the swap (mover/engines/swap/cutover.py):
         # they must fit the new types, and the target's kind (a partitioned one takes no NO INHERIT).
         source_oid = introspect.table_oid(cur, source)
         assert source_oid is not None  # resolved by the caller

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import psycopg
 
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.db import one, row_security_hint
 from mover.errors import PlanError
 from mover.names import QualifiedName

@@ -12,7 +12,7 @@ import re
 import psycopg
 
 from mover.catalog import privileges
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.db import one
 from mover.errors import PlanError
 from mover.names import QualifiedName

@@ -9,7 +9,7 @@ import psycopg
 
 from mover import names
 from mover.catalog import conversion, introspect
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.errors import PlanError
 from mover.plan import Plan
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mover import names
 from mover.catalog import reading, server
-from mover.checks import Subject
+from mover.checks.subject import Subject
 from mover.errors import PlanError
 
 

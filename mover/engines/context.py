@@ -7,21 +7,18 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import psycopg
 
 from mover.catalog import conversion, introspect, shape
 from mover.db import Database
-from mover.engines import partitions
+from mover.engines.partitioning import partitions
 from mover.errors import Interrupted, LeaseLost
 from mover.names import QualifiedName
 from mover.plan import Plan, plan_from_canonical
 from mover.sql.mapping import Mapping
 from mover.state import control
-
-if TYPE_CHECKING:
-    from mover.engines.throttle import Governor
 
 log = logging.getLogger("mover")
 
@@ -48,7 +45,8 @@ class Context:
     # steps' describe() prints the copy's and the replay's conversions before the target exists.
     planned_target: introspect.TableInfo | None = None
     # The migration's throttle in this process while an engine's bulk work runs (throttle.governing).
-    governor: Governor | None = None
+    # (Its type is the governor's own: read through throttle.of(ctx), set by throttle.governing.)
+    governor: object | None = None
     _mappings: dict[tuple[bool, bool, str], Mapping] = field(default_factory=dict, repr=False)
     _family: dict[int, Context] = field(default_factory=dict, repr=False)
     # ((digest of the catalog rows the shape is read from, swapped), verify()'s result): check_shape

@@ -120,21 +120,21 @@ class CutoverSettings:
         200, settable=True)
     attempts: int = setting(Count(1, 1000, "e.g. attempts = 30"), 30, settable=True)
     # Sessions still holding a lock on the tables once the attempts are spent: cancelled, then
-    # terminated after blocker_grace, and the lock tried once more (mover/engines/lockwatch.py). Off by default.
+    # terminated after blocker_grace, and the lock tried once more (mover/engines/swap/lockwatch.py). Off by default.
     terminate_blockers: bool = setting(Flag(), False, settable=True)
     blocker_grace_ms: int = setting(Duration(0, 600_000, "0 and 10 minutes", 'e.g. blocker_grace = "5s"'), 5000,
                                     settable=True)
     # Before each attempt at the swap's lock: how long it waits for a transaction whose snapshot is older
-    # than the new table's last rows (mover/engines/snapshots.py, invariant 16); then refused, or with
+    # than the new table's last rows (mover/engines/swap/snapshots.py, invariant 16); then refused, or with
     # terminate_blockers that session ended. Stored only when set: plans registered before read the same.
     snapshot_wait_ms: int = setting(Duration(0, 3_600_000, "0 and 1 hour", 'e.g. snapshot_wait = "30s"'), 30_000,
                                     settable=True, only_set=True)
-    # Metadata differences the operator lets through the swap's parity check (mover/engines/parity.py):
+    # Metadata differences the operator lets through the swap's parity check (mover/engines/swap/parity.py):
     # "kind:item" keys as `mover parity NAME` prints them, or a bare kind.
     accept_parity: tuple[str, ...] = setting(
         Strings("must list the differences `mover parity NAME` names",
                 'e.g. accept_parity = ["grant:SELECT TO reporting"]'), (), only_set=True)
-    # The query rehearsal (mover/engines/query_rehearsal.py, `mover rehearse NAME`): with rehearse,
+    # The query rehearsal (mover/engines/swap/query_rehearsal.py, `mover rehearse NAME`): with rehearse,
     # the cutover's preflight refuses the swap while a statement pg_stat_statements recorded on the
     # source plans markedly worse on the target. Stored only when set: plans registered before read the same.
     rehearse: bool = setting(Flag(), False, settable=True, only_set=True)
@@ -173,7 +173,7 @@ class ReconcileSettings:
          written=lambda plan: plan.throttle != ThrottleSettings())
 @dataclass(frozen=True)
 class ThrottleSettings:
-    """The governor every bulk engine shares (mover/engines/throttle.py): what the application may
+    """The governor every bulk engine shares (mover/engines/governor/throttle.py): what the application may
     pay for the migration, and the WAL and replication guards. Stored only when not the default,
     so plans registered before [throttle] existed read the same."""
     # The probe's latency may rise this much over its latency before the step started; "off": no
@@ -206,7 +206,7 @@ class ThrottleSettings:
 @dataclass(frozen=True)
 class CaptureSettings:
     # How the source's changes reach the change log: a row trigger in the application's
-    # transactions, or mover reading the WAL through a replication slot (mover/engines/logical.py;
+    # transactions, or mover reading the WAL through a replication slot (mover/engines/capture/logical.py;
     # docs/operating.md "Choosing a capture method"). Decided at registration.
     method: str = setting(Choice(("trigger", "logical"), 'e.g. method = "logical"'), "trigger",
                           registration_only=True, only_set=True)
@@ -246,7 +246,7 @@ class PartitionUpkeep:
     premake: int | None = setting(Count(0, 1000, "e.g. premake = 3"), None, shown="`[target.partition] premake`")
     retention: str | None = setting(Text(), None)  # e.g. "12 months": partitions wholly older are detached
     drop_detached: bool = setting(Flag(), False)
-    # Or "pg_partman": handed over once retired (mover/engines/partitions.py).
+    # Or "pg_partman": handed over once retired (mover/engines/partitioning/partitions.py).
     manager: str = setting(Choice(("mover", "pg_partman"),
                                   'e.g. manager = "pg_partman", or leave it out for mover\'s own upkeep'), "mover")
 

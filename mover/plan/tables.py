@@ -22,7 +22,7 @@ _NAME_FIELDS = {"table", "YYYY", "MM", "DD", "N"}
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    """`[target.partition]`: how the new table is partitioned (mover/engines/partitions.py creates it)."""
+    """`[target.partition]`: how the new table is partitioned (mover/engines/partitioning/partitions.py creates it)."""
     by: str  # range | list | hash
     columns: tuple[str, ...]
     interval: str | None = None  # range over time: day | week | month | year

@@ -18,11 +18,12 @@ import psycopg
 from mover import steps
 from mover.catalog import shape
 from mover.db import Database, bind
-from mover.engines import adopt as adopt_engine
-from mover.engines import family as family_engine
-from mover.engines import logical, upkeep
-from mover.engines import reconcile as reconcile_engine
+from mover.engines.bulk import adopt as adopt_engine
+from mover.engines.bulk import reconcile as reconcile_engine
+from mover.engines.capture import logical
 from mover.engines.context import Context, Reporter, log_reporter
+from mover.engines.partitioning import upkeep
+from mover.engines.swap import keys as family_engine
 from mover.errors import BadInput, NotFound, Waiting
 from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, plan_from_canonical, to_document
 from mover.runner import family, lifecycle, register
@@ -189,7 +190,7 @@ def adopt(db: Database, name: str, **kw: Any) -> list[dict[str, Any]]:
 
 def recapture(db: Database, name: str, **kw: Any) -> str:
     """`mover recapture`: after a lost replication slot (logical capture), a new one and the next
-    reconcile pass over every range (mover/engines/logical.py). Returns the slot's name."""
+    reconcile pass over every range (mover/engines/capture/logical.py). Returns the slot's name."""
     out: dict[str, str] = {}
 
     def go(ctx: Context) -> None:
@@ -255,7 +256,7 @@ def set_settings(db: Database, name: str, assignments: list[str]) -> None:
 def maintain_partitions(db: Database, table: str | None, *, all_tables: bool,
                         dry_run: bool) -> list[dict[str, Any]]:
     """`mover partitions maintain [TABLE | --all]`: each partitioned conversion's upkeep
-    (mover/engines/upkeep.py). Idempotent: safe from cron."""
+    (mover/engines/partitioning/upkeep.py). Idempotent: safe from cron."""
     if (table is None) == (not all_tables):
         raise BadInput("name one table (or migration), or pass --all", hint="mover partitions maintain --all")
     found = db.transaction(bind(upkeep.conversions, table), label="partitions")

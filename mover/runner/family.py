@@ -7,7 +7,7 @@ each table's effect commits with its own transition, so a crash in any table's s
 there. The tables' range steps run one table at a time: the plan's workers and caps hold for the
 family, not once per table, and the governor holds the one table working to the application's
 budget (`_range_step`, the one place a family's range work starts). Before the first
-reconcile pass the keys between the tables are added to the targets (mover/engines/family.py);
+reconcile pass the keys between the tables are added to the targets (mover/engines/swap/keys.py);
 from the cutover gate on, the family moves as one (mover/steps/family.py): one gate, one swap
 for every table, one rollback window, one rollback, one retire, one abort.
 """
@@ -22,9 +22,9 @@ import psycopg
 from mover import faults, steps
 from mover.catalog import shape
 from mover.db import bind
-from mover.engines import family as family_engine
 from mover.engines import hooks
 from mover.engines.context import Context
+from mover.engines.swap import keys as family_engine
 from mover.errors import Waiting
 from mover.state import control
 from mover.steps import family as family_step
@@ -125,7 +125,7 @@ def _per_table(ctx: Context, members: Sequence[Context], step: str) -> None:
 def _range_step(t: Context, step: str) -> None:
     """One table's step, as for a migration of one table. The family's tables take their turns
     here, so the plan's workers, rows/s caps and the governor's budget are the family's: one
-    table's bulk work runs at a time, governed as a single table's is (mover/engines/throttle.py)."""
+    table's bulk work runs at a time, governed as a single table's is (mover/engines/governor/throttle.py)."""
     steps.BY_NAME[step].run(t)
 
 

@@ -6,7 +6,7 @@ when the window ends.
 It holds no lease while it drains: the operator's `cutover`, `rollback`, `retire` or `abort`
 from another terminal takes the lease as usual. The two appliers cannot conflict:
 - each follower batch first takes ROW EXCLUSIVE on both tables with NOWAIT, then the applier
-  lock (mover/engines/capture.py) without waiting. A swap, rollback or retire that holds or waits for its
+  lock (mover/engines/capture/changelog.py) without waiting. A swap, rollback or retire that holds or waits for its
   ACCESS EXCLUSIVE lock makes the batch give up at once (the operator's drain goes first), and a
   batch that got its table locks never waits for anything the operator's transaction holds, so
   the swap's own drain at most waits for one short batch to commit (no deadlock).
@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from mover.db import Database, bind
-from mover.engines import capture, logical
+from mover.engines.capture import changelog, logical
 from mover.engines.context import Context, Reporter
 from mover.errors import Interrupted, LeaseHeld, Waiting
 from mover.runner import family, lifecycle
@@ -48,7 +48,7 @@ def window_over(m: control.Migration) -> bool:
     return m.step == "rollback_window" and m.window_ends_at is not None and m.window_ends_at <= datetime.now(UTC)
 
 
-def _batch(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> capture.Applied | None:
+def _batch(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> changelog.Applied | None:
     members = ctx.family(cur)  # a family's tables (issue 27): all of them, replayed by one statement
     tables = [x for t in members for x in ((t.new, t.original) if reverse else (t.original, t.new))]
     try:
@@ -63,8 +63,8 @@ def _batch(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> capture.Applied 
     if ctx.migration.family_id is not None:
         if any(t.migration.step != ctx.migration.step for t in members):
             return None  # not every table at the gate (or in the window): the steps first
-        return capture.apply_family_batch(cur, ctx, reverse=reverse)
-    return capture.apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=True)
+        return changelog.apply_family_batch(cur, ctx, reverse=reverse)
+    return changelog.apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=True)
 
 
 def drain_round(ctx: Context) -> dict[str, Any]:
@@ -82,10 +82,10 @@ def drain_round(ctx: Context) -> dict[str, Any]:
         if got is None:
             break
         applied += got.claimed
-        if got.log_rows < capture.BATCH:  # log rows: a closure's batch claims fewer keys than rows
+        if got.log_rows < changelog.BATCH:  # log rows: a closure's batch claims fewer keys than rows
             break
     def backlog(cur: psycopg.Cursor) -> tuple[int, float | None]:
-        each = [capture.pending(cur, t.mid, reverse) for t in ctx.family(cur)]
+        each = [changelog.pending(cur, t.mid, reverse) for t in ctx.family(cur)]
         lags = [lag for _, lag in each if lag is not None]
         return sum(n for n, _ in each), max(lags) if lags else None
 

@@ -20,8 +20,9 @@ from typing import Any
 import psycopg
 
 from mover.db import Database, is_connection_lost, mask
-from mover.engines import capture, lockwatch, logical
+from mover.engines.capture import changelog, logical
 from mover.engines.context import Context, Reporter, log_reporter
+from mover.engines.swap import lockwatch
 from mover.errors import Interrupted, LeaseHeld, LeaseLost, MoverError, ServerGone, ShapeChanged, Waiting
 from mover.runner import sampler
 from mover.state import control, ranges
@@ -65,7 +66,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     gone = False
     try:
         lockwatch.restore_pending(ctx)  # a crash between pausing autovacuum and restoring it
-        capture.upgrade(ctx)  # a capture an older mover installed (granted to PUBLIC)
+        changelog.upgrade(ctx)  # a capture an older mover installed (granted to PUBLIC)
         logical.cleanup(ctx)  # a replication slot a crash left behind would keep WAL forever
         yield ctx
     except (LeaseLost, LeaseHeld):

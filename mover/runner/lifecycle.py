@@ -8,7 +8,7 @@ transaction of its effect (mover/steps/). The operator's moves (cutover, rollbac
 check the transition table (control.COMMANDS) under the lease, then go through the same steps;
 a family of tables (issue 27) is moved by mover/runner/family.py, the same way for all of them;
 their sequences read top to bottom in mover/steps/cutover.py (the swap and the swap back) and
-mover/engines/cutover.py (retire, abort).
+mover/engines/swap/cutover.py (retire, abort).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 from mover import faults, steps
 from mover.catalog import shape
 from mover.db import bind
-from mover.engines import cutover as cutover_engine
 from mover.engines import hooks
 from mover.engines.context import Context
+from mover.engines.swap import cutover as cutover_engine
 from mover.errors import Waiting
 from mover.runner import family
 from mover.state import control

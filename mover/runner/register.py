@@ -23,8 +23,9 @@ from mover.catalog import shape, subscribers
 from mover.checks import edits as edits_check
 from mover.checks import names as names_check
 from mover.db import Database, conversion_settings, search_path
-from mover.engines import backfill, throttle
+from mover.engines.bulk import backfill
 from mover.engines.context import Context
+from mover.engines.governor import throttle
 from mover.errors import BadInput, PlanError, combined
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, member_name

@@ -1,4 +1,4 @@
-"""`mover rehearse NAME`: the query rehearsal of a migration (mover/engines/query_rehearsal.py)
+"""`mover rehearse NAME`: the query rehearsal of a migration (mover/engines/swap/query_rehearsal.py)
 before its cutover, at the steps control.COMMANDS allows it (reconcile and the gate: the target
 is complete, its indexes built). Holds no lease: it moves nothing (it ANALYZEs the target, which
 only mover writes before the swap, and plans statements in transactions it rolls back)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from mover.db import Database
-from mover.engines import query_rehearsal
 from mover.engines.context import Context
+from mover.engines.swap import query_rehearsal
 from mover.runner import family
 from mover.state import control
 

@@ -11,10 +11,11 @@ import threading
 import psycopg
 
 from mover.db import Database, bind
-from mover.engines import backfill as backfill_engine
-from mover.engines import rangework, throttle
-from mover.engines import reconcile as reconcile_engine
+from mover.engines.bulk import backfill as backfill_engine
+from mover.engines.bulk import rangework
+from mover.engines.bulk import reconcile as reconcile_engine
 from mover.engines.context import Context, Reporter
+from mover.engines.governor import throttle
 from mover.state import control, ranges
 from mover.state.heartbeat import Heartbeat
 

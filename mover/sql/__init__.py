@@ -29,7 +29,7 @@ SOURCES = {
     "composed": "a statement mover composed with psycopg.sql and rendered once (as_string), kept to run again",
     "pg_stat_statements": "an application's statement as pg_stat_statements recorded it (constants are $n"
                           " parameters), read as one statement (mover/sql/statement_text.py), only ever"
-                          " EXPLAINed, as the role that ran it (mover/engines/query_rehearsal.py)",
+                          " EXPLAINed, as the role that ran it (mover/engines/swap/query_rehearsal.py)",
 }
 
 

@@ -20,7 +20,7 @@ the source hashes of the rows that differ plus the target hashes of those rows, 
 statement returns anyway. Exactness costs nothing against the hash join, and the per-range
 fingerprints come with it.
 
-The statement runs with JIT off (mover/engines/reconcile.py): at the default range size its cost is
+The statement runs with JIT off (mover/engines/bulk/reconcile.py): at the default range size its cost is
 under jit_above_cost anyway, and on bigger ranges the compilation did not pay for itself.
 Comparing each row by its binary image first (record_image_eq) before the typed comparisons
 was measured too, and was slower on a narrow row (bench/README.md, the reconcile profile).
@@ -307,7 +307,7 @@ def _differing_wide(spec: Spec, log: QualifiedName | None) -> sql.Composed:
     differing key (j.keys: [key, source hash, target hash, missing in source, missing in target]):
     the columns are left NULL, the tables are not read again (reading them again, and naming
     each column in a second and a third place, tripled the statement). Which columns differ is
-    asked of the keys alone, by detail(), in the range's transaction (mover/engines/reconcile.py)."""
+    asked of the keys alone, by detail(), in the range's transaction (mover/engines/bulk/reconcile.py)."""
     return sql.SQL(
         """
 SELECT e.value AS key,

@@ -139,7 +139,7 @@ def sequence_as(seq: QualifiedName, type_name: str) -> sql.Composed:
     return sql.SQL("ALTER SEQUENCE {} AS {}").format(seq.ident, trusted(type_name, "keyword"))
 
 
-# The rest of a table's metadata (mover/engines/metadata.py). Values that are catalog-printed text
+# The rest of a table's metadata (mover/engines/swap/metadata.py). Values that are catalog-printed text
 # (statistics column lists, publication row filters) are trusted like index definitions.
 
 STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}

@@ -1,4 +1,4 @@
-"""SQL of the query rehearsal (mover/engines/query_rehearsal.py): what pg_stat_statements recorded
+"""SQL of the query rehearsal (mover/engines/swap/query_rehearsal.py): what pg_stat_statements recorded
 about a table, and the EXPLAIN of a recorded statement, by a generic plan (its $n parameters
 stay parameters), never executed.
 

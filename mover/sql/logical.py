@@ -1,4 +1,4 @@
-"""SQL of logical capture (mover/engines/logical.py): the publication and the replication slot the
+"""SQL of logical capture (mover/engines/capture/logical.py): the publication and the replication slot the
 source's changes are decoded through, the one-row feed state, reading the slot, and the insert
 that feeds the decoded keys into the change log. Builders only, no I/O.
 

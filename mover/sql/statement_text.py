@@ -1,7 +1,7 @@
 """An application's statement as pg_stat_statements recorded it, read as PostgreSQL's scanner
 reads it: which kind of statement it is, whether it is one statement, which names it mentions,
 and the same text with the references to a table pointed elsewhere (the query rehearsal,
-mover/engines/query_rehearsal.py).
+mover/engines/swap/query_rehearsal.py).
 
 Only the lexical level: strings (standard, E'', U&'', dollar-quoted), comments (nested /* */),
 quoted and unquoted identifiers (unquoted ones fold to lower case, ASCII only, as PostgreSQL

@@ -11,7 +11,7 @@ that works from a stale idea of the step, changes nothing.
 
 The work tables belong to their owners: mover.ranges, mover.frontiers and mover.workers to
 mover/state/ranges.py (the only code that writes them), the change logs and mover.capture_stats
-to mover/engines/capture.py.
+to mover/engines/capture/changelog.py.
 """
 
 from __future__ import annotations
@@ -666,7 +666,7 @@ def mark_recaptured(cur: psycopg.Cursor, m: Migration, owner: str, *, slot: str)
 
 
 def mark_capture_restored(cur: psycopg.Cursor, m: Migration, owner: str, gaps: list[str]) -> None:
-    """Capture is in force again after a gap (mover/engines/integrity.py): as after `mover
+    """Capture is in force again after a gap (mover/engines/capture/integrity.py): as after `mover
     recapture`, the next reconcile pass compares every range (the caller forgot the ranges), and a
     migration at the cutover gate goes back to reconcile for it."""
     _pending_again(cur, m, owner, back_to_reconcile=True)
@@ -865,7 +865,7 @@ def divergence_counts(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reconcile ranges (mover/engines/reconcile.py): what each verified range held on both sides
+# Reconcile ranges (mover/engines/bulk/reconcile.py): what each verified range held on both sides
 
 
 def reconcile_ranges(cur: psycopg.Cursor, mid: int) -> dict[str, Any]:

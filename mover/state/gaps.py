@@ -1,6 +1,6 @@
 """Capture integrity's state (invariant 14): mover.capture_marks (what mover last verified of each
 capture object: its catalog row's oid and raw xmin) and mover.capture_gaps (each time capture was
-found not continuously in force). The only code that writes them; mover/engines/integrity.py
+found not continuously in force). The only code that writes them; mover/engines/capture/integrity.py
 decides what a gap is.
 
 A gap's life: found (detected_at; restored_at NULL while the object is not in force), restored

@@ -3,7 +3,7 @@
 The owner of mover.ranges, mover.frontiers and mover.workers: every write to them is a function
 here (claims and leases, bounds, done marks, failed attempts, worker rows, a reconcile range's
 fingerprints); the engines call these, inside their own transactions where a write must commit
-with their work. The loop the workers run is mover/engines/rangework.py.
+with their work. The loop the workers run is mover/engines/bulk/rangework.py.
 
 Invariants:
 - Ranges are cut on demand, in key order, from a frontier row that a claimant locks for the
@@ -260,7 +260,7 @@ def work(db: Database, mid: int, key_range: KeyRange, worker: str, fn: Callable[
 
 def store_fingerprint(cur: psycopg.Cursor, mid: int, key_range: KeyRange, src_rows: int, src_fingerprint: int,
                       dst_rows: int, dst_fingerprint: int, differences: int) -> None:
-    """What a verified reconcile range held on both sides (mover/engines/reconcile.py), in the
+    """What a verified reconcile range held on both sides (mover/engines/bulk/reconcile.py), in the
     transaction of its done mark."""
     cur.execute("UPDATE mover.ranges SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
                 " differences = %s, verified_at = clock_timestamp()"

@@ -1,4 +1,4 @@
-"""mover.throttle: one row per migration, the governor's (mover/engines/throttle.py). The only code
+"""mover.throttle: one row per migration, the governor's (mover/engines/governor/throttle.py). The only code
 that writes it.
 
 The process that holds `prober` probes the server (its probe is this row's update), decides, and

@@ -8,8 +8,11 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import conversion, introspect, shape
-from mover.engines import backfill, capture, partitions, throttle
+from mover.engines.bulk import backfill
+from mover.engines.capture import changelog
 from mover.engines.context import Context
+from mover.engines.governor import throttle
+from mover.engines.partitioning import partitions
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
 from mover.state import control, ranges
@@ -75,7 +78,7 @@ class Backfill(Step):
         # Workers check range ownership, not the orchestrator's lease: check it before going on.
         ctx.db.transaction(lambda cur: control.guard(cur, m.id, self.name, ctx.owner))
         started = time.monotonic()
-        applied = capture.drain(ctx, reverse=False, backfill_done=True)
+        applied = changelog.drain(ctx, reverse=False, backfill_done=True)
         ms = (time.monotonic() - started) * 1000
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
                                                      f"applied {applied.claimed} logged changes after the copy",

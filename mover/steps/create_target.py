@@ -5,8 +5,9 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import introspect, reading, server
-from mover.engines import metadata, partitions
 from mover.engines.context import Context
+from mover.engines.partitioning import partitions
+from mover.engines.swap import metadata
 from mover.errors import Failed, PlanError
 from mover.plan import Plan
 from mover.sql import ddl
@@ -24,7 +25,7 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
                                partition_by=sql_partitions.partition_by(spec.by, spec.columns) if spec else None)]
     # LIKE copies every CHECK (and on 18 every NOT NULL constraint) as validated; one the source
     # has NOT VALID may be broken by rows that the backfill copies. It is added back NOT VALID at
-    # the swap (mover/engines/cutover.py), as it was.
+    # the swap (mover/engines/swap/cutover.py), as it was.
     stmts += [ddl.drop_constraint(target, name) for name, _, _ in introspect.unvalidated_constraints(cur, info.oid)]
     have = {c.name: c for c in info.columns}
     drop, add = _regenerated(cur, info, plan.columns, target)

@@ -1,7 +1,7 @@
 """The cutover step: the gate it waits at until the operator says go (wait), what `plan check`
 prints of the swap (describe), and the swap itself (run). The cutover's sequence and the
 rollback's (swap_in, swap_back, at the end of this file) read top to bottom, each line a call into
-the engine that does it (mover/engines/cutover.py).
+the engine that does it (mover/engines/swap/cutover.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from psycopg import sql
 
 from mover.catalog import introspect
 from mover.db import bind
-from mover.engines import capture, carry, cutover, hooks, integrity, lockwatch, logical, query_rehearsal
+from mover.engines import hooks
+from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context
+from mover.engines.swap import carry, cutover, lockwatch, query_rehearsal
 from mover.errors import Waiting
 from mover.state import control
 from mover.steps.base import Step
@@ -76,7 +78,7 @@ class Cutover(Step):
         """The gate (`mover run` stops here until `mover cutover`, or [cutover] auto): keep the
         target in step with the source while waiting, and tell the truth about it."""
         m = ctx.migration
-        capture.drain(ctx, reverse=False, backfill_done=True)
+        changelog.drain(ctx, reverse=False, backfill_done=True)
         integrity.refuse_forward(ctx)  # invariant 14: a capture gap refuses here too, naming it and its fix
         # A replay that failed since reconcile left open divergences: replayed once more first (the
         # application may have fixed the row since).
@@ -104,8 +106,8 @@ class Cutover(Step):
 
 # ---------------------------------------------------------------------------------------------
 # The cutover's sequence, top to bottom, and the rollback's (the same the other way). Each line is
-# a call into the engine that does it: mover/engines/cutover.py (with carry.py, lockwatch.py,
-# parity.py, capture.py). docs/design.md, "The seven steps", says what each does and why.
+# a call into the engine that does it: mover/engines/swap/cutover.py (with carry.py, lockwatch.py,
+# parity.py, changelog.py). docs/design.md, "The seven steps", says what each does and why.
 
 
 def swap_in(ctx: Context) -> float:

@@ -1,8 +1,8 @@
 """A family's steps where they are one for all its tables (issue 27): the foreign keys added to the
 targets once every table is copied, the cutover gate, the swap and the swap back (one transaction
 for every table, its sequence top to bottom below), the rollback window. The steps up to reconcile
-run for each table as for one (mover/runner/family.py calls them); each line here is a call into
-the engine that does it (mover/engines/family.py, cutover.py, capture.py).
+run for each table as for one (mover/runner/keys.py calls them); each line here is a call into
+the engine that does it (mover/engines/swap/keys.py, cutover.py, changelog.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from psycopg import sql
 from mover import faults
 from mover.catalog import introspect, shape
 from mover.db import bind
-from mover.engines import capture, carry, cutover, family, integrity, query_rehearsal
+from mover.engines.capture import changelog, integrity
 from mover.engines.context import Context
+from mover.engines.swap import carry, cutover, keys, query_rehearsal
 from mover.errors import Waiting
 from mover.state import control
 from mover.steps.reconcile import last_check
@@ -30,12 +31,12 @@ def describe(ctx: Context, members: Sequence[Context], cur: psycopg.Cursor) -> l
         "-- once every table is copied, before the first reconcile pass, in one transaction: every change log "
         "replayed by one statement, then the foreign keys between the family's tables added to the targets "
         "(validated: only mover writes them); the swap renames the tables and the keys stay with them"]
-    out += family.link_sql(cur, members, missing_only=False) or ["-- (no foreign key between these tables)"]
-    ordered = family.parents_first(cur, members)
+    out += keys.link_sql(cur, members, missing_only=False) or ["-- (no foreign key between these tables)"]
+    ordered = keys.parents_first(cur, members)
     out += ["-- the cutover: one transaction swaps every table (each as its cutover step shows), under "
             f"lock_timeout {ctx.plan.cutover.lock_timeout_ms}ms, up to {ctx.plan.cutover.attempts} attempts; "
             "it locks, one relation at a time, in this order:",
-            *(f"--   {t}" for t in family.swap_locks(cur, ordered, forward=True)),
+            *(f"--   {t}" for t in keys.swap_locks(cur, ordered, forward=True)),
             "-- then verifies each table's catalog digest, replays every change log by one statement, runs each "
             "table's swap, checks each table's parity, and records the cutover of every table",
             "-- an attempt that times out on a table locks that table first in the next (race 9); before each "
@@ -51,20 +52,20 @@ def describe(ctx: Context, members: Sequence[Context], cur: psycopg.Cursor) -> l
 
 def link(ctx: Context, members: Sequence[Context]) -> None:
     """Before the family's first reconcile pass: the keys between the tables on the targets."""
-    family.link(ctx, members)
+    keys.link(ctx, members)
 
 
 def check_keys(ctx: Context, members: Sequence[Context]) -> int:
     """After the family's reconcile: the keys between the targets hold (a plain query each)."""
-    return family.check_keys(ctx, members)
+    return keys.check_keys(ctx, members)
 
 
 def wait(ctx: Context, members: Sequence[Context]) -> NoReturn:
     """The family's cutover gate: every log drained (one statement), failed replays tried again,
     each table's divergences counted and recorded at the gate; exit 3 either way."""
-    capture.drain(ctx, reverse=False, backfill_done=True)
+    changelog.drain(ctx, reverse=False, backfill_done=True)
     counts = {}
-    for t in ctx.db.transaction(bind(family.parents_first, members)):  # a parent's row before its children's
+    for t in ctx.db.transaction(bind(keys.parents_first, members)):  # a parent's row before its children's
         ctx.db.transaction(bind(cutover.retry_unapplied, t, reverse=False))
         counts[t.migration.name] = ctx.db.transaction(bind(control.divergence_counts, t.mid))
         ctx.db.transaction(bind(control.wait_at_gate, t.migration, t.owner, counts[t.migration.name]),
@@ -93,10 +94,10 @@ def swap_in(ctx: Context, members: Sequence[Context]) -> float:
     query_rehearsal.before_cutover(ctx)  # [cutover] rehearse: no statement on any table plans markedly worse
     for t in members:
         cutover.preflight(t, last_check)  # no divergences, indexes valid, subscribers; drain; last check
-    digest = ctx.db.transaction(bind(family.digest, members, True), label="family digest")  # before the statements
+    digest = ctx.db.transaction(bind(keys.digest, members, True), label="family digest")  # before the statements
     prepared = [cutover.prepare(t, forward=True) for t in members]  # before the lock: shapes, statements, parity
     try:
-        held = family.run_locked(ctx, members, lambda cur: _swap(cur, ctx, members, prepared, digest, forward=True),
+        held = keys.run_locked(ctx, members, lambda cur: _swap(cur, ctx, members, prepared, digest, forward=True),
                                  forward=True,  # before each attempt: every log drained (one statement a batch)
                                  before_attempt=lambda: cutover.drain_before_lock(ctx, prepared, members))
     except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
@@ -114,10 +115,10 @@ def swap_back(ctx: Context, members: Sequence[Context], give_up_rows: bool = Fal
     transaction, losing nothing (or refusing, invariant 9)."""
     for t in members:
         cutover.refuse_rows_only_in_new(t, give_up_rows, command)  # reverse logs drained; refused early
-    digest = ctx.db.transaction(bind(family.digest, members, False), label="family digest")
+    digest = ctx.db.transaction(bind(keys.digest, members, False), label="family digest")
     prepared = [cutover.prepare(t, forward=False) for t in members]
     try:
-        held = family.run_locked(ctx, members, lambda cur: _swap(cur, ctx, members, prepared, digest, forward=False,
+        held = keys.run_locked(ctx, members, lambda cur: _swap(cur, ctx, members, prepared, digest, forward=False,
                                                                  give_up_rows=give_up_rows, command=command),
                                  forward=False, command=command,  # before each attempt: reverse drains, snapshots
                                  before_attempt=lambda: cutover.drain_before_swap_back(ctx, prepared, members, command))
@@ -136,16 +137,16 @@ def _swap(cur: psycopg.Cursor, ctx: Context, members: Sequence[Context], prepare
     each phase of one table's swap, for every table, before the next phase."""
     swaps = [cutover.Swap(cur, t, p, forward=forward, give_up_rows=give_up_rows, command=command)
              for t, p in zip(members, prepared, strict=True)]
-    relations = family.swap_locks(cur, members, forward)
+    relations = keys.swap_locks(cur, members, forward)
     for i, s in enumerate(swaps):
         s.lock(relations if i == 0 else [])  # every lease; every lock, in the family's order, by the first
     marks = [time.monotonic()]
-    changed = family.digest(cur, members, forward) != digest  # one query: every table's catalog rows
+    changed = keys.digest(cur, members, forward) != digest  # one query: every table's catalog rows
     for s in swaps:
         s.verify(changed)  # unchanged: what was built before the lock stands
         s.verify_capture()  # invariant 14: each table's capture continuously in force, no gap uncovered
     marks.append(time.monotonic())
-    replayed = family.drain_locked(cur, ctx, swaps, forward)  # every log, one statement (race 4, 5)
+    replayed = keys.drain_locked(cur, ctx, swaps, forward)  # every log, one statement (race 4, 5)
     for i, s in enumerate(swaps):
         s.drain(replayed if i == 0 else 0)  # swapping back, rows only the new tables hold refuse (or are given up)
     marks.append(time.monotonic())
@@ -163,7 +164,7 @@ def _swap(cur: psycopg.Cursor, ctx: Context, members: Sequence[Context], prepare
     # Each table's transition, in this transaction; the head's last, so that its hold (the one
     # `mover status NAME` shows) runs from the family's locks to all but the commit.
     held = [s.record() for s in reversed(swaps)][-1]
-    family.record(cur, ctx, len(swaps), forward, held, replayed, marks,  # where the lock's time went
+    keys.record(cur, ctx, len(swaps), forward, held, replayed, marks,  # where the lock's time went
                   prepared[0].attempts)
     return held
 
@@ -193,7 +194,7 @@ def window(ctx: Context, members: Sequence[Context]) -> None:
 def close(ctx: Context, members: Sequence[Context], *, force: bool) -> bool:
     """Every reverse log applied (one statement a batch), then the window ended for every table if
     it is over (or now, with force); False while it is open."""
-    capture.drain(ctx, reverse=True, backfill_done=True)
+    changelog.drain(ctx, reverse=True, backfill_done=True)
 
     def go(cur: psycopg.Cursor) -> bool:
         return all([control.close_window(cur, t.migration, t.owner, force=force) for t in members])

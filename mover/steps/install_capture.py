@@ -3,8 +3,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover.engines import capture, integrity, lockwatch, logical
+from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context
+from mover.engines.swap import lockwatch
 from mover.state import control
 from mover.steps.base import Step
 
@@ -20,10 +21,10 @@ class InstallCapture(Step):
         out: list[sql.Composable | str] = []
         if from_wal:
             out += ["-- logical capture: mover's publication of the source, then its replication slot, each"
-                    " committed before the capture's transaction (mover/engines/logical.py)",
+                    " committed before the capture's transaction (mover/engines/capture/logical.py)",
                     *logical.prepare_sql(ctx, cur, m.source), "-- then, one transaction:"]
         return [*out, *(s for _, s in lockwatch.lock_statements(cur, [m.source], INSTALL_LOCK)),
-                *capture.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)]
+                *changelog.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)]
 
     def run(self, ctx: Context) -> None:
         m = ctx.migration
@@ -35,7 +36,7 @@ class InstallCapture(Step):
         def install(cur: psycopg.Cursor) -> None:
             control.guard(cur, m.id, self.name, ctx.owner)
             lockwatch.lock_all(cur, [m.source], INSTALL_LOCK)  # named if it waits
-            capture.install(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)
+            changelog.install(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)
             integrity.mark(cur, ctx, reverse=False)  # invariant 14: what every drain verifies from now on
             control.finish_step(cur, m, self.name, ctx.owner, message=f"capturing changes to {m.source}"
                                 + (" from the WAL (logical)" if from_wal else ""))

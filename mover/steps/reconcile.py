@@ -5,7 +5,8 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import introspect
-from mover.engines import integrity, reconcile
+from mover.engines.bulk import reconcile
+from mover.engines.capture import integrity
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.sql import compare

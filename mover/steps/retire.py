@@ -3,8 +3,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from mover.engines import cutover, hooks, lockwatch
+from mover.engines import hooks
 from mover.engines.context import Context
+from mover.engines.swap import cutover, lockwatch
 from mover.steps.base import Step
 
 

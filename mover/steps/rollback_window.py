@@ -8,8 +8,9 @@ import psycopg
 from psycopg import sql
 
 from mover.db import bind
-from mover.engines import capture, carry, cutover, integrity
+from mover.engines.capture import changelog, integrity
 from mover.engines.context import Context
+from mover.engines.swap import carry, cutover
 from mover.errors import Waiting
 from mover.plan import duration_text
 from mover.sql import trusted
@@ -66,7 +67,7 @@ def still_open(m: control.Migration) -> Waiting:
 def close(ctx: Context, *, force: bool) -> bool:
     """Apply the reverse log to the old table, then end the window if it is over (or now, with
     force). False while it is open."""
-    capture.drain(ctx, reverse=True, backfill_done=True)
+    changelog.drain(ctx, reverse=True, backfill_done=True)
     closed = ctx.db.transaction(bind(control.close_window, ctx.migration, ctx.owner, force=force),
                                 label="close rollback window")
     ctx.refresh()

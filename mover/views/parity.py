@@ -1,5 +1,5 @@
 """`mover parity NAME`: the metadata differences between the live table and what it was (after the
-swap, after a rollback) or the two tables (before the swap), as mover/engines/parity.py compares
+swap, after a rollback) or the two tables (before the swap), as mover/engines/swap/parity.py compares
 them. Reads only."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 
 from mover.db import Database
-from mover.engines import parity
 from mover.engines.context import Context
+from mover.engines.swap import parity
 from mover.state import control
 
 

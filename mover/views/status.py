@@ -12,7 +12,8 @@ import psycopg
 
 from mover.catalog import introspect
 from mover.db import one
-from mover.engines import capture, integrity, logical, partitions
+from mover.engines.capture import changelog, integrity, logical
+from mover.engines.partitioning import partitions
 from mover.names import QualifiedName
 from mover.state import control, gaps, ranges
 from mover.state import throttle as throttle_row
@@ -113,8 +114,8 @@ def _table(st: dict[str, Any], m: control.Migration) -> dict[str, Any]:
 
 
 def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
-    pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
-    pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
+    pending_fwd, lag_fwd = changelog.pending(cur, m.id, reverse=False)
+    pending_rev, lag_rev = changelog.pending(cur, m.id, reverse=True)
     cur.execute("SELECT coalesce(sum(applied), 0) FROM mover.capture_stats WHERE migration_id = %s", (m.id,))
     applied = int(one(cur)[0])
     slot = logical.health(cur, m.id)  # logical capture's replication slot, while it is installed
@@ -219,7 +220,7 @@ def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | N
 
 
 def _throttle_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:
-    """The governor's state (mover/engines/throttle.py), as the process that probes published it;
+    """The governor's state (mover/engines/governor/throttle.py), as the process that probes published it;
     None for a migration never governed. A row nobody has probed for a while is idle: its
     process stopped (or died) and nothing is governed now."""
     row = throttle_row.get(cur, m.id)
@@ -316,8 +317,8 @@ def sample_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
                 own[key] = own[key] + sum(x[key] for x in each)
             own["waiting_for"] = sorted({*own["waiting_for"], *(w for x in each for w in x["waiting_for"])})
             return own
-    pending_fwd, lag_fwd = capture.pending(cur, m.id, reverse=False)
-    pending_rev, lag_rev = capture.pending(cur, m.id, reverse=True)
+    pending_fwd, lag_fwd = changelog.pending(cur, m.id, reverse=False)
+    pending_rev, lag_rev = changelog.pending(cur, m.id, reverse=True)
     workers, range_rows, waiting = _workers(cur, m)
     return {"step": m.step, "backfill_rows": ranges.state(cur, m.id, "backfill")["rows"],
             "reconcile_rows": ranges.state(cur, m.id, "reconcile")["rows"],

@@ -125,7 +125,7 @@ def where(dsn) -> tuple[str, int, bool]:
 
 
 # With logical capture, also the feeder's points: in its transaction, after its commit, after the
-# slot's advance (mover/engines/logical.py), wherever the log is fed (the backfill's applier, drains).
+# slot's advance (mover/engines/capture/logical.py), wherever the log is fed (the backfill's applier, drains).
 FEED_POINTS = ["feed:inserted", "feed:committed", "feed:advanced"]
 
 

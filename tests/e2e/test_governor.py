@@ -1,4 +1,4 @@
-"""The governor end to end (mover/engines/throttle.py): an application burst in the middle of the
+"""The governor end to end (mover/engines/governor/throttle.py): an application burst in the middle of the
 backfill throttles it (status and events say so, its ranges shrink) and it resumes after; a
 stalled replication slot makes mover wait before the slot's limit, with the helper workers of
 another process held by the same decision, and the slot is never invalidated; at the floor mover
@@ -22,7 +22,7 @@ from rich.console import Console
 
 from mover import api
 from mover.demo.embedded import EmbeddedPostgres
-from mover.engines import pacing
+from mover.engines.governor import pacing
 from mover.views import watch as watch_view
 from tests.workload import (
     AppWriter,

@@ -1,4 +1,4 @@
-"""Lock discipline (mover/engines/lockwatch.py) with real sessions: a blocking transaction is named in
+"""Lock discipline (mover/engines/swap/lockwatch.py) with real sessions: a blocking transaction is named in
 the output and the status; with terminate_blockers it is ended and reported; autovacuum is paused
 for the locked transaction and its setting comes back, also after a kill -9."""
 
@@ -202,7 +202,7 @@ def test_one_lock_timeout_bounds_all_the_locks_of_an_attempt(db_dsn):
     server's deadlock_timeout."""
     import threading
 
-    from mover.engines import lockwatch
+    from mover.engines.swap import lockwatch
     from mover.names import QualifiedName
     sql(db_dsn, "CREATE TABLE first_t (id int); CREATE TABLE second_t (id int)")
     holder_first = psycopg.connect(db_dsn)

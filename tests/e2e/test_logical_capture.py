@@ -1,5 +1,5 @@
 """Logical capture ([capture] method = "logical"): the source's changes read from the WAL through
-mover's replication slot into the change log (mover/engines/logical.py). kill -9 at the feeder's
+mover's replication slot into the change log (mover/engines/capture/logical.py). kill -9 at the feeder's
 points and inside the swap, then resume; the slot's creation waiting for running transactions; a
 difference that is only feeder lag never becomes a divergence; a lost slot stops the migration and
 `mover recapture` recovers; nothing that keeps WAL is left behind a crash. Judged by the writer's
@@ -220,7 +220,7 @@ def test_a_range_whose_differences_settle_does_not_read_the_slot_again_before_it
     (each read decodes again from the slot's restart point); it feeds there only when a key still
     differs with nothing pending (test_a_change_not_yet_fed_when_reconcile_reads_is_not_a_divergence)."""
     from mover import faults
-    from mover.engines import logical
+    from mover.engines.capture import logical
     assert mover(db_dsn, "run", orders).returncode == 3
     point = faults.point
 
@@ -248,7 +248,7 @@ def test_a_background_feed_reads_the_slot_at_most_every_few_seconds_a_whole_feed
     last read reads nothing (the keys wait in the WAL), unless enough WAL waits; a whole feed (the
     gate's, the cutover's) reads to the end at once."""
     from mover.db import Database
-    from mover.engines import logical
+    from mover.engines.capture import logical
     from mover.runner.lease import leased
     from mover.state import control
     assert mover(db_dsn, "run", orders).returncode == 3

@@ -1,4 +1,4 @@
-"""Old snapshots across the swap (invariant 16, mover/engines/snapshots.py): REPEATABLE READ and
+"""Old snapshots across the swap (invariant 16, mover/engines/swap/snapshots.py): REPEATABLE READ and
 SERIALIZABLE readers whose snapshot could not see the table that takes the name complete are
 waited for before the cutover's and the rollback's lock, named, refused after [cutover]
 snapshot_wait, or terminated with terminate_blockers; never left to read that table by name.
@@ -227,7 +227,7 @@ def test_older_snapshots_are_found_across_wraparound_and_without_pg_read_all_sta
     snapshot older, one 2^31 - 100 ahead finds the reader (a plain comparison of the numbers says
     the opposite for one of them). A role without pg_read_all_stats sees the reader's snapshot but
     not its state: still found, named as such."""
-    from mover.engines import snapshots
+    from mover.engines.swap import snapshots
 
     conn = reader(db_dsn, "REPEATABLE READ")
     sql(db_dsn, "SELECT txid_current()")  # a transaction after the reader's snapshot

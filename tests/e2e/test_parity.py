@@ -7,7 +7,7 @@ import json
 
 import psycopg
 
-from mover.engines import parity as mover_parity
+from mover.engines.swap import parity as mover_parity
 from tests.workload import Writer, assert_oracle, create_orders, cutover_with_change_before_lock, mover, plan_file
 
 METADATA = """
@@ -196,7 +196,7 @@ CREATE VIEW orders_paid AS SELECT id, amount FROM "Orders" WHERE status = 'paid'
 
 def test_what_the_swap_moves_is_compared_too(db_dsn, tmp_path):
     """Triggers, policies, views, inbound foreign keys and a unique constraint (moved by the swap,
-    mover/engines/carry.py) are part of the comparison: the swap's own check passes, and so does
+    mover/engines/swap/carry.py) are part of the comparison: the swap's own check passes, and so does
     `mover parity` after the swap and after the rollback, with no name left different."""
     create_orders(db_dsn, 1_000)
     with psycopg.connect(db_dsn, autocommit=True) as conn:

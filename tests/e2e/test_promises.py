@@ -319,7 +319,7 @@ def test_unique_non_primary_key_index_as_the_key_under_a_writer(db_dsn, tmp_path
     assert writer.errors == []
     assert writer.ops > 50
     assert column_type(db_dsn, "Orders", "id") == "bigint"
-    # Still no primary key; every index under the name it had before the swap (mover/engines/carry.py).
+    # Still no primary key; every index under the name it had before the swap (mover/engines/swap/carry.py).
     indexes = dict(sql(db_dsn, """SELECT indexrelid::regclass::text, indisunique::text || indisprimary::text
                                   FROM pg_index WHERE indrelid = '"Orders"'::regclass"""))
     assert indexes == {'"Orders id"': "truefalse", '"Orders account id"': "truefalse",

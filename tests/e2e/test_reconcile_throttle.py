@@ -1,5 +1,5 @@
 """Reconcile reads both whole tables, so it obeys the same throttle as the backfill
-(mover/engines/throttle.py): `mover pause`, its own rows/s cap, and replica lag; and `mover worker`
+(mover/engines/governor/throttle.py): `mover pause`, its own rows/s cap, and replica lag; and `mover worker`
 helps with its ranges as with the backfill's."""
 
 from __future__ import annotations

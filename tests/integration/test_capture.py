@@ -153,7 +153,7 @@ def test_replay_into_an_unanalyzed_partitioned_target_is_driven_by_the_keys(db_d
 
     from mover import names
     from mover.db import Database
-    from mover.engines import capture
+    from mover.engines.capture import changelog
     from mover.engines.context import Context
     from mover.sql import capture as q
     from mover.state import control
@@ -186,14 +186,14 @@ def test_replay_into_an_unanalyzed_partitioned_target_is_driven_by_the_keys(db_d
             before = settings(cur)
             m = ctx.mapping(cur)
             assert m.dst_partition == ("created_at",)
-            saved = capture._drive_by_keys(cur, m)
+            saved = changelog._drive_by_keys(cur, m)
             replay = q.replay(m, names.change_log(ctx.mid, False), covered=sql.SQL("true"), skip_locked=True)
-            cur.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + replay, {"limit": capture.BATCH})
+            cur.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + replay, {"limit": changelog.BATCH})
             plan_text = str(cur.fetchone()[0])
             cur.execute("SELECT current_setting('jit')")
             jit = cur.fetchone()[0]
-            capture._put_back(cur, saved)
-            applied = capture.apply_batch(cur, ctx, m, reverse=False, backfill_done=True)
+            changelog._put_back(cur, saved)
+            applied = changelog.apply_batch(cur, ctx, m, reverse=False, backfill_done=True)
             return plan_text, jit, applied, before, settings(cur)
 
         plan_text, jit, applied, before, after = db.transaction(apply)
@@ -212,7 +212,7 @@ def _replay_alone(db_dsn: str, source: str, target: str, keys: list[tuple[str, .
     """replay_set of `keys` from `source` into `target` in one transaction, counting its statements;
     then whether the two tables hold the same rows (EXCEPT ALL both ways)."""
     from mover.catalog import conversion, introspect
-    from mover.engines import capture
+    from mover.engines.capture import changelog
     from mover.names import QualifiedName
 
     statements: list[object] = []
@@ -226,7 +226,7 @@ def _replay_alone(db_dsn: str, source: str, target: str, keys: list[tuple[str, .
         m = conversion.mapping(introspect.describe(cur, QualifiedName("public", source)),
                                introspect.describe(cur, QualifiedName("public", target)), key)
         statements.clear()
-        failed = capture.replay_set(cur, m, keys)
+        failed = changelog.replay_set(cur, m, keys)
         conn.commit()
         differ = [cur.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) d").fetchone()[0]
                   for a, b in ((source, target), (target, source))]

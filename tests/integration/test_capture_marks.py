@@ -1,4 +1,4 @@
-"""Capture integrity's catalog reading (invariant 14, mover/engines/integrity.py): the PostgreSQL
+"""Capture integrity's catalog reading (invariant 14, mover/engines/capture/integrity.py): the PostgreSQL
 behaviour it rests on (every ALTER of a trigger's pg_trigger row writes a new xmin; no-op ENABLE
 ALWAYS, freezing, VACUUM FULL, renames and column changes do not), checked on this server with
 mover's own probe and the marks its install records; and what each state is called."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import psycopg
 
-from mover.engines import integrity
+from mover.engines.capture import integrity
 from mover.sql import capture as q
 from tests.workload import mover, plan_file
 

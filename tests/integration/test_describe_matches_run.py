@@ -12,7 +12,8 @@ from psycopg import sql
 
 from mover import steps
 from mover.db import Database
-from mover.engines import cutover, logical
+from mover.engines.capture import logical
+from mover.engines.swap import cutover
 from mover.plan import load_plan
 from mover.runner import lifecycle, register
 from mover.runner.lease import leased
@@ -31,7 +32,7 @@ class Recording(psycopg.Cursor):
         return super().execute(query, params, **kwargs)
 
 
-# The lock discipline's autovacuum pause and its restore (mover/engines/lockwatch.py) wrap each locked
+# The lock discipline's autovacuum pause and its restore (mover/engines/swap/lockwatch.py) wrap each locked
 # step rather than belong to it: plan check says so in a comment, not statement by statement.
 AUTOVACUUM_PAUSE = re.compile(r"ALTER TABLE \S+ (SET|RESET) \(autovacuum_enabled")
 # The conversion probe's table (mover/catalog/conversion.py probe), made in a savepoint that is rolled
@@ -114,7 +115,7 @@ def test_abort_runs_what_it_lists(db_dsn, tmp_path, method):
                                                                        for s in cutover.abort_sql(cur, ctx)]))
             Recording.sent = []
             lifecycle.abort(ctx)
-            # Its LOCK TABLE statements first, one per relation (mover/engines/lockwatch.py lock_all),
+            # Its LOCK TABLE statements first, one per relation (mover/engines/swap/lockwatch.py lock_all),
             # as the rollback's.
             ran = [s for s in ddl_only(Recording.sent) if not s.startswith("LOCK")]
             assert ran == want and any(s.startswith("DROP TABLE") for s in want)
@@ -140,7 +141,7 @@ CREATE MATERIALIZED VIEW orders_mv AS SELECT count(*) AS n FROM "Orders";
 
 @METHODS
 def test_cutover_and_rollback_with_dependents_run_what_they_describe(db_dsn, tmp_path, method):
-    """The statements that move the dependents (mover/engines/carry.py) are the ones plan check lists."""
+    """The statements that move the dependents (mover/engines/swap/carry.py) are the ones plan check lists."""
     db, m = _setup(db_dsn, tmp_path, "orders_dependents", DEPENDENTS, method=method)
     try:
         with leased(db, m, control.new_owner_id()) as ctx:

@@ -1,4 +1,4 @@
-"""A family's logs are replayed by one statement (mover/engines/capture.py apply_family_batch): the
+"""A family's logs are replayed by one statement (mover/engines/capture/changelog.py apply_family_batch): the
 foreign keys between the targets are checked at its end, against the sources' state of one
 snapshot. A batch of each log that is not a cut the keys hold (a child's row in it, its new
 parent's beyond it; a parent's delete in it, its child's beyond it) is replayed again with every
@@ -11,7 +11,7 @@ import pytest
 
 from mover import api
 from mover.db import Database
-from mover.engines import capture
+from mover.engines.capture import changelog
 from mover.engines.context import Context
 from mover.errors import PlanError, Waiting
 from mover.state import control
@@ -50,11 +50,11 @@ def at_gate(db_dsn, tmp_path):
     return db_dsn
 
 
-def replay(dsn: str, limit: int) -> capture.Applied:
+def replay(dsn: str, limit: int) -> changelog.Applied:
     db = Database(dsn)
     try:
         ctx = Context(db=db, migration=db.transaction(lambda cur: control.get(cur, "fam")), owner="test")
-        return db.transaction(lambda cur: capture.apply_family_batch(cur, ctx, reverse=False, limit=limit))
+        return db.transaction(lambda cur: changelog.apply_family_batch(cur, ctx, reverse=False, limit=limit))
     finally:
         db.close()
 

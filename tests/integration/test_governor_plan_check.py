@@ -1,4 +1,4 @@
-"""What `mover plan check` says of the governor (mover/engines/throttle.py describe, from the
+"""What `mover plan check` says of the governor (mover/engines/governor/throttle.py describe, from the
 server's views now, judged by the governor's own functions) and the backfill's preflight (the
 space the target takes and the WAL the backfill writes). An archiver that fails is read from a
 real server's pg_stat_archiver and named as the guard that would hold mover at its first range."""
@@ -73,7 +73,7 @@ def test_plan_check_says_whether_the_backfills_wal_finds_segments_ready(db_dsn, 
     """pg_wal's segments past the one being written, counted independently, against what the
     backfill needs: enough, or how many are new files; a role without pg_monitor is told what it
     cannot read, and its transaction goes on."""
-    from mover.engines import backfill
+    from mover.engines.bulk import backfill
 
     create_orders(db_dsn, 20_000)
     counted = "SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'" \

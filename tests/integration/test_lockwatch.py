@@ -1,11 +1,11 @@
-"""mover/engines/lockwatch.py against real sessions: the tables whose foreign keys reference the migrated
+"""mover/engines/swap/lockwatch.py against real sessions: the tables whose foreign keys reference the migrated
 one are found, and a session holding a lock on any watched table is named."""
 
 from __future__ import annotations
 
 import psycopg
 
-from mover.engines import lockwatch
+from mover.engines.swap import lockwatch
 from mover.names import QualifiedName
 
 

@@ -302,7 +302,7 @@ CASES = [
          setup=INVOICES + "; ALTER TABLE invoices DROP CONSTRAINT invoices_customer_id_fkey;"
                           " ALTER TABLE invoices ADD CONSTRAINT invoices_customer_id_fkey FOREIGN KEY (customer_id)"
                           " REFERENCES customers NOT VALID", also_run=True),
-    # The swap carries the foreign key (mover/engines/carry.py): plan check tries that DDL on the rehearsed target.
+    # The swap carries the foreign key (mover/engines/swap/carry.py): plan check tries that DDL on the rehearsed target.
     Case("foreign-key-the-new-type-cannot-carry", plan_toml(source="invoices", columns={"customer_id": "text"}),
          ["[target] columns", 'column "customer_id" cannot become \'text\'', "invoices_customer_id_fkey",
           "incompatible types"], setup=INVOICES, also_run=True),
@@ -337,7 +337,7 @@ def test_bad_plan_exits_2_and_changes_nothing(db, tmp_path, case):
 
 
 # ---------------------------------------------------------------------------------------------
-# Dependents the swap carries over (mover/engines/carry.py): once refused here, now accepted, and plan
+# Dependents the swap carries over (mover/engines/swap/carry.py): once refused here, now accepted, and plan
 # check prints the statements that move each one at the swap.
 
 CARRIED = [

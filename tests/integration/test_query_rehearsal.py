@@ -1,4 +1,4 @@
-"""The query rehearsal's engine (mover/engines/query_rehearsal.py) on statements given to it, as
+"""The query rehearsal's engine (mover/engines/swap/query_rehearsal.py) on statements given to it, as
 pg_stat_statements would record them: no pg_stat_statements needed, so it runs on every server
 version the suite covers, and both ways of planning a generic plan where the server has both
 (EXPLAIN (GENERIC_PLAN) from 16; PREPARE + EXPLAIN EXECUTE on all).
@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from mover.db import Database
-from mover.engines import query_rehearsal as qr
+from mover.engines.swap import query_rehearsal as qr
 from mover.errors import BadInput
 from mover.names import QualifiedName
 

@@ -1,4 +1,4 @@
-"""Threads that fail (mover/threads.py, mover/engines/rangework.py): an error in a backfill
+"""Threads that fail (mover/threads.py, mover/engines/bulk/rangework.py): an error in a backfill
 worker thread, in the applier beside the workers, or in a heartbeat's beat reaches the
 orchestrator and fails the step with that error, never vanishes, and never passes for a stop the
 operator asked for; the step is resumable afterwards."""
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from mover import api
-from mover.engines import capture
+from mover.engines.capture import changelog
 from mover.state import ranges
 from mover.state.heartbeat import Heartbeat
 from tests.workload import create_orders, differences, write_plan
@@ -75,7 +75,7 @@ def test_a_worker_threads_error_fails_the_backfill_with_that_error(db_dsn, at_ba
 
 
 def test_an_applier_error_fails_the_backfill_with_that_error(db_dsn, at_backfill, monkeypatch):
-    drain, work = capture.drain, ranges.work
+    drain, work = changelog.drain, ranges.work
     broke = threading.Event()
 
     def failing_drain(*args, **kwargs):
@@ -88,12 +88,12 @@ def test_an_applier_error_fails_the_backfill_with_that_error(db_dsn, at_backfill
         assert broke.wait(60)  # no range is copied before the applier has failed
         return work(*args, **kwargs)
 
-    monkeypatch.setattr(capture, "drain", failing_drain)
+    monkeypatch.setattr(changelog, "drain", failing_drain)
     monkeypatch.setattr(ranges, "work", late_work)
     with pytest.raises(RuntimeError, match="applier broke"):
         api.run(db_dsn, "threads", one_step=True)
     _failed_with(db_dsn, "applier broke")
-    monkeypatch.setattr(capture, "drain", drain)
+    monkeypatch.setattr(changelog, "drain", drain)
     monkeypatch.setattr(ranges, "work", work)
     _resumes(db_dsn)
 

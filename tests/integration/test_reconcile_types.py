@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from mover.catalog import conversion, introspect
-from mover.engines import reconcile
+from mover.engines.bulk import reconcile
 from mover.names import QualifiedName
 from mover.sql import compare
 
@@ -158,7 +158,7 @@ def compare_all(cur, spec):
 
 def with_columns(cur, spec, diffs):
     """The wide form's range statement leaves a differing row's columns to a re-check of its key
-    (as mover/engines/reconcile.py asks it, in the range's transaction): filled in from one."""
+    (as mover/engines/bulk/reconcile.py asks it, in the range's transaction): filled in from one."""
     unnamed = [d["key"] for d in diffs if d["kind"] == "different" and d["columns"] is None]
     if not unnamed:
         return diffs

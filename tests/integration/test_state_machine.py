@@ -12,7 +12,7 @@ import pytest
 
 from mover import api, steps
 from mover.db import Database
-from mover.engines import capture
+from mover.engines.capture import changelog
 from mover.errors import BadInput, LeaseLost, Waiting
 from mover.state import control
 from tests.workload import create_orders, plan_text, write_plan
@@ -154,7 +154,7 @@ def test_a_takeover_ends_the_stale_holder_of_the_applier_lock(db_dsn, tmp_path):
     try:
         m = db.transaction(lambda cur: control.get(cur, "orders_sm"))
         db.transaction(lambda cur: control.acquire_lease(cur, m, "stalled"))
-        capture.lock_applier(stalled.cursor(), m.id, False)  # its batch, never committed
+        changelog.lock_applier(stalled.cursor(), m.id, False)  # its batch, never committed
         stalled_pid = stalled.info.backend_pid
         db.transaction(lambda cur: cur.execute(
             "UPDATE mover.migrations SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = %s",
@@ -167,7 +167,7 @@ def test_a_takeover_ends_the_stale_holder_of_the_applier_lock(db_dsn, tmp_path):
         with pytest.raises(psycopg.OperationalError):
             stalled.execute("SELECT 1")
         # The lock is free again: a batch gets it.
-        assert db.transaction(lambda cur: capture._lock_applier(cur, m.id, False, wait=False))
+        assert db.transaction(lambda cur: changelog._lock_applier(cur, m.id, False, wait=False))
         # A takeover from nobody, or of one's own lease, ends nothing.
         db.transaction(lambda cur: control.acquire_lease(cur, m, "taker"))
     finally:

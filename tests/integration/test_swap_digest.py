@@ -1,4 +1,4 @@
-"""The digest the swap checks under its lock (mover/engines/carry.py SWAP_INPUTS) against the real
+"""The digest the swap checks under its lock (mover/engines/swap/carry.py SWAP_INPUTS) against the real
 catalog: it changes with each kind of object the swap's statements and the parity description
 of the live table (read before the lock) are built from, and not with what they do not read
 (vacuum, analyze, the autovacuum setting mover pauses around the lock)."""
@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mover.engines import carry
+from mover.engines.swap import carry
 from mover.names import QualifiedName
 
 SETUP = """

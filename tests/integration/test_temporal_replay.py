@@ -19,7 +19,7 @@ def test_a_booking_moved_into_a_period_another_left_is_replayed_with_it_under_a_
     not also a unique index compared by equality; replaying booking 1 alone pulls the chain in and
     the target then equals the source."""
     from mover.catalog import conversion, introspect
-    from mover.engines import capture
+    from mover.engines.capture import changelog
     from mover.names import QualifiedName
 
     require_temporal(db_dsn)
@@ -37,7 +37,7 @@ def test_a_booking_moved_into_a_period_another_left_is_replayed_with_it_under_a_
         with conn.cursor() as cur:
             m = conversion.mapping(introspect.describe(cur, QualifiedName("public", "booking")),
                                    introspect.describe(cur, QualifiedName("public", "booking_new")), ("id",))
-            conflicts = capture._conflicts(cur, m)
+            conflicts = changelog._conflicts(cur, m)
     assert conflicts.unique == ()
     assert [x.operators for x in conflicts.exclusions] == [(("pg_catalog", "="), ("pg_catalog", "&&"))]
     failed, _, differ = _replay_alone(db_dsn, "booking", "booking_new", [("1",)], ("id",))

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg import errors as e
 
-from mover.engines import backfill
+from mover.engines.bulk import backfill
 from mover.errors import Failed
 from mover.state import ranges
 

@@ -1,6 +1,6 @@
-"""The governor's arithmetic without a database (mover/engines/pacing.py): the budget, the duty's
+"""The governor's arithmetic without a database (mover/engines/governor/pacing.py): the budget, the duty's
 controller over a run of readings, the floor, the guards' verdicts over readings of standbys,
-slots and the archiver, and how a loop applies a duty (mover/engines/throttle.py Throttle)."""
+slots and the archiver, and how a loop applies a duty (mover/engines/governor/throttle.py Throttle)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mover.engines import pacing, signals, throttle
-from mover.engines.logical import SlotHealth
-from mover.engines.pacing import Archiver, Decision, Limits, Slot, Standby, decide
+from mover.engines.capture.logical import SlotHealth
+from mover.engines.governor import pacing, signals, throttle
+from mover.engines.governor.pacing import Archiver, Decision, Limits, Slot, Standby, decide
 from mover.plan import parse_plan, plan_from_canonical, to_document
 
 GB, MB = 1024**3, 1024**2

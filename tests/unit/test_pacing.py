@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mover.engines import throttle
-from mover.engines.backfill import limits, next_range_rows
+from mover.engines.bulk.backfill import limits, next_range_rows
+from mover.engines.governor import throttle
 from mover.plan import BackfillSettings
 
 
@@ -58,7 +58,7 @@ def test_pace_waits_out_the_rest_of_the_cap():
 
 
 def test_the_gate_before_a_range_waits_while_paused_else_sizes_the_range():
-    # The one question the range loop asks before each claim (mover/engines/rangework.py).
+    # The one question the range loop asks before each claim (mover/engines/bulk/rangework.py).
     capped = Throttle(BackfillSettings(target_range_ms=500, max_rows_per_second=4_000))
     paused = capped.gate(paused=True, hint=50_000)
     assert (paused.wait, paused.seconds > 0, paused.rows) == ("paused (mover unpause)", True, 0)

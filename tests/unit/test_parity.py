@@ -1,10 +1,10 @@
-"""mover/engines/parity.py's pure part: two descriptions compared, each difference planned, accepted or not."""
+"""mover/engines/swap/parity.py's pure part: two descriptions compared, each difference planned, accepted or not."""
 
 from __future__ import annotations
 
 import copy
 
-from mover.engines import parity
+from mover.engines.swap import parity
 from tests.unit.test_shape import BASE
 
 META = {
@@ -26,7 +26,7 @@ META = {
     "rules": {}, "policies": {}, "views": ["public.orders_view"], "referenced_by": {},
 }
 DESC = {**copy.deepcopy(BASE), "metadata": META}
-# The new table's names for the source's indexes (mover/steps/create_target.py, mover/engines/backfill.py).
+# The new table's names for the source's indexes (mover/steps/create_target.py, mover/engines/bulk/backfill.py).
 RENAMES = {"orders_new_pkey": "orders_pkey", "orders_qty_m1": "orders_qty"}
 
 

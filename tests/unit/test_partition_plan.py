@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from mover.engines import partitions
+from mover.engines.partitioning import partitions
 from mover.errors import PlanError
 from mover.plan import parse_plan, plan_from_canonical, to_document
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mover import pgoutput as p
+from mover.engines.capture import pgoutput as p
 
 FIXTURES = json.loads(Path(__file__).with_name("pgoutput_messages.json").read_text())
 
@@ -135,7 +135,7 @@ def test_lsn_text_round_trip():
 
 
 def _decode(case: str, key=("id",), after=None, source=None):
-    from mover.engines.logical import _Decoder
+    from mover.engines.capture.logical import _Decoder
     ms = [bytes.fromhex(m) for m in FIXTURES["cases"][case]["messages"]]
     rel = next(m for m in map(p.parse, ms) if isinstance(m, p.Relation))
     d = _Decoder(source or rel.relid, key, "utf-8", after)
@@ -154,7 +154,7 @@ def test_the_feeders_decoder_skips_transactions_fed_already_and_stops_on_what_it
     # TRUNCATE t, full_t: each table's Relation, then one Truncate naming both.
     with pytest.raises(Failed, match="not of the source"):
         _decode("truncate")
-    from mover.engines.logical import _Decoder
+    from mover.engines.capture.logical import _Decoder
     begin, rel, _, trunc, _ = FIXTURES["cases"]["truncate"]["messages"]
     d = _Decoder(p.parse(bytes.fromhex(rel)).relid, ("id",), "utf-8", None)
     d.keys(bytes.fromhex(begin))

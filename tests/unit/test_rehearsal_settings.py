@@ -4,7 +4,7 @@ document of a plan that does not use them as they were (plans registered before 
 
 from __future__ import annotations
 
-from mover.engines.query_rehearsal import Settings, describe
+from mover.engines.swap.query_rehearsal import Settings, describe
 from mover.errors import PlanError
 from mover.plan import SETTABLE, parse_plan, plan_from_canonical, to_document
 

@@ -1,10 +1,10 @@
-"""What the query rehearsal reads of a plan (mover/engines/query_rehearsal.py `shape`) and how it
+"""What the query rehearsal reads of a plan (mover/engines/swap/query_rehearsal.py `shape`) and how it
 judges two plans of one statement (`verdict`), on EXPLAIN (FORMAT JSON, VERBOSE) output as the
 server prints it."""
 
 from __future__ import annotations
 
-from mover.engines.query_rehearsal import CHANGED, COST_UP, SAME, SEQ_SCAN, PlanShape, Scan, shape, verdict
+from mover.engines.swap.query_rehearsal import CHANGED, COST_UP, SAME, SEQ_SCAN, PlanShape, Scan, shape, verdict
 from mover.names import QualifiedName
 
 SOURCE = QualifiedName("public", "orders")

@@ -13,7 +13,7 @@ from psycopg import errors as e
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_none
 
 from mover import checks, cli, db
-from mover.engines import throttle
+from mover.engines.governor import throttle
 from mover.errors import BadInput, Failed, Interrupted, LeaseHeld, LeaseLost, NotFound, PlanError, Waiting
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from mover.catalog.introspect import Index
-from mover.engines import lockwatch
+from mover.engines.swap import lockwatch
 from mover.names import QualifiedName
 from mover.sql import capture, casts, compare, copy, ddl, mapping
 from mover.sql.mapping import MappedColumn, Mapping
@@ -236,7 +236,7 @@ def test_metadata_builders_quote_every_name():
 
 
 def test_swap_partner_index_names_and_validation_are_quoted():
-    from mover.engines import carry
+    from mover.engines.swap import carry
     # The key's partner is the target's key index; every other index's is its _m<ID> build name.
     assert carry.partner_index(7, DST, "Order Items_pkey", "Order Items_pkey", True) == "Order Items_new_pkey"
     assert carry.partner_index(7, DST, "by id", "by id", False) == "Order Items_new_key"

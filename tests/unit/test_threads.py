@@ -1,5 +1,5 @@
 """The one way mover runs threads (mover/threads.py) and the range workers' pool
-(mover/engines/rangework.py run_workers), without a database: an error in any thread reaches
+(mover/engines/bulk/rangework.py run_workers), without a database: an error in any thread reaches
 the thread that waits for them, and it is the error that set things off, not the stop it caused."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from mover import threads
-from mover.engines import rangework
+from mover.engines.bulk import rangework
 from mover.errors import Interrupted
 
 

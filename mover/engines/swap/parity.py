@@ -9,8 +9,8 @@ when mover makes it on purpose (the names the new table's indexes take), "accept
 operator listed it in `[cutover] accept_parity`, and otherwise unplanned.
 
 Where it runs:
-- the swap (mover/engines/cutover.py): the live table described before the lock, with the swap's
-  statements (under the lock only a digest of what that read is checked, mover/engines/carry.py), and
+- the swap (mover/engines/swap/cutover.py): the live table described before the lock, with the swap's
+  statements (under the lock only a digest of what that read is checked, mover/engines/swap/carry.py), and
   the table that carries its name after the DDL, inside the locked transaction; an unplanned difference rolls the swap
   back (exit 3) - nothing is swapped across a lost grant or publication;
 - `mover parity NAME`: before the swap, the two tables modulo the planned changes and what the
@@ -27,7 +27,7 @@ import psycopg
 
 from mover import names
 from mover.catalog import introspect, reading, shape
-from mover.engines.backfill import deferred_index_name
+from mover.engines.bulk.backfill import deferred_index_name
 from mover.errors import BadInput, Waiting
 from mover.plan import Plan
 from mover.state import control
@@ -42,7 +42,7 @@ SELECT jsonb_build_object(
     'owner', pg_get_userbyid(c.relowner),
     'comment', obj_description(c.oid, 'pg_class'),
     -- autovacuum_enabled is left out: mover turns it off around each lock attempt and restores
-    -- it after (mover/engines/lockwatch.py), so a description taken under the lock reads mover's own value.
+    -- it after (mover/engines/swap/lockwatch.py), so a description taken under the lock reads mover's own value.
     'reloptions', to_jsonb(coalesce(ARRAY(SELECT o FROM unnest(c.reloptions) o
                                           WHERE split_part(o, '=', 1) <> 'autovacuum_enabled'), '{}')),
     'row_security', c.relrowsecurity,
@@ -203,8 +203,8 @@ class Planned:
         return bool(self.partition_columns)
 
 
-# Aspects the swap transaction makes or moves (mover/engines/cutover.py, mover/engines/carry.py,
-# mover/engines/metadata.py): before the swap the new table lacks them on purpose.
+# Aspects the swap transaction makes or moves (mover/engines/swap/cutover.py, mover/engines/swap/carry.py,
+# mover/engines/swap/metadata.py): before the swap the new table lacks them on purpose.
 SWAP_MADE = frozenset({"publication", "constraint", "trigger", "rule", "policy", "view", "referenced_by"})
 # ... and what it sets, whatever the new table has before.
 SWAP_SET = frozenset({"replica_identity", "replica_identity_index", "statistics_name", "row_security"})
@@ -317,7 +317,7 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
     b_con, a_con = before["constraints"], {rn.get(k, k): v for k, v in after["constraints"].items()}
     for name in sorted(b_con.keys() | a_con.keys()):
         # Validation is compared on its own: the swap adds foreign keys NOT VALID and validates
-        # them after the lock is released (mover/engines/carry.py).
+        # them after the lock is released (mover/engines/swap/carry.py).
         bd, ad = (_valid_text((b_con.get(name) or {}).get("definition")),
                   _valid_text((a_con.get(name) or {}).get("definition")))
         same("constraint", name, bd, ad)
@@ -399,7 +399,7 @@ def _compare_statistics(before: dict[str, Any], after: dict[str, Any]) -> list[D
 
 def renames(mid: int, source_desc: dict[str, Any], target_name: str, key_index: str) -> dict[str, str]:
     """The names the new table's indexes and key take (mover/steps/create_target.py,
-    mover/engines/backfill.py), mapped to the source's names they stand for."""
+    mover/engines/bulk/backfill.py), mapped to the source's names they stand for."""
     out: dict[str, str] = {}
     for ix_name, ix in source_desc["indexes"].items():
         if ix_name == key_index:

@@ -44,8 +44,8 @@ from psycopg import sql
 from mover import faults
 from mover.catalog import introspect
 from mover.db import Database, bind, is_connection_lost, is_retryable, one
-from mover.engines import carry
 from mover.engines.context import Context
+from mover.engines.swap import carry
 from mover.errors import BadInput, Waiting
 from mover.names import QualifiedName, display_ident
 from mover.plan import Plan

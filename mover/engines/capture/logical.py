@@ -4,7 +4,7 @@ of a trigger in the application's transactions, fed into the same change log.
 A *feeder* reads the changes of mover's replication slot (pgoutput, through a publication of the
 source only, with the SQL functions on an ordinary connection), turns each into the rows the
 capture trigger writes (the key; the new key on INSERT and UPDATE, the old one on DELETE and on an
-UPDATE that changes the key: mover/pgoutput.py keys_of) and inserts them into the change log in a
+UPDATE that changes the key: mover/engines/capture/pgoutput.py keys_of) and inserts them into the change log in a
 short transaction of its own; after that commits, it advances the slot. Everything downstream (the
 applier, the backfill's watermark, reconcile's pending keys, repair, the cutover's drain) reads the
 log as it reads the trigger's.
@@ -45,9 +45,9 @@ import psycopg
 from psycopg import sql
 
 from mover import faults, names
-from mover import pgoutput as wire
 from mover.catalog import introspect
 from mover.db import Database, bind, one
+from mover.engines.capture import pgoutput as wire
 from mover.engines.context import Context
 from mover.errors import Failed, PlanError, SlotLost, Waiting
 from mover.names import QualifiedName

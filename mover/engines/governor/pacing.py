@@ -1,4 +1,4 @@
-"""The governor's arithmetic (mover/engines/throttle.py), pure: readings in, decisions out, no I/O
+"""The governor's arithmetic (mover/engines/governor/throttle.py), pure: readings in, decisions out, no I/O
 and no clock of its own (time is an argument), so that every rule is a unit test
 (tests/unit/test_governor.py).
 

@@ -28,8 +28,9 @@ from psycopg import sql
 from mover import faults, names
 from mover.catalog import identity, introspect, privileges, shape, subscribers
 from mover.db import one
-from mover.engines import capture, carry, integrity, lockwatch, logical, metadata, parity, snapshots
+from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context
+from mover.engines.swap import carry, lockwatch, metadata, parity, snapshots
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
 from mover.sql import ddl
@@ -80,11 +81,11 @@ def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
             raise combined(refused, hint=f"then `mover cutover {ctx.migration.name}` again")
     ctx.db.transaction(check)
     # Drain outside the lock so the locked transaction has little left to apply.
-    capture.drain(ctx, reverse=False, backfill_done=True)
+    changelog.drain(ctx, reverse=False, backfill_done=True)
     integrity.refuse_forward(ctx)  # invariant 14: capture bypassed, not in force or not compared since: refused
     if ctx.plan.reconcile.before_cutover and last_check is not None:
         # The last check, outside the lock: re-verify every range that received an applied change
-        # since reconcile verified it (mover/engines/reconcile.py). What the lock's own drain applies after
+        # since reconcile verified it (mover/engines/bulk/reconcile.py). What the lock's own drain applies after
         # this is the same state replay whose results this pass has just checked.
         still_open = last_check(ctx)
         if still_open:
@@ -130,12 +131,12 @@ def describe_rows(rows: list[dict[str, Any]]) -> str:
 def retry_unapplied(cur: psycopg.Cursor, ctx: Context, *, reverse: bool) -> list[dict[str, Any]]:
     """Replay again the keys whose replay in this direction failed (the application may have fixed
     the row since); resolve those that now go through. Returns the divergences still open."""
-    capture.lock_applier(cur, ctx.mid, reverse)
+    changelog.lock_applier(cur, ctx.mid, reverse)
     rows = rows_only_on(cur, ctx, "new" if reverse else "original")
     failed_keys = [d for d in rows if d["kind"] == "apply_error"]
     if not failed_keys:
         return rows
-    still = capture.replay_set(cur, ctx.mapping(cur, reverse), [tuple(d["key"]) for d in failed_keys])
+    still = changelog.replay_set(cur, ctx.mapping(cur, reverse), [tuple(d["key"]) for d in failed_keys])
     done = [d["id"] for d in failed_keys if tuple(d["key"]) not in still]
     control.resolve_divergences_as(cur, ctx.mid, done, "repaired", "replayed again and applied", ctx.owner)
     return [d for d in rows if d["id"] not in done]
@@ -292,7 +293,7 @@ def _carry_unvalidated_constraints(cur: psycopg.Cursor, from_table: names.Qualif
 def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list[Statement], carry.Carried]:
     """The DDL of the swap (forward) or the swap back, all of it read from the catalog before any
     of it runs: what `plan check` prints is what the swap executes. The live table gives up the
-    name, its capture and the application's objects (mover/engines/carry.py); the other takes the name,
+    name, its capture and the application's objects (mover/engines/swap/carry.py); the other takes the name,
     the sequences, those objects and the capture the other way."""
     m = ctx.migration
     if forward:
@@ -300,7 +301,7 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
     else:
         live, other, live_renamed = m.source, m.old, m.target
     from_wal = logical.enabled(ctx)  # the forward capture logical: its publication goes, or comes back
-    out: list[Statement] = list(capture.remove_sql(cur, ctx.mid, live, reverse=not forward, logical_capture=from_wal))
+    out: list[Statement] = list(changelog.remove_sql(cur, ctx.mid, live, reverse=not forward, logical_capture=from_wal))
     if forward:
         out += _carry_unvalidated_constraints(cur, m.source, m.target)
     carried = carry.carry_sql(cur, ctx, live, other, m.source, forward=forward)
@@ -311,7 +312,7 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
     out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
     out += _hand_over_sequences(cur, live, other, m.source)
     out += carried.after
-    out += capture.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source,
+    out += changelog.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source,
                                logical_capture=from_wal)
     return out, carried
 
@@ -392,7 +393,7 @@ def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Seque
     for p in prepared:
         p.attempts += 1
     for _ in range(PRE_LOCK_PASSES):
-        if capture.drain(ctx, reverse=False, backfill_done=True).log_rows < PRE_LOCK_ENOUGH:
+        if changelog.drain(ctx, reverse=False, backfill_done=True).log_rows < PRE_LOCK_ENOUGH:
             break
     tables = list(members) or [ctx]
     counts = ctx.db.transaction(lambda cur: [(control.open_divergences(cur, t.mid), integrity.bypassed_note(cur, t.mid))
@@ -402,7 +403,7 @@ def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Seque
             raise Waiting(f"migration {t.migration.name!r} has {n} unresolved divergences; cutover refused{note}",
                           hint=f"see them with `mover divergences {t.migration.name}`")
     # Invariant 16: no transaction whose snapshot predates the last drain meets the new table by name.
-    snapshots.settle(ctx, prepared[0].snapshots, lambda: capture.drain(ctx, reverse=False, backfill_done=True),
+    snapshots.settle(ctx, prepared[0].snapshots, lambda: changelog.drain(ctx, reverse=False, backfill_done=True),
                      what="swap in", retry=f"mover cutover {ctx.migration.name}")
 
 
@@ -414,7 +415,7 @@ def drain_before_swap_back(ctx: Context, prepared: Sequence[Prepared], members: 
     drain, which refuses it (invariant 9)."""
     def drain() -> None:
         for t in members or [ctx]:
-            capture.drain(t, reverse=True, backfill_done=True)
+            changelog.drain(t, reverse=True, backfill_done=True)
     drain()
     snapshots.settle(ctx, prepared[0].snapshots, drain, what="swap back", retry=f"mover {command} {ctx.migration.name}")
 
@@ -422,7 +423,7 @@ def drain_before_swap_back(ctx: Context, prepared: Sequence[Prepared], members: 
 def refuse_rows_only_in_new(ctx: Context, give_up_rows: bool, command: str) -> None:
     """Before the swap back: the reverse log drained, and a refusal before taking the lock when
     rows are known to exist only in the new table (invariant 9)."""
-    capture.drain(ctx, reverse=True, backfill_done=True)
+    changelog.drain(ctx, reverse=True, backfill_done=True)
     left = ctx.db.transaction(lambda cur: retry_unapplied(cur, ctx, reverse=True), label="rollback check")
     if left and not give_up_rows:
         raise refuse_losing(ctx, left, command, "new")
@@ -451,7 +452,7 @@ class Swap:
     def lock(self, relations: Sequence[QualifiedName] | None = None) -> None:
         """The lease, then every lock, one relation at a time in swap_locks' order (lockwatch.lock_all
         names the one waited on): each is waited for under lock_timeout before anything else. A
-        family's swap (mover/engines/family.py) passes the relations of all its tables (to the
+        family's swap (mover/engines/swap/keys.py) passes the relations of all its tables (to the
         first table's Swap; none to the others')."""
         m, cur = self.ctx.migration, self.cur
         control.guard(cur, self.ctx.mid, m.step, self.ctx.owner)
@@ -469,7 +470,7 @@ class Swap:
         """The digest of the catalog rows everything was built from (invariant 7, race 8): equal, the
         shapes checked, the statements and the parity description built before the lock stand.
         `changed`: a family's swap compares one digest of all its tables' catalog rows, read before
-        any of their statements (mover/engines/family.py), and says so."""
+        any of their statements (mover/engines/swap/keys.py), and says so."""
         if changed is None:
             changed = carry.catalog_digest(self.cur, _swap_tables(self.ctx, self.forward)) != self.prepared.digest
         self.rebuilt = changed
@@ -496,7 +497,7 @@ class Swap:
         cannot be applied rolls the whole swap back (forward: Unapplied); swapping back, a row the
         old table still rejects exists only in the new one (invariant 9): refused, or given up.
         `replayed`: a family's swap has replayed every log of its tables already, in one statement
-        (mover/engines/family.py), these changes among them; what is left is the refusal."""
+        (mover/engines/swap/keys.py), these changes among them; what is left is the refusal."""
         cur, ctx = self.cur, self.ctx
         failures: dict[str, Any] = {}
         if replayed is not None:
@@ -511,7 +512,7 @@ class Swap:
                                            logical.Source(self.prepared.oids[0], mapping.key, mapping.src_key_types))
                 faults.point("swap:fed")
             while True:
-                got = capture.apply_batch(cur, ctx, mapping, reverse=not self.forward, backfill_done=True,
+                got = changelog.apply_batch(cur, ctx, mapping, reverse=not self.forward, backfill_done=True,
                                           wait_for_lock=True, limit=DRAIN_BATCH)
                 failures.update(got.failures)
                 self.drained += got.claimed
@@ -597,7 +598,7 @@ class Swap:
 
 def run_locked(ctx: Context, attempt: Callable[[psycopg.Cursor], float], *, forward: bool,
                command: str = "rollback", before_attempt: Callable[[], None] | None = None) -> float:
-    """The swap's transaction under the lock discipline (mover/engines/lockwatch.py: autovacuum
+    """The swap's transaction under the lock discipline (mover/engines/swap/lockwatch.py: autovacuum
     paused, blocking sessions named, lock_timeout, attempts): returns how long the lock was held,
     in ms. The referencing tables and views the swap locks too are watched for blockers as well.
     `before_attempt` runs before each attempt, outside its transaction (drain_before_lock)."""
@@ -623,11 +624,11 @@ def refused(ctx: Context, exc: Unapplied, *, forward: bool, command: str = "roll
     lock to record them as divergences; the refusal to raise."""
     m = ctx.migration
     if forward:
-        capture.drain(ctx, reverse=False, backfill_done=True)
+        changelog.drain(ctx, reverse=False, backfill_done=True)
         return Waiting(f"{len(exc.failures)} changes to {m.source} could not be applied to {m.target} under the "
                        f"cutover's lock ({exc.describe()}); nothing was swapped",
                        hint=f"see `mover divergences {m.name}`; `mover repair {m.name}` once the rows fit")
-    capture.drain(ctx, reverse=True, backfill_done=True)
+    changelog.drain(ctx, reverse=True, backfill_done=True)
     left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
     return refuse_losing(ctx, left or exc.rows, command, "new")
 
@@ -651,8 +652,8 @@ def retire_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     """What retire drops: the reverse capture on the live table, what is left of the forward one,
     and the old table unless [rollback] keep_old (then what would still tie it to the live schema)."""
     m = ctx.migration
-    out: list[Statement] = [*capture.remove_sql(cur, ctx.mid, m.source, reverse=True),
-                            *capture.remove_sql(cur, ctx.mid, None, reverse=False,
+    out: list[Statement] = [*changelog.remove_sql(cur, ctx.mid, m.source, reverse=True),
+                            *changelog.remove_sql(cur, ctx.mid, None, reverse=False,
                                                 logical_capture=logical.enabled(ctx))]
     if not ctx.plan.rollback.keep_old:
         out.append(ddl.drop_table(m.old))
@@ -749,7 +750,7 @@ def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
     m = ctx.migration
     # Under its current name: a source renamed during the migration keeps no capture trigger.
     live = shape.current_name(cur, ctx.mid, "source") or m.source
-    return [*capture.remove_sql(cur, ctx.mid, live, reverse=False, logical_capture=logical.enabled(ctx)),
+    return [*changelog.remove_sql(cur, ctx.mid, live, reverse=False, logical_capture=logical.enabled(ctx)),
             ddl.drop_table(m.target)]
 
 

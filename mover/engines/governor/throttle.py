@@ -1,10 +1,10 @@
 """The one throttle of a migration: the governor that keeps what the application pays for mover's
 bulk work inside a budget, and the WAL and replication guards. Every engine that does bulk work
-asks it: the range loop (mover/engines/rangework.py: backfill and reconcile workers, here and in
+asks it: the range loop (mover/engines/bulk/rangework.py: backfill and reconcile workers, here and in
 `mover worker` processes), the backfill's applier, the index builds and ANALYZE.
 
 How it decides (docs/design.md, "The application barely notices"; the arithmetic is
-mover/engines/pacing.py, what it reads mover/engines/signals.py):
+mover/engines/governor/pacing.py, what it reads mover/engines/governor/signals.py):
 - The signal is the server's, not the application's: a probe, a one-row write and commit on
   mover.throttle every 250 ms on a connection of its own, timed. Its median over the last five
   probes against a budget ([throttle] max_latency_increase over the probe's median before the
@@ -56,8 +56,9 @@ import psycopg
 
 from mover import threads
 from mover.db import Database, bind, connect
-from mover.engines import logical, pacing, signals
+from mover.engines.capture import logical
 from mover.engines.context import Context
+from mover.engines.governor import pacing, signals
 from mover.plan import Plan, percent, plan_from_canonical
 from mover.state import control
 from mover.state import throttle as rows
@@ -472,18 +473,25 @@ def describe(cur: psycopg.Cursor, plan: Plan, mid: int | None = None) -> dict[st
     return {"lines": lines, "wait": wait, "readings": r.as_dict()}
 
 
+def of(ctx: Context) -> Governor | None:
+    """The governor holding ctx's bulk work in this process (governing), or None."""
+    assert ctx.governor is None or isinstance(ctx.governor, Governor)
+    return ctx.governor
+
+
 @contextmanager
 def governing(ctx: Context, phase: str) -> Iterator[Governor]:
     """Govern `phase` of ctx's migration from this process (the orchestrator's bulk work): the
     governor is ctx.governor meanwhile, for every loop the engine starts. Inside another
     phase's governing (the backfill step's copy, then its index builds), the same governor goes
     on with the baseline measured before the step, under the inner phase's name."""
-    if ctx.governor is not None:
-        outer, ctx.governor.phase = ctx.governor.phase, phase
+    held = of(ctx)
+    if held is not None:
+        outer, held.phase = held.phase, phase
         try:
-            yield ctx.governor
+            yield held
         finally:
-            ctx.governor.phase = outer
+            held.phase = outer
         return
     with feeding(ctx) as feed:
         gov = Governor(ctx.db.dsn, ctx.migration, report=ctx.report, feed=feed)

@@ -1,4 +1,4 @@
-"""The rest of a table's metadata, carried to the new table (mover/engines/parity.py checks it arrived).
+"""The rest of a table's metadata, carried to the new table (mover/engines/swap/parity.py checks it arrived).
 
 At create_target (nothing reads the new table yet, so anything that does not depend on its
 indexes): per-column statistics targets, storage and compression of the columns whose type
@@ -27,7 +27,7 @@ from mover.catalog import reading, shape
 from mover.names import QualifiedName
 from mover.sql import ddl
 
-Statement = Any  # sql.Composable, or (Composable, params) as mover/engines/cutover.py executes them
+Statement = Any  # sql.Composable, or (Composable, params) as mover/engines/swap/cutover.py executes them
 
 
 def _statistics(cur: psycopg.Cursor, oid: int) -> list[tuple[str, list[str], str, int | None, str | None]]:
@@ -129,7 +129,7 @@ def _replica_identity(cur: psycopg.Cursor, live_oid: int, other_oid: int, other:
 
 def _swap_statistics_names(cur: psycopg.Cursor, live_oid: int, other_oid: int) -> list[Statement]:
     """Extended statistics matched by definition exchange names (through a parking name, as
-    sequences do in mover/engines/cutover.py): statements and tools that name them keep working."""
+    sequences do in mover/engines/swap/cutover.py): statements and tools that name them keep working."""
     rows = reading.read(
         cur, "SELECT s.stxrelid, n.nspname, s.stxname, pg_get_statisticsobjdef_columns(s.oid), s.stxkind::text"
              " FROM pg_statistic_ext s JOIN pg_namespace n ON n.oid = s.stxnamespace"

@@ -28,7 +28,7 @@ from mover import names
 from mover.catalog import family as family_catalog
 from mover.catalog import introspect, privileges, reading
 from mover.db import one
-from mover.engines import integrity, logical
+from mover.engines.capture import integrity, logical
 from mover.engines.context import Context
 from mover.errors import PlanError
 from mover.sql import capture as q
@@ -63,7 +63,7 @@ def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: 
     """The statements that start capturing `table` into migration `mid`'s log (`table` read from
     the catalog now, the trigger created on `renamed` when a swap renames it first). With
     `logical_capture` (forward only: the reverse direction always uses the trigger), no row
-    trigger: mover/engines/logical.py feeds the log from the replication slot that logical.prepare()
+    trigger: mover/engines/capture/logical.py feeds the log from the replication slot that logical.prepare()
     made before this transaction, and the TRUNCATE trigger alone stays, refusing a TRUNCATE."""
     info = introspect.describe(cur, table)
     table = renamed or table
@@ -156,7 +156,7 @@ def remove_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None,
         stmts += [q.drop_trigger(trigger, table), q.drop_trigger(q.truncate_trigger(trigger), table)]
     stmts += [q.drop_function(names.capture_function(mid, reverse)), q.drop_table(names.change_log(mid, reverse))]
     if not reverse:
-        # Reconcile's notes of applied keys (mover/engines/reconcile.py) live and die with the forward log;
+        # Reconcile's notes of applied keys (mover/engines/bulk/reconcile.py) live and die with the forward log;
         # the log's drop took their trigger with it.
         stmts += [q.drop_table(names.applied_notes(mid)), q.drop_function(names.notes_function(mid))]
         if logical_capture:
@@ -267,7 +267,7 @@ def apply_batch(cur: psycopg.Cursor, ctx: Context, m: Mapping, *, reverse: bool,
 
 # ---------------------------------------------------------------------------------------------
 # A family's logs (issue 27), replayed together. The foreign keys between a family's tables are on
-# both sides (mover/engines/family.py), so replaying one table's log alone could reach a state the
+# both sides (mover/engines/swap/keys.py), so replaying one table's log alone could reach a state the
 # other side's keys refuse though the application never wrote it: a child replayed before its new
 # parent, a parent deleted before its children. All of the family's logs are replayed by one
 # statement instead (q.replay_family): one snapshot of every source, and the keys checked once, at

@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass, field
 import psycopg
 
 from mover.db import bind, one
-from mover.engines import lockwatch
 from mover.engines.context import Context
+from mover.engines.swap import lockwatch
 from mover.errors import Waiting
 from mover.state import control
 

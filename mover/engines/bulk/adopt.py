@@ -12,7 +12,7 @@ every row already there the column's default as evaluated now, which may differ 
 row's value: the application may have updated it, the default may be volatile or changed
 since. So every row of the other table gets the column's value from the live row with the same
 key, range by range, each range in one transaction that holds the replay lock of that
-direction (mover/engines/capture.py). Why this is correct: no replay runs while a range is re-synced; a
+direction (mover/engines/capture/changelog.py). Why this is correct: no replay runs while a range is re-synced; a
 write to the live table that committed before the range's statement is seen by it, and one
 that commits after it is in the change log, which the applier replays by state afterwards with
 a mapping that includes the column. Rows not in the other table yet are copied later by the
@@ -36,7 +36,8 @@ from psycopg import sql
 from mover import faults, names
 from mover.catalog import introspect, reading, shape
 from mover.db import bind
-from mover.engines import backfill, capture
+from mover.engines.bulk import backfill
+from mover.engines.capture import changelog
 from mover.engines.context import Context
 from mover.errors import Failed, ShapeChanged
 from mover.names import QualifiedName
@@ -151,7 +152,7 @@ def _resync(ctx: Context, live: QualifiedName, other: QualifiedName, columns: li
         ctx.checkpoint()
 
         def resync_range(cur: psycopg.Cursor, lo: tuple[Any, ...] | None) -> tuple[tuple[Any, ...] | None, int]:
-            capture.lock_applier(cur, ctx.mid, reverse)
+            changelog.lock_applier(cur, ctx.mid, reverse)
             above = sql.SQL("{} > {}").format(t_key, bound) if lo is not None else sql.SQL("true")
             cur.execute(sql.SQL("SELECT {o} FROM {t} t WHERE {above} ORDER BY {o} OFFSET %s LIMIT 1").format(
                 o=sql.SQL(", ").join(sql.Identifier("t", k) for k in key), t=other.ident, above=above),

@@ -73,7 +73,7 @@ def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qualif
     taking the table's name takes its index names, the other takes the names its partners were
     built with. Renaming a constraint's index renames the constraint (an exclusion constraint's
     partner, or a temporal key's, is built by ADD CONSTRAINT under the partner name,
-    mover/engines/backfill.py). Swapped through a parking name, so the same statements serve the
+    mover/engines/bulk/backfill.py). Swapped through a parking name, so the same statements serve the
     swap back."""
     m = ctx.migration
     live_oid, other_oid = _oid(cur, live), _oid(cur, other)
@@ -154,7 +154,7 @@ def _foreign_keys(cur: psycopg.Cursor, live_oid: int, live: QualifiedName, skip:
     reference it) foreign keys move to the table taking the name, NOT VALID, validated after.
     The other table keeps none: the replay into it must not wait for the parent's rows, nor
     block the application's deletes of them. A key to or from another table of the same family
-    (`family`: their live tables) stays where it is: both sides hold it (mover/engines/family.py)."""
+    (`family`: their live tables) stays where it is: both sides hold it (mover/engines/swap/keys.py)."""
     assert after_name.schema is not None
     found = reading.read(cur, """
         SELECT k.conrelid = %(oid)s, n.nspname, c.relname, k.conname, pg_get_constraintdef(k.oid), k.convalidated,

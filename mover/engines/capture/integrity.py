@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.engines import logical
+from mover.engines.capture import logical
 from mover.engines.context import Context
 from mover.errors import Waiting
 from mover.names import QualifiedName

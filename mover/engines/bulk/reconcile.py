@@ -8,7 +8,7 @@ Invariants:
   after the applier has caught up, a bounded number of rounds; only a difference that
   persists is recorded as a divergence, in the transaction that marks the range done.
 - Ranges are claimed from mover/state/ranges.py (kind 'reconcile': SKIP LOCKED, leases, attempt
-  ceiling), by [reconcile] workers threads running the range loop (mover/engines/rangework.py;
+  ceiling), by [reconcile] workers threads running the range loop (mover/engines/bulk/rangework.py;
   Worker is its comparison); a crashed reconcile resumes with the ranges it had not finished,
   and a range's result commits with its done mark (race 6 included).
 - Each verified range keeps its row counts and fingerprints. A later pass re-verifies only
@@ -41,8 +41,10 @@ import psycopg
 from mover import faults, names
 from mover.catalog import introspect, server
 from mover.db import Database, bind, is_retryable, one
-from mover.engines import capture, integrity, logical, rangework, throttle
+from mover.engines.bulk import rangework
+from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context, Reporter
+from mover.engines.governor import throttle
 from mover.errors import Failed
 from mover.plan import Plan, ReconcileSettings, plan_from_canonical
 from mover.sql import compare as q
@@ -292,7 +294,7 @@ def verify_range(db: Database, ctx: Context, spec: q.Spec, key_range: ranges.Key
         keys = [d["key"] for d in diffs]
         for round_no in range(settings.settle_rounds):
             ctx.checkpoint()
-            capture.drain(ctx, reverse=False, backfill_done=True)
+            changelog.drain(ctx, reverse=False, backfill_done=True)
             now = db.transaction(bind(_recheck, spec, mid, keys, columns=False), label="reconcile re-check")
             keys = [d["key"] for d in now]
             if not any(d["pending"] for d in now):
@@ -371,7 +373,7 @@ class Worker(rangework.RangeWorker):
         # at most every DRAIN_EVERY_SECONDS: on a quiet log a drain per range is a transaction
         # and a shape check per range for nothing (pending keys are settled by the range anyway).
         if time.monotonic() - self._drained >= DRAIN_EVERY_SECONDS:
-            capture.drain(self.ctx, reverse=False, backfill_done=True, max_rounds=1)
+            changelog.drain(self.ctx, reverse=False, backfill_done=True, max_rounds=1)
             self._drained = time.monotonic()
 
     def waiting(self, reason: str) -> None:
@@ -430,7 +432,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     since the last one (all of them with `full`, or when none was made)."""
     started = time.monotonic()
     settings = ctx.plan.reconcile
-    capture.drain(ctx, reverse=False, backfill_done=True)
+    changelog.drain(ctx, reverse=False, backfill_done=True)
     spec = ctx.db.transaction(lambda cur: spec_for(cur, ctx.mapping(cur)))
     # Invariant 14: after a capture gap, once capture is back in force, a pass over every range; it
     # covers the gaps restored before it started (read before its ranges are reset).
@@ -450,7 +452,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
         with throttle.governing(ctx, KIND):
             workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), spec, result, stop=ctx.stop,
                               lost=ctx.lease_lost, registry=ctx.workers, report=ctx.report,
-                              n_workers=settings.workers, governor=ctx.governor)
+                              n_workers=settings.workers, governor=throttle.of(ctx))
                        for i in range(settings.workers)]
             rangework.run_workers(workers, "reconcile")
     ctx.checkpoint()
@@ -505,7 +507,7 @@ def _repair_batches(ctx: Context, rows: list[dict[str, Any]], spec: q.Spec, m: M
         batch = rows[i:i + REPAIR_BATCH]
 
         def tx(cur: psycopg.Cursor, batch: list[dict[str, Any]]) -> tuple[int, int, int, list[str]]:
-            errors = capture.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
+            errors = changelog.replay_keys(cur, ctx, stmt, [list(r["key"]) for r in batch], mapping=m)
             if flusher is not None:
                 # Logical capture: the changes committed since the replay read the source, fed into
                 # the log this transaction reads, are pending there as the trigger's would be.
@@ -517,10 +519,10 @@ def _repair_batches(ctx: Context, rows: list[dict[str, Any]], spec: q.Spec, m: M
                 d = now.get(key)
                 if key in errors:
                     failed += 1
-                    e = capture.data_error(errors[key])
+                    e = changelog.data_error(errors[key])
                     detail = f" ({e['detail']})" if "detail" in e else ""
                     messages.append(f"key {list(key)}: {e['error']}{detail} [{e['sqlstate']}]")
-                    if capture.no_partition(errors[key]):
+                    if changelog.no_partition(errors[key]):
                         out["hint"] = (f"no partition of {m.dst} takes the value shown: create one that does "
                                        f"(CREATE TABLE ... PARTITION OF {m.dst} FOR VALUES ...), then run "
                                        f"`mover repair {ctx.migration.name}` again")

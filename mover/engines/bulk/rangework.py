@@ -5,7 +5,7 @@ few things they really differ by (settings, the mapping ranges are cut on, what 
 Invariants:
 - One range at a time: read the migration row and the engine's settings (`mover set` takes
   effect at the next range), ask the throttle, claim, work, count the range or its failure,
-  pace. The throttle (mover/engines/throttle.py: pause, the governor's guards and duty, the
+  pace. The throttle (mover/engines/governor/throttle.py: pause, the governor's guards and duty, the
   rows/s cap) is asked only here, between ranges, never inside one: gate() before a claim (wait,
   or how many keys), pace() after a range (how long to rest: the cap's budget, or the duty's).
 - A worker holds at most one claimed range, so after kill -9 at most one range per worker is
@@ -32,8 +32,8 @@ import psycopg
 
 from mover import faults, threads
 from mover.db import Database, bind
-from mover.engines import throttle
 from mover.engines.context import Context, Reporter
+from mover.engines.governor import throttle
 from mover.errors import Interrupted, LeaseLost, MoverError, ShapeChanged
 from mover.sql.mapping import Mapping
 from mover.state import control, ranges

@@ -12,10 +12,10 @@ Invariants:
   hold them as the application wrote them. The targets get them (`link`) once every table is
   copied, validated while only mover writes the targets, in the transaction that first drains
   every log, so that the targets hold the sources' state of one snapshot. The swap renames the
-  tables and the keys stay with them (mover/engines/carry.py leaves a key between two tables of
+  tables and the keys stay with them (mover/engines/swap/carry.py leaves a key between two tables of
   the family alone): the new tables hold them after it, and the old ones keep theirs through the
   rollback window. Every replay of the family's logs is one statement
-  (capture.apply_family_batch), at whose end the keys are checked: a legal sequence of the
+  (changelog.apply_family_batch), at whose end the keys are checked: a legal sequence of the
   application's writes never becomes a divergence.
 - One transaction swaps every table, in phases over all of them (lock, verify, drain, rebuild,
   execute, check parity, record): a crash anywhere in it leaves every table swapped or none, and
@@ -44,8 +44,9 @@ from mover import faults
 from mover.catalog import family as family_catalog
 from mover.catalog import introspect, shape
 from mover.db import one
-from mover.engines import capture, carry, cutover, lockwatch
+from mover.engines.capture import changelog
 from mover.engines.context import Context
+from mover.engines.swap import carry, cutover, lockwatch
 from mover.errors import Failed
 from mover.names import QualifiedName
 from mover.sql import ddl
@@ -112,7 +113,7 @@ def link(ctx: Context, members: Sequence[Context]) -> int:
             return 0
         for t in members:
             t.check_shape(cur)  # recorded again below: nothing else may have changed meanwhile
-        capture.apply_family_batch(cur, ctx, reverse=False, limit=None, wait_for_lock=True)
+        changelog.apply_family_batch(cur, ctx, reverse=False, limit=None, wait_for_lock=True)
         for stmt in stmts:
             try:
                 with cur.connection.transaction():
@@ -205,7 +206,7 @@ def drain_locked(cur: psycopg.Cursor, ctx: Context, swaps: Sequence[cutover.Swap
     before the lock, or again under it where the digest changed). Forward, a change that fails
     rolls the whole swap back (cutover.Unapplied); swapping back, what fails is left to each
     table's own refusal (rows only in the new table). Returns the changes applied."""
-    got = capture.apply_family_batch(cur, ctx, reverse=not forward, limit=None, wait_for_lock=True,
+    got = changelog.apply_family_batch(cur, ctx, reverse=not forward, limit=None, wait_for_lock=True,
                                      copied=[(s.ctx, s.mapping()) for s in swaps])
     if forward and got.failures:
         failures: dict[str, Any] = {}

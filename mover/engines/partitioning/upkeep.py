@@ -4,7 +4,7 @@ ones: create the partitions `premake` ahead, report the rows in the default part
 plan says manager = "pg_partman", hand the table to pg_partman and defer to its run_maintenance.
 
 Invariants:
-- Idempotent: safe from cron. What exists is read first (engines/partitions.py maintain_plan);
+- Idempotent: safe from cron. What exists is read first (engines/partitioning/partitions.py maintain_plan);
   each partition is created, detached or dropped in a transaction of its own.
 - The application waits at most the plan's [cutover] lock_timeout behind a partition being
   created or detached (invariant 3); a busy table is retried whole (db.transaction, invariant 6).
@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from mover.db import Database, bind, one
-from mover.engines import partitions
+from mover.engines.partitioning import partitions
 from mover.errors import Failed
 from mover.names import QualifiedName
 from mover.plan import Plan, plan_from_canonical

@@ -1,4 +1,4 @@
-"""What the governor (mover/engines/throttle.py) reads from the server: the probe (a one-row write
+"""What the governor (mover/engines/governor/throttle.py) reads from the server: the probe (a one-row write
 and commit on mover.throttle, timed), and the guards' views (standbys, replication slots, the
 archiver, the WAL position, the application's active sessions). Server statistics only: nothing
 here asks the application anything.
@@ -22,8 +22,8 @@ from typing import Any
 import psycopg
 
 from mover.db import one
-from mover.engines import logical
-from mover.engines.pacing import Archiver, Slot, Standby
+from mover.engines.capture import logical
+from mover.engines.governor.pacing import Archiver, Slot, Standby
 
 PROBE_STATEMENT_TIMEOUT = "2s"  # a probe this slow is read as this slow: the engines back off hard
 
@@ -75,7 +75,7 @@ def _setting_bytes(value: str, unit: str | None) -> int:
 
 def read(cur: psycopg.Cursor, mid: int | None = None) -> Readings:
     """The guards' view of the server, in the caller's transaction (on the primary); with `mid`,
-    that migration's own slot as logical capture reads it (mover/engines/logical.py health: the
+    that migration's own slot as logical capture reads it (mover/engines/capture/logical.py health: the
     WAL it retains and its wal_status, the same figures `mover status` shows), in place of its
     row of pg_replication_slots."""
     at = time.monotonic()

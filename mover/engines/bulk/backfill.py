@@ -6,13 +6,13 @@ Invariants:
   loses both or neither, which is why these transactions may commit with
   synchronous_commit = off (a later synchronous commit flushes the WAL before it anyway).
 - Ranges are claimed from mover/state/ranges.py (SKIP LOCKED, expiring leases, attempt ceiling)
-  by the loop every range worker runs (mover/engines/rangework.py); Worker is its copy.
+  by the loop every range worker runs (mover/engines/bulk/rangework.py); Worker is its copy.
 - Range sizes adapt so that one range takes about [backfill] target_range_ms, within
   min_rows / max_rows; the process never holds more than one range's bounds per worker.
 - The change log is applied while the copy runs, so that it stays short: by an applier session
   of its own beside the orchestrator's workers (so they need not stop copying for it), and by
-  `mover worker` processes between their ranges (one applier at a time, capture.py).
-- The throttle (mover/engines/throttle.py: pause, the governor's guards and duty, the rows/s cap)
+  `mover worker` processes between their ranges (one applier at a time, changelog.py).
+- The throttle (mover/engines/governor/throttle.py: pause, the governor's guards and duty, the rows/s cap)
   holds the workers between ranges, the applier between batches, and the index builds and ANALYZE
   before each starts (a CREATE INDEX cannot be paced inside; how many run at once can), never
   inside a unit of work.
@@ -51,8 +51,11 @@ from psycopg import sql
 from mover import faults, names, threads
 from mover.catalog import introspect, shape
 from mover.db import Database, bind, is_retryable, one
-from mover.engines import capture, pacing, partitions, rangework, throttle
+from mover.engines.bulk import rangework
+from mover.engines.capture import changelog
 from mover.engines.context import Context, Reporter
+from mover.engines.governor import pacing, throttle
+from mover.engines.partitioning import partitions
 from mover.errors import ConstraintBuildFailed, Failed, LeaseLost
 from mover.plan import BackfillSettings, plan_from_canonical
 from mover.sql import copy as q
@@ -125,17 +128,17 @@ class Worker(rangework.RangeWorker):
     def finished(self, key_range: ranges.KeyRange, done: rangework.Done) -> None:
         self._rows = next_range_rows(self._rows, done.rows, done.ms, self._settings)
         if not self.applier_beside:
-            capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
+            changelog.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
         pending = None
         if time.monotonic() - self._pending_checked > 2:
             self._pending_checked = time.monotonic()
-            pending = self.db.transaction(lambda cur: capture.pending(cur, self.ctx.mid)[0])
+            pending = self.db.transaction(lambda cur: changelog.pending(cur, self.ctx.mid)[0])
         self.report("backfill", range_no=key_range.range_no, rows=done.rows, ms=round(done.ms, 1),
                     range_rows=self.pacer.range_rows(self._rows), worker=self.wid, capture_pending=pending)
 
     def idle(self) -> None:
         # Waiting for the other workers' last ranges: keep the change log short meanwhile.
-        capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
+        changelog.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1)
 
     def _copy(self, cur: psycopg.Cursor, mapping: Mapping, key_range: ranges.KeyRange) -> int:
         rows = copy_range(cur, self.ctx, mapping, key_range.lo, key_range.hi)
@@ -191,7 +194,7 @@ def copy_range(cur: psycopg.Cursor, ctx: Context, m: Mapping, lo: list[str] | No
         if exc is not None and keys:
             message = str(exc).splitlines()[0]
             control.record_divergence(cur, ctx.mid, keys[0], "apply_error",
-                                      {**capture.data_error(exc), "direction": "forward", "during": "backfill"})
+                                      {**changelog.data_error(exc), "direction": "forward", "during": "backfill"})
             control.event(cur, ctx.mid, ctx.owner, KIND, "apply_error",
                           f"copying key {keys[0]} into {m.dst} failed: {message}")
         elif exc is not None:
@@ -204,7 +207,7 @@ def copy_range(cur: psycopg.Cursor, ctx: Context, m: Mapping, lo: list[str] | No
 class Applier:
     """Applies the change log while the workers copy, in a session of its own: what the writers
     changed in copied ranges is replayed beside the copy instead of between its ranges. The
-    same batches as the workers' (capture.drain: the applier lock, keys of done ranges only),
+    same batches as the workers' (changelog.drain: the applier lock, keys of done ranges only),
     so they never replay a key concurrently. Held by the same throttle as the workers: waits
     while mover is paused or a guard holds, and rests after each batch as the governor's duty
     says. Ends when `done` is set (the workers have stopped)."""
@@ -215,7 +218,7 @@ class Applier:
                            owner=f"{control.new_owner_id()}:applier", report=ctx.report, stop=ctx.stop,
                            lease_lost=ctx.lease_lost)
         self.done = done
-        self.pacer = throttle.Throttle(throttle.Limits(), governor=ctx.governor)
+        self.pacer = throttle.Throttle(throttle.Limits(), governor=throttle.of(ctx))
 
     def _look(self, cur: psycopg.Cursor) -> control.Migration:
         return control.get_by_id(cur, self.ctx.mid)
@@ -233,9 +236,9 @@ class Applier:
                     self.done.wait(throttle.RECHECK_SECONDS)
                     continue
                 started = time.monotonic()
-                applied = capture.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed
+                applied = changelog.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed
                 rest, _ = self.pacer.pace(applied, time.monotonic() - started)
-                if applied < capture.BATCH:
+                if applied < changelog.BATCH:
                     rest = max(rest, APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
                 if rest:
                     self.done.wait(rest)
@@ -263,7 +266,7 @@ def _copy_all(ctx: Context) -> None:
     ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
     workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True,
-                      governor=ctx.governor)
+                      governor=throttle.of(ctx))
                for i in range(settings.workers)]
     done = threading.Event()
     group = threads.Group(on_error=lambda _: ctx.stop.set())
@@ -418,14 +421,14 @@ def _replay_to_one_snapshot(cur: psycopg.Cursor, ctx: Context) -> int:
     source's constraints. (Between batches, the new table can hold a row moved into a place whose
     leaving row is replayed by the next batch only: harmless while no constraint is built.)
     Returns the log entries replayed."""
-    capture.lock_applier(cur, ctx.mid, reverse=False)
+    changelog.lock_applier(cur, ctx.mid, reverse=False)
     mapping = ctx.mapping(cur)
     total = 0
     while True:
-        got = capture.apply_batch(cur, ctx, mapping, reverse=False, backfill_done=True, wait_for_lock=True,
-                                  limit=capture.BATCH)
+        got = changelog.apply_batch(cur, ctx, mapping, reverse=False, backfill_done=True, wait_for_lock=True,
+                                  limit=changelog.BATCH)
         total += got.log_rows
-        if got.log_rows < capture.BATCH:
+        if got.log_rows < changelog.BATCH:
             return total
 
 
@@ -494,16 +497,17 @@ def turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1,
     such statement runs, until the governor has read it (throttle.Ramp). Says why once a wait
     on the throttle begins (an `index_waiting` report: `what` waits, and the reason). Yields
     whether a governed duty holds the statement (the plan as read now)."""
-    pacer = throttle.Throttle(throttle.Limits(), governor=ctx.governor)
-    ramp = ctx.governor.ramp if ctx.governor is not None else None
+    pacer = throttle.Throttle(throttle.Limits(), governor=throttle.of(ctx))
+    governor = throttle.of(ctx)
+    ramp = governor.ramp if governor is not None else None
     said = governed = False
     while True:
         ctx.checkpoint()
         m = db.transaction(lambda cur: control.get_by_id(cur, ctx.mid), label="throttle")
         reason = pacer.reason(m.paused)
         if reason is None and session >= (allowed := pacing.sessions_allowed(sessions, pacer.duty)):
-            assert ctx.governor is not None  # a duty under 1 is a governor's
-            reason = f"{ctx.governor.throttled()} ({allowed} of {sessions} at once)"
+            assert governor is not None  # a duty under 1 is a governor's
+            reason = f"{governor.throttled()} ({allowed} of {sessions} at once)"
         if reason is None:
             if ramp is None:
                 break
@@ -528,10 +532,11 @@ def turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1,
 def rest_after(ctx: Context, seconds: float) -> None:
     """After a build that took `seconds`: rest as the governor's duty says, in slices, so that a
     duty back to full (the application quiet again) ends the rest early."""
-    if ctx.governor is None:
+    governor = throttle.of(ctx)
+    if governor is None:
         return
-    until = time.monotonic() + ctx.governor.rest(seconds)
-    while (left := until - time.monotonic()) > 0 and ctx.governor.duty < 1:
+    until = time.monotonic() + governor.rest(seconds)
+    while (left := until - time.monotonic()) > 0 and governor.duty < 1:
         ctx.checkpoint()
         ctx.stop.wait(min(left, throttle.RECHECK_SECONDS))
 

@@ -40,7 +40,6 @@ class Context:
     stop: threading.Event = field(default_factory=threading.Event)
     lease_lost: threading.Event = field(default_factory=threading.Event)
     workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
-    give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
     # Plan check only: the target as its DDL rehearsal created it (rolled back since), so that the
     # steps' describe() prints the copy's and the replay's conversions before the target exists.
     planned_target: introspect.TableInfo | None = None
@@ -105,6 +104,11 @@ class Context:
             member.migration = row
             out.append(member)
         return out
+
+    def tables(self) -> list[Context]:
+        """Every table this migration moves (family(), in a transaction of its own): its rows as
+        they read now, the head first; [self] for one table."""
+        return self.db.transaction(self.family, label="tables")
 
     def checkpoint(self) -> None:
         """Called between transactions: the only places a run stops on request."""

@@ -30,7 +30,6 @@ from mover.errors import BadInput, PlanError, combined
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, member_name
 from mover.state import control
-from mover.steps import family as family_step
 
 log = logging.getLogger("mover")
 
@@ -178,7 +177,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         if plan.also:
             out["family"] = {"tables": [{**table(t, r2), "steps": described(t) if t is not head else []}
                                         for t, (_, r2) in zip(members, resolved, strict=True)],
-                             "sql": text(family_step.describe(head, members, cur))}
+                             "sql": text([x for step in steps.ALL for x in step.describe_together(head, members, cur)])}
         return out, None
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.

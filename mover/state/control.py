@@ -22,7 +22,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -302,6 +302,19 @@ def family(cur: psycopg.Cursor, m: Migration) -> list[Migration]:
 def head_of(cur: psycopg.Cursor, m: Migration) -> Migration:
     """The row the operator's commands act on: the family's head, or `m` itself."""
     return m if m.head else get_by_id(cur, m.family_id)  # type: ignore[arg-type]
+
+
+def step_of(rows: Sequence[Migration]) -> str:
+    """A migration's step: the earliest of its tables' (each table's own row says where it is)."""
+    order = [*STEPS, FINISHED]
+    return min((r.step for r in rows), key=order.index)
+
+
+def as_one(rows: Sequence[Migration]) -> Migration:
+    """The head's row (rows[0]) with the migration's step: what the operator's commands are checked
+    against, for one table or many."""
+    head, step = rows[0], step_of(rows)
+    return head if step == head.step else replace(head, step=step)
 
 
 def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str,

@@ -16,10 +16,10 @@ from mover.engines.partitioning import partitions
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
 from mover.state import control, ranges
-from mover.steps.base import Step
+from mover.steps.base import EachTable
 
 
-class Backfill(Step):
+class Backfill(EachTable):
     name = "backfill"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
@@ -65,7 +65,7 @@ class Backfill(Step):
         planned = partitions.layout(cur, spec, ctx.original, ctx.migration.source.name, schema).partitions
         return [names.QualifiedName(schema, p.name) for p in planned]
 
-    def run(self, ctx: Context) -> None:
+    def run_table(self, ctx: Context) -> None:
         backfill.stop_orphaned_builders(ctx)  # a crashed run's, which would hold up the drain
         # One governor for the step: the baseline is the probe's before the step's work (the copy,
         # then the index builds and ANALYZE under it).

@@ -19,7 +19,7 @@ import psycopg
 
 from mover import checks, names, steps
 from mover.catalog import family as family_catalog
-from mover.catalog import shape, subscribers
+from mover.catalog import introspect, shape, subscribers
 from mover.checks import edits as edits_check
 from mover.checks import names as names_check
 from mover.db import Database, conversion_settings, search_path
@@ -29,6 +29,7 @@ from mover.engines.governor import throttle
 from mover.errors import BadInput, PlanError, combined
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, member_name
+from mover.sql.mapping import Mapping
 from mover.state import control
 
 log = logging.getLogger("mover")
@@ -149,11 +150,10 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         rows = [provisional(p, r, mid + i, family=mid if plan.also else None, position=i if plan.also else None,
                             operator_schemas=[x for _, r2 in resolved for x in r2["operator_schemas"]])
                 for i, (p, r) in enumerate(resolved)]
-        head = Context(db=db, migration=rows[0], owner="plan-check", provisional_family=rows if plan.also else None)
+        head = Planned(db=db, migration=rows[0], owner="plan-check", rows=rows,
+                       rehearsed={row.id: r2["rehearsed"] for row, (_, r2) in zip(rows, resolved, strict=True)})
         members = head.family(cur)
         taken(cur, [(t.migration, p) for t, (p, _) in zip(members, resolved, strict=True)])
-        for t, (_, r2) in zip(members, resolved, strict=True):
-            t.planned_target = r2["rehearsed"]  # each table's target as its DDL rehearsal made it
 
         def text(stmts: list[Any]) -> list[str]:
             return [s if isinstance(s, str) else s.as_string(cur) for s in stmts]
@@ -186,6 +186,30 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         db.pin_local(cur)  # the pinned settings, behind a pooler too (as Database.transaction)
         cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
         return describe(cur)
+
+
+@dataclasses.dataclass
+class Planned(Context):
+    """plan check's context: the tables' rows as registration would write them (not registered
+    yet), and each target as its DDL rehearsal created it (rolled back since), so that the steps'
+    describe() prints the copy's and the replay's conversions before the target exists."""
+
+    rows: list[control.Migration] = dataclasses.field(default_factory=list)
+    rehearsed: dict[int, introspect.TableInfo] = dataclasses.field(default_factory=dict)  # by migration id
+
+    def rows_of_family(self, cur: psycopg.Cursor) -> list[control.Migration]:
+        return self.rows
+
+    def member(self, row: control.Migration) -> Context:
+        return Planned(db=self.db, migration=row, owner=self.owner, report=self.report, rows=self.rows,
+                       rehearsed=self.rehearsed)
+
+    def described_mapping(self, cur: psycopg.Cursor, reverse: bool = False) -> Mapping | None:
+        found = super().described_mapping(cur, reverse)
+        planned = self.rehearsed.get(self.mid)
+        if found is not None or planned is None:
+            return found
+        return self.map_tables(cur, introspect.describe(cur, self.original), planned, reverse)
 
 
 def taken(cur: psycopg.Cursor, tables: list[tuple[control.Migration, Plan]]) -> None:

@@ -304,6 +304,13 @@ def head_of(cur: psycopg.Cursor, m: Migration) -> Migration:
     return m if m.head else get_by_id(cur, m.family_id)  # type: ignore[arg-type]
 
 
+def other_tables(rows: Sequence[Migration]) -> dict[int, list[Migration]]:
+    """Of every head among `rows`, the rows of its other tables among them, in the plan's order
+    (none for a migration of one table)."""
+    return {h.id: sorted((r for r in rows if r.family_id == h.id and r.id != h.id),
+                         key=lambda r: r.family_position or 0) for h in rows if h.head}
+
+
 def step_of(rows: Sequence[Migration]) -> str:
     """A migration's step: the earliest of its tables' (each table's own row says where it is)."""
     order = [*STEPS, FINISHED]

@@ -14,7 +14,7 @@ from mover import names
 from mover.catalog import introspect
 from mover.checks.subject import Subject
 from mover.db import one
-from mover.engines.bulk import backfill
+from mover.engines.bulk import builds
 from mover.engines.partitioning import partitions
 from mover.engines.swap import metadata
 from mover.errors import PlanError
@@ -101,7 +101,7 @@ def derived(cur: psycopg.Cursor, m: control.Migration, plan: Plan) -> list[Deriv
             name = names.derived(m.target.name, "_pkey" if ix.is_primary else "_key")
             out.append(Derived("index", QualifiedName(schema, name), f"the key of {m.target}"))
             continue
-        name = backfill.deferred_index_name(m.id, ix.name)
+        name = builds.deferred_index_name(m.id, ix.name)
         what = f"the copy of index {names.display_ident(ix.name)} the backfill builds on {m.target}"
         out.append(Derived("index", QualifiedName(schema, name), what))
         if not ix.by_constraint:

@@ -23,7 +23,7 @@ from mover.catalog import introspect, shape, subscribers
 from mover.checks import edits as edits_check
 from mover.checks import names as names_check
 from mover.db import Database, conversion_settings, search_path
-from mover.engines.bulk import backfill
+from mover.engines.bulk import preflight
 from mover.engines.context import Context
 from mover.engines.governor import throttle
 from mover.errors import BadInput, PlanError, combined
@@ -226,11 +226,11 @@ def governor_lines(cur: psycopg.Cursor, plan: Plan, tables: list[tuple[Qualified
     and verdicts) and the backfill's preflight for each table moved (the space and the WAL it
     takes; a family's summed), and a warning when a guard would hold mover at its first range now."""
     guards = throttle.describe(cur, plan, mid)
-    pres = [(source, backfill.preflight(cur, source, columns)) for source, columns in tables]
+    pres = [(source, preflight.preflight(cur, source, columns)) for source, columns in tables]
     lines = [line if len(pres) == 1 else f"{source}: {line}" for source, pre in pres for line in pre["lines"][:2]]
     lines += pres[0][1]["lines"][2:]
     estimates = {k: sum(pre[k] for _, pre in pres) for k in pres[0][1] if k != "lines"}
-    segments = backfill.wal_segments(cur, estimates["wal_bytes"])
+    segments = preflight.wal_segments(cur, estimates["wal_bytes"])
     lines.append(segments.pop("line"))
     estimates.update(segments)
     warnings = [f"mover would wait at its first range now: {guards['wait']}"] if guards["wait"] else []

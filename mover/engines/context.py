@@ -47,6 +47,9 @@ class Context:
     _family: dict[int, Context] = field(default_factory=dict, repr=False)
     # ((digest of the catalog rows the shape is read from, swapped), verify()'s result): check_shape
     _verified_shape: tuple[tuple[str, bool], str] | None = field(default=None, repr=False)
+    # (the row's plan document, the Plan parsed from it): `plan` parses again only when the row's
+    # document is another one, i.e. when use() or refresh() installed a row a `mover set` changed.
+    _parsed_plan: tuple[dict[str, Any], Plan] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Every transaction of this migration runs with the conversion settings it was registered
@@ -63,7 +66,19 @@ class Context:
 
     @property
     def plan(self) -> Plan:
-        return plan_from_canonical(self.migration.plan)
+        """The migration row's plan, parsed once per document: the row read again (refresh, use,
+        the family's rows) keeps the parse while its plan is equal, and the plan of a row whose
+        document changed is parsed afresh. (A row's document is never changed in place.)"""
+        doc = self.migration.plan
+        parsed = self._parsed_plan
+        if parsed is not None and parsed[0] is doc:
+            return parsed[1]
+        if parsed is not None and parsed[0] == doc:
+            plan = parsed[1]  # the same plan in a row read again: known by identity from now on
+        else:
+            plan = plan_from_canonical(doc)
+        self._parsed_plan = (doc, plan)
+        return plan
 
     @property
     def mid(self) -> int:

@@ -3,8 +3,9 @@ migration's governor (the backfill step's, mover/steps/backfill.py, which runs t
 of backfill.py and its drain; this module does not import that one).
 
 Invariants:
-- The new table's copy of the source's index X is named deferred_index_name(mid, X) (X_m<mid>):
-  plan check, the swap (carry.py) and parity read the source's names back from it.
+- The new table's copy of the source's index X is named deferred_index_name(mid, X) (X with _m<mid>,
+  names.derived): plan check refuses the run when that name is taken (checks/names.py), and the
+  swap (carry.py partner_index) and parity map it back to X.
 - Secondary indexes are built after the copy with a plain CREATE INDEX, each in a transaction of
   its own, up to [backfill] index_builds at once in sessions of their own. Nothing but mover
   writes the new table before the cutover, and no applier runs while they build, so their SHARE

@@ -15,7 +15,8 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
@@ -89,6 +90,21 @@ def remember_secrets(dsn: str | None) -> None:
     """Note the passwords of a DSN this process uses, so that `mask` removes them from any text."""
     if dsn:
         _known_secrets.update(_passwords(dsn))
+
+
+@contextmanager
+def own_secrets() -> Iterator[None]:
+    """Within: the passwords remembered are those remembered within, as in a new process; after:
+    those remembered before, again. The command line's entry point runs in it, so that a process
+    that runs one command after another (the tests' does) masks each with its own, and one that
+    an earlier command remembered cannot hide a leak."""
+    before = set(_known_secrets)
+    _known_secrets.clear()
+    try:
+        yield
+    finally:
+        _known_secrets.clear()
+        _known_secrets.update(before)
 
 
 def mask(text: str) -> str:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import queue
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -66,23 +64,19 @@ def mover_process(dsn: str, *args: str, env: dict | None = None, timeout: float 
 
 
 def _in_process(dsn: str, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess:
-    """mover.cli.main() with argv, stdin, stdout and stderr of its own, and everything it sets
-    process-wide put back afterwards: signal handlers, logging, the consoles, the remembered
-    secrets, the excepthook typer installs. Its threads must have ended when it returns."""
-    from rich.console import Console
-
-    from mover import cli, db, faults
+    """mover.cli.main() with argv, stdin, stdout, stderr, a console width and a working directory
+    of its own, as a new process would have them. What the command sets for the whole process
+    (signal handlers, logging, the remembered passwords, typer's excepthook) main() puts back
+    itself (tests/unit/test_cli_calls.py). Its threads must have ended when it returns."""
+    from mover import cli, faults
 
     # A fault point in this process would kill or stop the test run itself.
     assert not faults._SPEC, f"MOVER_FAULT={faults._SPEC!r} is set in the test process"
     argv = ["mover", "--dsn", dsn, *args]
     out, err = io.BytesIO(), io.BytesIO()
     before = set(threading.enumerate())
-    root = logging.getLogger()
-    saved = dict(argv=sys.argv, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr, hook=sys.excepthook,
-                 consoles=(cli.err, cli.out), state=(cli.State.debug, cli.State.dsn), secrets=set(db._known_secrets),
-                 signals={s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
-                 logging=(root.handlers[:], root.level), columns=os.environ.get("COLUMNS"), cwd=os.getcwd())
+    saved = dict(argv=sys.argv, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr,
+                 columns=os.environ.get("COLUMNS"), cwd=os.getcwd())
     started = time.monotonic()
     try:
         os.environ["COLUMNS"] = "200"  # what mover_process gives its consoles
@@ -91,11 +85,6 @@ def _in_process(dsn: str, args: tuple[str, ...], timeout: float) -> subprocess.C
         sys.stdin = io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
         sys.stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace", write_through=True)
-        # Consoles made as the CLI makes them at import, now: off a terminal, 200 columns wide.
-        cli.err, cli.out = Console(stderr=True), Console()
-        # A fresh process knows no password yet: one remembered here would mask a leak.
-        db._known_secrets.clear()
-        cli.State.debug, cli.State.dsn = False, None
         try:
             cli.main()
             code = 0
@@ -115,15 +104,6 @@ def _in_process(dsn: str, args: tuple[str, ...], timeout: float) -> subprocess.C
     finally:
         sys.argv, sys.stdin = saved["argv"], saved["stdin"]
         sys.stdout, sys.stderr = saved["stdout"], saved["stderr"]
-        sys.excepthook = saved["hook"]
-        cli.err, cli.out = saved["consoles"]
-        cli.State.debug, cli.State.dsn = saved["state"]
-        db._known_secrets.clear()
-        db._known_secrets.update(saved["secrets"])
-        for signum, handler in saved["signals"].items():
-            signal.signal(signum, handler)
-        root.handlers[:] = saved["logging"][0]
-        root.setLevel(saved["logging"][1])
         if saved["columns"] is None:
             os.environ.pop("COLUMNS", None)
         else:

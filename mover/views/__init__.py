@@ -1,2 +1,2 @@
-"""The operator's views: read models (status, history, report) and their renderings (watch, progress).
-Read only."""
+"""The operator's views: read models (status, history, report) and their renderings: everything a
+command prints (watch, progress, the commands' text, errors). Read only."""

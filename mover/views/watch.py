@@ -5,12 +5,13 @@ interval. Full screen on a terminal; one line per interval otherwise (a log, a C
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -231,3 +232,15 @@ def screen(snap: dict[str, Any]) -> RenderableType:
 
 def _bound(b: list[str] | None) -> str:
     return "∞" if b is None else ",".join(b)
+
+
+@contextmanager
+def shown(out: Console) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """How `mover watch` shows each snapshot: the full screen on a terminal (put back when the
+    watch ends, Ctrl-C included), one line otherwise."""
+    if not out.is_terminal:
+        yield lambda s: out.print(line(s), highlight=False, markup=False, soft_wrap=True)
+        return
+    from rich.live import Live  # only on a terminal
+    with Live(console=out, screen=True, auto_refresh=False) as live:
+        yield lambda s: live.update(screen(s), refresh=True)

@@ -7,12 +7,12 @@ import logging
 
 from rich.console import Console
 
-from mover.cli import _ConsoleLog
+from mover.views.console import ConsoleLog
 
 
 def test_a_warning_is_said_once_with_its_next_line_and_masked():
     buf = io.StringIO()
-    handler = _ConsoleLog(Console(file=buf, width=200, color_system=None))
+    handler = ConsoleLog(Console(file=buf, width=200, color_system=None))
     handler.setFormatter(logging.Formatter())
     log = logging.getLogger("mover.test_console_log")
     log.propagate = False

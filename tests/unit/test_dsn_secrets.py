@@ -148,14 +148,14 @@ def test_log_lines_and_their_tracebacks_are_masked():
 
     from rich.console import Console
 
-    from mover.cli import _ConsoleLog
+    from mover.views.console import ConsoleLog
     dsn = "postgrs://bob:Zq9-secret@h/db"
     try:
         raise ValueError(f"cannot use {dsn}")
     except ValueError:
         record = logging.LogRecord("mover", logging.WARNING, __file__, 1, "retrying %s", (dsn,), sys.exc_info())
     buf = io.StringIO()
-    handler = _ConsoleLog(Console(file=buf, width=200, color_system=None))
+    handler = ConsoleLog(Console(file=buf, width=200, color_system=None))
     handler.setFormatter(logging.Formatter())
     handler.emit(record)
     line = buf.getvalue()

@@ -529,7 +529,8 @@ def history(name: str | None = typer.Argument(None, help="One migration and its 
             took = "" if a["seconds"] is None else _seconds(a["seconds"])
             lock = "" if a["lock_ms"] is None else f", lock held {a['lock_ms']:.1f} ms"
             why = f" ({a['message']})" if a["message"] and a["outcome"] not in ("done", "running") else ""
-            out.print(f"  {a['started_at']}  {a['step']:<16} {a['outcome']:<12} {took}{lock}{why}",
+            out.print(f"  {a['started_at']}  " + (f"{a['table'] or 'all tables'}  " if "table" in a else "")
+                      + f"{a['step']:<16} {a['outcome']:<12} {took}{lock}{why}",
                       highlight=False, markup=False)
         for t in h.get("tables", []):  # a family's other tables (issue 27), each with its steps
             done = [s for s in t["steps"] if s["seconds"] is not None]
@@ -853,9 +854,9 @@ def events(name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool 
     if as_json:
         _print_json(rows)
         return
-    table = Table("at", "step", "kind", "message", "ms")
+    table = Table("at", "table", "step", "kind", "message", "ms")
     for e in rows:
-        table.add_row(e["at"], e["step"] or "", e["kind"], e["message"],
+        table.add_row(e["at"], e["table"], e["step"] or "", e["kind"], e["message"],
                       "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
     _print_table(table)
 

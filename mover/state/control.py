@@ -339,20 +339,43 @@ def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str
     )
 
 
-def events(cur: psycopg.Cursor, mid: int, limit: int = 50) -> list[dict[str, Any]]:
+# The table an event concerns: the row it is recorded on, or the row its detail names (an event a
+# family records on its head about one of its tables: a process that died in that table's step).
+CONCERNS = "table_id"
+_CONCERNED = sql.SQL("coalesce((detail->>'table_id')::bigint, migration_id)")
+
+
+def _ids(mid: int | Sequence[int]) -> list[int]:
+    return [mid] if isinstance(mid, int) else list(mid)
+
+
+def _story_where(mid: int | Sequence[int], only: int | None) -> tuple[sql.Composable, tuple[Any, ...]]:
+    where = sql.SQL("migration_id = ANY(%s) AND kind <> 'sample' AND (%s::bigint IS NULL OR {} = %s)").format(
+        _CONCERNED)
+    return where, (_ids(mid), only, only)
+
+
+def events(cur: psycopg.Cursor, mid: int | Sequence[int], limit: int = 50, *,
+           only: int | None = None) -> list[dict[str, Any]]:
+    """The last `limit` events of one migration row, or of several (a family's, as one story),
+    oldest first, each with the id of the row it concerns (`table_id`); `only`: those concerning
+    that row."""
+    where, params = _story_where(mid, only)
     with cur.connection.cursor(row_factory=dict_row) as dcur:
         # Progress samples (mover/state/samples.py) are for charts; they would drown the story here.
-        dcur.execute("SELECT * FROM (SELECT at, actor, step, kind, message, duration_ms, id FROM mover.events"
-                     " WHERE migration_id = %s AND kind <> 'sample' ORDER BY id DESC LIMIT %s) e ORDER BY id",
-                     (mid, limit))
+        dcur.execute(sql.SQL("SELECT * FROM (SELECT at, actor, step, kind, message, duration_ms, id, {} AS table_id"
+                             " FROM mover.events WHERE {} ORDER BY id DESC LIMIT %s) e ORDER BY id").format(
+                                 _CONCERNED, where), (*params, limit))
         return dcur.fetchall()
 
 
-def story(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
-    """Every event of the migration but the progress samples, oldest first, with its detail."""
+def story(cur: psycopg.Cursor, mid: int | Sequence[int], *, only: int | None = None) -> list[dict[str, Any]]:
+    """Every event of one migration row (or of several) but the progress samples, oldest first,
+    with its detail and the id of the row it concerns (`table_id`); `only`: those concerning that row."""
+    where, params = _story_where(mid, only)
     with cur.connection.cursor(row_factory=dict_row) as dcur:
-        dcur.execute("SELECT id, at, actor, step, kind, message, detail, duration_ms FROM mover.events"
-                     " WHERE migration_id = %s AND kind <> 'sample' ORDER BY id", (mid,))
+        dcur.execute(sql.SQL("SELECT id, at, actor, step, kind, message, detail, duration_ms, {} AS table_id"
+                             " FROM mover.events WHERE {} ORDER BY id").format(_CONCERNED, where), params)
         return dcur.fetchall()
 
 
@@ -716,8 +739,52 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
-    """Take the lease if free, expired, ours, or held by a dead process on this host."""
+def take_leases(cur: psycopg.Cursor, rows: Sequence[Migration], owner: str) -> None:
+    """Take the lease of every row of a migration (a family's, the head's first: two takers queue on
+    its row lock). A previous holder that never released it ended without finishing (kill -9, a
+    lost server connection, a stalled process whose lease ran out): what it was doing is recorded
+    here, on the head, as a failed attempt of the migration (`mover history` counts it, the
+    attempt of the step it was in ends "failed"), naming the table and step it died in; its
+    steps left "running" are pending again, so that the step this process resumes starts a new
+    attempt."""
+    previous = [p for row in rows if (p := acquire_lease(cur, row, owner)) is not None]
+    if previous:
+        _record_lost_holder(cur, rows, owner, previous[0])
+
+
+def _record_lost_holder(cur: psycopg.Cursor, rows: Sequence[Migration], owner: str,
+                        previous: tuple[str, str | None, int | None, bool]) -> None:
+    holder, host, pid, live = previous
+    ids = [row.id for row in rows]
+    cur.execute("SELECT m.id, s.name FROM mover.steps s JOIN mover.migrations m ON m.id = s.migration_id"
+                " WHERE s.migration_id = ANY(%s) AND s.status = 'running' AND m.state NOT IN ('done', 'aborted')"
+                " ORDER BY m.family_position NULLS FIRST, s.position LIMIT 1", (ids,))
+    running = cur.fetchone()
+    if running is None:
+        cur.execute("SELECT id, step FROM mover.migrations WHERE id = ANY(%s) AND state = 'running'"
+                    " ORDER BY family_position NULLS FIRST LIMIT 1", (ids,))
+        running = cur.fetchone()
+    by_id = {row.id: row for row in rows}
+    head = rows[0]
+    where = ""
+    step = None
+    detail: dict[str, Any] = {"previous": holder, "host": host, "pid": pid, "lease_live": live}
+    if running is not None:
+        mid, step = running
+        step = shown_step(step)
+        where = f" in step {step}" + (f" of {by_id[mid].source}" if len(rows) > 1 else "")
+        detail[CONCERNS] = mid
+    how = "its process is gone" if live else "its lease expired"
+    cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = ANY(%s) AND status = 'running'",
+                (ids,))
+    event(cur, head.id, owner, step, "failed",
+          f"process {pid} on {host} ended without finishing{where} ({how}: killed, or it lost its connection to"
+          f" the server); {owner} took over", detail)
+
+
+def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> tuple[str, str | None, int | None, bool] | None:
+    """Take the lease if free, expired, ours, or held by a dead process on this host. Returns the
+    previous holder (owner, host, pid, lease still live) when it was another process's."""
     host, pid = socket.gethostname(), os.getpid()
     cur.execute("SELECT lease_owner, lease_host, lease_pid, lease_expires_at > clock_timestamp()"
                 " FROM mover.migrations WHERE id = %s FOR UPDATE", (m.id,))
@@ -739,6 +806,8 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
         ended = end_stale_appliers(cur, m.id)
         event(cur, m.id, owner, None, "lease_taken_over", f"lease taken over from {holder}",
               {"previous": holder, "previous_live": bool(live), "applier_sessions_ended": ended})
+        return holder, holder_host, holder_pid, bool(live)
+    return None
 
 
 # capture.py's advisory locks, and logical.py's feeder lock, keyed (name, migration)

@@ -125,15 +125,9 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         # An error recorded on the way ("ready for cutover", "window is open") is history once the
         # migration ended: the events keep it.
         error = None
-    if state == "running" and m.lease_host == socket.gethostname() and m.lease_pid is not None \
-            and not control.process_alive(m.lease_pid):
-        # The lease holder ran here and its process is gone (kill -9): failed now, not when the
-        # lease runs out.
-        state, error = "failed", (error or f"process {m.lease_pid} ended without finishing (killed, or it lost its "
-                                           f"connection to the server)") + f"; `mover run {m.name}` resumes"
-    elif state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
-        # The row says running, but no live process holds the lease: it died mid-step.
-        state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
+    died = holder_gone(cur, m)
+    if died is not None:
+        state, error = "failed", (error or died) + f"; `mover run {m.name}` resumes"
     return {
         "name": m.name,
         "step": step,
@@ -168,6 +162,19 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "partitions": _partitions(cur, m),
         **({"family_of": None} if m.family_id is None or m.head else {"family_of": _head_name(cur, m)}),
     }
+
+
+def holder_gone(cur: psycopg.Cursor, m: control.Migration) -> str | None:
+    """Why a migration recorded as running has nobody running it, or None: its lease holder ran
+    here and its process is gone (kill -9: known now, not when the lease runs out), or no live
+    process holds the lease any more (it died mid-step, elsewhere)."""
+    if m.state != "running":
+        return None
+    if m.lease_host == socket.gethostname() and m.lease_pid is not None and not control.process_alive(m.lease_pid):
+        return f"process {m.lease_pid} ended without finishing (killed, or it lost its connection to the server)"
+    if m.lease_expires_at is None or m.lease_expires_at < _now(cur):
+        return "the process running it stopped"
+    return None
 
 
 def _gaps(cur: psycopg.Cursor, m: control.Migration) -> list[dict[str, Any]]:
@@ -205,9 +212,18 @@ def divergences(cur: psycopg.Cursor, name: str, include_resolved: bool = False) 
 
 
 def events(cur: psycopg.Cursor, name: str, limit: int = 50) -> list[dict[str, Any]]:
-    """`mover events NAME`: the last `limit` events, progress samples left out."""
+    """`mover events NAME`: the last `limit` events, progress samples left out, each naming the
+    `table` it concerns. A family's name: every table's events as one story; a table's own name
+    (NAME/schema.table): that table's, with those the family recorded about it."""
     m = control.get(cur, name)
-    return [{**e, "at": iso(e["at"])} for e in control.events(cur, m.id, limit)]
+    rows = control.family(cur, m) if m.head else [m]
+    tables = {row.id: str(row.source) for row in rows}
+    if m.head:
+        found = control.events(cur, list(tables), limit)
+    else:
+        found = control.events(cur, [m.id, control.head_of(cur, m).id], limit, only=m.id)
+    return [{**{k: v for k, v in e.items() if k != "table_id"}, "at": iso(e["at"]),
+             "table": tables.get(e["table_id"], str(m.source))} for e in found]
 
 
 def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:

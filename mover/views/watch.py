@@ -47,11 +47,14 @@ def snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
     """One reading of the migration, in one transaction (the readings are the caller's)."""
     m = control.head_of(cur, control.get(cur, name))
     snap = status.status_of(cur, m)  # a family's: the whole's, and each table's under "family"
-    snap["worker_list"] = [w for row in control.family(cur, m) for w in status.workers_of(cur, row)]
+    rows = control.family(cur, m)
+    snap["worker_list"] = [w for row in rows for w in status.workers_of(cur, row)]
     snap["lock_waits"] = status.lock_waits(cur)
     cur.execute("SELECT now() - make_interval(secs => %s)", (WINDOW_SECONDS,))
     snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
-    snap["recent_events"] = [{**e, "at": status.iso(e["at"])} for e in control.events(cur, m.id, 6)]
+    tables = {row.id: str(row.source) for row in rows}  # a family's: every table's, each naming its table
+    snap["recent_events"] = [{**e, "at": status.iso(e["at"]), "table": tables.get(e["table_id"])}
+                             for e in control.events(cur, list(tables), 6)]
     return snap
 
 

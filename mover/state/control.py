@@ -22,7 +22,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -304,6 +304,16 @@ def head_of(cur: psycopg.Cursor, m: Migration) -> Migration:
     return m if m.head else get_by_id(cur, m.family_id)  # type: ignore[arg-type]
 
 
+def as_one(cur: psycopg.Cursor, m: Migration) -> Migration:
+    """The migration as the operator's commands take it: a family's head with the family's step
+    (the earliest of its tables'), or `m` itself."""
+    if m.family_id is None:
+        return m
+    rows = family(cur, m)
+    order = [*STEPS, FINISHED]
+    return replace(rows[0], step=min((row.step for row in rows), key=order.index))
+
+
 def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str,
                 changes: Sequence[str] = ()) -> None:
     """Tunables changed between runs (the shape hash is the same): keep the new values. `changes`
@@ -453,11 +463,52 @@ COMMANDS: dict[str, frozenset[str]] = {
 VERBS = {"cutover": "cut over", "rollback": "roll back"}
 
 
+def allows(m: Migration, command: str) -> bool:
+    """Whether `command` works on the migration where it stands (COMMANDS, never once it ended)."""
+    return m.state not in TERMINAL and m.step in COMMANDS[command]
+
+
+def leaves_at(command: str, step: str) -> str:
+    """The step a command that works at `step` leaves the migration at: what the next command of a
+    hint chaining two (`mover rollback`, then `mover abort`) must work at."""
+    if command == "run":
+        return "cutover" if STEPS.index(step) < STEPS.index("cutover") else step  # it stops at the gate
+    return {"cutover": "rollback_window", "rollback": "reconcile", "retire": FINISHED}.get(command, step)
+
+
+def way_to_undo(m: Migration) -> str | None:
+    """The commands that undo the migration from where it stands (abort; after the swap a
+    rollback first), or None once nothing can (past its window)."""
+    if allows(m, "abort"):
+        return f"`mover abort {m.name}`"
+    if allows(m, "rollback") and leaves_at("rollback", m.step) in COMMANDS["abort"]:
+        return f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`"
+    return None
+
+
+def way_to_finish(m: Migration) -> str:
+    """The command that finishes the migration from where it stands."""
+    if allows(m, "retire"):
+        return f"`mover retire {m.name}`" + (" once its window ends" if m.step == "rollback_window" else "")
+    if allows(m, "cutover"):
+        return f"`mover cutover {m.name}`"
+    return f"`mover run {m.name}` takes it to the cutover gate, then `mover cutover {m.name}`"
+
+
+def ways_out(m: Migration) -> str:
+    """How to get the migration out of the way (of another migration of its table, of a changed
+    plan), with only commands that work where it stands: finish it, or undo it."""
+    if m.state in TERMINAL:
+        return f"migration {m.name!r} is {m.state}"
+    undo = way_to_undo(m)
+    return f"finish it ({way_to_finish(m)})" + (f" or undo it ({undo})" if undo else "")
+
+
 def require_command(m: Migration, command: str) -> None:
     """Refuse an operator command the migration's step does not allow."""
     if command == "abort" and m.step == "rollback_window" and m.state not in TERMINAL:
         raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
-                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
+                       hint=way_to_undo(m) or f"`mover status {m.name}`")
     if command == "pause" and m.state not in TERMINAL and m.step not in COMMANDS[command]:
         raise BadInput(f"cannot pause migration {m.name!r} at step {m.step!r}: pause holds the backfill and "
                        f"reconcile workers, and none run from the cutover on",
@@ -474,17 +525,23 @@ _MOVES = ("run", "cutover", "rollback", "retire", "abort")
 
 
 def _way_to(m: Migration, command: str) -> str:
-    """The `next:` of a refused command: the command that gets the migration to where `command`
-    applies (`mover run` while that is ahead), or what applies where it stands (it is behind)."""
+    """The `next:` of a refused command: the commands that get the migration to where `command`
+    applies (`mover run` to the cutover gate, `mover cutover` past it) while that is ahead, or
+    what applies where it stands (it is behind). Each command named works where the one before
+    leaves the migration (leaves_at)."""
     if m.state in TERMINAL:
         return f"the migration is {m.state}; `mover history {m.name}` lists its steps"
     allowed = [s for s in STEPS if s in COMMANDS[command]]
     here = STEPS.index(m.step) if m.step in STEPS else len(STEPS)
     if allowed and here < STEPS.index(allowed[0]):
-        return (f"`mover run {m.name}` takes it to step {allowed[0]!r}, then `mover {command} {m.name}`"
-                if command != "run" else f"`mover run {m.name}`")
-    moves = [f"`mover {c} {m.name}`" for c in _MOVES if c != command and m.step in COMMANDS[c]
-             and not (c == "abort" and m.step == "rollback_window")]
+        chain, step = [], m.step
+        while step not in COMMANDS[command]:
+            move = "run" if leaves_at("run", step) != step else "cutover"
+            chain.append(f"`mover {move} {m.name}`")
+            step = leaves_at(move, step)
+        takes = "takes" if len(chain) == 1 else "take"
+        return f"{', then '.join(chain)} {takes} it to step {step!r}, then `mover {command} {m.name}`"
+    moves = [f"`mover {c} {m.name}`" for c in _MOVES if c != command and allows(m, c)]
     return f"at step {m.step!r}: " + (", ".join(moves) if moves else f"`mover status {m.name}`")
 
 

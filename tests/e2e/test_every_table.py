@@ -221,6 +221,20 @@ def test_parity_and_the_swap_agree_on_every_table_before_the_first_cutover_and_a
     r = mover(db_dsn, "cutover", "users")
     assert r.returncode == 0, r.stderr
     assert parity(db_dsn)[0] == 0
+
+    # Another plan for a table of the family, in its rollback window: the hint names only commands
+    # that work there (abort after a rollback), each of them for the family.
+    other = write_plan(tmp_path / "groups.toml", PLAN.replace('"users"', '"groups"').replace(
+        'source = "public.auth_user"\n', 'source = "public.auth_user_groups"\n', 1).split("[[also]]")[0]
+        + "[rollback]\nwindow = \"1h\"\n")
+    r = mover(db_dsn, "plan", "check", other)
+    assert r.returncode == 2 and "is already being moved by migration 'users'" in r.stderr, r.stderr
+    said = " ".join(r.stderr.split())  # as one line: the console wraps long ones
+    hint = said.split("is already being moved by migration 'users' (next: ")[1].split(" first)")[0]
+    assert "`mover retire users` once its window ends" in hint, hint
+    assert hint.index("`mover rollback users`") < hint.index("`mover abort users`"), hint
+    assert mover(db_dsn, "abort", "users").returncode == 2  # what the hint no longer says first
+
     r = mover(db_dsn, "rollback", "users")
     assert r.returncode == 0, r.stderr
     r = mover(db_dsn, "run", "users")

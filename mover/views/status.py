@@ -75,10 +75,33 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     order = [*control.STEPS, control.FINISHED]
     earliest = min((row.step for row in rows), key=order.index)
     out["step"] = control.shown_step(earliest)
+    # The family's steps: one done when every table's is, running while some tables are at it.
+    out["steps"] = _steps(_family_steps([control.steps(cur, row.id) for row in rows]), out["state"])
     for part in ("backfill", "reconcile", "capture"):
         out[part] = _summed([x[part] for x in each])
     out["divergences"] = sum(x["divergences"] for x in each)
     return out
+
+
+def _family_steps(each: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each step as the family's: its tables' statuses when they agree, else running (some
+    tables past it, others not yet); from the first start to the last finish."""
+    out = []
+    for rows in zip(*each, strict=True):
+        statuses = {r["status"] for r in rows}
+        started = [r["started_at"] for r in rows if r["started_at"] is not None]
+        status = statuses.pop() if len(statuses) == 1 else "running"
+        out.append({"name": rows[0]["name"], "status": status, "started_at": min(started) if started else None,
+                    "finished_at": max(r["finished_at"] for r in rows) if status == "done" else None})
+    return out
+
+
+def _steps(rows: list[dict[str, Any]], state: str) -> list[dict[str, Any]]:
+    """The steps as `status` shows them: a step recorded running while the migration is not (its
+    process ended: waiting at the gate or in the window, failed, interrupted, its process gone)
+    shows the migration's state, not a run nobody does."""
+    return [{"name": s["name"], "status": state if s["status"] == "running" and state != "running" else s["status"],
+             "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])} for s in rows]
 
 
 def _summed(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -132,10 +155,7 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "name": m.name,
         "step": step,
         "state": state,
-        # A step recorded as running whose process is gone is not running: it failed with the migration.
-        "steps": [{"name": s["name"], "status": "failed" if s["status"] == "running" and state == "failed"
-                   else s["status"], "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])}
-                  for s in control.steps(cur, m.id)],
+        "steps": _steps(control.steps(cur, m.id), state),
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
         # Which of those names exist now (after retire or abort some are gone).
         "tables_present": [role for role, qn in (("source", m.source), ("target", m.target), ("old", m.old))
@@ -356,10 +376,13 @@ def workers_of(cur: psycopg.Cursor, m: control.Migration) -> list[dict[str, Any]
         WHERE w.migration_id = %s AND w.heartbeat_at > now() - make_interval(secs => %s)
         ORDER BY w.worker_id, r.range_no
         """, (m.id, control.LEASE_SECONDS))
+    here = socket.gethostname()
+    # A worker killed with -9 keeps a fresh heartbeat for a while: on this host its process says (as _workers).
     return [{"worker": wid, "host": host, "pid": pid, "range_rows": range_rows, "rows_done": rows_done,
              "waiting_for": waiting, "range": None if kind is None else
              {"kind": kind, "range_no": no, "lo": lo, "hi": hi}}
-            for wid, host, pid, range_rows, rows_done, waiting, kind, no, lo, hi in cur.fetchall()]
+            for wid, host, pid, range_rows, rows_done, waiting, kind, no, lo, hi in cur.fetchall()
+            if not (host == here and pid is not None and not control.process_alive(pid))]
 
 
 def lock_waits(cur: psycopg.Cursor) -> list[dict[str, Any]]:

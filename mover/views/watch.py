@@ -99,6 +99,13 @@ def _waiting(snap: dict[str, Any]) -> list[str]:
     return waits
 
 
+def _when(value: str) -> str:
+    """An end the operator waits for (the rollback window's), in local time; the date too when it
+    is not today."""
+    at = datetime.fromisoformat(value).astimezone()
+    return at.strftime("%H:%M:%S" if at.date() == datetime.now().astimezone().date() else "%Y-%m-%d %H:%M:%S")
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
@@ -122,7 +129,8 @@ def line(snap: dict[str, Any]) -> str:
     """The non-terminal form: one line per interval, every field a script may grep."""
     b, r, c = snap["backfill"], snap["reconcile"], snap["capture"]
     brate, rrate = _rate(snap, "backfill"), _rate(snap, "reconcile")
-    parts = [datetime.now().strftime("%H:%M:%S"), snap["name"], f"{snap['step']}/{snap['state']}",
+    parts = [datetime.now().strftime("%H:%M:%S"), snap["name"], f"{snap['step']}/{snap['state']}"
+             + (f" until {_when(snap['rollback_window_ends_at'])}" if snap.get("rollback_window_ends_at") else ""),
              f"backfill {b['rows_copied']:,}" + (f"/{b['rows_estimate']:,}" if b["rows_estimate"] else "")
              + f" rows {b['rows_per_second'] or round(brate or 0):,} rows/s ETA {_eta(b['eta_seconds'])}",
              f"reconcile {r['rows_compared']:,}" + (f"/{r['rows_estimate']:,}" if r.get("rows_estimate") else "")
@@ -156,16 +164,22 @@ def screen(snap: dict[str, Any]) -> RenderableType:
     """The full-screen form: one panel per question an operator asks."""
     b, r, c = snap["backfill"], snap["reconcile"], snap["capture"]
     lease = snap["lease"]
-    head = Text.assemble((f"mover watch {snap['name']}", "bold"), f"   {snap['step']} / {snap['state']}   ",
+    window = snap.get("rollback_window_ends_at")
+    until: list[str | tuple[str, str]] = \
+        [("rollback window until ", "dim"), (_when(window), "bold yellow"), "   "] if window else []
+    head = Text.assemble((f"mover watch {snap['name']}", "bold"), f"   {snap['step']} / {snap['state']}   ", *until,
                          ("lease: ", "dim"), lease["owner"] if lease else "nobody",
                          ("   " + datetime.now().strftime("%H:%M:%S"), "dim"))
 
     timeline = Table.grid(padding=(0, 2))
     marks = {"done": ("✔", "green"), "running": ("▶", "bold blue"), "pending": ("·", "dim"), "undone": ("↺", "yellow"),
-             "failed": ("✘", "red")}
+             "failed": ("✘", "red"), "waiting": ("…", "yellow"), "interrupted": ("✘", "yellow"),
+             "paused": ("‖", "yellow")}
     for s in snap["steps"]:
         mark, style = marks.get(s["status"], ("?", ""))
         when = (s["finished_at"] or s["started_at"] or "")[11:19]
+        if s["name"] == "rollback_window" and window and s["status"] != "done":
+            when += f" .. {_when(window)}"  # the window's end, where the operator waits for it
         timeline.add_row(Text(mark, style), Text(s["name"], style), Text(s["status"], "dim"), Text(when, "dim"))
 
     progress = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
@@ -208,8 +222,10 @@ def screen(snap: dict[str, Any]) -> RenderableType:
                     ("throttled", "floor", "waiting") else "green")
 
     events = Table.grid(padding=(0, 2))
-    for e in snap["recent_events"]:
-        events.add_row(Text((e["at"] or "")[11:19], "dim"), e["kind"], Text(e["message"][:110]))
+    for e in snap["recent_events"]:  # a family's: each naming its table
+        events.add_row(Text((e["at"] or "")[11:19], "dim"),
+                       *([Text(e.get("table") or "", "cyan")] if snap.get("family") else []), e["kind"],
+                       Text(e["message"][:110]))
 
     family = None
     if snap.get("family"):  # each table of a family (issue 27); the panels above are the whole's

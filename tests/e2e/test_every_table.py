@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+from datetime import datetime
 
 import psycopg
 
@@ -129,6 +130,28 @@ def status(dsn: str, name: str = "users") -> dict:
 GROUPS = TABLES[1]
 
 
+def watched(dsn: str) -> dict:
+    """One `mover watch users` snapshot (what its line and screen draw)."""
+    from mover.db import Database, bind
+    from mover.views import watch
+
+    db = Database(dsn)
+    try:
+        return db.transaction(bind(watch.snapshot, "users"))
+    finally:
+        db.close()
+
+
+def screen(snap: dict) -> str:
+    from rich.console import Console
+
+    from mover.views import watch
+
+    console = Console(record=True, width=200)
+    console.print(watch.screen(snap))
+    return console.export_text()
+
+
 def test_events_history_and_report_speak_for_every_table_and_a_killed_run_is_a_failed_attempt(db_dsn, tmp_path):
     """`mover events NAME`, `history` and `report` show the whole migration, each event naming its
     table; `NAME/public.auth_user_groups` is that table's alone. A kill -9 of `mover run` in the
@@ -146,9 +169,19 @@ def test_events_history_and_report_speak_for_every_table_and_a_killed_run_is_a_f
     (h,) = json.loads(mover(db_dsn, "history", "users", "--json").stdout)
     (dead,) = [a for a in h["attempts"] if a["table"] == GROUPS and a["step"] == "backfill"]
     assert dead["outcome"] == "failed" and "ended without finishing" in dead["message"], h["attempts"]
+    # watch: the family's steps (backfill is not done while three tables copy), the dead step
+    # failed, and no worker of the dead process
+    snap = watched(db_dsn)
+    assert [(s["name"], s["status"]) for s in snap["steps"]][1:4] == [
+        ("install_capture", "done"), ("backfill", "failed"), ("reconcile", "pending")], snap["steps"]
+    assert snap["worker_list"] == [], snap["worker_list"]
 
     r = mover(db_dsn, "run", "users")
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    # Each bar names its table.
+    said = " ".join(r.stderr.split())
+    assert f"backfill {GROUPS}" in said and f"index builds (1 at once) {TABLES[3]}" in said, r.stderr
+    assert all(f"reconcile (full) {t}" in said for t in TABLES), r.stderr
 
     events = json.loads(mover(db_dsn, "events", "users", "--json", "--limit", "1000").stdout)
     assert {e["table"] for e in events} == set(TABLES)
@@ -221,6 +254,13 @@ def test_parity_and_the_swap_agree_on_every_table_before_the_first_cutover_and_a
     r = mover(db_dsn, "cutover", "users")
     assert r.returncode == 0, r.stderr
     assert parity(db_dsn)[0] == 0
+    # watch in the window: its end, and the window's step waiting (nobody runs it), not running
+    snap = watched(db_dsn)
+    from mover.views import watch
+    ends = datetime.fromisoformat(snap["rollback_window_ends_at"]).astimezone().strftime("%H:%M:%S")
+    assert f"rollback_window/waiting until {ends}" in watch.line(snap), watch.line(snap)
+    assert [s["status"] for s in snap["steps"]][-3:] == ["done", "waiting", "pending"], snap["steps"]
+    assert f"rollback window until {ends}" in screen(snap)
 
     # Another plan for a table of the family, in its rollback window: the hint names only commands
     # that work there (abort after a rollback), each of them for the family.
@@ -258,3 +298,4 @@ def test_parity_and_the_swap_agree_on_every_table_before_the_first_cutover_and_a
     r = mover(db_dsn, "cutover", "users")
     assert r.returncode == 0, r.stderr
     assert parity(db_dsn)[0] == 0
+

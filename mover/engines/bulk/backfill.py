@@ -263,7 +263,8 @@ def _copy_all(ctx: Context) -> None:
         return introspect.estimate_rows(cur, ctx.original), ranges.state(cur, ctx.mid, KIND)["rows"]
 
     estimate, copied = ctx.db.transaction(prepare)
-    ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
+    ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers,
+               table=str(ctx.migration.source))
     workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True,
                       governor=throttle.of(ctx))
@@ -650,7 +651,8 @@ def build_indexes(ctx: Context) -> None:
     sessions = plan.backfill.index_sessions(plan.throttle.governed)
     started = time.monotonic()
     if builds or constraints:
-        ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions)
+        ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions,
+                   table=str(ctx.migration.source))
     _Builds(ctx, builds, sessions).run()
     for name, ix in pending:
         if partitioned:

@@ -76,7 +76,7 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     earliest = min((row.step for row in rows), key=order.index)
     out["step"] = control.shown_step(earliest)
     # The family's steps: one done when every table's is, running while some tables are at it.
-    out["steps"] = _steps(_family_steps([control.steps(cur, row.id) for row in rows]), out["state"])
+    out["steps"] = _steps(_family_steps([control.steps(cur, row.id) for row in rows]), out["state"], earliest)
     for part in ("backfill", "reconcile", "capture"):
         out[part] = _summed([x[part] for x in each])
     out["divergences"] = sum(x["divergences"] for x in each)
@@ -96,12 +96,18 @@ def _family_steps(each: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def _steps(rows: list[dict[str, Any]], state: str) -> list[dict[str, Any]]:
-    """The steps as `status` shows them: a step recorded running while the migration is not (its
-    process ended: waiting at the gate or in the window, failed, interrupted, its process gone)
-    shows the migration's state, not a run nobody does."""
-    return [{"name": s["name"], "status": state if s["status"] == "running" and state != "running" else s["status"],
-             "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])} for s in rows]
+def _steps(rows: list[dict[str, Any]], state: str, step: str) -> list[dict[str, Any]]:
+    """The steps as `status` shows them: the migration's own step, while the migration is not
+    running it (waiting at the gate or in the window, failed, interrupted, its process gone),
+    shows the migration's state; the rows say "running" or "pending" there, neither of which
+    is what happens (an outcome sets a running step back to pending, so that the next run starts
+    it again)."""
+    def status(s: dict[str, Any]) -> str:
+        if s["name"] == step and s["status"] in ("running", "pending") and state not in ("running", "pending"):
+            return state
+        return state if s["status"] == "running" and state not in ("running", "pending") else s["status"]
+    return [{"name": s["name"], "status": status(s), "started_at": iso(s["started_at"]),
+             "finished_at": iso(s["finished_at"])} for s in rows]
 
 
 def _summed(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,7 +161,7 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "name": m.name,
         "step": step,
         "state": state,
-        "steps": _steps(control.steps(cur, m.id), state),
+        "steps": _steps(control.steps(cur, m.id), state, m.step),
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
         # Which of those names exist now (after retire or abort some are gone).
         "tables_present": [role for role, qn in (("source", m.source), ("target", m.target), ("old", m.old))

@@ -233,6 +233,9 @@ def test_parity_and_the_swap_agree_on_every_table_before_the_first_cutover_and_a
     are planned, before the first cutover and after a rollback, and the cutover goes through; a
     difference the swap refuses on the third table is one `mover parity` names, on that table."""
     django(db_dsn)
+    # Django's foreign keys are all DEFERRABLE INITIALLY DEFERRED: the family plans and runs.
+    r = mover(db_dsn, "plan", "check", plan(tmp_path))
+    assert r.returncode == 0 and "DEFERRABLE" not in r.stderr, r.stderr
     r = mover(db_dsn, "run", plan(tmp_path))
     assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
 
@@ -254,6 +257,26 @@ def test_parity_and_the_swap_agree_on_every_table_before_the_first_cutover_and_a
     r = mover(db_dsn, "cutover", "users")
     assert r.returncode == 0, r.stderr
     assert parity(db_dsn)[0] == 0
+    # Every foreign key of the live tables kept Django's deferral, and a Django transaction that
+    # writes a child before its parent commits; the old tables follow it in the window.
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        keys = conn.execute(
+            "SELECT conrelid::regclass::text, conname, condeferrable, condeferred FROM pg_constraint"
+            " WHERE contype = 'f' AND conrelid = ANY(%s::regclass[])", ([t.replace('"', '') for t in TABLES],)
+        ).fetchall()
+        assert len(keys) == 6 and all(d1 and d2 for _, _, d1, d2 in keys), keys
+        with conn.transaction():
+            conn.execute("INSERT INTO auth_user_groups (user_id, group_id) VALUES (5000000000, 1)")
+            conn.execute("INSERT INTO auth_user (id, password, is_superuser, username, first_name, last_name,"
+                         " email, is_staff, is_active, date_joined) VALUES (5000000000, '', false, 'big', '', '',"
+                         " '', false, true, now())")
+    r = mover(db_dsn, "run", "users")  # the window: the old tables kept in step (a key past int: not replayable)
+    assert r.returncode == 3 and "rollback window" in r.stderr, r.stderr
+    r = mover(db_dsn, "rollback", "users")
+    assert r.returncode == 3 and "5000000000" in r.stderr, r.stderr  # refused: rows only the new tables hold
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM auth_user_groups WHERE user_id = 5000000000")
+        conn.execute("DELETE FROM auth_user WHERE id = 5000000000")
     # watch in the window: its end, and the window's step waiting (nobody runs it), not running
     snap = watched(db_dsn)
     from mover.views import watch
@@ -299,3 +322,14 @@ def test_parity_and_the_swap_agree_on_every_table_before_the_first_cutover_and_a
     assert r.returncode == 0, r.stderr
     assert parity(db_dsn)[0] == 0
 
+
+
+def test_the_readme_refuses_only_a_deferrable_key_of_the_moved_table():
+    """What a Django user reads first: the refusal is of a deferrable primary (or mover's unique)
+    key of a moved table; deferrable foreign keys work (the test above runs Django's)."""
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    refused = readme.split("Refused at `plan check`, naming the fix:")[1].split("\n- ")[0]
+    assert "deferrable keys" not in refused.lower(), refused
+    assert "`DEFERRABLE` primary key" in refused and "Deferrable foreign keys" in refused, refused

@@ -694,12 +694,40 @@ def close_window(cur: psycopg.Cursor, m: Migration, owner: str, *, force: bool) 
 
 
 def mark_retired(cur: psycopg.Cursor, m: Migration, owner: str, *, message: str) -> None:
-    """The last step: the migration is done and nobody holds it any more."""
+    """The last step: the migration is done and nobody holds it any more; what retire ended is
+    resolved with it (retired_with_old_table)."""
+    retired_with_old_table(cur, m, owner)
     finish_step(cur, m, STEPS[-1], owner, state="done", message=message)
     cur.execute("UPDATE mover.migrations SET finished_at = now(), lease_owner = NULL, lease_host = NULL,"
                 " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s AND step = %s AND lease_owner = %s",
                 (m.id, FINISHED, owner))
     _one_row(cur, m.id, "finish")
+
+
+RETIRED = "retired with the old table"
+
+
+def retired_with_old_table(cur: psycopg.Cursor, m: Migration, owner: str) -> list[int]:
+    """The divergences of the reverse direction are rows the old table could not take in the
+    rollback window (a replay into it that failed: a key the old table's key cannot hold after a
+    partition conversion, a value past the old type): they are about the old table, which retire
+    drops (or keeps, no longer synced). Resolved with it as `retired`, in retire's transaction,
+    so a finished migration shows none open; the live table holds those rows. The divergences of
+    the forward direction (rows only the old table holds) are retire's refusal or the operator's
+    `--give-up-rows`, before this. Returns the ids resolved."""
+    kept = bool((m.plan.get("rollback") or {}).get("keep_old"))
+    resolution = RETIRED + (f" (kept as {m.old}, no longer synced)" if kept else f" ({m.old} dropped)")
+    cur.execute("UPDATE mover.divergences SET resolved_at = now(), resolution = %s, resolved_how = 'retired',"
+                " resolved_by = %s, checked_at = now() WHERE migration_id = %s AND resolved_at IS NULL"
+                " AND kind = 'apply_error' AND columns->>'direction' = 'reverse' RETURNING id, key",
+                (resolution, owner, m.id))
+    rows = cur.fetchall()
+    if rows:
+        keys = "; ".join(str(list(key)) for _, key in rows[:20]) + ("; ..." if len(rows) > 20 else "")
+        event(cur, m.id, owner, STEPS[-1], "divergences_retired",
+              f"{len(rows)} divergences of the old table resolved: {resolution}; the live table holds those rows"
+              f" (keys {keys})", {"ids": [i for i, _ in rows]})
+    return [i for i, _ in rows]
 
 
 def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:

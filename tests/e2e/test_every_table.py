@@ -333,3 +333,56 @@ def test_the_readme_refuses_only_a_deferrable_key_of_the_moved_table():
     refused = readme.split("Refused at `plan check`, naming the fix:")[1].split("\n- ")[0]
     assert "deferrable keys" not in refused.lower(), refused
     assert "`DEFERRABLE` primary key" in refused and "Deferrable foreign keys" in refused, refused
+
+
+ADMIN_LOG = """
+[migration]
+name = "admin-log"
+source = "public.django_admin_log"
+
+[target.partition]
+by = "range"
+column = "action_time"
+interval = "1 month"
+premake = 1
+default = true
+accept_key_change = true
+
+[rollback]
+window = "0s"
+"""
+
+
+def test_retire_resolves_the_divergences_of_the_old_table_it_drops(db_dsn, tmp_path):
+    """django_admin_log converted to monthly partitions (its key becomes (id, action_time)) with a
+    window of 0s: a row written between the swap and retire with an id the old table already
+    holds cannot be replayed into it (an apply_error of the reverse direction). Retire drops the
+    old table: that divergence is resolved with it, and the finished migration shows none open."""
+    from tests.workload import Spawned
+
+    django(db_dsn)
+    path = write_plan(tmp_path / "admin-log.toml", ADMIN_LOG)
+    r = mover(db_dsn, "run", path)
+    assert r.returncode == 3 and "ready for cutover" in r.stderr, r.stderr
+    release = tmp_path / "release"
+    proc = Spawned(db_dsn, "cutover", "admin-log",
+                   env={"MOVER_FAULT": "hang@after:cutover", "MOVER_FAULT_RELEASE": str(release)})
+    try:
+        assert proc.wait_for("hanging at after:cutover"), "".join(proc.err)
+        with psycopg.connect(db_dsn, autocommit=True) as conn:  # swapped: the partitioned table is live
+            conn.execute("INSERT INTO django_admin_log (id, action_time, object_repr, action_flag, change_message,"
+                         " user_id) SELECT id, action_time + interval '1 second', 'again', 2, '[]', user_id"
+                         " FROM django_admin_log WHERE id = 7")
+    finally:
+        release.touch()
+    assert proc.wait(120) == 0, "".join(proc.err)
+    st = status(db_dsn, "admin-log")
+    assert (st["state"], st["divergences"]) == ("done", 0), st
+    assert st["reconcile"]["divergences"]["resolved"] == {"retired": 1}, st["reconcile"]
+    (d,) = json.loads(mover(db_dsn, "divergences", "admin-log", "--all", "--json").stdout)
+    assert (d["key"], d["kind"], d["resolved_how"]) == (["7"], "apply_error", "retired"), d
+    assert d["resolution"] == 'retired with the old table ("public"."django_admin_log_old" dropped)', d
+    text = mover(db_dsn, "status", "admin-log").stdout
+    assert "1 resolved with the old table at retire" in " ".join(text.split()), text
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # the live table holds both rows
+        assert conn.execute("SELECT count(*) FROM django_admin_log WHERE id = 7").fetchone() == (2,)

@@ -138,9 +138,14 @@ def generate(dsn: str, rows: int, schema: str) -> None:
         conn.execute("VACUUM ANALYZE bench_orders")
 
 
-def mover(dsn: str, *args: str) -> subprocess.CompletedProcess:
+def mover(dsn: str, *args: str, code: Path = ROOT) -> subprocess.CompletedProcess:
+    """`mover ARGS` as a process, from the checkout `code` (this one, or --before's)."""
     return subprocess.run([sys.executable, "-m", "mover", "--dsn", dsn, *args], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "160"}, cwd=ROOT)
+                          env=_env(code), cwd=code)
+
+
+def _env(code: Path) -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "160", "PYTHONPATH": str(code)}
 
 
 def read_logs(workdir: Path) -> list[tuple[float, float]]:
@@ -155,12 +160,12 @@ def read_logs(workdir: Path) -> list[tuple[float, float]]:
     return out
 
 
-def one_run(dsn: str, workdir: Path, name: str, args, schema: str | None = None) -> dict:
+def one_run(dsn: str, workdir: Path, name: str, args, schema: str | None = None, code: Path = ROOT) -> dict:
     schema = schema or args.schema
     generate(dsn, args.rows, schema)
     plan = workdir / f"{name}.toml"
     plan.write_text(PLAN.format(name=name) + (FAMILY_PLAN.format() if schema == "family" else ""))
-    r = mover(dsn, "run", str(plan))
+    r = mover(dsn, "run", str(plan), code=code)
     if r.returncode != 3:
         return {"refused": True, "exit": r.returncode, "stderr": r.stderr.strip()[-2000:]}
     logdir = workdir / name
@@ -177,17 +182,18 @@ def one_run(dsn: str, workdir: Path, name: str, args, schema: str | None = None)
                               "--log-prefix", str(logdir / "pgbench_log"), *files, dsn],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=logdir)
     follower = subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, "follow", name, "--interval", "0.5"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=code,
+                                env=_env(code))
     try:
         time.sleep(args.seconds / 2)
         started = time.time()
-        cut = mover(dsn, "cutover", name)
+        cut = mover(dsn, "cutover", name, code=code)
         ended = time.time()
     finally:
         follower.send_signal(signal.SIGTERM)
         follower.communicate(timeout=60)
         bench_out, bench_err = bench.communicate(timeout=args.seconds + 120)
-    st = json.loads(mover(dsn, "status", name, "--json").stdout)
+    st = json.loads(mover(dsn, "status", name, "--json", code=code).stdout)
     with connect(dsn) as conn:
         row = conn.execute("SELECT (detail->>'drained')::int, extract(epoch FROM e.at)::float8,"
                            " (detail->>'drain_ms')::float8, (detail->>'verify_ms')::float8,"
@@ -198,7 +204,7 @@ def one_run(dsn: str, workdir: Path, name: str, args, schema: str | None = None)
                            " ON m.id = e.migration_id WHERE m.name = %s AND e.detail ? 'drained'"
                            " ORDER BY e.id DESC LIMIT 1", (name,)).fetchone()
     # Retired, so the next run can migrate the table again (a migration in its window holds it).
-    mover(dsn, "retire", name, "--force")
+    mover(dsn, "retire", name, "--force", code=code)
     with connect(dsn) as conn:
         for t in (TABLE, "bench_items", "bench_notes"):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(f"{t}_old")))
@@ -241,8 +247,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=20, help="pgbench duration; the cutover runs half-way")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
+    ap.add_argument("--before", type=Path, help="a checkout of an earlier mover (`git worktree add DIR REV`): each "
+                                                "run is made with it first, then with this one, side by side")
     args = ap.parse_args()
-    results: dict = {"schema": args.schema, "rows": args.rows, "clients": args.clients, "seconds": args.seconds}
+    results: dict = {"schema": args.schema, "rows": args.rows, "clients": args.clients, "seconds": args.seconds,
+                     "before": str(args.before) if args.before else None}
     with server(args.dsn) as (dsn, _), tempfile.TemporaryDirectory() as tmp:
         db = create_database(dsn, "bench_cutover")
         from mover import api
@@ -252,11 +261,20 @@ def main() -> None:
         runs = []
         for i in range(args.runs):
             single = None
+            previous = None
+            if args.before is not None:  # the earlier code's run first, on the same server, same data
+                previous = {"single_table": one_run(db, Path(tmp), f"bench_cutover_before_single_{i}", args, "plain",
+                                                    code=args.before.resolve())}
+                if args.schema == "family":
+                    previous.update(one_run(db, Path(tmp), f"bench_cutover_before_{i}", args,
+                                            code=args.before.resolve()))
             if args.schema == "family":  # the single table first, for the figure beside the family's
                 single = one_run(db, Path(tmp), f"bench_cutover_single_{i}", args, "plain")
             run = one_run(db, Path(tmp), f"bench_cutover_{args.schema}_{i}", args)
             if single is not None:
                 run["single_table"] = single
+            if previous is not None:
+                run["before"] = previous
             print(run, flush=True)
             runs.append(run)
             if run.get("refused"):
@@ -286,6 +304,8 @@ def report(r: dict) -> str:
     locks = sorted(run["lock_ms"] for run in ok)
     # None where pgbench had ended before the swap committed: no transaction overlapped its lock.
     stalls = sorted(x for run in ok if (x := run["worst_beyond_p99_ms"]) is not None) or ["-"]
+    if r.get("before"):
+        head += _before_and_after(ok) + "\n\n"
     if r["schema"] == "family":
         singles = sorted(run["single_table"]["lock_ms"] for run in ok if run.get("single_table", {}).get("lock_ms"))
         pairs = table([(i, (run.get("single_table") or {}).get("lock_ms"), run["lock_ms"]) for i, run in enumerate(ok)],
@@ -295,6 +315,21 @@ def report(r: dict) -> str:
                 f"{singles[len(singles) // 2] if singles else '-'} ms")
     return (head + rows + f"\n\nlock held: median {locks[len(locks) // 2]} ms, max {locks[-1]} ms (goal < 50);"
             f" worst stall beyond p99: max {stalls[-1]} ms (goal < 100)")
+
+
+def _before_and_after(ok: list[dict]) -> str:
+    """With --before: each run's lock holds by the earlier code and by this one, side by side."""
+    def lock(run: dict | None, *keys: str) -> float | None:
+        for k in keys:
+            run = (run or {}).get(k)
+        return run if isinstance(run, (int, float)) else None
+    family = any("single_table" in run for run in ok)
+    rows = [(i, lock(run, "before", "single_table", "lock_ms"),
+             lock(run, "single_table", "lock_ms") if family else run["lock_ms"],
+             *((lock(run, "before", "lock_ms"), run["lock_ms"]) if family else ())) for i, run in enumerate(ok)]
+    heads = ("run", "one table before: lock held ms", "one table now: lock held ms",
+             *(("family before: lock held ms", "family now: lock held ms") if family else ()))
+    return "before (--before) and now, side by side in each run:\n\n" + table(rows, heads)
 
 
 if __name__ == "__main__":

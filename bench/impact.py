@@ -229,9 +229,9 @@ def wal_ahead(dsn: str, mb: int) -> None:
 
 def segments_ahead(dsn: str) -> int | None:
     """WAL segment files past the one being written, as plan check counts them."""
-    from mover.engines.bulk import backfill
+    from mover.engines.bulk import preflight
     with connect(dsn) as conn:
-        return backfill.wal_segments(conn.cursor(), 0)["wal_segments_ahead"]
+        return preflight.wal_segments(conn.cursor(), 0)["wal_segments_ahead"]
 
 
 def fresh(dsn: str, name: str) -> None:

@@ -21,6 +21,7 @@ what `DROP TABLE` of a table would refuse over (retire and abort, before they dr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -73,7 +74,7 @@ WITH RECURSIVE views(oid, depth) AS (
                -- a sequence OWNED BY a column of the table (handed over at the swap)
                (SELECT d.refobjid FROM pg_class q WHERE q.oid = d.objid AND q.relkind = 'S' AND d.deptype = 'a'),
                CASE WHEN d.objsubid = 0 THEN d.objid END)
-       END IN (SELECT oid FROM rel) AS own,
+       END IN (SELECT oid FROM rel UNION SELECT unnest(%(dropped)s::oid[])) AS own,
        d.classid = 'pg_constraint'::regclass
            AND EXISTS (SELECT 1 FROM pg_constraint k WHERE k.oid = d.objid AND k.contype = 'f') AS foreign_key
     FROM pg_depend d
@@ -254,19 +255,21 @@ def bound(cur: psycopg.Cursor, oid: int) -> list[Bound]:
     return out
 
 
-def blocking(cur: psycopg.Cursor, oid: int) -> list[Bound]:
+def blocking(cur: psycopg.Cursor, oid: int, dropped: Sequence[int] = ()) -> list[Bound]:
     """What `DROP TABLE` of `oid` would refuse over (2BP01), or take along silently: every object
     with an ordinary or automatic dependency on it, on a column of it or on its row type (and the
     arrays and domains over it) that is not its own part, inheritance children included. Views
-    that read it count too: nothing but the table's own parts may remain."""
+    that read it count too: nothing but the table's own parts may remain. `dropped`: the other
+    tables the same transaction drops (a migration's tables: the keys between them go with them)."""
     table = _table(cur, oid)
     # Without views, only the table's own parts belong: they go with it.
     return [_classify(cur, table, classid, what, got, dropping=True)
-            for classid, what, own, _, got in _dependents(cur, oid, views=False) if not own]
+            for classid, what, own, _, got in _dependents(cur, oid, views=False, dropped=dropped) if not own]
 
 
-def _dependents(cur: psycopg.Cursor, oid: int, *, views: bool) -> list[tuple[str, str, bool, bool, list[str] | None]]:
-    cur.execute(DEPENDENTS, {"oid": oid, "views": views})
+def _dependents(cur: psycopg.Cursor, oid: int, *, views: bool,
+                dropped: Sequence[int] = ()) -> list[tuple[str, str, bool, bool, list[str] | None]]:
+    cur.execute(DEPENDENTS, {"oid": oid, "views": views, "dropped": list(dropped)})
     return [(classid, what or f"{classid} {objid}", bool(own), bool(fk), got)
             for classid, objid, _, what, own, fk, got in cur.fetchall()]
 
@@ -300,12 +303,12 @@ def refuse_bound(cur: psycopg.Cursor, oid: int, doing: str, again: str) -> None:
         raise refusal(found, _table(cur, oid).as_string(cur), doing, f"which {doing} would leave behind", again)
 
 
-def refuse_blocking(cur: psycopg.Cursor, oid: int | None, doing: str, again: str) -> None:
+def refuse_blocking(cur: psycopg.Cursor, oid: int | None, doing: str, again: str, dropped: Sequence[int] = ()) -> None:
     """Retire's and abort's refusal before they drop a table: what PostgreSQL would refuse the drop
-    over (2BP01), named with the fix, instead of its raw error."""
+    over (2BP01), named with the fix, instead of its raw error. `dropped`: as for blocking."""
     if oid is None:
         return
-    found = blocking(cur, oid)
+    found = blocking(cur, oid, dropped)
     if found:
         raise refusal(found, _table(cur, oid).as_string(cur), doing,
                       "which PostgreSQL would refuse to drop it over (nothing was dropped)", again)

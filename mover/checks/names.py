@@ -14,7 +14,7 @@ from mover import names
 from mover.catalog import introspect
 from mover.checks.subject import Subject
 from mover.db import one
-from mover.engines.bulk import backfill
+from mover.engines.bulk import builds
 from mover.engines.partitioning import partitions
 from mover.engines.swap import metadata
 from mover.errors import PlanError
@@ -56,7 +56,7 @@ def not_being_moved(s: Subject) -> None:
     # Another migration of the same source first: its target explains why a name is taken.
     other = control.active_on_source(s.cur, s.src) if control.schema_ready(s.cur) else None
     if other is not None and other.name != s.plan.name:
-        other = control.as_one(s.cur, other)  # a family's table: the family, as its commands take it
+        other = control.as_one(control.family(s.cur, other))  # a table of several: its migration
         if other.name != s.plan.name:
             # Only commands that work where it stands (after its cutover, abort does not).
             raise PlanError(f"table {s.src} is already being moved by migration {other.name!r}",
@@ -104,7 +104,7 @@ def derived(cur: psycopg.Cursor, m: control.Migration, plan: Plan) -> list[Deriv
             name = names.derived(m.target.name, "_pkey" if ix.is_primary else "_key")
             out.append(Derived("index", QualifiedName(schema, name), f"the key of {m.target}"))
             continue
-        name = backfill.deferred_index_name(m.id, ix.name)
+        name = builds.deferred_index_name(m.id, ix.name)
         what = f"the copy of index {names.display_ident(ix.name)} the backfill builds on {m.target}"
         out.append(Derived("index", QualifiedName(schema, name), what))
         if not ix.by_constraint:

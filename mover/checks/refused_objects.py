@@ -4,7 +4,7 @@ mover/checks/identity.py), and an
 exclusion constraint (or a temporal key, one underneath) on a partitioned target where PostgreSQL
 takes none. (Triggers, rules, row-level security, dependent views and foreign keys are carried
 over: mover/engines/swap/carry.py; exclusion constraints and temporal keys are built on the new table
-after the copy: mover/engines/bulk/backfill.py.)"""
+after the copy: mover/engines/bulk/builds.py.)"""
 
 from __future__ import annotations
 

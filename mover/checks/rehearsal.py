@@ -13,7 +13,7 @@ from mover import names
 from mover.catalog import introspect
 from mover.checks.subject import Subject
 from mover.db import is_retryable
-from mover.engines.bulk import backfill
+from mover.engines.bulk import builds
 from mover.engines.swap import carry
 from mover.errors import PlanError
 from mover.names import QualifiedName
@@ -77,7 +77,7 @@ def rehearse(cur: psycopg.Cursor, plan: Plan, source: QualifiedName, target: Qua
         # partitioned target where the server takes them): tried on the empty table now.
         for ix in introspect.describe(cur, source).indexes:
             if ix.by_constraint:
-                cur.execute(backfill.IndexBuild(backfill.deferred_index_name(0, ix.name), ix, target).statement())
+                cur.execute(builds.IndexBuild(builds.deferred_index_name(0, ix.name), ix, target).statement())
         if out is not None:
             out.append(introspect.describe(cur, target))
     except psycopg.Error as exc:

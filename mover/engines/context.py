@@ -40,10 +40,6 @@ class Context:
     stop: threading.Event = field(default_factory=threading.Event)
     lease_lost: threading.Event = field(default_factory=threading.Event)
     workers: set[str] = field(default_factory=set)  # ids of this process's workers, for the heartbeat
-    give_up_rows: bool = False  # `retire --give-up-rows`: rows only the old table holds may go with it
-    # Plan check only: the target as its DDL rehearsal created it (rolled back since), so that the
-    # steps' describe() prints the copy's and the replay's conversions before the target exists.
-    planned_target: introspect.TableInfo | None = None
     # The migration's throttle in this process while an engine's bulk work runs (throttle.governing).
     # (Its type is the governor's own: read through throttle.of(ctx), set by throttle.governing.)
     governor: object | None = None
@@ -51,8 +47,9 @@ class Context:
     _family: dict[int, Context] = field(default_factory=dict, repr=False)
     # ((digest of the catalog rows the shape is read from, swapped), verify()'s result): check_shape
     _verified_shape: tuple[tuple[str, bool], str] | None = field(default=None, repr=False)
-    # The family's rows when they are not registered (yet): plan check describes them provisionally.
-    provisional_family: list[control.Migration] | None = None
+    # (the row's plan document, the Plan parsed from it): `plan` parses again only when the row's
+    # document is another one, i.e. when use() or refresh() installed a row a `mover set` changed.
+    _parsed_plan: tuple[dict[str, Any], Plan] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Every transaction of this migration runs with the conversion settings it was registered
@@ -69,7 +66,19 @@ class Context:
 
     @property
     def plan(self) -> Plan:
-        return plan_from_canonical(self.migration.plan)
+        """The migration row's plan, parsed once per document: the row read again (refresh, use,
+        the family's rows) keeps the parse while its plan is equal, and the plan of a row whose
+        document changed is parsed afresh. (A row's document is never changed in place.)"""
+        doc = self.migration.plan
+        parsed = self._parsed_plan
+        if parsed is not None and parsed[0] is doc:
+            return parsed[1]
+        if parsed is not None and parsed[0] == doc:
+            plan = parsed[1]  # the same plan in a row read again: known by identity from now on
+        else:
+            plan = plan_from_canonical(doc)
+        self._parsed_plan = (doc, plan)
+        return plan
 
     @property
     def mid(self) -> int:
@@ -91,20 +100,34 @@ class Context:
         each keeps its own mappings."""
         if self.migration.family_id is None:
             return [self]
+        return self._members(self.rows_of_family(cur))
+
+    def rows_of_family(self, cur: psycopg.Cursor) -> list[control.Migration]:
+        return control.family(cur, self.migration)
+
+    def _members(self, rows: list[control.Migration]) -> list[Context]:
         out = []
-        for row in self.provisional_family or control.family(cur, self.migration):
+        for row in rows:
             if row.id == self.mid:
                 out.append(self)
                 continue
             member = self._family.get(row.id)
             if member is None:
-                member = self._family[row.id] = Context(db=self.db, migration=row, owner=self.owner,
-                                                        report=self.report, stop=self.stop,
-                                                        lease_lost=self.lease_lost, workers=self.workers,
-                                                        provisional_family=self.provisional_family)
+                member = self._family[row.id] = self.member(row)
             member.migration = row
             out.append(member)
         return out
+
+    def tables(self) -> list[Context]:
+        """Every table this migration moves (family(), in a transaction of its own): its rows as
+        they read now, the head first; [self] for one table."""
+        return self.db.transaction(self.family, label="tables")
+
+    def member(self, row: control.Migration) -> Context:
+        """Another table's context: this one's database, lease owner, stop flag, reporter and
+        worker registry, its own row and mappings."""
+        return Context(db=self.db, migration=row, owner=self.owner, report=self.report, stop=self.stop,
+                       lease_lost=self.lease_lost, workers=self.workers)
 
     def checkpoint(self) -> None:
         """Called between transactions: the only places a run stops on request."""
@@ -143,14 +166,11 @@ class Context:
 
     def described_mapping(self, cur: psycopg.Cursor, reverse: bool = False) -> Mapping | None:
         """The mapping a step's describe() prints from: the one the step will run with once the
-        target exists, or before (plan check) the same built over the rehearsed target; None when
-        there is neither."""
+        target exists, else None (plan check's context, runner/register.py Planned, builds it
+        over the rehearsed target instead)."""
         if introspect.exists(cur, self.new):
             return self.mapping(cur, reverse)
-        if self.planned_target is None:
-            return None
-        original, new = introspect.describe(cur, self.original), self.planned_target
-        return self._map(cur, original, new, reverse)
+        return None
 
     def check_shape(self, cur: psycopg.Cursor) -> str:
         """ShapeChanged unless both tables have their recorded shape; the recorded fingerprints.
@@ -169,11 +189,11 @@ class Context:
 
     def _describe_mapping(self, cur: psycopg.Cursor, reverse: bool) -> Mapping:
         original = introspect.describe(cur, self.original)
-        m = self._map(cur, original, introspect.describe(cur, self.new), reverse)
+        m = self.map_tables(cur, original, introspect.describe(cur, self.new), reverse)
         extra = tuple(c for c in partitions.partition_columns(cur, m.dst) if c not in m.key)
         return dataclasses.replace(m, dst_partition=extra) if extra else m
 
-    def _map(self, cur: psycopg.Cursor, original: introspect.TableInfo, new: introspect.TableInfo,
+    def map_tables(self, cur: psycopg.Cursor, original: introspect.TableInfo, new: introspect.TableInfo,
              reverse: bool) -> Mapping:
         key = tuple(self.migration.key_columns)
         if reverse:

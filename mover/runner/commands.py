@@ -23,11 +23,11 @@ from mover.engines.bulk import reconcile as reconcile_engine
 from mover.engines.capture import logical
 from mover.engines.context import Context, Reporter, log_reporter
 from mover.engines.partitioning import upkeep
-from mover.engines.swap import keys as family_engine
+from mover.engines.swap import keys
 from mover.errors import BadInput, NotFound, Waiting
 from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, plan_from_canonical, to_document
-from mover.runner import family, lifecycle, register
 from mover.runner import follow as follower
+from mover.runner import lifecycle, register
 from mover.runner.lease import leased
 from mover.state import control
 from mover.steps import reconcile as reconcile_step
@@ -45,7 +45,7 @@ def run(db: Database, name_or_plan: str, *, one_step: bool = False, wait: bool =
     m = register.locate(db, name_or_plan, owner)
     if m.state != "done":
         with leased(db, m, owner, report=report, stop=stop) as ctx:
-            step = family.step_of(family_engine.tables(ctx))  # a family's: its tables' earliest
+            step = control.step_of([t.migration for t in ctx.tables()])  # its tables' earliest
             if one_step and steps.BY_NAME.get(step, steps.ALL[0]).gate:
                 raise Waiting(f"the next step of {m.name!r} is the cutover",
                               hint=f"run `mover cutover {m.name}` to swap")
@@ -76,7 +76,7 @@ def _under_lease(db: Database, name: str, command: str, action: Callable[[Contex
     with leased(db, m, control.new_owner_id(), report=report, stop=stop, command=command) as ctx:
         control.require_command(ctx.refresh(), command)
         if command not in ("abort", "adopt"):
-            for t in family_engine.tables(ctx):
+            for t in ctx.tables():
                 ctx.db.transaction(bind(shape.verify_at_step, t.migration, t.swapped), label="shape check")
         action(ctx)
         return ctx.migration
@@ -108,7 +108,7 @@ def reconcile(db: Database, name: str, *, full: bool = False, **kw: Any) -> dict
 
     def go(head: Context) -> None:
         passes = []
-        members = family_engine.tables(head)
+        members = head.tables()
         for ctx in members:  # a family's tables one after another
             at_step = ctx.migration.step == "reconcile"
             if at_step:
@@ -126,7 +126,7 @@ def reconcile(db: Database, name: str, *, full: bool = False, **kw: Any) -> dict
         if len(members) > 1:
             # The family's reconcile checks the keys between its tables on the side the application
             # does not write, as its reconcile step does (Failed, naming the rows, if one breaks).
-            out["pass"]["foreign_keys_checked"] = family_engine.check_keys(head, members)
+            out["pass"]["foreign_keys_checked"] = keys.check_keys(head, members)
     _under_lease(db, name, "reconcile", go, **kw)
     passed: dict[str, Any] = out["pass"]
     return passed
@@ -147,7 +147,7 @@ def repair(db: Database, name: str, *, divergence_id: int | None = None, **kw: A
 
     def go(head: Context) -> None:
         # A family's tables in turn, referenced ones first (a parent's row before its children's).
-        members = head.db.transaction(lambda cur: family_engine.parents_first(cur, head.family(cur)))
+        members = head.db.transaction(lambda cur: keys.parents_first(cur, head.family(cur)))
         if divergence_id is not None and len(members) > 1:  # the table whose divergence it is
             members = [t for t in members if t.db.transaction(bind(control.open_divergence_rows, t.mid,
                                                                    divergence_id))] or [head]
@@ -182,7 +182,7 @@ def adopt(db: Database, name: str, **kw: Any) -> list[dict[str, Any]]:
     out: dict[str, Any] = {}
 
     def go(head: Context) -> None:
-        out["adopted"] = [a for ctx in family_engine.tables(head) for a in adopt_engine.adopt(ctx)]
+        out["adopted"] = [a for ctx in head.tables() for a in adopt_engine.adopt(ctx)]
     _under_lease(db, name, "adopt", go, **kw)
     adopted: list[dict[str, Any]] = out.get("adopted", [])
     return adopted

@@ -28,7 +28,7 @@ from mover.db import Database, bind
 from mover.engines.capture import changelog, logical
 from mover.engines.context import Context, Reporter
 from mover.errors import Interrupted, LeaseHeld, Waiting
-from mover.runner import family, lifecycle
+from mover.runner import lifecycle
 from mover.runner.lease import leased
 from mover.state import control
 
@@ -49,7 +49,7 @@ def window_over(m: control.Migration) -> bool:
 
 
 def _batch(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> changelog.Applied | None:
-    members = ctx.family(cur)  # a family's tables (issue 27): all of them, replayed by one statement
+    members = ctx.family(cur)  # every table: all of them replayed by one statement
     tables = [x for t in members for x in ((t.new, t.original) if reverse else (t.original, t.new))]
     try:
         with cur.connection.transaction():  # a savepoint: a lock refused ends only this round
@@ -60,11 +60,9 @@ def _batch(cur: psycopg.Cursor, ctx: Context, reverse: bool) -> changelog.Applie
     now = control.get_by_id(cur, ctx.mid)
     if (now.step, now.cutover_at) != (ctx.migration.step, ctx.migration.cutover_at):
         return None
-    if ctx.migration.family_id is not None:
-        if any(t.migration.step != ctx.migration.step for t in members):
-            return None  # not every table at the gate (or in the window): the steps first
-        return changelog.apply_family_batch(cur, ctx, reverse=reverse)
-    return changelog.apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=True)
+    if any(t.migration.step != ctx.migration.step for t in members):
+        return None  # not every table at the gate (or in the window): the steps first
+    return changelog.apply_tables_batch(cur, ctx, reverse=reverse)
 
 
 def drain_round(ctx: Context) -> dict[str, Any]:
@@ -134,11 +132,9 @@ def follow(db: Database, m: control.Migration, owner: str, *, report: Reporter, 
 
 
 def _refresh(ctx: Context) -> control.Migration:
-    """The migration row as it is now; a family's with the family's step (its tables' earliest)."""
-    m = ctx.refresh()
-    if m.family_id is None:
-        return m
-    return family.as_family(ctx.db.transaction(ctx.family, label="family"))
+    """The head's row as it is now, with the migration's step (its tables' earliest)."""
+    ctx.refresh()
+    return control.as_one([t.migration for t in ctx.tables()])
 
 
 def drain_while_waiting(ctx: Context, *, interval: float = INTERVAL_SECONDS) -> str:

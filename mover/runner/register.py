@@ -19,18 +19,18 @@ import psycopg
 
 from mover import checks, names, steps
 from mover.catalog import family as family_catalog
-from mover.catalog import shape, subscribers
+from mover.catalog import introspect, shape, subscribers
 from mover.checks import edits as edits_check
 from mover.checks import names as names_check
 from mover.db import Database, conversion_settings, search_path
-from mover.engines.bulk import backfill
+from mover.engines.bulk import preflight
 from mover.engines.context import Context
 from mover.engines.governor import throttle
 from mover.errors import BadInput, PlanError, combined
 from mover.names import QualifiedName
 from mover.plan import Plan, load_plan, member_name
+from mover.sql.mapping import Mapping
 from mover.state import control
-from mover.steps import family as family_step
 
 log = logging.getLogger("mover")
 
@@ -137,7 +137,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
     def describe(cur: psycopg.Cursor) -> tuple[dict[str, Any], control.Migration | None]:
         existing = control.find(cur, plan.name)
         if existing is not None and existing.state != "aborted":
-            same_shape(control.as_one(cur, existing), plan)
+            same_shape(control.as_one(control.family(cur, existing)), plan)
             changes = edits_check.check(cur, existing, plan)
             columns = [plan.columns, *(a.columns for a in plan.also)]  # the family's rows are in the plan's order
             guards = governor_lines(cur, plan, [(t.source, c) for t, c in zip(control.family(cur, existing), columns,
@@ -150,11 +150,10 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         rows = [provisional(p, r, mid + i, family=mid if plan.also else None, position=i if plan.also else None,
                             operator_schemas=[x for _, r2 in resolved for x in r2["operator_schemas"]])
                 for i, (p, r) in enumerate(resolved)]
-        head = Context(db=db, migration=rows[0], owner="plan-check", provisional_family=rows if plan.also else None)
+        head = Planned(db=db, migration=rows[0], owner="plan-check", rows=rows,
+                       rehearsed={row.id: r2["rehearsed"] for row, (_, r2) in zip(rows, resolved, strict=True)})
         members = head.family(cur)
         taken(cur, [(t.migration, p) for t, (p, _) in zip(members, resolved, strict=True)])
-        for t, (_, r2) in zip(members, resolved, strict=True):
-            t.planned_target = r2["rehearsed"]  # each table's target as its DDL rehearsal made it
 
         def text(stmts: list[Any]) -> list[str]:
             return [s if isinstance(s, str) else s.as_string(cur) for s in stmts]
@@ -178,7 +177,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         if plan.also:
             out["family"] = {"tables": [{**table(t, r2), "steps": described(t) if t is not head else []}
                                         for t, (_, r2) in zip(members, resolved, strict=True)],
-                             "sql": text(family_step.describe(head, members, cur))}
+                             "sql": text([x for step in steps.ALL for x in step.describe_together(head, members, cur)])}
         return out, None
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.
@@ -187,6 +186,30 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         db.pin_local(cur)  # the pinned settings, behind a pooler too (as Database.transaction)
         cur.execute("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s'")
         return describe(cur)
+
+
+@dataclasses.dataclass
+class Planned(Context):
+    """plan check's context: the tables' rows as registration would write them (not registered
+    yet), and each target as its DDL rehearsal created it (rolled back since), so that the steps'
+    describe() prints the copy's and the replay's conversions before the target exists."""
+
+    rows: list[control.Migration] = dataclasses.field(default_factory=list)
+    rehearsed: dict[int, introspect.TableInfo] = dataclasses.field(default_factory=dict)  # by migration id
+
+    def rows_of_family(self, cur: psycopg.Cursor) -> list[control.Migration]:
+        return self.rows
+
+    def member(self, row: control.Migration) -> Context:
+        return Planned(db=self.db, migration=row, owner=self.owner, report=self.report, rows=self.rows,
+                       rehearsed=self.rehearsed)
+
+    def described_mapping(self, cur: psycopg.Cursor, reverse: bool = False) -> Mapping | None:
+        found = super().described_mapping(cur, reverse)
+        planned = self.rehearsed.get(self.mid)
+        if found is not None or planned is None:
+            return found
+        return self.map_tables(cur, introspect.describe(cur, self.original), planned, reverse)
 
 
 def taken(cur: psycopg.Cursor, tables: list[tuple[control.Migration, Plan]]) -> None:
@@ -203,11 +226,11 @@ def governor_lines(cur: psycopg.Cursor, plan: Plan, tables: list[tuple[Qualified
     and verdicts) and the backfill's preflight for each table moved (the space and the WAL it
     takes; a family's summed), and a warning when a guard would hold mover at its first range now."""
     guards = throttle.describe(cur, plan, mid)
-    pres = [(source, backfill.preflight(cur, source, columns)) for source, columns in tables]
+    pres = [(source, preflight.preflight(cur, source, columns)) for source, columns in tables]
     lines = [line if len(pres) == 1 else f"{source}: {line}" for source, pre in pres for line in pre["lines"][:2]]
     lines += pres[0][1]["lines"][2:]
     estimates = {k: sum(pre[k] for _, pre in pres) for k in pres[0][1] if k != "lines"}
-    segments = backfill.wal_segments(cur, estimates["wal_bytes"])
+    segments = preflight.wal_segments(cur, estimates["wal_bytes"])
     lines.append(segments.pop("line"))
     estimates.update(segments)
     warnings = [f"mover would wait at its first range now: {guards['wait']}"] if guards["wait"] else []
@@ -278,7 +301,7 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
             control.set_aside_aborted(cur, existing, actor)
             existing = None
         if existing is not None:
-            same_shape(control.as_one(cur, existing), plan)
+            same_shape(control.as_one(control.family(cur, existing)), plan)
             if existing.plan != plan.canonical():
                 changes = edits_check.check(cur, existing, plan)
                 update_plan(cur, existing, plan, actor, [c.describe() for c in changes])

@@ -10,7 +10,6 @@ from typing import Any
 from mover.db import Database
 from mover.engines.context import Context
 from mover.engines.swap import query_rehearsal
-from mover.runner import family
 from mover.state import control
 
 
@@ -21,5 +20,5 @@ def rehearse(db: Database, name: str, *, top: int | None = None) -> dict[str, An
     m = db.transaction(lambda cur: control.head_of(cur, control.get(cur, name)), label="rehearse")
     # The migration's recorded session settings pinned, as for any of its commands.
     ctx = Context(db=db, migration=m, owner="rehearse")
-    control.require_command(family.as_family(db.transaction(ctx.family, label="rehearse")), "rehearse")
+    control.require_command(control.as_one([t.migration for t in ctx.tables()]), "rehearse")
     return query_rehearsal.of_migration(ctx, top=top)

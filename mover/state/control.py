@@ -304,14 +304,24 @@ def head_of(cur: psycopg.Cursor, m: Migration) -> Migration:
     return m if m.head else get_by_id(cur, m.family_id)  # type: ignore[arg-type]
 
 
-def as_one(cur: psycopg.Cursor, m: Migration) -> Migration:
-    """The migration as the operator's commands take it: a family's head with the family's step
-    (the earliest of its tables'), or `m` itself."""
-    if m.family_id is None:
-        return m
-    rows = family(cur, m)
+def other_tables(rows: Sequence[Migration]) -> dict[int, list[Migration]]:
+    """Of every head among `rows`, the rows of its other tables among them, in the plan's order
+    (none for a migration of one table)."""
+    return {h.id: sorted((r for r in rows if r.family_id == h.id and r.id != h.id),
+                         key=lambda r: r.family_position or 0) for h in rows if h.head}
+
+
+def step_of(rows: Sequence[Migration]) -> str:
+    """A migration's step: the earliest of its tables' (each table's own row says where it is)."""
     order = [*STEPS, FINISHED]
-    return replace(rows[0], step=min((row.step for row in rows), key=order.index))
+    return min((r.step for r in rows), key=order.index)
+
+
+def as_one(rows: Sequence[Migration]) -> Migration:
+    """The head's row (rows[0]) with the migration's step: what the operator's commands are checked
+    against, for one table or many."""
+    head, step = rows[0], step_of(rows)
+    return head if step == head.step else replace(head, step=step)
 
 
 def update_plan(cur: psycopg.Cursor, mid: int, plan: dict[str, Any], actor: str,

@@ -8,7 +8,7 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import conversion, introspect, shape
-from mover.engines.bulk import backfill
+from mover.engines.bulk import backfill, builds
 from mover.engines.capture import changelog
 from mover.engines.context import Context
 from mover.engines.governor import throttle
@@ -16,10 +16,10 @@ from mover.engines.partitioning import partitions
 from mover.errors import Failed
 from mover.sql import copy as copy_sql
 from mover.state import control, ranges
-from mover.steps.base import Step
+from mover.steps.base import EachTable
 
 
-class Backfill(Step):
+class Backfill(EachTable):
     name = "backfill"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
@@ -35,7 +35,7 @@ class Backfill(Step):
             # Before create_target (plan check): the bounds are cut on the source alone, its key says how.
             source = introspect.describe(cur, ctx.original)
             out += ranges.bound_statements(conversion.mapping(source, source, tuple(m.key_columns)))
-        indexes = backfill.deferred_indexes(cur, ctx)
+        indexes = builds.deferred_indexes(cur, ctx)
         if indexes:
             governed = ctx.plan.throttle.governed
             at_once = ctx.plan.backfill.index_sessions(governed)
@@ -45,11 +45,11 @@ class Backfill(Step):
                        "), each in its own transaction (only mover writes the new table before the cutover); a"
                        " partitioned target builds each partition's, then attaches them to its parent's index ON"
                        " ONLY")
-        out += backfill.index_statements(ctx, indexes, self._partitions(ctx, cur))
+        out += builds.index_statements(ctx, indexes, self._partitions(ctx, cur))
         out += ["-- beside the index builds, in a session of its own out of a transaction block (one partition"
                 " locked at a time; under the governor it takes one of the builds' turns), unless a deferred index"
                 " has expressions, an exclusion constraint is built or a pooler stands in the way: then after them,"
-                " in a transaction", backfill.Analyze(ctx).statement()]
+                " in a transaction", builds.Analyze(ctx).statement()]
         return out
 
     @staticmethod
@@ -65,8 +65,8 @@ class Backfill(Step):
         planned = partitions.layout(cur, spec, ctx.original, ctx.migration.source.name, schema).partitions
         return [names.QualifiedName(schema, p.name) for p in planned]
 
-    def run(self, ctx: Context) -> None:
-        backfill.stop_orphaned_builders(ctx)  # a crashed run's, which would hold up the drain
+    def run_table(self, ctx: Context) -> None:
+        builds.stop_orphaned_builders(ctx)  # a crashed run's, which would hold up the drain
         # One governor for the step: the baseline is the probe's before the step's work (the copy,
         # then the index builds and ANALYZE under it).
         with throttle.governing(ctx, "backfill"):
@@ -83,7 +83,7 @@ class Backfill(Step):
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "drained",
                                                      f"applied {applied.claimed} logged changes after the copy",
                                                      {"applied": applied.claimed}, ms))
-        analyze, ms = backfill.build_and_analyze(ctx)  # under the governor, as the copy
+        analyze, ms = builds.build_and_analyze(ctx)  # under the governor, as the copy
         ctx.db.transaction(lambda cur: control.event(cur, m.id, ctx.owner, self.name, "analyzed",
                                                      f"analyzed {m.target}", {"beside_builds": analyze.beside}, ms))
 

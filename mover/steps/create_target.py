@@ -13,7 +13,7 @@ from mover.plan import Plan
 from mover.sql import ddl
 from mover.sql import partitions as sql_partitions
 from mover.state import control
-from mover.steps.base import Step
+from mover.steps.base import EachTable
 
 
 def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
@@ -158,13 +158,13 @@ def _kept_collation(cur: psycopg.Cursor, column: introspect.Column, type_text: s
     return column.collation if row and row[0] else None
 
 
-class CreateTarget(Step):
+class CreateTarget(EachTable):
     name = "create_target"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         return list(target_ddl(cur, ctx.plan, ctx.migration.source, ctx.migration.target, ctx.mid))
 
-    def run(self, ctx: Context) -> None:
+    def run_table(self, ctx: Context) -> None:
         m = ctx.migration
 
         def create(cur: psycopg.Cursor) -> None:

@@ -1,22 +1,27 @@
 """The cutover step: the gate it waits at until the operator says go (wait), what `plan check`
-prints of the swap (describe), and the swap itself (run). The cutover's sequence and the
-rollback's (swap_in, swap_back, at the end of this file) read top to bottom, each line a call into
-the engine that does it (mover/engines/swap/cutover.py).
+prints of the swap (describe), and the swap itself (run), for every table of the migration at
+once. The cutover's sequence and the rollback's (swap_in, swap_back, at the end of this file) read
+top to bottom, each line a call into the engine that does it (mover/engines/swap/cutover.py); each
+phase runs for every table before the next, in one transaction.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
 from typing import NoReturn
 
 import psycopg
 from psycopg import sql
 
-from mover.catalog import introspect
+from mover import faults
+from mover.catalog import introspect, shape
 from mover.db import bind
-from mover.engines import hooks
 from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context
-from mover.engines.swap import carry, cutover, lockwatch, query_rehearsal
+from mover.engines.swap import carry, cutover, keys, lockwatch, query_rehearsal
 from mover.errors import Waiting
 from mover.state import control
 from mover.steps.base import Step
@@ -27,6 +32,7 @@ from mover.steps.reconcile import last_check
 class Cutover(Step):
     name = "cutover"
     gate = True
+    hooks = "cutover"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         m = ctx.migration
@@ -41,7 +47,7 @@ class Cutover(Step):
         ]
 
         def locks() -> list[sql.Composable | str]:
-            return [s for _, s in lockwatch.lock_statements(cur, cutover.swap_locks(cur, ctx, m.source, m.target))]
+            return [s for _, s in lockwatch.lock_statements(cur, cutover.swap_locks(cur, [ctx], forward=True))]
 
         if introspect.exists(cur, m.target):
             out += locks()
@@ -74,34 +80,61 @@ class Cutover(Step):
                        f"{m.source} has no such foreign key")
         return out
 
-    def wait(self, ctx: Context) -> NoReturn:
+    def describe_together(self, ctx: Context, tables: Sequence[Context],
+                          cur: psycopg.Cursor) -> list[sql.Composable | str]:
+        c = ctx.plan.cutover
+        ordered = keys.parents_first(cur, tables)
+        out: list[sql.Composable | str] = [
+            f"-- the cutover: one transaction swaps every table (each as its cutover step shows), under "
+            f"lock_timeout {c.lock_timeout_ms}ms, up to {c.attempts} attempts; it locks, one relation at a time, "
+            "in this order:",
+            *(f"--   {t}" for t in cutover.swap_locks(cur, ordered, forward=True)),
+            "-- then verifies each table's catalog digest, replays every change log by one statement, runs each "
+            "table's swap, checks each table's parity, and records the cutover of every table",
+            "-- an attempt that times out on a table locks that table first in the next (race 9); before each "
+            "attempt, every log is drained outside the lock"]
+        deadlock_ms = introspect.setting_ms(cur, "deadlock_timeout")
+        if c.lock_timeout_ms >= deadlock_ms:
+            out.append(f"-- warning: [cutover] lock_timeout ({c.lock_timeout_ms}ms) is not below the server's "
+                       f"deadlock_timeout ({deadlock_ms}ms): where the application's transactions and the swap wait "
+                       "for each other (race 9), the server's deadlock check may end the application's transaction "
+                       "before mover's attempt gives up; keep lock_timeout below deadlock_timeout")
+        return out
+
+    def wait(self, ctx: Context, tables: Sequence[Context]) -> NoReturn:
         """The gate (`mover run` stops here until `mover cutover`, or [cutover] auto): keep the
-        target in step with the source while waiting, and tell the truth about it."""
+        targets in step with the sources while waiting (every log, one statement), and tell the
+        truth about them: each table's failed replays tried again and its divergences counted and
+        recorded at the gate; exit 3 either way."""
         m = ctx.migration
-        changelog.drain(ctx, reverse=False, backfill_done=True)
-        integrity.refuse_forward(ctx)  # invariant 14: a capture gap refuses here too, naming it and its fix
-        # A replay that failed since reconcile left open divergences: replayed once more first (the
-        # application may have fixed the row since).
-        ctx.db.transaction(bind(cutover.retry_unapplied, ctx, reverse=False))
-        counts = ctx.db.transaction(bind(control.divergence_counts, m.id))
-        ctx.db.transaction(bind(control.wait_at_gate, m, ctx.owner, counts), label="wait at the gate")
-        if counts["open"]:
-            kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
-            note = ctx.db.transaction(bind(integrity.bypassed_note, m.id))  # a recorded gap explains them
-            raise Waiting(f"migration {m.name!r} is at the cutover gate, but {m.target} differs from {m.source}: "
-                          f"{counts['open']} divergences ({kinds}) open; cutover refuses until they are resolved"
-                          f"{note}",
+        changelog.drain(ctx, reverse=False, backfill_done=True)  # every table's log
+        differ: list[str] = []
+        for t in ctx.db.transaction(bind(keys.parents_first, tables)):  # a parent's row before its children's
+            integrity.refuse_forward(t)  # invariant 14: a capture gap refuses here too, naming it and its fix
+            # A replay that failed since reconcile left open divergences: replayed once more first
+            # (the application may have fixed the row since).
+            ctx.db.transaction(bind(cutover.retry_unapplied, t, reverse=False))
+            counts = ctx.db.transaction(bind(control.divergence_counts, t.mid))
+            ctx.db.transaction(bind(control.wait_at_gate, t.migration, t.owner, counts), label="wait at the gate")
+            if counts["open"]:
+                kinds = ", ".join(f"{n} {kind}" for kind, n in counts["open_by_kind"].items())
+                note = ctx.db.transaction(bind(integrity.bypassed_note, t.mid))  # a recorded gap explains them
+                differ.append(f"{t.migration.target} differs from {t.migration.source}: {counts['open']} "
+                              f"divergences ({kinds}) open{note}")
+        if differ:
+            raise Waiting(f"migration {m.name!r} is at the cutover gate, but {'; '.join(differ)}; cutover refuses "
+                          f"until they are resolved",
                           hint=f"see them with `mover divergences {m.name}`; `mover repair {m.name}` re-syncs "
                                f"them from the source, `mover accept {m.name} --reason TEXT` closes them")
-        # What the swap would leave on the old table is named here already (invariant 15).
-        ctx.db.transaction(lambda cur: cutover.refuse_identity_bound(cur, ctx, forward=True), label="identity")
-        raise Waiting(f"migration {m.name!r} is ready for cutover: {m.target} equals {m.source}",
-                      hint=f"run `mover cutover {m.name}` to swap it in")
+        for t in tables:  # what the swap would leave on an old table is named here already (invariant 15)
+            ctx.db.transaction(bind(cutover.refuse_identity_bound, t, forward=True), label="identity")
+        equal = ", ".join(f"{t.migration.target} equals {t.migration.source}" for t in tables)
+        raise Waiting(f"migration {m.name!r} is ready for cutover: {equal}",
+                      hint=f"run `mover cutover {m.name}` to swap "
+                           + ("it in" if len(tables) == 1 else "them in, in one transaction"))
 
-    def run(self, ctx: Context) -> None:
-        hooks.run(ctx, "before_cutover")
-        swap_in(ctx)
-        hooks.run(ctx, "after_cutover")
+    def run_all(self, ctx: Context, tables: Sequence[Context], *, give_up_rows: bool = False) -> None:
+        swap_in(ctx, tables)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,55 +143,88 @@ class Cutover(Step):
 # parity.py, changelog.py). docs/design.md, "The seven steps", says what each does and why.
 
 
-def swap_in(ctx: Context) -> float:
-    """The cutover: swap the target in under one short lock; returns how long it was held (ms)."""
+def swap_in(ctx: Context, tables: Sequence[Context]) -> float:
+    """The cutover: every table's target swapped in under one short lock; returns how long it was
+    held (ms)."""
     query_rehearsal.before_cutover(ctx)  # [cutover] rehearse: no recorded statement plans markedly worse
-    cutover.preflight(ctx, last_check)  # no divergences, indexes valid, no subscriber broken; drain; last check
-    prepared = cutover.prepare(ctx, forward=True)  # before the lock: digest, shapes, statements, parity
+    for t in tables:
+        cutover.preflight(t, last_check)  # no divergences, indexes valid, no subscriber broken; drain; last check
+    digest = ctx.db.transaction(bind(cutover.digest, tables, True), label="swap digest")  # before any statement
+    prepared = [cutover.prepare(t, forward=True) for t in tables]  # before the lock: shapes, statements, parity
     try:
-        with logical.flusher(ctx) as flusher:  # logical capture: a second session, to flush the WAL under the lock
-            held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=True, flusher=flusher),
+        with contextlib.ExitStack() as stack:  # logical capture: a second session each, to flush the WAL
+            flushers = [stack.enter_context(logical.flusher(t)) for t in tables]
+            held = cutover.run_locked(ctx, tables, lambda cur: _swap(cur, ctx, tables, prepared, digest, forward=True,
+                                                                     flushers=flushers),
                                       forward=True,  # before each attempt: what came meanwhile drained, outside
-                                      before_attempt=lambda: cutover.drain_before_lock(ctx, [prepared]))
+                                      before_attempt=lambda: cutover.drain_before_lock(ctx, tables, prepared))
     except cutover.Unapplied as exc:  # rolled back whole: nothing was swapped
-        raise cutover.refused(ctx, exc, forward=True) from None
+        raise cutover.refused(ctx, tables, exc, forward=True) from None
     except integrity.Bypassed as exc:  # capture not continuously in force, seen under the lock: recorded, refused
         raise integrity.refused(exc, "cutover") from None
-    cutover.finish(ctx, held, forward=True)  # the slot dropped; VALIDATE the foreign keys added NOT VALID
+    for t in tables:
+        cutover.finish(t, held, forward=True, report=t is ctx)  # the slot dropped; VALIDATE keys added NOT VALID
     return held
 
 
-def swap_back(ctx: Context, give_up_rows: bool = False, command: str = "rollback") -> float:
-    """The rollback (within the window): the old table takes the name back, losing nothing (or
-    refusing, invariant 9); the migration returns to before the gate."""
-    cutover.refuse_rows_only_in_new(ctx, give_up_rows, command)  # reverse log drained; refused early
-    integrity.refuse_reverse(ctx, give_up_rows, command)  # invariant 14: a gap in the reverse capture refuses
-    with logical.preparing_back(ctx):  # logical capture: its publication and slot made before the lock
-        prepared = cutover.prepare(ctx, forward=False)  # before the lock: digest, shapes, statements, parity
+def swap_back(ctx: Context, tables: Sequence[Context], give_up_rows: bool = False, command: str = "rollback") -> float:
+    """The rollback (within the window): every old table takes its name back in one transaction,
+    losing nothing (or refusing, invariant 9); the migration returns to before the gate."""
+    for t in tables:
+        cutover.refuse_rows_only_in_new(t, give_up_rows, command)  # reverse log drained; refused early
+        integrity.refuse_reverse(t, give_up_rows, command)  # invariant 14: a gap in the reverse capture refuses
+    with contextlib.ExitStack() as stack:
+        for t in tables:
+            stack.enter_context(logical.preparing_back(t))  # logical capture: publication and slot before the lock
+        digest = ctx.db.transaction(bind(cutover.digest, tables, False), label="swap digest")
+        prepared = [cutover.prepare(t, forward=False) for t in tables]  # before the lock: statements, parity
         try:
-            held = cutover.run_locked(ctx, lambda cur: _swap(cur, ctx, prepared, forward=False,
-                                                             give_up_rows=give_up_rows, command=command),
+            held = cutover.run_locked(ctx, tables, lambda cur: _swap(cur, ctx, tables, prepared, digest, forward=False,
+                                                                     give_up_rows=give_up_rows, command=command),
                                       forward=False, command=command,  # before each attempt: reverse drain, snapshots
-                                      before_attempt=lambda: cutover.drain_before_swap_back(ctx, [prepared],
+                                      before_attempt=lambda: cutover.drain_before_swap_back(ctx, tables, prepared,
                                                                                             command=command))
         except cutover.Unapplied as exc:
-            raise cutover.refused(ctx, exc, forward=False, command=command) from None
+            raise cutover.refused(ctx, tables, exc, forward=False, command=command) from None
         except integrity.Bypassed as exc:  # seen under the lock: recorded, refused
             raise integrity.refused(exc, command) from None
-    cutover.finish(ctx, held, forward=False)
+    for t in tables:
+        cutover.finish(t, held, forward=False, report=t is ctx)
     return held
 
 
-def _swap(cur: psycopg.Cursor, ctx: Context, prepared: cutover.Prepared, *, forward: bool,
-          give_up_rows: bool = False, command: str = "rollback", flusher: logical.Flusher | None = None) -> float:
-    """The swap's one transaction (retried whole by lockwatch under lock_timeout, invariant 3)."""
-    s = cutover.Swap(cur, ctx, prepared, forward=forward, give_up_rows=give_up_rows, command=command,
-                     flusher=flusher)
-    s.lock()  # ACCESS EXCLUSIVE: both tables, referencing tables, views, the logs; one at a time, in order
-    s.verify()  # the catalog digest (shape, invariant 7): unchanged, what was built before the lock stands
-    s.verify_capture()  # invariant 14: the capture drained next was continuously in force, no gap uncovered
-    s.drain()  # logical capture fed to the lock first; the last logged changes (race 4, race 5)
-    s.rebuild()  # only if the digest changed: statements and parity description read again, under the lock
-    s.execute()  # swap and carry: capture off, objects off, renames, sequences, objects on, capture reversed
-    s.check_parity()  # the table that takes the name looks as the other did; both shapes recorded again
-    return s.record()  # capture path checked, the transition and the lock's phases recorded
+def _swap(cur: psycopg.Cursor, ctx: Context, tables: Sequence[Context], prepared: list[cutover.Prepared],
+          digest: str, *, forward: bool, give_up_rows: bool = False, command: str = "rollback",
+          flushers: Sequence[logical.Flusher | None] = ()) -> float:
+    """The swap's one transaction (retried whole by lockwatch under lock_timeout, invariant 3): each
+    phase, for every table, before the next."""
+    swaps = [cutover.Swap(cur, t, p, forward=forward, give_up_rows=give_up_rows, command=command, flusher=f)
+             for t, p, f in itertools.zip_longest(tables, prepared, flushers[:len(tables)])]
+    relations = cutover.swap_locks(cur, tables, forward)
+    for i, s in enumerate(swaps):
+        s.lock(relations if i == 0 else [])  # ACCESS EXCLUSIVE: every relation, one at a time, in order
+    marks = [time.monotonic()]
+    changed = cutover.digest(cur, tables, forward) != digest  # one query: every table's catalog rows
+    for s in swaps:
+        s.verify(changed)  # the digest (shape, invariant 7): unchanged, what was built before the lock stands
+        s.verify_capture()  # invariant 14: the capture drained next was continuously in force, no gap uncovered
+    marks.append(time.monotonic())
+    replayed = cutover.drain_locked(cur, ctx, swaps, forward)  # every log: logical fed first (race 4, race 5)
+    marks.append(time.monotonic())
+    for s in swaps:
+        s.rebuild()  # only if the digest changed: statements and parity description read again, under the lock
+    marks.append(time.monotonic())
+    for s in swaps:
+        s.execute()  # swap and carry: capture off, objects off, renames, sequences, objects on, capture reversed
+    marks.append(time.monotonic())
+    faults.point("swap:executed" if forward else "swap_back:executed")
+    described = shape.describe(cur, [oid for p in prepared for oid in p.oids])  # every table, one query
+    for s in swaps:
+        s.check_parity(described)  # the table that takes the name looks as the other did; shapes recorded again
+    marks.append(time.monotonic())
+    # Each table's transition (capture path checked, the lock's phases recorded), in this
+    # transaction; the head's last, so that its hold (the one `mover status NAME` shows) runs from
+    # the locks to all but the commit.
+    held = [s.record() for s in reversed(swaps)][-1]
+    cutover.record_together(cur, ctx, swaps, forward, held, replayed, marks)  # several tables: where the time went
+    return held

@@ -7,12 +7,12 @@ from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context
 from mover.engines.swap import lockwatch
 from mover.state import control
-from mover.steps.base import Step
+from mover.steps.base import EachTable
 
 INSTALL_LOCK = "SHARE ROW EXCLUSIVE"  # what CREATE TRIGGER takes
 
 
-class InstallCapture(Step):
+class InstallCapture(EachTable):
     name = "install_capture"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
@@ -26,7 +26,7 @@ class InstallCapture(Step):
         return [*out, *(s for _, s in lockwatch.lock_statements(cur, [m.source], INSTALL_LOCK)),
                 *changelog.install_sql(cur, m.id, m.source, tuple(m.key_columns), m.name, logical_capture=from_wal)]
 
-    def run(self, ctx: Context) -> None:
+    def run_table(self, ctx: Context) -> None:
         m = ctx.migration
         from_wal = logical.enabled(ctx)
         if from_wal:

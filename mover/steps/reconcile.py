@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 from psycopg import sql
 
@@ -8,13 +10,14 @@ from mover.catalog import introspect
 from mover.engines.bulk import reconcile
 from mover.engines.capture import integrity
 from mover.engines.context import Context
+from mover.engines.swap import keys
 from mover.errors import Waiting
 from mover.sql import compare
 from mover.state import control, ranges
-from mover.steps.base import Step
+from mover.steps.base import EachTable
 
 
-class Reconcile(Step):
+class Reconcile(EachTable):
     name = "reconcile"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
@@ -32,7 +35,30 @@ class Reconcile(Step):
                                              None, ["<hi>"])[0])
         return out
 
-    def run(self, ctx: Context) -> None:
+    def describe_together(self, ctx: Context, tables: Sequence[Context],
+                          cur: psycopg.Cursor) -> list[sql.Composable | str]:
+        found: list[sql.Composable | str] = [*keys.link_sql(cur, tables, missing_only=False)]
+        return ["-- once every table is copied, before the first reconcile pass, in one transaction: every change "
+                "log replayed by one statement, then the foreign keys between the tables added to the targets "
+                "(validated: only mover writes them); the swap renames the tables and the keys stay with them",
+                *(found or ["-- (no foreign key between these tables)"])]
+
+    def run(self, ctx: Context, tables: Sequence[Context], *, give_up_rows: bool = False) -> None:
+        """Before the first pass, the keys between the tables on the targets (once every table is
+        copied: every table is at this step or past it); every table compared before the step
+        waits for divergences (one Waiting naming them all); then those keys checked on the
+        targets with plain queries."""
+        keys.link(ctx, tables)
+        waiting = None
+        try:
+            super().run(ctx, tables)
+        except Waiting as exc:
+            waiting = exc
+        keys.check_keys(ctx, tables)
+        if waiting is not None:
+            raise waiting
+
+    def run_table(self, ctx: Context) -> None:
         conclude(ctx, reconcile.run(ctx))
 
 

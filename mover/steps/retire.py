@@ -1,9 +1,13 @@
+"""The retire step: the old tables dropped (or kept inert, [rollback] keep_old) and the reverse
+capture removed, for every table in one transaction."""
+
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import psycopg
 from psycopg import sql
 
-from mover.engines import hooks
 from mover.engines.context import Context
 from mover.engines.swap import cutover, lockwatch
 from mover.steps.base import Step
@@ -11,12 +15,11 @@ from mover.steps.base import Step
 
 class Retire(Step):
     name = "retire"
+    hooks = "retire"
 
     def describe(self, ctx: Context, cur: psycopg.Cursor) -> list[sql.Composable | str]:
         return [*(s for _, s in lockwatch.lock_statements(cur, cutover.retire_locks(ctx))),
                 *(cutover.render(cur, s) for s in cutover.retire_sql(cur, ctx))]
 
-    def run(self, ctx: Context) -> None:
-        hooks.run(ctx, "before_retire")
-        cutover.retire(ctx, ctx.give_up_rows)
-        hooks.run(ctx, "after_retire")
+    def run_all(self, ctx: Context, tables: Sequence[Context], *, give_up_rows: bool = False) -> None:
+        cutover.retire(ctx, tables, give_up_rows)  # every table in one transaction

@@ -1,8 +1,11 @@
-"""The rollback window: each run applies the reverse change log to the old table and waits
-(exit 3) until the window ends; then it closes. `mover rollback` swaps back within it
-(mover/steps/cutover.py swap_back, the cutover's sequence the other way)."""
+"""The rollback window, for every table at once: each run applies the reverse change logs to the
+old tables and waits (exit 3) until the window ends; then it closes. `mover rollback` swaps back
+within it (mover/steps/cutover.py swap_back, the cutover's sequence the other way)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -35,40 +38,51 @@ class RollbackWindow(Step):
                     sql.Identifier(c.name), trusted(c.cast_to, "format_type"), source_value("s", c)))
         return out
 
-    def run(self, ctx: Context) -> None:
+    def run_all(self, ctx: Context, tables: Sequence[Context], *, give_up_rows: bool = False) -> None:
+        """A run in the window: what the swap added NOT VALID validated, every reverse log applied
+        to the old tables; exit 3 until the window ends, then it closes."""
+        for t in tables:
+            carry.validate(t)  # what the swap added NOT VALID, if a crash came before it was validated
+            integrity.resync_reverse(t)  # invariant 14: after a reverse capture gap, every key re-synced (drained next)
+        if close(ctx, tables, force=False):
+            return
         m = ctx.migration
-        carry.validate(ctx)  # what the swap added NOT VALID, if a crash came before it was validated
-        integrity.resync_reverse(ctx)  # invariant 14: after a reverse capture gap, every key re-synced (drained next)
-        if not close(ctx, force=False):
-            # Say so while rows the old table rejected exist only in the new one (replayed once more:
-            # the application may have fixed them): a rollback would refuse.
-            stuck = ctx.db.transaction(lambda cur: cutover.retry_unapplied(cur, ctx, reverse=True))
-            rejected = (f"; {len({tuple(d['key']) for d in stuck})} rows exist only in {m.source}, the old table "
-                        f"rejected them: {cutover.describe_rows(stuck)}") if stuck else ""
-            # With such rows a plain rollback would refuse: the hint names what does move on.
-            hint = (f"fix those rows in the application (each `mover run {m.name}` replays them again; `mover "
-                    f"divergences {m.name}` lists them), or `mover rollback {m.name} {cutover.GIVE_UP_FLAG}` swaps "
-                    f"back without them; `mover retire {m.name} --force` ends the window now, keeping them"
-                    if stuck else
-                    f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
-            gap = integrity.window_note(ctx)  # a reverse capture gap: a rollback would refuse
-            raise Waiting(f"the rollback window of {m.name!r} is open until"
-                          f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}{gap}", hint=hint)
+        # Say so while rows the old tables rejected exist only in the new ones (replayed once more:
+        # the application may have fixed them): a rollback would refuse.
+        stuck: list[dict[str, Any]] = []
+        for t in tables:
+            stuck += ctx.db.transaction(bind(cutover.retry_unapplied, t, reverse=True))
+        sources = ", ".join(str(t.migration.source) for t in tables)
+        rejected = (f"; {len({tuple(d['key']) for d in stuck})} rows exist only in {sources}, the old "
+                    f"{'table' if len(tables) == 1 else 'tables'} rejected them: {cutover.describe_rows(stuck)}"
+                    if stuck else "")
+        # With such rows a plain rollback would refuse: the hint names what does move on.
+        hint = (f"fix those rows in the application (each `mover run {m.name}` replays them again; `mover "
+                f"divergences {m.name}` lists them), or `mover rollback {m.name} {cutover.GIVE_UP_FLAG}` swaps "
+                f"back without them; `mover retire {m.name} --force` ends the window now, keeping them"
+                if stuck else
+                f"`mover rollback {m.name}` swaps back; `mover retire {m.name} --force` ends it now")
+        gap = "".join(integrity.window_note(t) for t in tables)  # a reverse capture gap: a rollback would refuse
+        raise Waiting(f"the rollback window of {m.name!r} is open until"
+                      f" {ctx.refresh().window_ends_at:%Y-%m-%d %H:%M:%S %Z}{rejected}{gap}", hint=hint)
 
 
 def still_open(m: control.Migration) -> Waiting:
-    """What `mover retire` without --force says while the window of `m` (one table's, or a family's
-    head) is still open."""
+    """What `mover retire` without --force says while the window of `m` (the head's row) is still open."""
     ends = f" until {m.window_ends_at:%Y-%m-%d %H:%M:%S %Z}".rstrip() if m.window_ends_at else ""
     return Waiting(f"the rollback window of {m.name!r} is still open{ends}",
                    hint=f"wait, or `mover retire {m.name} --force`")
 
 
-def close(ctx: Context, *, force: bool) -> bool:
-    """Apply the reverse log to the old table, then end the window if it is over (or now, with
-    force). False while it is open."""
+def close(ctx: Context, tables: Sequence[Context], *, force: bool) -> bool:
+    """Every reverse log applied to the old tables (one statement a batch), then the window ended
+    for every table if it is over (or now, with force). False while it is open."""
     changelog.drain(ctx, reverse=True, backfill_done=True)
-    closed = ctx.db.transaction(bind(control.close_window, ctx.migration, ctx.owner, force=force),
-                                label="close rollback window")
-    ctx.refresh()
+
+    def go(cur: psycopg.Cursor) -> bool:
+        return all([control.close_window(cur, t.migration, t.owner, force=force) for t in tables])
+
+    closed = ctx.db.transaction(go, label="close rollback window")
+    for t in tables:
+        t.refresh()
     return closed

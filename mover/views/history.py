@@ -125,7 +125,7 @@ def history(cur: psycopg.Cursor, name: str | None = None) -> list[dict[str, Any]
     NAME#id), oldest first. A table's own name (NAME/schema.table): that table's history alone."""
     everything = control.list_all(cur)
     # A family's tables (issue 27) are listed within it, each with its own steps.
-    tables_of = {m.id: [t for t in everything if t.family_id == m.id and t.id != m.id] for m in everything if m.head}
+    tables_of = control.other_tables(everything)
     migrations = [m for m in everything if m.head]
     if name is not None:
         migrations = [m for m in migrations if m.name == name or m.name.startswith(f"{name}#")]

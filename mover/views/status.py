@@ -3,7 +3,6 @@ control schema and the catalog in one transaction. Reads only."""
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 from datetime import datetime
 from typing import Any
@@ -67,9 +66,9 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     its tables'), and backfill, capture, reconcile and divergences summed over its tables, with
     each table's own under `family.tables` (the first table's names stay under `tables`)."""
     out = _status_of(cur, m)
-    if m.family_id is None or not m.head:
-        return out
-    rows = control.family(cur, m)
+    rows = control.family(cur, m) if m.head else [m]
+    if len(rows) == 1:
+        return out  # one table: its own status is the whole
     each = [out if row.id == m.id else _status_of(cur, row) for row in rows]
     out["family"] = {"tables": [_table(x, row) for x, row in zip(each, rows, strict=True)]}
     order = [*control.STEPS, control.FINISHED]
@@ -186,7 +185,7 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "created_at": iso(m.created_at),
         "finished_at": iso(m.finished_at),
         "partitions": _partitions(cur, m),
-        **({"family_of": None} if m.family_id is None or m.head else {"family_of": _head_name(cur, m)}),
+        "family_of": None if m.head else _head_name(cur, m),
     }
 
 
@@ -351,14 +350,16 @@ def iso(value: datetime | None) -> str | None:
 def sample_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     """What a periodic sample records (mover/runner/sampler.py): counters and gauges only, from the same
     reads as status_of, so that a chart and the status never disagree on what a number means."""
-    if m.family_id is not None and m.head:  # a family's sample is the whole family's
-        each = [sample_of(cur, row) for row in control.family(cur, m) if row.id != m.id]
-        if each:
-            own = sample_of(cur, dataclasses.replace(m, family_id=None))
-            for key in ("backfill_rows", "reconcile_rows", "pending_forward", "pending_reverse", "workers"):
-                own[key] = own[key] + sum(x[key] for x in each)
-            own["waiting_for"] = sorted({*own["waiting_for"], *(w for x in each for w in x["waiting_for"])})
-            return own
+    each = [_sample_of(cur, row) for row in control.family(cur, m) if row.id != m.id] if m.head else []
+    own = _sample_of(cur, m)
+    if each:  # several tables: the head's sample is the whole migration's
+        for key in ("backfill_rows", "reconcile_rows", "pending_forward", "pending_reverse", "workers"):
+            own[key] = own[key] + sum(x[key] for x in each)
+        own["waiting_for"] = sorted({*own["waiting_for"], *(w for x in each for w in x["waiting_for"])})
+    return own
+
+
+def _sample_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     pending_fwd, lag_fwd = changelog.pending(cur, m.id, reverse=False)
     pending_rev, lag_rev = changelog.pending(cur, m.id, reverse=True)
     workers, range_rows, waiting = _workers(cur, m)

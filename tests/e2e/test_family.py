@@ -292,7 +292,7 @@ def test_a_family_widens_under_writers_through_kills_one_cutover_one_rollback(db
 
         # kill -9 inside the family's swap: after its locks (the first table's record), and after
         # every table's DDL: nothing swapped either time.
-        for point in ("swap:locked", "family:swapped"):
+        for point in ("swap:locked", "swap:executed"):
             r = mover(db_dsn, "cutover", "family", env={"MOVER_FAULT": f"kill@{point}"})
             assert r.returncode == -signal.SIGKILL, r.stderr
             st = status(db_dsn)
@@ -323,7 +323,7 @@ def test_a_family_widens_under_writers_through_kills_one_cutover_one_rollback(db
         assert r.returncode == 0, r.stderr
         # kill -9 inside retire's one transaction (the window closed before it): no table retired,
         # every old table still there
-        r = mover(db_dsn, "retire", "family", "--force", env={"MOVER_FAULT": "kill@family:retired"})
+        r = mover(db_dsn, "retire", "family", "--force", env={"MOVER_FAULT": "kill@retire:dropped"})
         assert r.returncode == -signal.SIGKILL, r.stderr
         st = status(db_dsn)
         assert [t["step"] for t in st["family"]["tables"]] == ["retire"] * 3 and st["state"] == "failed", st
@@ -363,7 +363,7 @@ def test_a_family_aborts_in_one_transaction(db_dsn, tmp_path, suffix):
         (ran,) = conn.execute("SELECT detail->'statements' FROM mover.events WHERE kind = 'family_keys'").fetchone()
     assert ran == described and len(ran) == 3
     # kill -9 inside abort's one transaction: nothing dropped, every table still at the gate
-    r = mover(db_dsn, "abort", "family", env={"MOVER_FAULT": "kill@family:aborted"})
+    r = mover(db_dsn, "abort", "family", env={"MOVER_FAULT": "kill@abort:dropped"})
     assert r.returncode == -signal.SIGKILL, r.stderr
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT DISTINCT step, state = 'aborted' FROM mover.migrations").fetchall() == [

@@ -189,7 +189,7 @@ def test_the_rollback_waits_for_readers_older_than_its_last_drain(db_dsn, tmp_pa
 
 
 def test_a_familys_swap_and_swap_back_wait_for_old_readers(db_dsn, tmp_path):
-    """A family's swap and swap back (steps/family.py) wait as one table's do: a SERIALIZABLE
+    """A family's swap and swap back (steps/cutover.py, for every table at once) wait as one table's do: a SERIALIZABLE
     reader from before the backfill refuses the cutover (its pid named, nothing swapped) and reads
     every row; a REPEATABLE READ reader in the window refuses the rollback; each ended, the swap
     goes through. The application's mirrors are the oracle."""

@@ -96,7 +96,7 @@ def test_each_ddl_step_runs_what_it_describes(db_dsn, tmp_path, method):
             assert any("RENAME TO" in s for s in swap) and any("CREATE TRIGGER" in s for s in swap)
             # Logical capture: the publication goes in the swap (the slot after its commit).
             assert any("DROP PUBLICATION" in s for s in swap) == (method == "logical")
-            assert rollback_window.close(ctx, force=True)
+            assert rollback_window.close(ctx, [ctx], force=True)
             dropped = _run_and_compare(ctx, "retire", lambda: lifecycle.advance(ctx))
             assert len(dropped) >= 7  # both captures' triggers, functions, logs, the notes, the old table
             assert ctx.refresh().state == "done"
@@ -208,7 +208,7 @@ def test_plan_check_prints_the_copy_and_the_way_back_that_run(db_dsn, tmp_path, 
             with psycopg.connect(db_dsn, autocommit=True) as conn:  # the application, in the window
                 conn.execute('UPDATE "Orders" SET "Account" = %s, amount = %s WHERE id = 1', ("7", 1.5))
             Recording.sent = []
-            assert not rollback_window.close(ctx, force=False)
+            assert not rollback_window.close(ctx, [ctx], force=False)
             replayed = "\n".join(Recording.sent)
             for column, expression in ways.items():
                 assert expression in replayed, (column, expression, replayed)

@@ -73,7 +73,7 @@ def test_plan_check_says_whether_the_backfills_wal_finds_segments_ready(db_dsn, 
     """pg_wal's segments past the one being written, counted independently, against what the
     backfill needs: enough, or how many are new files; a role without pg_monitor is told what it
     cannot read, and its transaction goes on."""
-    from mover.engines.bulk import backfill
+    from mover.engines.bulk import preflight
 
     create_orders(db_dsn, 20_000)
     counted = "SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'" \
@@ -93,7 +93,7 @@ def test_plan_check_says_whether_the_backfills_wal_finds_segments_ready(db_dsn, 
                        f"{est['wal_segments_needed']:,}", line
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         cur = conn.cursor()
-        big = backfill.wal_segments(cur, (after + 50) * segment)  # more than pg_wal holds ready
+        big = preflight.wal_segments(cur, (after + 50) * segment)  # more than pg_wal holds ready
         ahead = big["wal_segments_ahead"]
         assert big["wal_segments_needed"] == after + 50 and ahead < after + 50, big
         assert f"{ahead:,} ready for reuse in pg_wal; the backfill's WAL needs about {after + 50:,}: the others" \
@@ -103,7 +103,7 @@ def test_plan_check_says_whether_the_backfills_wal_finds_segments_ready(db_dsn, 
         try:
             with conn.transaction(force_rollback=True):
                 conn.execute("SET LOCAL ROLE no_monitor")
-                blind = backfill.wal_segments(cur, 10 * segment)
+                blind = preflight.wal_segments(cur, 10 * segment)
                 assert conn.execute("SELECT current_user").fetchone()[0] == "no_monitor"  # still usable
             assert blind["wal_segments_ahead"] is None, blind
             assert "not readable (pg_ls_waldir needs pg_monitor)" in blind["line"], blind["line"]

@@ -1,6 +1,7 @@
 """The docs hold together: the README stays a front page, every relative link and anchor in the
-README and docs/ resolves, and every "race N" / "invariant N" cited in the code exists in
-docs/design.md's numbered lists."""
+README and docs/ resolves, every "race N" / "invariant N" cited in the code exists in
+docs/design.md's numbered lists, and docs/testing.md's index of where each command and feature
+is tested names every command and only test files that exist."""
 
 from __future__ import annotations
 
@@ -68,3 +69,53 @@ def test_code_cites_only_numbers_that_exist():
             cited += 1
             assert int(n) in known[kind.lower()], f"{path.relative_to(ROOT)} cites {kind} {n}"
     assert cited > 5
+
+
+def _testing_index() -> str:
+    text = (ROOT / "docs" / "testing.md").read_text()
+    return text.split("## Where each command and feature is tested\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _cli_commands() -> set[str]:
+    """Every command `mover --help` lists, a sub-command with its group's name (`plan check`)."""
+    import typer
+
+    from mover import cli
+
+    out: set[str] = set()
+
+    def walk(group, prefix: str) -> None:
+        for name, command in group.commands.items():
+            if command.hidden:
+                continue
+            if hasattr(command, "commands"):
+                walk(command, f"{prefix}{name} ")
+            else:
+                out.add(prefix + name)
+
+    walk(typer.main.get_command(cli.app), "")
+    return out
+
+
+def test_the_testing_index_names_every_command_and_only_test_files_that_exist():
+    """docs/testing.md's index of where each command and feature is tested cannot rot: one row per
+    command `mover --help` lists (and none for a command gone), every row naming test files, each
+    of which exists."""
+    index = _testing_index()
+    commands = _cli_commands()
+    assert {"run", "plan check", "set", "partitions maintain"} <= commands, commands
+    rows = re.findall(r"^\| (.+?) \| (.+) \|$", index, re.M)
+    listed = {m.group(1) for first, _ in rows if (m := re.fullmatch(r"`mover ([a-z -]+)`", first))}
+    assert listed == commands, f"rows for no command: {sorted(listed - commands)}; " \
+                               f"commands without a row: {sorted(commands - listed)}"
+    features = [first for first, _ in rows if not first.startswith("`mover ") and first not in ("command", "feature")]
+    assert len(features) >= 20, features
+    for first, cell in rows:
+        if first in ("command", "feature"):
+            continue
+        files = re.findall(r"`(tests/[\w/]+\.py)`", cell)
+        assert files, f"the row {first!r} names no test file"
+        for f in files:
+            assert (ROOT / f).is_file(), f"docs/testing.md lists {f} for {first!r}: no such file"
+    cited = set(re.findall(r"`(tests/[\w/]+\.py)`", index))
+    assert all(re.fullmatch(r"tests/(unit|integration|e2e)/test_\w+\.py|tests/test_\w+\.py", f) for f in cited), cited

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg import errors as e
 
-from mover.engines.bulk import backfill
+from mover.engines.bulk import builds
 from mover.errors import Failed
 from mover.state import ranges
 
@@ -55,6 +55,6 @@ def test_lost_connections_on_a_real_server_are_told_apart(db_dsn):
 
 
 def test_index_builds_retry_only_transient_catalog_races():
-    assert backfill._transient_ddl_error(e.LockNotAvailable("lock timeout"))
-    assert backfill._transient_ddl_error(e.DeadlockDetected("deadlock"))
-    assert not backfill._transient_ddl_error(e.UniqueViolation("could not create unique index"))
+    assert builds._transient_ddl_error(e.LockNotAvailable("lock timeout"))
+    assert builds._transient_ddl_error(e.DeadlockDetected("deadlock"))
+    assert not builds._transient_ddl_error(e.UniqueViolation("could not create unique index"))

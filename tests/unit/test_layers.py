@@ -202,3 +202,20 @@ def test_the_reader_sees_every_kind_of_import(tmp_path, source, expected):
     path = tmp_path / "m.py"
     path.write_text(source)
     assert imports(path, set(modules())) == expected
+
+
+# Registration writes the column; nothing else above the engines asks whether a migration has
+# several tables: the runner, the steps and the views take a list of tables, one or many.
+FAMILY_COLUMN_WRITERS = {"mover.runner.register"}
+ABOVE_THE_ENGINES = ("mover.cli", "mover.api", "mover.runner", "mover.views", "mover.steps", "mover.demo")
+
+
+def test_no_branch_on_family_id_above_the_engines():
+    found = []
+    for name, path in modules().items():
+        if not name.startswith(ABOVE_THE_ENGINES) or name in FAMILY_COLUMN_WRITERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "family_id":
+                found.append(f"{name}:{node.lineno}")
+    assert found == [], f"a branch on family_id above the engines (take the list of tables instead): {found}"

@@ -26,7 +26,7 @@ META = {
     "rules": {}, "policies": {}, "views": ["public.orders_view"], "referenced_by": {},
 }
 DESC = {**copy.deepcopy(BASE), "metadata": META}
-# The new table's names for the source's indexes (mover/steps/create_target.py, mover/engines/bulk/backfill.py).
+# The new table's names for the source's indexes (mover/steps/create_target.py, mover/engines/bulk/builds.py).
 RENAMES = {"orders_new_pkey": "orders_pkey", "orders_qty_m1": "orders_qty"}
 
 

@@ -65,9 +65,10 @@ def test_trusted_text_is_spliced_as_it_is_and_must_say_where_it_came_from():
 # ---------------------------------------------------------------------------------------------
 # Engines are siblings over shared services (capture, chunks, control, throttle, introspect...):
 # none imports another, so the chain cutover -> reconcile -> backfill cannot come back. The steps
-# (mover/steps/) are where one engine's work is handed to another's.
+# (mover/steps/) are where one engine's work is handed to another's (the copy to the builds after it).
 
-ENGINES = {"backfill": "bulk/backfill.py", "reconcile": "bulk/reconcile.py", "cutover": "swap/cutover.py"}
+ENGINES = {"backfill": "bulk/backfill.py", "builds": "bulk/builds.py", "preflight": "bulk/preflight.py",
+           "reconcile": "bulk/reconcile.py", "cutover": "swap/cutover.py"}
 
 
 def _imported_mover_modules(path: Path) -> set[str]:

@@ -36,7 +36,7 @@ from psycopg import sql
 from mover import faults, names
 from mover.catalog import introspect, reading, shape
 from mover.db import bind
-from mover.engines.bulk import backfill
+from mover.engines.bulk import builds
 from mover.engines.capture import changelog
 from mover.engines.context import Context
 from mover.errors import Failed, ShapeChanged
@@ -255,7 +255,7 @@ def _build_indexes(ctx: Context, live: QualifiedName, other: QualifiedName, inde
     by_name = {ix.name: ix for ix in ctx.db.transaction(lambda cur: introspect.describe(cur, live).indexes)}
     for name in indexes:
         ctx.checkpoint()
-        target_name = backfill.deferred_index_name(ctx.mid, name)
+        target_name = builds.deferred_index_name(ctx.mid, name)
         assert other.schema is not None  # resolved at registration
         state = ctx.db.transaction(bind(introspect.index_state, other.schema, target_name))
         if state is True:

@@ -630,6 +630,15 @@ def pending(cur: psycopg.Cursor, mid: int, reverse: bool = False) -> tuple[int, 
     return count, (float(lag) if lag is not None else None)
 
 
+def apply_tables_batch(cur: psycopg.Cursor, ctx: Context, *, reverse: bool, backfill_done: bool = True) -> Applied:
+    """One batch of every table's log of the migration ctx heads, in the caller's transaction: one
+    table's as apply_batch, several tables' in one statement (apply_family_batch: the keys between
+    them hold at its end)."""
+    if ctx.migration.family_id is not None:
+        return apply_family_batch(cur, ctx, reverse=reverse)
+    return apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=backfill_done)
+
+
 def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int | None = None) -> Applied:
     """Apply batches until caught up: a batch that finds less than a full batch means the log
     is within one batch of empty. (Under a busy writer "empty" may never come; the cutover
@@ -644,12 +653,8 @@ def drain(ctx: Context, *, reverse: bool, backfill_done: bool, max_rounds: int |
     while max_rounds is None or rounds < max_rounds:
         ctx.checkpoint()
 
-        def one(cur: psycopg.Cursor) -> Applied:
-            if ctx.migration.family_id is not None:  # every table of the family, in one statement
-                return apply_family_batch(cur, ctx, reverse=reverse)
-            return apply_batch(cur, ctx, ctx.mapping(cur, reverse), reverse=reverse, backfill_done=backfill_done)
-
-        got = ctx.db.transaction(one, statement_timeout="120s", label="apply")
+        got = ctx.db.transaction(lambda cur: apply_tables_batch(cur, ctx, reverse=reverse, backfill_done=backfill_done),
+                                 statement_timeout="120s", label="apply")
         total.claimed += got.claimed
         total.deleted += got.deleted
         total.upserted += got.upserted

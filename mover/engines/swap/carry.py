@@ -62,7 +62,7 @@ def _oid(cur: psycopg.Cursor, table: QualifiedName) -> int:
 
 def partner_index(mid: int, target: QualifiedName, index: str, key_index: str, primary: bool) -> str:
     """The name the new table's copy of the original's index `index` was built with
-    (steps/create_target.py for the key, backfill.deferred_index_name for the others)."""
+    (steps/create_target.py for the key, builds.deferred_index_name for the others)."""
     if index == key_index:
         return names.derived(target.name, "_pkey" if primary else "_key")
     return names.derived(index, f"_m{mid}")
@@ -73,7 +73,7 @@ def _names(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: Qualif
     taking the table's name takes its index names, the other takes the names its partners were
     built with. Renaming a constraint's index renames the constraint (an exclusion constraint's
     partner, or a temporal key's, is built by ADD CONSTRAINT under the partner name,
-    mover/engines/bulk/backfill.py). Swapped through a parking name, so the same statements serve the
+    mover/engines/bulk/builds.py). Swapped through a parking name, so the same statements serve the
     swap back."""
     m = ctx.migration
     live_oid, other_oid = _oid(cur, live), _oid(cur, other)

@@ -1,6 +1,8 @@
-"""Cutover engine: the swap, its mirror image (rollback), retire and abort. The swap's phases are
-here (preflight, prepare, the Swap transaction's lock / verify / drain / rebuild / execute /
-check_parity / record, finish); mover/steps/cutover.py calls them in order, top to bottom.
+"""Cutover engine: the swap, its mirror image (rollback), retire and abort, each one transaction
+for every table of the migration (one table or many: a single table is a migration of one). The
+swap's phases are here (preflight, prepare, the Swap transaction's lock / verify / drain / rebuild
+/ execute / check_parity / record, finish); mover/steps/cutover.py calls them in order, top to
+bottom, each phase for every table before the next.
 
 Invariants:
 - The swap is one short transaction under the plan's lock_timeout, retried with backoff on
@@ -11,6 +13,12 @@ Invariants:
 - The application's queries wait at most as long as one attempt holds or waits for the lock.
 - Rollback is the same transaction in the other direction; afterwards the forward capture runs
   again and the migration is back before the cutover gate, with reconcile to do again.
+- Several tables: a crash anywhere in the one transaction leaves every table swapped or none,
+  and nothing is executed before every table's digest was verified (a table's statements were
+  read from the catalog before any other table's ran). Locks are taken one relation at a time
+  (swap_locks: the live tables, referenced ones first, the other side's in the same order, the
+  other tables the swap changes, then mover's logs); a live table an attempt timed out on is
+  locked first by the next (race 9). Retire and abort drop referencing tables first.
 """
 
 from __future__ import annotations
@@ -27,10 +35,10 @@ from psycopg import sql
 
 from mover import faults, names
 from mover.catalog import identity, introspect, privileges, shape, subscribers
-from mover.db import one
+from mover.db import bind, one
 from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context
-from mover.engines.swap import carry, lockwatch, metadata, parity, snapshots
+from mover.engines.swap import carry, keys, lockwatch, metadata, parity, snapshots
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
 from mover.sql import ddl
@@ -376,26 +384,39 @@ def refuse_identity_bound(cur: psycopg.Cursor, ctx: Context, forward: bool) -> N
                           f"`mover {'cutover' if forward else 'rollback'} {ctx.migration.name}` again")
 
 
-def swap_locks(cur: psycopg.Cursor, ctx: Context, live: QualifiedName, other: QualifiedName) -> list[QualifiedName]:
-    """What the swap locks, in this order (ACCESS EXCLUSIVE, those that exist): both tables, the
-    referencing tables and views, then mover's own (the logs and notes the swap drops) -- after
-    the live table, as the application's writers take it before the log."""
-    return [live, other, *carry.also_locked(cur, live), *lockwatch.own_tables(ctx.mid)]
+def swap_locks(cur: psycopg.Cursor, tables: Sequence[Context], forward: bool) -> list[QualifiedName]:
+    """What the swap of `tables` locks, in this order (ACCESS EXCLUSIVE, one at a time, those that
+    exist): the live tables, referenced ones first (keys.parents_first); the other side's, in the
+    same order; the other tables the swap changes (referencing tables outside the migration,
+    views); then mover's own (the logs and notes the swap drops) -- after the live tables, as the
+    application's writers take them before the log."""
+    ordered = keys.parents_first(cur, tables)
+    live = [_swap_tables(t, forward)[0] for t in ordered]
+    other = [_swap_tables(t, forward)[1] for t in ordered]
+    outside = [x for table in live for x in carry.also_locked(cur, table)]
+    own = [x for t in ordered for x in lockwatch.own_tables(t.mid)]
+    return list(dict.fromkeys([*live, *other, *outside, *own]))
 
 
-def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Sequence[Context] = ()) -> None:
+def digest(cur: psycopg.Cursor, tables: Sequence[Context], forward: bool) -> str:
+    """One digest of the catalog rows every table's swap statements, parity description and shapes
+    are built from (carry.SWAP_INPUTS over all the tables, one query): read before the lock before
+    any table's statements, and once under it."""
+    return carry.catalog_digest(cur, [x for t in tables for x in _swap_tables(t, forward)])
+
+
+def drain_before_lock(ctx: Context, tables: Sequence[Context], prepared: Sequence[Prepared]) -> None:
     """Before each attempt at the swap's lock, outside it: what arrived while the statements were
     read, or while the last attempt waited for its lock, drained so that the lock's own drain is
     small. In passes, since writes go on during each: until one finds few changes. A row it could
     not apply is a divergence: refused as the preflight refuses (under the lock, one would be
-    refused by Unapplied). `members`: a family's tables, whose logs the head's drain replays.
-    Counts the attempt in each of `prepared` (the swap records which attempt it was)."""
+    refused by Unapplied). The head's drain replays every table's log (changelog.drain). Counts
+    the attempt in each of `prepared` (the swap records which attempt it was)."""
     for p in prepared:
         p.attempts += 1
     for _ in range(PRE_LOCK_PASSES):
         if changelog.drain(ctx, reverse=False, backfill_done=True).log_rows < PRE_LOCK_ENOUGH:
             break
-    tables = list(members) or [ctx]
     counts = ctx.db.transaction(lambda cur: [(control.open_divergences(cur, t.mid), integrity.bypassed_note(cur, t.mid))
                                              for t in tables], label="cutover divergences")
     for t, (n, note) in zip(tables, counts, strict=True):
@@ -407,14 +428,14 @@ def drain_before_lock(ctx: Context, prepared: Sequence[Prepared], members: Seque
                      what="swap in", retry=f"mover cutover {ctx.migration.name}")
 
 
-def drain_before_swap_back(ctx: Context, prepared: Sequence[Prepared], members: Sequence[Context] = (),
+def drain_before_swap_back(ctx: Context, tables: Sequence[Context], prepared: Sequence[Prepared],
                            command: str = "rollback") -> None:
     """Before each attempt at the rollback's lock, outside it: the reverse logs drained (what arrived
     while the last attempt waited), then no transaction whose snapshot predates that drain left to
     meet the old table by name (invariant 16). A row the old table rejects is left to the lock's
     drain, which refuses it (invariant 9)."""
     def drain() -> None:
-        for t in members or [ctx]:
+        for t in tables:
             changelog.drain(t, reverse=True, backfill_done=True)
     drain()
     snapshots.settle(ctx, prepared[0].snapshots, drain, what="swap back", retry=f"mover {command} {ctx.migration.name}")
@@ -449,30 +470,24 @@ class Swap:
     def _mark(self, phase: str) -> None:
         self.marks[phase] = time.monotonic()
 
-    def lock(self, relations: Sequence[QualifiedName] | None = None) -> None:
+    def lock(self, relations: Sequence[QualifiedName]) -> None:
         """The lease, then every lock, one relation at a time in swap_locks' order (lockwatch.lock_all
-        names the one waited on): each is waited for under lock_timeout before anything else. A
-        family's swap (mover/engines/swap/keys.py) passes the relations of all its tables (to the
-        first table's Swap; none to the others')."""
+        names the one waited on): each is waited for under lock_timeout before anything else. The
+        first table's Swap is given every table's relations; the others', none."""
         m, cur = self.ctx.migration, self.cur
         control.guard(cur, self.ctx.mid, m.step, self.ctx.owner)
         if self.flusher is not None:
             # Before the tables, as every feeder takes it before the change log: no feed is under way
             # while the lock's own reads the slot, and none waits on a table the swap holds.
             logical.lock_feeder(cur, self.ctx.mid)
-        if relations is None:
-            live, other = _swap_tables(self.ctx, self.forward)
-            relations = swap_locks(cur, self.ctx, live, other)
         lockwatch.lock_all(cur, relations)
         self._mark("locked")
 
-    def verify(self, changed: bool | None = None) -> None:
+    def verify(self, changed: bool) -> None:
         """The digest of the catalog rows everything was built from (invariant 7, race 8): equal, the
         shapes checked, the statements and the parity description built before the lock stand.
-        `changed`: a family's swap compares one digest of all its tables' catalog rows, read before
-        any of their statements (mover/engines/swap/keys.py), and says so."""
-        if changed is None:
-            changed = carry.catalog_digest(self.cur, _swap_tables(self.ctx, self.forward)) != self.prepared.digest
+        `changed`: whether one digest of every table's catalog rows (digest), read before any of
+        their statements, differs now."""
         self.rebuilt = changed
         self._mark("verified")
 
@@ -496,8 +511,8 @@ class Swap:
         """Everything logged so far committed before our lock: drain it all (race 4). A change that
         cannot be applied rolls the whole swap back (forward: Unapplied); swapping back, a row the
         old table still rejects exists only in the new one (invariant 9): refused, or given up.
-        `replayed`: a family's swap has replayed every log of its tables already, in one statement
-        (mover/engines/swap/keys.py), these changes among them; what is left is the refusal."""
+        `replayed`: several tables' logs were replayed already, in one statement (drain_locked),
+        these changes among them; what is left is the refusal."""
         cur, ctx = self.cur, self.ctx
         failures: dict[str, Any] = {}
         if replayed is not None:
@@ -554,7 +569,7 @@ class Swap:
         """Both tables in one query: the one that now carries the name must look to the application
         as the other did (an unplanned difference rolls the swap back), and both shapes are recorded
         again (only the names changed; the shapes are those checked, the lock is held).
-        `described`: a family's swap describes all its tables in that one query."""
+        `described`: every table of the swap described in that one query."""
         cur, ctx = self.cur, self.ctx
         original, new = self.prepared.oids
         now = described if described is not None else shape.describe(cur, [original, new])
@@ -596,30 +611,77 @@ class Swap:
         return held_ms
 
 
-def run_locked(ctx: Context, attempt: Callable[[psycopg.Cursor], float], *, forward: bool,
-               command: str = "rollback", before_attempt: Callable[[], None] | None = None) -> float:
+def run_locked(ctx: Context, tables: Sequence[Context], attempt: Callable[[psycopg.Cursor], float], *,
+               forward: bool, command: str = "rollback", before_attempt: Callable[[], None] | None = None) -> float:
     """The swap's transaction under the lock discipline (mover/engines/swap/lockwatch.py: autovacuum
-    paused, blocking sessions named, lock_timeout, attempts): returns how long the lock was held,
-    in ms. The referencing tables and views the swap locks too are watched for blockers as well.
-    `before_attempt` runs before each attempt, outside its transaction (drain_before_lock)."""
+    paused on every table, blocking sessions named, lock_timeout, attempts): returns how long the
+    lock was held, in ms. Every relation the swap locks (swap_locks) is watched for blockers.
+    `before_attempt` runs before each attempt, outside its transaction (drain_before_lock). The
+    live tables are the ones the application writes in orders of its own: one an attempt timed out
+    on is locked first by the next (race 9)."""
     m = ctx.migration
-    live, other = (ctx.original, ctx.new) if forward else (ctx.new, ctx.original)
-    also = ctx.db.transaction(lambda cur: carry.also_locked(cur, live), label="tables the swap locks")
+    locks = ctx.db.transaction(lambda cur: swap_locks(cur, tables, forward), label="tables the swap locks")
+    live = [_swap_tables(t, forward)[0] for t in tables]
+    both = live + [_swap_tables(t, forward)[1] for t in tables]
 
     def before() -> None:
         if before_attempt is not None:
             before_attempt()
         faults.point("swap:before_lock" if forward else "swap_back:before_lock")  # race 4's gap, at its widest
 
-    held = lockwatch.run_locked(ctx, attempt, tables=[live, other], what="swap in" if forward else "swap back",
-                                retry=f"mover {'cutover' if forward else command} {m.name}",
-                                label="cutover" if forward else "rollback", statement_timeout=LOCK_STATEMENT_TIMEOUT,
-                                extra_tables=also, before_attempt=before)
-    ctx._mappings.clear()  # the tables changed names
-    return held
+    try:
+        return lockwatch.run_locked(ctx, attempt, tables=both, what="swap in" if forward else "swap back",
+                                    retry=f"mover {'cutover' if forward else command} {m.name}",
+                                    label="cutover" if forward else "rollback",
+                                    statement_timeout=LOCK_STATEMENT_TIMEOUT,
+                                    extra_tables=[x for x in locks if x not in both], before_attempt=before,
+                                    learn_order=live)
+    finally:
+        for t in tables:
+            t._mappings.clear()  # the tables changed names (or may have)
 
 
-def refused(ctx: Context, exc: Unapplied, *, forward: bool, command: str = "rollback") -> Waiting:
+def drain_locked(cur: psycopg.Cursor, ctx: Context, swaps: Sequence[Swap], forward: bool) -> int:
+    """Under the swap's lock: every log of the direction, all of it (race 4, race 5). One table's in
+    batches (Swap.drain, logical capture fed first); several tables' in one statement (the keys
+    between them checked at its end, with each table's mapping as its Swap holds it), each table's
+    refusal after it. Forward, a change that fails rolls the whole swap back (Unapplied); swapping
+    back, what fails is left to each table's own refusal (rows only in the new table). Returns the
+    changes applied."""
+    if len(swaps) == 1:
+        swaps[0].drain()
+        return swaps[0].drained
+    got = changelog.apply_family_batch(cur, ctx, reverse=not forward, limit=None, wait_for_lock=True,
+                                       copied=[(s.ctx, s.mapping()) for s in swaps])
+    if forward and got.failures:
+        raise Unapplied(dict(got.failures))
+    for i, s in enumerate(swaps):
+        s.drain(got.claimed if i == 0 else 0)
+    return got.claimed
+
+
+TOGETHER_PHASES = ("verify_ms", "drain_ms", "catalog_ms", "ddl_ms", "parity_ms", "finish_ms")
+
+
+def record_together(cur: psycopg.Cursor, ctx: Context, swaps: Sequence[Swap], forward: bool, held: float,
+                    replayed: int, marks: Sequence[float]) -> None:
+    """Several tables swapped in one transaction: the lock's hold split into its phases, each over
+    every table (each table's own transition records its share from its own marks, which
+    interleave), as an event on the head's row in the swap's transaction. `marks`: locked,
+    verified, drained, read, ddl, ran (monotonic). One table's transition says it all."""
+    if len(swaps) < 2:
+        return
+    ends = [*marks[1:], time.monotonic()]
+    phases = {name: (end - start) * 1000 for name, start, end in zip(TOGETHER_PHASES, marks, ends, strict=True)}
+    kind = "family_swapped" if forward else "family_swapped_back"
+    control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind,
+                  f"{'swapped' if forward else 'swapped back'} {len(swaps)} tables in one transaction; "
+                  f"lock held {held:.1f} ms",
+                  {"lock_ms": held, "drained": replayed, "attempt": swaps[0].prepared.attempts, **phases}, held)
+
+
+def refused(ctx: Context, tables: Sequence[Context], exc: Unapplied, *, forward: bool,
+            command: str = "rollback") -> Waiting:
     """After a swap rolled back on changes it could not apply under its lock: replayed outside the
     lock to record them as divergences; the refusal to raise."""
     m = ctx.migration
@@ -628,9 +690,13 @@ def refused(ctx: Context, exc: Unapplied, *, forward: bool, command: str = "roll
         return Waiting(f"{len(exc.failures)} changes to {m.source} could not be applied to {m.target} under the "
                        f"cutover's lock ({exc.describe()}); nothing was swapped",
                        hint=f"see `mover divergences {m.name}`; `mover repair {m.name}` once the rows fit")
-    changelog.drain(ctx, reverse=True, backfill_done=True)
-    left = ctx.db.transaction(lambda cur: rows_only_on(cur, ctx, "new"))
-    return refuse_losing(ctx, left or exc.rows, command, "new")
+    for t in tables:
+        changelog.drain(t, reverse=True, backfill_done=True)
+    for t in tables:
+        left = ctx.db.transaction(bind(rows_only_on, t, "new"))
+        if left:
+            return refuse_losing(t, left, command, "new")
+    return refuse_losing(ctx, exc.rows, command, "new")
 
 
 def finish(ctx: Context, held: float, *, forward: bool, report: bool = True) -> None:
@@ -712,37 +778,49 @@ def retire_locks(ctx: Context) -> list[QualifiedName]:
     return [m.source, *([] if ctx.plan.rollback.keep_old else [m.old]), *lockwatch.own_tables(ctx.mid)]
 
 
-def retire(ctx: Context, give_up_rows: bool = False) -> None:
-    """The retire, top to bottom, in one transaction under the lock discipline: the lease, the
-    locks (retire_locks), a refusal while rows exist only in the old table it would drop
-    (invariant 9), the drops (retire_sql, what `plan check` prints), the migration done."""
-    m = ctx.migration
+def retire(ctx: Context, tables: Sequence[Context], give_up_rows: bool = False) -> None:
+    """The retire of every table, top to bottom, in one transaction under the lock discipline: the
+    leases, the locks (each table's retire_locks, by role across the tables), a refusal while rows
+    exist only in an old table it would drop (invariant 9), the drops (retire_sql, what `plan
+    check` prints), referencing tables first (a key between them refuses the drop of its parent),
+    every table done."""
     keep = ctx.plan.rollback.keep_old
 
     def drop(cur: psycopg.Cursor) -> None:
-        control.guard(cur, ctx.mid, "retire", ctx.owner)
-        if logical.enabled(ctx):
-            logical.lock_feeder(cur, ctx.mid)  # before the tables, as the feeders take it
-        lockwatch.lock_all(cur, retire_locks(ctx))
+        for t in tables:
+            control.guard(cur, t.mid, "retire", t.owner)
+            if logical.enabled(t):
+                logical.lock_feeder(cur, t.mid)  # before the tables, as the feeders take it
+        ordered = keys.parents_first(cur, tables)
+        lockwatch.lock_all(cur, _by_role([retire_locks(t) for t in ordered]))
         if not keep:
-            # Rows the new table never took exist only in the old one, which is about to go.
-            left = rows_only_on(cur, ctx, "original")
-            if left and not give_up_rows:
-                raise refuse_losing(ctx, left, "retire", "original")
-            give_up(cur, ctx, left, "retire")
-        if not keep:  # what the drop would refuse over (2BP01), named with its fix instead
-            identity.refuse_blocking(cur, introspect.table_oid(cur, m.old), "retire", f"`mover retire {m.name}` again")
+            for t in tables:
+                # Rows the new table never took exist only in the old one, which is about to go.
+                left = rows_only_on(cur, t, "original")
+                if left and not give_up_rows:
+                    raise refuse_losing(t, left, "retire", "original")
+                give_up(cur, t, left, "retire")
+            olds = [introspect.table_oid(cur, t.migration.old) for t in tables]
+            for oid in olds:  # what the drop would refuse over (2BP01), named with its fix instead
+                identity.refuse_blocking(cur, oid, "retire", f"`mover retire {ctx.migration.name}` again",
+                                         dropped=[o for o in olds if o is not None])
         with dependents_named(ctx, "retire"):
-            execute_all(cur, retire_sql(cur, ctx))
-        control.mark_retired(cur, m, ctx.owner,
-                             message=f"retired; old table {'kept as ' + str(m.old) if keep else 'dropped'}")
+            for t in reversed(ordered):
+                execute_all(cur, retire_sql(cur, t))
+        for t in tables:
+            old = f"kept as {t.migration.old}" if keep else "dropped"
+            control.mark_retired(cur, t.migration, t.owner, message=f"retired; old table {old}")
+        faults.point("retire:dropped")  # every table's drops and transitions, not committed: none retired
 
     # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
-    lockwatch.run_locked(ctx, drop, tables=[m.source, m.old], what="retire", retry=f"mover retire {m.name}",
-                         label="retire")
-    if logical.enabled(ctx):
-        logical.drop_slot(ctx.db, ctx.mid)  # gone at the cutover already, unless a crash came before
-    ctx.refresh()
+    live = [t.migration.source for t in tables]
+    lockwatch.run_locked(ctx, drop, tables=[*live, *(t.migration.old for t in tables)], what="retire",
+                         retry=f"mover retire {ctx.migration.name}", label="retire",
+                         extra_tables=[x for t in tables for x in lockwatch.own_tables(t.mid)], learn_order=live)
+    for t in tables:
+        if logical.enabled(t):
+            logical.drop_slot(t.db, t.mid)  # gone at the cutover already, unless a crash came before
+        t.refresh()
 
 
 def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
@@ -754,34 +832,57 @@ def abort_sql(cur: psycopg.Cursor, ctx: Context) -> list[Statement]:
             ddl.drop_table(m.target)]
 
 
-def abort(ctx: Context, give_up_rows: bool = False) -> None:
-    """The abort, top to bottom, in one transaction under the lock discipline: the locks, a refusal
-    while rows exist only in the target it drops (invariant 9), the drops (abort_sql), the ranges
-    forgotten, the migration aborted."""
-    m = ctx.migration
+def abort(ctx: Context, tables: Sequence[Context], give_up_rows: bool = False) -> None:
+    """The abort of every table, top to bottom, in one transaction under the lock discipline: the
+    locks, a refusal while rows exist only in a target it drops (invariant 9), the drops
+    (abort_sql), referencing tables first (their targets hold keys to the others'), the ranges
+    forgotten, every table aborted."""
+    def live_of(cur: psycopg.Cursor, t: Context) -> QualifiedName:
+        # Under its current name: a source renamed during the migration keeps no capture trigger.
+        return shape.current_name(cur, t.mid, "source") or t.migration.source
 
     def undo(cur: psycopg.Cursor) -> None:
-        if logical.enabled(ctx):
-            logical.lock_feeder(cur, ctx.mid)  # before the tables, as the feeders take it
-        lockwatch.lock_all(cur, [live, m.target, *lockwatch.own_tables(ctx.mid)])  # each named if it waits
-        # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
-        # cannot leave any; an older release could): dropping the new table would lose them.
-        left = rows_only_on(cur, ctx, "new")
-        if left and not give_up_rows:
-            raise refuse_losing(ctx, left, "abort", "new")
-        give_up(cur, ctx, left, "abort")
-        identity.refuse_blocking(cur, introspect.table_oid(cur, m.target), "abort", f"`mover abort {m.name}` again")
+        for t in tables:
+            if logical.enabled(t):
+                logical.lock_feeder(cur, t.mid)  # before the tables, as the feeders take it
+        ordered = keys.parents_first(cur, tables)
+        lockwatch.lock_all(cur, _by_role([[live_of(cur, t), t.migration.target, *lockwatch.own_tables(t.mid)]
+                                          for t in ordered]))  # each named if it waits
+        for t in tables:
+            # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
+            # cannot leave any; an older release could): dropping the new table would lose them.
+            left = rows_only_on(cur, t, "new")
+            if left and not give_up_rows:
+                raise refuse_losing(t, left, "abort", "new")
+            give_up(cur, t, left, "abort")
+        targets = [introspect.table_oid(cur, t.migration.target) for t in tables]
+        for oid in targets:  # what the drop would refuse over (2BP01), named with its fix instead
+            identity.refuse_blocking(cur, oid, "abort", f"`mover abort {ctx.migration.name}` again",
+                                     dropped=[o for o in targets if o is not None])
         with dependents_named(ctx, "abort"):
-            execute_all(cur, abort_sql(cur, ctx))
-        ranges.reset(cur, ctx.mid, "backfill")
-        ranges.reset(cur, ctx.mid, "reconcile")
-        control.mark_aborted(cur, m, ctx.owner)
+            for t in reversed(ordered):
+                execute_all(cur, abort_sql(cur, t))
+                ranges.reset(cur, t.mid, "backfill")
+                ranges.reset(cur, t.mid, "reconcile")
+        for t in tables:
+            control.mark_aborted(cur, t.migration, t.owner)
+        faults.point("abort:dropped")  # every table's drops and transitions, not committed: none aborted
 
     # Dropping the trigger locks the live table: as briefly as the swap, with the same discipline.
-    live = ctx.db.transaction(lambda cur: shape.current_name(cur, ctx.mid, "source") or m.source)
-    lockwatch.run_locked(ctx, undo, tables=[live, m.target], what="abort", retry=f"mover abort {m.name}",
-                         label="abort")
-    if logical.enabled(ctx):
-        faults.point("abort:before_slot_drop")
-        logical.drop_slot(ctx.db, ctx.mid)  # not transactional: after the drop of what uses it
-    ctx.refresh()
+    live = ctx.db.transaction(lambda cur: [live_of(cur, t) for t in tables], label="tables abort locks")
+    lockwatch.run_locked(ctx, undo, tables=[*live, *(t.migration.target for t in tables)], what="abort",
+                         retry=f"mover abort {ctx.migration.name}", label="abort",
+                         extra_tables=[x for t in tables for x in lockwatch.own_tables(t.mid)], learn_order=live)
+    for t in tables:
+        if logical.enabled(t):
+            faults.point("abort:before_slot_drop")
+            logical.drop_slot(t.db, t.mid)  # not transactional: after the drop of what uses it
+        t.refresh()
+
+
+def _by_role(per_table: list[list[QualifiedName]]) -> list[QualifiedName]:
+    """Each table's locks (its live table, its other, its logs), taken by role across the tables:
+    every table's first, then every table's second..., in the tables' order (the live tables
+    before the others, as the swap takes them)."""
+    width = max((len(x) for x in per_table), default=0)
+    return list(dict.fromkeys(x[i] for i in range(width) for x in per_table if i < len(x)))

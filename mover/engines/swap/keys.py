@@ -1,41 +1,29 @@
-"""Family engine (issue 27): several tables moved by one migration, swapped in one transaction.
+"""The foreign keys between a migration's tables (issue 27: a migration of several tables, `[[also]]`).
 
-Each table of a family is a migration row of its own (its own id: its own change logs, ranges,
-shapes and divergences), tied to the head's row (mover/state/control.py `family`); every per-table
-engine works on a table's Context as it does for a migration of one table. What is the family's
-is here: the foreign keys between its tables on the side the application does not write, the
-order of its locks and drops, and the swap's, retire's and abort's one transaction for all of
-them (their sequences read top to bottom in mover/steps/family.py).
+Each table of a migration is a row of its own (its own id: its own change logs, ranges, shapes and
+divergences), tied to the head's row (mover/state/control.py `family`); every engine works on a
+table's Context as for a migration of one table, and the swap, retire and abort take every table
+in one transaction (mover/engines/swap/cutover.py). What is left that only several tables have is
+here: the keys between them, on the side the application does not write.
 
 Invariants:
-- The foreign keys between the family's tables hold on both sides at every moment. The sources
-  hold them as the application wrote them. The targets get them (`link`) once every table is
-  copied, validated while only mover writes the targets, in the transaction that first drains
-  every log, so that the targets hold the sources' state of one snapshot. The swap renames the
-  tables and the keys stay with them (mover/engines/swap/carry.py leaves a key between two tables of
-  the family alone): the new tables hold them after it, and the old ones keep theirs through the
-  rollback window. Every replay of the family's logs is one statement
-  (changelog.apply_family_batch), at whose end the keys are checked: a legal sequence of the
-  application's writes never becomes a divergence.
-- One transaction swaps every table, in phases over all of them (lock, verify, drain, rebuild,
-  execute, check parity, record): a crash anywhere in it leaves every table swapped or none, and
-  nothing is executed before every table's digest was verified (a table's statements were read
-  from the catalog before any other table's ran).
-- Locks are taken one relation at a time (lockwatch.lock_all, each under lock_timeout, the one
-  waited on named): the live tables, referenced ones first, the other side's in the same order,
-  the other tables the swap changes (outside the family: referencing tables, views), then
-  mover's logs. The same retries, backoff and blocker handling as for one table (lockwatch),
-  and one more: a live table an attempt timed out on is locked first by the next (race 9).
-- Retire and abort drop the family's tables referencing ones first (a key between them refuses
-  the drop of its parent), in one transaction each.
+- The foreign keys between the tables hold on both sides at every moment. The sources hold them
+  as the application wrote them. The targets get them (`link`) once every table is copied,
+  validated while only mover writes the targets, in the transaction that first drains every log,
+  so that the targets hold the sources' state of one snapshot. The swap renames the tables and
+  the keys stay with them (mover/engines/swap/carry.py leaves a key between two of the tables
+  alone): the new tables hold them after it, and the old ones keep theirs through the rollback
+  window. Every replay of the tables' logs is one statement (changelog.apply_family_batch), at
+  whose end the keys are checked: a legal sequence of the application's writes never becomes a
+  divergence.
+- Reconcile checks them with plain queries (`check_keys`): a row whose reference finds no row on
+  the other side means a trigger or session_replication_role bypassed them.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 import psycopg
 from psycopg import sql
@@ -46,25 +34,20 @@ from mover.catalog import introspect, shape
 from mover.db import one
 from mover.engines.capture import changelog
 from mover.engines.context import Context
-from mover.engines.swap import carry, cutover, lockwatch
 from mover.errors import Failed
 from mover.names import QualifiedName
 from mover.sql import ddl
-from mover.state import control, ranges
+from mover.state import control
 
 log = logging.getLogger("mover.family")
 
-T = TypeVar("T")
-
-
-def tables(ctx: Context) -> list[Context]:
-    """The family's tables (ctx's own among them), in the plan's order, as their rows read now."""
-    return ctx.db.transaction(ctx.family, label="family")
 
 
 def parents_first(cur: psycopg.Cursor, members: Sequence[Context]) -> list[Context]:
     """`members` with each table after the tables its keys reference (by the keys between the
     tables carrying the names the application uses: the sources, the new tables after the swap)."""
+    if len(members) < 2:
+        return list(members)
     oids = [introspect.table_oid(cur, t.migration.source) or 0 for t in members]
     by_oid = dict(zip(oids, members, strict=True))
     return [by_oid[o] for o in family_catalog.parents_first(oids, family_catalog.between(cur, oids))]
@@ -105,6 +88,9 @@ def link(ctx: Context, members: Sequence[Context]) -> int:
     snapshot, which the keys hold), the keys added and validated (only mover writes the targets;
     SHARE ROW EXCLUSIVE on them blocks nobody else), the targets' shapes recorded again (the keys
     are part of them). Returns the keys added."""
+    if len(members) < 2:
+        return 0  # keys between tables need two
+
     def go(cur: psycopg.Cursor) -> int:
         for t in members:
             control.guard(cur, t.mid, t.migration.step, t.owner)
@@ -167,6 +153,8 @@ def orphans(cur: psycopg.Cursor, members: Sequence[Context]) -> tuple[int, list[
 def check_keys(ctx: Context, members: Sequence[Context]) -> int:
     """Reconcile's check of the family's keys: no row of the other side references a missing row.
     Returns the keys checked."""
+    if len(members) < 2:
+        return 0
     checked, found = ctx.db.transaction(lambda cur: orphans(cur, members), statement_timeout="0",
                                         label="family keys check")
     if found:
@@ -174,159 +162,3 @@ def check_keys(ctx: Context, members: Sequence[Context]) -> int:
                      hint=f"`mover status {ctx.migration.name}`; the tables' keys were validated, so a trigger or "
                           f"session_replication_role bypassed them: report it, and `mover abort {ctx.migration.name}`")
     return checked
-
-
-# ---------------------------------------------------------------------------------------------
-# The swap's one transaction
-
-
-def swap_locks(cur: psycopg.Cursor, members: Sequence[Context], forward: bool) -> list[QualifiedName]:
-    """What the family's swap locks, in this order (ACCESS EXCLUSIVE, one at a time, those that
-    exist): the live tables, referenced ones first; the other side's tables, in the same order;
-    the other tables the swap changes (referencing tables outside the family, views); the logs."""
-    ordered = parents_first(cur, members)
-    live = [t.original if forward else t.new for t in ordered]
-    other = [t.new if forward else t.original for t in ordered]
-    outside = [x for table in live for x in carry.also_locked(cur, table)]
-    own = [x for t in ordered for x in lockwatch.own_tables(t.mid)]
-    return list(dict.fromkeys([*live, *other, *outside, *own]))
-
-
-def digest(cur: psycopg.Cursor, members: Sequence[Context], forward: bool) -> str:
-    """One digest of the catalog rows every table's swap statements, parity description and shapes
-    are built from (carry.SWAP_INPUTS over all the family's tables, one query): read before the
-    lock before any table's statements, and once under it."""
-    return carry.catalog_digest(cur, [x for t in members for x in ((t.original, t.new) if forward
-                                                                  else (t.new, t.original))])
-
-
-def drain_locked(cur: psycopg.Cursor, ctx: Context, swaps: Sequence[cutover.Swap], forward: bool) -> int:
-    """Under the swap's lock: every log of the direction, all of it, in one statement (race 4,
-    race 5; the keys checked at its end), with each table's mapping as its Swap holds it (checked
-    before the lock, or again under it where the digest changed). Forward, a change that fails
-    rolls the whole swap back (cutover.Unapplied); swapping back, what fails is left to each
-    table's own refusal (rows only in the new table). Returns the changes applied."""
-    got = changelog.apply_family_batch(cur, ctx, reverse=not forward, limit=None, wait_for_lock=True,
-                                     copied=[(s.ctx, s.mapping()) for s in swaps])
-    if forward and got.failures:
-        failures: dict[str, Any] = {}
-        failures.update(got.failures)  # as the Swap's own drain collects them
-        raise cutover.Unapplied(failures)
-    return got.claimed
-
-
-def run_locked(ctx: Context, members: Sequence[Context], attempt: Callable[[psycopg.Cursor], T], *, forward: bool,
-               command: str = "rollback", before_attempt: Callable[[], None] | None = None) -> T:
-    """The family's swap (or swap back) under the lock discipline of one table's
-    (lockwatch.run_locked: autovacuum paused on every table, blockers named, lock_timeout,
-    attempts, the terminate option), watching every relation it locks."""
-    m = ctx.migration
-    locks = ctx.db.transaction(lambda cur: swap_locks(cur, members, forward), label="tables the swap locks")
-    live = [(t.original if forward else t.new) for t in members]
-    tables = live + [(t.new if forward else t.original) for t in members]
-    try:
-        return lockwatch.run_locked(ctx, attempt, tables=tables, what="swap in" if forward else "swap back",
-                                    retry=f"mover {'cutover' if forward else command} {m.name}",
-                                    label="cutover" if forward else "rollback",
-                                    statement_timeout=cutover.LOCK_STATEMENT_TIMEOUT,
-                                    extra_tables=[x for x in locks if x not in tables],
-                                    before_attempt=before_attempt, learn_order=live)
-    finally:
-        for t in members:
-            t._mappings.clear()  # the tables changed names (or may have)
-
-
-FAMILY_PHASES = ("verify_ms", "drain_ms", "catalog_ms", "ddl_ms", "parity_ms", "finish_ms")
-
-
-def record(cur: psycopg.Cursor, ctx: Context, tables: int, forward: bool, held: float, replayed: int,
-           marks: Sequence[float], attempt: int) -> None:
-    """The family's lock hold split into its phases, each over every table (each table's own
-    transition records its share from its own marks, which interleave): an event on the head's
-    row, in the swap's transaction. `marks`: locked, verified, drained, read, ddl, ran (monotonic);
-    `attempt`: which attempt at the lock this was."""
-    ends = [*marks[1:], time.monotonic()]
-    phases = {name: (end - start) * 1000 for name, start, end in zip(FAMILY_PHASES, marks, ends, strict=True)}
-    kind = "family_swapped" if forward else "family_swapped_back"
-    control.event(cur, ctx.mid, ctx.owner, ctx.migration.step, kind,
-                  f"{'swapped' if forward else 'swapped back'} {tables} tables in one transaction; "
-                  f"lock held {held:.1f} ms",
-                  {"lock_ms": held, "drained": replayed, "attempt": attempt, **phases}, held)
-
-
-# ---------------------------------------------------------------------------------------------
-# Retire and abort: one transaction for the family
-
-
-def retire(ctx: Context, members: Sequence[Context], give_up_rows: bool = False) -> None:
-    """The family's retire, as one table's (cutover.retire) for every table in one transaction: the
-    leases, every lock, a refusal while rows exist only in an old table it would drop (invariant
-    9), the drops, referencing tables first, every table done."""
-    keep = ctx.plan.rollback.keep_old
-
-    def drop(cur: psycopg.Cursor) -> None:
-        for t in members:
-            control.guard(cur, t.mid, "retire", t.owner)
-        ordered = parents_first(cur, members)
-        lockwatch.lock_all(cur, _by_role([cutover.retire_locks(t) for t in ordered]))
-        for t in members:
-            if not keep:
-                left = cutover.rows_only_on(cur, t, "original")
-                if left and not give_up_rows:
-                    raise cutover.refuse_losing(t, left, "retire", "original")
-                cutover.give_up(cur, t, left, "retire")
-        with cutover.dependents_named(ctx, "retire"):  # a 2BP01 named as mover names it (invariant 15)
-            for t in reversed(ordered):
-                cutover.execute_all(cur, cutover.retire_sql(cur, t))
-        for t in members:
-            old = f"kept as {t.migration.old}" if keep else "dropped"
-            control.mark_retired(cur, t.migration, t.owner, message=f"retired; old table {old}")
-        faults.point("family:retired")  # every table's drops and transitions, not committed: none retired
-
-    live = [t.migration.source for t in members]
-    lockwatch.run_locked(ctx, drop, tables=[*live, *(t.migration.old for t in members)], what="retire",
-                         retry=f"mover retire {ctx.migration.name}", label="retire",
-                         extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)], learn_order=live)
-    for t in members:
-        t.refresh()
-
-
-def abort(ctx: Context, members: Sequence[Context], give_up_rows: bool = False) -> None:
-    """The family's abort, as one table's (cutover.abort) for every table in one transaction: every
-    lock, a refusal while rows exist only in a target it drops (invariant 9), the drops,
-    referencing tables first (their targets hold keys to the others'), every table aborted."""
-    def live_of(cur: psycopg.Cursor, t: Context) -> QualifiedName:
-        return shape.current_name(cur, t.mid, "source") or t.migration.source
-
-    def undo(cur: psycopg.Cursor) -> None:
-        ordered = parents_first(cur, members)
-        lockwatch.lock_all(cur, _by_role([[live_of(cur, t), t.migration.target, *lockwatch.own_tables(t.mid)]
-                                          for t in ordered]))
-        for t in members:
-            left = cutover.rows_only_on(cur, t, "new")
-            if left and not give_up_rows:
-                raise cutover.refuse_losing(t, left, "abort", "new")
-            cutover.give_up(cur, t, left, "abort")
-        with cutover.dependents_named(ctx, "abort"):  # a 2BP01 named as mover names it (invariant 15)
-            for t in reversed(ordered):
-                cutover.execute_all(cur, cutover.abort_sql(cur, t))
-                ranges.reset(cur, t.mid, "backfill")
-                ranges.reset(cur, t.mid, "reconcile")
-        for t in members:
-            control.mark_aborted(cur, t.migration, t.owner)
-        faults.point("family:aborted")  # every table's drops and transitions, not committed: none aborted
-
-    live = ctx.db.transaction(lambda cur: [live_of(cur, t) for t in members], label="tables abort locks")
-    lockwatch.run_locked(ctx, undo, tables=[*live, *(t.migration.target for t in members)], what="abort",
-                         retry=f"mover abort {ctx.migration.name}", label="abort",
-                         extra_tables=[x for t in members for x in lockwatch.own_tables(t.mid)], learn_order=live)
-    for t in members:
-        t.refresh()
-
-
-def _by_role(per_table: list[list[QualifiedName]]) -> list[QualifiedName]:
-    """Each table's locks (its live table, its other, its logs), taken by role across the family:
-    every table's first, then every table's second..., in the family's order (the live tables
-    before the others, as the swap takes them)."""
-    width = max((len(x) for x in per_table), default=0)
-    return list(dict.fromkeys(x[i] for i in range(width) for x in per_table if i < len(x)))

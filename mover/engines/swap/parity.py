@@ -28,7 +28,7 @@ import psycopg
 from mover import names
 from mover.catalog import introspect, reading, shape
 from mover.db import one
-from mover.engines.bulk.backfill import deferred_index_name
+from mover.engines.bulk.builds import deferred_index_name
 from mover.errors import BadInput, Waiting
 from mover.plan import Plan
 from mover.state import control
@@ -437,7 +437,7 @@ def _compare_statistics(before: dict[str, Any], after: dict[str, Any]) -> list[D
 
 def renames(mid: int, source_desc: dict[str, Any], target_name: str, key_index: str) -> dict[str, str]:
     """The names the new table's indexes and key take (mover/steps/create_target.py,
-    mover/engines/bulk/backfill.py), mapped to the source's names they stand for."""
+    mover/engines/bulk/builds.py), mapped to the source's names they stand for."""
     out: dict[str, str] = {}
     for ix_name, ix in source_desc["indexes"].items():
         if ix_name == key_index:

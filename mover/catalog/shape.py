@@ -345,13 +345,16 @@ def not_null_column(definition: str) -> str | None:
     return None
 
 
-def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = None) -> ShapeChanged:
-    """The error for `changes`: what changed, and the command that gets the migration going again."""
+def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = None,
+            step: str | None = None) -> ShapeChanged:
+    """The error for `changes`: what changed, and the command that gets the migration going again
+    (one that works at `step`, when the caller knows it: `mover adopt` not past the window)."""
     listed = "; ".join(c.message for c in changes)
     live = "target" if swapped else "source"
     live_changes = [c for c in changes if c.side == live]
     adoptable = all(c.adoptable for c in live_changes) and all(
-        mid is not None and mirrors(c, live_changes, mid) for c in changes if c.side != live)
+        mid is not None and mirrors(c, live_changes, mid) for c in changes if c.side != live) and (
+        step is None or step in control.COMMANDS["adopt"])
     leftovers = [c for c in changes if c.kind == "index_added" and transient(c, [_ANY_BUILD])]
     if leftovers and len(leftovers) == len(changes):
         # What a failed or cancelled CREATE INDEX / REINDEX CONCURRENTLY leaves behind (one still
@@ -364,8 +367,9 @@ def explain(name: str, changes: list[Change], swapped: bool, mid: int | None = N
                                  f" {'it' if len(leftovers) == 1 else 'them'} behind (nothing to abort): {drops};"
                                  f" then `mover run {name}` resumes", changes=changes)
     if adoptable:
+        # After the swap abort does not work (a rollback first, which the changed shape refuses).
         hint = (f"`mover adopt {name}` applies the same change to the other table and re-checks what it touched;"
-                f" or `mover abort {name}` and plan again")
+                + (" or undo the change on that table" if swapped else f" or `mover abort {name}` and plan again"))
     elif swapped:
         hint = (f"this cannot be adopted: undo the change on that table, then `mover run {name}`"
                 f" (rollback and retire stay refused until the shapes match)")
@@ -519,12 +523,12 @@ def changes(cur: psycopg.Cursor, mid: int) -> tuple[dict[str, Any], dict[str, An
     return before, now, found
 
 
-def verify(cur: psycopg.Cursor, mid: int, name: str, swapped: bool) -> str:
+def verify(cur: psycopg.Cursor, mid: int, name: str, swapped: bool, step: str | None = None) -> str:
     """Raise ShapeChanged unless both recorded tables have the recorded shape; returns the pair of
     stored fingerprints, which names the shape a Mapping was built under."""
     before, _, found = changes(cur, mid)
     if found:
-        raise explain(name, found, swapped, mid)
+        raise explain(name, found, swapped, mid, step)
     return f"{fingerprint(before['source'])}/{fingerprint(before['target'])}"
 
 
@@ -624,7 +628,7 @@ def verify_at_step(cur: psycopg.Cursor, m: control.Migration, swapped: bool) -> 
                 record(cur, m.id, **{side: tables[side]})
                 control.event(cur, m.id, "mover", m.step, "shape_recorded",
                               f"recorded the shape of {tables[side]} (registered before shapes were recorded)")
-    recorded = verify(cur, m.id, m.name, swapped)
+    recorded = verify(cur, m.id, m.name, swapped, m.step)
     if not swapped:
         # Invariant 15, from registration on: an object bound to the source's oid or row type made
         # since (a child table, a row-type column...) is named at the next step's start, not first

@@ -56,8 +56,11 @@ def not_being_moved(s: Subject) -> None:
     # Another migration of the same source first: its target explains why a name is taken.
     other = control.active_on_source(s.cur, s.src) if control.schema_ready(s.cur) else None
     if other is not None and other.name != s.plan.name:
-        raise PlanError(f"table {s.src} is already being moved by migration {other.name!r}",
-                        hint=f"finish or `mover abort {other.name}` first")
+        other = control.as_one(control.family(s.cur, other))  # a table of several: its migration
+        if other.name != s.plan.name:
+            # Only commands that work where it stands (after its cutover, abort does not).
+            raise PlanError(f"table {s.src} is already being moved by migration {other.name!r}",
+                            hint=f"{control.ways_out(other)} first")
 
 
 def free(s: Subject) -> None:

@@ -44,8 +44,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
 
     def acquire(cur: psycopg.Cursor) -> None:
         rows[:] = control.family(cur, migration)
-        for row in rows:
-            control.acquire_lease(cur, row, owner)
+        control.take_leases(cur, rows, owner)  # a holder that died is recorded as a failed attempt
         sample(cur, force=True)
 
     db.transaction(acquire, label="acquire lease")

@@ -137,7 +137,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
     def describe(cur: psycopg.Cursor) -> tuple[dict[str, Any], control.Migration | None]:
         existing = control.find(cur, plan.name)
         if existing is not None and existing.state != "aborted":
-            same_shape(existing, plan)
+            same_shape(control.as_one(control.family(cur, existing)), plan)
             changes = edits_check.check(cur, existing, plan)
             columns = [plan.columns, *(a.columns for a in plan.also)]  # the family's rows are in the plan's order
             guards = governor_lines(cur, plan, [(t.source, c) for t, c in zip(control.family(cur, existing), columns,
@@ -282,13 +282,9 @@ def same_shape(existing: control.Migration, plan: Plan) -> None:
         if existing.state == "done" or existing.step == control.FINISHED:
             how = (f"migration {plan.name!r} is done (retired); give the changed plan a new [migration] name to run "
                    f"it as a new migration")
-        elif existing.step in control.COMMANDS["abort"]:
-            how = f"restore the plan, or `mover abort {plan.name}` and start again under a new [migration] name"
-        elif existing.step == "rollback_window":
-            how = (f"restore the plan; or `mover retire {plan.name}` (after its window) and run the changed plan "
-                   f"under a new [migration] name; or `mover rollback {plan.name}` then `mover abort {plan.name}`")
-        else:
-            how = f"restore the plan, or let `mover run {plan.name}` finish it, then use a new [migration] name"
+        else:  # only commands that work where it stands (control.ways_out)
+            how = f"restore the plan; or {control.ways_out(existing)}, then run the changed plan under a new" \
+                  f" [migration] name"
         raise PlanError(
             f"plan for {plan.name!r} differs from the one registered (source, target, columns and "
             f"[rollback] old_name define a migration; only the other settings may change between runs)",
@@ -305,7 +301,7 @@ def register_or_load(db: Database, plan: Plan, actor: str) -> control.Migration:
             control.set_aside_aborted(cur, existing, actor)
             existing = None
         if existing is not None:
-            same_shape(existing, plan)
+            same_shape(control.as_one(control.family(cur, existing)), plan)
             if existing.plan != plan.canonical():
                 changes = edits_check.check(cur, existing, plan)
                 update_plan(cur, existing, plan, actor, [c.describe() for c in changes])

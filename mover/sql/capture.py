@@ -63,7 +63,8 @@ WHERE i.indrelid = %(table)s AND ic.relname = %(index)s AND a.attname = ANY(%(co
 
 
 def create_trigger_function(function: QualifiedName, log: QualifiedName, key: tuple[str, ...],
-                            migration: str, equality: tuple[str, ...] | None = None) -> list[sql.Composed]:
+                            migration: str, equality: tuple[str, ...] | None = None,
+                            reverse: bool = False) -> list[sql.Composed]:
     """The function body is a string literal (PostgreSQL takes no parameters there); the names
     inside it are composed with Identifier first, so they are quoted exactly once. `equality` is
     the schema of each key column's equality operator (key_equality; pg_catalog by default).
@@ -92,7 +93,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'object_in_use',
             MESSAGE = pg_catalog.format('%s is being moved by mover migration %s; TRUNCATE would not reach the copy',
                                         TG_TABLE_NAME, {migration}),
-            HINT = pg_catalog.format('delete the rows instead, or `mover abort %s` first', {migration});
+            HINT = pg_catalog.format({hint}, {migration});
     END IF;
     IF TG_OP {eq} 'DELETE' THEN
         INSERT INTO {log} ({cols}) VALUES ({old_key});
@@ -106,7 +107,11 @@ BEGIN
 END
 """
     ).format(log=log.ident, cols=ident_list(key), new_key=new_key, old_key=old_key, same_key=same_key, eq=eq,
-             migration=sql.Literal(migration))
+             migration=sql.Literal(migration),
+             # What works where the trigger is: the forward capture's before the swap (abort), the
+             # reverse capture's in the rollback window (retire ends it; abort does not work there).
+             hint=sql.Literal("delete the rows instead, or `mover retire %s` first (it ends the rollback window)"
+                              if reverse else "delete the rows instead, or `mover abort %s` first"))
     # CREATE OR REPLACE: a capture installed by an older mover (SECURITY INVOKER, the log granted
     # to PUBLIC) is brought to this one in place on resume (capture.upgrade). EXECUTE revoked:
     # another role could otherwise attach the function to a table of its own and log keys

@@ -359,20 +359,43 @@ def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str
     )
 
 
-def events(cur: psycopg.Cursor, mid: int, limit: int = 50) -> list[dict[str, Any]]:
+# The table an event concerns: the row it is recorded on, or the row its detail names (an event a
+# family records on its head about one of its tables: a process that died in that table's step).
+CONCERNS = "table_id"
+_CONCERNED = sql.SQL("coalesce((detail->>'table_id')::bigint, migration_id)")
+
+
+def _ids(mid: int | Sequence[int]) -> list[int]:
+    return [mid] if isinstance(mid, int) else list(mid)
+
+
+def _story_where(mid: int | Sequence[int], only: int | None) -> tuple[sql.Composable, tuple[Any, ...]]:
+    where = sql.SQL("migration_id = ANY(%s) AND kind <> 'sample' AND (%s::bigint IS NULL OR {} = %s)").format(
+        _CONCERNED)
+    return where, (_ids(mid), only, only)
+
+
+def events(cur: psycopg.Cursor, mid: int | Sequence[int], limit: int = 50, *,
+           only: int | None = None) -> list[dict[str, Any]]:
+    """The last `limit` events of one migration row, or of several (a family's, as one story),
+    oldest first, each with the id of the row it concerns (`table_id`); `only`: those concerning
+    that row."""
+    where, params = _story_where(mid, only)
     with cur.connection.cursor(row_factory=dict_row) as dcur:
         # Progress samples (mover/state/samples.py) are for charts; they would drown the story here.
-        dcur.execute("SELECT * FROM (SELECT at, actor, step, kind, message, duration_ms, id FROM mover.events"
-                     " WHERE migration_id = %s AND kind <> 'sample' ORDER BY id DESC LIMIT %s) e ORDER BY id",
-                     (mid, limit))
+        dcur.execute(sql.SQL("SELECT * FROM (SELECT at, actor, step, kind, message, duration_ms, id, {} AS table_id"
+                             " FROM mover.events WHERE {} ORDER BY id DESC LIMIT %s) e ORDER BY id").format(
+                                 _CONCERNED, where), (*params, limit))
         return dcur.fetchall()
 
 
-def story(cur: psycopg.Cursor, mid: int) -> list[dict[str, Any]]:
-    """Every event of the migration but the progress samples, oldest first, with its detail."""
+def story(cur: psycopg.Cursor, mid: int | Sequence[int], *, only: int | None = None) -> list[dict[str, Any]]:
+    """Every event of one migration row (or of several) but the progress samples, oldest first,
+    with its detail and the id of the row it concerns (`table_id`); `only`: those concerning that row."""
+    where, params = _story_where(mid, only)
     with cur.connection.cursor(row_factory=dict_row) as dcur:
-        dcur.execute("SELECT id, at, actor, step, kind, message, detail, duration_ms FROM mover.events"
-                     " WHERE migration_id = %s AND kind <> 'sample' ORDER BY id", (mid,))
+        dcur.execute(sql.SQL("SELECT id, at, actor, step, kind, message, detail, duration_ms, {} AS table_id"
+                             " FROM mover.events WHERE {} ORDER BY id").format(_CONCERNED, where), params)
         return dcur.fetchall()
 
 
@@ -450,11 +473,52 @@ COMMANDS: dict[str, frozenset[str]] = {
 VERBS = {"cutover": "cut over", "rollback": "roll back"}
 
 
+def allows(m: Migration, command: str) -> bool:
+    """Whether `command` works on the migration where it stands (COMMANDS, never once it ended)."""
+    return m.state not in TERMINAL and m.step in COMMANDS[command]
+
+
+def leaves_at(command: str, step: str) -> str:
+    """The step a command that works at `step` leaves the migration at: what the next command of a
+    hint chaining two (`mover rollback`, then `mover abort`) must work at."""
+    if command == "run":
+        return "cutover" if STEPS.index(step) < STEPS.index("cutover") else step  # it stops at the gate
+    return {"cutover": "rollback_window", "rollback": "reconcile", "retire": FINISHED}.get(command, step)
+
+
+def way_to_undo(m: Migration) -> str | None:
+    """The commands that undo the migration from where it stands (abort; after the swap a
+    rollback first), or None once nothing can (past its window)."""
+    if allows(m, "abort"):
+        return f"`mover abort {m.name}`"
+    if allows(m, "rollback") and leaves_at("rollback", m.step) in COMMANDS["abort"]:
+        return f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`"
+    return None
+
+
+def way_to_finish(m: Migration) -> str:
+    """The command that finishes the migration from where it stands."""
+    if allows(m, "retire"):
+        return f"`mover retire {m.name}`" + (" once its window ends" if m.step == "rollback_window" else "")
+    if allows(m, "cutover"):
+        return f"`mover cutover {m.name}`"
+    return f"`mover run {m.name}` takes it to the cutover gate, then `mover cutover {m.name}`"
+
+
+def ways_out(m: Migration) -> str:
+    """How to get the migration out of the way (of another migration of its table, of a changed
+    plan), with only commands that work where it stands: finish it, or undo it."""
+    if m.state in TERMINAL:
+        return f"migration {m.name!r} is {m.state}"
+    undo = way_to_undo(m)
+    return f"finish it ({way_to_finish(m)})" + (f" or undo it ({undo})" if undo else "")
+
+
 def require_command(m: Migration, command: str) -> None:
     """Refuse an operator command the migration's step does not allow."""
     if command == "abort" and m.step == "rollback_window" and m.state not in TERMINAL:
         raise BadInput(f"cannot abort migration {m.name!r} after its cutover: {m.source} is the new table now",
-                       hint=f"`mover rollback {m.name}` swaps the original back, then `mover abort {m.name}`")
+                       hint=way_to_undo(m) or f"`mover status {m.name}`")
     if command == "pause" and m.state not in TERMINAL and m.step not in COMMANDS[command]:
         raise BadInput(f"cannot pause migration {m.name!r} at step {m.step!r}: pause holds the backfill and "
                        f"reconcile workers, and none run from the cutover on",
@@ -471,17 +535,23 @@ _MOVES = ("run", "cutover", "rollback", "retire", "abort")
 
 
 def _way_to(m: Migration, command: str) -> str:
-    """The `next:` of a refused command: the command that gets the migration to where `command`
-    applies (`mover run` while that is ahead), or what applies where it stands (it is behind)."""
+    """The `next:` of a refused command: the commands that get the migration to where `command`
+    applies (`mover run` to the cutover gate, `mover cutover` past it) while that is ahead, or
+    what applies where it stands (it is behind). Each command named works where the one before
+    leaves the migration (leaves_at)."""
     if m.state in TERMINAL:
         return f"the migration is {m.state}; `mover history {m.name}` lists its steps"
     allowed = [s for s in STEPS if s in COMMANDS[command]]
     here = STEPS.index(m.step) if m.step in STEPS else len(STEPS)
     if allowed and here < STEPS.index(allowed[0]):
-        return (f"`mover run {m.name}` takes it to step {allowed[0]!r}, then `mover {command} {m.name}`"
-                if command != "run" else f"`mover run {m.name}`")
-    moves = [f"`mover {c} {m.name}`" for c in _MOVES if c != command and m.step in COMMANDS[c]
-             and not (c == "abort" and m.step == "rollback_window")]
+        chain, step = [], m.step
+        while step not in COMMANDS[command]:
+            move = "run" if leaves_at("run", step) != step else "cutover"
+            chain.append(f"`mover {move} {m.name}`")
+            step = leaves_at(move, step)
+        takes = "takes" if len(chain) == 1 else "take"
+        return f"{', then '.join(chain)} {takes} it to step {step!r}, then `mover {command} {m.name}`"
+    moves = [f"`mover {c} {m.name}`" for c in _MOVES if c != command and allows(m, c)]
     return f"at step {m.step!r}: " + (", ".join(moves) if moves else f"`mover status {m.name}`")
 
 
@@ -634,12 +704,40 @@ def close_window(cur: psycopg.Cursor, m: Migration, owner: str, *, force: bool) 
 
 
 def mark_retired(cur: psycopg.Cursor, m: Migration, owner: str, *, message: str) -> None:
-    """The last step: the migration is done and nobody holds it any more."""
+    """The last step: the migration is done and nobody holds it any more; what retire ended is
+    resolved with it (retired_with_old_table)."""
+    retired_with_old_table(cur, m, owner)
     finish_step(cur, m, STEPS[-1], owner, state="done", message=message)
     cur.execute("UPDATE mover.migrations SET finished_at = now(), lease_owner = NULL, lease_host = NULL,"
                 " lease_pid = NULL, lease_expires_at = NULL WHERE id = %s AND step = %s AND lease_owner = %s",
                 (m.id, FINISHED, owner))
     _one_row(cur, m.id, "finish")
+
+
+RETIRED = "retired with the old table"
+
+
+def retired_with_old_table(cur: psycopg.Cursor, m: Migration, owner: str) -> list[int]:
+    """The divergences of the reverse direction are rows the old table could not take in the
+    rollback window (a replay into it that failed: a key the old table's key cannot hold after a
+    partition conversion, a value past the old type): they are about the old table, which retire
+    drops (or keeps, no longer synced). Resolved with it as `retired`, in retire's transaction,
+    so a finished migration shows none open; the live table holds those rows. The divergences of
+    the forward direction (rows only the old table holds) are retire's refusal or the operator's
+    `--give-up-rows`, before this. Returns the ids resolved."""
+    kept = bool((m.plan.get("rollback") or {}).get("keep_old"))
+    resolution = RETIRED + (f" (kept as {m.old}, no longer synced)" if kept else f" ({m.old} dropped)")
+    cur.execute("UPDATE mover.divergences SET resolved_at = now(), resolution = %s, resolved_how = 'retired',"
+                " resolved_by = %s, checked_at = now() WHERE migration_id = %s AND resolved_at IS NULL"
+                " AND kind = 'apply_error' AND columns->>'direction' = 'reverse' RETURNING id, key",
+                (resolution, owner, m.id))
+    rows = cur.fetchall()
+    if rows:
+        keys = "; ".join(str(list(key)) for _, key in rows[:20]) + ("; ..." if len(rows) > 20 else "")
+        event(cur, m.id, owner, STEPS[-1], "divergences_retired",
+              f"{len(rows)} divergences of the old table resolved: {resolution}; the live table holds those rows"
+              f" (keys {keys})", {"ids": [i for i, _ in rows]})
+    return [i for i, _ in rows]
 
 
 def mark_aborted(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
@@ -736,8 +834,52 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
-    """Take the lease if free, expired, ours, or held by a dead process on this host."""
+def take_leases(cur: psycopg.Cursor, rows: Sequence[Migration], owner: str) -> None:
+    """Take the lease of every row of a migration (a family's, the head's first: two takers queue on
+    its row lock). A previous holder that never released it ended without finishing (kill -9, a
+    lost server connection, a stalled process whose lease ran out): what it was doing is recorded
+    here, on the head, as a failed attempt of the migration (`mover history` counts it, the
+    attempt of the step it was in ends "failed"), naming the table and step it died in; its
+    steps left "running" are pending again, so that the step this process resumes starts a new
+    attempt."""
+    previous = [p for row in rows if (p := acquire_lease(cur, row, owner)) is not None]
+    if previous:
+        _record_lost_holder(cur, rows, owner, previous[0])
+
+
+def _record_lost_holder(cur: psycopg.Cursor, rows: Sequence[Migration], owner: str,
+                        previous: tuple[str, str | None, int | None, bool]) -> None:
+    holder, host, pid, live = previous
+    ids = [row.id for row in rows]
+    cur.execute("SELECT m.id, s.name FROM mover.steps s JOIN mover.migrations m ON m.id = s.migration_id"
+                " WHERE s.migration_id = ANY(%s) AND s.status = 'running' AND m.state NOT IN ('done', 'aborted')"
+                " ORDER BY m.family_position NULLS FIRST, s.position LIMIT 1", (ids,))
+    running = cur.fetchone()
+    if running is None:
+        cur.execute("SELECT id, step FROM mover.migrations WHERE id = ANY(%s) AND state = 'running'"
+                    " ORDER BY family_position NULLS FIRST LIMIT 1", (ids,))
+        running = cur.fetchone()
+    by_id = {row.id: row for row in rows}
+    head = rows[0]
+    where = ""
+    step = None
+    detail: dict[str, Any] = {"previous": holder, "host": host, "pid": pid, "lease_live": live}
+    if running is not None:
+        mid, step = running
+        step = shown_step(step)
+        where = f" in step {step}" + (f" of {by_id[mid].source}" if len(rows) > 1 else "")
+        detail[CONCERNS] = mid
+    how = "its process is gone" if live else "its lease expired"
+    cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = ANY(%s) AND status = 'running'",
+                (ids,))
+    event(cur, head.id, owner, step, "failed",
+          f"process {pid} on {host} ended without finishing{where} ({how}: killed, or it lost its connection to"
+          f" the server); {owner} took over", detail)
+
+
+def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> tuple[str, str | None, int | None, bool] | None:
+    """Take the lease if free, expired, ours, or held by a dead process on this host. Returns the
+    previous holder (owner, host, pid, lease still live) when it was another process's."""
     host, pid = socket.gethostname(), os.getpid()
     cur.execute("SELECT lease_owner, lease_host, lease_pid, lease_expires_at > clock_timestamp()"
                 " FROM mover.migrations WHERE id = %s FOR UPDATE", (m.id,))
@@ -759,6 +901,8 @@ def acquire_lease(cur: psycopg.Cursor, m: Migration, owner: str) -> None:
         ended = end_stale_appliers(cur, m.id)
         event(cur, m.id, owner, None, "lease_taken_over", f"lease taken over from {holder}",
               {"previous": holder, "previous_live": bool(live), "applier_sessions_ended": ended})
+        return holder, holder_host, holder_pid, bool(live)
+    return None
 
 
 # capture.py's advisory locks, and logical.py's feeder lock, keyed (name, migration)

@@ -28,7 +28,8 @@ def history(con: Consoles, rows: list[dict[str, Any]], as_json: bool) -> None:
             took = "" if a["seconds"] is None else _seconds(a["seconds"])
             lock = "" if a["lock_ms"] is None else f", lock held {a['lock_ms']:.1f} ms"
             why = f" ({a['message']})" if a["message"] and a["outcome"] not in ("done", "running") else ""
-            say(out, f"  {a['started_at']}  {a['step']:<16} {a['outcome']:<12} {took}{lock}{why}")
+            where = f"{a['table'] or 'all tables'}  " if "table" in a else ""
+            say(out, f"  {a['started_at']}  {where}{a['step']:<16} {a['outcome']:<12} {took}{lock}{why}")
         for t in h.get("tables", []):  # a family's other tables (issue 27), each with its steps
             done = [s for s in t["steps"] if s["seconds"] is not None]
             steps = ", ".join(f"{s['name']} {_seconds(s['seconds'])}" for s in done)
@@ -43,8 +44,8 @@ def events(con: Consoles, rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         console.as_json(con.out, rows)
         return
-    table = Table("at", "step", "kind", "message", "ms")
+    table = Table("at", "table", "step", "kind", "message", "ms")
     for e in rows:
-        table.add_row(e["at"], e["step"] or "", e["kind"], e["message"],
+        table.add_row(e["at"], e["table"], e["step"] or "", e["kind"], e["message"],
                       "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
     console.table(con.out, table)

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Column
 
 # Narrow enough that the figures beside the bar fit an 80-column terminal uncut.
 BAR_WIDTH = 12
@@ -37,7 +38,7 @@ class ProgressReporter:
                 self.rows, self.estimate, self.copied_here = f["rows"], f["estimate"], 0
                 self.started = time.monotonic()
                 self.progress = Progress(
-                    TextColumn("backfill"), BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(),
+                    _label("backfill", f, self.console.width), BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(),
                     # Workers and the range size are in `mover status` and `mover watch`.
                     TextColumn("{task.fields[rate]} rows/s, backlog {task.fields[backlog]}"),
                     TimeRemainingColumn(), console=self.console)
@@ -64,7 +65,7 @@ class ProgressReporter:
                 return
             if kind == "index_builds":  # one bar for every build, not a line each
                 self.close()
-                self.progress = Progress(TextColumn(f"index builds ({f['sessions']} at once)"),
+                self.progress = Progress(_label(f"index builds ({f['sessions']} at once)", f, self.console.width),
                                          BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(), TimeRemainingColumn(),
                                          console=self.console)
                 self.progress.start()
@@ -107,7 +108,8 @@ class ProgressReporter:
             self.rows, self.estimate, self.copied_here = 0, f.get("estimate") or 0, 0
             self.started = time.monotonic()
             self.progress = Progress(
-                TextColumn(f"reconcile ({f['mode']})"), BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(),
+                _label(f"reconcile ({f['mode']})", f, self.console.width), BarColumn(bar_width=BAR_WIDTH),
+                MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]} rows/s, {task.fields[differences]} differ"),
                 TimeRemainingColumn(), console=self.console)
             self.progress.start()
@@ -136,6 +138,20 @@ class ProgressReporter:
 
 
 RATE_AFTER_SECONDS = 1.0
+
+
+# What the figures beside a bar take (the bar, rows done of the total, rows/s, the backlog, the ETA).
+FIGURES_WIDTH = 62
+
+
+def _label(what: str, f: dict[str, Any], width: int) -> TextColumn:
+    """A bar's name: what it counts, and the table it works on (a family's tables each have their
+    turn). Cut with an ellipsis where the terminal is too narrow for it and the figures, which
+    are never cut."""
+    table = f.get("table")
+    return TextColumn(escape(what + (f" {table}" if table else "")),
+                      table_column=Column(no_wrap=True, overflow="ellipsis",
+                                          max_width=max(len(what), width - FIGURES_WIDTH)))
 
 
 def _rate(rows: int, started: float) -> str:

@@ -24,36 +24,35 @@ from mover.views import history, status
 
 
 def gather(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
+    """The whole migration's (a family's: every table's events, attempts and divergences, each
+    naming its table; the status holds each table's progress and the whole's; the samples are
+    the whole's)."""
     m = control.head_of(cur, control.get(cur, name))
-    story = control.story(cur, m.id)
+    rows = history.speaks_for(cur, m)
+    tables = history.names(rows)
+    story = control.story(cur, list(tables))
     points = samples.read(cur, m.id)
-    # A family's (issue 27): every table's events and divergences, each naming its table; the
-    # status holds each table's progress and the whole's; the samples are the whole's.
-    rows = control.family(cur, m)
-    tables = {row.id: str(row.source) for row in rows} if len(rows) > 1 else {}
-    merged = story if not tables else sorted(
-        [{**e, "table": tables[row.id]} for row in rows for e in (story if row.id == m.id else
-                                                                   control.story(cur, row.id))],
-        key=lambda e: (e["at"], e["id"]))
     return {
         "name": m.name,
         "status": status.status_of(cur, m),
         "plan": m.plan,
-        "attempts": history.attempts(story),
-        "events": [_event(e) for e in merged],
+        "attempts": history.gone(history.attempts(story, tables if len(rows) > 1 else None),
+                                 status.holder_gone(cur, m)),
+        "events": [_event(e, tables) for e in story],
         "samples": [{**p, "at": status.iso(p["at"])} for p in points],
         "rates": {kind: [(status.iso(at), round(r, 1)) for at, r in samples.rates(points, f"{kind}_rows")]
                   for kind in ("backfill", "reconcile")},
         "divergences": [{**d, "found_at": status.iso(d["found_at"]), "resolved_at": status.iso(d["resolved_at"]),
-                         "checked_at": status.iso(d["checked_at"]), **({"table": tables[row.id]} if tables else {})}
+                         "checked_at": status.iso(d["checked_at"]), "table": tables[row.id]}
                         for row in rows for d in control.list_divergences(cur, row.id, include_resolved=True)],
-        "locks": [_event(e) for e in story if _lock_event(e)],
-        "actors": _actors(merged),
+        "locks": [_event(e, tables) for e in story if _lock_event(e) and e["table_id"] == m.id],
+        "actors": _actors(story),
     }
 
 
-def _event(e: dict[str, Any]) -> dict[str, Any]:
-    return {**e, "at": status.iso(e["at"])}
+def _event(e: dict[str, Any], tables: dict[int, str]) -> dict[str, Any]:
+    return {**{k: v for k, v in e.items() if k != "table_id"}, "at": status.iso(e["at"]),
+            "table": tables.get(e["table_id"])}
 
 
 def _lock_event(e: dict[str, Any]) -> bool:
@@ -186,11 +185,15 @@ def render_html(r: dict[str, Any]) -> str:
     st = r["status"]
     tried = r["attempts"]
     # A row per attempt: a failed cutover, a rollback and the cutover after it each with its own time and lock.
-    timeline = _table(["step", "outcome", "started", "ended", "took", "lock held (ms)", "why"],
-                      [[a["step"], a["outcome"], a["started_at"], a["ended_at"] or "",
-                        _duration(a["started_at"], a["ended_at"]),
-                        "" if a["lock_ms"] is None else f"{a['lock_ms']:.1f}",
-                        a["message"] if a["outcome"] not in ("done", "running") else ""] for a in tried],
+    # A family's (several tables): which table each attempt and event concerns ("all": the family's move).
+    several = bool(st.get("family"))
+    which: list[str] = ["table"] if several else []
+    timeline = _table(which + ["step", "outcome", "started", "ended", "took", "lock held (ms)", "why"],
+                      [([a.get("table") or "all"] if several else [])
+                       + [a["step"], a["outcome"], a["started_at"], a["ended_at"] or "",
+                          _duration(a["started_at"], a["ended_at"]),
+                          "" if a["lock_ms"] is None else f"{a['lock_ms']:.1f}",
+                          a["message"] if a["outcome"] not in ("done", "running") else ""] for a in tried],
                       [a["outcome"].replace(" ", "_") for a in tried])
     failed = [a for a in tried if a["outcome"] in ("failed", "interrupted")]
     rates = line_chart("rows/s over time", {"backfill": r["rates"]["backfill"],
@@ -218,9 +221,10 @@ def render_html(r: dict[str, Any]) -> str:
                       for p in sm for w in p.get("lock_waits") or []])
     actors = _table(["who", "first", "last", "events", "what"],
                     [[a["actor"], a["first"], a["last"], a["events"], ", ".join(a["did"])] for a in r["actors"]])
-    story = _table(["at", "who", "step", "kind", "message", "ms"],
-                   [[e["at"], e["actor"], e["step"], e["kind"], e["message"],
-                     "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}"] for e in r["events"]])
+    story = _table(["at", "who", *which, "step", "kind", "message", "ms"],
+                   [[e["at"], e["actor"], *([e.get("table") or ""] if several else []), e["step"], e["kind"],
+                     e["message"], "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}"]
+                    for e in r["events"]])
     family = _table(["table", "step / state", "rows copied", "rows compared", "divergences", "cutover lock (ms)"],
                     [[x["tables"]["source"], f"{x['step']} / {x['state']}", f"{x['backfill']['rows_copied']:,}",
                       f"{x['reconcile']['rows_compared']:,}", x["divergences"],
@@ -240,7 +244,8 @@ def render_html(r: dict[str, Any]) -> str:
          f"{st['cutover']['at']} (lock held {st['cutover']['lock_ms']:.1f} ms)"],
         ["open divergences", st["divergences"]],
         ["samples", f"{len(sm)} ({', '.join(f'{k} in {v}' for k, v in waits.items()) or 'never waiting'})"],
-        ["failed attempts", "; ".join(f"{a['step']} {a['outcome']} at {a['started_at']}: {a['message'] or '?'}"
+        ["failed attempts", "; ".join((f"{a['table']} " if a.get("table") else "")
+                                      + f"{a['step']} {a['outcome']} at {a['started_at']}: {a['message'] or '?'}"
                                       for a in failed) or "none"],
         ["rollbacks", str(sum(a["step"] == "rollback" for a in tried))],
         ["waiting" if st["state"] == "waiting" else "error", st["error"] or ""]])

@@ -74,10 +74,39 @@ def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
     order = [*control.STEPS, control.FINISHED]
     earliest = min((row.step for row in rows), key=order.index)
     out["step"] = control.shown_step(earliest)
+    # The family's steps: one done when every table's is, running while some tables are at it.
+    out["steps"] = _steps(_family_steps([control.steps(cur, row.id) for row in rows]), out["state"], earliest)
     for part in ("backfill", "reconcile", "capture"):
         out[part] = _summed([x[part] for x in each])
     out["divergences"] = sum(x["divergences"] for x in each)
     return out
+
+
+def _family_steps(each: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each step as the family's: its tables' statuses when they agree, else running (some
+    tables past it, others not yet); from the first start to the last finish."""
+    out = []
+    for rows in zip(*each, strict=True):
+        statuses = {r["status"] for r in rows}
+        started = [r["started_at"] for r in rows if r["started_at"] is not None]
+        status = statuses.pop() if len(statuses) == 1 else "running"
+        out.append({"name": rows[0]["name"], "status": status, "started_at": min(started) if started else None,
+                    "finished_at": max(r["finished_at"] for r in rows) if status == "done" else None})
+    return out
+
+
+def _steps(rows: list[dict[str, Any]], state: str, step: str) -> list[dict[str, Any]]:
+    """The steps as `status` shows them: the migration's own step, while the migration is not
+    running it (waiting at the gate or in the window, failed, interrupted, its process gone),
+    shows the migration's state; the rows say "running" or "pending" there, neither of which
+    is what happens (an outcome sets a running step back to pending, so that the next run starts
+    it again)."""
+    def status(s: dict[str, Any]) -> str:
+        if s["name"] == step and s["status"] in ("running", "pending") and state not in ("running", "pending"):
+            return state
+        return state if s["status"] == "running" and state not in ("running", "pending") else s["status"]
+    return [{"name": s["name"], "status": status(s), "started_at": iso(s["started_at"]),
+             "finished_at": iso(s["finished_at"])} for s in rows]
 
 
 def _summed(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,23 +153,14 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         # An error recorded on the way ("ready for cutover", "window is open") is history once the
         # migration ended: the events keep it.
         error = None
-    if state == "running" and m.lease_host == socket.gethostname() and m.lease_pid is not None \
-            and not control.process_alive(m.lease_pid):
-        # The lease holder ran here and its process is gone (kill -9): failed now, not when the
-        # lease runs out.
-        state, error = "failed", (error or f"process {m.lease_pid} ended without finishing (killed, or it lost its "
-                                           f"connection to the server)") + f"; `mover run {m.name}` resumes"
-    elif state == "running" and (m.lease_expires_at is None or m.lease_expires_at < _now(cur)):
-        # The row says running, but no live process holds the lease: it died mid-step.
-        state, error = "failed", error or f"the process running it stopped; `mover run {m.name}` resumes"
+    died = holder_gone(cur, m)
+    if died is not None:
+        state, error = "failed", (error or died) + f"; `mover run {m.name}` resumes"
     return {
         "name": m.name,
         "step": step,
         "state": state,
-        # A step recorded as running whose process is gone is not running: it failed with the migration.
-        "steps": [{"name": s["name"], "status": "failed" if s["status"] == "running" and state == "failed"
-                   else s["status"], "started_at": iso(s["started_at"]), "finished_at": iso(s["finished_at"])}
-                  for s in control.steps(cur, m.id)],
+        "steps": _steps(control.steps(cur, m.id), state, m.step),
         "tables": {"source": str(m.source), "target": str(m.target), "old": str(m.old)},
         # Which of those names exist now (after retire or abort some are gone).
         "tables_present": [role for role, qn in (("source", m.source), ("target", m.target), ("old", m.old))
@@ -167,6 +187,19 @@ def _status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
         "partitions": _partitions(cur, m),
         "family_of": None if m.head else _head_name(cur, m),
     }
+
+
+def holder_gone(cur: psycopg.Cursor, m: control.Migration) -> str | None:
+    """Why a migration recorded as running has nobody running it, or None: its lease holder ran
+    here and its process is gone (kill -9: known now, not when the lease runs out), or no live
+    process holds the lease any more (it died mid-step, elsewhere)."""
+    if m.state != "running":
+        return None
+    if m.lease_host == socket.gethostname() and m.lease_pid is not None and not control.process_alive(m.lease_pid):
+        return f"process {m.lease_pid} ended without finishing (killed, or it lost its connection to the server)"
+    if m.lease_expires_at is None or m.lease_expires_at < _now(cur):
+        return "the process running it stopped"
+    return None
 
 
 def _gaps(cur: psycopg.Cursor, m: control.Migration) -> list[dict[str, Any]]:
@@ -204,9 +237,18 @@ def divergences(cur: psycopg.Cursor, name: str, include_resolved: bool = False) 
 
 
 def events(cur: psycopg.Cursor, name: str, limit: int = 50) -> list[dict[str, Any]]:
-    """`mover events NAME`: the last `limit` events, progress samples left out."""
+    """`mover events NAME`: the last `limit` events, progress samples left out, each naming the
+    `table` it concerns. A family's name: every table's events as one story; a table's own name
+    (NAME/schema.table): that table's, with those the family recorded about it."""
     m = control.get(cur, name)
-    return [{**e, "at": iso(e["at"])} for e in control.events(cur, m.id, limit)]
+    rows = control.family(cur, m) if m.head else [m]
+    tables = {row.id: str(row.source) for row in rows}
+    if m.head:
+        found = control.events(cur, list(tables), limit)
+    else:
+        found = control.events(cur, [m.id, control.head_of(cur, m).id], limit, only=m.id)
+    return [{**{k: v for k, v in e.items() if k != "table_id"}, "at": iso(e["at"]),
+             "table": tables.get(e["table_id"], str(m.source))} for e in found]
 
 
 def _partitions(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any] | None:
@@ -341,10 +383,13 @@ def workers_of(cur: psycopg.Cursor, m: control.Migration) -> list[dict[str, Any]
         WHERE w.migration_id = %s AND w.heartbeat_at > now() - make_interval(secs => %s)
         ORDER BY w.worker_id, r.range_no
         """, (m.id, control.LEASE_SECONDS))
+    here = socket.gethostname()
+    # A worker killed with -9 keeps a fresh heartbeat for a while: on this host its process says (as _workers).
     return [{"worker": wid, "host": host, "pid": pid, "range_rows": range_rows, "rows_done": rows_done,
              "waiting_for": waiting, "range": None if kind is None else
              {"kind": kind, "range_no": no, "lo": lo, "hi": hi}}
-            for wid, host, pid, range_rows, rows_done, waiting, kind, no, lo, hi in cur.fetchall()]
+            for wid, host, pid, range_rows, rows_done, waiting, kind, no, lo, hi in cur.fetchall()
+            if not (host == here and pid is not None and not control.process_alive(pid))]
 
 
 def lock_waits(cur: psycopg.Cursor) -> list[dict[str, Any]]:

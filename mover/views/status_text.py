@@ -50,7 +50,9 @@ def show(con: Consoles, st: dict[str, Any]) -> None:
                                    f"rows" + (f", {r['ranges_failed']} FAILED" if r["ranges_failed"] else "")
                       + (f", last at {r['verified_at']}" if r["verified_at"] else ""))
     by_kind = ", ".join(f"{k} {v}" for k, v in (r or {}).get("divergences", {}).get("open", {}).items())
-    table.add_row("divergences", str(st["divergences"]) + (f" ({by_kind})" if by_kind else ""))
+    retired = (r or {}).get("divergences", {}).get("resolved", {}).get("retired")  # with the old table
+    table.add_row("divergences", str(st["divergences"]) + (f" ({by_kind})" if by_kind else "")
+                  + (f"; {retired} resolved with the old table at retire" if retired else ""))
     for t in (st.get("family") or {}).get("tables", []):
         # Each table of a family (issue 27); the rows above are the whole family's.
         b, r = t["backfill"], t["reconcile"]

@@ -48,11 +48,14 @@ def snapshot(cur: psycopg.Cursor, name: str) -> dict[str, Any]:
     """One reading of the migration, in one transaction (the readings are the caller's)."""
     m = control.head_of(cur, control.get(cur, name))
     snap = status.status_of(cur, m)  # a family's: the whole's, and each table's under "family"
-    snap["worker_list"] = [w for row in control.family(cur, m) for w in status.workers_of(cur, row)]
+    rows = control.family(cur, m)
+    snap["worker_list"] = [w for row in rows for w in status.workers_of(cur, row)]
     snap["lock_waits"] = status.lock_waits(cur)
     cur.execute("SELECT now() - make_interval(secs => %s)", (WINDOW_SECONDS,))
     snap["samples"] = samples.read(cur, m.id, since=one(cur)[0])
-    snap["recent_events"] = [{**e, "at": status.iso(e["at"])} for e in control.events(cur, m.id, 6)]
+    tables = {row.id: str(row.source) for row in rows}  # a family's: every table's, each naming its table
+    snap["recent_events"] = [{**e, "at": status.iso(e["at"]), "table": tables.get(e["table_id"])}
+                             for e in control.events(cur, list(tables), 6)]
     return snap
 
 
@@ -97,6 +100,13 @@ def _waiting(snap: dict[str, Any]) -> list[str]:
     return waits
 
 
+def _when(value: str) -> str:
+    """An end the operator waits for (the rollback window's), in local time; the date too when it
+    is not today."""
+    at = datetime.fromisoformat(value).astimezone()
+    return at.strftime("%H:%M:%S" if at.date() == datetime.now().astimezone().date() else "%Y-%m-%d %H:%M:%S")
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
@@ -120,7 +130,8 @@ def line(snap: dict[str, Any]) -> str:
     """The non-terminal form: one line per interval, every field a script may grep."""
     b, r, c = snap["backfill"], snap["reconcile"], snap["capture"]
     brate, rrate = _rate(snap, "backfill"), _rate(snap, "reconcile")
-    parts = [datetime.now().strftime("%H:%M:%S"), snap["name"], f"{snap['step']}/{snap['state']}",
+    parts = [datetime.now().strftime("%H:%M:%S"), snap["name"], f"{snap['step']}/{snap['state']}"
+             + (f" until {_when(snap['rollback_window_ends_at'])}" if snap.get("rollback_window_ends_at") else ""),
              f"backfill {b['rows_copied']:,}" + (f"/{b['rows_estimate']:,}" if b["rows_estimate"] else "")
              + f" rows {b['rows_per_second'] or round(brate or 0):,} rows/s ETA {_eta(b['eta_seconds'])}",
              f"reconcile {r['rows_compared']:,}" + (f"/{r['rows_estimate']:,}" if r.get("rows_estimate") else "")
@@ -154,16 +165,22 @@ def screen(snap: dict[str, Any]) -> RenderableType:
     """The full-screen form: one panel per question an operator asks."""
     b, r, c = snap["backfill"], snap["reconcile"], snap["capture"]
     lease = snap["lease"]
-    head = Text.assemble((f"mover watch {snap['name']}", "bold"), f"   {snap['step']} / {snap['state']}   ",
+    window = snap.get("rollback_window_ends_at")
+    until: list[str | tuple[str, str]] = \
+        [("rollback window until ", "dim"), (_when(window), "bold yellow"), "   "] if window else []
+    head = Text.assemble((f"mover watch {snap['name']}", "bold"), f"   {snap['step']} / {snap['state']}   ", *until,
                          ("lease: ", "dim"), lease["owner"] if lease else "nobody",
                          ("   " + datetime.now().strftime("%H:%M:%S"), "dim"))
 
     timeline = Table.grid(padding=(0, 2))
     marks = {"done": ("✔", "green"), "running": ("▶", "bold blue"), "pending": ("·", "dim"), "undone": ("↺", "yellow"),
-             "failed": ("✘", "red")}
+             "failed": ("✘", "red"), "waiting": ("…", "yellow"), "interrupted": ("✘", "yellow"),
+             "paused": ("‖", "yellow")}
     for s in snap["steps"]:
         mark, style = marks.get(s["status"], ("?", ""))
         when = (s["finished_at"] or s["started_at"] or "")[11:19]
+        if s["name"] == "rollback_window" and window and s["status"] != "done":
+            when += f" .. {_when(window)}"  # the window's end, where the operator waits for it
         timeline.add_row(Text(mark, style), Text(s["name"], style), Text(s["status"], "dim"), Text(when, "dim"))
 
     progress = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
@@ -206,8 +223,10 @@ def screen(snap: dict[str, Any]) -> RenderableType:
                     ("throttled", "floor", "waiting") else "green")
 
     events = Table.grid(padding=(0, 2))
-    for e in snap["recent_events"]:
-        events.add_row(Text((e["at"] or "")[11:19], "dim"), e["kind"], Text(e["message"][:110]))
+    for e in snap["recent_events"]:  # a family's: each naming its table
+        events.add_row(Text((e["at"] or "")[11:19], "dim"),
+                       *([Text(e.get("table") or "", "cyan")] if snap.get("family") else []), e["kind"],
+                       Text(e["message"][:110]))
 
     family = None
     if snap.get("family"):  # each table of a family (issue 27); the panels above are the whole's

@@ -184,3 +184,136 @@ def test_example_plan_comments_agree_with_the_docs(file):
         assert "plain CREATE INDEX" in text, file
     # What the swap carries (the README's exceptions): nothing of it is to be re-created by hand.
     assert not re.search(r"re-create[^.]*(extended statistics|replica identity|publication)", text, re.S), file
+
+
+# ---------------------------------------------------------------------------------------------
+# The example plans against docs/plan.md, for content (issue 35): what a user copies says what the
+# reference says.
+
+
+def mentions(file: str) -> list[tuple[str, str, bool, str]]:
+    """Every key the plan sets or shows commented out (`# key = value`), in order: (section, key,
+    set, the comment that explains it: the comment lines just above it and its line's own)."""
+    out = []
+    section, block = None, []
+    for line in (PLANS / file).read_text().splitlines():
+        header = re.match(r"^\[\[?([\w.]+)\]\]?", line)
+        if header:
+            name = header.group(1)
+            section, key = (name.split(".", 1) if "." in name else (name, None))
+            if key is not None:  # [target.partition]: the section's key, set as a table
+                out.append((section, key, True, " ".join(block)))
+            block = []
+            continue
+        key_line = re.match(r"^(# )?(\w+) = ([^#]*)(#.*)?$", line)
+        if section and key_line and key_line.group(2) in KEYS.get(section, ()):
+            out.append((section, key_line.group(2), key_line.group(1) is None,
+                        " ".join([*block, (key_line.group(4) or "").lstrip("# ")])))
+            block = []
+        elif line.startswith("#"):
+            block.append(line.lstrip("# "))
+        else:
+            block = []
+    return out
+
+
+def header(file: str) -> str:
+    """The comment before the plan's first section, as one line."""
+    lines = (PLANS / file).read_text().split("\n[", 1)[0].splitlines()
+    return " ".join(ln.lstrip("# ") for ln in lines if ln.startswith("#"))
+
+
+def changeable(section: str, key: str) -> bool:
+    s = SETTINGS[(section, key)]
+    return not (s.fixed or s.registration_only)
+
+
+@pytest.mark.parametrize("file", sorted(EXPECTED))
+def test_example_plan_defaults_and_meanings_are_the_docs(file):
+    """Every key a plan sets or shows is documented; a "Default X" its comment states is the
+    documented default; where docs/plan.md says what the default does (its parenthesis: index_builds
+    "0 (one at a time under the governor; ...)"), the comment that explains the key says it too."""
+    docs = documented()
+    for section, key, _, comment in mentions(file):
+        assert (section, key) in docs, f"{file}: [{section}] {key} is not in docs/plan.md"
+        default = docs[(section, key)]["default"]
+        value = default.split("`")[1] if default.startswith("`") else default
+        # A name derived from the source's (`<source>_new`) is said as the example's own name.
+        for said in [] if "<source>" in value else re.findall(r"\bDefault:? (\"[^\"]*\"|-?\d+\b|true\b|false\b|none\b)",
+                                                           comment):
+            assert said == value or (said == "none" and value in ("[]", "none")), \
+                f"{file}: [{section}] {key}: the comment says default {said}, docs/plan.md {default}"
+        meaning = re.search(r"` \((.+)\)$", default)
+        if comment and meaning:
+            words = {w for w in re.findall(r"[a-z_]{5,}", meaning.group(1).lower())}
+            missing = {w for w in words if w not in comment.lower()}
+            assert not missing, f"{file}: [{section}] {key}: docs/plan.md says its default means " \
+                                f"{meaning.group(1)!r}; the comment lacks {sorted(missing)}: {comment!r}"
+
+
+@pytest.mark.parametrize("file", sorted(EXPECTED))
+def test_example_plan_says_what_mover_set_changes_and_what_may_change(file):
+    """A comment naming `mover set NAME section.KEY=VALUE` excepts exactly the keys `mover set`
+    refuses; "Identity of the migration: may not change" is said only of fixed keys, "May change"
+    only of others."""
+    for section, excepted in re.findall(r"`mover set NAME (\w+)\.KEY=VALUE`(?:, except ([\w, ]+))?",
+                                        (PLANS / file).read_text().replace("\n# ", " ")):
+        refused = {k for k in KEYS[section] if k not in SETTABLE.get(section, ())}
+        assert set(re.findall(r"\w+", excepted)) == refused, f"{file}: [{section}] except {excepted!r}"
+    for section, key, _, comment in mentions(file):
+        if re.search(r"(may not change|Identity of the migration)", comment):
+            assert not changeable(section, key), f"{file}: [{section}] {key} is said fixed: {comment!r}"
+        if re.search(r"\bMay change\b", comment):
+            assert changeable(section, key), f"{file}: [{section}] {key} is said to change: {comment!r}"
+
+
+def header_may_change(text: str) -> set[tuple[str, str | None]]:
+    """The header's "Once registered, only these may change: [backfill], [rollback] window and
+    keep_old; ..." as (section, key or None for the whole section)."""
+    found = re.search(r"only these may change: ([^;]+);", text)
+    assert found, "the header does not say what may change once the migration is registered"
+    out: set[tuple[str, str | None]] = set()
+    section, whole = None, False
+    for sec, word in re.findall(r"\[(\w+)\]|(\w+)", found.group(1)):
+        if sec:
+            if section is not None and whole:
+                out.add((section, None))
+            section, whole = sec, True
+        elif section is not None and word in KEYS[section]:
+            out.add((section, word))
+            whole = False
+    if section is not None and whole:
+        out.add((section, None))
+    return out
+
+
+@pytest.mark.parametrize("file", sorted(EXPECTED))
+def test_example_plan_header_says_what_it_changes_and_what_may_change(file):
+    """Each plan's header says what the migration changes (each column's new type, the
+    partitioning) and lists, derived from the plan's own keys, exactly what may change once it
+    is registered: a whole section only when every key of it the plan names may change."""
+    plan, text = load_plan(PLANS / file), header(file)
+    for column, type_ in plan.columns.items():
+        assert column in text and type_ in text, f"{file}: the header does not say {column} becomes {type_}"
+    if plan.partition is not None:
+        assert "partition" in text and all(c in text for c in plan.partition.columns), file
+    listed = header_may_change(text)
+    named = mentions(file)
+    for section, key, _, _ in named:
+        if changeable(section, key):
+            assert (section, key) in listed or (section, None) in listed, \
+                f"{file}: the header does not list [{section}] {key} among what may change"
+    for section, key in listed:
+        keys = [k for s, k, _, _ in named if s == section] if key is None else [key]
+        assert keys and all(changeable(section, k) for k in keys), \
+            f"{file}: the header lists [{section}] {key or ''} as changeable"
+
+
+@pytest.mark.parametrize("file", sorted(EXPECTED))
+def test_example_plan_widens_referencing_columns_with_also(file):
+    """A referencing column widens in the same migration ([[also]]): no plan sends the user to a
+    second migration for it, and the one widening a key says how."""
+    text = (PLANS / file).read_text()
+    assert "second migration" not in text, file
+    if any(t in ("bigint", "int8") for t in load_plan(PLANS / file).columns.values()):
+        assert "[[also]]" in text, f"{file}: widens a key without saying how its referencing columns widen"

@@ -53,3 +53,21 @@ def test_a_rate_is_shown_only_after_its_first_second():
     from mover.views.progress import _rate
     assert _rate(1_234_567, time.monotonic()) == "-"  # microseconds in: no rate, whatever the rows
     assert _rate(3_000, time.monotonic() - 2) in ("1,500", "1,499")
+
+
+def test_each_bar_names_its_table_and_the_figures_stay_uncut_at_80_columns():
+    """A family's tables take their turns: each bar says whose rows it counts (issue 35)."""
+    table = '"public"."auth_user_user_permissions"'
+    wide = said(("backfill_start", {"estimate": 3000, "rows": 0, "workers": 1, "table": table}),
+                ("backfill", {"rows": 1500}),
+                ("index_builds", {"total": 2, "sessions": 1, "table": table}),
+                ("reconcile_start", {"mode": "full", "estimate": 3000, "table": table}),
+                ("reconcile_range", {"rows": 3000, "differences": 0}))
+    for bar in ("backfill", "index builds (1 at once)", "reconcile (full)"):
+        assert f"{bar} {table}" in wide, wide
+    buf = io.StringIO()
+    reporter = ProgressReporter(Console(file=buf, width=80, force_terminal=True, color_system=None))
+    reporter("backfill_start", estimate=2_000_000, rows=0, workers=2, table=table)
+    reporter("backfill", rows=1_234_567, capture_pending=12_345)
+    reporter.close()
+    assert "1234567/2000000" in buf.getvalue() and "backfill" in buf.getvalue(), buf.getvalue()

@@ -71,7 +71,9 @@ def test_abort_after_the_swap_says_to_roll_back_first():
     # After a rollback the migration is back at reconcile: run takes it to the gate, then the cutover.
     ("reconcile", "cutover",
      "`mover run orders-bigint` takes it to step 'cutover', then `mover cutover orders-bigint`"),
-    ("backfill", "rollback", "`mover run orders-bigint` takes it to step 'rollback_window'"),
+    # run stops at the gate: the cutover takes it into the window.
+    ("backfill", "rollback", "`mover run orders-bigint`, then `mover cutover orders-bigint` take it to step "
+                             "'rollback_window', then `mover rollback orders-bigint`"),
     ("rollback_window", "cutover", "at step 'rollback_window': `mover run orders-bigint`, "
                                    "`mover rollback orders-bigint`, `mover retire orders-bigint`"),
 ])

@@ -89,7 +89,7 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
         stray = [c for c in left if c.side == other_side and not shape.mirrors(c, live_changes, ctx.mid)]
         if stray:
             raise Failed(f"after adopting, {other} differs otherwise: {'; '.join(c.message for c in stray)}",
-                         hint=f"`mover abort {m.name}`")
+                         hint=_undo(m))
         shape.record(cur, ctx.mid, **{live_side: again[live_side]["oid"]})
         if again[other_side] is not None:
             shape.record(cur, ctx.mid, **{other_side: again[other_side]["oid"]})
@@ -103,6 +103,12 @@ def adopt(ctx: Context) -> list[dict[str, Any]]:
     ctx.db.transaction(record, label="adopt")
     ctx.refresh()
     return [c.as_dict() for c in live_changes]
+
+
+def _undo(m: control.Migration) -> str:
+    """What undoes the migration from where adopt found it (up to the rollback window: abort only
+    before the swap)."""
+    return control.way_to_undo(m) or f"`mover status {m.name}` shows where it stands"
 
 
 def _lock_timeout(ctx: Context) -> dict[str, Any]:
@@ -120,7 +126,7 @@ def _add_columns(ctx: Context, other: QualifiedName, columns: list[dict[str, Any
             if c["name"] in have:
                 if have[c["name"]].type != c["type"]:
                     raise Failed(f"column {names.display_ident(c['name'])} of {other} exists with type "
-                                 f"{have[c['name']].type}, not {c['type']}", hint=f"`mover abort {ctx.migration.name}`")
+                                 f"{have[c['name']].type}, not {c['type']}", hint=_undo(ctx.migration))
                 continue  # added by an adopt that did not finish
             # Type, collation and default are text the catalog printed for the live table's column
             # (format_type, pg_get_expr): trusted, and positions that take no bind parameter.
@@ -198,7 +204,7 @@ def _finish_columns_and_checks(ctx: Context, live: QualifiedName, other: Qualifi
                 definition = _live_definition(cur, live, name)
                 if definition is None:
                     raise Failed(f"constraint {names.display_ident(name)} was validated on the live table, but "
-                                 f"{other} has no constraint of that name", hint=f"`mover abort {ctx.migration.name}`")
+                                 f"{other} has no constraint of that name", hint=_undo(ctx.migration))
                 cur.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT {c} {d}").format(
                     t=other.ident, c=sql.Identifier(name), d=trusted(definition, "pg_get_constraintdef")))
                 continue

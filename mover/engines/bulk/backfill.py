@@ -235,7 +235,8 @@ def _copy_all(ctx: Context) -> None:
         return introspect.estimate_rows(cur, ctx.original), ranges.state(cur, ctx.mid, KIND)["rows"]
 
     estimate, copied = ctx.db.transaction(prepare)
-    ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers)
+    ctx.report("backfill_start", estimate=estimate, rows=copied, workers=settings.workers,
+               table=str(ctx.migration.source))
     workers = [Worker(ctx.db.dsn, ctx.migration, ranges.worker_id(i), stop=ctx.stop, lost=ctx.lease_lost,
                       registry=ctx.workers, report=ctx.report, n_workers=settings.workers, applier_beside=True,
                       governor=throttle.of(ctx))

@@ -200,7 +200,8 @@ def build_indexes(ctx: Context) -> None:
     sessions = plan.backfill.index_sessions(plan.throttle.governed)
     started = time.monotonic()
     if builds or constraints:
-        ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions)
+        ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions,
+                   table=str(ctx.migration.source))
     _Builds(ctx, builds, sessions).run()
     for name, ix in pending:
         if partitioned:

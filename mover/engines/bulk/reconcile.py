@@ -446,7 +446,8 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
         estimate = introspect.estimate_rows(cur, spec.mapping.src) if mode == "full" else None
         return st, estimate
     st, estimate = ctx.db.transaction(todo)
-    ctx.report("reconcile_start", mode=mode, ranges_open=st["open"], estimate=estimate, workers=settings.workers)
+    ctx.report("reconcile_start", mode=mode, ranges_open=st["open"], estimate=estimate, workers=settings.workers,
+               table=str(ctx.migration.source))
     if st["open"] or not st["exhausted"]:
         # Under the migration's governor, led from here (a pass with nothing to compare measures nothing).
         with throttle.governing(ctx, KIND):
@@ -473,7 +474,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
             integrity.covered_by_pass(cur, ctx, pass_started,
                                       f"the full reconcile pass started {pass_started:%H:%M:%S}")
     ctx.db.transaction(finish)
-    ctx.report("reconcile_done", **{k: v for k, v in result.as_dict().items() if k in (
+    ctx.report("reconcile_done", table=str(ctx.migration.source), **{k: v for k, v in result.as_dict().items() if k in (
         "mode", "ranges", "rows", "seconds", "found", "resolved", "open", "unsettled")})
     return result
 

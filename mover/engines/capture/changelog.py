@@ -73,7 +73,7 @@ def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: 
     fn = names.capture_function(mid, reverse)
     from_wal = logical_capture and not reverse
     return [*q.create_log(log_table, key, key_types, collations),
-            *q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key)),
+            *q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key), reverse),
             *q.create_trigger(names.capture_trigger(mid, reverse), table, fn, rows=not from_wal),
             *(logical.install_sql(cur, mid) if from_wal else [])]
 
@@ -115,7 +115,7 @@ def upgrade_sql(cur: psycopg.Cursor, mid: int, key: tuple[str, ...], migration: 
     if table is None:
         return []
     info = introspect.describe(cur, table)
-    return [*q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key)),
+    return [*q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key), reverse),
             q.revoke_log(log_table)]
 
 

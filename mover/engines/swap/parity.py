@@ -27,6 +27,7 @@ import psycopg
 
 from mover import names
 from mover.catalog import introspect, reading, shape
+from mover.db import one
 from mover.engines.bulk.builds import deferred_index_name
 from mover.errors import BadInput, Waiting
 from mover.plan import Plan
@@ -197,6 +198,12 @@ class Planned:
     # replica identity, NOT VALID checks, statistics names, and whatever else swap_made lists).
     at_swap: bool = False
     accepted: frozenset[str] = frozenset()  # [cutover] accept_parity
+    # A family's (issue 27), before its swap: each new table's name as definitions print it ->
+    # the name the swap gives it (its source's). The keys between the family's tables are on the
+    # new tables from the first reconcile on, referencing the other new tables (keys.link); the
+    # swap renames the tables and the keys stay with them, so that a key that reads, names mapped,
+    # as the source's is what the swap makes. After the swap there is nothing to map.
+    family: dict[str, str] = field(default_factory=dict)
 
     @property
     def partitioned(self) -> bool:
@@ -231,6 +238,9 @@ def _classify(d: Difference, p: Planned, before: dict[str, Any], after: dict[str
 
 
 def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> str:
+    if p.family and _family_key(d, p, before, after):
+        return "a key between the family's tables: on the new tables since the first reconcile, it stays with them" \
+               " when the swap renames them"
     column = d.item.split(".", 1)[0] if d.kind.startswith("column_") else None
     if column is not None and column in p.columns and d.kind in ("column_type", "column_storage",
                                                                   "column_compression", "column_default"):
@@ -266,6 +276,34 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
     if p.at_swap and (d.kind in SWAP_SET or d.kind in SWAP_MADE and d.after is None):
         return "made at the swap"
     return ""
+
+
+def _renamed(text: str, family: dict[str, str]) -> str:
+    """A definition (or a referencing key's qualified name) with each new table of the family named
+    as the swap will name it."""
+    for new, source in family.items():
+        text = text.replace(f"REFERENCES {new}(", f"REFERENCES {source}(")
+        if text.startswith(f"{new}."):
+            text = source + text[len(new):]
+    return text
+
+
+def _family_key(d: Difference, p: Planned, before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether `d` is only a key between the family's tables as it reads before the swap renames
+    them: the same key (name, definition) on both sides once the new tables' names are mapped."""
+    if d.kind == "constraint":  # this table's key referencing another table of the family
+        return d.before is not None and d.after is not None and _renamed(d.after, p.family) == d.before
+    if d.kind != "referenced_by":  # another table of the family referencing this one
+        return False
+    theirs = {k: _valid_text(v) for k, v in after.get("metadata", {}).get("referenced_by", {}).items()}
+    ours = {k: _valid_text(v) for k, v in before.get("metadata", {}).get("referenced_by", {}).items()}
+    if d.before is None:  # on the new table: the source's own, named as after the swap
+        return _renamed(d.item, p.family) != d.item and ours.get(_renamed(d.item, p.family)) == _renamed(
+            d.after, p.family)
+    if d.after is None:  # on the source: the new table holds it under the new tables' names
+        return any(_renamed(k, p.family) == d.item and _renamed(v or "", p.family) == d.before
+                   for k, v in theirs.items() if k != d.item)
+    return False
 
 
 def _exclusion(d: Difference) -> bool:
@@ -411,11 +449,28 @@ def renames(mid: int, source_desc: dict[str, Any], target_name: str, key_index: 
     return out
 
 
-def planned(plan: Plan, renamed: dict[str, str], *, at_swap: bool) -> Planned:
+def planned(plan: Plan, renamed: dict[str, str], *, at_swap: bool, family: dict[str, str] | None = None) -> Planned:
+    """What the plan and mover change on purpose: the one judgement of the swap (check_swap) and
+    of `mover parity` (report)."""
     return Planned(columns=frozenset(plan.columns),
                    partition_columns=frozenset(plan.partition.columns if plan.partition else ()), renames=renamed,
                    dropped_foreign_keys=frozenset(plan.drop_foreign_keys), at_swap=at_swap,
-                   accepted=frozenset(plan.cutover.accept_parity))
+                   accepted=frozenset(plan.cutover.accept_parity), family=family or {})
+
+
+def family_names(cur: psycopg.Cursor, members: Any) -> dict[str, str]:
+    """A family's new tables' names as pg_get_constraintdef prints them -> their sources' (the
+    names the swap gives them), for Planned.family; empty for a migration of one table."""
+    if len(members) < 2:
+        return {}
+    out = {}
+    for t in members:
+        cur.execute("SELECT format('%%I.%%I', %s::text, %s::text), format('%%I.%%I', %s::text, %s::text)",
+                    (t.migration.target.schema, t.migration.target.name, t.migration.source.schema,
+                     t.migration.source.name))
+        new, source = one(cur)
+        out[new] = source
+    return out
 
 
 def refusal(name: str, diffs: list[Difference], when: str, command: str = "cutover") -> Waiting:
@@ -467,6 +522,8 @@ def check_swap(cur: psycopg.Cursor, ctx: Any, before: dict[str, Any], key_index:
     renamed = renames(ctx.mid, source_side, ctx.migration.target.name, key_index)
     if not forward:
         renamed = {v: k for k, v in renamed.items()}
+    # A family's keys between its tables need no mapping here: the swap has just renamed the
+    # tables, and the keys read on both sides as the sources' (`mover parity` before the swap maps them).
     diffs = compare(before, after, planned(ctx.plan, renamed, at_swap=False))
     bad = unplanned(diffs)
     if bad:
@@ -476,10 +533,11 @@ def check_swap(cur: psycopg.Cursor, ctx: Any, before: dict[str, Any], key_index:
         store_baseline(cur, ctx.mid, ctx.owner, "cutover", before, key_index)
 
 
-def report(cur: psycopg.Cursor, ctx: Any) -> dict[str, Any]:
+def report(cur: psycopg.Cursor, ctx: Any, family: dict[str, str] | None = None) -> dict[str, Any]:
     """`mover parity NAME`: before the swap, the new table against the original modulo what is
     planned and what the swap makes; after it, the stored baseline against the live table; after a
-    rollback, also the baseline against the original again."""
+    rollback, also the baseline against the original again. `family`: a family's new tables'
+    names -> its sources' (family_names), which the swap gives them."""
     original, new = oids(cur, ctx.mid)
     source = describe(cur, original)
     target = describe(cur, new) if new is not None else None
@@ -504,7 +562,7 @@ def report(cur: psycopg.Cursor, ctx: Any) -> dict[str, Any]:
         key_index = introspect.describe(cur, ctx.original).key_index
         renamed = renames(ctx.mid, source, ctx.migration.target.name, key_index)
         comparisons.append(_comparison("before_swap", str(ctx.migration.source), str(ctx.migration.target),
-                                       source, target, planned(ctx.plan, renamed, at_swap=True)))
+                                       source, target, planned(ctx.plan, renamed, at_swap=True, family=family)))
         if baseline is not None:
             comparisons.append(_comparison("after_rollback", "the original table before the swap",
                                            f"{ctx.migration.source} now", baseline, source,

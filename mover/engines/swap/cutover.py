@@ -793,17 +793,8 @@ def retire(ctx: Context, tables: Sequence[Context], give_up_rows: bool = False) 
                 logical.lock_feeder(cur, t.mid)  # before the tables, as the feeders take it
         ordered = keys.parents_first(cur, tables)
         lockwatch.lock_all(cur, _by_role([retire_locks(t) for t in ordered]))
-        if not keep:
-            for t in tables:
-                # Rows the new table never took exist only in the old one, which is about to go.
-                left = rows_only_on(cur, t, "original")
-                if left and not give_up_rows:
-                    raise refuse_losing(t, left, "retire", "original")
-                give_up(cur, t, left, "retire")
-            olds = [introspect.table_oid(cur, t.migration.old) for t in tables]
-            for oid in olds:  # what the drop would refuse over (2BP01), named with its fix instead
-                identity.refuse_blocking(cur, oid, "retire", f"`mover retire {ctx.migration.name}` again",
-                                         dropped=[o for o in olds if o is not None])
+        if not keep:  # rows the new tables never took exist only in the old ones, about to go
+            _before_drops(cur, ctx, tables, "retire", "original", [t.migration.old for t in tables], give_up_rows)
         with dependents_named(ctx, "retire"):
             for t in reversed(ordered):
                 execute_all(cur, retire_sql(cur, t))
@@ -848,17 +839,9 @@ def abort(ctx: Context, tables: Sequence[Context], give_up_rows: bool = False) -
         ordered = keys.parents_first(cur, tables)
         lockwatch.lock_all(cur, _by_role([[live_of(cur, t), t.migration.target, *lockwatch.own_tables(t.mid)]
                                           for t in ordered]))  # each named if it waits
-        for t in tables:
-            # Rows a rolled-back window left only in the new table (a rollback that gave up nothing
-            # cannot leave any; an older release could): dropping the new table would lose them.
-            left = rows_only_on(cur, t, "new")
-            if left and not give_up_rows:
-                raise refuse_losing(t, left, "abort", "new")
-            give_up(cur, t, left, "abort")
-        targets = [introspect.table_oid(cur, t.migration.target) for t in tables]
-        for oid in targets:  # what the drop would refuse over (2BP01), named with its fix instead
-            identity.refuse_blocking(cur, oid, "abort", f"`mover abort {ctx.migration.name}` again",
-                                     dropped=[o for o in targets if o is not None])
+        # Rows a rolled-back window left only in a new table (a rollback that gave up nothing
+        # cannot leave any; an older release could): dropping the new table would lose them.
+        _before_drops(cur, ctx, tables, "abort", "new", [t.migration.target for t in tables], give_up_rows)
         with dependents_named(ctx, "abort"):
             for t in reversed(ordered):
                 execute_all(cur, abort_sql(cur, t))
@@ -878,6 +861,22 @@ def abort(ctx: Context, tables: Sequence[Context], give_up_rows: bool = False) -
             faults.point("abort:before_slot_drop")
             logical.drop_slot(t.db, t.mid)  # not transactional: after the drop of what uses it
         t.refresh()
+
+
+def _before_drops(cur: psycopg.Cursor, ctx: Context, tables: Sequence[Context], command: str, side: str,
+                  dropped: Sequence[QualifiedName], give_up_rows: bool) -> None:
+    """Before retire's or abort's drops, in their transaction: rows that exist only on the `side`
+    dropped refuse (invariant 9), or are given up with --give-up-rows; what PostgreSQL would
+    refuse a drop over (2BP01) is named with its fix instead (invariant 15), the keys between the
+    tables dropped together aside."""
+    for t in tables:
+        left = rows_only_on(cur, t, side)
+        if left and not give_up_rows:
+            raise refuse_losing(t, left, command, side)
+        give_up(cur, t, left, command)
+    oids = [oid for table in dropped if (oid := introspect.table_oid(cur, table)) is not None]
+    for oid in oids:
+        identity.refuse_blocking(cur, oid, command, f"`mover {command} {ctx.migration.name}` again", dropped=oids)
 
 
 def _by_role(per_table: list[list[QualifiedName]]) -> list[QualifiedName]:

@@ -149,8 +149,10 @@ def init(ctx: typer.Context, dsn: str | None = DsnOption, as_json: bool = JsonOp
 
 @_command(plan_app, "check")
 def plan_check(ctx: typer.Context, plan: Path = typer.Argument(..., help="Plan file (TOML)."),
+               statements: bool = typer.Option(False, "--sql", help="Print every step's SQL statements, as the "
+                                                                    "steps will run them."),
                dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
-    """Validate a plan against the live database; print each step and the SQL it will run."""
+    """Validate a plan against the live database; print what it will create, copy, check and swap."""
     con, url = _call(ctx, dsn)
     try:
         result = api.check_plan(url, plan)
@@ -159,7 +161,7 @@ def plan_check(ctx: typer.Context, plan: Path = typer.Argument(..., help="Plan f
             raise
         plan_check_view.problems(con, plan, exc)
         raise typer.Exit(exc.exit_code) from exc
-    plan_check_view.show(con, plan, result, as_json)
+    plan_check_view.show(con, plan, result, as_json, statements)
 
 
 @_command(partitions_app, "maintain")

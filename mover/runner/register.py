@@ -23,14 +23,16 @@ from mover.catalog import introspect, shape, subscribers
 from mover.checks import edits as edits_check
 from mover.checks import names as names_check
 from mover.db import Database, conversion_settings, search_path
-from mover.engines.bulk import preflight
+from mover.engines.bulk import builds, preflight
 from mover.engines.context import Context
 from mover.engines.governor import throttle
+from mover.engines.swap import carry, cutover, lockwatch
 from mover.errors import BadInput, PlanError, combined
 from mover.names import QualifiedName
-from mover.plan import Plan, load_plan, member_name
+from mover.plan import Plan, duration_text, load_plan, member_name
 from mover.sql.mapping import Mapping
 from mover.state import control
+from mover.steps import cutover as cutover_step
 
 log = logging.getLogger("mover")
 
@@ -129,9 +131,10 @@ def widening_advice(cur: psycopg.Cursor, resolved: list[tuple[Plan, dict[str, An
 
 def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migration | None]:
     """`mover plan check`: what registering the plan would do (each step and the SQL it will run,
-    from the steps' describe()), or, for a plan registered already, which of its edits take effect
-    when. Returns that, and the registered migration if there is one (the caller shows its status).
-    Runs in one transaction that is rolled back whatever happens: checking a plan changes nothing."""
+    from the steps' describe(); per table, the counts and names its summary says), or, for a plan
+    registered already, which of its edits take effect when. Returns that, and the registered
+    migration if there is one (the caller shows its status). Runs in one transaction that is
+    rolled back whatever happens: checking a plan changes nothing."""
     plan = load_plan(path)
 
     def describe(cur: psycopg.Cursor) -> tuple[dict[str, Any], control.Migration | None]:
@@ -142,6 +145,7 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
             columns = [plan.columns, *(a.columns for a in plan.also)]  # the family's rows are in the plan's order
             guards = governor_lines(cur, plan, [(t.source, c) for t, c in zip(control.family(cur, existing), columns,
                                                                               strict=False)], existing.id)
+            guards.pop("by_table")
             return ({"plan": str(path), "name": plan.name, "registered": True, "ok": True,
                      "edits": [{"key": c.key, "takes_effect": c.effect} for c in changes],
                      "steps": [], **guards, **hooks_and_warnings(plan, guards.pop("warnings"))}, existing)
@@ -161,23 +165,31 @@ def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migra
         def described(ctx: Context) -> list[dict[str, Any]]:
             return [{"name": step.name, "sql": text(step.describe(ctx, cur))} for step in steps.ALL]
 
-        def table(ctx: Context, r: dict[str, Any]) -> dict[str, Any]:
-            return {"name": ctx.migration.name, "migration_id": ctx.mid,
-                    "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
-                    "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
-                    "partitioning": r["partitioning"], "metadata": r["metadata"]}
-
         r = resolved[0][1]
         warnings, advice = widening_advice(cur, resolved)
         found = [w for _, r2 in resolved for w in r2["warnings"]]
         guards = governor_lines(cur, plan, [(r2["source"], p.columns) for p, r2 in resolved])
-        out = {"plan": str(path), "name": plan.name, "registered": False, "ok": True, **table(head, r),
-               "steps": described(head), **guards,
-               **hooks_and_warnings(plan, [*found, *warnings, *guards.pop("warnings")]), "also": advice}
+        estimates = guards.pop("by_table")
+        moved = {str(r2["source"]) for _, r2 in resolved}
+
+        def table(ctx: Context, r: dict[str, Any], estimate: dict[str, Any]) -> dict[str, Any]:
+            return {"name": ctx.migration.name, "migration_id": ctx.mid,
+                    "tables": {"source": str(r["source"]), "target": str(r["target"]), "old": str(r["old"])},
+                    "key": r["key"], "lossy_accepted": r["lossy"], "rollback_carries_back": r["carried_back"],
+                    "partitioning": r["partitioning"], "metadata": r["metadata"],
+                    "summary": summary(cur, ctx, r, estimate, moved)}
+
+        out = {"plan": str(path), "name": plan.name, "registered": False, "ok": True,
+               **table(head, r, estimates[0]), "steps": described(head), **guards,
+               **hooks_and_warnings(plan, [*found, *warnings, *guards.pop("warnings")]), "also": advice,
+               "swap": swap_summary(cur, plan, members)}
         if plan.also:
-            out["family"] = {"tables": [{**table(t, r2), "steps": described(t) if t is not head else []}
-                                        for t, (_, r2) in zip(members, resolved, strict=True)],
-                             "sql": text([x for step in steps.ALL for x in step.describe_together(head, members, cur)])}
+            sources = {r2["info"].oid: str(r2["source"]) for _, r2 in resolved}
+            out["family"] = {"tables": [{**table(t, r2, e), "steps": described(t) if t is not head else []}
+                                        for t, (_, r2), e in zip(members, resolved, estimates, strict=True)],
+                             "sql": text([x for step in steps.ALL for x in step.describe_together(head, members, cur)]),
+                             "keys": [{"name": k.name, "table": sources[k.child], "references": sources[k.parent]}
+                                      for k in family_catalog.between(cur, list(sources))]}
         return out, None
 
     # Not READ ONLY: the target's DDL is rehearsed, in a savepoint that is rolled back too.
@@ -229,13 +241,55 @@ def governor_lines(cur: psycopg.Cursor, plan: Plan, tables: list[tuple[Qualified
     pres = [(source, preflight.preflight(cur, source, columns)) for source, columns in tables]
     lines = [line if len(pres) == 1 else f"{source}: {line}" for source, pre in pres for line in pre["lines"][:2]]
     lines += pres[0][1]["lines"][2:]
-    estimates = {k: sum(pre[k] for _, pre in pres) for k in pres[0][1] if k != "lines"}
+    by_table = [{k: v for k, v in pre.items() if k != "lines"} for _, pre in pres]
+    estimates = {k: sum(pre[k] for pre in by_table) for k in by_table[0]}
     segments = preflight.wal_segments(cur, estimates["wal_bytes"])
     lines.append(segments.pop("line"))
     estimates.update(segments)
     warnings = [f"mover would wait at its first range now: {guards['wait']}"] if guards["wait"] else []
     return {"throttle": guards["lines"], "preflight": lines, "estimates": estimates, "server": guards["readings"],
-            "warnings": warnings}
+            "warnings": warnings, "by_table": by_table}
+
+
+def summary(cur: psycopg.Cursor, ctx: Context, r: dict[str, Any], estimate: dict[str, Any],
+            moved: set[str]) -> dict[str, Any]:
+    """What plan check's summary says of one table (mover/views/plan_check.py), by name and count:
+    what it creates, copies, checks and swaps, and what it leaves behind. From the same sources
+    as the steps' describe() (the deferred builds, the capture's names, the swap's locks), read
+    before anything exists. `estimate`: the table's preflight; `moved`: every source of the plan."""
+    plan, m = ctx.plan, ctx.migration
+    deferred = builds.deferred_indexes(cur, ctx)
+    part = r["partitioning"]
+    return {
+        "created": {"target": str(m.target), "columns": dict(sorted(plan.columns.items())),
+                    "partitions": len(part["partitions"]) if part else 0,
+                    "indexes": [name for name, ix in deferred if not ix.by_constraint],
+                    "constraints": [name for name, ix in deferred if ix.by_constraint],
+                    "capture": "logical" if plan.capture.logical else "trigger",
+                    "trigger": names.capture_trigger(ctx.mid), "change_log": str(names.change_log(ctx.mid))},
+        "copied": {"range_rows": plan.backfill.range_rows, "rows_estimate": estimate["rows"],
+                   "target_bytes": estimate["target_bytes"]},
+        "checked": {"range_rows": plan.reconcile.range_rows, "workers": plan.reconcile.workers,
+                    "before_cutover": plan.reconcile.before_cutover, "rehearse": plan.cutover.rehearse},
+        # The tables whose foreign keys reference it and the views that read it, outside the
+        # migration: the swap locks them and moves them onto the new table.
+        "swapped": {"window": duration_text(plan.rollback.window_ms),
+                    "also_changed": [str(x) for x in carry.also_locked(cur, m.source) if str(x) not in moved]},
+        "left_behind": {"drop_foreign_keys": list(plan.drop_foreign_keys),
+                        "not_carried": list((r["metadata"] or {}).get("not_carried", []))},
+    }
+
+
+def swap_summary(cur: psycopg.Cursor, plan: Plan, tables: list[Context]) -> dict[str, Any]:
+    """The cutover's one transaction for plan check's summary: how many tables it swaps, the
+    relations it locks (mover's own logs left out: lockwatch.own_tables), its lock_timeout and
+    attempts, and for several tables the warning their statements carry (steps/cutover.py)."""
+    own = {x for t in tables for x in lockwatch.own_tables(t.mid)}
+    locks = [str(x) for x in cutover.swap_locks(cur, tables, forward=True) if x not in own]
+    return {"tables": len(tables), "locks": locks, "lock_timeout_ms": plan.cutover.lock_timeout_ms,
+            "attempts": plan.cutover.attempts,
+            # A family's swap holds more locks for longer: what its statements warn of (race 9).
+            "warning": cutover_step.deadlock_warning(cur, tables[0]) if len(tables) > 1 else None}
 
 
 def provisional(plan: Plan, r: dict[str, Any], mid: int = 0, *, family: int | None = None,

@@ -93,12 +93,9 @@ class Cutover(Step):
             "table's swap, checks each table's parity, and records the cutover of every table",
             "-- an attempt that times out on a table locks that table first in the next (race 9); before each "
             "attempt, every log is drained outside the lock"]
-        deadlock_ms = introspect.setting_ms(cur, "deadlock_timeout")
-        if c.lock_timeout_ms >= deadlock_ms:
-            out.append(f"-- warning: [cutover] lock_timeout ({c.lock_timeout_ms}ms) is not below the server's "
-                       f"deadlock_timeout ({deadlock_ms}ms): where the application's transactions and the swap wait "
-                       "for each other (race 9), the server's deadlock check may end the application's transaction "
-                       "before mover's attempt gives up; keep lock_timeout below deadlock_timeout")
+        warning = deadlock_warning(cur, ctx)
+        if warning:
+            out.append(f"-- {warning}")
         return out
 
     def wait(self, ctx: Context, tables: Sequence[Context]) -> NoReturn:
@@ -135,6 +132,18 @@ class Cutover(Step):
 
     def run_all(self, ctx: Context, tables: Sequence[Context], *, give_up_rows: bool = False) -> None:
         swap_in(ctx, tables)
+
+
+def deadlock_warning(cur: psycopg.Cursor, ctx: Context) -> str | None:
+    """What plan check warns of a swap of several tables whose lock_timeout is not below the
+    server's deadlock_timeout (race 9); None when it is."""
+    lock_ms, deadlock_ms = ctx.plan.cutover.lock_timeout_ms, introspect.setting_ms(cur, "deadlock_timeout")
+    if lock_ms < deadlock_ms:
+        return None
+    return (f"warning: [cutover] lock_timeout ({lock_ms}ms) is not below the server's deadlock_timeout "
+            f"({deadlock_ms}ms): where the application's transactions and the swap wait for each other (race 9), the "
+            "server's deadlock check may end the application's transaction before mover's attempt gives up; keep "
+            "lock_timeout below deadlock_timeout")
 
 
 # ---------------------------------------------------------------------------------------------

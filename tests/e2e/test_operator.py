@@ -199,11 +199,12 @@ def test_gate_pause_abort_lock_wait_and_status_after_abort(db_dsn, tmp_path):
 def test_plan_check_names_wait_progress_and_finished_migration(db_dsn, tmp_path):
     create_orders(db_dsn, 1_000)
     plan = plan_file(tmp_path, "whole", window="6s")
-    r = mover(db_dsn, "plan", "check", plan)
-    assert r.returncode == 0, r.stderr
-    assert "{'" not in r.stdout and "['" not in r.stdout, r.stdout
     predicted = json.loads(mover(db_dsn, "plan", "check", plan, "--json").stdout)["migration_id"]
-    assert f'"mover"."m{predicted}_changes"' in r.stdout, r.stdout
+    for flags in ((), ("--sql",)):  # the summary and the steps' statements
+        r = mover(db_dsn, "plan", "check", plan, *flags)
+        assert r.returncode == 0, r.stderr
+        assert "{'" not in r.stdout and "['" not in r.stdout, r.stdout
+        assert f'"mover"."m{predicted}_changes"' in r.stdout, r.stdout
 
     assert mover(db_dsn, "run", plan).returncode == 3
     with psycopg.connect(db_dsn, autocommit=True) as conn:

@@ -729,7 +729,7 @@ def test_an_outbound_foreign_key_is_carried_to_the_partitioned_table_under_write
         conn.execute("CREATE TABLE tenants (id int PRIMARY KEY); INSERT INTO tenants SELECT generate_series(0, 19);"
                      " ALTER TABLE events ADD CONSTRAINT events_tenant_fkey FOREIGN KEY (tenant_id) REFERENCES tenants")
     plan = plan_file(tmp_path)
-    r = mover(db_dsn, "plan", "check", plan)
+    r = mover(db_dsn, "plan", "check", plan, "--sql")
     assert r.returncode == 0, r.stdout + r.stderr
     out = " ".join(r.stdout.split())
     assert "NOT VALID" in out and 'VALIDATE CONSTRAINT "events_tenant_fkey"' in out, out

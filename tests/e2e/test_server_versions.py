@@ -149,7 +149,7 @@ def test_18_not_null_constraints_keep_their_names_and_states_and_a_null_row_is_n
     nulls = {r[0] for r in query(db_dsn, 'SELECT id FROM "Orders" WHERE tag IS NULL')}
     assert nulls
     p = plan(tmp_path, "orders", 'public."Orders"', '[target]\ncolumns = { id = "bigint" }\n')
-    r = mover(db_dsn, "plan", "check", p)
+    r = mover(db_dsn, "plan", "check", p, "--sql")
     assert r.returncode == 0, r.stdout + r.stderr
     checked = " ".join(r.stdout.split())
     assert 'ALTER TABLE "public"."Orders_new" DROP CONSTRAINT "tag_nn"' in checked
@@ -229,7 +229,7 @@ def test_18_virtual_generated_columns_stay_virtual_and_are_never_copied(db_dsn, 
             'COMMENT ON COLUMN "Orders".amount_x3 IS \'three times\'')
     p = plan(tmp_path, "orders", 'public."Orders"',
              '[target]\ncolumns = { id = "bigint", amount = "numeric(16,2)" }\n')
-    r = mover(db_dsn, "plan", "check", p)
+    r = mover(db_dsn, "plan", "check", p, "--sql")
     assert r.returncode == 0, r.stdout + r.stderr
     checked = " ".join(r.stdout.split())
     assert 'ADD COLUMN "amount_x3" numeric GENERATED ALWAYS AS ((amount * (3)::numeric)) VIRTUAL' in checked

@@ -167,7 +167,7 @@ def test_not_valid_check_with_violating_rows_is_copied_not_valid(db_dsn, tmp_pat
         COMMENT ON CONSTRAINT "qty not negative" ON stock IS 'old rows may break it';
     """)
     p = plan(tmp_path, "stock", "public.stock")
-    r = mover(db_dsn, "plan", "check", p)
+    r = mover(db_dsn, "plan", "check", p, "--sql")
     assert r.returncode == 0, r.stderr
     checked = " ".join(r.stdout.split())
     assert 'ALTER TABLE "public"."stock_new" DROP CONSTRAINT "qty not negative"' in checked

@@ -153,7 +153,7 @@ def test_bookings_keep_their_temporal_key_and_period_foreign_keys_through_every_
     partition = ('[target.partition]\nby = "hash"\ncolumn = "room"\nmodulus = 3\naccept_key_change = true\n'
                  if partitioned else "")
     plan = write_plan(tmp_path / "booking.toml", PLAN.format(columns='id = "bigint"', extra="", partition=partition))
-    r = mover(db_dsn, "plan", "check", plan)
+    r = mover(db_dsn, "plan", "check", plan, "--sql")
     assert r.returncode == 0, r.stdout + r.stderr
     checked = " ".join(r.stdout.split())
     assert 'ADD CONSTRAINT "booking_no_overlap_m' in checked and f'{KEY}' in checked, checked

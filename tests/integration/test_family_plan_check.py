@@ -118,7 +118,7 @@ def test_a_widened_key_prints_the_also_lines_of_every_narrower_column_recursivel
 
 def test_the_cli_prints_the_lines_to_paste(schema, tmp_path):
     plan = write_plan(tmp_path / "c.toml", HEAD.replace('"public.orders"', '"public.customers"'))
-    r = mover(schema, "plan", "check", plan)
+    r = mover(schema, "plan", "check", plan, "--sql")  # the advice ends where the steps' statements begin
     assert r.returncode == 0, r.stderr
     assert "add to the plan:" in r.stdout
     # a quoted column name and a table name that need quoting in TOML; a smallint widened to bigint
@@ -184,3 +184,84 @@ columns = { customer_id = "bigint" }
         assert conn.execute("SELECT count(*) FROM mover.migrations").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM pg_publication").fetchone()[0] == 0
+
+
+FAMILY = HEAD.replace('columns = { id = "bigint" }', 'columns = { id = "bigint", parent_order = "bigint" }\n'
+                      'drop_foreign_keys = ["orders_customer_id_fkey"]') + """
+[[also]]
+source = "public.invoices"
+columns = { order_id = "bigint" }
+
+[[also]]
+source = "public.order_lines"
+columns = { order_id = "bigint" }
+
+[[also]]
+source = "public.shipments"
+columns = { order_id = "bigint" }
+"""
+
+
+def test_a_family_plan_check_is_a_short_summary_per_table_and_the_statements_come_with_sql(schema, tmp_path):
+    """Four tables: by default a summary a person reads (each table's created, copied, checked and
+    swapped lines, what is left behind, the swap's one transaction), in under 80 lines; with --sql
+    every step's statements, as before (over 500 lines here), after the same opening lines."""
+    with psycopg.connect(schema, autocommit=True) as conn:
+        conn.execute("CREATE INDEX orders_customer_idx ON orders (customer_id)")
+    before = tables_of(schema)
+    plan = write_plan(tmp_path / "family.toml", FAMILY)
+    r = mover(schema, "plan", "check", plan)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) < 80, r.stdout
+    blocks: dict[str, list[str]] = {}  # each table's lines (a line the console wrapped among them)
+    for line in lines[lines.index("what it does, table by table (4 tables, swapped together):") + 1:]:
+        if line.startswith("the swap: "):
+            break
+        if line.startswith("table "):
+            blocks[line] = []
+        else:
+            list(blocks.values())[-1].append(line)
+    assert list(blocks) == ["table 'ids' (\"public\".\"orders\"):",
+                            "table 'ids/public.invoices' (\"public\".\"invoices\"):",
+                            "table 'ids/public.order_lines' (\"public\".\"order_lines\"):",
+                            "table 'ids/public.shipments' (\"public\".\"shipments\"):"], r.stdout
+    for (title, block), mid in zip(blocks.items(), range(1, 5), strict=True):
+        source = title.split("(")[1].rstrip("):")
+        target = source[:-1] + '_new"'
+        text = " ".join(" ".join(block).split())
+        labels = [b.split(":")[0].strip() for b in block if b.startswith("  ") and not b.startswith("   ")]
+        assert labels[:4] == ["created", "copied", "checked", "swapped"], block
+        assert f"created: {target} (" in text and f'"mover"."m{mid}_changes"' in text, text
+        assert f"copied: {source} -> {target}, keyed by (" in text, text
+        assert "every row compared" in text and "again before the swap" in text, text
+        assert (f"swapped: {target} takes the name {source}, the original kept as {source[:-1]}_old\" (rollback "
+                f"window 1h), in one transaction with the other 3 tables") in text, text
+    orders, invoices, order_lines, shipments = (" ".join(" ".join(b).split()) for b in blocks.values())
+    assert '("id", "parent_order" as bigint)' in orders, orders
+    assert 'after the copy 1 index ("orders_customer_idx_m1")' in orders, orders
+    assert ('not carried: foreign key "orders_customer_id_fkey" ([target] drop_foreign_keys): it stays on '
+            '"public"."orders_old"') in orders, orders
+    assert 'keyed by ("order_id", "line")' in order_lines, order_lines
+    for text, parent in ((invoices, "orders"), (order_lines, "orders"), (shipments, "order_lines")):
+        assert f'after the copy 1 foreign key to "public"."{parent}_new" (between the migration\'s tables)' in text
+        assert "not carried" not in text, text
+    assert "foreign key to" not in orders, orders  # its own self-reference is the table's, not the family's
+    assert "it locks 8 relations one at a time (the 4 tables, their new tables)" in r.stdout, r.stdout
+    assert lines[-1] == f"the statements each step runs: `mover plan check {plan} --sql`", lines[-1]
+    # The statements, with the flag only.
+    statement = 'ALTER TABLE "public"."invoices_new" ADD CONSTRAINT "invoices_order_id_fkey" FOREIGN KEY ("order_id")'
+    index = 'CREATE INDEX "orders_customer_idx_m1" ON "public"."orders_new"'
+    assert statement not in r.stdout and index not in r.stdout and "\ncreate_target\n" not in r.stdout
+    full = mover(schema, "plan", "check", plan, "--sql")
+    assert full.returncode == 0, full.stderr
+    assert statement in full.stdout and index in full.stdout and full.stdout.count("\ncreate_target\n") == 4
+    assert len(full.stdout.splitlines()) > 500
+    # The same lines before the statements as before the summary (but the preflight's, whose WAL
+    # segments ready for reuse move with the other tests' writes).
+    opening = r.stdout[:r.stdout.index("\n\nwhat it does") + 1]
+    head, tail = opening.split("\npreflight:\n")[0], opening[opening.index("\nwarning: "):]
+    assert full.stdout.startswith(head + "\npreflight:\n"), full.stdout[:len(head) + 100]
+    assert full.stdout[full.stdout.index("\nwarning: "):].startswith(tail + "\ncreate_target\n"), full.stdout
+    assert "what it does" not in full.stdout and "--sql`" not in full.stdout
+    assert tables_of(schema) == before

@@ -1,6 +1,7 @@
 """Bad plans against a real database, through the CLI: exit 2, a message that names the key or
 the object (quoted the way SQL writes it), and not one change in the catalog or in mover's
-control tables. A good plan: `plan check` prints the seven steps and their SQL, changes nothing."""
+control tables. A good plan: `plan check` says what it does to each table (with --sql, the seven
+steps and their SQL), changes nothing."""
 
 from __future__ import annotations
 
@@ -399,7 +400,7 @@ def test_carried_dependents_pass_and_plan_check_prints_their_moves(db, tmp_path,
     execute(db, case.setup)
     path = write_plan(tmp_path, case.plan)
     before = snapshot(db)
-    result = mover(db, "plan", "check", str(path))
+    result = mover(db, "plan", "check", str(path), "--sql")
     assert result.returncode == 0, (result.stdout, result.stderr)
     text = flat(result.stdout)
     for fragment in case.fragments:
@@ -612,7 +613,7 @@ def test_control_schema_not_installed(bare_db, tmp_path):
 def test_good_plan_check_prints_the_steps_and_changes_nothing(db, tmp_path):
     path = write_plan(tmp_path, plan_toml(source='"Sales"."Order Items"', columns={"Item ID": "bigint"}))
     before = snapshot(db)
-    result = mover(db, "plan", "check", str(path))
+    result = mover(db, "plan", "check", str(path), "--sql")
     assert result.returncode == 0, (result.stdout, result.stderr)
     text = result.stdout
     for step in STEP_NAMES:
@@ -634,6 +635,34 @@ def test_good_plan_check_prints_the_steps_and_changes_nothing(db, tmp_path):
     assert any(s.startswith('CREATE TABLE "Sales"."Order Items_new"') for s in create), create
     assert all(isinstance(s, str) for step in doc["steps"] for s in step["sql"])
     assert sum(len(step["sql"]) for step in doc["steps"]) >= 7
+    assert snapshot(db) == before
+
+
+def test_plan_check_says_what_it_does_to_the_table_and_prints_the_statements_with_sql(db, tmp_path):
+    """By default a few lines a person reads: the table it creates, the key it copies by, how it
+    checks, the name the original keeps after the swap, and the flag that prints the statements."""
+    execute(db, 'CREATE INDEX "Qty idx" ON "Sales"."Order Items" ("Qty")')
+    path = write_plan(tmp_path, plan_toml(source='"Sales"."Order Items"', columns={"Item ID": "bigint"},
+                                          old_name='"Sales"."Items before"', window="2h"))
+    before = snapshot(db)
+    result = mover(db, "plan", "check", str(path))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    lines = result.stdout.splitlines()
+    summary = flat("\n".join(lines[lines.index("what it does:") + 1:]))
+    assert summary.startswith("table 'orders-move' (\"Sales\".\"Order Items\"): created: "
+                              '"Sales"."Order Items_new" ("Item ID" as bigint) with its key\'s index; after the copy 1 '
+                              'index ("Qty idx_m1") the capture: trigger "mover_m1_capture" on "Sales"."Order Items" '
+                              'into "mover"."m1_changes"'), summary
+    assert ('copied: "Sales"."Order Items" -> "Sales"."Order Items_new", keyed by ("Item ID"), 10000 keys a '
+            'transaction; about 10 rows') in summary, summary
+    assert "checked: every row compared (ranges of about 100000 keys, 1 worker)" in summary, summary
+    assert ('swapped: "Sales"."Order Items_new" takes the name "Sales"."Order Items", the original kept as '
+            '"Sales"."Items before" (rollback window 2h) refused: `mover rollback` while a value of "Item ID"') \
+        in summary, summary
+    assert "in one transaction with the other" not in summary and "not carried" not in summary, summary
+    assert "it locks 2 relations one at a time (the table, its new table) and mover's change logs" in summary
+    assert lines[-1] == f"the statements each step runs: `mover plan check {path} --sql`", lines[-1]
+    assert 'CREATE TABLE "Sales"."Order Items_new"' not in result.stdout and "\ncreate_target\n" not in result.stdout
     assert snapshot(db) == before
 
 
@@ -711,7 +740,7 @@ def test_acknowledged_outbound_foreign_key_passes_and_is_recorded(db, tmp_path):
 def test_unlogged_source_plan_creates_an_unlogged_target(db, tmp_path):
     execute(db, "CREATE UNLOGGED TABLE cache (id int PRIMARY KEY, v text)")
     path = write_plan(tmp_path, plan_toml(source="cache"))
-    result = mover(db, "plan", "check", str(path))
+    result = mover(db, "plan", "check", str(path), "--sql")
     assert result.returncode == 0, result.stderr
     assert 'CREATE UNLOGGED TABLE "public"."cache_new"' in flat(result.stdout)
 

@@ -54,7 +54,7 @@ def test_18_temporal_keys_are_built_after_the_copy_and_period_foreign_keys_carri
     execute(db_dsn, TEMPORAL)
     before = snapshot(db_dsn)
     r = mover(db_dsn, "plan", "check", str(write_plan(tmp_path, plan_toml(
-        name="bookings", source="public.bookings", columns={"id": "bigint"}))))
+        name="bookings", source="public.bookings", columns={"id": "bigint"}))), "--sql")
     assert r.returncode == 0, r.stdout + r.stderr
     checked = " ".join(r.stdout.split())
     assert ('ALTER TABLE "public"."bookings_new" ADD CONSTRAINT "no_double_booking_m1" UNIQUE (room, during WITHOUT'

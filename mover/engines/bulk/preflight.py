@@ -64,7 +64,7 @@ def preflight(cur: psycopg.Cursor, source: names.QualifiedName, columns: dict[st
         "compare with the free space where the data directory and pg_wal live: that WAL stays until a checkpoint, "
         "the archiver and every replication slot are done with it",
     ]
-    return {"target_bytes": heap + indexes, "heap_bytes": heap, "index_bytes": indexes,
+    return {"rows": int(rows), "target_bytes": heap + indexes, "heap_bytes": heap, "index_bytes": indexes,
             "wal_bytes": wal_copy + wal_builds, "lines": lines}
 
 

@@ -337,12 +337,11 @@ def _swap_tables(ctx: Context, forward: bool) -> list[names.QualifiedName]:
 @dataclass
 class Prepared:
     """What the swap runs, read before its lock: the statements, the parity description of the live
-    table, the drain's column mapping (both shapes checked), and the digest of the catalog rows all
-    of them were built from (the lock only checks it)."""
+    table, the drain's column mapping (both shapes checked). The digest of the catalog rows all of
+    them are built from (`digest`, every table's) is read before them; the lock only checks it."""
 
     stmts: list[Statement]
     carried: carry.Carried
-    digest: str
     parity_before: dict[str, Any]
     oids: tuple[int, int]  # (original, new), whatever they are named
     mapping: Mapping  # built after both tables' shapes were checked against the recorded ones
@@ -362,16 +361,16 @@ def prepare(ctx: Context, *, forward: bool) -> Prepared:
 
 
 def _prepare(cur: psycopg.Cursor, ctx: Context, forward: bool) -> Prepared:
-    # The digest first: a change committed after it, while the rest is read, changes the digest the
-    # lock reads, so nothing read here can be newer than the digest says and still be used.
-    digest = carry.catalog_digest(cur, _swap_tables(ctx, forward))
+    # The caller read the digest first (steps/cutover.py): a change committed after it, while this
+    # is read, changes the digest the lock reads, so nothing read here can be newer than the digest
+    # says and still be used.
     refuse_identity_bound(cur, ctx, forward)  # after the digest: one made meanwhile changes it (invariant 15)
     mapping = ctx.mapping(cur, reverse=not forward)  # ShapeChanged now rather than under the lock
     stmts, carried = swap_plan(cur, ctx, forward=forward)
     original, new = parity.oids(cur, ctx.mid)
     assert new is not None  # the swap runs after create_target
-    return Prepared(stmts, carried, digest, parity.live_description(cur, ctx.mid, forward), (original, new),
-                    mapping, introspect.describe(cur, ctx.original).key_index)
+    return Prepared(stmts=stmts, carried=carried, parity_before=parity.live_description(cur, ctx.mid, forward),
+                    oids=(original, new), mapping=mapping, key_index=introspect.describe(cur, ctx.original).key_index)
 
 
 def refuse_identity_bound(cur: psycopg.Cursor, ctx: Context, forward: bool) -> None:

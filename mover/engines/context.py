@@ -120,7 +120,9 @@ class Context:
 
     def tables(self) -> list[Context]:
         """Every table this migration moves (family(), in a transaction of its own): its rows as
-        they read now, the head first; [self] for one table."""
+        they read now, the head first; [self] for one table (no transaction: nothing to read)."""
+        if self.migration.family_id is None:
+            return [self]
         return self.db.transaction(self.family, label="tables")
 
     def member(self, row: control.Migration) -> Context:

@@ -184,6 +184,11 @@ class ThrottleSettings:
     # An absolute budget for the probe instead (0: the increase above decides).
     probe_latency_ms: int = setting(Duration(0, 60_000, "0 and 60s", 'e.g. probe_latency = "5ms"'), 0,
                                     settable=True, only_set=True)
+    # Nothing to protect: while no application session has run a statement for this long (or is
+    # running one), the engines work at full speed; "0s": govern even an idle server.
+    idle_after_ms: int = setting(Duration(0, 3_600_000, "0s and 1h",
+                                          'e.g. idle_after = "10s", or "0s" to govern even an idle server'),
+                                 10_000, settable=True, only_set=True)
     # The least share of its time mover keeps working while over the budget; below it status says so.
     floor: str = setting(Percent(0, 100, hint='e.g. floor = "10%"'), "10%", settable=True, only_set=True)
     # WAL a replication slot may hold back before mover waits ("off": only the risk of invalidation).

@@ -41,7 +41,9 @@ class Backfill(EachTable):
             at_once = ctx.plan.backfill.index_sessions(governed)
             out.append(f"-- deferred indexes: up to {at_once} CREATE INDEX at once ([backfill] index_builds"
                        + (", the next beside another once the governor has read the first running, each without"
-                          " parallel workers" if governed else "") +
+                          " parallel workers, while the application is busy; up to "
+                          f"{ctx.plan.backfill.index_sessions(False)} with parallel workers while it is quiet"
+                          if governed else "") +
                        "), each in its own transaction (only mover writes the new table before the cutover); a"
                        " partitioned target builds each partition's, then attaches them to its parent's index ON"
                        " ONLY")

@@ -296,6 +296,8 @@ def throttle_line(t: dict[str, Any] | None) -> str | None:
             f"{t['duty']:.0%} of the time for {_duration(t['throttled_for_seconds'] or 0)}"
     elif state == "measuring":
         line = f"{t['phase']}: measuring the probe's latency before the work"
+    elif state == "quiet":
+        line = f"full speed, nothing to protect: {t['reason']}"
     elif state == "off":
         line = "no latency budget ([throttle] max_latency_increase = \"off\"); the guards hold"
     else:

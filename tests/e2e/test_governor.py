@@ -206,6 +206,61 @@ def slot_row(dsn, name):
                       " FROM pg_replication_slots WHERE slot_name = %s", (name,))[0]
 
 
+def test_an_idle_server_is_not_paced_and_the_application_arriving_is_governed_at_once(tmp_path):
+    # A server of its own: nothing but mover and this test runs there. The test reads it on one
+    # connection named as mover's own are, so that its reads are not taken for the application's.
+    with EmbeddedPostgres(fast=True) as pg, \
+            psycopg.connect(pg.dsn, autocommit=True, application_name="mover-test:observer") as observer:
+        dsn = pg.dsn
+        api.init(dsn)
+        create_orders(dsn, 60_000)
+
+        def seen(kind: str, after: float = 0.0) -> list:
+            return observer.execute("SELECT extract(epoch FROM at)::float8, message FROM mover.events"
+                                    " WHERE kind = %s AND extract(epoch FROM at) > %s ORDER BY id",
+                                    (kind, after)).fetchall()
+
+        def governor() -> tuple[str, str | None]:
+            row = observer.execute("SELECT state, reason FROM mover.throttle").fetchone()
+            return (row[0], row[1]) if row else ("", None)
+
+        def now() -> float:
+            return observer.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+
+        plan = gov_plan(tmp_path, range_rows=1_000, cap=4_000, throttle={"idle_after": "2s"})
+        proc = spawn(dsn, "run", plan)
+        app = TimedWriter(dsn, delay=0.02)
+        try:
+            quiet_at = wait_for(lambda: seen("throttle_quiet"), "the governor to find nothing to protect", proc)[0][0]
+            state, reason = governor()
+            assert state == "quiet" and reason.startswith("no application session has run a statement"), reason
+            shown = mover(dsn, "status", "gov").stdout
+            assert "full speed, nothing to protect: no application session has run a statement" in shown, shown
+            wait_for(lambda: len([r for r, at in copied(dsn) if at > quiet_at]) >= 3, "ranges copied quiet", proc)
+            arrived = now()
+            app.start()
+            busy = wait_for(lambda: seen("throttle_busy", arrived), "the governor to see the application", proc)
+            assert busy[0][0] - arrived < 5, (arrived, busy)  # within a few readings of the guards
+            # The row follows the event at the next probe's write.
+            wait_for(lambda: governor()[0] in ("ok", "throttled", "floor"), "the governor to govern", proc, timeout=5)
+            app.halt()
+            left = now()
+            wait_for(lambda: seen("throttle_quiet", left), "the governor to find the application quiet again", proc)
+            code, err = finish(proc, 300)
+            assert code == 3, err
+        finally:
+            app.halt()
+            if proc.poll() is None:
+                proc.kill()
+        assert app.errors == []
+        # Quiet, the ranges kept their whole size: nothing paced them.
+        quiet_ranges = [r for r, at in copied(dsn) if quiet_at < at < arrived]
+        assert quiet_ranges and set(quiet_ranges) == {1_000}, quiet_ranges
+        assert rows_copied(dsn) >= 60_000
+        assert mover(dsn, "run", "gov").returncode == 3  # the gate drains what the application wrote
+        assert_oracle(dsn, "Orders", "Orders_new")
+
+
 def test_a_stalled_slot_holds_mover_before_its_limit_and_is_never_invalidated(tmp_path):
     # A logical slot nobody consumes, a server that invalidates a slot past 64 MB of WAL
     # (max_slot_wal_keep_size), a plan limit of 16 MB below that, and ranges of about 1 MB of WAL.
@@ -293,6 +348,7 @@ def test_at_the_floor_mover_says_so_and_keeps_copying_and_mover_set_moves_the_bu
     query(db_dsn, "CREATE TRIGGER slow_probe BEFORE UPDATE ON mover.throttle FOR EACH ROW"
                   " EXECUTE FUNCTION slow_probe()")
     plan = gov_plan(tmp_path, range_rows=1_000, cap=4_000, throttle={"probe_latency": "10ms"})
+    app = TimedWriter(db_dsn, delay=0.05).start()  # an application busy throughout: something to protect
     proc = spawn(db_dsn, "run", plan)
     try:
         def at_floor() -> dict | None:
@@ -321,11 +377,15 @@ def test_at_the_floor_mover_says_so_and_keeps_copying_and_mover_set_moves_the_bu
         set_at = server_now(db_dsn)
         wait_for(lambda: [e for e in events(db_dsn, "released") if e[0] > set_at], "the governor to release", proc)
         assert api.status(db_dsn, "gov")["throttle"]["budget_ms"] == 500.0
+        app.halt()
         code, err = finish(proc, 300)
         assert code == 3, err
     finally:
+        app.halt()
         if proc.poll() is None:
             proc.kill()
+    assert app.errors == []
+    assert mover(db_dsn, "run", "gov").returncode == 3  # the writer has stopped: the gate drains the rest
     timeline = [(k, m) for _, k, m, _ in events(db_dsn, "throttled", "throttle_floor", "released")]
     assert [k for k, _ in timeline][:3] == ["throttled", "throttle_floor", "released"], timeline
     assert timeline[1][1].startswith("at the floor: mover works 10% of its time and still probe latency"), timeline
@@ -371,6 +431,8 @@ def test_builds_side_by_side_start_a_probe_window_apart_under_the_governor(db_ds
     plan = plan_file(tmp_path, "gov", columns={"id": "bigint"}, backfill={"index_builds": 2},
                      throttle={} if governed else {"max_latency_increase": "off"})
     release = tmp_path / "release"
+    # The application busy throughout: the governed builds have something to protect.
+    app = TimedWriter(db_dsn, delay=0.05).start()
     p = Spawned(db_dsn, "run", plan, env={"MOVER_FAULT": "hang@index_build_done",
                                           "MOVER_FAULT_RELEASE": str(release)})
     try:
@@ -381,10 +443,14 @@ def test_builds_side_by_side_start_a_probe_window_apart_under_the_governor(db_ds
         building = query(db_dsn, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE INDEX%%'"
                                  " AND state = 'idle in transaction'")[0][0]
         assert building == 2, building  # both builds open at once: side by side, not one after the other
+        app.halt()
         release.touch()
         assert p.wait(120) == 3, "".join(p.err)
     finally:
+        app.halt()
         p.kill()
+    assert app.errors == []
+    assert mover(db_dsn, "run", "gov").returncode == 3  # the writer has stopped: the gate drains the rest
     if governed:
         assert apart >= pacing.SETTLE_SECONDS * 0.8, apart
     else:

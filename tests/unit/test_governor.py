@@ -177,6 +177,58 @@ def test_a_phase_that_starts_under_a_guard_is_waiting_from_the_start_and_says_so
     assert d.state == "ok" and [e.kind for e in events] == ["throttle_resumed"] and events[0].detail["seconds"] == 2.0
 
 
+QUIET = "no application session has run a statement for 12 s (quiet over 10 s: [throttle] idle_after)"
+
+
+def test_with_nothing_to_protect_the_duty_is_full_whatever_the_probe_reads_and_a_throttle_is_released():
+    # mover's own commits slow the probe far over its budget; with no application busy, nothing is paced.
+    d, now, kinds = Decision(), 0.0, []
+    for _ in range(12):
+        now += pacing.PROBE_SECONDS
+        d, got = decide(d, now, latency_ms=30.0, wal_per_second=None, wait=None, limits=BUDGET, quiet=QUIET)
+        kinds += [e.kind for e in got]
+        assert (d.state, d.duty, d.reason) == ("quiet", 1.0, QUIET)
+    assert kinds == ["throttle_quiet"]  # a change of state, said once
+    # Throttled when the application goes quiet: released at once, then quiet.
+    throttled, _ = run([9.0] * 8, BUDGET)
+    assert throttled[-1].duty < 1
+    d, got = decide(throttled[-1], 3.0, latency_ms=9.0, wal_per_second=None, wait=None, limits=BUDGET, quiet=QUIET)
+    assert (d.state, d.duty) == ("quiet", 1.0) and [e.kind for e in got] == ["released", "throttle_quiet"]
+
+
+def test_the_first_busy_reading_after_quiet_governs_again_and_cuts_at_once_if_over():
+    quiet, _ = decide(Decision(), 0.25, latency_ms=9.0, wal_per_second=None, wait=None, limits=BUDGET, quiet=QUIET)
+    d, got = decide(quiet, 0.5, latency_ms=9.0, wal_per_second=None, wait=None, limits=BUDGET)
+    assert [e.kind for e in got] == ["throttle_busy", "throttled"]
+    assert d.state == "throttled" and d.duty == pytest.approx(0.5)  # 3x the budget: the biggest cut, at once
+    # Within the budget when it comes back: governed, nothing cut, no throttle event.
+    d, got = decide(quiet, 0.5, latency_ms=2.0, wal_per_second=None, wait=None, limits=BUDGET)
+    assert (d.state, d.duty, [e.kind for e in got]) == ("ok", 1.0, ["throttle_busy"])
+
+
+def test_a_guard_holds_a_quiet_server_too_and_off_stays_off():
+    d, got = decide(Decision(state="quiet"), 1.0, latency_ms=2.0, wal_per_second=None,
+                    wait="archiving fails", limits=BUDGET, quiet=QUIET)
+    assert d.state == "waiting" and [e.kind for e in got] == ["throttle_waiting"]
+    assert pacing.first(1.0, wait=None, limits=Limits(), quiet=QUIET) == (Decision(state="off"), [])
+    d, got = pacing.first(1.0, wait=None, limits=BUDGET, quiet=QUIET)
+    assert d.state == "quiet" and [e.kind for e in got] == ["throttle_quiet"]
+
+
+def test_the_application_is_busy_while_a_session_runs_or_ran_a_statement_within_the_window():
+    app = signals.Application
+    assert app().busy(10) is None  # no session at all
+    assert app(quiet_for=12.0).busy(10) is None
+    assert app(quiet_for=3.0, busiest=("orders-api",)).busy(10) == \
+        "the application ran a statement 3.0 s ago (orders-api)"
+    assert app(active=2, quiet_for=30.0).busy(10) == "2 application session(s) running a statement"
+    # Sessions of other roles this role cannot read: failing closed, and saying how to see them.
+    assert "GRANT pg_read_all_stats" in (app(hidden=1, quiet_for=600.0).busy(10) or "")
+    # idle_after = "0s": governed whatever the application does.
+    assert app(quiet_for=600.0).busy(0) is not None
+    assert app(quiet_for=12.0).quiet(10) == QUIET
+
+
 # ---------------------------------------------------------------------------------------------
 # How a loop applies the duty
 

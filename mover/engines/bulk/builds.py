@@ -198,6 +198,9 @@ def build_indexes(ctx: Context) -> None:
     # Read now: `mover set backfill.index_builds` during the copy counts.
     plan = plan_from_canonical(ctx.db.transaction(lambda cur: control.get_by_id(cur, ctx.mid)).plan)
     sessions = plan.backfill.index_sessions(plan.throttle.governed)
+    if (governor := throttle.of(ctx)) is not None and not governor.protecting:
+        # Quiet (nothing to protect): as many as ungoverned; each next one still asks turn().
+        sessions = max(sessions, plan.backfill.index_sessions(False))
     started = time.monotonic()
     if builds or constraints:
         ctx.report("index_builds", total=len(builds) + len(constraints), sessions=sessions,
@@ -297,7 +300,8 @@ def turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1,
                 break
             # Read now, as the build sessions are: `mover set backfill.index_builds` counts.
             plan = plan_from_canonical(m.plan)
-            governed = plan.throttle.governed
+            # A quiet application (governor.protecting False) pays nothing: the ungoverned build.
+            governed = plan.throttle.governed and governor is not None and governor.protecting
             if (settle := ramp.claim(governed, plan.backfill.index_sessions(governed))) == 0:
                 break
             ramp.wait(min(settle, throttle.RECHECK_SECONDS))

@@ -15,8 +15,12 @@ Invariants:
 - The duty never goes under the floor ([throttle] floor): mover never stops because of the
   application's own load, and after FLOOR_NOTICE_SECONDS at the floor with the pressure still
   over 1, the state says so (status, a `throttle_floor` event) and the operator decides.
+- Protection costs what there is to protect: while no application session has run a statement
+  for [throttle] idle_after, the duty is 1 whatever the probe reads (state quiet); the probe
+  measures mover's own commits slowing each other then, which no budget needs to hold. The
+  first busy reading governs again from full duty, cut at once if the probe is over its budget.
 - A guard (a lagging or vanished standby, a slot near its limit, archiving failing or behind) is
-  a wait, not a duty: every engine stops between its units of work until it clears.
+  a wait, not a duty: every engine stops between its units of work until it clears, quiet or not.
 - Events mark changes of state only (throttled, released, at the floor, waiting, going on),
   never one per range or per reading.
 """
@@ -110,7 +114,7 @@ class Event:
 class Decision:
     """What every engine of the migration is held to now, and the controller's memory."""
 
-    state: str = "ok"  # ok | throttled | floor | waiting | off | measuring
+    state: str = "ok"  # ok | throttled | floor | waiting | off | measuring | quiet
     duty: float = 1.0
     reason: str | None = None  # why the duty is under 1 (or what it reads, within the budget)
     wait: str | None = None  # a guard every engine waits on
@@ -137,9 +141,10 @@ def next_duty(duty: float, over: float, now: float, decreased_at: float, floor: 
 
 
 def decide(prev: Decision, now: float, *, latency_ms: float | None, wal_per_second: float | None,
-           wait: str | None, limits: Limits) -> tuple[Decision, list[Event]]:
+           wait: str | None, limits: Limits, quiet: str | None = None) -> tuple[Decision, list[Event]]:
     """The next decision from the readings at `now` (monotonic seconds): a guard's `wait`, the
-    probe's median latency, the server's WAL rate; and the events its change of state makes."""
+    probe's median latency, the server's WAL rate, `quiet` (why nothing needs protecting: no
+    application session busy; None while one is); and the events its change of state makes."""
     events: list[Event] = []
     d = prev
     # A guard first: while one holds, the duty keeps its value and mover waits.
@@ -158,6 +163,18 @@ def decide(prev: Decision, now: float, *, latency_ms: float | None, wal_per_seco
         if prev.throttled_since is not None:
             events.append(_released(prev, now, "no budget any more ([throttle] max_latency_increase off)"))
         return Decision(state="off", duty=1.0), events
+    if quiet is not None:
+        # Nothing to protect: full duty at once. Only the application's own sessions say so; the
+        # probe reads mover slowing its own commits, which no budget needs to hold.
+        if prev.throttled_since is not None:
+            events.append(_released(prev, now, quiet))
+        if prev.state != "quiet":
+            events.append(Event("throttle_quiet", f"full speed: {quiet}", {"reason": quiet}))
+        return Decision(state="quiet", duty=1.0, reason=quiet), events
+    if prev.state == "quiet":
+        # The application is back: governed from full duty, cut at this very reading if over.
+        events.append(Event("throttle_busy", "the application is busy again: governing to the budget", {}))
+        d = replace(d, state="ok", reason=None)
     over, why = pressure(latency_ms, wal_per_second, limits)
     duty, cut_at = next_duty(d.duty, over, now, d.decreased_at, limits.floor)
     d = replace(d, duty=duty, decreased_at=cut_at, reason=why)
@@ -185,13 +202,14 @@ def decide(prev: Decision, now: float, *, latency_ms: float | None, wal_per_seco
     return replace(d, state=state, floor_since=floor_since), events
 
 
-def first(now: float, *, wait: str | None, limits: Limits) -> tuple[Decision, list[Event]]:
+def first(now: float, *, wait: str | None, limits: Limits, quiet: str | None = None) -> tuple[Decision, list[Event]]:
     """The decision once a phase's baseline is measured, before any reading under load: full
-    duty, or waiting from the start when a guard holds already (with its event, as any wait)."""
+    duty, or waiting from the start when a guard holds already, or quiet when nothing needs
+    protecting (each with its event, as any change of state)."""
     start = Decision(state="ok" if limits.governed else "off")
-    if wait is None:
+    if wait is None and (quiet is None or not limits.governed):
         return start, []
-    return decide(start, now, latency_ms=None, wal_per_second=None, wait=wait, limits=limits)
+    return decide(start, now, latency_ms=None, wal_per_second=None, wait=wait, limits=limits, quiet=quiet)
 
 
 def _released(d: Decision, now: float, why: str | None) -> Event:

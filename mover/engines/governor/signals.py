@@ -1,6 +1,6 @@
 """What the governor (mover/engines/governor/throttle.py) reads from the server: the probe (a one-row write
 and commit on mover.throttle, timed), and the guards' views (standbys, replication slots, the
-archiver, the WAL position, the application's active sessions). Server statistics only: nothing
+archiver, the WAL position, the application's sessions: busy, or quiet for how long). Server statistics only: nothing
 here asks the application anything.
 
 Invariants:
@@ -29,6 +29,39 @@ PROBE_STATEMENT_TIMEOUT = "2s"  # a probe this slow is read as this slow: the en
 
 
 @dataclass(frozen=True)
+class Application:
+    """The application's sessions as pg_stat_activity shows them, server-wide (mover's own sessions
+    and this one left out): what the governor protects, if anything. Another role's sessions
+    show no state without pg_read_all_stats: those are `hidden`, and count as busy."""
+
+    active: int = 0  # running a statement now
+    quiet_for: float | None = None  # seconds since the latest statement of an idle session ended; None: none
+    hidden: int = 0  # sessions whose state this role cannot read
+    busiest: tuple[str, ...] = ()  # the application names (or roles) of the latest ones, up to three
+
+    def busy(self, idle_after_s: float) -> str | None:
+        """What makes the application present with `idle_after_s` as its quiet window, as status
+        says it, or None: nothing to protect. A window of 0: always present (govern an idle server)."""
+        who = f" ({', '.join(self.busiest)})" if self.busiest else ""
+        if idle_after_s <= 0:
+            return "governed whether or not the application is busy ([throttle] idle_after = \"0s\")"
+        if self.hidden:
+            return (f"{self.hidden} session(s) of other roles whose activity this role cannot read (GRANT "
+                    f"pg_read_all_stats): counted as busy")
+        if self.active:
+            return f"{self.active} application session(s) running a statement{who}"
+        if self.quiet_for is not None and self.quiet_for < idle_after_s:
+            return f"the application ran a statement {self.quiet_for:.1f} s ago{who}"
+        return None
+
+    def quiet(self, idle_after_s: float) -> str:
+        """Why nothing needs protecting (busy() is None), as status says it."""
+        since = "" if self.quiet_for is None else f" for {self.quiet_for:.0f} s"
+        return (f"no application session has run a statement{since} (quiet over {idle_after_s:g} s: "
+                f"[throttle] idle_after)")
+
+
+@dataclass(frozen=True)
 class Readings:
     """One look at the server, at `at` (monotonic seconds)."""
 
@@ -41,6 +74,7 @@ class Readings:
     archiver: Archiver | None = None
     sessions: dict[str, int] = field(default_factory=dict)  # active application sessions by what they wait on
     own: logical.SlotHealth | None = None  # the migration's own slot (logical capture), as `mover status` reads it
+    application: Application = field(default_factory=Application)
 
     @property
     def own_slots(self) -> frozenset[str]:
@@ -61,6 +95,8 @@ class Readings:
                 "last_failed_wal": a.failed_wal,
                 "failing": bool(a.failed_at and (a.archived_at is None or a.failed_at > a.archived_at))},
             "application_sessions": self.sessions,
+            "application": {"active": self.application.active, "quiet_for_s": self.application.quiet_for,
+                            "hidden": self.application.hidden, "latest": list(self.application.busiest)},
             "own_slot": None if self.own is None else self.own.as_dict(),
         }
 
@@ -111,13 +147,28 @@ def read(cur: psycopg.Cursor, mid: int | None = None) -> Readings:
                 " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
                 " AND application_name OPERATOR(pg_catalog.!~) '^mover[^:]*:' GROUP BY 1 ORDER BY 1")
     sessions = {str(kind): int(n) for kind, n in cur.fetchall()}
+    # Every session on the server, not only this database's: they share its WAL, disks and cores.
+    # state 'disabled' (track_activities off) says nothing either: counted with the hidden ones.
+    cur.execute(
+        "SELECT count(*) FILTER (WHERE state IS NULL OR state OPERATOR(pg_catalog.=) 'disabled')::int,"
+        " count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'active')::int,"
+        " min(extract(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) state_change))"
+        "   FILTER (WHERE state OPERATOR(pg_catalog.<>) 'active' AND state OPERATOR(pg_catalog.<>) 'disabled')::float8,"
+        " (pg_catalog.array_agg(coalesce(nullif(application_name, ''), usename::text) ORDER BY state_change DESC)"
+        "   FILTER (WHERE state IS NOT NULL))[1:3]"
+        " FROM pg_catalog.pg_stat_activity WHERE backend_type OPERATOR(pg_catalog.=) 'client backend'"
+        " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
+        " AND application_name OPERATOR(pg_catalog.!~) '^mover[^:]*:'")
+    hidden, active, quiet_for, latest = one(cur)
+    application = Application(active=active, quiet_for=quiet_for, hidden=hidden,
+                              busiest=tuple(dict.fromkeys(latest or ())))
     own = logical.health(cur, mid) if mid is not None else None
     if own is not None and own.exists:
         slots = tuple(s for s in slots if s.name != own.slot) + (
             Slot(own.slot, "logical", own.active_pid is not None, own.wal_status, own.retained_bytes,
                  own.safe_wal_size),)
     return Readings(at, int(lsn), standbys, bool(visible), slots, _setting_bytes(keep, keep_unit), archiver,
-                    sessions, own)
+                    sessions, own, application)
 
 
 def probe(conn: psycopg.Connection, write: Callable[[psycopg.Cursor], None]) -> tuple[float, bool]:

@@ -11,6 +11,10 @@ mover/engines/governor/pacing.py, what it reads mover/engines/governor/signals.p
   step's bulk work started, measured with mover idle; or [throttle] probe_latency) sets the duty, the share
   of their time the engines work: they rest elapsed * (1 - duty) / duty after each unit of work
   and ask for ranges duty times their size. [throttle] max_wal_per_second feeds the same duty.
+- Nothing to protect, nothing paced: while no application session (pg_stat_activity, server-wide,
+  mover's own left out) has run a statement for [throttle] idle_after, the duty is 1 and the
+  state `quiet` says why; the budget applies again from the first busy reading. Sessions this
+  role cannot see count as busy (failing closed).
 - The guards are waits: a standby lagging more than [backfill] max_replica_lag or gone (failing
   closed), a replication slot (any, mover's own included) near invalidation or over [throttle]
   max_slot_wal, archiving failing or more than [throttle] max_archive_backlog behind. `mover
@@ -175,6 +179,7 @@ class Governor:
         self.ramp = Ramp()
         self._wait: str | None = None  # the guards' verdict, for every engine
         self._consumer_wait: str | None = None  # the same without the slots the capture consumes
+        self._quiet: str | None = None  # why nothing needs protecting (no application session busy), or None
         self._latencies: deque[float] = deque(maxlen=pacing.WINDOW)
         self._lsns: deque[tuple[float, int]] = deque()
         self._seen: frozenset[str] = frozenset()
@@ -209,6 +214,12 @@ class Governor:
     @property
     def duty(self) -> float:
         return self.decision.duty
+
+    @property
+    def protecting(self) -> bool:
+        """Whether a latency budget holds the engines now: governed, and the application busy.
+        What cannot be paced once started (an index build) reads it when it starts."""
+        return self.decision.state not in ("quiet", "off")
 
     def throttled(self) -> str:
         """What a rest is for, as the worker's row and `mover status` say it."""
@@ -336,7 +347,8 @@ class Governor:
                     {"phase": self.phase, "baseline_ms": self.baseline_ms, "budget_ms": self.limits.latency_ms,
                      "probes": [round(t, 3) for t in taken]})
         # A guard that holds already: waiting from the start, said as any wait is (an event).
-        self.decision, events = pacing.first(time.monotonic(), wait=self._wait, limits=self.limits)
+        self.decision, events = pacing.first(time.monotonic(), wait=self._wait, limits=self.limits,
+                                             quiet=self._quiet)
         self.decided_at = time.monotonic()
         for e in events:
             self._event(e.kind, e.message, {**e.detail, "phase": self.phase})
@@ -359,7 +371,7 @@ class Governor:
     def _decide(self, latency: float | None) -> None:
         decision, events = pacing.decide(self.decision, time.monotonic(), latency_ms=latency,
                                          wal_per_second=pacing.wal_rate(self._lsns), wait=self._wait,
-                                         limits=self.limits)
+                                         limits=self.limits, quiet=self._quiet)
         self.decision, self.decided_at = decision, time.monotonic()
         for e in events:
             self._event(e.kind, e.message, {**e.detail, "phase": self.phase})
@@ -378,7 +390,8 @@ class Governor:
 
         m, r = self._db.transaction(read, label="governor")
         self._guards_at, self.migration, self.readings = now, m, r
-        self.limits = limits_of(plan_from_canonical(m.plan), self.baseline_ms)
+        plan = plan_from_canonical(m.plan)
+        self.limits = limits_of(plan, self.baseline_ms)
         self._lsns.append((r.at, r.lsn))
         while len(self._lsns) > 2 and r.at - self._lsns[0][0] > pacing.WAL_RATE_SECONDS:
             self._lsns.popleft()
@@ -393,6 +406,8 @@ class Governor:
         self._wait, seen = guard_wait(r, self.limits, self._seen, rate)
         self._consumer_wait, _ = guard_wait(r, self.limits, self._seen, rate, r.own_slots)
         self._seen = seen
+        idle_after = plan.throttle.idle_after_ms / 1000
+        self._quiet = None if r.application.busy(idle_after) is not None else r.application.quiet(idle_after)
 
     def _follow_tick(self) -> None:
         row = self._db.transaction(bind(rows.get, self.mid), label="governor")
@@ -442,6 +457,13 @@ def describe(cur: psycopg.Cursor, plan: Plan, mid: int | None = None) -> dict[st
                      f"step's bulk work (measured then, with mover idle; at least {pacing.MIN_SLACK_MS:g} ms over it): "
                      f"over it, every engine works a smaller share of its time, never under {t.floor} "
                      f"([throttle] max_latency_increase, floor)")
+    if increase is not None or t.probe_latency_ms or t.max_wal_per_second:
+        idle = t.idle_after_ms / 1000
+        now = r.application.busy(idle) or r.application.quiet(idle)
+        lines.append("application sessions: " + (
+            f"mover works at full speed while none has run a statement for {idle:g} s, the budget holds "
+            f"from the first busy one ([throttle] idle_after); now: {now}" if idle else
+            "the budget holds whether or not the application is busy ([throttle] idle_after = \"0s\")"))
     lag = plan.backfill.max_replica_lag_ms
     streaming = ", ".join(f"{s.name} {s.state}" + (f" lag {s.replay_lag_s:.1f}s" if s.replay_lag_s is not None else "")
                           for s in r.standbys)

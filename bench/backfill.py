@@ -42,39 +42,24 @@ from bench.common import (
     create_database,
     generate,
     index_defs,
-    index_names,
     median,
     mover_cli,
+    pgbench_progress,
     save,
     server,
     table,
     table_bytes,
     timed,
 )
+from bench.common import single_statement as common_single_statement
 
 SOURCE = "bench_source"
 
 
 def single_statement(dsn: str, shape: str) -> dict:
-    """One INSERT ... SELECT into a table with only the primary key, then the secondary indexes:
-    what one statement does, the bound mover's ranges (and pg_repack) are measured against."""
-    with connect(dsn) as conn:
-        conn.execute("DROP TABLE IF EXISTS bench_copy")
-        conn.execute(f"CREATE TABLE bench_copy (LIKE {SOURCE} INCLUDING DEFAULTS)")
-        conn.execute("ALTER TABLE bench_copy ADD PRIMARY KEY (id)")
-        started = time.perf_counter()
-        rows = conn.execute(f"INSERT INTO bench_copy SELECT * FROM {SOURCE}").rowcount
-        copy = time.perf_counter() - started
-        idx = timed(lambda: [conn.execute(stmt) for stmt in index_defs(shape, "bench_copy")])
-        # The same indexes built as mover builds them (CONCURRENTLY: two passes over the table and
-        # waits for older snapshots), for the profile; not part of the bound.
-        for name in index_names(shape, "bench_copy"):
-            conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
-        conn.execute("CHECKPOINT")
-        idx_cic = timed(lambda: [conn.execute(stmt) for stmt in index_defs(shape, "bench_copy", concurrently=True)])
-        conn.execute("DROP TABLE bench_copy")
-        conn.execute("CHECKPOINT")
-    return {"copy_s": copy, "indexes_s": idx, "total_s": copy + idx, "rows": rows, "indexes_concurrently_s": idx_cic}
+    """The bound (bench/common.py single_statement), with the indexes also built CONCURRENTLY
+    for the profile."""
+    return common_single_statement(dsn, SOURCE, shape, concurrently=True)
 
 
 PLAN = """
@@ -228,7 +213,7 @@ def start_pgbench(dsn: str, workdir: Path, rows: int, seconds: int, clients: int
 
 def progress_tps(stderr: str) -> list[tuple[float, float]]:
     """(wall-clock end of the 1 s interval, tps) of each progress line."""
-    return [(float(at), float(tps)) for at, tps in re.findall(r"progress: ([\d.]+) s, ([\d.]+) tps", stderr)]
+    return [(at, tps) for at, tps, _ in pgbench_progress(stderr)]
 
 
 def backlog_now(conn) -> int:

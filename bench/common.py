@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -63,11 +64,17 @@ def connect(dsn: str) -> psycopg.Connection:
 
 
 def create_database(dsn: str, name: str) -> str:
+    """A fresh, empty database `name` (the one of that name dropped first, with what it held)."""
     from tests.conftest import dsn_with_dbname
+    drop_database(dsn, name)
     with connect(dsn) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return dsn_with_dbname(dsn, name)
+
+
+def drop_database(dsn: str, name: str) -> None:
+    with connect(dsn) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 SHAPES = ("narrow", "wide")
@@ -154,6 +161,48 @@ def generate(dsn: str, table: str, rows: int, shape: str = "narrow") -> None:
             conn.execute(stmt)
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(t))
         conn.execute("CHECKPOINT")
+
+
+def single_statement(dsn: str, source: str, shape: str, *, concurrently: bool = False,
+                     copy: str = "bench_copy") -> dict:
+    """The bound mover's ranges (and pg_repack) are measured against: one INSERT ... SELECT of
+    `source` into a table with only the primary key, then the shape's secondary index builds one
+    after the other. The copy is dropped at the end (and a CHECKPOINT taken), so the disk holds it
+    only meanwhile. concurrently: the same indexes built again as mover builds them (CONCURRENTLY:
+    two passes over the table, waits for older snapshots), for a profile; not part of the bound."""
+    src, dst = sql.Identifier(source), sql.Identifier(copy)
+    with connect(dsn) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(dst))
+        conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS)").format(dst, src))
+        conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id)").format(dst))
+        started = time.perf_counter()
+        rows = conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(dst, src)).rowcount
+        copied = time.perf_counter() - started
+        idx = timed(lambda: [conn.execute(stmt) for stmt in index_defs(shape, copy)])
+        out = {"copy_s": copied, "indexes_s": idx, "total_s": copied + idx, "rows": rows,
+               "copy_bytes": conn.execute("SELECT pg_total_relation_size(%s::regclass)", (copy,)).fetchone()[0]}
+        if concurrently:
+            for name in index_names(shape, copy):
+                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+            conn.execute("CHECKPOINT")
+            out["indexes_concurrently_s"] = timed(
+                lambda: [conn.execute(stmt) for stmt in index_defs(shape, copy, concurrently=True)])
+        conn.execute(sql.SQL("DROP TABLE {}").format(dst))
+        conn.execute("CHECKPOINT")
+    return out
+
+
+def pgbench_progress(text: str) -> list[tuple[float, float, float | None]]:
+    """(wall-clock end of the interval, tps, schedule lag ms or None) of each progress line of
+    `pgbench -P N --progress-timestamp` (the lag only with -R: how late transactions started
+    against their schedule)."""
+    out = []
+    for line in text.splitlines():
+        got = re.match(r"progress: ([\d.]+) s, ([\d.]+) tps", line)
+        if got:
+            lag = re.search(r", lag ([\d.]+) ms", line)
+            out.append((float(got.group(1)), float(got.group(2)), float(lag.group(1)) if lag else None))
+    return out
 
 
 def table_bytes(dsn: str, table: str) -> int:

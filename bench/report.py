@@ -108,7 +108,7 @@ def summary(compact: bool = False) -> str:
         out.append(f"**Reconcile, {shape} table, {r['rows']:,} rows per table** (`{r['command']}`, "
                    f"[{name}](bench/results/{name}))\n\n"
                    + table(rows, ("what", "seconds", "x bound (1 conn)", "x bound (2 conns)", "found all 30")))
-    got = _load("scaling")
+    got = _load("scaling-narrow") or _load("scaling")  # named by shape since issue 36
     if got:
         name, r = got
         rows = [(f"{s['rows']:,}", f"{s['migration_s']:.1f}", f"{s['steps_s'].get('backfill', 0):.1f}",

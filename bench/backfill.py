@@ -75,11 +75,12 @@ window = "0s"
 
 
 def mover_backfill(dsn: str, workdir: Path, name: str, workers: int, sync: bool = False,
-                   during=None, abort: bool = True) -> dict:
+                   during=None, abort: bool = True, extra: str = "") -> dict:
     """`mover step NAME` at the backfill step, timed. `during(started_at, ended_at)` runs right
-    after it, before the migration is aborted (the writes benchmark measures the drain there)."""
+    after it, before the migration is aborted (the writes benchmark measures the drain there).
+    `extra`: more plan text (a [throttle] section)."""
     plan = workdir / f"{name}.toml"
-    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=workers, sync=str(sync).lower()))
+    plan.write_text(PLAN.format(name=name, source=SOURCE, workers=workers, sync=str(sync).lower()) + extra)
     for _ in range(2):  # create_target, install_capture
         proc, _ = mover_cli(dsn, "step", str(plan))
         assert proc.returncode == 0, proc.stderr

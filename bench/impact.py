@@ -5,6 +5,7 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
     .venv/bin/python -m bench.impact [--rows 2000000] [--shape narrow] [--clients 2] [--share 0.5]
                                      [--skip burst] [--skip applier] [--dsn DSN]
     .venv/bin/python -m bench.impact --signals [--rows 2000000]
+    .venv/bin/python -m bench.impact --versus-control --wal-ahead 3000 [--rows 2000000] [--versus-period 1]
 
 1. The machine's capacity: pgbench (the writers of bench/backfill.py: 60 % updates, 30 % inserts,
    10 % deletes by random id, `--clients` clients) at full speed for `--capacity-seconds`; then
@@ -38,6 +39,35 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
    source, a plain CREATE INDEX alone, then two at once, then a CPU-bound query alone and two at
    once, between idle spells. What a statement that cannot be paced costs the writers, and what
    a second beside it does.
+
+7. mover against the best plain alternative (`--versus-control`, issue 36), instead of 2-6: one
+   pgbench at `--share` throughout, four parts, each after VACUUM and CHECKPOINT of the source,
+   `--idle-seconds / 2` for the writers' queue to drain, and an idle spell of `--idle-seconds`:
+   a. mover's backfill step governed (the defaults), a fresh migration: its copy window (the
+      step's start to `drained`), its index builds and ANALYZE (`drained` to the step's end), the
+      rows copied and their average rate over the copy window;
+   b. the control, no mover: the same rows (the source's first as many by key as mover copied)
+      into an empty table of the target's shape (its key alone) by plain `INSERT INTO ... SELECT
+      ... WHERE id > lo AND id <= hi`, synchronous_commit off as mover's ranges, a statement every
+      `--versus-period` seconds (default 1) sized to mover's average rate; then the same secondary
+      indexes one at a time by plain CREATE INDEX (not CONCURRENTLY: nobody writes that table, so
+      CONCURRENTLY would only scan twice and wait on others' transactions), without parallel
+      workers, and ANALYZE. `--versus-period` given more than once: one such part per period;
+   c. one `INSERT ... SELECT` of the same rows at full speed (no builds), labelled apart: the same
+      rows, not at the same rate;
+   d. mover's backfill ungoverned (`--skip ungoverned` leaves it out): the governed step's
+      duration over this one's.
+   Each part's whole window runs from its copy's start to a second past its last statement.
+   Per window, the writers' seconds (their transactions by the second of completion; a second
+   with fewer than five is left out): the worst second by its mean latency (the headline: every
+   transaction queued behind a stall counts in it) and by its p99, the median second's mean, TPS
+   against the first idle spell; then mover governed's worst second over the gentlest paced
+   control's (the lowest worst second over its whole window), copy, builds and whole. mover's
+   windows include what its capture trigger costs the writers and its applier's replay, which
+   the controls do not have. The committed run should use `--wal-ahead` (3000 MB for the 2 M-row
+   table): without it each part finds only the segments the parts before it left recycled, and a
+   new segment is written out whole while the writers' commits wait, so the order of the parts
+   would weigh on the figures. Each part's count of segments ready is reported.
 
 `--wal-ahead MB` keeps that much WAL recycled ahead (min_wal_size raised, the segments made once
 at the start), as on a server that has run a while. `--waits --timeline PATH` also writes each
@@ -78,7 +108,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import bindir, connect, create_database, generate, mover_cli, save, server, table
+from bench.common import bindir, connect, create_database, generate, index_defs, mover_cli, save, server, table
 
 SOURCE = "bench_source"
 SCRIPTS = {
@@ -154,6 +184,11 @@ def capacity(dsn: str, workdir: Path, rows: int, clients: int, seconds: int) -> 
     return float(got.group(1))
 
 
+def _quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of a sorted, non-empty list (the nearest rank below)."""
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
 def window(txns: list[tuple[float, float]], a: float, b: float) -> dict[str, Any]:
     """The writers' figures over [a, b): TPS (completions per second), p50 and p99 latency."""
     lat = sorted(ms for at, ms in txns if a <= at < b)
@@ -161,7 +196,37 @@ def window(txns: list[tuple[float, float]], a: float, b: float) -> dict[str, Any
         return {"seconds": round(max(b - a, 0), 2), "transactions": len(lat), "tps": None, "p50_ms": None,
                 "p99_ms": None}
     return {"seconds": round(b - a, 2), "transactions": len(lat), "tps": round(len(lat) / (b - a), 1),
-            "p50_ms": round(lat[len(lat) // 2], 2), "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)}
+            "p50_ms": round(_quantile(lat, 0.5), 2), "p99_ms": round(_quantile(lat, 0.99), 2)}
+
+
+def per_second(txns: list[tuple[float, float]], a: float, b: float = math.inf,
+               least: int = 5) -> dict[int, list[float]]:
+    """The latencies (ms) of the transactions completed in [a, b), by the second since `a`; a
+    second with fewer than `least` of them is left out (too few for a mean or a tail)."""
+    out: dict[int, list[float]] = {}
+    for at, ms in txns:
+        if a <= at < b:
+            out.setdefault(int(at - a), []).append(ms)
+    return {s: v for s, v in out.items() if len(v) >= least}
+
+
+def seconds_window(txns: list[tuple[float, float]], a: float, b: float) -> dict[str, Any]:
+    """window()'s figures over [a, b), and the writers' latency second by second from `a`: each
+    second's mean and p99; the worst second by each, and the median second's mean. A stall shows
+    in the mean of the seconds it spans (every transaction queued behind it counts, from its
+    schedule), where a whole window's p99 blurs it with the calm seconds around it."""
+    out = window(txns, a, b)
+    secs = per_second(txns, a, b)
+    if not secs:
+        return {**out, "seconds_counted": 0, "median_second_mean_ms": None, "worst_second_mean_ms": None,
+                "worst_second_mean_at_s": None, "worst_second_p99_ms": None, "worst_second_p99_at_s": None}
+    means = {s: statistics.fmean(v) for s, v in secs.items()}
+    p99s = {s: _quantile(sorted(v), 0.99) for s, v in secs.items()}
+    worst_mean, worst_p99 = max(means, key=means.__getitem__), max(p99s, key=p99s.__getitem__)
+    return {**out, "seconds_counted": len(secs), "median_second_mean_ms": round(statistics.median(means.values()), 2),
+            "worst_second_mean_ms": round(means[worst_mean], 2), "worst_second_mean_at_s": worst_mean,
+            "worst_second_p99_ms": round(p99s[worst_p99], 2), "worst_second_p99_at_s": worst_p99,
+            "by_second": [(s, len(secs[s]), round(means[s], 2), round(p99s[s], 2)) for s in sorted(secs)]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +270,14 @@ def first(evs: list[tuple[float, str, str, Any]], kind: str, after: float = 0.0,
     raise RuntimeError(f"no {kind} event after {after}")
 
 
+def backfill_spans(evs: list[tuple[float, str, str, Any]]) -> tuple[float, float, float]:
+    """The backfill step's start, its `drained` event (the copy's end, the applier caught up) and
+    its end (the index builds and ANALYZE between the last two), from mover's events."""
+    started = first(evs, "step_started", step="backfill")
+    drained = first(evs, "drained", after=started)
+    return started, drained, first(evs, "step_done", after=drained)
+
+
 def rows_copied(dsn: str, name: str) -> int:
     with connect(dsn) as conn:
         return int(conn.execute("SELECT coalesce(sum(r.rows), 0) FROM mover.ranges r JOIN mover.migrations m"
@@ -237,7 +310,11 @@ def segments_ahead(dsn: str) -> int | None:
 def fresh(dsn: str, name: str) -> None:
     """Abort the migration of that name if there is one, vacuum the source (as autovacuum keeps a
     live table), and checkpoint, so that each mode starts alike."""
-    proc, _ = mover_cli(dsn, "abort", name)
+    mover_cli(dsn, "abort", name)
+    vacuum_checkpoint(dsn)
+
+
+def vacuum_checkpoint(dsn: str) -> None:
     with connect(dsn) as conn:
         conn.execute(f"VACUUM ANALYZE {SOURCE}")
         conn.execute("CHECKPOINT")
@@ -366,9 +443,7 @@ def phases(dsn: str, workdir: Path, args, rate: float, governed: bool) -> dict[s
         writers.stop()
     txns = writers.transactions()
     evs = event_times(dsn, name)
-    started = first(evs, "step_started", step="backfill")
-    drained = first(evs, "drained", after=started)
-    done = first(evs, "step_done", after=drained)
+    started, drained, done = backfill_spans(evs)
     r_start = first(evs, "step_started", after=done, step="reconcile")
     r_done = first(evs, "step_done", after=r_start)
     out = {"mode": mode, "segments_ahead": ahead, "backfill_s": round(backfill_s, 2),
@@ -557,16 +632,12 @@ def signals_run(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
     evs = event_times(dsn, name)
     cli(dsn, "abort", name)
     # The phases: idle before, the copy, the index builds (mover busy) against the first idle spell.
-    started = first(evs, "step_started", step="backfill")
-    drained = first(evs, "drained", after=started)
-    built = first(evs, "step_done", after=drained)
+    started, drained, built = backfill_spans(evs)
     spans = {"idle": (started - args.idle_seconds, started - 1), "copy": (started, drained),
              "index builds": (drained, built)}
     t0 = txns[0][0] if txns else time.time()
-    by_second: dict[int, list[float]] = {}
-    for at, ms in txns:
-        by_second.setdefault(int(at - t0), []).append(ms)
-    seconds = sorted(s for s, v in by_second.items() if len(v) >= 5)
+    by_second = per_second(txns, t0)
+    seconds = sorted(by_second)
     app_p50 = {s: statistics.median(by_second[s]) for s in seconds}
     app_mean = {s: statistics.fmean(by_second[s]) for s in seconds}
     out: dict[str, Any] = {"seconds": len(seconds), "correlation": {}}
@@ -722,6 +793,213 @@ def side_by_side(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# mover against the best plain alternative, second by second
+
+VERSUS_TABLE = "bench_versus"  # the controls' copy
+# A part's whole window runs this long past its last statement (the writers queued behind it
+# complete then); nothing else runs in it.
+TAIL = 1.0
+
+
+def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
+    """One pgbench at `rate` throughout, four parts, each after VACUUM and CHECKPOINT of the source
+    and an idle spell: mover's backfill governed (a fresh migration); the control at mover's average
+    copy rate (plain INSERT ... SELECT of key ranges every --versus-period seconds, then the
+    secondary indexes one at a time and ANALYZE); one INSERT ... SELECT of the same rows at full
+    speed; mover's backfill ungoverned. Per window, the writers' seconds (seconds_window())."""
+    spans: dict[str, tuple[float, float]] = {}
+    out: dict[str, Any] = {"periods_s": args.versus_period or [1.0], "segments_ahead": {}, "tail_s": TAIL}
+    settle = args.idle_seconds / 2  # the writers' queue drains after the maintenance before a spell
+
+    def idle(name: str) -> None:
+        time.sleep(settle)
+        start = time.time()
+        time.sleep(args.idle_seconds)
+        spans[name] = (start, time.time())
+
+    def backfill(governed: bool) -> None:
+        mode = "governed" if governed else "ungoverned"
+        name = f"impact_versus_{mode}"
+        fresh(dsn, name)
+        out["segments_ahead"][f"mover {mode}"] = segments_ahead(dsn)
+        idle(f"idle before mover {mode}")
+        p = plan(workdir, name, governed, args)
+        step(dsn, str(p))
+        step(dsn, str(p))  # create_target, install_capture: outside the windows
+        time.sleep(settle)
+        out[f"mover {mode}"] = {"backfill_s": round(step(dsn, name), 2)}
+        time.sleep(TAIL)
+        started, drained, done = backfill_spans(event_times(dsn, name))
+        rows = rows_copied(dsn, name)
+        out[f"mover {mode}"].update(rows=rows, copy_s=round(drained - started, 2),
+                                    index_builds_s=round(done - drained, 2),
+                                    rows_per_second=round(rows / max(drained - started, 1e-3)),
+                                    throttled_seconds=_throttled_seconds(dsn, name))
+        spans[f"mover {mode}: copy"] = (started, drained)
+        spans[f"mover {mode}: index builds"] = (drained, done)
+        spans[f"mover {mode}: whole"] = (started, done + TAIL)
+        cli(dsn, "abort", name)
+
+    def target(conn: psycopg.Connection) -> None:
+        """An empty table of mover's target's shape (the source's, account_id widened, its key alone)."""
+        conn.execute(f"DROP TABLE IF EXISTS {VERSUS_TABLE}")
+        conn.execute(f"CREATE TABLE {VERSUS_TABLE} (LIKE {SOURCE} INCLUDING DEFAULTS)")
+        conn.execute(f"ALTER TABLE {VERSUS_TABLE} ALTER account_id TYPE bigint, ADD PRIMARY KEY (id)")
+
+    def same_rows() -> tuple[int, int]:
+        """mover's rows and the key under which the source holds as many now: the same rows."""
+        rows = out["mover governed"]["rows"]
+        if not rows:
+            raise RuntimeError("mover's governed backfill copied no rows: nothing to pace a control by")
+        with connect(dsn) as conn:
+            got = conn.execute(f"SELECT id FROM {SOURCE} ORDER BY id OFFSET %s LIMIT 1", (rows - 1,)).fetchone()
+            hi = int(got[0]) if got else int(conn.execute(f"SELECT max(id) FROM {SOURCE}").fetchone()[0])
+        return rows, hi
+
+    def control_part(period: float) -> None:
+        rows, hi = same_rows()
+        per_s = out["mover governed"]["rows_per_second"]
+        part = f"control every {period:g} s"
+        vacuum_checkpoint(dsn)
+        with connect(dsn) as conn:
+            target(conn)
+        out["segments_ahead"][part] = segments_ahead(dsn)
+        idle(f"idle before {part}")
+        width = max(1, math.ceil(per_s * period * hi / rows))  # ids a statement: rows_per_second * period rows
+        took: list[float] = []
+        copied, lo = 0, 0
+        with connect(dsn) as conn:
+            conn.execute("SET synchronous_commit = off")  # as mover's ranges commit
+            start = time.time()
+            while lo < hi:
+                time.sleep(max(0.0, start + len(took) * period - time.time()))  # behind: the next at once
+                t = time.perf_counter()
+                cur = conn.execute(f"INSERT INTO {VERSUS_TABLE} SELECT * FROM {SOURCE} WHERE id > %s AND id <= %s",
+                                   (lo, min(lo + width, hi)))
+                took.append((time.perf_counter() - t) * 1000)
+                copied += cur.rowcount
+                lo += width
+            copied_at = time.time()
+            # The builds as a person would run them on a table nobody uses yet: plain CREATE INDEX
+            # (CONCURRENTLY spares a table's writers, and this one has none: it would only scan
+            # twice and wait for others' transactions), one at a time, without parallel workers
+            # (on two cores a worker takes the last core), then ANALYZE: what mover governed runs.
+            conn.execute("RESET synchronous_commit")
+            conn.execute("SET max_parallel_maintenance_workers = 0")
+            for statement in index_defs(args.shape, VERSUS_TABLE):
+                conn.execute(statement)
+            conn.execute(f"ANALYZE {VERSUS_TABLE}")
+            done = time.time()
+        time.sleep(TAIL)
+        spans[f"{part}: copy"] = (start, copied_at)
+        spans[f"{part}: index builds"] = (copied_at, done)
+        spans[f"{part}: whole"] = (start, done + TAIL)
+        out[part] = {"rows_per_second_aimed": per_s, "hi": hi, "rows": copied, "statements": len(took),
+                     "rows_per_statement": round(copied / len(took)), "copy_s": round(copied_at - start, 2),
+                     "rows_per_second": round(copied / max(copied_at - start, 1e-3)),
+                     "statement_ms_median": round(statistics.median(took), 1), "statement_ms_max": round(max(took), 1),
+                     "index_builds_s": round(done - copied_at, 2)}
+        with connect(dsn) as conn:
+            conn.execute(f"DROP TABLE {VERSUS_TABLE}")
+
+    def single() -> None:
+        _, hi = same_rows()
+        vacuum_checkpoint(dsn)
+        with connect(dsn) as conn:
+            target(conn)
+        out["segments_ahead"]["single statement"] = segments_ahead(dsn)
+        idle("idle before single statement")
+        with connect(dsn) as conn:
+            conn.execute("SET synchronous_commit = off")
+            start = time.time()
+            cur = conn.execute(f"INSERT INTO {VERSUS_TABLE} SELECT * FROM {SOURCE} WHERE id > 0 AND id <= %s", (hi,))
+            ended = time.time()
+        time.sleep(TAIL)
+        spans["single statement: copy"] = (start, ended)
+        spans["single statement: whole"] = (start, ended + TAIL)
+        out["single statement"] = {"rows": cur.rowcount, "copy_s": round(ended - start, 2),
+                                   "rows_per_second": round(cur.rowcount / max(ended - start, 1e-3))}
+        with connect(dsn) as conn:
+            conn.execute(f"DROP TABLE {VERSUS_TABLE}")
+
+    writers = Writers(dsn, workdir, args.rows, args.clients, rate, 36_000, "versus")
+    try:
+        time.sleep(2)  # the writers reach their rate
+        backfill(True)
+        for period in out["periods_s"]:
+            control_part(period)
+        single()
+        if "ungoverned" not in args.skip:
+            backfill(False)
+    finally:
+        writers.stop()
+    txns = writers.transactions()
+    out["windows"] = {k: seconds_window(txns, a, b) for k, (a, b) in spans.items()}
+    # The whole run second by second (count, mean ms), and the windows on the same clock: what
+    # happened between them (the maintenance, mover's other steps) is there to read.
+    t0 = txns[0][0] if txns else 0.0
+    secs = sorted(per_second(txns, t0, least=1).items())
+    out["timeline"] = [(s, len(v), round(statistics.fmean(v), 2)) for s, v in secs]
+    out["spans"] = {k: (round(a - t0, 2), round(b - t0, 2)) for k, (a, b) in spans.items()}
+    return out
+
+
+STATS = (("worst second's mean", "worst_second_mean_ms"), ("worst second's p99", "worst_second_p99_ms"))
+
+
+def versus_report(v: dict[str, Any]) -> str:
+    """The windows of --versus-control side by side, and mover's worst second against the controls'."""
+    ws = v["windows"]
+    ref = ws.get("idle before mover governed") or {}
+    rows = []
+    for name, w in ws.items():
+        part, _, phase = name.partition(": ")
+        per_s = (v.get(part) or {}).get("rows_per_second") if phase == "copy" else None
+        tps = f"{w['tps'] / ref['tps']:.2f}" if w.get("tps") and ref.get("tps") else "-"
+        rows.append(("idle (reference)" if w is ref else name, w["seconds"], f"{per_s:,}" if per_s else "", w["tps"],
+                     tps, w["p50_ms"], w["median_second_mean_ms"], w["worst_second_mean_ms"], w["worst_second_p99_ms"]))
+    text = table(rows, ("window", "seconds", "rows/s", "writers tps", "tps / idle", "p50 ms",
+                        "median second's mean ms", "worst second's mean ms", "worst second's p99 ms"))
+    ahead = v.get("segments_ahead") or {}
+    if ahead:
+        text += "\n\nWAL segments recycled ahead at each part's start: " + ", ".join(
+            f"{k} {n}" for k, n in ahead.items())
+    g = v.get("mover governed") or {}
+    paced = [f"control every {period:g} s" for period in v.get("periods_s", [])]
+    paced = [c for c in paced if f"{c}: whole" in ws]
+    if g and paced:
+        # The gentlest paced control: the lowest worst second (by its mean) over its whole window.
+        best = min(paced, key=lambda c: ws[f"{c}: whole"]["worst_second_mean_ms"] or math.inf)
+        c = v[best]
+        text += (f"\n\nmover governed copied {g['rows']:,} rows at {g['rows_per_second']:,} rows/s over its copy "
+                 f"window ({g['copy_s']} s; throttled {g['throttled_seconds']} s), then built its indexes and "
+                 f"ANALYZEd in {g['index_builds_s']} s. {best}: {c['statements']} INSERT ... SELECT of "
+                 f"{c['rows_per_statement']:,} rows ({c['statement_ms_median']} ms each, at most "
+                 f"{c['statement_ms_max']}), {c['rows']:,} rows at {c['rows_per_second']:,} rows/s, then the same "
+                 f"builds and ANALYZE in {c['index_builds_s']} s. The worst second: the one second of a window "
+                 f"whose transactions had the highest mean latency (counted from their schedule); the highest "
+                 f"per-second p99 beside it.\n\nmover governed / {best} (the gentlest paced control):")
+        for phase in ("copy", "index builds", "whole"):
+            mine, theirs = ws.get(f"mover governed: {phase}") or {}, ws.get(f"{best}: {phase}") or {}
+            text += f"\n  {phase}: " + ", ".join(f"{stat} {_ratio(mine.get(key), theirs.get(key))}"
+                                                  for stat, key in STATS)
+        one = ws.get("single statement: whole")
+        if one and "mover governed: whole" in ws:
+            text += ("\nmover governed's whole / one INSERT ... SELECT of the same rows at full speed (no builds): "
+                     + ", ".join(f"{stat} {_ratio(ws['mover governed: whole'].get(key), one.get(key))}"
+                                 for stat, key in STATS))
+    u = v.get("mover ungoverned")
+    if g and u:
+        text += (f"\n\nbackfill step: governed {g['backfill_s']} s, ungoverned {u['backfill_s']} s: "
+                 f"{g['backfill_s'] / u['backfill_s']:.2f}x (goal <= 1.5)")
+    return text
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x ({a:g} / {b:g} ms)" if a is not None and b else "-"
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
@@ -743,6 +1021,8 @@ def report(r: dict[str, Any]) -> str:
         head += (f"WAL segments recycled ahead when each mode began (--wal-ahead {r.get('wal_ahead_mb', 0)} MB): "
                  f"{', '.join(ahead)}\n")
     head += "\n"
+    if "versus" in r:
+        return head + versus_report(r["versus"])
     if "signals" in r:
         s = r["signals"]
         rows = [(k, v["p50"], v["mean"], v["median_idle"], v["median_all"]) for k, v in s["correlation"].items()]
@@ -838,6 +1118,13 @@ def main() -> None:
     ap.add_argument("--side-by-side", action="store_true",
                     help="also, without mover: a plain CREATE INDEX and a CPU-bound query, each alone and two at"
                          " once, between idle spells")
+    ap.add_argument("--versus-control", action="store_true",
+                    help="instead: mover's backfill governed, the same rows copied by plain INSERT ... SELECT at"
+                         " its average rate and then the same index builds, one INSERT ... SELECT at full speed,"
+                         " mover ungoverned; the writers' worst second in each, side by side")
+    ap.add_argument("--versus-period", type=float, action="append", metavar="SECONDS",
+                    help="with --versus-control: the paced control runs a statement every SECONDS (default 1);"
+                         " given more than once, one paced control per period")
     ap.add_argument("--control-rows", type=int, default=25_000)
     ap.add_argument("--control-seconds", type=int, default=20)
     ap.add_argument("--wal-ahead", type=int, default=0, metavar="MB",
@@ -845,6 +1132,8 @@ def main() -> None:
                          " the start), as on a server that has run a while; default: a new server's few")
     ap.add_argument("--dsn", help="an existing server (superuser); default: start one")
     args = ap.parse_args()
+    if args.versus_control and "governed" in args.skip:
+        ap.error("--versus-control paces its control by mover's governed backfill: it cannot skip it")
     results: dict[str, Any] = {"rows": args.rows, "shape": args.shape, "clients": args.clients, "share": args.share,
                                "burst_seconds": args.burst_seconds}
     settings = {"min_wal_size": f"{args.wal_ahead + 512}MB"} if args.wal_ahead else {}
@@ -864,6 +1153,8 @@ def main() -> None:
         print(f"capacity {results['capacity_tps']:.0f} tps; writers at {rate:.0f} tps", flush=True)
         if args.signals:
             results["signals"] = signals_run(db, workdir, args, rate)
+        elif args.versus_control:
+            results["versus"] = versus(db, workdir, args, rate)
         else:
             modes = [m for m in (True, False) if ("governed" if m else "ungoverned") not in args.skip]
             results["runs"] = []
@@ -878,7 +1169,7 @@ def main() -> None:
                 results["control"] = control(db, workdir, args, rate)
             if args.side_by_side:
                 results["side_by_side"] = side_by_side(db, workdir, args, rate)
-    path = save("impact" + ("-signals" if args.signals else ""), results)
+    path = save("impact" + ("-signals" if args.signals else "-versus" if args.versus_control else ""), results)
     print(report(results))
     print(f"\nresults: {path}")
 

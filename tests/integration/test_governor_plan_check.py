@@ -28,12 +28,15 @@ def test_plan_check_prints_each_input_of_the_governor_and_the_preflight(db_dsn, 
     plan = plan_file(tmp_path, "gov", columns={"id": "bigint"}, throttle={"max_wal_per_second": "50MB"})
     got = check(db_dsn, plan)
     lines = got["throttle"]
-    assert [line.split(":")[0] for line in lines] == ["application latency", "standbys", "replication slots",
-                                                      "archiving", "WAL rate"], lines
+    assert [line.split(":")[0] for line in lines] == ["application latency", "application sessions", "standbys",
+                                                      "replication slots", "archiving", "WAL rate"], lines
     assert "kept within 50% of its latency before each step's bulk work" in lines[0], lines[0]
-    assert lines[1].startswith("standbys: 0 (none); mover waits while one lags more than 30s"), lines[1]
-    assert lines[3] == "archiving: off (archive_mode)", lines[3]
-    assert lines[4] == "WAL rate: kept under 50.0 MB/s ([throttle] max_wal_per_second)", lines[4]
+    assert lines[1].startswith("application sessions: mover works at full speed while none has run a statement "
+                               "for 10 s, the budget holds from the first busy one ([throttle] idle_after); now: "), \
+        lines[1]
+    assert lines[2].startswith("standbys: 0 (none); mover waits while one lags more than 30s"), lines[2]
+    assert lines[4] == "archiving: off (archive_mode)", lines[4]
+    assert lines[5] == "WAL rate: kept under 50.0 MB/s ([throttle] max_wal_per_second)", lines[5]
     # The preflight: about the source's size (its rows, a wider key), and the WAL that copy writes.
     est = got["estimates"]
     assert table_bytes * 0.8 < est["heap_bytes"] < table_bytes * 2, (est, table_bytes)

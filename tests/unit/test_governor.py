@@ -249,6 +249,8 @@ def test_index_builds_at_once_follow_the_duty_never_under_one():
 class FakeGovernor:
     """What a loop's Throttle asks of the governor, with a fixed decision."""
 
+    measuring = False
+
     def __init__(self, duty=1.0, wait=None, reason="probe latency 6.0 ms > 3.0 ms budget"):
         self.duty, self._wait, self._reason = duty, wait, reason
 
@@ -419,3 +421,18 @@ def test_a_statement_waiting_for_its_turn_wakes_when_one_ends():
     assert time.monotonic() - started < 10  # woken by the release, not by the timeout
     assert ramp.claim(True, 1) == 0
     ended.join()
+
+
+def test_an_engine_asks_again_soon_while_the_baseline_is_measured_and_after_a_second_otherwise():
+    # The baseline takes a quarter second: an engine that waited a whole second on it each phase
+    # cost an idle server's backfill a tenth of its time.
+    gov = throttle.Governor.__new__(throttle.Governor)  # its decision alone: no server needed
+    gov.decision, gov.decided_at = Decision(state="measuring"), time.monotonic()
+    gov._thread = type("NoThread", (), {"error": None})()
+    pacer = throttle.Throttle(throttle.Limits(), governor=gov)
+    gate = pacer.gate(False, 1_000)
+    assert gate.wait == "measuring the probe's latency before the work starts"
+    assert gate.seconds == throttle.MEASURING_RECHECK_SECONDS < pacing.PROBE_SECONDS
+    gov.decision = Decision(state="throttled", duty=0.001, reason="probe latency 9.0 ms > 3.0 ms budget")
+    assert pacer.gate(False, 1_000).seconds == throttle.RECHECK_SECONDS
+    assert throttle.Throttle(throttle.Limits()).recheck_seconds() == throttle.RECHECK_SECONDS

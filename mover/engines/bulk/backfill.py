@@ -205,7 +205,7 @@ class Applier:
                     return
                 # consumer: the slot the capture reads never holds the one who frees it.
                 if self.pacer.reason(m.paused, consumer=True):
-                    self.done.wait(throttle.RECHECK_SECONDS)
+                    self.done.wait(self.pacer.recheck_seconds())
                     continue
                 started = time.monotonic()
                 applied = changelog.drain(self.ctx, reverse=False, backfill_done=False, max_rounds=1).claimed

@@ -309,7 +309,7 @@ def turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1,
         if not said:
             ctx.report("index_waiting", what=what, reason=reason)
             said = True
-        ctx.stop.wait(throttle.RECHECK_SECONDS)
+        ctx.stop.wait(pacer.recheck_seconds())
     try:
         yield governed
     finally:

@@ -71,12 +71,14 @@ def report(r: dict) -> str:
         gov = median([x["step_s"] for x in s["governed"]])
         off = median([x["step_s"] for x in s["ungoverned"]])
         throttled = median([x["throttled_s"] for x in s["governed"]])
+        paired = ", ".join(f"{o['step_s'] / g['step_s']:.2f}" for g, o in zip(s["governed"], s["ungoverned"],
+                                                                              strict=True))
         rows.append((s["shape"], f"{s['rows']:,}", f"{single:.2f}", f"{gov:.2f}", f"{off:.2f}",
-                     f"{off / gov:.2f}", f"{single / gov:.2f}", f"{throttled:.1f}",
+                     f"{off / gov:.2f} ({paired})", f"{single / gov:.2f}", f"{throttled:.1f}",
                      " ".join(s["governed"][-1]["governor_events"]) or "-"))
     return (f"{r['server']}; medians of {r['runs']} rounds; mover's backfill step (1 worker) wall time\n\n"
             + table(rows, ("shape", "rows", "single statement s", "governed s", "ungoverned s",
-                           "speed governed / ungoverned", "single / governed", "throttled s",
+                           "speed governed / ungoverned (each round)", "single / governed", "throttled s",
                            "governor events (last run)")))
 
 

@@ -162,6 +162,10 @@ class ReconcileSettings:
     range_rows: int = setting(Count(100, 10_000_000), 100_000, settable=True)
     # Re-verify the ranges changed since the last pass, just before the lock.
     before_cutover: bool = setting(Flag(), True, settable=True)
+    # Store each range's fingerprint (row count and a 64-bit hash sum of its rows), for comparing a
+    # copy elsewhere later: a hash of every source row, most of what a pass costs over the typed
+    # comparison (bench/reconcile.py); no reconcile decision reads it. Read when a pass starts.
+    fingerprints: bool = setting(Flag(), False, settable=True, only_set=True)
     # Re-checks of a key that differs while a change to it is pending.
     settle_rounds: int = setting(Count(1, 1000), 10, settable=True)
     max_attempts: int = setting(Count(1, 100), 5, settable=True)  # a range failing this often is marked failed

@@ -82,7 +82,8 @@ def serve(db: Database, m: control.Migration, kind: str, threads: int, report: R
                                               report=report, n_workers=threads, governor=governor)
                        for i in range(threads)]
         else:
-            spec = db.transaction(lambda cur: reconcile_engine.spec_for(cur, ctx.mapping(cur)))
+            spec = db.transaction(lambda cur: reconcile_engine.spec_for(
+                cur, ctx.mapping(cur), fingerprints=ctx.plan.reconcile.fingerprints))
             result = reconcile_engine.PassResult("helper")
             workers = [reconcile_engine.Worker(db.dsn, m, ranges.worker_id(i), spec, result, stop=stop, lost=lost,
                                                registry=registry, report=report, n_workers=threads, governor=governor)

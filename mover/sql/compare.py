@@ -88,6 +88,9 @@ class Spec:
     mapping: Mapping
     columns: tuple[Compared, ...]
     dst_key_types: tuple[str, ...]
+    # Hash every source row for the range's stored fingerprint ([reconcile] fingerprints): the
+    # hash is most of what a pass costs over the typed join, and no reconcile decision reads it.
+    fingerprints: bool = True
 
     @property
     def non_key(self) -> tuple[Compared, ...]:
@@ -330,7 +333,8 @@ def range_params(spec: Spec, lo: list[str] | None, hi: list[str] | None) -> list
 def compare_range(spec: Spec, log: QualifiedName | None, notes: QualifiedName, lo: list[str] | None,
                   hi: list[str] | None) -> tuple[sql.Composed, list[Any]]:
     """One statement, one snapshot: both ranges joined on the key, the count and hash sum of
-    the source rows, the count of the target rows, the highest applied-change note (what this
+    the source rows (NULL without spec.fingerprints, but on a wide table, whose narrowing hashes
+    anyway), the count of the target rows, the highest applied-change note (what this
     verification covers), and one row per key that differs (see detail(); on a wide table
     without its columns, see _differing_wide()); a range without differences gives one row
     whose detail columns are NULL.
@@ -356,7 +360,8 @@ WITH j AS (
 SELECT j.src_rows, j.dst_rows, j.src_sum, {mark} AS mark, d.*
 FROM j LEFT JOIN LATERAL ({detail}) d ON true
 """
-    ).format(k0=k0, hash_s=sql.SQL("s.h") if wide else row_hash(spec, "s", "src"),
+    ).format(k0=k0, hash_s=sql.SQL("s.h") if wide else row_hash(spec, "s", "src") if spec.fingerprints
+             else sql.SQL("NULL::numeric"),
              key_text=sql.SQL("jsonb_build_array({}, s.h, t.h, s.{k0} IS NULL, t.{k0} IS NULL)").format(
                  _key_text(spec), k0=k0) if wide else _key_text(spec),
              differs=_differs_wide(spec) if wide else differs(spec),

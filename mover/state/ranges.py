@@ -258,10 +258,10 @@ def work(db: Database, mid: int, key_range: KeyRange, worker: str, fn: Callable[
                           label=f"{key_range.kind} key_range")
 
 
-def store_fingerprint(cur: psycopg.Cursor, mid: int, key_range: KeyRange, src_rows: int, src_fingerprint: int,
-                      dst_rows: int, dst_fingerprint: int, differences: int) -> None:
+def store_fingerprint(cur: psycopg.Cursor, mid: int, key_range: KeyRange, src_rows: int, src_fingerprint: int | None,
+                      dst_rows: int, dst_fingerprint: int | None, differences: int) -> None:
     """What a verified reconcile range held on both sides (mover/engines/bulk/reconcile.py), in the
-    transaction of its done mark."""
+    transaction of its done mark; fingerprints NULL when the pass computed none."""
     cur.execute("UPDATE mover.ranges SET src_rows = %s, src_fingerprint = %s, dst_rows = %s, dst_fingerprint = %s,"
                 " differences = %s, verified_at = clock_timestamp()"
                 " WHERE migration_id = %s AND kind = %s AND range_no = %s",

@@ -29,7 +29,7 @@ class Reconcile(EachTable):
                f" while a change to it is pending is re-checked after the applier caught up (up to"
                f" {s.settle_rounds} rounds)"]
         if introspect.exists(cur, m.target):
-            spec = reconcile.spec_for(cur, ctx.mapping(cur))
+            spec = reconcile.spec_for(cur, ctx.mapping(cur), fingerprints=s.fingerprints)
             out += ranges.bound_statements(spec.mapping)  # cut as the backfill's (mover/state/ranges.py)
             out.append(compare.compare_range(spec, names.change_log(m.id), names.applied_notes(m.id),
                                              None, ["<hi>"])[0])

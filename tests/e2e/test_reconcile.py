@@ -452,3 +452,36 @@ def test_a_range_taken_over_while_its_keys_settle_is_not_committed_by_the_old_wo
     assert attempts == 2 and ranges(db_dsn)[row[0]][0] == "done"
     assert status(db_dsn)["divergences"] == 0
     assert_oracle(db_dsn, "Orders", "Orders_new")
+
+
+def test_fingerprints_are_stored_only_when_asked_and_tell_the_differing_range(db_dsn, tmp_path):
+    # By default a pass hashes nothing (no reconcile decision reads a fingerprint) and still finds
+    # every difference; with [reconcile] fingerprints each range stores both sides', equal exactly
+    # where the rows are.
+    plan = setup(db_dsn, tmp_path)
+    assert mover(db_dsn, "run", plan).returncode == 3
+
+    def stored():
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            return conn.execute("SELECT range_no, src_rows, dst_rows, src_fingerprint, dst_fingerprint"
+                                " FROM mover.ranges WHERE kind = 'reconcile' ORDER BY range_no").fetchall()
+
+    first = stored()
+    assert len(first) > 2 and all(s is None and d is None for _, _, _, s, d in first), first
+    assert sum(src for _, src, _, _, _ in first) == 20_050  # the counts are kept either way
+    sql(db_dsn, 'UPDATE "Orders_new" SET amount = amount + 1 WHERE id = -10')
+    r, result = reconcile(db_dsn, "--full")
+    assert r.returncode == 3 and result["pass"]["found"] == 1, r.stderr
+    assert {(tuple(d["key"]), d["kind"]) for d in divergences(db_dsn)} == {(("-10",), "different")}
+
+    assert mover(db_dsn, "set", "rec", "reconcile.fingerprints=true").returncode == 0
+    r, result = reconcile(db_dsn, "--full")
+    assert r.returncode == 3 and result["pass"]["found"] == 0 and result["pass"]["still_open"] == 1, r.stderr
+    fps = stored()
+    assert all(s is not None and d is not None for _, _, _, s, d in fps), fps
+    differing = [no for no, _, _, s, d in fps if s != d]
+    assert differing == [fps[0][0]], fps  # the range holding the negative keys, and only it
+    sql(db_dsn, 'UPDATE "Orders_new" SET amount = amount - 1 WHERE id = -10')
+    r, result = reconcile(db_dsn, "--full")
+    assert r.returncode == 0 and result["pass"]["resolved"] == 1, r.stderr
+    assert all(s == d for _, _, _, s, d in stored())

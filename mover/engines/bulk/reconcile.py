@@ -91,10 +91,11 @@ class PassResult:
 # How each column is compared
 
 
-def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
+def spec_for(cur: psycopg.Cursor, m: Mapping, *, fingerprints: bool = True) -> q.Spec:
     """Decide per column (by the target's type): typed, typed but hashed through its send form,
     or by text when PostgreSQL cannot hash or compare the type. Probed on the server, so that
-    composites and arrays follow their fields and elements, and extensions' types are covered."""
+    composites and arrays follow their fields and elements, and extensions' types are covered.
+    `fingerprints`: whether each range's source rows are hashed for its stored fingerprint."""
     if not server.of(cur).hash_record_extended:
         raise Failed("reconcile needs PostgreSQL 14 or later (hash_record_extended)",
                      hint="upgrade the server, or compare the tables with your own tooling")
@@ -142,7 +143,8 @@ def spec_for(cur: psycopg.Cursor, m: Mapping) -> q.Spec:
         mode = "send" if send else "value" if usable[col.type] else "text"
         back_to = c.back_to if c.name not in m.key else None
         cols.append(q.Compared(c.name, c.cast_to, mode, send, c.name in m.key, back_to))
-    return q.Spec(m, tuple(cols), tuple(types[k].type for k in m.key))
+    return q.Spec(mapping=m, columns=tuple(cols), dst_key_types=tuple(types[k].type for k in m.key),
+                  fingerprints=fingerprints)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +240,7 @@ def _record(cur: psycopg.Cursor, spec: q.Spec, mid: int, key_range: ranges.KeyRa
     # pattern only a bypassed capture produces (invariant 14): named as such, not as bare divergences.
     integrity.whole_range_differs(cur, mid, actor, key_range.kind, key_range.range_no, len(settled),
                                   max(agg["src_rows"], agg["dst_rows"]))
-    src_fp, dst_fp = q.fingerprint(agg["src_sum"], first_diffs)
+    src_fp, dst_fp = q.fingerprint(agg["src_sum"], first_diffs) if agg["src_sum"] is not None else (None, None)
     ranges.store_fingerprint(cur, mid, key_range, agg["src_rows"], src_fp, agg["dst_rows"], dst_fp, len(settled))
     return {"found": found, "still_open": again, "resolved": len(resolved), "unsettled": len(unsettled)}
 
@@ -433,7 +435,7 @@ def run(ctx: Context, *, full: bool = False) -> PassResult:
     started = time.monotonic()
     settings = ctx.plan.reconcile
     changelog.drain(ctx, reverse=False, backfill_done=True)
-    spec = ctx.db.transaction(lambda cur: spec_for(cur, ctx.mapping(cur)))
+    spec = ctx.db.transaction(lambda cur: spec_for(cur, ctx.mapping(cur), fingerprints=settings.fingerprints))
     # Invariant 14: after a capture gap, once capture is back in force, a pass over every range; it
     # covers the gaps restored before it started (read before its ranges are reset).
     pass_started, gap = ctx.db.transaction(lambda cur: (one(cur.execute("SELECT clock_timestamp()"))[0],

@@ -11,7 +11,9 @@ Invariants:
   ceiling), by [reconcile] workers threads running the range loop (mover/engines/bulk/rangework.py;
   Worker is its comparison); a crashed reconcile resumes with the ranges it had not finished,
   and a range's result commits with its done mark (race 6 included).
-- Each verified range keeps its row counts and fingerprints. A later pass re-verifies only
+- Each verified range keeps its row counts, and its fingerprints with [reconcile] fingerprints
+  (the source side's row hash is most of what a pass costs over the typed comparison, and no
+  decision here reads it: off by default). A later pass re-verifies only
   the ranges that changed since: those holding a key the applier replayed after the range was
   verified (noted by a trigger on the change log, see compare.create_notes), or an open
   divergence. The same incremental pass runs just before the cutover's lock.

@@ -227,6 +227,11 @@ def test_an_idle_server_is_not_paced_and_the_application_arriving_is_governed_at
         def now() -> float:
             return observer.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
 
+        def copied_since(after: float) -> list[int]:  # on the observer: a poll is not the application
+            return [r for (r,) in observer.execute(
+                "SELECT rows FROM mover.ranges WHERE kind = 'backfill' AND status = 'done'"
+                " AND extract(epoch FROM finished_at) > %s", (after,)).fetchall()]
+
         plan = gov_plan(tmp_path, range_rows=1_000, cap=4_000, throttle={"idle_after": "2s"})
         proc = spawn(dsn, "run", plan)
         app = TimedWriter(dsn, delay=0.02)
@@ -236,7 +241,7 @@ def test_an_idle_server_is_not_paced_and_the_application_arriving_is_governed_at
             assert state == "quiet" and reason.startswith("no application session has run a statement"), reason
             shown = mover(dsn, "status", "gov").stdout
             assert "full speed, nothing to protect: no application session has run a statement" in shown, shown
-            wait_for(lambda: len([r for r, at in copied(dsn) if at > quiet_at]) >= 3, "ranges copied quiet", proc)
+            wait_for(lambda: len(copied_since(quiet_at)) >= 3, "ranges copied quiet", proc)
             arrived = now()
             app.start()
             busy = wait_for(lambda: seen("throttle_busy", arrived), "the governor to see the application", proc)

@@ -16,6 +16,7 @@ import psycopg
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from mover.db import is_connection_lost, mask
 from mover.errors import MoverError
@@ -43,6 +44,12 @@ class Consoles:
 def say(console: Console, text: str) -> None:
     """One line as it is: no markup, no highlighting."""
     console.print(text, highlight=False, markup=False)
+
+
+def row(t: Table, *cells: str) -> None:
+    """A row of values as they are: rich would take "[throttle]" in a message, or a key like
+    "[x]", for markup and drop it."""
+    t.add_row(*(Text(c) for c in cells))
 
 
 def table(out: Console, t: Table) -> None:

@@ -20,8 +20,8 @@ def listed(con: Consoles, rows: list[dict[str, Any]], include_resolved: bool, as
         return
     table = Table("id", "key", "kind", "details (source -> target)", "found", "resolved")
     for d in rows:
-        table.add_row(str(d["id"]), ", ".join(d["key"]), d["kind"], _details(d["kind"], d["columns"]),
-                      d["found_at"], _resolution(d))
+        console.row(table, str(d["id"]), ", ".join(d["key"]), d["kind"], _details(d["kind"], d["columns"]),
+                    d["found_at"], _resolution(d))
     console.table(con.out, table)
     if not rows:
         con.err.print("no open divergences" if not include_resolved else "no divergences")

@@ -46,6 +46,6 @@ def events(con: Consoles, rows: list[dict[str, Any]], as_json: bool) -> None:
         return
     table = Table("at", "table", "step", "kind", "message", "ms")
     for e in rows:
-        table.add_row(e["at"], e["table"], e["step"] or "", e["kind"], e["message"],
-                      "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
+        console.row(table, e["at"], e["table"] or "", e["step"] or "", e["kind"], e["message"] or "",
+                    "" if e["duration_ms"] is None else f"{e['duration_ms']:.1f}")
     console.table(con.out, table)

@@ -299,7 +299,7 @@ def throttle_line(t: dict[str, Any] | None) -> str | None:
     elif state == "quiet":
         line = f"full speed, nothing to protect: {t['reason']}"
     elif state == "off":
-        line = "no latency budget ([throttle] max_latency_increase = \"off\"); the guards hold"
+        line = "no latency budget (" + (t["reason"] or '[throttle] max_latency_increase = "off"') + "); the guards hold"
     else:
         line = f"governed: {t['reason']}" if t["reason"] else "governed"
     return line + (f" ({total})" if total else "")

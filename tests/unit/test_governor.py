@@ -49,6 +49,31 @@ def test_the_plan_says_what_the_governor_holds_to():
     assert capped.governed and capped.max_wal_per_second == 20 * MB
 
 
+def test_the_copy_has_its_own_wider_budget_and_off_governs_nothing_by_latency():
+    base = {"migration": {"name": "m", "source": "t"}, "rollback": {"window": "1h"}}
+    plan = parse_plan(base)
+    copy, builds = (throttle.limits_of(plan, 2.0, phase) for phase in (throttle.COPY_PHASE, "index builds"))
+    assert (copy.latency_ms, copy.budget_setting) == (5.0, "copy_latency_increase")  # 150 % over 2 ms
+    assert (builds.latency_ms, builds.budget_setting) == (3.0, "max_latency_increase")
+    assert throttle.limits_of(plan, 2.0, "reconcile").latency_ms == 3.0
+    # The copy unheld by latency, the builds still held; "off" on max_latency_increase: nothing held.
+    free_copy = parse_plan({**base, "throttle": {"copy_latency_increase": "off"}})
+    assert throttle.limits_of(free_copy, 2.0, throttle.COPY_PHASE).latency_ms is None
+    assert throttle.limits_of(free_copy, 2.0, "index builds").latency_ms == 3.0
+    off = parse_plan({**base, "throttle": {"max_latency_increase": "off", "copy_latency_increase": "300%"}})
+    assert throttle.limits_of(off, 2.0, throttle.COPY_PHASE).latency_ms is None
+    # An absolute budget replaces both.
+    absolute = throttle.limits_of(parse_plan({**base, "throttle": {"probe_latency": "7ms"}}), 2.0, throttle.COPY_PHASE)
+    assert (absolute.latency_ms, absolute.budget_setting) == (7, "probe_latency")
+    # The floor's event names the setting to raise in that phase.
+    at_floor = Decision(state="throttled", duty=0.1, throttled_since=1.0, decreased_at=1.0, floor_since=1.0)
+    _, events = decide(at_floor, 20.0, latency_ms=50.0, wal_per_second=None, wait=None, limits=copy)
+    assert any("[throttle] copy_latency_increase" in e.message for e in events if e.kind == "throttle_floor"), events
+    assert decide(Decision(), 1.0, latency_ms=None, wal_per_second=None, wait=None,
+                  limits=throttle.limits_of(free_copy, 2.0, throttle.COPY_PHASE))[0].reason == \
+        '[throttle] copy_latency_increase = "off"'
+
+
 def test_a_limit_turned_off_is_kept_through_the_stored_plan_and_mover_set():
     # [throttle] is stored only away from its defaults; a limit set to "off" (0 bytes) is away from
     # its default (10GB, 1GB) and must read back as off, not as the default it would be if left out.

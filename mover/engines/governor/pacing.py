@@ -75,6 +75,7 @@ class Limits:
     """What the governor holds the engines to, from the plan ([throttle], [backfill] max_replica_lag)."""
 
     latency_ms: float | None = None  # the probe's budget; None: none
+    budget_setting: str = "max_latency_increase"  # what sets it ([throttle]), as messages name it
     floor: float = 0.1
     max_wal_per_second: int = 0  # bytes/s; 0: none
     max_replica_lag_ms: int = 0  # 0: standbys not watched
@@ -161,8 +162,8 @@ def decide(prev: Decision, now: float, *, latency_ms: float | None, wal_per_seco
         d = replace(d, wait=None, waiting_since=None, state="throttled" if prev.throttled_since else "ok")
     if not limits.governed:
         if prev.throttled_since is not None:
-            events.append(_released(prev, now, "no budget any more ([throttle] max_latency_increase off)"))
-        return Decision(state="off", duty=1.0), events
+            events.append(_released(prev, now, f"no budget any more ([throttle] {limits.budget_setting} off)"))
+        return Decision(state="off", duty=1.0, reason=f'[throttle] {limits.budget_setting} = "off"'), events
     if quiet is not None:
         # Nothing to protect: full duty at once. Only the application's own sessions say so; the
         # probe reads mover slowing its own commits, which no budget needs to hold.
@@ -195,7 +196,7 @@ def decide(prev: Decision, now: float, *, latency_ms: float | None, wal_per_seco
         events.append(Event(
             "throttle_floor",
             f"at the floor: mover works {limits.floor:.0%} of its time and still {why}; the application is "
-            f"slow with mover nearly idle: raise the budget ([throttle] max_latency_increase), pause, or wait",
+            f"slow with mover nearly idle: raise the budget ([throttle] {limits.budget_setting}), pause, or wait",
             {**detail, "floor": limits.floor}))
         return replace(d, state="floor", floor_since=floor_since), events
     state = "floor" if at_floor and d.state == "floor" else "throttled"

@@ -100,11 +100,30 @@ class Gate:
     rows: int = 0
 
 
-def limits_of(plan: Plan, baseline_ms: float | None) -> pacing.Limits:
-    """What the plan holds the governor to, with the probe's baseline for a relative budget."""
+# The copy's phase (mover/engines/bulk/backfill.py KIND), held to [throttle] copy_latency_increase.
+COPY_PHASE = "backfill"
+
+
+def budget_setting(plan: Plan, phase: str | None) -> str:
+    """The [throttle] setting that sets `phase`'s latency budget. The copy has its own, wider: it
+    yields between ranges of a fraction of a second, so what it costs the application ends with
+    each range; what cannot be paced once started (an index build) holds max_latency_increase, and
+    max_latency_increase = "off" governs nothing by latency, the copy included."""
     t = plan.throttle
+    if t.probe_latency_ms:
+        return "probe_latency"
+    if phase == COPY_PHASE and percent(t.max_latency_increase) is not None:
+        return "copy_latency_increase"
+    return "max_latency_increase"
+
+
+def limits_of(plan: Plan, baseline_ms: float | None, phase: str | None = None) -> pacing.Limits:
+    """What the plan holds the governor to in `phase`, with the probe's baseline for a relative budget."""
+    t = plan.throttle
+    setting = budget_setting(plan, phase)
+    increase = t.copy_latency_increase if setting == "copy_latency_increase" else t.max_latency_increase
     return pacing.Limits(
-        latency_ms=pacing.budget_ms(baseline_ms, percent(t.max_latency_increase), t.probe_latency_ms),
+        latency_ms=pacing.budget_ms(baseline_ms, percent(increase), t.probe_latency_ms), budget_setting=setting,
         floor=percent(t.floor) or 0.0, max_wal_per_second=t.max_wal_per_second,
         max_replica_lag_ms=plan.backfill.max_replica_lag_ms, max_slot_wal=t.max_slot_wal,
         max_archive_backlog=t.max_archive_backlog)
@@ -175,7 +194,8 @@ class Governor:
         self.phase: str | None = None
         self.leading = False
         self.baseline_ms: float | None = None
-        self.limits = limits_of(plan_from_canonical(migration.plan), None)
+        self._plan = plan_from_canonical(migration.plan)
+        self.limits = limits_of(self._plan, None)
         self.readings: signals.Readings | None = None
         self.ramp = Ramp()
         self._wait: str | None = None  # the guards' verdict, for every engine
@@ -250,6 +270,12 @@ class Governor:
         self.leading = True
         self._measure()
         self._start()
+
+    def enter(self, phase: str | None) -> None:
+        """Govern `phase` from now on with the same baseline (the backfill step's copy, then its
+        index builds): its budget holds from the next reading."""
+        self.phase = phase
+        self.limits = limits_of(self._plan, self.baseline_ms, phase)
 
     def follow(self) -> None:
         """Follow the published decision from this process (`mover worker`); take the probe over
@@ -396,7 +422,8 @@ class Governor:
         m, r = self._db.transaction(read, label="governor")
         self._guards_at, self.migration, self.readings = now, m, r
         plan = plan_from_canonical(m.plan)
-        self.limits = limits_of(plan, self.baseline_ms)
+        self._plan = plan
+        self.limits = limits_of(plan, self.baseline_ms, self.phase)
         self._lsns.append((r.at, r.lsn))
         while len(self._lsns) > 2 and r.at - self._lsns[0][0] > pacing.WAL_RATE_SECONDS:
             self._lsns.popleft()
@@ -458,10 +485,14 @@ def describe(cur: psycopg.Cursor, plan: Plan, mid: int | None = None) -> dict[st
     elif increase is None:
         lines.append("application latency: not governed ([throttle] max_latency_increase = \"off\")")
     else:
+        copy = percent(t.copy_latency_increase)
         lines.append(f"application latency: {probe} kept within {t.max_latency_increase} of its latency before each "
                      f"step's bulk work (measured then, with mover idle; at least {pacing.MIN_SLACK_MS:g} ms over it): "
                      f"over it, every engine works a smaller share of its time, never under {t.floor} "
-                     f"([throttle] max_latency_increase, floor)")
+                     f"([throttle] max_latency_increase, floor); "
+                     + (f"the copy within {t.copy_latency_increase}, as it yields between ranges" if copy is not None
+                        else "the copy not by latency")
+                     + " ([throttle] copy_latency_increase)")
     if increase is not None or t.probe_latency_ms or t.max_wal_per_second:
         idle = t.idle_after_ms / 1000
         now = r.application.busy(idle) or r.application.quiet(idle)
@@ -514,11 +545,12 @@ def governing(ctx: Context, phase: str) -> Iterator[Governor]:
     on with the baseline measured before the step, under the inner phase's name."""
     held = of(ctx)
     if held is not None:
-        outer, held.phase = held.phase, phase
+        outer = held.phase
+        held.enter(phase)
         try:
             yield held
         finally:
-            held.phase = outer
+            held.enter(outer)
         return
     with feeding(ctx) as feed:
         gov = Governor(ctx.db.dsn, ctx.migration, report=ctx.report, feed=feed)

@@ -461,3 +461,37 @@ def test_an_engine_asks_again_soon_while_the_baseline_is_measured_and_after_a_se
     gov.decision = Decision(state="throttled", duty=0.001, reason="probe latency 9.0 ms > 3.0 ms budget")
     assert pacer.gate(False, 1_000).seconds == throttle.RECHECK_SECONDS
     assert throttle.Throttle(throttle.Limits()).recheck_seconds() == throttle.RECHECK_SECONDS
+
+
+def test_a_rest_between_builds_ends_once_the_probe_reads_the_application_recovered():
+    """A build cannot be paced while it runs: the rest after it lets the application's queue
+    drain, and ends as soon as the probe's median is back under the budget's release ratio (or
+    the duty back to full), not when the duty has climbed back step by step."""
+    from types import SimpleNamespace
+
+    from mover.engines.bulk import builds
+
+    gov = throttle.Governor.__new__(throttle.Governor)
+    gov.leading, gov.decision = True, Decision(state="throttled", duty=0.2, throttled_since=0.0)
+    stop = threading.Event()
+    checkpoints: list[float] = []
+
+    def checkpoint() -> None:  # as Context.checkpoint: the rest ends there once stopped
+        if stop.is_set():
+            raise InterruptedError
+        checkpoints.append(time.monotonic())
+
+    ctx = SimpleNamespace(governor=gov, stop=stop, checkpoint=checkpoint)
+    gov._pressure = 0.5  # recovered: no rest at all, whatever the duty says (2 s x 0.8 / 0.2 = 8 s)
+    builds.rest_after(ctx, 2.0)
+    assert checkpoints == []
+    gov._pressure = 1.4  # still over: the rest goes on, slice by slice, until stopped here
+    timer = threading.Timer(0.6, stop.set)
+    timer.start()
+    with pytest.raises(InterruptedError):
+        builds.rest_after(ctx, 2.0)
+    timer.join()
+    assert len(checkpoints) >= 2
+    gov.leading = False  # a follower cannot read the probe: the duty alone decides
+    gov._pressure = 0.5
+    assert not gov.recovered

@@ -318,15 +318,19 @@ def turn(ctx: Context, db: Database, session: int = 0, sessions: int = 1,
 
 
 def rest_after(ctx: Context, seconds: float) -> None:
-    """After a build that took `seconds`: rest as the governor's duty says, in slices, so that a
-    duty back to full (the application quiet again) ends the rest early."""
+    """After a build that took `seconds`: rest as the governor's duty says, in slices, until the
+    application no longer pays for it: a duty back to full (quiet again), or the probe back under
+    its budget. A rest between builds cannot lower what the next one costs while it runs (it is
+    one statement); it only lets the application's queue drain, and once the probe reads it
+    drained, resting on lengthens the backfill, and the capture's cost with it, for nothing
+    (bench/README.md, "mover against the best plain alternative")."""
     governor = throttle.of(ctx)
     if governor is None:
         return
     until = time.monotonic() + governor.rest(seconds)
-    while (left := until - time.monotonic()) > 0 and governor.duty < 1:
+    while (left := until - time.monotonic()) > 0 and governor.duty < 1 and not governor.recovered:
         ctx.checkpoint()
-        ctx.stop.wait(min(left, throttle.RECHECK_SECONDS))
+        ctx.stop.wait(min(left, pacing.PROBE_SECONDS))
 
 
 def _build_one(ctx: Context, db: Database, b: IndexBuild, governed: bool) -> None:

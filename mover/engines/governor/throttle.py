@@ -201,6 +201,7 @@ class Governor:
         self._wait: str | None = None  # the guards' verdict, for every engine
         self._consumer_wait: str | None = None  # the same without the slots the capture consumes
         self._quiet: str | None = None  # why nothing needs protecting (no application session busy), or None
+        self._pressure: float | None = None  # the latest reading over its limits (over 1: over the budget)
         self._latencies: deque[float] = deque(maxlen=pacing.WINDOW)
         self._lsns: deque[tuple[float, int]] = deque()
         self._seen: frozenset[str] = frozenset()
@@ -249,6 +250,13 @@ class Governor:
     def throttled(self) -> str:
         """What a rest is for, as the worker's row and `mover status` say it."""
         return f"throttled: {self.decision.reason}" if self.decision.reason else "throttled"
+
+    @property
+    def recovered(self) -> bool:
+        """Whether the probe's latest median is back under the release ratio of its budget (the WAL
+        rate under its cap): the application no longer pays for what just ran. Only where this
+        process probes; a follower cannot tell, and says no."""
+        return self.leading and self._pressure is not None and self._pressure < pacing.RELEASE_RATIO
 
     def rest(self, elapsed: float) -> float:
         """Seconds to rest after `elapsed` seconds of work at the duty now."""
@@ -400,8 +408,11 @@ class Governor:
         self._decide(pacing.median(self._latencies) if len(self._latencies) >= 3 else None)
 
     def _decide(self, latency: float | None) -> None:
+        wal_per_second = pacing.wal_rate(self._lsns)
+        if latency is not None:
+            self._pressure = pacing.pressure(latency, wal_per_second, self.limits)[0]
         decision, events = pacing.decide(self.decision, time.monotonic(), latency_ms=latency,
-                                         wal_per_second=pacing.wal_rate(self._lsns), wait=self._wait,
+                                         wal_per_second=wal_per_second, wait=self._wait,
                                          limits=self.limits, quiet=self._quiet)
         self.decision, self.decided_at = decision, time.monotonic()
         for e in events:

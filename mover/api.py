@@ -19,8 +19,8 @@ from typing import Any, overload
 import psycopg
 
 from mover.db import Database, bind, is_connection_lost, open_database
-from mover.plan import Plan
-from mover.runner import Reporter, commands, log_reporter, register, workers
+from mover.plan import Draft, Plan
+from mover.runner import Reporter, commands, draft, log_reporter, register, workers
 from mover.runner import rehearse as rehearsal
 from mover.runner.follow import INTERVAL_SECONDS
 from mover.runner.lease import server_gone
@@ -58,6 +58,16 @@ def init(dsn: str) -> str:
     """`mover init`: create or upgrade mover's control schema; returns the revision in force."""
     with session(dsn, schema=False) as db:
         return register.init(db)
+
+
+def new_plan(dsn: str, table: str, *, columns: tuple[str, ...] = (), partition: str | None = None,
+             name: str | None = None) -> Draft:
+    """`mover plan new TABLE`: the plan for the table and the change (`columns`: "column=type" each;
+    `partition`: [target.partition]'s keys as "key=value,..."), every referencing column the change
+    widens in [[also]] tables; `.text()` is the plan file. Reads the catalog only, and needs no
+    control schema."""
+    with session(dsn, schema=False) as db:
+        return draft.new(db, draft.Request(table=table, columns=columns, partition=partition, name=name))
 
 
 def resolve_plan(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:

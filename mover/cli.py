@@ -27,6 +27,7 @@ from mover.views import divergences as divergences_view
 from mover.views import parity as parity_view
 from mover.views import partitions as partitions_view
 from mover.views import plan_check as plan_check_view
+from mover.views import plan_new as plan_new_view
 from mover.views import rehearse as rehearse_view
 from mover.views import report as report_view
 from mover.views import watch as watch_view
@@ -149,8 +150,9 @@ def init(ctx: typer.Context, dsn: str | None = DsnOption, as_json: bool = JsonOp
 
 @_command(plan_app, "check")
 def plan_check(ctx: typer.Context, plan: Path = typer.Argument(..., help="Plan file (TOML)."),
-               statements: bool = typer.Option(False, "--sql", help="Print every step's SQL statements, as the "
-                                                                    "steps will run them."),
+               statements: bool = typer.Option(False, "--sql", "--statements",
+                                               help="Print every step's SQL statements, as the steps will run "
+                                                    "them, instead of the summary."),
                dsn: str | None = DsnOption, as_json: bool = JsonOption) -> None:
     """Validate a plan against the live database; print what it will create, copy, check and swap."""
     con, url = _call(ctx, dsn)
@@ -162,6 +164,30 @@ def plan_check(ctx: typer.Context, plan: Path = typer.Argument(..., help="Plan f
         plan_check_view.problems(con, plan, exc)
         raise typer.Exit(exc.exit_code) from exc
     plan_check_view.show(con, plan, result, as_json, statements)
+
+
+@_command(plan_app, "new")
+def plan_new(ctx: typer.Context, table: str = typer.Argument(..., help="The table, as SQL names it: orders, "
+                                                                   "public.orders, '\"Sales\".\"Order Items\"'."),
+             columns: list[str] | None = typer.Option(None, "--columns", help="column=type: the column's type in the "
+                                                                                "new table (repeatable)."),
+             partition: str | None = typer.Option(None, "--partition",
+                                                  help="The keys of the plan's target.partition table as key=value "
+                                                       "pairs, e.g. \"by=range,column=created_at,interval=1 month\"."),
+             name: str | None = typer.Option(None, "--name", help="The migration's name (default: the table's and "
+                                                                  "the change's, e.g. orders_bigint)."),
+             output: str | None = typer.Option(None, "-o", "--output", help="The plan file to write (- or none: "
+                                                                             "stdout)."),
+             force: bool = typer.Option(False, "--force", help="Overwrite the file -o names."),
+             dsn: str | None = DsnOption) -> None:
+    """Write a plan file for a table and a change, ready for `mover plan check`.
+
+    Every table whose columns reference a key the change widens moves with it (an also table
+    each); every other setting is at its default, as a comment."""
+    con, url = _call(ctx, dsn)
+    path = plan_new_view.destination(output, force)
+    drafted = api.new_plan(url, table, columns=tuple(columns or ()), partition=partition, name=name)
+    plan_new_view.written(con, drafted, path, force)
 
 
 @_command(partitions_app, "maintain")

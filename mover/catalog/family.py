@@ -4,13 +4,11 @@ they give the tables, and the columns that must widen with a key the plan widens
 Catalog reads only. mover/engines/swap/keys.py adds the keys between the family's sources to its
 targets after the backfill (so both sides hold them, and the swap renames rather than re-creates
 them); mover/engines/swap/carry.py leaves them where they are; `plan check` prints the [[also]] lines
-that `widenings` finds.
+that `widenings` finds, and `mover plan new` writes them into the plan (mover/runner/draft.py).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +18,7 @@ from psycopg import sql
 from mover.catalog import reading, server
 from mover.catalog.introspect import INTEGER_MAX
 from mover.names import QualifiedName, display_ident
+from mover.plan.writer import also_block, toml_pairs
 
 
 @dataclass(frozen=True)
@@ -151,36 +150,31 @@ def widenings(cur: psycopg.Cursor, planned: dict[int, dict[str, str]]) -> list[W
     return out
 
 
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
-_SIMPLE = re.compile(r"^[a-z_][a-z0-9_]*$")
-
-
-def toml_key(column: str) -> str:
-    return column if _BARE.match(column) else json.dumps(column)
-
-
-def toml_name(name: QualifiedName) -> str:
-    """A table as a plan's TOML string would name it (quoted SQL parts where the name needs them)."""
-    if name.schema is not None and _SIMPLE.match(name.schema) and _SIMPLE.match(name.name):
-        return json.dumps(f"{name.schema}.{name.name}")
-    return json.dumps(str(name))
-
-
 def advice(found: Sequence[Widening], in_plan: dict[int, str]) -> list[str]:
     """What to write in the plan, as plan check prints it: an [[also]] table for each table the plan
     does not move yet, and for a table it moves (`in_plan`: oid -> how the plan names its section,
     "[target]" or "[[also]] source = ...") the columns to add to its `columns`."""
-    by_table: dict[int, list[Widening]] = {}
-    for w in found:
-        by_table.setdefault(w.oid, []).append(w)
+    by_table = per_table(found)
     lines: list[str] = []
     # The tables of the plan first (in its order), then the tables to add (as found).
     order = [o for o in in_plan if o in by_table] + [o for o in by_table if o not in in_plan]
     for oid, ws in ((o, by_table[o]) for o in order):
-        columns = ", ".join(f"{toml_key(w.column)} = {json.dumps(w.type)}" for w in ws)
-        why = "; ".join(f"{display_ident(w.column)} ({w.was}) references {w.references}" for w in ws)
+        columns = {w.column: w.type for w in ws}
         if oid in in_plan:
-            lines += [f"# add to the columns of {in_plan[oid]}: {why}", f"#   {columns}", ""]
+            lines += [f"# add to the columns of {in_plan[oid]}: {reasons(ws)}", f"#   {toml_pairs(columns)}", ""]
             continue
-        lines += [f"# {why}", "[[also]]", f"source = {toml_name(ws[0].table)}", f"columns = {{ {columns} }}", ""]
+        lines += [*also_block(ws[0].table, columns, reasons(ws)), ""]
     return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def per_table(found: Sequence[Widening]) -> dict[int, list[Widening]]:
+    """The widenings by table (oid), in the order found."""
+    out: dict[int, list[Widening]] = {}
+    for w in found:
+        out.setdefault(w.oid, []).append(w)
+    return out
+
+
+def reasons(found: Sequence[Widening]) -> str:
+    """Why a table's columns must widen, for the reader: each column and what it references."""
+    return "; ".join(f"{display_ident(w.column)} ({w.was}) references {w.references}" for w in found)

@@ -6,7 +6,8 @@ list of what it may change are derived from the declarations (mover/plan/forms.p
 sub-tables [target.partition] and [hooks.<event>] have their own readers (mover/plan/tables.py).
 Validation here needs no database (shape, types, names); the checks against the live catalog
 (`mover plan check`, and again at registration) are the registry in mover/checks/. Every error
-names the key as `[section] key`.
+names the key as `[section] key`. A plan written for the operator (`mover plan new`) is
+mover/plan/writer.py's text, its defaults read from the same declarations.
 """
 
 from mover.plan.declare import Setting, duration_text, parse_duration_ms, percent, size_text
@@ -39,10 +40,12 @@ from mover.plan.settings import (
     member_name,
 )
 from mover.plan.tables import DEFAULT_NAMES, HOOK_EVENTS, HOOK_TIMEOUT_MS, RANGE_INTERVALS, Hook, PartitionSpec
+from mover.plan.writer import AlsoDraft, Draft
 
 __all__ = [
-    "AlsoTable", "DEFAULT_NAMES", "HOOK_EVENTS", "HOOK_TIMEOUT_MS", "KEYS", "RANGE_INTERVALS", "RENAMED_KEYS",
-    "SECTIONS", "SETTABLE", "SETTINGS", "TAKES_EFFECT", "BackfillSettings", "CutoverSettings", "Edit", "Hook",
+    "AlsoDraft", "AlsoTable", "DEFAULT_NAMES", "HOOK_EVENTS", "HOOK_TIMEOUT_MS", "KEYS", "RANGE_INTERVALS",
+    "RENAMED_KEYS",
+    "SECTIONS", "SETTABLE", "SETTINGS", "TAKES_EFFECT", "BackfillSettings", "CutoverSettings", "Draft", "Edit", "Hook",
     "MigrationKeys", "PartitionSpec", "PartitionUpkeep", "Plan", "ReconcileSettings", "RollbackSettings", "Setting",
     "TargetKeys", "ThrottleSettings", "duration_text", "edits", "load_plan", "member_name", "parse_duration_ms",
     "parse_plan", "percent", "plan_from_canonical", "renamed", "size_text", "to_document",

@@ -7,7 +7,8 @@ the value is checked and converted, stored in the canonical form and written bac
 sections, nested (`plan.backfill`) or as its own fields (`[migration]`, `[target]`). Everything
 else is derived from these declarations (mover/plan/forms.py): the keys and types the parser
 accepts, the parsing with every problem named `[section] key`, the canonical form stored with a
-migration, the document `mover set` edits, the settable keys, and docs/plan.md's check.
+migration, the document `mover set` edits, the settable keys, docs/plan.md's check, and the
+commented defaults of a plan `mover plan new` writes (mover/plan/writer.py).
 
 A section class can be declared under another name by a subclass (`@section("also") class
 Also(TargetKeys)`): a repeated table section reads the same keys with the same rules.
@@ -109,10 +110,15 @@ class Kind:
     def write(self, value: Any) -> Any:
         return value
 
+    def text(self, value: Any) -> str:
+        """A value as the plan file writes it (TOML text): `mover plan new`'s commented defaults
+        and docs/plan.md's Default column (`shown`) both read it."""
+        return json.dumps(list(value) if isinstance(value, tuple) else value)
+
     def shown(self, default: Any) -> str:
         if default is None:
             return "none"
-        return f"`{json.dumps(list(default) if isinstance(default, tuple) else default)}`"
+        return f"`{self.text(default)}`"
 
 
 class Text(Kind):
@@ -163,8 +169,8 @@ class Duration(Kind):
     def write(self, value: int) -> str:
         return f"{value}ms"
 
-    def shown(self, default: int) -> str:
-        return f'`"{duration_text(default)}"`'
+    def text(self, value: int) -> str:
+        return f'"{duration_text(value)}"'
 
 
 @dataclass(frozen=True)
@@ -189,8 +195,8 @@ class Percent(Kind):
             return at.default
         return f"{float(m.group(1)):g}%"
 
-    def shown(self, default: str) -> str:
-        return f'`"{default}"`'
+    def text(self, value: str) -> str:
+        return f'"{value}"'
 
 
 def percent(text: str) -> float | None:
@@ -230,8 +236,8 @@ class Size(Kind):
     def write(self, value: int) -> str:
         return size_text(value)
 
-    def shown(self, default: int) -> str:
-        return f'`"{size_text(default) if default else "off"}"`'
+    def text(self, value: int) -> str:
+        return f'"{size_text(value) if value else "off"}"'
 
 
 @dataclass(frozen=True)

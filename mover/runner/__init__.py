@@ -6,6 +6,7 @@
 - commands.py: the operator's commands over an open database (run, follow, cutover, ..., accept,
   pause, set, partition upkeep).
 - register.py: init, plan check, registration, finding a migration by name or plan file.
+- draft.py: `mover plan new`, the plan for a table and a change, read from the catalog.
 - follow.py: the follower that keeps the log drained at the gate and in the window.
 - workers.py: helper range workers (`mover worker`).
 - rehearse.py: the query rehearsal before the cutover (`mover rehearse`).

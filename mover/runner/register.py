@@ -30,6 +30,7 @@ from mover.engines.swap import carry, cutover, lockwatch
 from mover.errors import BadInput, PlanError, combined
 from mover.names import QualifiedName
 from mover.plan import Plan, duration_text, load_plan, member_name
+from mover.plan.writer import toml_name
 from mover.sql.mapping import Mapping
 from mover.state import control
 from mover.steps import cutover as cutover_step
@@ -120,7 +121,7 @@ def widening_advice(cur: psycopg.Cursor, resolved: list[tuple[Plan, dict[str, An
     them in this migration, ready to paste."""
     planned = {r["info"].oid: dict(p.columns) for p, r in resolved}
     found = family_catalog.widenings(cur, planned)
-    in_plan = {r["info"].oid: "[target]" if i == 0 else f"[[also]] source = {family_catalog.toml_name(r['source'])}"
+    in_plan = {r["info"].oid: "[target]" if i == 0 else f"[[also]] source = {toml_name(r['source'])}"
                for i, (_, r) in enumerate(resolved)}
     warnings = [f"column {names.display_ident(w.column)} of {w.table} ({w.was}) references {w.references}, which "
                 f"becomes {w.type}: once the key passes the {w.was} range, rows referencing the new keys cannot be "

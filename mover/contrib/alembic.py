@@ -26,6 +26,8 @@ Offline (`alembic upgrade --sql`): nothing is registered, run or swapped. The sc
 comments, what `mover plan check` says of the plan (its summary, then every step's statements),
 read from the database when one can be reached (the check changes nothing), and what the online
 operation would do.
+
+What `alembic revision --autogenerate` writes with these operations: mover/contrib/alembic_autogenerate.py.
 """
 
 from __future__ import annotations
@@ -91,11 +93,15 @@ class MoveStopped(Failed):
 class StartMove(MigrateOperation):
     """Register a mover migration and run it for at most `run_for` seconds (0: register only)."""
 
-    def __init__(self, plan: Plan, *, run_for: float = 0.0, dsn: str | None = None, origin: str | None = None):
+    def __init__(self, plan: Plan, *, run_for: float = 0.0, dsn: str | None = None, origin: str | None = None,
+                 arguments: dict[str, Any] | None = None):
         self.plan = plan
         self.run_for = run_for
         self.dsn = dsn
         self.origin = origin or f"plan {plan.name!r}"  # a plan file's path, for plan check's lines
+        # The keywords of op.start_move that give this plan, for autogenerate to write the call
+        # into a revision (mover/contrib/alembic_autogenerate.py).
+        self.arguments = arguments
 
     @classmethod
     def start_move(cls, operations: Operations, plan: str | os.PathLike[str] | Mapping[str, Any] | None = None, *,
@@ -228,7 +234,7 @@ def _start(operations: Operations, operation: StartMove) -> dict[str, Any] | Non
             try:
                 run_for(dsn, name, operation.run_for)
             except MoverError as exc:
-                stopped = _status(dsn, name)
+                stopped = migration_status(dsn, name)
                 raise MoveStopped(
                     f"mover migration {name!r}, registered by this revision, stopped: {exc}",
                     hint=f"it stays registered ({where(stopped) if stopped else 'status unknown'}); fix the cause, "
@@ -251,11 +257,12 @@ def _finish(operations: Operations, operation: FinishMove) -> dict[str, Any] | N
     dsn = database_url(ctx, operation.dsn)
     with own_connections(ctx):
         ensure_schema(dsn)
-        st = _status(dsn, name)
+        st = migration_status(dsn, name)
         if st is None:
             raise MoveNotReady(f"mover has no migration {name!r} in this database: nothing to cut over",
                                hint="the revision that starts it (op.start_move) registers it: apply that one "
                                     "first", status=None)
+        swapped = False
         if not cut_over(st):
             if operation.run_for > 0 and st["step"] != "cutover" and st["state"] != "aborted":
                 run_for(dsn, name, operation.run_for)
@@ -271,12 +278,14 @@ def _finish(operations: Operations, operation: FinishMove) -> dict[str, Any] | N
                                    f"{exc.message}",
                                    hint=f"{exc.hint or f'`mover status {name}` says why'}; then `alembic upgrade` "
                                         f"again", status=st) from exc
+            swapped = True
             log.info("mover: migration %r cut over (%s)", name, where(st))
         if operation.retire and st["step"] == "rollback_window":
             st = api.retire(dsn, name, force=True)
             log.info("mover: migration %r retired (%s)", name, where(st))
-    note_if_rolled_back(ctx, name, "cut over", f"`alembic upgrade` again finds it cut over and goes on; "
-                                              f"`mover rollback {name}` swaps the original back during the window")
+    if swapped:
+        note_if_rolled_back(ctx, name, "cut over", f"`alembic upgrade` again finds it cut over and goes on; "
+                                                  f"`mover rollback {name}` swaps the original back during the window")
     return st
 
 
@@ -290,7 +299,7 @@ def _abort(operations: Operations, operation: AbortMove) -> dict[str, Any] | Non
         return None
     dsn = database_url(ctx, operation.dsn)
     with own_connections(ctx):
-        st = _status(dsn, name)
+        st = migration_status(dsn, name)
         if st is None or st["state"] == "aborted":
             log.info("mover: migration %r is %s: nothing to abort", name, "aborted" if st else "not registered")
             return st
@@ -309,7 +318,7 @@ def _rollback(operations: Operations, operation: RollbackMove) -> dict[str, Any]
         return None
     dsn = database_url(ctx, operation.dsn)
     with own_connections(ctx):
-        st = _status(dsn, name)
+        st = migration_status(dsn, name)
         if st is None or not cut_over(st) and st["state"] != "done":
             log.info("mover: migration %r is not cut over: nothing to roll back", name)
             return st
@@ -439,8 +448,10 @@ def ensure_schema(dsn: str) -> None:
         log.info("mover: control schema at revision %s (`mover init`)", revision)
 
 
-def _status(dsn: str, name: str) -> dict[str, Any] | None:
-    """The migration's status; None if it is not registered."""
+def migration_status(dsn: str, name: str) -> dict[str, Any] | None:
+    """The migration's status; None if it is not registered (or mover's schema is not there)."""
+    if not schema_ready(dsn):
+        return None
     try:
         return api.status(dsn, name)
     except NotFound:
@@ -570,7 +581,7 @@ def _offline_finish(ctx: MigrationContext, operation: FinishMove) -> None:
     dsn = offline_url(ctx, operation.dsn)
     if dsn is not None:
         try:
-            st = _status(dsn, name) if schema_ready(dsn) else None
+            st = migration_status(dsn, name)
             lines.append(f"now: {where(st)}" if st else f"now: mover has no migration {name!r} in this database")
         except (MoverError, psycopg.Error) as exc:
             lines.append(f"(its status could not be read: {mask(str(exc))})")

@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 
 import mover.api as api
 from mover.contrib.alembic import MoveNotReady
-from mover.errors import Waiting
+from mover.errors import BadInput, Waiting
 from tests.workload import ORDERS_DDL, Writer, assert_oracle, catalog_snapshot, differences, plan_file
 
 NAME = "orders-id-bigint"
@@ -42,6 +42,23 @@ else:
         context.configure(connection=connection)
         with context.begin_transaction():
             context.run_migrations()
+'''
+
+# The template `alembic init` writes, for `alembic revision`.
+SCRIPT_MAKO = '''"""${message}"""
+from alembic import op
+import sqlalchemy as sa
+${imports if imports else ""}
+revision = ${repr(up_revision)}
+down_revision = ${repr(down_revision)}
+
+
+def upgrade():
+    ${upgrades if upgrades else "pass"}
+
+
+def downgrade():
+    ${downgrades if downgrades else "pass"}
 '''
 
 # The application's table and the mirror its writer keeps (tests/workload.py create_orders and
@@ -74,13 +91,14 @@ def sqlalchemy_url(dsn: str) -> str:
                       query={k: str(v) for k, v in params.items()}).render_as_string(hide_password=False)
 
 
-def project(tmp_path: Path, dsn: str, revisions: dict[str, str]) -> Config:
+def project(tmp_path: Path, dsn: str, revisions: dict[str, str], env: str = ENV_PY) -> Config:
     """An Alembic project as `alembic init` lays it out, with `revisions` (id -> the body of its
     upgrade() and downgrade(), `op` imported) in a chain in their order; its Config."""
     root = tmp_path / "app"
     versions = root / "migrations" / "versions"
     versions.mkdir(parents=True)
-    (root / "migrations" / "env.py").write_text(ENV_PY)
+    (root / "migrations" / "env.py").write_text(env)
+    (root / "migrations" / "script.py.mako").write_text(SCRIPT_MAKO)
     (root / "alembic.ini").write_text("[alembic]\nscript_location = %(here)s/migrations\n")
     down = None
     for rev, body in revisions.items():
@@ -233,4 +251,76 @@ def test_offline_sql_prints_plan_check_and_changes_nothing(db_dsn, tmp_path):
     assert "UPDATE alembic_version SET version_num='finish_bigint'" in script
     assert catalog_snapshot(db_dsn) == before
     assert current(db_dsn) == "create_orders"
+    assert api.status(db_dsn) == []
+
+
+# An application whose model widens accounts.id (the table has integer), with the rewriter.
+AUTOGENERATE_ENV = """
+import sqlalchemy as sa
+from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+from mover.contrib.alembic_autogenerate import mover_rewriter
+
+metadata = sa.MetaData()
+sa.Table("accounts", metadata, sa.Column("id", sa.BigInteger, primary_key=True), sa.Column("name", sa.Text))
+
+config = context.config
+engine = engine_from_config(config.get_section(config.config_ini_section), prefix="sqlalchemy.",
+                            poolclass=pool.NullPool)
+with engine.connect() as connection:
+    context.configure(connection=connection, target_metadata=metadata,
+                      include_name=lambda name, kind, parent: kind != "table" or name == "accounts",
+                      process_revision_directives=mover_rewriter(
+                          {"accounts": {"window": "0s", "plan": {"throttle": {"max_latency_increase": "off"}}}}))
+    with context.begin_transaction():
+        context.run_migrations()
+"""
+
+
+def test_autogenerate_writes_the_start_then_the_finish(db_dsn, tmp_path):
+    cfg = project(tmp_path, db_dsn, {"accounts": """
+        def upgrade():
+            op.execute("CREATE TABLE accounts (id integer PRIMARY KEY, name text)")
+            op.execute("INSERT INTO accounts SELECT g, md5(g::text) FROM generate_series(1, 2000) g")
+        """}, env=AUTOGENERATE_ENV)
+    command.upgrade(cfg, "head")
+    versions = tmp_path / "app" / "migrations" / "versions"
+
+    command.revision(cfg, "widen accounts.id", autogenerate=True, rev_id="start_widen")
+    start = (versions / "start_widen_widen_accounts_id.py").read_text()
+    assert "op.start_move(name='accounts-id', source='\"accounts\"', columns={'id': 'BIGINT'}, window='0s'" in start, \
+        start
+    assert "op.abort_move('accounts-id')" in start and "alter_column" not in start, start
+    assert "import mover.contrib.alembic" in start
+    command.upgrade(cfg, "head")
+    assert api.status(db_dsn, "accounts-id")["state"] == "pending"
+
+    # Registered, the column still integer: the next autogenerate writes the revision that finishes it.
+    command.revision(cfg, "finish accounts.id", autogenerate=True, rev_id="finish_widen")
+    finish = (versions / "finish_widen_finish_accounts_id.py").read_text()
+    assert "op.finish_move('accounts-id')" in finish and "op.rollback_move('accounts-id')" in finish, finish
+    assert "op.start_move" not in finish and "alter_column" not in finish, finish
+    with pytest.raises(Waiting):
+        api.run(db_dsn, "accounts-id")
+    command.upgrade(cfg, "head")
+    assert api.status(db_dsn, "accounts-id")["state"] == "done"  # a zero window retires with the swap
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid ="
+                            " 'accounts'::regclass AND attname = 'id'").fetchone()[0] == "bigint"
+        assert conn.execute("SELECT count(*) FROM accounts").fetchone()[0] == 2000
+
+
+def test_a_transaction_of_env_py_with_changes_in_it_is_refused(db_dsn, tmp_path):
+    """env.py's own transaction around Alembic's cannot be committed by the operation: with the
+    table created in it (invisible to mover's connections), start_move refuses, naming the fix."""
+    env = ENV_PY.replace("with engine.connect() as connection:", "with engine.begin() as connection:")
+    cfg = project(tmp_path, db_dsn, {"create_orders": CREATE, "start_bigint": f"""
+        def upgrade():
+            op.start_move(name={NAME!r}, source='public."Orders"', columns={{"id": "bigint"}}, window="1h")
+        """}, env=env)
+    with pytest.raises(BadInput, match="holds uncommitted changes") as refused:
+        command.upgrade(cfg, "head")
+    assert "transaction_per_migration=True" in str(refused.value)
+    assert current(db_dsn) is None  # all of it rolled back, the table too
     assert api.status(db_dsn) == []

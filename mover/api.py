@@ -76,14 +76,22 @@ def resolve_plan(cur: psycopg.Cursor, plan: Plan) -> dict[str, Any]:
     return register.resolve(cur, plan)
 
 
-def check_plan(dsn: str, path: str | Path) -> dict[str, Any]:
+def check_plan(dsn: str, path: str | Path | Plan) -> dict[str, Any]:
     """`mover plan check PLAN`: each step and the SQL it will run, or for a registered plan its
-    edits and the migration's status."""
+    edits and the migration's status. `path`: a plan file, or a Plan (mover.plan.parse_plan)."""
     with session(dsn) as db:
         result, registered = register.check(db, path)
         if registered is not None:
             result["status"] = _status(db, registered.name)
         return result
+
+
+def register_plan(dsn: str, plan: Plan) -> dict[str, Any]:
+    """Register `plan` (or apply its changed settings to the migration registered under its name)
+    without running a step; the migration's status. `mover run` registers the same way, then runs."""
+    with session(dsn, plan.name) as db:
+        m = commands.register_plan(db, plan)
+        return _status(db, m.name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from mover.engines.context import Context, Reporter, log_reporter
 from mover.engines.partitioning import upkeep
 from mover.engines.swap import keys
 from mover.errors import BadInput, NotFound, Waiting
-from mover.plan import RENAMED_KEYS, SETTABLE, parse_plan, plan_from_canonical, to_document
+from mover.plan import RENAMED_KEYS, SETTABLE, Plan, parse_plan, plan_from_canonical, to_document
 from mover.runner import follow as follower
 from mover.runner import lifecycle, register
 from mover.runner.lease import leased
@@ -61,6 +61,13 @@ def follow(db: Database, name_or_plan: str, *, report: Reporter = log_reporter, 
     m = register.locate(db, name_or_plan, owner)
     follower.follow(db, m, owner, report=report, stop=stop or threading.Event(), interval=interval)
     return m
+
+
+def register_plan(db: Database, plan: Plan) -> control.Migration:
+    """The migration `plan` defines, registered now (or its changed settings applied to the one
+    registered under its name), without running a step: a program that starts a migration and
+    leaves the running to `mover run NAME` elsewhere (mover/contrib/alembic.py)."""
+    return register.register_or_load(db, plan, control.new_owner_id())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -130,13 +130,16 @@ def widening_advice(cur: psycopg.Cursor, resolved: list[tuple[Plan, dict[str, An
     return warnings, family_catalog.advice(found, in_plan)
 
 
-def check(db: Database, path: str | Path) -> tuple[dict[str, Any], control.Migration | None]:
+def check(db: Database, path: str | Path | Plan) -> tuple[dict[str, Any], control.Migration | None]:
     """`mover plan check`: what registering the plan would do (each step and the SQL it will run,
     from the steps' describe(); per table, the counts and names its summary says), or, for a plan
     registered already, which of its edits take effect when. Returns that, and the registered
     migration if there is one (the caller shows its status). Runs in one transaction that is
-    rolled back whatever happens: checking a plan changes nothing."""
-    plan = load_plan(path)
+    rolled back whatever happens: checking a plan changes nothing. `path`: a plan file, or a plan
+    parsed already (a program's, mover/contrib/alembic.py), reported under its name."""
+    plan = path if isinstance(path, Plan) else load_plan(path)
+    if isinstance(path, Plan):
+        path = f"plan {plan.name!r}"
 
     def describe(cur: psycopg.Cursor) -> tuple[dict[str, Any], control.Migration | None]:
         existing = control.find(cur, plan.name)

@@ -19,6 +19,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The command line, and the demo that drives the commands like an operator would.
     ("interface", ("mover.cli", "mover.__main__")),
     ("demo", ("mover.demo",)),
+    # Other tools' migrations driving mover through the api (Alembic's operations).
+    ("contrib", ("mover.contrib",)),
     # The commands as plain functions: a session, then one call into the runner or the views.
     ("api", ("mover.api",)),
     # Everything that moves a migration: the lease, the step loop, the operator commands,

@@ -1,4 +1,5 @@
-"""The commands as plain functions, used by the CLI, the demo and the tests. Each is a few lines
+"""The commands as plain functions, used by the CLI, the demo, the tests and programs (docs/api.md
+documents them for programs: keep it in step, tests/unit/test_api_doc.py checks). Each is a few lines
 over one `session`: open the database, check that mover's control schema is there, hand over,
 translate a server that went away into the typed ServerGone, close.
 
@@ -100,6 +101,8 @@ def register_plan(dsn: str, plan: Plan) -> dict[str, Any]:
 
 def run(dsn: str, name_or_plan: str, *, one_step: bool = False, wait: bool = False,
         report: Reporter = log_reporter, stop: threading.Event | None = None) -> dict[str, Any]:
+    """`mover run PLAN|NAME` (`mover step` with `one_step`, `mover follow` with `wait`): register or
+    update the plan, run every step that needs no decision; raises Waiting at the cutover gate."""
     with session(dsn, name_or_plan) as db:
         m = commands.run(db, name_or_plan, one_step=one_step, wait=wait, report=report, stop=stop)
         return _status(db, m.name)
@@ -114,41 +117,52 @@ def follow(dsn: str, name_or_plan: str, *, report: Reporter = log_reporter, stop
         return _status(db, m.name)
 
 
-def cutover_now(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
+def cutover_now(dsn: str, name: str, *, report: Reporter = log_reporter,
+                stop: threading.Event | None = None) -> dict[str, Any]:
+    """`mover cutover NAME`: preflight, then the swap under a short lock; the rollback window starts."""
     with session(dsn, name) as db:
-        commands.cutover(db, name, **kw)
+        commands.cutover(db, name, report=report, stop=stop)
         return _status(db, name)
 
 
-def rollback(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
+def rollback(dsn: str, name: str, *, give_up_rows: bool = False, report: Reporter = log_reporter,
+             stop: threading.Event | None = None) -> dict[str, Any]:
+    """`mover rollback NAME`: during the window, swap the old table back, losing nothing."""
     with session(dsn, name) as db:
-        commands.rollback(db, name, give_up_rows=give_up_rows, **kw)
+        commands.rollback(db, name, give_up_rows=give_up_rows, report=report, stop=stop)
         return _status(db, name)
 
 
-def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
+def retire(dsn: str, name: str, *, force: bool = False, give_up_rows: bool = False, report: Reporter = log_reporter,
+           stop: threading.Event | None = None) -> dict[str, Any]:
+    """`mover retire NAME`: after the window (before it with `force`), drop the old table and the
+    reverse capture."""
     with session(dsn, name) as db:
-        commands.retire(db, name, force=force, give_up_rows=give_up_rows, **kw)
+        commands.retire(db, name, force=force, give_up_rows=give_up_rows, report=report, stop=stop)
         return _status(db, name)
 
 
-def abort(dsn: str, name: str, *, give_up_rows: bool = False, **kw: Any) -> dict[str, Any]:
+def abort(dsn: str, name: str, *, give_up_rows: bool = False, report: Reporter = log_reporter,
+          stop: threading.Event | None = None) -> dict[str, Any]:
+    """`mover abort NAME`: before the cutover, remove everything mover created."""
     with session(dsn, name) as db:
-        commands.abort(db, name, give_up_rows=give_up_rows, **kw)
+        commands.abort(db, name, give_up_rows=give_up_rows, report=report, stop=stop)
         return _status(db, name)
 
 
-def reconcile(dsn: str, name: str, *, full: bool = False, **kw: Any) -> dict[str, Any]:
+def reconcile(dsn: str, name: str, *, full: bool = False, report: Reporter = log_reporter,
+              stop: threading.Event | None = None) -> dict[str, Any]:
     """`mover reconcile NAME`: a reconcile pass now (all ranges with `full`); the pass and the status."""
     with session(dsn, name) as db:
-        passed = commands.reconcile(db, name, full=full, **kw)
+        passed = commands.reconcile(db, name, full=full, report=report, stop=stop)
         return {"pass": passed, "status": _status(db, name)}
 
 
-def repair(dsn: str, name: str, *, divergence_id: int | None = None, **kw: Any) -> dict[str, Any]:
+def repair(dsn: str, name: str, *, divergence_id: int | None = None, report: Reporter = log_reporter,
+           stop: threading.Event | None = None) -> dict[str, Any]:
     """`mover repair NAME`: re-sync the open divergences' rows from the source and check them again."""
     with session(dsn, name) as db:
-        repaired = commands.repair(db, name, divergence_id=divergence_id, **kw)
+        repaired = commands.repair(db, name, divergence_id=divergence_id, report=report, stop=stop)
         return {"repair": repaired, "status": _status(db, name)}
 
 
@@ -159,22 +173,25 @@ def accept(dsn: str, name: str, reason: str, *, divergence_id: int | None = None
         return {"accepted": ids, "status": _status(db, name)}
 
 
-def adopt(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
+def adopt(dsn: str, name: str, *, report: Reporter = log_reporter,
+          stop: threading.Event | None = None) -> dict[str, Any]:
     """`mover adopt NAME`: apply an additive change of the live table's shape to the other table."""
     with session(dsn, name) as db:
-        adopted = commands.adopt(db, name, **kw)
+        adopted = commands.adopt(db, name, report=report, stop=stop)
         return {"adopted": adopted, "status": _status(db, name)}
 
 
-def recapture(dsn: str, name: str, **kw: Any) -> dict[str, Any]:
+def recapture(dsn: str, name: str, *, report: Reporter = log_reporter,
+              stop: threading.Event | None = None) -> dict[str, Any]:
     """`mover recapture NAME`: logical capture from a new replication slot after the old one was
     lost, and the next reconcile pass over every range."""
     with session(dsn, name) as db:
-        slot = commands.recapture(db, name, **kw)
+        slot = commands.recapture(db, name, report=report, stop=stop)
         return {"slot": slot, "status": _status(db, name)}
 
 
 def set_paused(dsn: str, name: str, paused: bool) -> dict[str, Any]:
+    """`mover pause NAME` (paused True) and `mover unpause NAME` (False)."""
     with session(dsn, name) as db:
         commands.set_paused(db, name, paused)
         return _status(db, name)
@@ -218,6 +235,7 @@ def status(dsn: str, name: str | None, *, db: Database | None = None) -> dict[st
 
 
 def status(dsn: str, name: str | None = None, *, db: Database | None = None) -> Any:
+    """`mover status [NAME]`: one migration's status, or a list of every one's."""
     if db is not None:
         return _status(db, name) if name is not None else db.transaction(status_view.every, label="status")
     with session(dsn) as db:
@@ -249,11 +267,13 @@ def history(dsn: str, name: str | None = None) -> list[dict[str, Any]]:
 
 
 def divergences(dsn: str, name: str, *, include_resolved: bool = False) -> list[dict[str, Any]]:
+    """`mover divergences NAME [--all]`: the open divergences (every one with `include_resolved`)."""
     with session(dsn) as db:
         return db.transaction(bind(status_view.divergences, name, include_resolved))
 
 
 def events(dsn: str, name: str, limit: int = 50) -> list[dict[str, Any]]:
+    """`mover events NAME`: the last `limit` events, oldest first."""
     with session(dsn) as db:
         return db.transaction(bind(status_view.events, name, limit))
 

@@ -22,7 +22,7 @@ import typer
 from mover import api
 from mover.db import own_secrets, remember_secrets
 from mover.errors import BadInput, MoverError, Waiting
-from mover.views import console, history_text, status_text
+from mover.views import console, history_text, json_log, status_text
 from mover.views import divergences as divergences_view
 from mover.views import parity as parity_view
 from mover.views import partitions as partitions_view
@@ -33,6 +33,7 @@ from mover.views import report as report_view
 from mover.views import watch as watch_view
 from mover.views.console import Consoles
 from mover.views.help_text import Command, Group
+from mover.views.json_log import LogFormat
 
 app = typer.Typer(cls=Group, add_completion=True, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Move a live PostgreSQL table into a new one, swap it in, keep a rollback window.")
@@ -130,13 +131,23 @@ def _interruptible(con: Consoles) -> threading.Event:
 @app.callback()
 def main_options(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Tracebacks and debug logs."),
                  verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each transaction retry."),
-                 dsn: str | None = DsnOption) -> None:
-    ctx.obj = con = Consoles.make(debug=debug)  # the command's own, never a global
+                 dsn: str | None = DsnOption,
+                 log_format: LogFormat = typer.Option(LogFormat.text, "--log-format", case_sensitive=False,
+                                                      help="stderr as text, or as one JSON object per line (every "
+                                                           "log record, event and progress report; no bars).")
+                 ) -> None:
+    json_logs = log_format is LogFormat.json
+    ctx.obj = con = Consoles.make(debug=debug, json_logs=json_logs)  # the command's own, never a global
     remember_secrets(dsn)
     remember_secrets(os.environ.get("DATABASE_URL"))
+    root = logging.getLogger()
+    if json_logs:
+        # The events and the progress are info records: a log pipeline gets them all.
+        root.handlers[:] = [json_log.handler(sys.stderr)]  # main() puts back what was there
+        root.setLevel(logging.DEBUG if debug else logging.INFO)
+        return
     handler = console.ConsoleLog(con.err)
     handler.setFormatter(logging.Formatter())
-    root = logging.getLogger()
     root.handlers[:] = [handler]  # main() puts back what was there
     root.setLevel(logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING)
 
@@ -470,7 +481,8 @@ def demo(ctx: typer.Context, rows: int = typer.Option(300_000, "--rows", help="R
 
 def normalise_argv(argv: list[str]) -> list[str]:
     """Global options on either side of the command name: `mover status --debug` is `mover --debug
-    status`, and `mover --json status` is `mover status --json` (--dsn is on both sides already)."""
+    status` (--log-format too), and `mover --json status` is `mover status --json` (--dsn is on
+    both sides already)."""
     head, rest = [], []
     json_early = False
     command_seen = False
@@ -480,8 +492,11 @@ def normalise_argv(argv: list[str]) -> list[str]:
         if a == "--":
             rest.extend(argv[i:])
             break
-        if a in ("--debug", "-v", "--verbose"):
+        if a in ("--debug", "-v", "--verbose") or a.startswith("--log-format="):
             head.append(a)
+        elif a == "--log-format" and i + 1 < len(argv):
+            head.extend(argv[i:i + 2])
+            i += 1
         elif a == "--json" and not command_seen:
             json_early = True
         elif not command_seen and a in ("--dsn",) and i + 1 < len(argv):

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -299,6 +300,28 @@ def _retry_logger(label: str | None) -> Callable[[RetryCallState], None]:
     return log_retry
 
 
+# What waits for the commit of a transaction Database.transaction runs (after_commit), per thread:
+# the transactions open in this thread, innermost last (a function may open another Database's).
+_open_transactions = threading.local()
+
+
+def _opened() -> list[tuple[psycopg.Connection, list[Callable[[], None]]]]:
+    stack: list[tuple[psycopg.Connection, list[Callable[[], None]]]] = \
+        _open_transactions.__dict__.setdefault("stack", [])
+    return stack
+
+
+def after_commit(cur: psycopg.Cursor, callback: Callable[[], None]) -> None:
+    """Call `callback` once the transaction `cur` is in has committed, and never if it rolls back:
+    what it says (a log line of a recorded event) is then true, and said once however many
+    attempts the retry policy made. On a cursor outside Database.transaction, at once."""
+    for conn, waiting in reversed(_opened()):
+        if conn is cur.connection:
+            waiting.append(callback)
+            return
+    callback()
+
+
 class Database:
     """One lazily (re)opened connection plus the transaction runner."""
 
@@ -376,6 +399,9 @@ class Database:
         for attempt in retrying:
             with attempt:
                 conn = self.connection()
+                committed: list[Callable[[], None]] = []  # after_commit's, of this attempt only
+                opened = _opened()
+                opened.append((conn, committed))
                 try:
                     with conn.transaction(), conn.cursor() as cur:
                         if repeatable_read:
@@ -387,7 +413,7 @@ class Database:
                         if not synchronous_commit:
                             # Safe only where a crash loses the effect and its done mark together.
                             cur.execute("SET LOCAL synchronous_commit = off")
-                        return fn(cur)
+                        result = fn(cur)
                 except pgerrors.InsufficientPrivilege as exc:
                     if "row-level security" in str(exc):
                         raise _row_security_error(exc, conn) from exc
@@ -396,6 +422,11 @@ class Database:
                     if conn.broken or conn.closed:
                         self._conn = None
                     raise
+                finally:
+                    opened.pop()
+                for callback in committed:
+                    callback()
+                return result
         raise AssertionError("unreachable")  # pragma: no cover
 
     def pooled(self) -> bool:
@@ -476,6 +507,6 @@ def sqlstate(exc: BaseException) -> str | None:
     return getattr(exc, "sqlstate", None)
 
 
-__all__ = ["Database", "open_database", "connect", "redact", "mask", "dsn_problem", "remember_secrets",
+__all__ = ["Database", "open_database", "after_commit", "connect", "redact", "mask", "dsn_problem", "remember_secrets",
            "is_retryable", "RowSecurityApplies", "row_security_hint", "is_connection_lost", "pgerrors",
            "sqlstate"]

@@ -32,11 +32,13 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from mover.db import one
+from mover.db import after_commit, one
 from mover.errors import BadInput, Failed, LeaseHeld, LeaseLost, NotFound
 from mover.names import CONTROL_SCHEMA, QualifiedName
 
 log = logging.getLogger("mover.control")
+# Every recorded event is also a log record here, once its transaction committed (event()).
+events_log = logging.getLogger("mover.events")
 
 STEPS = ("create_target", "install_capture", "backfill", "reconcile", "cutover", "rollback_window", "retire")
 LEASE_SECONDS = 30
@@ -349,14 +351,35 @@ def store_shape(cur: psycopg.Cursor, mid: int, side: str, description: dict[str,
         (json.dumps(description), fingerprint, mid))
 
 
+_INSERT_EVENT = ("INSERT INTO mover.events (migration_id, actor, step, kind, message, detail, duration_ms)"
+                 " VALUES (%s, %s, %s, %s, %s, %s, %s)")
+# The same, naming what a log line says: the migration (a family's table: the family, the name
+# the operator gives) and the table the event concerns (the row its detail names, else its own).
+_INSERT_EVENT_NAMED = (
+    "WITH e AS (" + _INSERT_EVENT + " RETURNING id, migration_id, detail)"
+    " SELECT e.id, h.name, t.source_schema, t.source_table FROM e"
+    " JOIN mover.migrations m ON m.id = e.migration_id"
+    " JOIN mover.migrations h ON h.id = coalesce(m.family_id, m.id)"
+    " LEFT JOIN mover.migrations t ON t.id = coalesce((e.detail->>'table_id')::bigint, e.migration_id)")
+
+
 def event(cur: psycopg.Cursor, mid: int, actor: str, step: str | None, kind: str, message: str,
-          detail: dict[str, Any] | None = None, duration_ms: float | None = None) -> None:
-    cur.execute(
-        "INSERT INTO mover.events (migration_id, actor, step, kind, message, detail, duration_ms)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (mid, actor, step, kind, message, json.dumps(detail, default=str) if detail is not None else None,
-         duration_ms),
-    )
+          detail: dict[str, Any] | None = None, duration_ms: float | None = None, *,
+          level: int = logging.INFO) -> None:
+    """Record an event, in the caller's transaction. Once that commits it is also a log record of
+    `events_log` at `level` (`--log-format json` writes it as a line), carrying as attributes the
+    migration, table, step, event (its kind), fields (its detail), event_id, actor and duration_ms;
+    nothing when it rolls back, so a retried transaction's event is said once."""
+    values = (mid, actor, step, kind, message, json.dumps(detail, default=str) if detail is not None else None,
+              duration_ms)
+    if not events_log.isEnabledFor(level):
+        cur.execute(_INSERT_EVENT, values)
+        return
+    cur.execute(_INSERT_EVENT_NAMED, values)
+    event_id, migration, schema, table = one(cur)
+    said = {"migration": migration, "table": str(QualifiedName(schema, table)) if table else None, "step": step,
+            "event": kind, "fields": detail or {}, "event_id": event_id, "actor": actor, "duration_ms": duration_ms}
+    after_commit(cur, lambda: events_log.log(level, message, extra=said))
 
 
 # The table an event concerns: the row it is recorded on, or the row its detail names (an event a
@@ -608,7 +631,8 @@ def record_outcome(cur: psycopg.Cursor, mid: int, owner: str, step: str, state: 
     if cur.rowcount != 1:
         return False
     cur.execute("UPDATE mover.steps SET status = 'pending' WHERE migration_id = %s AND status = 'running'", (mid,))
-    event(cur, mid, owner, step, kind or state, message or error or state, detail)
+    event(cur, mid, owner, step, kind or state, message or error or state, detail,
+          level=logging.ERROR if state == "failed" else logging.INFO)
     return True
 
 

@@ -185,12 +185,12 @@ class ThrottleSettings:
     max_latency_increase: str = setting(
         Percent(0, 10_000, off=True, hint='e.g. max_latency_increase = "50%", or "off"'), "50%",
         settable=True, only_set=True)
-    # The copy's own budget, wider: it yields between ranges of a fraction of a second, so what it
-    # costs the application ends with each range (bench/impact.py --versus-control measures that
-    # against a plain copy at the same rate); what cannot be paced once started holds the one above.
-    # Read only while max_latency_increase is not "off" (which governs nothing by latency).
+    # The copy's own budget (it yields between ranges, so what it costs ends with each range; what
+    # cannot be paced once started keeps the one above). The same by default: wider ran the copy
+    # faster at a higher median latency for the writers during it (bench/README.md, "Copy budget
+    # and index-build rests"). Read only while max_latency_increase is not "off".
     copy_latency_increase: str = setting(
-        Percent(0, 10_000, off=True, hint='e.g. copy_latency_increase = "150%", or "off"'), "150%",
+        Percent(0, 10_000, off=True, hint='e.g. copy_latency_increase = "100%", or "off"'), "50%",
         settable=True, only_set=True)
     # An absolute budget for the probe instead (0: the increase above decides).
     probe_latency_ms: int = setting(Duration(0, 60_000, "0 and 60s", 'e.g. probe_latency = "5ms"'), 0,

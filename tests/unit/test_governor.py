@@ -51,7 +51,8 @@ def test_the_plan_says_what_the_governor_holds_to():
 
 def test_the_copy_has_its_own_wider_budget_and_off_governs_nothing_by_latency():
     base = {"migration": {"name": "m", "source": "t"}, "rollback": {"window": "1h"}}
-    plan = parse_plan(base)
+    assert throttle.limits_of(parse_plan(base), 2.0, throttle.COPY_PHASE).latency_ms == 3.0  # both 50 % by default
+    plan = parse_plan({**base, "throttle": {"copy_latency_increase": "150%"}})
     copy, builds = (throttle.limits_of(plan, 2.0, phase) for phase in (throttle.COPY_PHASE, "index builds"))
     assert (copy.latency_ms, copy.budget_setting) == (5.0, "copy_latency_increase")  # 150 % over 2 ms
     assert (builds.latency_ms, builds.budget_setting) == (3.0, "max_latency_increase")

@@ -25,6 +25,7 @@ from mover.runner import Reporter, commands, draft, log_reporter, register, work
 from mover.runner import rehearse as rehearsal
 from mover.runner.follow import INTERVAL_SECONDS
 from mover.runner.lease import server_gone
+from mover.views import exporter
 from mover.views import history as history_view
 from mover.views import parity as parity_view
 from mover.views import report as report_view
@@ -291,3 +292,24 @@ def report(dsn: str, name: str) -> dict[str, Any]:
     every sample, every divergence with its resolution."""
     with session(dsn) as db:
         return db.transaction(bind(report_view.gather, name), label="report")
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus metrics (mover/views/metrics.py): no session, since an exporter starts, and keeps
+# serving, while the database is unreachable (mover_up 0 says so).
+
+
+@contextmanager
+def serve_metrics(dsn: str, listen: str, *, timeout: float = 5.0) -> Iterator[str]:
+    """`mover metrics --listen ADDR` (and `--metrics-listen` of follow and worker): every
+    migration's metrics on /metrics until the block ends; yields the URL."""
+    with exporter.serving(dsn, listen, timeout=timeout) as url:
+        yield url
+
+
+def write_metrics(dsn: str, path: str | Path, *, interval: float | None = None,
+                  stop: threading.Event | None = None, timeout: float = 5.0) -> bool:
+    """`mover metrics --textfile PATH [--interval S]`: the metrics written atomically to PATH, once
+    or every S seconds until `stop`; whether the last write could read the control schema."""
+    return exporter.write_textfile(dsn, Path(path), interval=interval, stop=stop or threading.Event(),
+                                   timeout=timeout)

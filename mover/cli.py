@@ -11,7 +11,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -21,7 +22,7 @@ import typer
 
 from mover import api
 from mover.db import own_secrets, remember_secrets
-from mover.errors import BadInput, MoverError, Waiting
+from mover.errors import BadInput, Failed, MoverError, Waiting
 from mover.views import console, history_text, json_log, status_text
 from mover.views import divergences as divergences_view
 from mover.views import parity as parity_view
@@ -65,6 +66,9 @@ def _complete_names(ctx: typer.Context, incomplete: str) -> list[str]:
 NameArgument = typer.Argument(..., help="Migration name.", autocompletion=_complete_names, show_default=False)
 TargetArgument = typer.Argument(..., help="Migration name, or a plan file to register.",
                                 autocompletion=_complete_names, show_default=False)
+MetricsListenOption = typer.Option(None, "--metrics-listen", metavar="ADDR",
+                                   help="Also serve every migration's Prometheus metrics on ADDR (`:9187`, "
+                                        "`127.0.0.1:9187`) while it runs, as `mover metrics --listen` does.")
 GiveUpRowsOption = typer.Option(False, "--give-up-rows",
                                 help="Go ahead although rows exist only on the side left behind; they are given up "
                                      "and listed in the events.")
@@ -230,16 +234,28 @@ def run(ctx: typer.Context, target: str = TargetArgument,
     _run(ctx, dsn, target, False, wait, as_json)
 
 
+@contextmanager
+def _metrics(con: Consoles, url: str, listen: str | None) -> Iterator[None]:
+    """With --metrics-listen: the exporter's endpoint for as long as the command runs."""
+    if listen is None:
+        yield
+        return
+    with api.serve_metrics(url, listen) as where:
+        console.say(con.err, f"serving metrics on {where}")
+        yield
+
+
 @_command(app)
 def follow(ctx: typer.Context, target: str = typer.Argument(..., help="Migration name, or a plan file to register."),
            dsn: str | None = DsnOption,
            interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between rounds (and backlog "
-                                                                            "lines).")) -> None:
+                                                                            "lines)."),
+           metrics_listen: str | None = MetricsListenOption) -> None:
     """Run the steps that need no decision, then keep the change log drained at the cutover gate and
     in the rollback window (retiring when it ends) until the operator cuts over, rolls back, retires or
     aborts from another terminal. Holds no lease while it waits. Exit 0; SIGTERM stops it cleanly."""
     con, url = _call(ctx, dsn)
-    with console.progress(con) as reporter:
+    with _metrics(con, url, metrics_listen), console.progress(con) as reporter:
         st = api.follow(url, target, report=reporter, stop=_interruptible(con), interval=interval)
     status_text.show(con, st)
 
@@ -358,12 +374,51 @@ def set_(ctx: typer.Context, name: str = NameArgument,
 
 @_command(app)
 def worker(ctx: typer.Context, name: str = NameArgument, dsn: str | None = DsnOption, as_json: bool = JsonOption,
-           threads: int = typer.Option(1, "--threads", help="Workers in this process.")) -> None:
+           threads: int = typer.Option(1, "--threads", help="Workers in this process."),
+           metrics_listen: str | None = MetricsListenOption) -> None:
     """Join a migration's backfill, then its reconcile pass, from this host; exits when no ranges are left."""
     con, url = _call(ctx, dsn)
-    with console.progress(con) as reporter:
+    with _metrics(con, url, metrics_listen), console.progress(con) as reporter:
         st = api.work(url, name, threads=threads, report=reporter, stop=_interruptible(con))
     status_text.result(con, st, as_json)
+
+
+@_command(app)
+def metrics(ctx: typer.Context, dsn: str | None = DsnOption,
+            listen: str | None = typer.Option(None, "--listen", metavar="ADDR",
+                                              help="Serve /metrics on ADDR (`:9187`, `127.0.0.1:9187`, `[::1]:9187`) "
+                                                   "until Ctrl-C or SIGTERM."),
+            textfile: Path | None = typer.Option(None, "--textfile", metavar="PATH",
+                                                 help="Write the metrics to PATH (for node_exporter's textfile "
+                                                      "collector: a .prom file), atomically."),
+            interval: float | None = typer.Option(None, "--interval", min=1.0,
+                                                  help="With --textfile: write every S seconds until Ctrl-C or "
+                                                       "SIGTERM (default: once)."),
+            timeout: float = typer.Option(5.0, "--timeout", min=0.1,
+                                          help="Seconds a read of the control schema (and a connection) may "
+                                               "take before the scrape says mover_up 0.")) -> None:
+    """Prometheus metrics of every migration in the database, read from mover's control schema at each
+    scrape: served over HTTP, or written for node_exporter. Needs read access to schema mover only."""
+    con, url = _call(ctx, dsn)
+    if (listen is None) == (textfile is None):
+        raise BadInput("`mover metrics` takes one of --listen ADDR and --textfile PATH",
+                       hint="`mover metrics --listen :9187`, or `mover metrics --textfile /var/lib/node_exporter/"
+                            "mover.prom` (from cron, or with --interval 15)")
+    if interval is not None and textfile is None:
+        raise BadInput("--interval goes with --textfile (a scrape of --listen reads the schema each time)",
+                       hint="`mover metrics --textfile PATH --interval 15`")
+    stop = _interruptible(con)
+    if textfile is not None:
+        if not api.write_metrics(url, textfile, interval=interval, stop=stop, timeout=timeout):
+            raise Failed(f"could not read mover's control schema; {textfile} says mover_up 0",
+                         hint="check the DSN and that the database is up (`mover status`); the privileges are "
+                              "in docs/metrics.md")
+        return
+    assert listen is not None
+    with api.serve_metrics(url, listen, timeout=timeout) as where:
+        console.say(con.err, f"serving metrics on {where} (Ctrl-C or SIGTERM stops)")
+        while not stop.wait(1.0):
+            pass
 
 
 @_command(app)

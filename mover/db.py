@@ -249,7 +249,8 @@ def _row_security_error(exc: psycopg.Error, conn: psycopg.Connection) -> RowSecu
         hint=row_security_hint(conn.cursor(), role))
 
 
-def connect(dsn: str, *, role: str = "mover", settings: dict[str, str] | None = None) -> psycopg.Connection:
+def connect(dsn: str, *, role: str = "mover", settings: dict[str, str] | None = None,
+            connect_timeout: int | None = None) -> psycopg.Connection:
     """An autocommit connection: transactions are explicit (`conn.transaction()`), so no
     implicit transaction is ever left idle.
 
@@ -260,9 +261,13 @@ def connect(dsn: str, *, role: str = "mover", settings: dict[str, str] | None = 
 
     prepare_threshold=None: psycopg would otherwise prepare a statement run 5 times on the
     server session; behind a transaction-mode pooler (PgBouncer) that session is shared by other
-    clients, which then meet "prepared statement _pg3_0 already exists / does not exist"."""
-    conn = psycopg.connect(dsn, autocommit=True, application_name=application_name(role),
-                           prepare_threshold=None)
+    clients, which then meet "prepared statement _pg3_0 already exists / does not exist".
+
+    `connect_timeout` (seconds) over the DSN's own: for a reader that must answer while the server
+    is unreachable (`mover metrics`)."""
+    if connect_timeout is not None:
+        dsn = psycopg.conninfo.make_conninfo(dsn, connect_timeout=connect_timeout)
+    conn = psycopg.connect(dsn, autocommit=True, application_name=application_name(role), prepare_threshold=None)
     try:
         with conn.cursor() as cur:
             _apply(cur, {**OUTPUT_STYLE, **PINNED, **(settings or {})}, local=False,
@@ -325,10 +330,12 @@ def after_commit(cur: psycopg.Cursor, callback: Callable[[], None]) -> None:
 class Database:
     """One lazily (re)opened connection plus the transaction runner."""
 
-    def __init__(self, dsn: str, *, role: str = "mover", attempts: int = 8, settings: dict[str, str] | None = None):
+    def __init__(self, dsn: str, *, role: str = "mover", attempts: int = 8, settings: dict[str, str] | None = None,
+                 connect_timeout: int | None = None):
         self.dsn = dsn
         self.role = role
         self.attempts = attempts
+        self.connect_timeout = connect_timeout
         self.settings: dict[str, str] = {**OUTPUT_STYLE, **PINNED, **(settings or {})}
         self._conn: psycopg.Connection | None = None
         self._pooled: tuple[psycopg.Connection, bool] | None = None
@@ -337,7 +344,8 @@ class Database:
         if self._conn is None or self._conn.closed or self._conn.broken:
             if self._conn is not None:
                 self._conn.close()
-            self._conn = connect(self.dsn, role=self.role, settings=self.settings)
+            self._conn = connect(self.dsn, role=self.role, settings=self.settings,
+                                 connect_timeout=self.connect_timeout)
         return self._conn
 
     def pin(self, settings: dict[str, str]) -> None:

@@ -71,7 +71,7 @@ def leased(db: Database, migration: control.Migration, owner: str, *, report: Re
     except (LeaseLost, LeaseHeld):
         raise
     except Waiting as exc:
-        _record(db, ctx, rows, "waiting", str(exc), command=command)
+        _record(db, ctx, rows, "waiting", str(exc), detail=getattr(exc, "detail", None), command=command)
         raise
     except (Interrupted, KeyboardInterrupt):
         how = getattr(ctx.stop, "reason", None) or "Ctrl-C"

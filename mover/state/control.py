@@ -705,7 +705,7 @@ def mark_swapped(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: floa
     _one_row(cur, m.id, "open the rollback window")
 
 
-def mark_swapped_back(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float) -> None:
+def mark_swapped_back(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms: float, attempt: int = 1) -> None:
     """The swap back committed: the migration is at reconcile again, before the cutover gate."""
     cur.execute("UPDATE mover.migrations SET step = 'reconcile', state = 'pending', error = NULL, cutover_at = NULL,"
                 " cutover_lock_ms = NULL, window_ends_at = NULL, updated_at = now()"
@@ -714,7 +714,7 @@ def mark_swapped_back(cur: psycopg.Cursor, m: Migration, owner: str, *, lock_ms:
     cur.execute("UPDATE mover.steps SET status = 'pending', finished_at = NULL"
                 " WHERE migration_id = %s AND name = ANY(%s)", (m.id, list(_through("reconcile", "rollback_window"))))
     event(cur, m.id, owner, "rollback_window", "rolled_back", f"swapped back; lock held {lock_ms:.1f} ms",
-          {"lock_ms": lock_ms}, lock_ms)
+          {"lock_ms": lock_ms, "attempt": attempt}, lock_ms)
 
 
 def close_window(cur: psycopg.Cursor, m: Migration, owner: str, *, force: bool) -> bool:

@@ -73,6 +73,13 @@ def get(cur: psycopg.Cursor, mid: int) -> dict[str, Any] | None:
     return _fetch(cur)
 
 
+def live(row: dict[str, Any]) -> bool:
+    """Whether a row read by `get` (or with the same `prober` and `age`) is probed now: a row
+    nobody has probed for STALE_SECONDS is idle, whatever its state says (its process stopped or
+    died, and nothing is governed)."""
+    return row["prober"] is not None and row["age"] is not None and row["age"] <= STALE_SECONDS
+
+
 def _fetch(cur: psycopg.Cursor) -> dict[str, Any] | None:
     if cur.description is None:
         return None
@@ -88,4 +95,4 @@ def _one(cur: psycopg.Cursor) -> dict[str, Any]:
     return row
 
 
-__all__ = ["STALE_SECONDS", "get", "lead", "publish", "step_down", "take_over"]
+__all__ = ["STALE_SECONDS", "get", "lead", "live", "publish", "step_down", "take_over"]

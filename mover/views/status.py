@@ -53,12 +53,16 @@ def _workers(cur: psycopg.Cursor, m: control.Migration) -> tuple[int, int | None
     they wait for."""
     cur.execute("SELECT host, pid, range_rows, waiting_for FROM mover.workers WHERE migration_id = %s"
                 " AND heartbeat_at > now() - make_interval(secs => %s)", (m.id, control.LEASE_SECONDS))
-    here = socket.gethostname()
-    live = [(rows, waiting) for host, pid, rows, waiting in cur.fetchall()
-            if not (host == here and pid is not None and not control.process_alive(pid))]
+    live = [(rows, waiting) for host, pid, rows, waiting in cur.fetchall() if worker_alive(host, pid)]
     sizes = [rows for rows, _ in live if rows is not None]
     waiting = sorted({w for _, w in live if w is not None})
     return len(live), max(sizes) if sizes else None, waiting
+
+
+def worker_alive(host: str, pid: int | None) -> bool:
+    """Whether a worker row with a fresh heartbeat is a live process: a worker killed with -9 keeps
+    a fresh heartbeat for a while, so on this host its process says."""
+    return not (host == socket.gethostname() and pid is not None and not control.process_alive(pid))
 
 
 def status_of(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any]:
@@ -267,7 +271,7 @@ def _throttle_status(cur: psycopg.Cursor, m: control.Migration) -> dict[str, Any
     row = throttle_row.get(cur, m.id)
     if row is None:
         return None
-    live = row["prober"] is not None and row["age"] is not None and row["age"] <= throttle_row.STALE_SECONDS
+    live = throttle_row.live(row)
     state = row["state"] if live else "idle"
     throttled = state in ("throttled", "floor")
     return {"state": state, "phase": row["phase"] if live else None,
@@ -385,13 +389,11 @@ def workers_of(cur: psycopg.Cursor, m: control.Migration) -> list[dict[str, Any]
         WHERE w.migration_id = %s AND w.heartbeat_at > now() - make_interval(secs => %s)
         ORDER BY w.worker_id, r.range_no
         """, (m.id, control.LEASE_SECONDS))
-    here = socket.gethostname()
-    # A worker killed with -9 keeps a fresh heartbeat for a while: on this host its process says (as _workers).
     return [{"worker": wid, "host": host, "pid": pid, "range_rows": range_rows, "rows_done": rows_done,
              "waiting_for": waiting, "range": None if kind is None else
              {"kind": kind, "range_no": no, "lo": lo, "hi": hi}}
             for wid, host, pid, range_rows, rows_done, waiting, kind, no, lo, hi in cur.fetchall()
-            if not (host == here and pid is not None and not control.process_alive(pid))]
+            if worker_alive(host, pid)]
 
 
 def lock_waits(cur: psycopg.Cursor) -> list[dict[str, Any]]:

@@ -360,6 +360,22 @@ def archive_wait(a: Archiver | None, limit: int) -> str | None:
     return None
 
 
+# Which guard holds the engines, from the first words of its wait (what standby_wait, slot_wait and
+# archive_wait say): `mover metrics` labels each guard's wait with it. "other" for a text none of
+# them wrote (tests/unit/test_metrics.py feeds every message of each guard through it).
+GUARDS = ("standby", "replication_slot", "archiving")
+
+
+def guard_of(wait: str) -> str:
+    if wait.startswith(("standby ", "replica lag ")):
+        return "standby"
+    if wait.startswith(("replication slot ", "mover's own replication slot ")):
+        return "replication_slot"
+    if wait.startswith("archiving "):
+        return "archiving"
+    return "other"
+
+
 def wal_rate(samples: Sequence[tuple[float, int]]) -> float | None:
     """Bytes of WAL per second over (monotonic seconds, LSN as bytes) samples, oldest first."""
     if len(samples) < 2 or samples[-1][0] <= samples[0][0]:

@@ -432,7 +432,10 @@ def drain_before_swap_back(ctx: Context, tables: Sequence[Context], prepared: Se
     """Before each attempt at the rollback's lock, outside it: the reverse logs drained (what arrived
     while the last attempt waited), then no transaction whose snapshot predates that drain left to
     meet the old table by name (invariant 16). A row the old table rejects is left to the lock's
-    drain, which refuses it (invariant 9)."""
+    drain, which refuses it (invariant 9). Counts the attempt in each of `prepared`."""
+    for p in prepared:
+        p.attempts += 1
+
     def drain() -> None:
         for t in tables:
             changelog.drain(t, reverse=True, backfill_done=True)
@@ -605,7 +608,7 @@ class Swap:
                                          **({"foreign_keys_not_carried": list(ctx.plan.drop_foreign_keys)}
                                             if ctx.plan.drop_foreign_keys else {})})
         else:
-            control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms)
+            control.mark_swapped_back(cur, m, ctx.owner, lock_ms=held_ms, attempt=self.prepared.attempts)
             ranges.reset(cur, ctx.mid, "reconcile")
         return held_ms
 

@@ -401,10 +401,12 @@ def terminate_blockers(ctx: Context, tables: Sequence[QualifiedName], found: lis
 class LockBlocked(Waiting):
     """The lock was not granted within the attempts; names the sessions that held it."""
 
-    def __init__(self, message: str, hint: str, found: list[Blocker], prepared: Sequence[PreparedBlocker] = ()):
+    def __init__(self, message: str, hint: str, found: list[Blocker], prepared: Sequence[PreparedBlocker] = (),
+                 attempts: int = 0):
         super().__init__(message, hint=hint)
         self.blockers = found
-        self.detail = {"blockers": [asdict(b) for b in found],
+        # lock_attempts: each one timed out (the outcome's event keeps it: `mover metrics` counts them).
+        self.detail = {"blockers": [asdict(b) for b in found], "lock_attempts": attempts,
                        **({"prepared": [asdict(p) for p in prepared]} if prepared else {})}
 
 
@@ -446,7 +448,11 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
         if early:
             ctx.report("lock_blockers", what=what, sessions=describe_all(early))
 
+        tried = 0  # attempts at the lock, each timed out but a last one that got it
+
         def before() -> None:
+            nonlocal tried
+            tried += 1
             timed_out = waiting_on()
             if timed_out is not None and timed_out in learn_order:
                 _waiting.first = [timed_out, *(t for t in _waiting.first if t != timed_out)]
@@ -462,13 +468,13 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
         except psycopg.errors.LockNotAvailable as exc:
             found = ctx.db.transaction(bind(blockers, watched), label="blockers")
             if not (c.terminate_blockers and found):
-                raise _blocked(ctx, watched, what, retry, found) from exc
+                raise _blocked(ctx, watched, what, retry, found, tried) from exc
         terminate_blockers(ctx, watched, found)
         try:
             return attempt()
         except psycopg.errors.LockNotAvailable as exc:
             found = ctx.db.transaction(bind(blockers, watched), label="blockers")
-            raise _blocked(ctx, watched, what, retry, found) from exc
+            raise _blocked(ctx, watched, what, retry, found, tried) from exc
     finally:
         _waiting.first = []
         record_cancelled(ctx, cancelled)
@@ -476,7 +482,7 @@ def run_locked(ctx: Context, fn: Callable[[psycopg.Cursor], T], *, tables: Seque
 
 
 def _blocked(ctx: Context, watched: Sequence[QualifiedName], what: str, retry: str,
-             found: list[Blocker]) -> LockBlocked:
+             found: list[Blocker], attempts: int) -> LockBlocked:
     """The relation the last attempt waited on (lock_all), else every watched one a session held;
     the sessions holding it first, and any prepared transaction holding a watched table."""
     c = ctx.plan.cutover
@@ -502,4 +508,5 @@ def _blocked(ctx: Context, watched: Sequence[QualifiedName], what: str, retry: s
                 f"their gid ({ends}; `[cutover] terminate_blockers` cannot end them: they have no session), "
                 f"then retry `{retry}`" + (f"; for the session(s): {hint}" if found else ""))
     return LockBlocked(f"could not lock {target} within {c.lock_timeout_ms} ms in {c.attempts} attempts to {what}"
-                       f" migration {ctx.migration.name!r}; nothing was changed{named}", hint, found, prepared)
+                       f" migration {ctx.migration.name!r}; nothing was changed{named}", hint, found, prepared,
+                       attempts)

@@ -16,6 +16,9 @@ PACKAGE = ROOT / "mover"
 # Top to bottom. A module belongs to the first layer one of whose prefixes it matches; it may
 # import from its own layer and from any layer below.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # The frameworks' ways in (a Django app: its command runs the command line, its migration
+    # operations call the api).
+    ("contrib", ("mover.contrib",)),
     # The command line, and the demo that drives the commands like an operator would.
     ("interface", ("mover.cli", "mover.__main__")),
     ("demo", ("mover.demo",)),

@@ -567,17 +567,18 @@ def normalise_argv(argv: list[str]) -> list[str]:
     return head + rest
 
 
-def main() -> None:
-    """`mover` (and `python -m mover`). What a command sets for the whole process is put back when
-    it returns: the signal handlers (Ctrl-C, SIGTERM), the root logger, the excepthook typer
-    installs, the passwords remembered for masking (each command knows only its own). A process
-    can so run one command after another (the tests' does, tests/workload.py)."""
+def main(argv: list[str] | None = None, prog_name: str = "mover") -> None:
+    """`mover` (and `python -m mover`; `manage.py mover` passes its own `argv` and `prog_name`).
+    Ends with SystemExit carrying the exit code. What a command sets for the whole process is put
+    back when it returns: the signal handlers (Ctrl-C, SIGTERM), the root logger, the excepthook
+    typer installs, the passwords remembered for masking (each command knows only its own). A
+    process can so run one command after another (the tests' does, tests/workload.py)."""
     root = logging.getLogger()
     handlers, level, hook = root.handlers[:], root.level, sys.excepthook
     signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with own_secrets():
-            app(args=normalise_argv(sys.argv[1:]), prog_name="mover")
+            app(args=normalise_argv(sys.argv[1:] if argv is None else argv), prog_name=prog_name)
     finally:
         sys.excepthook = hook
         root.handlers[:] = handlers

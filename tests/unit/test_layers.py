@@ -16,11 +16,12 @@ PACKAGE = ROOT / "mover"
 # Top to bottom. A module belongs to the first layer one of whose prefixes it matches; it may
 # import from its own layer and from any layer below.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # The frameworks' ways in (Alembic's operations and Django's call the api; Django's command
+    # runs the command line).
+    ("contrib", ("mover.contrib",)),
     # The command line, and the demo that drives the commands like an operator would.
     ("interface", ("mover.cli", "mover.__main__")),
     ("demo", ("mover.demo",)),
-    # Other tools' migrations driving mover through the api (Alembic's operations).
-    ("contrib", ("mover.contrib",)),
     # The commands as plain functions: a session, then one call into the runner or the views.
     ("api", ("mover.api",)),
     # Everything that moves a migration: the lease, the step loop, the operator commands,

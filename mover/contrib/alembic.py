@@ -359,7 +359,8 @@ def database_url(ctx: MigrationContext, dsn: str | None) -> str:
         raise BadInput("the Alembic revision has no database connection", hint="pass dsn= to the operation")
     url = ctx.connection.engine.url
     if url.get_backend_name() != "postgresql":
-        raise BadInput(f"mover moves PostgreSQL tables; this revision runs on {url.get_backend_name()}")
+        raise BadInput(f"mover moves PostgreSQL tables; this revision runs on {url.get_backend_name()}",
+                       hint="hand mover only the revisions of a PostgreSQL database, or pass dsn= naming one")
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 

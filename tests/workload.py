@@ -385,7 +385,8 @@ class WriterThread:
 
     def halt(self) -> None:
         self.stop.set()
-        self.thread.join(30)
+        if hasattr(self, "thread"):  # a test's cleanup may halt a writer it never started
+            self.thread.join(30)
 
     def __enter__(self):
         return self.start()

@@ -237,8 +237,10 @@ def test_an_idle_server_is_not_paced_and_the_application_arriving_is_governed_at
         app = TimedWriter(dsn, delay=0.02)
         try:
             quiet_at = wait_for(lambda: seen("throttle_quiet"), "the governor to find nothing to protect", proc)[0][0]
-            state, reason = governor()
-            assert state == "quiet" and reason.startswith("no application session has run a statement"), reason
+            # The row follows the event at the next probe's write.
+            state, reason = wait_for(lambda: governor() if governor()[0] == "quiet" else None,
+                                     "the governor's row to say quiet", proc, timeout=5)
+            assert reason.startswith("no application session has run a statement"), reason
             shown = mover(dsn, "status", "gov").stdout
             assert "full speed, nothing to protect: no application session has run a statement" in shown, shown
             wait_for(lambda: len(copied_since(quiet_at)) >= 3, "ranges copied quiet", proc)

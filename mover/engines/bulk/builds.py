@@ -323,7 +323,7 @@ def rest_after(ctx: Context, seconds: float) -> None:
     its budget. A rest between builds cannot lower what the next one costs while it runs (it is
     one statement); it only lets the application's queue drain, and once the probe reads it
     drained, resting on lengthens the backfill, and the capture's cost with it, for nothing
-    (bench/README.md, "mover against the best plain alternative")."""
+    (bench/README.md, "Copy budget and index-build rests")."""
     governor = throttle.of(ctx)
     if governor is None:
         return

@@ -105,10 +105,11 @@ COPY_PHASE = "backfill"
 
 
 def budget_setting(plan: Plan, phase: str | None) -> str:
-    """The [throttle] setting that sets `phase`'s latency budget. The copy has its own, wider: it
-    yields between ranges of a fraction of a second, so what it costs the application ends with
-    each range; what cannot be paced once started (an index build) holds max_latency_increase, and
-    max_latency_increase = "off" governs nothing by latency, the copy included."""
+    """The [throttle] setting that sets `phase`'s latency budget. The copy has its own (the same
+    by default), since it yields between ranges of a fraction of a second and can be given more
+    room than what cannot be paced once started (an index build), which keeps
+    max_latency_increase; max_latency_increase = "off" governs nothing by latency, the copy
+    included."""
     t = plan.throttle
     if t.probe_latency_ms:
         return "probe_latency"

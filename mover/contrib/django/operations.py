@@ -69,8 +69,9 @@ class MoverOperation(Operation):
         pass
 
     @contextmanager
-    def _mover(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor) -> Iterator[tuple[str, Path] | None]:
-        """The DSN and the plan file for this migration's database, or None when the router keeps
+    def _mover(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor
+               ) -> Iterator[tuple[str, Path, str] | None]:
+        """The DSN, the plan file and its migration's name for this database, or None when the router keeps
         the app off this database. mover's errors leave as CommandError. (sqlmigrate never comes
         here: an operation that does not reduce to SQL is printed as its describe().)"""
         connection = schema_editor.connection
@@ -85,7 +86,7 @@ class MoverOperation(Operation):
                                hint="set `atomic = False` on the Migration class that holds it, then migrate again")
             dsn = connection_dsn(connection)
             remember_secrets(dsn)
-            yield dsn, plan
+            yield dsn, plan, load_plan(plan).name
         except MoverError as exc:
             raise as_command_error(exc) from exc
 
@@ -106,8 +107,7 @@ class StartMove(MoverOperation):
         with self._mover(app_label, schema_editor) as use:
             if use is None:
                 return
-            dsn, plan = use
-            name = load_plan(plan).name
+            dsn, plan, name = use
             api.init(dsn)  # mover's control schema, created or brought up to date (idempotent)
             try:
                 st = progressing(lambda report: api.run(dsn, str(plan), report=report))
@@ -122,8 +122,7 @@ class StartMove(MoverOperation):
         with self._mover(app_label, schema_editor) as use:
             if use is None:
                 return
-            dsn, plan = use
-            name = load_plan(plan).name
+            dsn, plan, name = use
             st = registered(dsn, name)
             if st is None or st["state"] == "aborted":
                 return
@@ -163,8 +162,7 @@ class MoveTable(MoverOperation):
         with self._mover(app_label, schema_editor) as use:
             if use is None:
                 return
-            dsn, plan = use
-            name = load_plan(plan).name
+            dsn, plan, name = use
             st = registered(dsn, name)
             if st is None:
                 raise BadInput(f"mover has no migration {name!r}: plan {str(plan)!r} was never run",
@@ -193,8 +191,7 @@ class MoveTable(MoverOperation):
         with self._mover(app_label, schema_editor) as use:
             if use is None:
                 return
-            dsn, plan = use
-            name = load_plan(plan).name
+            dsn, plan, name = use
             st = registered(dsn, name)
             if st is None or st["state"] == "aborted" or (st["state"] != "done" and st["step"] in BEFORE_GATE
                                                           + ("cutover",)):

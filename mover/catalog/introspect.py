@@ -432,7 +432,9 @@ INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854
 
 
 def estimate_rows(cur: psycopg.Cursor, table: QualifiedName) -> int:
-    """The planner's row count (pg_class.reltuples): for progress and ETAs, never for decisions."""
-    cur.execute("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(%s)", (str(table),))
+    """The planner's row count (pg_class.reltuples; a partitioned table's, its partitions'): for
+    progress and ETAs, never for decisions."""
+    cur.execute("SELECT sum(greatest(c.reltuples, 0))::bigint FROM pg_partition_tree(to_regclass(%s)) t"
+                " JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf", (str(table),))
     row = cur.fetchone()
-    return int(row[0]) if row else 0
+    return int(row[0]) if row and row[0] is not None else 0

@@ -177,7 +177,8 @@ def diff(old: dict[str, Any], new: dict[str, Any] | None, side: str = "source") 
         out.append(Change(side, "of_type", f"table {now} " + (f"was made a typed table (OF {became})" if became else
                                                               f"is no longer a typed table (it was OF {was})")
                           + (f" (it was OF {was})" if was and became else ""), False))
-    if old.get("partitions") != new.get("partitions"):
+    # The new table's partitions are mover's upkeep's to change (premake, retention: docs/partitioning.md).
+    if side == "source" and old.get("partitions") != new.get("partitions"):
         out.append(_diff_partitions(side, now, old.get("partitions") or [], new.get("partitions") or []))
     columns = _diff_columns(side, now, old["columns"], new["columns"])
     out += columns
@@ -594,6 +595,10 @@ SELECT (SELECT sf FROM m), (SELECT tf FROM m), md5(coalesce(string_agg(x, ',' OR
                            WHERE attrelid = tab.oid AND attnum > 0) a
         JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_collation co ON co.oid = a.attcollation
     UNION ALL SELECT x FROM obj
+    -- a partitioned table's tree, two levels down (an ATTACH or DETACH rewrites the row)
+    UNION ALL SELECT concat_ws(':', 'h', h.inhrelid, h.inhparent, h.xmin) FROM pg_inherits h
+        WHERE h.inhparent IN (SELECT oid FROM tab)
+           OR h.inhparent IN (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent IN (SELECT oid FROM tab))
     UNION ALL SELECT concat_ws(':', 'd', d.classid, d.objid, d.refclassid, d.refobjid, d.refobjsubid,
                                CASE d.refclassid  -- each an index probe
                                    WHEN 'pg_class'::regclass THEN (SELECT xmin FROM pg_class WHERE oid = d.refobjid)

@@ -4,6 +4,8 @@ its tree kept, re-partitioned, or made one table (mover/engines/partitioning/sou
 
 from __future__ import annotations
 
+from psycopg import sql
+
 from mover import names
 from mover.catalog import partition_tree
 from mover.checks.subject import Subject
@@ -29,6 +31,8 @@ def source(s: Subject) -> None:
                             hint="remove [target.partition]")
         return
     source_tree.refuse_unmovable(tree, s.src)
+    source_tree.refuse_local_objects(s.cur, s.table.oid, s.src)
+    _managed_by_partman(s)
     if s.plan.partition is not None:
         return  # a new layout (plan() above), or one table
     s.partitioning = {"by": tree.partition_by.split(" ", 1)[0].lower(),
@@ -42,3 +46,32 @@ def source(s: Subject) -> None:
         if partition_tree.exists(s.cur, made):
             raise PlanError(f"[migration] source: the new table's partition for {p.name} would be named {made}, "
                             f"and a relation of that name exists", hint=f"rename or drop {made}")
+
+
+def _managed_by_partman(s: Subject) -> None:
+    """A source pg_partman manages: its maintenance would create and drop partitions behind
+    mover's back (the shape check stops the migration on the first), and its part_config names
+    the parent by text. The layout kept, the new table takes the name, the partitions' names and
+    bounds: part_config holds for it as it is, once maintenance is off for the migration's time.
+    A new layout or one table: part_config would describe a layout that is gone."""
+    schema = partitions.partman_schema(s.cur)
+    if schema is None:
+        return
+    s.cur.execute(sql.SQL("SELECT automatic_maintenance FROM {} WHERE parent_table = %s").format(
+        sql.Identifier(schema, "part_config")), (partitions.partman_parent(s.src),))
+    row = s.cur.fetchone()
+    if row is None:
+        return
+    config = f"{names.display_ident(schema)}.part_config"
+    where = f"WHERE parent_table = '{partitions.partman_parent(s.src)}'"
+    if s.plan.partition is not None:
+        raise PlanError(f"[target.partition]: pg_partman manages {s.src} ({config}), for the layout this plan "
+                        f"replaces", hint=f"take it out of pg_partman first (DELETE FROM {config} {where}); "
+                                          f'[partitions] manager = "pg_partman" hands the new layout to it after '
+                                          f"retire")
+    if row[0] != "off":
+        raise PlanError(f"[migration] source: pg_partman manages {s.src} ({config}) and its maintenance is on: it "
+                        f"would create and drop partitions behind mover's back during the migration",
+                        hint=f"UPDATE {config} SET automatic_maintenance = 'off' {where} for the migration; after "
+                             f"retire set it back to 'on' (the new table keeps the name, the partitions' names and "
+                             f"bounds, so pg_partman goes on with it as it was)")

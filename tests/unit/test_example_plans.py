@@ -76,7 +76,27 @@ def check_partition_list(plan: Plan) -> None:
     assert dict(p.values) == {"eu": ("de", "fr", "nl"), "us": ("us",), "apac": ("jp", "sg")}
 
 
+def check_partitioned_int_to_bigint(plan: Plan) -> None:
+    assert plan.partition is None and plan.new_layout is None and not plan.one_table  # the source's layout kept
+    assert plan.columns == {"id": "bigint"}
+
+
+def check_partitioned_monthly_to_daily(plan: Plan) -> None:
+    p = plan.new_layout
+    assert p is not None and (p.by, p.columns, p.interval, p.premake, p.default) == (
+        "range", ("created_at",), "day", 7, True)
+    assert not p.accept_key_change  # (id, created_at) holds the partition column already
+    assert (plan.upkeep.premake, plan.upkeep.retention) == (7, "90 days")
+
+
+def check_partitioned_to_one_table(plan: Plan) -> None:
+    assert plan.one_table and plan.new_layout is None and plan.columns == {}
+
+
 EXPECTED: dict[str, Callable[[Plan], None]] = {
+    "partitioned-int-to-bigint.toml": check_partitioned_int_to_bigint,
+    "partitioned-monthly-to-daily.toml": check_partitioned_monthly_to_daily,
+    "partitioned-to-one-table.toml": check_partitioned_to_one_table,
     "partition-monthly.toml": check_partition_monthly,
     "partition-daily-retention.toml": check_partition_daily,
     "partition-hash-tenant.toml": check_partition_hash,

@@ -64,6 +64,53 @@ def refuse_unmovable(tree: Tree, source: QualifiedName) -> None:
                         hint=f"finish it first: ALTER TABLE {source} DETACH PARTITION {pending[0].name} FINALIZE")
 
 
+# What is made on a partition alone (not on the parent, which gives it to every partition), under
+# %(root)s: the new table's partitions would not have it, and nothing would say so.
+LOCAL_OBJECTS = """
+WITH RECURSIVE t(relid) AS (
+    SELECT inhrelid FROM pg_inherits WHERE inhparent = %(root)s
+    UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN t ON i.inhparent = t.relid
+)
+SELECT format('trigger %%I on %%s', g.tgname, g.tgrelid::regclass) FROM pg_trigger g JOIN t ON g.tgrelid = t.relid
+    WHERE NOT g.tgisinternal AND g.tgparentid = 0 AND g.tgname !~ '^mover_m[0-9]+_'
+UNION ALL SELECT format('index %%s on %%s', i.indexrelid::regclass, i.indrelid::regclass)
+    FROM pg_index i JOIN t ON i.indrelid = t.relid
+    WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
+UNION ALL SELECT format('constraint %%I on %%s', k.conname, k.conrelid::regclass)
+    FROM pg_constraint k JOIN t ON k.conrelid = t.relid
+    WHERE k.conislocal AND k.coninhcount = 0 AND k.conparentid = 0 AND k.contype <> 'n'
+UNION ALL SELECT format('foreign key %%I on %%s referencing %%s', k.conname, k.conrelid::regclass,
+                         k.confrelid::regclass)
+    FROM pg_constraint k JOIN t ON k.confrelid = t.relid WHERE k.contype = 'f' AND k.conparentid = 0
+UNION ALL SELECT format('policy %%I on %%s', p.polname, p.polrelid::regclass)
+    FROM pg_policy p JOIN t ON p.polrelid = t.relid
+UNION ALL SELECT format('row level security on %%s', c.oid::regclass) FROM pg_class c JOIN t ON c.oid = t.relid
+    WHERE c.relrowsecurity OR c.relforcerowsecurity
+UNION ALL SELECT format('rule %%I on %%s', r.rulename, r.ev_class::regclass)
+    FROM pg_rewrite r JOIN t ON r.ev_class = t.relid WHERE r.rulename <> '_RETURN'
+UNION ALL SELECT DISTINCT format('view %%s reading %%s', r.ev_class::regclass, d.refobjid::regclass)
+    FROM pg_depend d JOIN t ON d.refobjid = t.relid JOIN pg_rewrite r ON r.oid = d.objid
+    WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass AND r.ev_class <> d.refobjid
+UNION ALL SELECT format('publication %%I listing %%s', p.pubname, pr.prrelid::regclass)
+    FROM pg_publication_rel pr JOIN t ON pr.prrelid = t.relid JOIN pg_publication p ON p.oid = pr.prpubid
+UNION ALL SELECT format('statistics %%I on %%s', x.stxname, x.stxrelid::regclass)
+    FROM pg_statistic_ext x JOIN t ON x.stxrelid = t.relid
+"""
+
+
+def refuse_local_objects(cur: psycopg.Cursor, oid: int, source: QualifiedName) -> None:
+    """Objects bound to one partition of the source, which the new table's partitions would lack
+    (invariant 14: carried, or refused naming the fix)."""
+    cur.execute(LOCAL_OBJECTS, {"root": oid})
+    found = [r[0] for r in cur.fetchall()]
+    if found:
+        shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+        raise PlanError(f"[migration] source: objects made on partitions of {source} alone, which the new table's "
+                        f"partitions would not have: {shown}",
+                        hint=f"make them on {source} itself (PostgreSQL gives them to every partition, and mover "
+                             f"carries them), or drop them and make them again on the new partitions after the cutover")
+
+
 def kept_sql(tree: Tree, source_oid: int, target: QualifiedName, taken: set[QualifiedName]) -> list[sql.Composed]:
     """The new table's partitions as the source's (parents first, each under its new parent), with
     what each carries of its own. `taken`: names in use that are not the source's partitions."""

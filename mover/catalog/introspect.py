@@ -431,10 +431,18 @@ def sequence_limits(cur: psycopg.Cursor, seq: QualifiedName) -> tuple[str, int]:
 INTEGER_MAX = {"smallint": 32767, "integer": 2147483647, "bigint": 9223372036854775807}
 
 
+# The relations that hold the rows of %(t)s (regclass text): a partitioned table's (or index's)
+# leaves, else the relation itself (pg_partition_tree() returns nothing for one that takes no part
+# in partitioning).
+LEAVES = sql.SQL("SELECT relid FROM pg_partition_tree(to_regclass(%(t)s)) WHERE isleaf"
+                 " UNION ALL SELECT to_regclass(%(t)s) WHERE NOT EXISTS"
+                 " (SELECT 1 FROM pg_partition_tree(to_regclass(%(t)s)))")
+
+
 def estimate_rows(cur: psycopg.Cursor, table: QualifiedName) -> int:
     """The planner's row count (pg_class.reltuples; a partitioned table's, its partitions'): for
     progress and ETAs, never for decisions."""
-    cur.execute("SELECT sum(greatest(c.reltuples, 0))::bigint FROM pg_partition_tree(to_regclass(%s)) t"
-                " JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf", (str(table),))
+    cur.execute(sql.SQL("SELECT sum(greatest(c.reltuples, 0))::bigint FROM ({leaves}) t JOIN pg_class c"
+                        " ON c.oid = t.relid").format(leaves=LEAVES), {"t": str(table)})
     row = cur.fetchone()
     return int(row[0]) if row and row[0] is not None else 0

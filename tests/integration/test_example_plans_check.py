@@ -12,6 +12,16 @@ from tests.conftest import connect
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 
+# public.events partitioned by month, a DEFAULT partition holding a few rows, key (id, created_at).
+MONTHLY_EVENTS = """
+    CREATE TABLE public.events (id int NOT NULL, created_at timestamptz NOT NULL, body text,
+                                PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at);
+    CREATE TABLE public.events_this_month PARTITION OF public.events
+        FOR VALUES FROM (date_trunc('month', now())) TO (date_trunc('month', now()) + interval '1 month');
+    CREATE TABLE public.events_default PARTITION OF public.events DEFAULT;
+    INSERT INTO public.events SELECT g, now() - g * interval '1 day', 'e' FROM generate_series(1, 20) g;
+"""
+
 # The tables the example plans name, in the shapes their comments describe.
 TABLES = {
     "int_to_bigint.toml": """
@@ -24,6 +34,9 @@ TABLES = {
         CREATE INDEX events_payload_idx ON public.events USING gin (payload);
         INSERT INTO public.events (payload) SELECT jsonb_build_object('n', g) FROM generate_series(1, 20) g;
     """,
+    "partitioned-int-to-bigint.toml": MONTHLY_EVENTS,
+    "partitioned-monthly-to-daily.toml": MONTHLY_EVENTS,
+    "partitioned-to-one-table.toml": MONTHLY_EVENTS,
     "partition-monthly.toml": """
         CREATE TABLE public.events (id bigint PRIMARY KEY, created_at timestamptz NOT NULL, body text);
         INSERT INTO public.events SELECT g, now() - g * interval '1 day', 'e' FROM generate_series(1, 20) g;

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from mover import names
 from mover.catalog import introspect
@@ -32,18 +33,19 @@ def preflight(cur: psycopg.Cursor, source: names.QualifiedName, columns: dict[st
     """What the target and its indexes will take and the WAL the backfill will write, estimated
     from the source's size (its dead rows left out: the copy is compact) and the plan's type
     changes, for `mover plan check` to print beside the free space the operator knows of."""
-    # Over the leaves of pg_partition_tree(): a plain table is its own one leaf, a partitioned
-    # one's rows and indexes are its partitions'.
-    cur.execute("SELECT to_regclass(%(t)s)::oid, coalesce(sum(pg_table_size(c.oid)), 0)::bigint,"
-                " coalesce(sum(pg_indexes_size(c.oid)), 0)::bigint, coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint,"
-                " coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint"
-                " FROM pg_partition_tree(to_regclass(%(t)s)) t JOIN pg_class c ON c.oid = t.relid"
-                " LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid WHERE t.isleaf", {"t": str(source)})
+    # Over the leaves: a partitioned table's rows and indexes are its partitions'.
+    cur.execute(sql.SQL("SELECT to_regclass(%(t)s)::oid, coalesce(sum(pg_table_size(c.oid)), 0)::bigint,"
+                        " coalesce(sum(pg_indexes_size(c.oid)), 0)::bigint,"
+                        " coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint,"
+                        " coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint"
+                        " FROM ({leaves}) t JOIN pg_class c ON c.oid = t.relid"
+                        " LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid").format(leaves=introspect.LEAVES),
+                {"t": str(source)})
     oid, table_bytes, index_bytes, rows, live, dead = one(cur)
     live_share = live / (live + dead) if live + dead else 1.0
     info = introspect.describe(cur, source)
-    cur.execute("SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::bigint FROM pg_partition_tree(to_regclass(%s)) t"
-                " WHERE t.isleaf", (str(names.QualifiedName(source.schema, info.key_index)),))
+    cur.execute(sql.SQL("SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::bigint FROM ({leaves}) t").format(
+        leaves=introspect.LEAVES), {"t": str(names.QualifiedName(source.schema, info.key_index))})
     key_bytes = int(one(cur)[0])
     widened = 0
     for col, new_type in columns.items():

@@ -67,7 +67,9 @@ SELECT c.oid, jsonb_build_object(
                    'validated', k.convalidated,
                    'deferrable', k.condeferrable,
                    'deferred', k.condeferred)), '{}'::jsonb)
-        FROM pg_constraint k WHERE k.conrelid = c.oid),
+        -- not the copies PostgreSQL keeps of a foreign key to a partitioned table, one per
+        -- partition (conparentid): they come and go with that table's partitions
+        FROM pg_constraint k WHERE k.conrelid = c.oid AND k.conparentid = 0),
     'indexes', (
         SELECT coalesce(jsonb_object_agg(ic.relname, jsonb_build_object(
                    'definition', substr(pg_get_indexdef(i.indexrelid),

@@ -879,8 +879,13 @@ def _before_drops(cur: psycopg.Cursor, ctx: Context, tables: Sequence[Context], 
             raise refuse_losing(t, left, command, side)
         give_up(cur, t, left, command)
     oids = [oid for table in dropped if (oid := introspect.table_oid(cur, table)) is not None]
+    # A partitioned table's partitions go with it (a key on one of them to another dropped table too).
+    cur.execute("SELECT t.relid::oid FROM unnest(%s::oid[]) r(oid), pg_partition_tree(r.oid) t WHERE t.level > 0",
+                (oids,))
+    together = oids + [r[0] for r in cur.fetchall()]
     for oid in oids:
-        identity.refuse_blocking(cur, oid, command, f"`mover {command} {ctx.migration.name}` again", dropped=oids)
+        identity.refuse_blocking(cur, oid, command, f"`mover {command} {ctx.migration.name}` again",
+                                 dropped=together)
 
 
 def _by_role(per_table: list[list[QualifiedName]]) -> list[QualifiedName]:

@@ -128,6 +128,25 @@ SELECT jsonb_build_object(
                                                        quote_ident(k.conname), pg_get_constraintdef(k.oid)), '{}')
         FROM pg_constraint k JOIN pg_class f ON f.oid = k.conrelid JOIN pg_namespace fn ON fn.oid = f.relnamespace
         WHERE k.contype = 'f' AND k.confrelid = c.oid AND k.conrelid <> c.oid AND NOT f.relispartition))
+    -- A partitioned table's partitions, by bound (their names change sides at the swap): what each
+    -- carries of its own. Only then, so that other tables' descriptions read as they always did.
+    || CASE WHEN c.relkind = 'p' THEN jsonb_build_object('partitions', (
+        SELECT coalesce(jsonb_object_agg(concat_ws(' under ', pg_get_expr(pc.relpartbound, pc.oid),
+                                                   pg_get_expr(pp.relpartbound, pp.oid)), jsonb_build_object(
+                'kind', pc.relkind,
+                'owner', pg_get_userbyid(pc.relowner),
+                'comment', obj_description(pc.oid, 'pg_class'),
+                'tablespace', (SELECT s.spcname FROM pg_tablespace s WHERE s.oid = pc.reltablespace),
+                'reloptions', to_jsonb(coalesce(ARRAY(SELECT o FROM unnest(pc.reloptions) o
+                                                      WHERE split_part(o, '=', 1) <> 'autovacuum_enabled'), '{}')),
+                'grants', (SELECT coalesce(jsonb_agg(x ORDER BY x), '[]') FROM (
+                    SELECT concat_ws(' ', a.privilege_type, 'TO', CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                     ELSE quote_ident(pg_get_userbyid(a.grantee)) END,
+                                     CASE WHEN a.is_grantable THEN 'WITH GRANT OPTION' END) AS x
+                    FROM aclexplode(pc.relacl) a WHERE a.grantee <> pc.relowner) g))), '{}')
+        FROM pg_partition_tree(c.oid) t JOIN pg_class pc ON pc.oid = t.relid
+        LEFT JOIN pg_class pp ON pp.oid = t.parentrelid AND t.level > 1
+        WHERE t.level > 0)) ELSE '{}'::jsonb END
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = %s
 """
@@ -254,8 +273,10 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
     if p.partitioned and d.kind in ("kind", "reloptions", "constraint", "index", "index_name", "constraint_name",
                                     "replica_identity") and not _exclusion(d):
         return "[target.partition]: a partitioned table's key holds the partition columns and it stores no rows"
-    if p.one_table and d.kind == "kind":
+    if p.one_table and (d.kind == "kind" or d.kind.startswith("partition")):
         return "[target.partition] by = \"none\": the partitioned table becomes one ordinary table"
+    if p.partitioned and d.kind.startswith("partition"):
+        return "[target.partition]: the new table's partitions are the new layout's"
     if d.kind == "column_not_null" and column in p.partition_columns:
         return "[target.partition]: the primary key holds the partition columns, and a key's columns are NOT NULL"
     if d.kind in ("index_name", "constraint_name") and d.item in p.renames.values():
@@ -398,6 +419,14 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
         for name in sorted(bmap.keys() | amap.keys()):
             same(kind, name, bmap.get(name), amap.get(name))
     out += _compare_statistics(b_meta.get("statistics", {}), a_meta.get("statistics", {}))
+    b_p, a_p = b_meta.get("partitions", {}), a_meta.get("partitions", {})
+    for bound in sorted(b_p.keys() | a_p.keys()):
+        bp, ap = b_p.get(bound), a_p.get(bound)
+        if bp is None or ap is None:
+            same("partition", bound, bp and bp["kind"], ap and ap["kind"])
+            continue
+        for key in ("kind", "owner", "comment", "tablespace", "reloptions", "grants"):
+            same(f"partition_{key}", bound, bp.get(key), ap.get(key))
     b_v, a_v = set(b_meta.get("views", [])), set(a_meta.get("views", []))
     out += [Difference("view", v, v, None) for v in sorted(b_v - a_v)]
     out += [Difference("view", v, None, v) for v in sorted(a_v - b_v)]

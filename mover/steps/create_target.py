@@ -65,7 +65,7 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     elif tree is not None:
         # The source's key holds its partition columns already (PostgreSQL enforces no other).
         stmts += partitions.key_sql(target, key_name, key_ix.is_primary, info.key)
-        stmts += source_tree.kept_sql(tree, info.oid, target, set())
+        stmts += source_tree.kept_sql(tree, info.oid, target)
     else:
         stmts.append(ddl.create_index(key_name, target, key_ix, concurrently=False))
     if key_ix.is_primary and spec is None and tree is None:

@@ -15,6 +15,9 @@ def maintained(con: Consoles, results: list[dict[str, Any]], dry_run: bool, as_j
         return
     out = con.out
     for r in results:
+        if r.get("skipped"):
+            say(out, f"{r['table']}: skipped, {r['skipped']}")
+            continue
         verb = "would create" if dry_run else "created"
         made = [p["name"] for p in r["create"]] if dry_run else r["created"]
         say(out, f"{r['table']}: {r['partitions']} partitions; {verb} {len(made)}: {', '.join(made) or '-'}")

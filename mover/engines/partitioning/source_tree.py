@@ -111,17 +111,14 @@ def refuse_local_objects(cur: psycopg.Cursor, oid: int, source: QualifiedName) -
                              f"carries them), or drop them and make them again on the new partitions after the cutover")
 
 
-def kept_sql(tree: Tree, source_oid: int, target: QualifiedName, taken: set[QualifiedName]) -> list[sql.Composed]:
+def kept_sql(tree: Tree, source_oid: int, target: QualifiedName) -> list[sql.Composed]:
     """The new table's partitions as the source's (parents first, each under its new parent), with
-    what each carries of its own. `taken`: names in use that are not the source's partitions."""
+    what each carries of its own (plan check refuses a `<name>_new` that is taken)."""
     made: dict[int, QualifiedName] = {source_oid: target}
     out: list[sql.Composed] = []
     for p in tree.partitions:
         assert p.name.schema is not None
         new = QualifiedName(p.name.schema, new_name(p.name.name))
-        if new in taken:
-            raise PlanError(f"[migration] source: the new table's partition for {p.name} would be named {new}, "
-                            f"which exists", hint=f"rename or drop {new}")
         made[p.oid] = new
         out.append(q.create_partition_as(new, made[p.parent_oid], p.bound, p.partition_by, p.tablespace))
         out.append(ddl.owner_to(new, p.owner))

@@ -59,6 +59,14 @@ def maintain(db: Database, m: control.Migration, plan: Plan, live: QualifiedName
     # The plan's cutover lock_timeout: the application waits at most this long behind a
     # partition being created or detached; a busy table is retried (db.transaction).
     lock = f"{plan.cutover.lock_timeout_ms}ms"
+    moving = db.transaction(lambda cur: control.active_on_source(cur, live), label="partitions")
+    if moving is not None and moving.id != m.id:
+        # Another migration moves the table (a partitioned source): a partition made or detached
+        # now would change its source behind it (its shape check stops it). premake's partitions
+        # ahead carry the table meanwhile.
+        return {"migration": m.name, "table": str(live), "dry_run": dry_run,
+                "skipped": f"being moved by migration {moving.name!r} (step {moving.step}): its partitions are "
+                           f"kept again once that migration is retired or aborted"}
     if plan.upkeep.manager == "pg_partman" and m.state == "done":
         return _partman_maintain(db, m, plan, premake, live, lock, dry_run)
     todo = db.transaction(bind(partitions.maintain_plan, spec, premake, plan.upkeep.retention, live,

@@ -192,8 +192,10 @@ class Context:
     def _describe_mapping(self, cur: psycopg.Cursor, reverse: bool) -> Mapping:
         original = introspect.describe(cur, self.original)
         m = self.map_tables(cur, original, introspect.describe(cur, self.new), reverse)
-        extra = tuple(c for c in partitions.partition_columns(cur, m.dst) if c not in m.key)
-        return dataclasses.replace(m, dst_partition=extra) if extra else m
+        dst_columns = partitions.partition_columns(cur, m.dst)
+        extra = tuple(c for c in dst_columns if c not in m.key)
+        partitioned = bool(dst_columns) or bool(partitions.partition_columns(cur, m.src))
+        return dataclasses.replace(m, dst_partition=extra, partitioned=partitioned) if partitioned else m
 
     def map_tables(self, cur: psycopg.Cursor, original: introspect.TableInfo, new: introspect.TableInfo,
              reverse: bool) -> Mapping:

@@ -65,6 +65,9 @@ class Mapping:
     # the table's. A partitioned side is read whole (ONLY would read none of its rows).
     src_only: bool = False
     dst_only: bool = False
+    # Either side is partitioned: a statement joining a set of keys to it must probe each
+    # partition's key index by key, never hash a whole side (mover/engines/capture/changelog.py).
+    partitioned: bool = False
 
     def reads(self, side: str) -> sql.Composable:
         """The relation a statement reads `side` ("src" or "dst") from: `ONLY table` where it may."""

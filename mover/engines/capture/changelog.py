@@ -243,9 +243,11 @@ KEY_DRIVEN = (("enable_hashjoin", "off"), ("enable_mergejoin", "off"), ("jit", "
 
 
 def _drive_by_keys(cur: psycopg.Cursor, m: Mapping) -> list[tuple[str, str]]:
-    """KEY_DRIVEN for the rest of the caller's transaction when `m`'s destination is partitioned;
+    """KEY_DRIVEN for the rest of the caller's transaction when a side of `m` is partitioned (a
+    join of the batch's keys to a partitioned table is planned over every partition: hashing them
+    all took 12.9 s for 5,000 keys into 954 partitions where probing each key index took 0.66 s);
     returns the settings to put back (a transaction or savepoint rolled back puts them back too)."""
-    if not m.dst_partition:
+    if not m.partitioned:
         return []
     before = []
     for name, value in KEY_DRIVEN:

@@ -181,8 +181,8 @@ def layout(cur: psycopg.Cursor, spec: PartitionSpec, source: names.QualifiedName
         now = one(cur)[0]
         parts = range_partitions(spec, table, typ, lo, hi, now)
         if len(parts) > MAX_PARTITIONS:
-            raise PlanError(f"[target.partition]: {len(parts)} partitions would be created for {source}, from "
-                            f"{parts[0].label} (the smallest value of {names.display_ident(col)}, {lo}) on",
+            raise PlanError(f"[target.partition]: {len(parts)} partitions would be created for {source}, from the "
+                            f"one {parts[0].label} (the smallest value of {names.display_ident(col)}, {lo}) on",
                             hint=f"at most {MAX_PARTITIONS}: choose a wider interval, or move or delete the outliers")
         if hi is not None and parts and _comparable(hi) >= _comparable(parts[-1].hi):
             missing.append(f"value {hi} of column {names.display_ident(col)} is after the last partition "

@@ -87,6 +87,19 @@ SELECT c.oid, jsonb_build_object(
     -- A typed table's type (CREATE TABLE ... OF type): only when it has one, so that the
     -- descriptions (and fingerprints) recorded for other tables stay what they were.
     || CASE WHEN c.reloftype <> 0 THEN jsonb_build_object('of_type', format_type(c.reloftype, NULL))
+            ELSE '{}'::jsonb END
+    -- A partitioned table's tree, by bound (the swap renames partitions, it never changes a bound):
+    -- a partition attached, detached or created behind mover's back changes the rows behind the name.
+    || CASE WHEN c.relkind = 'p' THEN jsonb_build_object('partitions', (
+            SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'level', t.level, 'kind', pc.relkind, 'bound', pg_get_expr(pc.relpartbound, pc.oid),
+                       'under', pg_get_expr(pp.relpartbound, pp.oid),
+                       'partition_by', CASE WHEN pc.relkind = 'p' THEN pg_get_partkeydef(pc.oid) END)
+                       ORDER BY t.level, pg_get_expr(pp.relpartbound, pp.oid), pg_get_expr(pc.relpartbound, pc.oid)),
+                       '[]'::jsonb)
+            FROM pg_partition_tree(c.oid) t JOIN pg_class pc ON pc.oid = t.relid
+            LEFT JOIN pg_class pp ON pp.oid = t.parentrelid AND t.level > 1
+            WHERE t.level > 0))
             ELSE '{}'::jsonb END,
     -- the columns with a default (or generation expression) the scan found: each must print one
     array(SELECT d.adnum FROM pg_attrdef d WHERE d.adrelid = c.oid)
@@ -164,12 +177,25 @@ def diff(old: dict[str, Any], new: dict[str, Any] | None, side: str = "source") 
         out.append(Change(side, "of_type", f"table {now} " + (f"was made a typed table (OF {became})" if became else
                                                               f"is no longer a typed table (it was OF {was})")
                           + (f" (it was OF {was})" if was and became else ""), False))
+    if old.get("partitions") != new.get("partitions"):
+        out.append(_diff_partitions(side, now, old.get("partitions") or [], new.get("partitions") or []))
     columns = _diff_columns(side, now, old["columns"], new["columns"])
     out += columns
     out += _implied_dropped(_diff_constraints(side, now, old["constraints"], new["constraints"]), columns,
                             old["constraints"], new["constraints"])
     out += _diff_indexes(side, now, old["indexes"], new["indexes"])
     return out
+
+
+def _diff_partitions(side: str, t: QualifiedName, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> Change:
+    def bounds(tree: list[dict[str, Any]]) -> list[str]:
+        return [p["bound"] + (f" (under {p['under']})" if p.get("under") else "") for p in tree]
+    gone = [b for b in bounds(old) if b not in bounds(new)]
+    came = [b for b in bounds(new) if b not in bounds(old)]
+    what = "; ".join([*(f"a partition {b} was detached or dropped" for b in gone[:3]),
+                      *(f"a partition {b} was attached or created" for b in came[:3])]) or "a partition changed kind"
+    return Change(side, "partitions", f"the partitions of {t} changed: {what} (rows came or went without a "
+                                      f"write mover captures)", False)
 
 
 def _diff_columns(side: str, t: QualifiedName, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[Change]:

@@ -70,6 +70,7 @@ def _registry() -> list[Check]:
         Check("column types", types.columns),
         Check("key collations", key.deterministic_collations),
         Check("key is not deferrable", key.immediate),
+        Check("partitioned source", partitioning.source),
         Check("partitioning", partitioning.plan),
         Check("exclusion constraints on a partitioned target", refused_objects.exclusion_constraints),
         Check("NOT NULL NO INHERIT to a partitioned table (PostgreSQL 18)", versions.no_inherit_not_null),

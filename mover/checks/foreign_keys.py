@@ -37,7 +37,7 @@ def not_valid_to_partitioned(s: Subject) -> None:
     """PostgreSQL before 18 takes no NOT VALID foreign key on a partitioned table, and mover carries
     a foreign key to one by validating it (mover/engines/swap/carry.py): a NOT VALID one, whose old rows may
     break it, cannot be carried to a partitioned target."""
-    if s.plan.partition is None:
+    if s.plan.new_layout is None:
         return
     s.cur.execute("SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = %s AND NOT convalidated"
                   " ORDER BY conname", (s.table.oid,))

@@ -11,7 +11,7 @@ from mover.errors import PlanError
 
 
 def carried(s: Subject) -> None:
-    s.metadata = metadata.plan_notes(s.cur, s.table.oid, s.plan.columns, s.plan.partition is not None)
+    s.metadata = metadata.plan_notes(s.cur, s.table.oid, s.plan.columns, s.plan.new_layout is not None)
 
 
 def publications(s: Subject) -> None:
@@ -26,5 +26,5 @@ def publications(s: Subject) -> None:
 def subscribers_in_step(s: Subject) -> None:
     """Publications whose subscribers the migration would break (mover/catalog/subscribers.py)."""
     assert s.src.schema is not None
-    for problem in subscribers.plan_refusals(s.cur, s.src.schema, s.table.oid, s.plan.partition is not None):
+    for problem in subscribers.plan_refusals(s.cur, s.src.schema, s.table.oid, s.plan.new_layout is not None):
         s.report(problem)

@@ -96,8 +96,8 @@ def derived(cur: psycopg.Cursor, m: control.Migration, plan: Plan) -> list[Deriv
     schema = m.target.schema
     assert schema is not None and m.source.schema is not None
     info = introspect.describe(cur, m.source)
-    parts = [] if plan.partition is None else \
-        partitions.layout(cur, plan.partition, m.source, m.source.name, schema).partitions
+    parts = [] if plan.new_layout is None else \
+        partitions.layout(cur, plan.new_layout, m.source, m.source.name, schema).partitions
     # (the partitions' own names: checks/partitioning.py)
     for ix in info.indexes:
         if ix.name == info.key_index:

@@ -21,7 +21,7 @@ def exclusion_constraints(s: Subject) -> None:
     its plain columns and `&&` on its period: a partitioned table takes it when it is partitioned
     by plain columns of the key. The DDL rehearsal then tries each on the rehearsed target
     (checks/rehearsal.py)."""
-    spec = s.plan.partition
+    spec = s.plan.new_layout
     excluding = [ix for ix in s.table.indexes if ix.by_constraint]
     if spec is None or not excluding:
         return

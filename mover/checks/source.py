@@ -1,4 +1,5 @@
-"""The source table: it exists, it is a user's ordinary permanent table, and it has a key."""
+"""The source table: it exists, it is a user's permanent table (ordinary or partitioned), and it
+has a key."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def is_user_table(s: Subject) -> None:
         raise PlanError(f"[migration] source: {source} is a system table", hint="mover moves user tables")
 
 
-KINDS = {"p": "a partitioned table", "v": "a view", "m": "a materialized view", "f": "a foreign table",
+KINDS = {"v": "a view", "m": "a materialized view", "f": "a foreign table",
          "S": "a sequence", "i": "an index", "I": "an index", "c": "a composite type"}
 
 
@@ -41,9 +42,9 @@ def is_ordinary(s: Subject) -> None:
     s.cur.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
                   " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.name))
     relkind = one(s.cur)[0]
-    if relkind != "r":
+    if relkind not in ("r", "p"):
         raise PlanError(f"[migration] source: {source} is {KINDS.get(relkind, 'not an ordinary table')}",
-                        hint="mover moves ordinary tables")
+                        hint="mover moves tables (ordinary or partitioned)")
 
 
 def describe(s: Subject) -> None:

@@ -16,7 +16,7 @@ def no_inherit_not_null(s: Subject) -> None:
     """NOT NULL ... NO INHERIT (18) on a table converted to a partitioned one: on a partitioned
     table it binds none of the partitions, where the rows are, so the new table would accept
     NULL where the source refuses it."""
-    if s.plan.partition is None or not server.of(s.cur).catalogued_not_null:
+    if s.plan.new_layout is None or not server.of(s.cur).catalogued_not_null:
         return
     for name, definition in reading.read(
             s.cur, "SELECT k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k WHERE k.conrelid = %s"

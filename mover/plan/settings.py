@@ -238,16 +238,16 @@ class CaptureSettings:
 def _upkeep_fits_the_partitioning(s: Read, plan: dict[str, Read], problems: Problems) -> None:
     target = plan["target"]
     partition: PartitionSpec | None = target.values["partition"]
-    if s.raw and partition is None and "partition" not in target.raw:
+    if s.raw and ((partition is None and "partition" not in target.raw) or (partition and partition.by == "none")):
         problems.add("[partitions] applies to a partitioned target only", "add [target.partition] or remove it")
     if "retention" in s.raw:
-        if partition is None or partition.interval is None:
+        if partition is None or partition.by == "none" or partition.interval is None:
             problems.add("[partitions] retention needs a range partitioning over time ([target.partition] interval "
                          "= \"1 month\" etc.)", "add the interval, or remove retention")
         elif not re.match(r"^\s*[1-9]\d*\s+(day|week|month|year)s?\s*$", retention := s.raw["retention"]):
             problems.add(f"[partitions] retention must read like \"12 months\" or \"30 days\", got {retention!r}",
                          'e.g. retention = "12 months"')
-    if s.values["manager"] == "pg_partman" and partition is not None:
+    if s.values["manager"] == "pg_partman" and partition is not None and partition.by != "none":
         try:
             check_partman_spec(partition, s.raw, problems.fail)
         except PlanError as exc:
@@ -255,7 +255,7 @@ def _upkeep_fits_the_partitioning(s: Read, plan: dict[str, Read], problems: Prob
 
 
 @section("partitions", effect="at the next `mover partitions maintain`", check=_upkeep_fits_the_partitioning,
-         written=lambda plan: plan.partition is not None)
+         written=lambda plan: plan.new_layout is not None)
 @dataclass(frozen=True)
 class PartitionUpkeep:
     """`[partitions]`: the policy `mover partitions maintain` applies after the cutover."""
@@ -341,6 +341,17 @@ class Plan(TargetKeys, MigrationKeys):
     # Fixed: each [[also]] table is part of what defines the migration (its shape hash).
     also: tuple[AlsoTable, ...] = setting(AlsoTables(), (), section="also", stored="also", only_set=True, fixed=True)
     document: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def new_layout(self) -> PartitionSpec | None:
+        """The partitioning [target.partition] gives the new table; None when the plan keeps the
+        source's layout (a partitioned source's tree, or one table) or asks for one table."""
+        return None if self.partition is None or self.partition.by == "none" else self.partition
+
+    @property
+    def one_table(self) -> bool:
+        """[target.partition] by = "none": a partitioned source becomes one ordinary table."""
+        return self.partition is not None and self.partition.by == "none"
 
     def canonical(self) -> dict[str, Any]:
         """The plan as data: stored with the migration and hashed (tunables excluded from the hash)."""

@@ -23,7 +23,7 @@ _NAME_FIELDS = {"table", "YYYY", "MM", "DD", "N"}
 @dataclass(frozen=True)
 class PartitionSpec:
     """`[target.partition]`: how the new table is partitioned (mover/engines/partitioning/partitions.py creates it)."""
-    by: str  # range | list | hash
+    by: str  # range | list | hash, or none: a partitioned source becomes one ordinary table
     columns: tuple[str, ...]
     interval: str | None = None  # range over time: day | week | month | year
     step: int | None = None  # range over an integer column: the width of a partition
@@ -115,8 +115,14 @@ def partition_spec(d: dict[str, Any], fail: Callable[..., PlanError]) -> Partiti
         if not isinstance(item, expected) or (isinstance(item, bool) and expected is not bool):
             raise fail(f"{where} {key} must be {type_word(expected)}, got {type_word(type(item))} {item!r}")
     by = d.get("by")
+    if by == "none":
+        # The undo of a conversion: the new table is one ordinary table (its source partitioned).
+        if set(d) != {"by"}:
+            raise fail(f"{where} by = \"none\" takes no other key, got {', '.join(sorted(set(d) - {'by'}))}",
+                       "remove the other keys: the new table is one ordinary table")
+        return PartitionSpec(by="none", columns=())
     if by not in ("range", "list", "hash"):
-        raise fail(f"{where} by must be \"range\", \"list\" or \"hash\", got {by!r}")
+        raise fail(f"{where} by must be \"range\", \"list\", \"hash\" or \"none\", got {by!r}")
     if ("column" in d) == ("columns" in d):
         raise fail(f"{where} needs exactly one of column = \"...\" or columns = [...]")
     columns = (d["column"],) if "column" in d else tuple(d["columns"])

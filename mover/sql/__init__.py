@@ -17,7 +17,9 @@ SOURCES = {
     "pg_get_triggerdef": "a trigger's CREATE TRIGGER statement printed by pg_get_triggerdef()",
     "pg_get_ruledef": "a rule's CREATE RULE statement printed by pg_get_ruledef()",
     "pg_get_viewdef": "a view's query printed by pg_get_viewdef()",
-    "pg_get_expr": "a column default, a publication's row filter or a policy's expression printed by pg_get_expr()",
+    "pg_get_expr": "a column default, a publication's row filter, a policy's expression or a partition bound"
+                   " printed by pg_get_expr()",
+    "pg_get_partkeydef": "a partitioned table's PARTITION BY clause printed by pg_get_partkeydef()",
     "pg_get_statisticsobjdef": "the columns and expressions of extended statistics printed by"
                                " pg_get_statisticsobjdef_columns()",
     "pg_collation": "a collation name as the catalog quotes it",

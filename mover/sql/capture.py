@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg import sql
 
-from mover.names import QualifiedName
+from mover.names import QualifiedName, parse_qualified
 from mover.sql import trusted
 from mover.sql.mapping import (
     Mapping,
@@ -495,7 +495,8 @@ WHERE (SELECT count(*) FROM gone) >= 0""").format(
 def capture_probe() -> sql.SQL:
     """One row per object in %(objects)s (in order): what the catalog holds now (oid, raw xmin,
     state, whether it is in force) and mover's mark of it (oid, xmin), each NULL when there is none.
-    An object is a trigger name (on the table %(table)s, as text), 'publication:' || %(publication)s
+    An object is a trigger name (on the table %(table)s, as text), or '<trigger> on <partition>' (one
+    of a partitioned table's partitions, as regclass text), 'publication:' || %(publication)s
     (the publication's row: in force when it publishes every action) or that || ':table' (the
     table's membership of it: in force without a row filter or column list). Catalog reads
     only, by index: what every drain transaction runs."""
@@ -507,8 +508,11 @@ LEFT JOIN LATERAL (
     SELECT t.oid::bigint AS oid, t.xmin::text AS row_xmin, t.tgenabled::text AS state,
            t.tgenabled OPERATOR(pg_catalog.=) 'A' AS in_force
     FROM pg_catalog.pg_trigger t
-    WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%(table)s)
-      AND t.tgname OPERATOR(pg_catalog.=) o.object
+    WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(
+              CASE WHEN pg_catalog.strpos(o.object, ' on ') OPERATOR(pg_catalog.>) 0
+                   THEN pg_catalog.substr(o.object, pg_catalog.strpos(o.object, ' on ') OPERATOR(pg_catalog.+) 4)
+                   ELSE %(table)s END)
+      AND t.tgname OPERATOR(pg_catalog.=) pg_catalog.split_part(o.object, ' on ', 1)
     UNION ALL
     SELECT p.oid::bigint, p.xmin::text,
            pg_catalog.concat_ws(', ', CASE WHEN p.pubinsert THEN 'insert' END, CASE WHEN p.pubupdate THEN 'update' END,
@@ -531,9 +535,16 @@ ORDER BY o.n
 """)
 
 
-def enable_always(trigger: str, table: QualifiedName) -> sql.Composed:
-    """The statement that puts a capture trigger back in force (the fix a refusal names)."""
-    return sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=sql.Identifier(trigger), tbl=table.ident)
+def relation(text: str) -> QualifiedName:
+    """A partition named in a capture object (mover/engines/capture/integrity.py), as regclass text."""
+    return parse_qualified(text)
+
+
+def enable_always(trigger: str, table: QualifiedName, partition: str | None = None) -> sql.Composed:
+    """The statement that puts a capture trigger back in force (the fix a refusal names); on one
+    of `table`'s partitions when `partition` names it."""
+    on = table if partition is None else relation(partition)
+    return sql.SQL("ALTER TABLE {tbl} ENABLE ALWAYS TRIGGER {t}").format(t=sql.Identifier(trigger), tbl=on.ident)
 
 
 def resync_all_keys(log: QualifiedName, key: tuple[str, ...], key_types: tuple[str, ...],

@@ -76,6 +76,10 @@ def rename_table(table: QualifiedName, new_name: str) -> sql.Composed:
     return sql.SQL("ALTER TABLE {t} RENAME TO {n}").format(t=table.ident, n=sql.Identifier(new_name))
 
 
+def rename_index(index: QualifiedName, new_name: str) -> sql.Composed:
+    return sql.SQL("ALTER INDEX {i} RENAME TO {n}").format(i=index.ident, n=sql.Identifier(new_name))
+
+
 def drop_table(table: QualifiedName) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {}").format(table.ident)
 

@@ -49,6 +49,16 @@ def create_partition(partition: QualifiedName, parent: QualifiedName, bound: sql
     return sql.SQL("CREATE TABLE {} PARTITION OF {} {}").format(partition.ident, parent.ident, bound)
 
 
+def create_partition_as(partition: QualifiedName, parent: QualifiedName, bound: str, partition_by: str | None,
+                        tablespace: str | None) -> sql.Composed:
+    """A partition of `parent` with a bound (and a sub-partitioned one's key) as the catalog printed
+    them for the source's partition it stands for."""
+    return sql.SQL("CREATE TABLE {} PARTITION OF {} {}{}{}").format(
+        partition.ident, parent.ident, trusted(bound, "pg_get_expr"),
+        sql.SQL(" PARTITION BY {}").format(trusted(partition_by, "pg_get_partkeydef")) if partition_by else sql.SQL(""),
+        sql.SQL(" TABLESPACE {}").format(sql.Identifier(tablespace)) if tablespace else sql.SQL(""))
+
+
 def add_primary_key(table: QualifiedName, constraint: str, columns: tuple[str, ...]) -> sql.Composed:
     return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
         table.ident, sql.Identifier(constraint), sql.SQL(", ").join(sql.Identifier(c) for c in columns))

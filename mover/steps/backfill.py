@@ -57,7 +57,7 @@ class Backfill(EachTable):
     @staticmethod
     def _partitions(ctx: Context, cur: psycopg.Cursor) -> list[names.QualifiedName] | None:
         """The new table's partitions: those it has, or before create_target those it will get."""
-        spec = ctx.plan.partition
+        spec = ctx.plan.new_layout
         if spec is None:
             return None
         if introspect.exists(cur, ctx.new):

@@ -4,13 +4,13 @@ import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect, reading, server
+from mover.catalog import introspect, partition_tree, reading, server
 from mover.engines.context import Context
-from mover.engines.partitioning import partitions
+from mover.engines.partitioning import partitions, source_tree
 from mover.engines.swap import metadata
 from mover.errors import Failed, PlanError
 from mover.plan import Plan
-from mover.sql import ddl
+from mover.sql import ddl, trusted
 from mover.sql import partitions as sql_partitions
 from mover.state import control
 from mover.steps.base import EachTable
@@ -20,9 +20,20 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
                target: names.QualifiedName, mid: int = 0) -> list[sql.Composed]:
     info = introspect.describe(cur, source)
     meta = introspect.metadata(cur, info.oid)
-    spec = plan.partition
-    stmts = [ddl.create_target(target, source, unlogged=introspect.persistence(cur, source) == "u",
-                               partition_by=sql_partitions.partition_by(spec.by, spec.columns) if spec else None)]
+    spec = plan.new_layout
+    tree = None if spec is not None or plan.one_table else partition_tree.read(cur, info.oid)
+    partition_by: sql.Composable | None = None
+    if spec is not None:
+        partition_by = sql_partitions.partition_by(spec.by, spec.columns)
+    elif tree is not None:
+        partition_by = sql.SQL("PARTITION BY {}").format(trusted(tree.partition_by, "pg_get_partkeydef"))
+    # PostgreSQL changes no type of a partition column: a kept layout whose partition columns
+    # change type is made on an ordinary table first, and the new table created LIKE it.
+    shaped = tree is not None and bool(set(plan.columns) & set(partitions.partition_columns(cur, source)))
+    made = names.QualifiedName(target.schema, names.derived(target.name, "_shape")) if shaped else target
+    unlogged = introspect.persistence(cur, source) == "u"
+    stmts = [ddl.create_target(made, source, unlogged=unlogged, partition_by=None if shaped else partition_by)]
+    target, final = made, target
     # LIKE copies every CHECK (and on 18 every NOT NULL constraint) as validated; one the source
     # has NOT VALID may be broken by rows that the backfill copies. It is added back NOT VALID at
     # the swap (mover/engines/swap/cutover.py), as it was.
@@ -39,6 +50,9 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
             seq_type, seq_max = introspect.sequence_limits(cur, seq.sequence)
             if seq_max == introspect.INTEGER_MAX.get(seq_type):
                 stmts.append(ddl.identity_no_maxvalue(target, seq.column))
+    if shaped:
+        stmts += [ddl.create_target(final, made, unlogged=unlogged, partition_by=partition_by), ddl.drop_table(made)]
+    target = final
     key_ix = next(ix for ix in info.indexes if ix.name == info.key_index)
     key_name = names.derived(target.name, "_pkey" if key_ix.is_primary else "_key")
     if spec is not None:
@@ -48,9 +62,13 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
         assert target.schema is not None
         stmts += partitions.create_sql(spec, target,
                                        partitions.layout(cur, spec, source, source.name, target.schema).partitions)
+    elif tree is not None:
+        # The source's key holds its partition columns already (PostgreSQL enforces no other).
+        stmts += partitions.key_sql(target, key_name, key_ix.is_primary, info.key)
+        stmts += source_tree.kept_sql(tree, info.oid, target, set())
     else:
         stmts.append(ddl.create_index(key_name, target, key_ix, concurrently=False))
-    if key_ix.is_primary and spec is None:
+    if key_ix.is_primary and spec is None and tree is None:
         stmts.append(ddl.add_primary_key_using(target, key_name, key_name))
     index_comment, constraint_comment = introspect.index_comments(cur, key_ix.oid)
     if index_comment is not None:
@@ -61,7 +79,7 @@ def target_ddl(cur: psycopg.Cursor, plan: Plan, source: names.QualifiedName,
     stmts.append(ddl.owner_to(target, meta.owner))
     stmts += [ddl.grant(target, priv, role, grantable) for role, priv, grantable in meta.grants]
     stmts += [ddl.grant(target, priv, role, grantable, column=col) for col, role, priv, grantable in meta.column_grants]
-    if meta.reloptions and spec is None:  # a partitioned parent stores no rows, and takes no storage options
+    if meta.reloptions and partition_by is None:  # a partitioned parent stores no rows, and takes no storage options
         stmts.append(ddl.set_reloptions(target, meta.reloptions))
     if meta.comment is not None:
         stmts.append(ddl.comment_on(target, meta.comment))

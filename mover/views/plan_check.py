@@ -58,7 +58,16 @@ def show(con: Consoles, plan: Path, result: dict[str, Any], as_json: bool, state
         for col, why in result["rollback_carries_back"].items():
             say(out, f"  {col!r} {why}")
     part = result.get("partitioning")
-    if part:
+    if part and part.get("kept"):
+        say(out, f"partitioned as the source is ({part['kept']}), unique key ({', '.join(part['key'])}); each "
+                 f"partition takes its source partition's name at the swap")
+        say(out, f"{len(part['partitions'])} partitions to create:")
+        shown = part["partitions"] if statements or len(part["partitions"]) <= 2 * SHOWN else part["partitions"][:SHOWN]
+        for p in shown:
+            say(out, f"  {p['name']}  {p['bound']}  (for {p['for']})")
+        if len(shown) < len(part["partitions"]):
+            say(out, f"  and {len(part['partitions']) - len(shown)} more")
+    elif part:
         say(out, f"partitioned by {part['by']} ({', '.join(part['columns'])}), unique key ({', '.join(part['key'])})")
         if part["key_change"]:
             say(out, f"key change accepted ([target.partition] accept_key_change): {part['key_change']}")

@@ -205,9 +205,19 @@ CASES = [
     Case("source-matview", plan_toml(source="orders_mv"),
          ["[migration] source", '"public"."orders_mv" is a materialized view'],
          setup="CREATE MATERIALIZED VIEW orders_mv AS SELECT id FROM orders; CREATE UNIQUE INDEX ON orders_mv (id)"),
-    Case("source-partitioned", plan_toml(source="parted"),
-         ["[migration] source", '"public"."parted" is a partitioned table'],
-         setup="CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id)"),
+    # A partitioned source: the new table's partitions wait under `<name>_new` until the swap.
+    Case("source-partitioned-name-taken", plan_toml(source="parted"),
+         ["[migration] source", '"public"."parted_1_new"', "exists"],
+         setup="CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id);"
+               " CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (10);"
+               " CREATE TABLE parted_1_new (x int)", also_run=True),
+    Case("source-partitioned-detach-pending", plan_toml(source="parted"),
+         ["[migration] source", '"public"."parted_1"', "DETACH PARTITION", "FINALIZE"],
+         setup="CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id);"
+               " CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (10);"
+               " UPDATE pg_inherits SET inhdetachpending = true WHERE inhrelid = 'parted_1'::regclass"),
+    Case("one-table-of-an-ordinary-source", plan_toml() + '[target.partition]\nby = "none"\n',
+         ["[target.partition]", 'by = "none"', '"public"."orders" is not partitioned']),
     Case("source-control-table", plan_toml(source="mover.migrations"),
          ["[migration] source", '"mover"."migrations" belongs to mover itself']),
     Case("source-system-catalog", plan_toml(source="pg_catalog.pg_class"),

@@ -34,7 +34,7 @@ def test_valid_partition_plans_round_trip(partition):
 
 
 @pytest.mark.parametrize("partition, words", [
-    ({"by": "tree", "column": "a"}, '[target.partition] by must be "range", "list" or "hash"'),
+    ({"by": "tree", "column": "a"}, '[target.partition] by must be "range", "list", "hash" or "none"'),
     ({"by": "range", "column": "a", "columns": ["a"]}, "exactly one of column"),
     ({"by": "range", "column": "a"}, "[target.partition] interval is required"),
     ({"by": "range", "column": "a", "interval": "2 days"}, "[target.partition] interval must be one of"),

@@ -26,7 +26,7 @@ from psycopg import sql
 
 from mover import names
 from mover.catalog import family as family_catalog
-from mover.catalog import introspect, privileges, reading
+from mover.catalog import introspect, partition_tree, privileges, reading
 from mover.db import one
 from mover.engines.capture import integrity, logical
 from mover.engines.context import Context
@@ -59,12 +59,15 @@ def key_equality(cur: psycopg.Cursor, info: introspect.TableInfo, key: tuple[str
 
 def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: tuple[str, ...],
                 migration: str, reverse: bool = False, *, renamed: names.QualifiedName | None = None,
+                partition_names: dict[names.QualifiedName, names.QualifiedName] | None = None,
                 logical_capture: bool = False) -> list[sql.Composed]:
     """The statements that start capturing `table` into migration `mid`'s log (`table` read from
     the catalog now, the trigger created on `renamed` when a swap renames it first). With
     `logical_capture` (forward only: the reverse direction always uses the trigger), no row
     trigger: mover/engines/capture/logical.py feeds the log from the replication slot that logical.prepare()
-    made before this transaction, and the TRUNCATE trigger alone stays, refusing a TRUNCATE."""
+    made before this transaction, and the TRUNCATE trigger alone stays, refusing a TRUNCATE.
+    `partition_names`: the names the swap gives the table's partitions (source_tree.swap_names)."""
+    partition_names = partition_names or {}
     info = introspect.describe(cur, table)
     table = renamed or table
     key_types = tuple(info.column(k).type for k in key)
@@ -72,9 +75,14 @@ def install_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName, key: 
     log_table = names.change_log(mid, reverse)
     fn = names.capture_function(mid, reverse)
     from_wal = logical_capture and not reverse
+    trigger = names.capture_trigger(mid, reverse)
+    # A partitioned table's partitions take its row trigger by themselves; a TRUNCATE of one of
+    # them fires only its own statement triggers, so each gets the one that refuses it.
+    partitions = [partition_names.get(p, p) for p in partition_tree.relations(cur, info.oid)]
     return [*q.create_log(log_table, key, key_types, collations),
             *q.create_trigger_function(fn, log_table, key, migration, key_equality(cur, info, key), reverse),
-            *q.create_trigger(names.capture_trigger(mid, reverse), table, fn, rows=not from_wal),
+            *q.create_trigger(trigger, table, fn, rows=not from_wal),
+            *[s for p in partitions for s in q.create_trigger(trigger, p, fn, rows=False)],
             *(logical.install_sql(cur, mid) if from_wal else [])]
 
 
@@ -154,6 +162,9 @@ def remove_sql(cur: psycopg.Cursor, mid: int, table: names.QualifiedName | None,
     if table is not None and introspect.exists(cur, table):
         trigger = names.capture_trigger(mid, reverse)
         stmts += [q.drop_trigger(trigger, table), q.drop_trigger(q.truncate_trigger(trigger), table)]
+        oid = introspect.table_oid(cur, table)
+        assert oid is not None
+        stmts += [q.drop_trigger(q.truncate_trigger(trigger), p) for p in partition_tree.relations(cur, oid)]
     stmts += [q.drop_function(names.capture_function(mid, reverse)), q.drop_table(names.change_log(mid, reverse))]
     if not reverse:
         # Reconcile's notes of applied keys (mover/engines/bulk/reconcile.py) live and die with the forward log;

@@ -34,6 +34,8 @@ import psycopg
 from psycopg import sql
 
 from mover import names
+from mover.catalog import partition_tree
+from mover.db import one
 from mover.engines.capture import logical
 from mover.engines.context import Context
 from mover.errors import Waiting
@@ -97,9 +99,33 @@ def captured_table(ctx: Context, reverse: bool) -> QualifiedName:
     return ctx.new if reverse else ctx.original
 
 
+ON = " on "  # '<trigger> on <partition>': a trigger on one of a partitioned table's partitions
+
+
+def on_partitions(cur: psycopg.Cursor, ctx: Context, reverse: bool, table: QualifiedName) -> list[str]:
+    """The capture's triggers on each partition of a partitioned `table`: the clones of the row
+    trigger PostgreSQL makes, each switched on and off by itself, and the TRUNCATE trigger mover
+    puts on each (a TRUNCATE of a partition fires no trigger of its parent)."""
+    cur.execute("SELECT to_regclass(%s)::oid", (str(table),))
+    oid = one(cur)[0]
+    if oid is None:
+        return []
+    trigger = names.capture_trigger(ctx.mid, reverse)
+    mine = [q.truncate_trigger(trigger)] if logical.enabled(ctx) and not reverse else \
+        [trigger, q.truncate_trigger(trigger)]
+    return [f"{t}{ON}{p}" for p in partition_tree.relations(cur, oid) for t in mine]
+
+
+def split(obj: str) -> tuple[str, str | None]:
+    """(trigger, partition or None) of a trigger object."""
+    trigger, _, partition = obj.partition(ON)
+    return trigger, partition or None
+
+
 def probe(cur: psycopg.Cursor, ctx: Context, reverse: bool, table: QualifiedName | None = None) -> list[Seen]:
     table = table or captured_table(ctx, reverse)
-    cur.execute(q.capture_probe(), {"objects": objects(ctx, reverse), "table": str(table),
+    everything = objects(ctx, reverse) + on_partitions(cur, ctx, reverse, table)
+    cur.execute(q.capture_probe(), {"objects": everything, "table": str(table),
                                     "publication": names.capture_publication(ctx.mid), "mid": ctx.mid,
                                     "direction": gaps.direction(reverse)})
     return [Seen(*r) for r in cur.fetchall()]
@@ -133,7 +159,7 @@ def describe(s: Seen, ctx: Context) -> str:
     if kind == "trigger":
         if s.oid is None:
             return "dropped: no trigger of that name on the table" + (" (it was there)" if s.mark_oid else "")
-        if s.state != "A" and s.object.endswith("_truncate"):
+        if s.state != "A" and split(s.object)[0].endswith("_truncate"):
             return (f"tgenabled {s.state} (was A): a TRUNCATE of the table "
                     + ("is not refused" if s.state == "D" else "under session_replication_role = "
                        + ("origin" if s.state == "R" else "replica") + " is not refused")
@@ -166,12 +192,17 @@ def fix(cur: psycopg.Cursor, s: Seen, ctx: Context, table: QualifiedName) -> str
     """The statement (or command) that puts the object back in force."""
     if _kind(s.object) != "trigger":
         return f"mover recapture {ctx.migration.name}"
+    trigger, partition = split(s.object)
     if s.oid is not None:
-        return q.enable_always(s.object, table).as_string(cur)
-    reverse = s.object.startswith(names.capture_trigger(ctx.mid, True))
-    wanted = q.create_trigger(names.capture_trigger(ctx.mid, reverse), table, names.capture_function(ctx.mid, reverse),
-                              rows=not s.object.endswith("_truncate"))
-    keep = [stmt.as_string(cur) for stmt in wanted if sql.Identifier(s.object).as_string(cur) in stmt.as_string(cur)]
+        return q.enable_always(trigger, table, partition).as_string(cur)
+    if partition is not None and not trigger.endswith("_truncate"):
+        # A partition's clone of the row trigger comes back only with the parent's.
+        return f"mover recapture {ctx.migration.name}"
+    reverse = trigger.startswith(names.capture_trigger(ctx.mid, True))
+    on = table if partition is None else q.relation(partition)
+    wanted = q.create_trigger(names.capture_trigger(ctx.mid, reverse), on, names.capture_function(ctx.mid, reverse),
+                              rows=not trigger.endswith("_truncate"))
+    keep = [stmt.as_string(cur) for stmt in wanted if sql.Identifier(trigger).as_string(cur) in stmt.as_string(cur)]
     return "; ".join(keep)
 
 
@@ -216,7 +247,8 @@ def name_of(g: gaps.Gap) -> str:
         return f"replication slot {names.display_ident(g.object.removeprefix('slot:'))}"
     kind = _kind(g.object)
     if kind == "trigger":
-        return f"trigger {names.display_ident(g.object)} on {g.relation}"
+        trigger, partition = split(g.object)
+        return f"trigger {names.display_ident(trigger)} on {partition or g.relation}"
     pub = names.display_ident(g.object.removeprefix(PUBLICATION).removesuffix(":table"))
     return f"publication {pub}" if kind == "publication" else f"the membership of {g.relation} in publication {pub}"
 

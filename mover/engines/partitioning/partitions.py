@@ -17,15 +17,16 @@ import calendar
 import datetime as dt
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from mover import names
-from mover.catalog import introspect, reading, server
+from mover.catalog import introspect, partition_tree, reading, server
 from mover.db import one
+from mover.engines.partitioning import source_tree
 from mover.errors import PlanError
 from mover.plan import PartitionSpec
 from mover.sql import partitions as q
@@ -210,6 +211,9 @@ def layout(cur: psycopg.Cursor, spec: PartitionSpec, source: names.QualifiedName
     if spec.default:
         parts.append(Partition(default_name(table), q.default_bound(), label="DEFAULT"))
         missing = []
+    # A name a partition of a partitioned source holds is taken until the swap hands it over.
+    held = {r.name for r in partition_tree.relations(cur, info.oid) if r.schema == target_schema}
+    parts = [replace(p, name=source_tree.new_name(p.name)) if p.name in held else p for p in parts]
     seen: set[str] = set()
     for p in parts:
         if p.name in seen:

@@ -40,7 +40,7 @@ def conversions(cur: psycopg.Cursor, table: str | None) -> list[tuple[control.Mi
     out = []
     for m in control.list_all(cur):
         plan = plan_from_canonical(m.plan)
-        if plan.partition is None or m.state == "aborted":
+        if plan.new_layout is None or m.state == "aborted":
             continue
         if table is not None and table not in (m.name, m.source.name, str(m.source)):
             continue
@@ -53,7 +53,7 @@ def conversions(cur: psycopg.Cursor, table: str | None) -> list[tuple[control.Mi
 def maintain(db: Database, m: control.Migration, plan: Plan, live: QualifiedName, *,
              dry_run: bool) -> dict[str, Any]:
     """One conversion's upkeep; returns what it found and did (with dry_run: would do)."""
-    spec = plan.partition
+    spec = plan.new_layout
     assert spec is not None and live.schema is not None
     premake = spec.premake if plan.upkeep.premake is None else plan.upkeep.premake
     # The plan's cutover lock_timeout: the application waits at most this long behind a
@@ -112,7 +112,7 @@ def _partman_maintain(db: Database, m: control.Migration, plan: Plan, premake: i
     """maintain for a retired conversion with manager = "pg_partman": the first run hands the
     table over (create_parent), every run defers to pg_partman's run_maintenance. Reports the
     partitions it created and removed by comparing before and after."""
-    spec = plan.partition
+    spec = plan.new_layout
     assert spec is not None  # only partitioned conversions reach maintain
 
     def names_of(cur: psycopg.Cursor) -> set[str]:

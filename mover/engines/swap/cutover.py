@@ -38,6 +38,7 @@ from mover.catalog import identity, introspect, privileges, shape, subscribers
 from mover.db import bind, one
 from mover.engines.capture import changelog, integrity, logical
 from mover.engines.context import Context
+from mover.engines.partitioning import source_tree
 from mover.engines.swap import carry, keys, lockwatch, metadata, parity, snapshots
 from mover.errors import Failed, Waiting, combined
 from mover.names import QualifiedName
@@ -84,7 +85,7 @@ def preflight(ctx: Context, last_check: LastCheck | None = None) -> None:
         source = ctx.migration.source
         assert source.schema is not None
         cur.execute("SELECT to_regclass(%s)::oid", (str(source),))
-        refused = subscribers.plan_refusals(cur, source.schema, int(one(cur)[0]), ctx.plan.partition is not None)
+        refused = subscribers.plan_refusals(cur, source.schema, int(one(cur)[0]), ctx.plan.new_layout is not None)
         if refused:
             raise combined(refused, hint=f"then `mover cutover {ctx.migration.name}` again")
     ctx.db.transaction(check)
@@ -317,11 +318,12 @@ def swap_plan(cur: psycopg.Cursor, ctx: Context, *, forward: bool) -> tuple[list
     # through carry's renames).
     out += metadata.swap_sql(cur, live, other)
     out += carried.before
-    out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name)]
+    partitions = source_tree.swap_names(cur, live, other, forward=forward)  # a partitioned table's
+    out += [ddl.rename_table(live, live_renamed.name), ddl.rename_table(other, m.source.name), *partitions.statements]
     out += _hand_over_sequences(cur, live, other, m.source)
     out += carried.after
     out += changelog.install_sql(cur, ctx.mid, other, tuple(m.key_columns), m.name, reverse=forward, renamed=m.source,
-                               logical_capture=from_wal)
+                                 partition_names=partitions.taken, logical_capture=from_wal)
     return out, carried
 
 

@@ -204,6 +204,7 @@ class Planned:
     # swap renames the tables and the keys stay with them, so that a key that reads, names mapped,
     # as the source's is what the swap makes. After the swap there is nothing to map.
     family: dict[str, str] = field(default_factory=dict)
+    one_table: bool = False  # [target.partition] by = "none": a partitioned table becomes one table
 
     @property
     def partitioned(self) -> bool:
@@ -253,6 +254,8 @@ def _planned_reason(d: Difference, p: Planned, before: dict[str, Any], after: di
     if p.partitioned and d.kind in ("kind", "reloptions", "constraint", "index", "index_name", "constraint_name",
                                     "replica_identity") and not _exclusion(d):
         return "[target.partition]: a partitioned table's key holds the partition columns and it stores no rows"
+    if p.one_table and d.kind == "kind":
+        return "[target.partition] by = \"none\": the partitioned table becomes one ordinary table"
     if d.kind == "column_not_null" and column in p.partition_columns:
         return "[target.partition]: the primary key holds the partition columns, and a key's columns are NOT NULL"
     if d.kind in ("index_name", "constraint_name") and d.item in p.renames.values():
@@ -453,9 +456,9 @@ def planned(plan: Plan, renamed: dict[str, str], *, at_swap: bool, family: dict[
     """What the plan and mover change on purpose: the one judgement of the swap (check_swap) and
     of `mover parity` (report)."""
     return Planned(columns=frozenset(plan.columns),
-                   partition_columns=frozenset(plan.partition.columns if plan.partition else ()), renames=renamed,
+                   partition_columns=frozenset(plan.new_layout.columns if plan.new_layout else ()), renames=renamed,
                    dropped_foreign_keys=frozenset(plan.drop_foreign_keys), at_swap=at_swap,
-                   accepted=frozenset(plan.cutover.accept_parity), family=family or {})
+                   accepted=frozenset(plan.cutover.accept_parity), family=family or {}, one_table=plan.one_table)
 
 
 def family_names(cur: psycopg.Cursor, members: Any) -> dict[str, str]:

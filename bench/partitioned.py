@@ -33,7 +33,10 @@ update and delete reaches one partition, as an application that knows its row's 
       --force` (a zero rollback window).
 2. **Monthly to daily** (`[target.partition] by = "range", column = "created_at", interval =
    "1 day", accept_key_change = true`): the same three, the single statement's table partitioned
-   by UTC day from the first row's day to 3 days past today (mover's default premake).
+   by UTC day from the first row's day to 3 days past today (mover's default premake). mover
+   makes at most 1000 partitions (mover/engines/partitioning/partitions.py), and 36 months hold
+   more days: this part's source has `--daily-months` (32) monthly partitions and the same rows;
+   part 1 records what `mover plan check` says of the daily plan over its 36 months.
 3. **The lock hold against the partition count**: for each count of `--lock-partitions`,
    `--lock-runs` times, a fresh source of `--lock-rows` rows over that many monthly partitions,
    the writers on, `mover run` to the gate, `mover cutover`, `mover retire --force`.
@@ -119,12 +122,20 @@ WRITES = (
 )
 
 
+def message(proc: subprocess.CompletedProcess) -> str:
+    """What mover printed, the wrapper's RSS line (its last) left out, on one line per paragraph."""
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    if lines and lines[-1].isdigit():
+        lines = lines[:-1]
+    return "\n".join(lines).strip()[-3000:]
+
+
 class MoverFailed(Exception):
     """A mover command exited otherwise than the part expects: the part's figures stop there."""
 
-    def __init__(self, command: str, code: int, stderr: str):
+    def __init__(self, command: str, code: int, text: str):
         super().__init__(f"`{command}` exited {code}")
-        self.figures = {"command": command, "exit": code, "stderr": stderr.strip()[-3000:]}
+        self.figures = {"command": command, "exit": code, "stderr": text}
 
 
 def mover(dsn: str, *args: str, codes: tuple[int, ...] = (0,)) -> tuple[float, int]:
@@ -133,7 +144,7 @@ def mover(dsn: str, *args: str, codes: tuple[int, ...] = (0,)) -> tuple[float, i
     proc, rss = mover_cli(dsn, *args)
     took = time.perf_counter() - started
     if proc.returncode not in codes:
-        raise MoverFailed("mover " + " ".join(args), proc.returncode, proc.stderr)
+        raise MoverFailed("mover " + " ".join(args), proc.returncode, message(proc))
     return took, rss
 
 
@@ -317,21 +328,42 @@ def migration_figures(dsn: str, name: str) -> dict[str, Any]:
         lock = conn.execute("SELECT cutover_lock_ms FROM mover.migrations WHERE name = %s", (name,)).fetchone()
         out["lock_ms"] = lock[0] if lock else None
         row = conn.execute("SELECT (e.detail->>'drained')::int, (e.detail->>'attempt')::int,"
+                           " (e.detail->>'statements')::int, (e.detail->>'round_trips')::int,"
                            + ", ".join(f"(e.detail->>'{p}_ms')::float8" for p in PHASES)
                            + " FROM mover.events e JOIN mover.migrations m ON m.id = e.migration_id"
                            " WHERE m.name = %s AND e.detail ? 'lock_ms' AND e.detail ? 'drained'"
                            " ORDER BY e.id DESC LIMIT 1", (name,)).fetchone()
     if row:
         out["drained_under_lock"], out["lock_attempt"] = row[0], row[1]
-        out["lock_phases_ms"] = {p: round(v, 1) for p, v in zip(PHASES, row[2:], strict=True) if v is not None}
+        # the swap's statements and round trips under the lock: what grows with the partitions
+        out["lock_statements"], out["lock_round_trips"] = row[2], row[3]
+        out["lock_phases_ms"] = {p: round(v, 1) for p, v in zip(PHASES, row[4:], strict=True) if v is not None}
     return out
+
+
+def migration_state(dsn: str, name: str) -> str | None:
+    with connect(dsn) as conn:
+        row = conn.execute("SELECT state FROM mover.migrations WHERE name = %s", (name,)).fetchone()
+    return row[0] if row else None
+
+
+def plan_file(workdir: Path, name: str, layout: str) -> Path:
+    plan = workdir / f"{name}.toml"
+    plan.write_text(PLAN_HEAD.format(name=name, source=SOURCE) + (KEEP if layout == "keep" else DAILY) + PLAN_TAIL)
+    return plan
+
+
+def daily_check(dsn: str, workdir: Path) -> dict[str, Any]:
+    """`mover plan check` of the daily plan on the source as it stands: what mover says of a daily
+    layout over the 36 months (more than MAX_PARTITIONS days)."""
+    proc, _ = mover_cli(dsn, "plan", "check", str(plan_file(workdir, "psrc_daily_check", "daily")))
+    return {"command": "mover plan check psrc_daily_check.toml", "exit": proc.returncode, "output": message(proc)}
 
 
 def migrate(dsn: str, workdir: Path, name: str, layout: str, writers: Writers) -> dict[str, Any]:
     """mover run to the gate, cutover and retire, the writers on; what each took. A failed command
     ends the part: the figures so far and the failure are returned."""
-    plan = workdir / f"{name}.toml"
-    plan.write_text(PLAN_HEAD.format(name=name, source=SOURCE) + (KEEP if layout == "keep" else DAILY) + PLAN_TAIL)
+    plan = plan_file(workdir, name, layout)
     before = partitions(dsn, SOURCE)
     out: dict[str, Any] = {"source_partitions": len(before)}
     rss: list[int] = []
@@ -352,8 +384,9 @@ def migrate(dsn: str, workdir: Path, name: str, layout: str, writers: Writers) -
         out["partitions_after"] = len(after)
         if layout == "keep":
             out["partition_names_kept"] = after == before
-        out["retire_s"], got = mover(dsn, "retire", name, "--force")
-        rss.append(got)
+        if migration_state(dsn, name) != "done":  # a zero window retires within the cutover already
+            out["retire_s"], got = mover(dsn, "retire", name, "--force")
+            rss.append(got)
     except MoverFailed as exc:
         out["failed"] = exc.figures
         print(f"  FAILED: {exc.figures['command']} (exit {exc.figures['exit']}):\n{exc.figures['stderr']}", flush=True)
@@ -362,19 +395,22 @@ def migrate(dsn: str, workdir: Path, name: str, layout: str, writers: Writers) -
     return out
 
 
-def part(dsn: str, rows: int, layout: str, tps: int) -> dict[str, Any]:
-    """One layout on a fresh database: the source, the single statement, mover; the writers on
-    from the single statement to mover's retire."""
+def part(dsn: str, rows: int, layout: str, tps: int, months: int) -> dict[str, Any]:
+    """One layout on a fresh database: the source over `months` monthly partitions, the single
+    statement, mover; the writers on from the single statement to mover's retire."""
     db = create_database(dsn, DATABASE)
     from mover import api
     api.init(db)
-    out: dict[str, Any] = {"rows": rows, "layout": layout}
+    out: dict[str, Any] = {"rows": rows, "layout": layout, "months": months}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             started = time.perf_counter()
-            out["variables"] = generate(db, rows, MONTHS)
+            out["variables"] = generate(db, rows, months)
             out["generate_s"] = time.perf_counter() - started
             print(f"  generated in {out['generate_s']:.1f} s", flush=True)
+            if layout == "keep":
+                out["daily_check"] = daily_check(db, Path(tmp))
+                print(f"  daily over {months} months, plan check: exit {out['daily_check']['exit']}", flush=True)
             with writing(db, Path(tmp), rows, tps, out["variables"]) as writers:
                 out["single_statement"] = single_statement(db, layout, writers)
                 print(f"  single statement {out['single_statement']['total_s']:.1f} s", flush=True)
@@ -402,7 +438,8 @@ def lock_hold(dsn: str, rows: int, counts: list[int], runs: int, tps: int) -> li
             finally:
                 drop_database(dsn, DATABASE)
             run = {"partitions": count, "run": i, **{k: got.get(k) for k in (
-                "lock_ms", "drained_under_lock", "lock_attempt", "lock_phases_ms", "cutover_s", "to_gate_s",
+                "lock_ms", "drained_under_lock", "lock_attempt", "lock_statements", "lock_round_trips",
+                "lock_phases_ms", "cutover_s", "to_gate_s",
                 "partition_names_kept", "rss_kib", "failed") if k in got}}
             print(f"  {count} partitions, run {i}: lock held {run.get('lock_ms')} ms"
                   + (f"; FAILED {run['failed']['command']}" if "failed" in run else ""), flush=True)
@@ -438,8 +475,11 @@ def lock_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         phases = {p: statistics.median(ph) for p in PHASES
                   if (ph := [run["lock_phases_ms"][p] for run in runs if run["partitions"] == count
                              and p in (run.get("lock_phases_ms") or {})])}
+        statements = [run["lock_statements"] for run in runs if run["partitions"] == count
+                      and run.get("lock_statements") is not None]
         out.append({"partitions": count, "runs": len(held), "lock_ms_median": statistics.median(held),
-                    "lock_ms_max": max(held), "phases_ms_median": phases})
+                    "lock_ms_max": max(held), "phases_ms_median": phases,
+                    "statements": max(statements) if statements else None})
     return out
 
 
@@ -464,16 +504,19 @@ def report(r: dict[str, Any]) -> str:
                      _f(m.get("to_gate_s"), ".1f"), _f(rat.get(f"{layout}_to_gate_over_single"), ".2f"),
                      _f(st.get("backfill"), ".1f"), _f(rat.get(f"{layout}_backfill_over_single"), ".2f"),
                      _f(st.get("reconcile"), ".1f"), _f(st.get("cutover"), ".1f"), _f(m.get("lock_ms"), ".1f"),
+                     _f((m.get("cutover_writers") or {}).get("writers_lag_ms_max"), ".0f"),
                      _f(m.get("throttled_s"), ".0f"), _f(m["rss_kib"] / 1024 if m.get("rss_kib") else None, ".0f")))
         if "failed" in m:
             fails.append(f"- {words[layout]}: `{m['failed']['command']}` exited {m['failed']['exit']}:\n\n"
                          f"```\n{m['failed']['stderr']}\n```")
-    text = (f"{r['rows']:,} rows over {MONTHS} monthly partitions, pgbench {r['tps']} tps throughout (the single "
-            f"statement's too); {r.get('server', '')}\n\n")
+    text = (f"{r['rows']:,} rows over {MONTHS} monthly partitions (layout kept) and over "
+            f"{r.get('daily_months', MONTHS)} (to daily), pgbench {r['tps']} tps throughout (the single statement's "
+            f"too); {r.get('server', '')}\n\n")
     if rows:
         text += table(rows, ("migration", "partitions", "single statement s (create + copy + indexes)",
                              "mover run to gate s", "gate / single", "backfill s", "backfill / single",
-                             "reconcile s", "cutover step s", "lock held ms", "throttled s", "peak RSS MiB"))
+                             "reconcile s", "cutover step s", "lock held ms", "writers' worst lag in the cutover ms",
+                             "throttled s", "peak RSS MiB"))
         for layout in ("keep", "daily"):
             m = (r.get(layout) or {}).get("mover") or {}
             if m.get("steps_s"):
@@ -484,13 +527,20 @@ def report(r: dict[str, Any]) -> str:
                             if "partition_names_kept" in m else "")
                          + f"; writers {_f((m.get('to_gate_writers') or {}).get('writers_tps'), '.0f')} tps"
                            " to the gate")
+    check = (r.get("keep") or {}).get("daily_check")
+    if check:
+        said = check["output"] if check["exit"] else "accepted"
+        text += f"\n\ndaily over {MONTHS} months, `{check['command']}`: exit {check['exit']}:\n\n```\n{said}\n```"
     locks = lock_summary(r.get("lock") or [])
     if locks:
         text += (f"\n\nlock hold against the partition count ({r.get('lock_rows', 0):,} rows, "
                  f"{r.get('lock_runs', 1)} run(s) each, pgbench {r['tps']} tps):\n\n")
         text += table([(x["partitions"], x["runs"], f"{x['lock_ms_median']:.1f}", f"{x['lock_ms_max']:.1f}",
+                        _f(x.get("statements"), ","),
                         ", ".join(f"{p} {v:.1f}" for p, v in x["phases_ms_median"].items()))
-                       for x in locks], ("partitions", "runs", "lock held ms, median", "max", "phases ms, median"))
+                       for x in locks], ("partitions", "runs", "lock held ms, median", "max",
+                                         "statements under the lock", "phases ms, median"))
+        text += "\n"
     for x in locks:
         goal = {36: 100, 365: 250}.get(x["partitions"])
         if goal:
@@ -512,6 +562,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--tps", type=int, default=200, help="pgbench's fixed write rate throughout")
+    ap.add_argument("--daily-months", type=int, default=32,
+                    help="the monthly partitions of the daily part's source: mover makes at most 1000 partitions,"
+                         " and 36 months hold more days")
     ap.add_argument("--lock-partitions", default="12,36,100,365",
                     help="the partition counts of the lock-hold part, comma-separated")
     ap.add_argument("--lock-rows", type=int, default=100_000)
@@ -521,14 +574,15 @@ def main() -> None:
     args = ap.parse_args()
     counts = [int(c) for c in args.lock_partitions.split(",") if c]
     results: dict[str, Any] = {"rows": args.rows, "months": MONTHS, "tps": args.tps, "lock_rows": args.lock_rows,
-                               "lock_runs": args.lock_runs}
+                               "lock_runs": args.lock_runs, "daily_months": args.daily_months}
     with server(args.dsn) as (dsn, _):
         with connect(dsn) as conn:
             results["server"] = conn.execute("SELECT version()").fetchone()[0]
         for layout in ("keep", "daily"):
             if layout not in args.skip:
                 print(f"{layout}: {args.rows:,} rows ...", flush=True)
-                results[layout] = part(dsn, args.rows, layout, args.tps)
+                results[layout] = part(dsn, args.rows, layout, args.tps,
+                                       MONTHS if layout == "keep" else args.daily_months)
                 print({k: v for k, v in results[layout]["mover"].items() if k != "lock_phases_ms"}, flush=True)
         if "lock" not in args.skip:
             print(f"lock hold: {counts} partitions, {args.lock_rows:,} rows ...", flush=True)

@@ -59,6 +59,7 @@ def _registry() -> list[Check]:
         Check("source exists", source.exists, fatal=True),
         Check("source is a user table", source.is_user_table, fatal=True),
         Check("source is an ordinary table", source.is_ordinary, fatal=True),
+        Check("source's partitions are movable", partitioning.movable, fatal=True),
         Check("source has a key", source.describe, fatal=True),
         Check("source's table access method", source.heap),
         Check("names", names.resolve, fatal=True),

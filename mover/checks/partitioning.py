@@ -21,16 +21,27 @@ def plan(s: Subject) -> None:
             s.partitioning["manager"] = f"pg_partman (schema {partitions.check_partman(s.cur, s.src)})"
 
 
+def movable(s: Subject) -> None:
+    """Partitions mover cannot move (a foreign table, a pending concurrent detach), before the key:
+    PostgreSQL allows no unique index over a foreign partition, so such a table has no key either,
+    and "add a primary key" would send the operator to a statement PostgreSQL refuses."""
+    s.cur.execute("SELECT to_regclass(%s)::oid", (str(s.src),))
+    row = s.cur.fetchone()
+    tree = partition_tree.read(s.cur, row[0]) if row and row[0] is not None else None
+    if tree is not None:
+        source_tree.refuse_unmovable(tree, s.src)
+
+
 def source(s: Subject) -> None:
-    """A partitioned source: what mover cannot move among its partitions is refused; with the
-    layout kept, the partitions the new table gets (each under `<name>_new` until the swap)."""
+    """A partitioned source: what is bound to one partition alone is refused (what mover cannot move
+    at all, movable() refused before the key was read); with the layout kept, the partitions the new
+    table gets (each under `<name>_new` until the swap)."""
     tree = partition_tree.read(s.cur, s.table.oid)
     if tree is None:
         if s.plan.one_table:
             raise PlanError(f'[target.partition] by = "none": {s.src} is not partitioned',
                             hint="remove [target.partition]")
         return
-    source_tree.refuse_unmovable(tree, s.src)
     source_tree.refuse_local_objects(s.cur, s.table.oid, s.src)
     _managed_by_partman(s)
     if s.plan.partition is not None:

@@ -69,14 +69,26 @@ def create_events(dsn: str, *, key: str, partition_by: str, partitions: list[str
         conn.execute(f"INSERT INTO {MIRROR} SELECT {_COLS} FROM events")
 
 
+def monthly_name(offset: int) -> str:
+    """create_monthly's partition names: events_YYYY_MM, but for two that a name must survive as they
+    are through `<name>_new` and `<name>_old`: the next month's has capitals, spaces and a hyphen,
+    and the oldest one's is 63 bytes long, PostgreSQL's limit (a suffix cannot simply be added)."""
+    if offset == 1:
+        return f'"Events of {month(offset):%Y-%m}"'
+    if offset == -2:
+        name = f"events_{month(offset):%Y_%m}_"
+        return name + "x" * (63 - len(name))
+    return f"events_{month(offset):%Y_%m}"
+
+
 def create_monthly(dsn: str) -> None:
-    """Range by month: two months back, this one and the next, named events_YYYY_MM; a DEFAULT partition
+    """Range by month: two months back, this one and the next (monthly_name); a DEFAULT partition
     holding the rows older than those (up to 110 days back) and a few dated 2100. The month before
     this one is a table made apart and attached, its columns in another order and one dropped
     (as after a pg_restore or an ATTACH of a loaded table): its attribute numbers are not the parent's."""
     parts = []
     for offset in (-2, -1, 0, 1):
-        name = f"events_{month(offset):%Y_%m}"
+        name = monthly_name(offset)
         bound = f"FOR VALUES FROM ({month_bound(offset)}) TO ({month_bound(offset + 1)})"
         if offset == -1:
             parts += [f"CREATE TABLE {name} (payload text, dropped integer, region text NOT NULL,"
@@ -140,11 +152,13 @@ class PartitionWriter(AppWriter):
     seed: int = 37
     days: float = 100
     far: bool = False
+    direct: str | None = None  # a DEFAULT partition the application also writes to by its own name
     tenants: int = 20
     regions: tuple[str, ...] = ("de", "fr", "us")
     moved: int = 0
     key_changes: int = 0
     reinserted: int = 0
+    direct_writes: int = 0
 
     def _place(self, rnd: random.Random) -> tuple[dt.datetime, int, str]:
         when = FAR + dt.timedelta(days=rnd.randint(0, 300)) if self.far and rnd.random() < 0.15 else \
@@ -165,6 +179,16 @@ class PartitionWriter(AppWriter):
             n = conn.execute(mirrored("UPDATE events SET created_at = %s, tenant_id = %s, region = %s,"
                                       " payload = 'moved' WHERE id = %s"), (*self._place(rnd), k)).rowcount
             self.moved += n
+        elif self.direct and op < 0.65:
+            # Straight into a partition by its name (it takes rows dated 2100 and region 'jp'): after the
+            # swap the name is the new table's partition, after a rollback the old one's again.
+            conn.execute(mirrored(f"INSERT INTO {self.direct} (created_at, tenant_id, region, payload)"
+                                  f" VALUES (%s, %s, 'jp', 'direct')"),
+                         (FAR + dt.timedelta(days=rnd.randint(0, 300)), rnd.randrange(self.tenants)))
+            self.direct_writes += 1
+        elif self.direct and op < 0.68:
+            self.direct_writes += conn.execute(mirrored(f"UPDATE {self.direct} SET payload = 'direct update'"
+                                                        f" WHERE id = %s"), (k,)).rowcount
         elif op < 0.72:
             conn.execute(mirrored_delete("DELETE FROM events WHERE id = %s"), (k,))
         elif op < 0.84:
@@ -183,7 +207,8 @@ class PartitionWriter(AppWriter):
 
     def busy(self) -> bool:
         """Whether it did every kind of write the tests rely on."""
-        return self.moved > 5 and self.key_changes > 0 and self.reinserted > 0
+        return self.moved > 5 and self.key_changes > 0 and self.reinserted > 0 and (
+            self.direct is None or self.direct_writes > 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +224,8 @@ def tree(dsn: str, table: str) -> dict[str, tuple]:
                       " pg_get_expr(c.relpartbound, c.oid), pg_get_partkeydef(c.oid)"
                       " FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid"
                       " LEFT JOIN pg_class p ON p.oid = t.parentrelid", table)
-    return {name: (parent, bound, by) for name, parent, bound, by in rows}
+    # PostgreSQL prints an integer bound bare (10) and a bigint one quoted ('10'): one value.
+    return {name: (parent, bound and re.sub(r"'(-?\d+)'", r"\1", bound), by) for name, parent, bound, by in rows}
 
 
 def bounds(layout: dict[str, tuple]) -> tuple:
@@ -207,6 +233,17 @@ def bounds(layout: dict[str, tuple]) -> tuple:
     def under(parent: str) -> tuple:
         return tuple(sorted((bound, by or "", under(name)) for name, (p, bound, by) in layout.items() if p == parent))
     return layout[""][2], under("")
+
+
+def indexes(dsn: str, table: str) -> set[tuple]:
+    """Each index of `table` and of every partition under it: (its table's name, "" for the root; its
+    name; its definition from USING on; the name of the parent index it is a part of)."""
+    return set(query(dsn, "SELECT CASE WHEN t.level = 0 THEN '' ELSE c.relname::text END, ic.relname::text,"
+                          " substr(pg_get_indexdef(i.indexrelid), strpos(pg_get_indexdef(i.indexrelid), ' USING ')),"
+                          " (SELECT p.relname::text FROM pg_inherits h JOIN pg_class p ON p.oid = h.inhparent"
+                          "  WHERE h.inhrelid = i.indexrelid)"
+                          " FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid"
+                          " JOIN pg_index i ON i.indrelid = t.relid JOIN pg_class ic ON ic.oid = i.indexrelid", table))
 
 
 def shared_names(a: dict[str, tuple], b: dict[str, tuple]) -> set[str]:
@@ -269,9 +306,9 @@ def test_monthly_with_default_widens_the_key_keeps_the_tree_and_the_partitions_n
     the original names (the old ones renamed away), after the rollback the original table has them
     again, and after retire nothing of the old tree is left. The mirror judges every stage."""
     create_monthly(db_dsn)
-    original = tree(db_dsn, "events")
+    original, original_indexes = tree(db_dsn, "events"), indexes(db_dsn, "events")
     assert query(db_dsn, "SELECT count(*) FROM events_default")[0][0] > 20  # old rows and 2100's
-    writer = PartitionWriter(db_dsn, days=105, far=True).start()
+    writer = PartitionWriter(db_dsn, days=105, far=True, direct="events_default").start()
     try:
         r = run(db_dsn, "run", plan_file(tmp_path, columns={"id": "bigint"}))
         assert r.returncode == 3 and f"mover cutover {NAME}" in r.stderr, r.stderr
@@ -283,6 +320,7 @@ def test_monthly_with_default_widens_the_key_keeps_the_tree_and_the_partitions_n
 
         step(db_dsn, writer, "cutover", NAME)
         assert tree(db_dsn, "events") == original  # names, bounds, the DEFAULT: as the application had them
+        assert indexes(db_dsn, "events") == original_indexes  # the partitions' indexes' names too
         assert types_of(db_dsn, "events", "id") == {"bigint"} and types_of(db_dsn, "events_old", "id") == {"integer"}
         old = tree(db_dsn, "events_old")
         assert bounds(old) == bounds(original) and not shared_names(old, original), old
@@ -290,6 +328,7 @@ def test_monthly_with_default_widens_the_key_keeps_the_tree_and_the_partitions_n
 
         step(db_dsn, writer, "rollback", NAME)
         assert tree(db_dsn, "events") == original and types_of(db_dsn, "events", "id") == {"integer"}
+        assert indexes(db_dsn, "events") == original_indexes
         assert bounds(tree(db_dsn, "events_new")) == bounds(original)
         drain_and_judge(db_dsn, writer, "events", "events_new")
 
@@ -299,7 +338,7 @@ def test_monthly_with_default_widens_the_key_keeps_the_tree_and_the_partitions_n
         drain_and_judge(db_dsn, writer, "events", "events_old")
 
         step(db_dsn, writer, "retire", NAME, "--force")
-        assert tree(db_dsn, "events") == original
+        assert tree(db_dsn, "events") == original and indexes(db_dsn, "events") == original_indexes
         assert existing(db_dsn, old_names | {"events_old", "events_new"}) == set()
         writer.pause()
         assert_oracle(db_dsn, "events")
@@ -319,9 +358,9 @@ def test_list_with_a_sub_partitioned_partition_widens_its_partition_column_throu
     backfill range is copied; the next run resumes. Rows move between regions and tenants, through
     both DEFAULT partitions, meanwhile."""
     create_regions(db_dsn)
-    original = tree(db_dsn, "events")
-    plan = plan_file(tmp_path, columns={"tenant_id": "bigint"}, backfill={"range_rows": 300, "max_rows": 300})
-    writer = PartitionWriter(db_dsn, tenants=25, regions=("de", "fr", "us", "jp")).start()
+    original, original_indexes = tree(db_dsn, "events"), indexes(db_dsn, "events")
+    plan = plan_file(tmp_path, columns={"tenant_id": "bigint"}, backfill={"max_rows": 1000})
+    writer = PartitionWriter(db_dsn, tenants=25, regions=("de", "fr", "us", "jp"), direct="events_other").start()
     release = tmp_path / "release"
     try:
         p = Spawned(db_dsn, "run", plan,
@@ -340,7 +379,7 @@ def test_list_with_a_sub_partitioned_partition_widens_its_partition_column_throu
         drain_and_judge(db_dsn, writer, "events", "events_new")
 
         step(db_dsn, writer, "cutover", NAME)
-        assert tree(db_dsn, "events") == original
+        assert tree(db_dsn, "events") == original and indexes(db_dsn, "events") == original_indexes
         assert types_of(db_dsn, "events", "tenant_id") == {"bigint"}
         assert bounds(tree(db_dsn, "events_old")) == bounds(original)
         drain_and_judge(db_dsn, writer, "events", "events_old")
@@ -382,12 +421,19 @@ def test_repartitioned_by_hash_swaps_names_that_collide_with_the_old_layout(db_d
         assert bounds(tree(db_dsn, "events_new")) == bounds(wanted)
         drain_and_judge(db_dsn, writer, "events", "events_new")
 
+        # Killed under the swap's lock, renames half done: all of them roll back with it.
+        r = mover(db_dsn, "cutover", NAME, env={"MOVER_FAULT": "kill@swap:locked"})
+        assert r.returncode == -9, r.stderr
+        assert tree(db_dsn, "events") == original and bounds(tree(db_dsn, "events_new")) == bounds(wanted)
         step(db_dsn, writer, "cutover", NAME)
         assert tree(db_dsn, "events") == wanted
         assert bounds(tree(db_dsn, "events_old")) == bounds(original)
         drain_and_judge(db_dsn, writer, "events", "events_old")
 
-        # The swap back untangles the same names the other way.
+        # The swap back untangles the same names the other way (once killed under its lock too).
+        r = mover(db_dsn, "rollback", NAME, env={"MOVER_FAULT": "kill@swap_back:locked"})
+        assert r.returncode == -9, r.stderr
+        assert tree(db_dsn, "events") == wanted and bounds(tree(db_dsn, "events_old")) == bounds(original)
         step(db_dsn, writer, "rollback", NAME)
         assert tree(db_dsn, "events") == original
         assert bounds(tree(db_dsn, "events_new")) == bounds(wanted)
@@ -490,8 +536,8 @@ def test_truncate_of_a_partition_is_refused_and_a_partitions_disabled_capture_st
     compared again; what the gap let through is then found and repaired, and the mirror agrees."""
     create_monthly(db_dsn)
     original = tree(db_dsn, "events")
-    this_month, last_month = f"events_{month(0):%Y_%m}", f"events_{month(-1):%Y_%m}"
-    writer = PartitionWriter(db_dsn, days=105, far=True).start()
+    this_month, last_month = monthly_name(0), monthly_name(-1)
+    writer = PartitionWriter(db_dsn, days=105, far=True, direct="events_default").start()
     try:
         r = run(db_dsn, "run", plan_file(tmp_path, columns={"id": "bigint"}))
         assert r.returncode == 3, r.stderr

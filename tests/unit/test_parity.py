@@ -259,3 +259,25 @@ def test_swap_back_compares_the_other_way_with_the_names_inverted():
     back = parity.compare(new, original, parity.Planned(renames=inverted))
     assert parity.unplanned(forward) == [] and parity.unplanned(back) == []
     assert statuses(forward)["constraint:orders_note_key"] == "planned"
+
+
+def test_partitions_are_matched_by_bound_value_across_a_widened_partition_column():
+    """PostgreSQL prints an integer bound bare and a bigint one quoted: `tenant_id` int -> bigint, the
+    layout kept, leaves the same partitions, which must not read as each one gone and another come."""
+    def tree(low, high, owner="app"):
+        part = {"kind": "r", "owner": "app", "comment": None, "tablespace": None, "reloptions": [], "grants": []}
+        return {f"FOR VALUES FROM ({low}) TO ({high}) under FOR VALUES IN ('us')": {**part, "owner": owner},
+                "FOR VALUES IN ('de', 'fr')": part}
+
+    before = {**copy.deepcopy(DESC), "metadata": {**META, "partitions": tree("0", "10")}}
+
+    def widened(owner="app"):
+        d = copy.deepcopy(before)
+        d["metadata"]["partitions"] = tree("'0'", "'10'", owner)
+        return d
+
+    assert parity.compare(before, widened(), parity.Planned()) == []
+    # Matched, so what differs on a partition is still seen, under the bound as values.
+    (diff,) = parity.compare(before, widened(owner="intruder"), parity.Planned())
+    assert (diff.kind, diff.item, diff.before, diff.after) == (
+        "partition_owner", "FOR VALUES FROM (0) TO (10) under FOR VALUES IN ('us')", "app", "intruder")

@@ -20,6 +20,7 @@ Where it runs:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +151,16 @@ SELECT jsonb_build_object(
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = %s
 """
+
+
+# PostgreSQL prints an integer bound bare (10) and a bigint or smallint one quoted ('10'): a
+# partition column the plan widens ([target] columns, the layout kept) leaves every bound the
+# same value in another print. Partitions are matched by value, their integers unquoted.
+_QUOTED_INTEGER = re.compile(r"'(-?[0-9]+)'")
+
+
+def _by_bound_value(partitions: dict[str, Any]) -> dict[str, Any]:
+    return {_QUOTED_INTEGER.sub(r"\1", bound): p for bound, p in partitions.items()}
 
 
 def describe(cur: psycopg.Cursor, oid: int, base: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -419,7 +430,7 @@ def _raw(before: dict[str, Any], after: dict[str, Any], p: Planned) -> list[Diff
         for name in sorted(bmap.keys() | amap.keys()):
             same(kind, name, bmap.get(name), amap.get(name))
     out += _compare_statistics(b_meta.get("statistics", {}), a_meta.get("statistics", {}))
-    b_p, a_p = b_meta.get("partitions", {}), a_meta.get("partitions", {})
+    b_p, a_p = (_by_bound_value(m.get("partitions", {})) for m in (b_meta, a_meta))
     for bound in sorted(b_p.keys() | a_p.keys()):
         bp, ap = b_p.get(bound), a_p.get(bound)
         if bp is None or ap is None:

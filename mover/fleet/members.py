@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from mover import api
 from mover.db import connect, mask, redact
@@ -26,6 +25,7 @@ from mover.errors import BadInput, PlanError, combined
 from mover.fleet.file import FILE_HINT, NAME, FleetFile, Member
 from mover.names import QualifiedName, parse_qualified
 from mover.plan import Plan, parse_plan
+from mover.sql import trusted
 
 CONNECT_TIMEOUT = 5  # seconds: a member that does not answer in that time is named unreachable
 
@@ -152,7 +152,7 @@ def _discovered(fleet: FleetFile) -> list[Member]:
     where = f"fleet {fleet.name!r}: [discover]"
     try:
         with connect(fleet.discover.dsn, role="mover-fleet", connect_timeout=CONNECT_TIMEOUT) as conn:
-            rows = conn.execute(sql.SQL(fleet.discover.query)).fetchall()  # trusted input, as [target] columns
+            rows = conn.execute(trusted(fleet.discover.query, "fleet discover")).fetchall()
     except psycopg.Error as exc:
         raise BadInput(f"{where} query failed on {redact(fleet.discover.dsn)}: {mask(str(exc).strip())}",
                        hint="fix [discover] dsn or query (it returns name, dsn)") from exc

@@ -38,7 +38,7 @@ def status(fleet: FleetFile) -> dict[str, Any]:
         "totals": {"states": dict(sorted(counts.items())),
                    "rows_copied": sum(m["rows_copied"] or 0 for m in lines),
                    "divergences": sum(m["divergences"] or 0 for m in lines),
-                   "unreachable": sum(1 for m in lines if m["step"] is None and m["fleet_state"] != "pending")},
+                   "unreachable": sum(1 for m in lines if not m["reachable"])},
         "events": [{**e, "at": iso(e["at"])} for e in recent],
     }
 
@@ -47,13 +47,13 @@ def _member_line(m: state.MemberRow) -> dict[str, Any]:
     line: dict[str, Any] = {"name": m.name, "wave": m.wave, "server": m.server, "migration": m.migration,
                             "fleet_state": m.state, "detail": m.detail, "step": None, "state": None,
                             "rows_copied": None, "rows_estimate": None, "eta_seconds": None, "divergences": None,
-                            "throttle": None, "error": None}
+                            "throttle": None, "error": None, "reachable": True}
     try:
         st = api.status(m.dsn, m.migration)
     except NotFound:
         return line  # not registered there yet
     except MoverError as exc:
-        return {**line, "error": mask(exc.message)}
+        return {**line, "error": mask(exc.message), "reachable": False}
     backfill = st["backfill"]
     return {**line, "step": st["step"], "state": st["state"], "rows_copied": backfill["rows_copied"],
             "rows_estimate": backfill["rows_estimate"], "eta_seconds": backfill["eta_seconds"],

@@ -40,14 +40,15 @@ def servers(pg_dsn):
             s.stop()
 
 
-def _database(server_dsn: str, *, orders: bool = True) -> str:
-    """A fresh database on the server, with mover's control schema and (unless told) Orders and its
-    mirror."""
+def _database(server_dsn: str, *, orders: bool = True, init: bool = True) -> str:
+    """A fresh database on the server, with mover's control schema and Orders and its mirror
+    (unless told)."""
     name = f"f_{uuid.uuid4().hex[:10]}"
     with connect(server_dsn) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = dsn_with_dbname(server_dsn, name)
-    api.init(dsn)
+    if init:
+        api.init(dsn)
     if orders:
         create_orders(dsn, ROWS)
     return dsn
@@ -174,6 +175,8 @@ def test_kill_resume_cutover_in_waves_rollback_of_a_wave_retire(servers, tmp_pat
     r = fleet("retire", path, "--force")
     assert r.returncode == 0, r.stderr
     assert set(_states(path).values()) == {"retired"}
+    r = fleet("watch", path, "--interval", "0.2")  # off a terminal: a line per reading; ends, all retired
+    assert r.returncode == 0 and "5 retired" in r.stdout, r.stdout + r.stderr
     for dsn in dsns.values():
         assert api.status(dsn, "orders_fleet")["state"] == "done"
         assert_oracle(dsn, "Orders")
@@ -211,7 +214,7 @@ def test_a_server_stopped_mid_rollout_then_started_again(servers, tmp_path):
 
 def test_tenant_schemas_of_one_database(servers, tmp_path):
     (_, b, _), _ = servers
-    dsn = _database(b, orders=False)
+    dsn = _database(b, orders=False, init=False)
     tenant_dsns = []
     for schema in ("tenant_1", "tenant_2"):
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -220,6 +223,8 @@ def test_tenant_schemas_of_one_database(servers, tmp_path):
         create_orders(tenant, ROWS)
         tenant_dsns.append(tenant)
     path = _fleet_file(tmp_path, tenants={"dsn": dsn, "schemas": "tenant_%"}, wave_size=1)
+    r = fleet("init", path)
+    assert r.returncode == 0 and "tenant_2: control schema at revision 0012" in r.stdout, r.stderr
     writers = _writers(tenant_dsns)
     try:
         assert fleet("check", path).returncode == 0

@@ -108,3 +108,16 @@ def test_tenant_plan_moves_every_table_into_the_schema():
     assert (plan.source.schema, plan.source.name) == ("tenant_7", "Orders")
     assert plan.also[0].source.schema == "tenant_7"
     assert doc["migration"]["source"] == 'public."Orders"'  # the fleet's plan itself unchanged
+
+
+def test_the_example_fleet_files_load_with_their_plans():
+    from pathlib import Path
+
+    from mover.fleet.members import plan_document
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "plans" / "fleets").glob("*.toml"))
+    assert examples
+    for path in examples:
+        f = load_fleet(path)
+        assert f.rollout.canary and f.members
+        plan_document(f)  # the plan it names parses

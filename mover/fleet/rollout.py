@@ -331,7 +331,8 @@ def check(fleet: FleetFile, *, say: Say = _quiet) -> dict[str, Any]:
             if now[o.member].state in ("pending", "checked"):
                 s.member(o.member, "checked" if o.state == "checked" else "skipped", detail=o.detail,
                          message="plan check passed" if o.state == "checked" else f"skipped: {o.detail}")
-        return summary(s)
+        return {**summary(s), "checked": [{"member": o.member, "passed": o.state == "checked", "why": o.detail}
+                                          for o in outcomes]}
 
 
 def run(fleet: FleetFile, *, stop: threading.Event | None = None, say: Say = _quiet) -> dict[str, Any]:

@@ -73,6 +73,8 @@ def summary(con: Consoles, result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         console.as_json(con.out, result)
         return
+    for c in result.get("checked", []):  # `fleet check`: each member's verdict
+        console.say(con.out, f"{c['member']}: " + ("passes" if c["passed"] else f"refuses (skipped): {c['why']}"))
     states = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in result["states"].items())
     console.say(con.out, f"fleet {result['fleet']}: {result['members']} members: {states}")
 

@@ -23,6 +23,11 @@ import typer
 from mover import api
 from mover.db import own_secrets, remember_secrets
 from mover.errors import BadInput, Failed, MoverError, Waiting
+from mover.fleet import members as fleet_api
+from mover.fleet import rollout
+from mover.fleet import text as fleet_text
+from mover.fleet import views as fleet_views
+from mover.fleet.file import FleetFile, load_fleet
 from mover.views import console, history_text, json_log, status_text
 from mover.views import divergences as divergences_view
 from mover.views import parity as parity_view
@@ -42,6 +47,9 @@ plan_app = typer.Typer(cls=Group, no_args_is_help=True, help="Work with plan fil
 app.add_typer(plan_app, name="plan")
 partitions_app = typer.Typer(cls=Group, no_args_is_help=True, help="Upkeep of partitioned tables mover converted.")
 app.add_typer(partitions_app, name="partitions")
+fleet_app = typer.Typer(cls=Group, no_args_is_help=True,
+                        help="One plan over a fleet of databases (or tenant schemas): a canary first, then waves.")
+app.add_typer(fleet_app, name="fleet")
 
 DsnOption = typer.Option(None, "--dsn", help="libpq DSN or URL; default $DATABASE_URL, else the PG* variables.")
 JsonOption = typer.Option(False, "--json", help="Print JSON.")
@@ -525,6 +533,97 @@ def report(ctx: typer.Context, name: str = NameArgument, dsn: str | None = DsnOp
     status_text.report(con, name, r, html_file, as_json)
 
 
+# ---------------------------------------------------------------------------------------------
+# Fleets (mover/fleet/): each command loads the fleet file, calls one function, prints the result.
+
+FleetArgument = typer.Argument(..., help="Fleet file (TOML).", show_default=False)
+
+
+def _fleet(ctx: typer.Context, path: Path) -> tuple[Consoles, FleetFile]:
+    return _consoles(ctx), load_fleet(path)
+
+
+def _fleet_say(con: Consoles) -> Callable[[str], None]:
+    return lambda text: console.say(con.err, text)
+
+
+@_command(fleet_app, "init")
+def fleet_init(ctx: typer.Context, path: Path = FleetArgument, as_json: bool = JsonOption) -> None:
+    """Create or upgrade mover's control schema on every member's database."""
+    con, fleet = _fleet(ctx, path)
+    fleet_text.initialised(con, fleet_api.init(fleet), as_json)
+
+
+@_command(fleet_app, "check")
+def fleet_check(ctx: typer.Context, path: Path = FleetArgument, as_json: bool = JsonOption) -> None:
+    """Plan check on every member: one summary; exit 2 naming each member that refuses (nothing started)."""
+    con, fleet = _fleet(ctx, path)
+    fleet_text.summary(con, rollout.check(fleet, say=_fleet_say(con)), as_json)
+
+
+@_command(fleet_app, "run")
+def fleet_run(ctx: typer.Context, path: Path = FleetArgument) -> None:
+    """Each member to its cutover gate: the canaries first, then wave by wave; exit 3 once all wait there."""
+    con, fleet = _fleet(ctx, path)
+    rollout.run(fleet, stop=_interruptible(con), say=_fleet_say(con))
+
+
+@_command(fleet_app, "cutover")
+def fleet_cutover(ctx: typer.Context, path: Path = FleetArgument, as_json: bool = JsonOption,
+                  wave: int | None = typer.Option(None, "--wave",
+                                                  help="Cut over the waves up to this one only.")) -> None:
+    """Cut the members over, wave by wave; never a wave `fleet run` has not reached."""
+    con, fleet = _fleet(ctx, path)
+    fleet_text.summary(con, rollout.cutover(fleet, through=wave, stop=_interruptible(con), say=_fleet_say(con)),
+                       as_json)
+
+
+@_command(fleet_app, "rollback")
+def fleet_rollback(ctx: typer.Context, path: Path = FleetArgument, as_json: bool = JsonOption,
+                   wave: int | None = typer.Option(None, "--wave", help="Only the members of this wave."),
+                   member: str | None = typer.Option(None, "--member", help="Only this member.")) -> None:
+    """Swap back the members already cut over (of a wave, or one), the latest wave first."""
+    con, fleet = _fleet(ctx, path)
+    fleet_text.summary(con, rollout.rollback(fleet, wave=wave, member=member, stop=_interruptible(con),
+                                             say=_fleet_say(con)), as_json)
+
+
+@_command(fleet_app, "retire")
+def fleet_retire(ctx: typer.Context, path: Path = FleetArgument, as_json: bool = JsonOption,
+                 force: bool = typer.Option(False, "--force", help="Retire before the rollback windows end.")) -> None:
+    """Retire every member cut over (drop its old table), wave by wave."""
+    con, fleet = _fleet(ctx, path)
+    fleet_text.summary(con, rollout.retire(fleet, force=force, stop=_interruptible(con), say=_fleet_say(con)),
+                       as_json)
+
+
+@_command(fleet_app, "abort")
+def fleet_abort(ctx: typer.Context, path: Path = FleetArgument, as_json: bool = JsonOption) -> None:
+    """Abort every member not cut over (refused while one is: roll it back first)."""
+    con, fleet = _fleet(ctx, path)
+    fleet_text.summary(con, rollout.abort(fleet, stop=_interruptible(con), say=_fleet_say(con)), as_json)
+
+
+@_command(fleet_app, "status")
+def fleet_status(ctx: typer.Context, path: Path = FleetArgument, as_json: bool = JsonOption) -> None:
+    """One line per member (step, state, progress, ETA, divergences, throttle) and the totals."""
+    con, fleet = _fleet(ctx, path)
+    fleet_text.status(con, fleet_views.status(fleet), as_json)
+
+
+@_command(fleet_app, "watch")
+def fleet_watch(ctx: typer.Context, path: Path = FleetArgument,
+                interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between readings.")) -> None:
+    """The fleet's status, live, until every member is retired, aborted or skipped (or Ctrl-C)."""
+    con, fleet = _fleet(ctx, path)
+    try:
+        with fleet_text.shown(con.out) as show:
+            st = fleet_views.watch(fleet, show, interval=interval, stop=threading.Event())
+    except KeyboardInterrupt:
+        return  # leaving a view changes nothing
+    fleet_text.status(con, st, False)
+
+
 @_command(app)
 def demo(ctx: typer.Context, rows: int = typer.Option(300_000, "--rows", help="Rows in the sample table."),
          keep: bool = typer.Option(False, "--keep",
@@ -563,7 +662,7 @@ def normalise_argv(argv: list[str]) -> list[str]:
             (rest if command_seen else head).append(a)
         i += 1
     if json_early:
-        rest.insert(min(len(rest), 1 + (rest[:1] == ["plan"] or rest[:1] == ["partitions"])), "--json")
+        rest.insert(min(len(rest), 1 + (rest[:1] in (["plan"], ["partitions"], ["fleet"]))), "--json")
     return head + rest
 
 

@@ -122,3 +122,14 @@ class Interrupted(MoverError):
     """Ctrl-C: stopped at a safe point; `mover run NAME` resumes."""
 
     exit_code = 130
+
+
+class FleetStopped(Failed):
+    """A fleet's rollout stopped on one of its stop conditions (a member failed, refused or could not
+    be reached): the members in flight finished where they were, nothing further started; `mover
+    fleet status FLEET` names what stopped it, and once it is fixed the same command resumes."""
+
+
+class FleetHeld(Waiting):
+    """A fleet waits for the operator: every member is at its gate, a member has open divergences or
+    its governor is at its floor, or a wave was not reached yet."""

@@ -343,11 +343,21 @@ class EmbeddedPostgres:
         try:
             if self.tmpdir is None:
                 self._prepare()
-            self._launch()
+                self._launch()
+            else:  # after shut_down(): the same data directory, on the same port
+                self._launch(keep_port=True)
         except BaseException:
             self.stop()
             raise
         return self.dsn
+
+    def shut_down(self, *, immediate: bool = True) -> None:
+        """Stop the server but keep its data directory: start() brings it back on the same port.
+        For tests of a server that goes away for a while (immediate, as restart() describes it:
+        the commits acknowledged before the call survive)."""
+        if immediate and self.fast and self.running:
+            self._flush_wal()
+        self._shutdown(signal.SIGQUIT if immediate else signal.SIGINT)
 
     def stop(self) -> None:
         """Shut the server down (fast, then immediate, then kill) and remove the temp dir."""

@@ -29,6 +29,8 @@ SOURCES = {
     "keyword": "an SQL keyword the caller chose from a closed set",
     "plan hook": "the operator's own statement from the plan's [hooks] (sql = ...), run as written",
     "composed": "a statement mover composed with psycopg.sql and rendered once (as_string), kept to run again",
+    "fleet discover": "the operator's query from a fleet file's [discover] query, run as written on the catalog"
+                      " database it names (mover/fleet/members.py)",
     "pg_stat_statements": "an application's statement as pg_stat_statements recorded it (constants are $n"
                           " parameters), read as one statement (mover/sql/statement_text.py), only ever"
                           " EXPLAINed, as the role that ran it (mover/engines/swap/query_rehearsal.py)",

@@ -22,6 +22,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The command line, and the demo that drives the commands like an operator would.
     ("interface", ("mover.cli", "mover.__main__")),
     ("demo", ("mover.demo",)),
+    # Fleets: many members' migrations, each moved by the api's commands.
+    ("fleet", ("mover.fleet",)),
     # The commands as plain functions: a session, then one call into the runner or the views.
     ("api", ("mover.api",)),
     # Everything that moves a migration: the lease, the step loop, the operator commands,

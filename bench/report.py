@@ -17,7 +17,8 @@ from bench.common import RESULTS
 
 KINDS = {"backfill": "bench.backfill", "reconcile": "bench.reconcile", "capture": "bench.capture",
          "scaling": "bench.scaling", "partition": "bench.partition", "cutover": "bench.cutover",
-         "impact": "bench.impact", "wide": "bench.wide", "idle": "bench.idle", "metrics": "bench.metrics"}
+         "impact": "bench.impact", "wide": "bench.wide", "idle": "bench.idle", "metrics": "bench.metrics",
+         "fleet": "bench.fleet"}
 
 
 def newest() -> list[Path]:

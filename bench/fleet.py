@@ -119,6 +119,26 @@ def fleet(members: list[tuple[str, str]], work: Path, concurrency: int) -> float
     return elapsed
 
 
+def report(r: dict) -> str:
+    """The table of a result file: each layout, by hand and the fleet at each concurrency."""
+    members = r["members"]
+    rows = []
+    for n, layout in r["layouts"].items():
+        hand = layout["by_hand_s"]
+        rows.append((n, "by hand", "-", f"{hand:.1f}", f"{hand / members:.3f}", "-"))
+        levels = sorted(int(k[len("fleet_c"):-2]) for k in layout if k.startswith("fleet_c"))
+        base = layout[f"fleet_c{levels[0]}_s"]
+        for c in levels:
+            took = layout[f"fleet_c{c}_s"]
+            note = f"{base / took:.2f}x"
+            if c == 1:
+                note += f" (fleet overhead {layout['overhead_per_member_s'] * 1000:+.0f} ms/member)"
+            rows.append((n, "fleet", c, f"{took:.1f}", f"{took / members:.3f}", note))
+    return (f"{members} databases of {r['rows']} rows, {r['cpus']} cores: register, run to the gate, cutover, "
+            f"retire --force\n\n" + table(rows, ("servers", "how", "concurrency", "seconds", "s/member",
+                                                 "speed-up over the fleet at c=1")))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--members", type=int, default=100)

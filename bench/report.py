@@ -18,7 +18,7 @@ from bench.common import RESULTS
 KINDS = {"backfill": "bench.backfill", "reconcile": "bench.reconcile", "capture": "bench.capture",
          "scaling": "bench.scaling", "partition": "bench.partition", "cutover": "bench.cutover",
          "impact": "bench.impact", "wide": "bench.wide", "idle": "bench.idle", "metrics": "bench.metrics",
-         "partitioned": "bench.partitioned"}
+         "partitioned": "bench.partitioned", "fleet": "bench.fleet"}
 
 
 def newest() -> list[Path]:

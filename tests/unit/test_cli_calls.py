@@ -17,7 +17,7 @@ from mover import db
 from tests.workload import mover
 
 CLI = Path(__file__).resolve().parents[2] / "mover" / "cli.py"
-APPS = {"app", "plan_app", "partitions_app"}
+APPS = {"app", "plan_app", "partitions_app", "fleet_app"}
 
 
 def _process_wide() -> tuple:

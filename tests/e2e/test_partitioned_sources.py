@@ -618,7 +618,9 @@ def test_a_foreign_table_among_the_partitions_is_refused_naming_it(db_dsn, tmp_p
     refusal must name the foreign partition, not send the operator to add a key PostgreSQL refuses."""
     (available,) = query(db_dsn, "SELECT array_agg(name::text) FROM pg_available_extensions"
                                  " WHERE name IN ('postgres_fdw', 'file_fdw')")[0]
-    assert available, "this test needs postgres_fdw or file_fdw on the test server (Debian: postgresql-contrib)"
+    if not available:
+        # The pgserver wheel (PostgreSQL 16 in CI) ships no contrib; the 15, 17 and 18 runs have one.
+        pytest.skip("this PostgreSQL server has neither postgres_fdw nor file_fdw (Debian: postgresql-contrib)")
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE events (id serial NOT NULL, created_at timestamptz NOT NULL,"
                      " tenant_id integer NOT NULL, region text NOT NULL, payload text) PARTITION BY LIST (region)")

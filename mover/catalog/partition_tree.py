@@ -111,8 +111,3 @@ def relations(cur: psycopg.Cursor, oid: int) -> list[QualifiedName]:
                 (oid,))
     return [QualifiedName(schema, name) for schema, name in cur.fetchall()]
 
-
-def exists(cur: psycopg.Cursor, name: QualifiedName) -> bool:
-    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (str(name),))
-    row = cur.fetchone()
-    return bool(row and row[0])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from mover import names
-from mover.catalog import partition_tree
+from mover.catalog import introspect, partition_tree
 from mover.checks.subject import Subject
 from mover.engines.partitioning import partitions, source_tree
 from mover.errors import PlanError
@@ -54,7 +54,7 @@ def source(s: Subject) -> None:
     for p in tree.partitions:
         assert p.name.schema is not None
         made = names.QualifiedName(p.name.schema, source_tree.new_name(p.name.name))
-        if partition_tree.exists(s.cur, made):
+        if introspect.exists(s.cur, made):
             raise PlanError(f"[migration] source: the new table's partition for {p.name} would be named {made}, "
                             f"and a relation of that name exists", hint=f"rename or drop {made}")
 

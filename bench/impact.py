@@ -41,8 +41,9 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
    a second beside it does.
 
 7. mover against the best plain alternative (`--versus-control`, issue 36), instead of 2-6: one
-   pgbench at `--share` throughout, four parts, each after VACUUM and CHECKPOINT of the source,
-   `--idle-seconds / 2` for the writers' queue to drain, and an idle spell of `--idle-seconds`:
+   pgbench at `--share` throughout, five parts (b' included), each after VACUUM and CHECKPOINT of
+   the source, `--idle-seconds / 2` for the writers' queue to drain, and an idle spell of
+   `--idle-seconds`:
    a. mover's backfill step governed (the defaults), a fresh migration: its copy window (the
       step's start to `drained`), its index builds and ANALYZE (`drained` to the step's end), the
       rows copied and their average rate over the copy window;
@@ -53,6 +54,15 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
       indexes one at a time by plain CREATE INDEX (not CONCURRENTLY: nobody writes that table, so
       CONCURRENTLY would only scan twice and wait on others' transactions), without parallel
       workers, and ANALYZE. `--versus-period` given more than once: one such part per period;
+   b'. the live control (`--skip live-control` leaves it out): b again, with the capture mover
+      installs (its change log, trigger function and triggers on the writers' table, installed
+      by mover's own code after the idle spell, as mover's is) and a replay session beside the
+      copy running mover's replay statement as its applier does (a batch of up to 5,000 logged
+      keys at or below the copy's frontier a transaction, the next at once after a full one, else
+      after 0.2 s); its copy window ends once the log is drained, as mover's does at `drained`;
+      the trigger stays through the builds and is removed (by mover's code) after the tail, and
+      the source's triggers are listed before and after. What mover's copy window carries and b
+      does not, measured apart: mover governed over it, and it over b, by the worst second;
    c. one `INSERT ... SELECT` of the same rows at full speed (no builds), labelled apart: the same
       rows, not at the same rate;
    d. mover's backfill ungoverned (`--skip ungoverned` leaves it out): the governed step's
@@ -64,10 +74,12 @@ each of mover's bulk phases, governed (mover's defaults) and ungoverned
    against the first idle spell; then mover governed's worst second over the gentlest paced
    control's (the lowest worst second over its whole window), copy, builds and whole. mover's
    windows include what its capture trigger costs the writers and its applier's replay, which
-   the controls do not have. The committed run should use `--wal-ahead` (3000 MB for the 2 M-row
-   table): without it each part finds only the segments the parts before it left recycled, and a
-   new segment is written out whole while the writers' commits wait, so the order of the parts
-   would weigh on the figures. Each part's count of segments ready is reported.
+   the plain controls do not have and the live control has (`capture_share` in the results:
+   the three side by side, mover over the live control and the live control over the plain).
+   The committed run should use `--wal-ahead` (3000 MB for the 2 M-row table): without it each
+   part finds only the segments the parts before it left recycled, and a new segment is written
+   out whole while the writers' commits wait, so the order of the parts would weigh on the
+   figures. Each part's count of segments ready is reported.
 
 `--wal-ahead MB` keeps that much WAL recycled ahead (min_wal_size raised, the segments made once
 at the start), as on a server that has run a while. `--waits --timeline PATH` also writes each
@@ -107,6 +119,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from bench.common import bindir, connect, create_database, generate, index_defs, mover_cli, save, server, table
 
@@ -801,12 +814,148 @@ VERSUS_TABLE = "bench_versus"  # the controls' copy
 TAIL = 1.0
 
 
+# The live control's capture is named as a migration of this id would be (mover.m999999_changes):
+# no migration of a bench run gets it.
+LIVE_CONTROL_MID = 999_999
+
+
+class LiveCapture:
+    """mover's capture of the source for a copy mover does not make (the live control), so that the
+    copy carries what mover's does: the change log, trigger function and ENABLE ALWAYS triggers
+    installed by mover's own code (changelog.install, as install_capture runs it), and a replay
+    session beside the copy that runs mover's replay statement (sql.capture.replay: claim up to
+    changelog.BATCH logged keys at or below the copy's committed frontier, delete or upsert each by
+    the source's state) as mover's applier runs it (engines/bulk/backfill.py Applier): a
+    transaction a batch under the applier lock, through mover's Database (its SET LOCALs, its
+    retries), the next batch at once after a full one, else after APPLY_IDLE_SECONDS. Left out:
+    the applier's bookkeeping around each batch (its migration row, the capture's catalog probe,
+    the applied count, the range watermark's read), a few index reads a batch."""
+
+    def __init__(self, dsn: str, target: str):
+        from mover import names
+        from mover.db import Database
+        self.source = names.QualifiedName("public", SOURCE)
+        self.target = names.QualifiedName("public", target)
+        self.log = names.change_log(LIVE_CONTROL_MID)
+        self.db = Database(dsn, role="mover-applier")  # the name mover's applier shows
+        self.frontier: int | None = None  # the copy's committed high key: replay touches nothing above it
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="live-control-replay", daemon=True)
+        self.failed: BaseException | None = None
+        self.replayed = {"claimed": 0, "deleted": 0, "upserted": 0, "batches": 0}
+        self.statements: dict[bool, tuple[str, str]] = {}  # covers everything: (probe, replay)
+
+    def install(self) -> list[str]:
+        """The capture, in one transaction; returns the triggers the source had before it."""
+        from mover.catalog import conversion, introspect
+        from mover.engines.capture import changelog
+        from mover.sql import capture as q
+        from mover.sql.copy import covered_by
+
+        def go(cur: psycopg.Cursor) -> list[str]:
+            before = self.triggers(cur)
+            changelog.install(cur, LIVE_CONTROL_MID, self.source, ("id",), "bench live control")
+            m = conversion.mapping(introspect.describe(cur, self.source), introspect.describe(cur, self.target),
+                                   ("id",))
+            # Composed once, as mover's applier caches them: texts psycopg prepares after a few runs.
+            # Covered: the keys at or below the copy's frontier while it copies, all of them after.
+            for everything in (False, True):
+                covered = sql.SQL("true") if everything else covered_by("c", m, "wm")
+                probe = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} c WHERE {})").format(self.log.ident, covered)
+                self.statements[everything] = (probe.as_string(cur),
+                                               q.replay(m, self.log, covered=covered, skip_locked=True).as_string(cur))
+            return before
+
+        return self.db.transaction(go, label="install the live control's capture")
+
+    def triggers(self, cur: psycopg.Cursor) -> list[str]:
+        cur.execute("SELECT tgname FROM pg_catalog.pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal"
+                    " ORDER BY tgname", (str(self.source),))
+        return [r[0] for r in cur.fetchall()]
+
+    def _batch(self, everything: bool) -> int:
+        from mover.engines.capture import changelog
+        from mover.sql.mapping import named_bound
+        frontier = self.frontier
+
+        def go(cur: psycopg.Cursor) -> tuple[int, int, int]:
+            changelog.lock_applier(cur, LIVE_CONTROL_MID, False)
+            if not everything and frontier is None:
+                return 0, 0, 0  # nothing copied yet: nothing covered (mover's applier stops here too)
+            params = {} if everything else named_bound("wm", [str(frontier)])
+            probe, replay = self.statements[everything]
+            cur.execute(probe, params)  # most batches find nothing: an index probe first, as mover's _apply
+            if not cur.fetchone()[0]:
+                return 0, 0, 0
+            cur.execute("SAVEPOINT mover_replay")
+            cur.execute(replay, {**params, "limit": changelog.BATCH})
+            claimed, deleted, upserted = cur.fetchone()
+            cur.execute("RELEASE SAVEPOINT mover_replay")
+            return int(claimed), int(deleted), int(upserted)
+
+        got = self.db.transaction(go, statement_timeout="120s", label="apply")  # as mover's drain runs a batch
+        for k, n in zip(("claimed", "deleted", "upserted"), got, strict=True):
+            self.replayed[k] += n
+        self.replayed["batches"] += 1
+        return got[0]
+
+    def _run(self) -> None:
+        from mover.engines.bulk.backfill import APPLY_IDLE_SECONDS
+        from mover.engines.capture import changelog
+        try:
+            while not self.stop.is_set():
+                if self._batch(everything=False) < changelog.BATCH:
+                    self.stop.wait(APPLY_IDLE_SECONDS)  # caught up: let the writers' changes gather
+        except BaseException as exc:  # raised to the copy at its end (finish)
+            self.failed = exc
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finish(self) -> None:
+        """The copy is done: the replay session stops, then every logged change is replayed (mover's
+        drain after its copy, the `drained` event that ends its copy window)."""
+        from mover.engines.capture import changelog
+        self.stop.set()
+        self.thread.join()
+        if self.failed is not None:
+            raise RuntimeError(f"the live control's replay failed: {self.failed}") from self.failed
+        while self._batch(everything=True) >= changelog.BATCH:
+            pass
+
+    def remove(self) -> list[str]:
+        """mover's removal of the capture (changelog.remove: triggers, function, log); returns the
+        source's triggers after it, and refuses if anything of the capture is left."""
+        from mover import names
+        from mover.engines.capture import changelog
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+        def go(cur: psycopg.Cursor) -> list[str]:
+            changelog.remove(cur, LIVE_CONTROL_MID, self.source)
+            return self.triggers(cur)
+
+        try:
+            after = self.db.transaction(go, label="remove the live control's capture")
+            left = self.db.transaction(lambda cur: cur.execute(
+                "SELECT to_regclass(%s), to_regprocedure(%s)",
+                (str(self.log), str(names.capture_function(LIVE_CONTROL_MID)) + "()")).fetchone())
+        finally:
+            self.db.close()
+        mine = names.capture_trigger(LIVE_CONTROL_MID)
+        if any(t.startswith(mine) for t in after) or any(left):
+            raise RuntimeError(f"the live control's capture was not removed: triggers {after}, log and function {left}")
+        return after
+
+
 def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
-    """One pgbench at `rate` throughout, four parts, each after VACUUM and CHECKPOINT of the source
+    """One pgbench at `rate` throughout, five parts, each after VACUUM and CHECKPOINT of the source
     and an idle spell: mover's backfill governed (a fresh migration); the control at mover's average
     copy rate (plain INSERT ... SELECT of key ranges every --versus-period seconds, then the
-    secondary indexes one at a time and ANALYZE); one INSERT ... SELECT of the same rows at full
-    speed; mover's backfill ungoverned. Per window, the writers' seconds (seconds_window())."""
+    secondary indexes one at a time and ANALYZE); the live control (the same with mover's capture
+    and replay beside it, LiveCapture); one INSERT ... SELECT of the same rows at full speed;
+    mover's backfill ungoverned. Per window, the writers' seconds (seconds_window())."""
     spans: dict[str, tuple[float, float]] = {}
     out: dict[str, Any] = {"periods_s": args.versus_period or [1.0], "segments_ahead": {}, "tail_s": TAIL}
     settle = args.idle_seconds / 2  # the writers' queue drains after the maintenance before a spell
@@ -831,10 +980,13 @@ def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
         time.sleep(TAIL)
         started, drained, done = backfill_spans(event_times(dsn, name))
         rows = rows_copied(dsn, name)
+        with connect(dsn) as conn:
+            applied = _applied(conn, name)  # the writers' changes its applier replayed, the drain's included
         out[f"mover {mode}"].update(rows=rows, copy_s=round(drained - started, 2),
                                     index_builds_s=round(done - drained, 2),
                                     rows_per_second=round(rows / max(drained - started, 1e-3)),
-                                    throttled_seconds=_throttled_seconds(dsn, name))
+                                    throttled_seconds=_throttled_seconds(dsn, name), applied=applied,
+                                    applied_per_second=round(applied / max(drained - started, 1e-3)))
         spans[f"mover {mode}: copy"] = (started, drained)
         spans[f"mover {mode}: index builds"] = (drained, done)
         spans[f"mover {mode}: whole"] = (started, done + TAIL)
@@ -856,41 +1008,63 @@ def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
             hi = int(got[0]) if got else int(conn.execute(f"SELECT max(id) FROM {SOURCE}").fetchone()[0])
         return rows, hi
 
-    def control_part(period: float) -> None:
+    def control_part(period: float, live: bool = False) -> None:
+        """The paced control; `live`: with mover's capture on the source and its replay beside the
+        copy (LiveCapture), the capture installed after the idle spell as mover's is, the copy
+        window ending once the replay has drained (as mover's ends at `drained`), the trigger kept
+        through the builds (as mover's is) and removed after the part's tail."""
         rows, hi = same_rows()
         per_s = out["mover governed"]["rows_per_second"]
-        part = f"control every {period:g} s"
+        part = f"{'live ' if live else ''}control every {period:g} s"
         vacuum_checkpoint(dsn)
         with connect(dsn) as conn:
             target(conn)
         out["segments_ahead"][part] = segments_ahead(dsn)
         idle(f"idle before {part}")
-        width = max(1, math.ceil(per_s * period * hi / rows))  # ids a statement: rows_per_second * period rows
-        took: list[float] = []
-        copied, lo = 0, 0
-        with connect(dsn) as conn:
-            conn.execute("SET synchronous_commit = off")  # as mover's ranges commit
-            start = time.time()
-            while lo < hi:
-                time.sleep(max(0.0, start + len(took) * period - time.time()))  # behind: the next at once
-                t = time.perf_counter()
-                cur = conn.execute(f"INSERT INTO {VERSUS_TABLE} SELECT * FROM {SOURCE} WHERE id > %s AND id <= %s",
-                                   (lo, min(lo + width, hi)))
-                took.append((time.perf_counter() - t) * 1000)
-                copied += cur.rowcount
-                lo += width
-            copied_at = time.time()
-            # The builds as a person would run them on a table nobody uses yet: plain CREATE INDEX
-            # (CONCURRENTLY spares a table's writers, and this one has none: it would only scan
-            # twice and wait for others' transactions), one at a time, without parallel workers
-            # (on two cores a worker takes the last core), then ANALYZE: what mover governed runs.
-            conn.execute("RESET synchronous_commit")
-            conn.execute("SET max_parallel_maintenance_workers = 0")
-            for statement in index_defs(args.shape, VERSUS_TABLE):
-                conn.execute(statement)
-            conn.execute(f"ANALYZE {VERSUS_TABLE}")
-            done = time.time()
-        time.sleep(TAIL)
+        capture = LiveCapture(dsn, VERSUS_TABLE) if live else None
+        extra: dict[str, Any] = {}
+        try:
+            if capture is not None:
+                extra["triggers_before"] = capture.install()
+                time.sleep(settle)  # as mover's backfill step starts a settle after install_capture
+                capture.start()
+            width = max(1, math.ceil(per_s * period * hi / rows))  # ids a statement: rows_per_second * period rows
+            took: list[float] = []
+            copied, lo = 0, 0
+            with connect(dsn) as conn:
+                conn.execute("SET synchronous_commit = off")  # as mover's ranges commit
+                start = time.time()
+                while lo < hi:
+                    time.sleep(max(0.0, start + len(took) * period - time.time()))  # behind: the next at once
+                    t = time.perf_counter()
+                    cur = conn.execute(f"INSERT INTO {VERSUS_TABLE} SELECT * FROM {SOURCE} WHERE id > %s AND id <= %s",
+                                       (lo, min(lo + width, hi)))
+                    took.append((time.perf_counter() - t) * 1000)
+                    copied += cur.rowcount
+                    lo += width
+                    if capture is not None:
+                        capture.frontier = min(lo, hi)  # committed (autocommit): its keys may be replayed
+                copied_at = time.time()
+                if capture is not None:
+                    capture.finish()
+                    drained = time.time()
+                    extra.update(drain_s=round(drained - copied_at, 2), replayed=dict(capture.replayed),
+                                 replayed_per_second=round(capture.replayed["claimed"] / max(drained - start, 1e-3)))
+                    copied_at = drained  # the copy window ends drained, as mover's does
+                # The builds as a person would run them on a table nobody uses yet: plain CREATE INDEX
+                # (CONCURRENTLY spares a table's writers, and this one has none: it would only scan
+                # twice and wait for others' transactions), one at a time, without parallel workers
+                # (on two cores a worker takes the last core), then ANALYZE: what mover governed runs.
+                conn.execute("RESET synchronous_commit")
+                conn.execute("SET max_parallel_maintenance_workers = 0")
+                for statement in index_defs(args.shape, VERSUS_TABLE):
+                    conn.execute(statement)
+                conn.execute(f"ANALYZE {VERSUS_TABLE}")
+                done = time.time()
+            time.sleep(TAIL)
+        finally:
+            if capture is not None:
+                extra["triggers_after"] = capture.remove()
         spans[f"{part}: copy"] = (start, copied_at)
         spans[f"{part}: index builds"] = (copied_at, done)
         spans[f"{part}: whole"] = (start, done + TAIL)
@@ -898,7 +1072,7 @@ def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
                      "rows_per_statement": round(copied / len(took)), "copy_s": round(copied_at - start, 2),
                      "rows_per_second": round(copied / max(copied_at - start, 1e-3)),
                      "statement_ms_median": round(statistics.median(took), 1), "statement_ms_max": round(max(took), 1),
-                     "index_builds_s": round(done - copied_at, 2)}
+                     "index_builds_s": round(done - copied_at, 2), **extra}
         with connect(dsn) as conn:
             conn.execute(f"DROP TABLE {VERSUS_TABLE}")
 
@@ -928,6 +1102,9 @@ def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
         backfill(True)
         for period in out["periods_s"]:
             control_part(period)
+        if "live-control" not in args.skip:
+            for period in out["periods_s"]:
+                control_part(period, live=True)
         single()
         if "ungoverned" not in args.skip:
             backfill(False)
@@ -937,6 +1114,7 @@ def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
     out["windows"] = {k: seconds_window(txns, a, b) for k, (a, b) in spans.items()}
     # The whole run second by second (count, mean ms), and the windows on the same clock: what
     # happened between them (the maintenance, mover's other steps) is there to read.
+    out["capture_share"] = capture_share(out["windows"], out["periods_s"])
     t0 = txns[0][0] if txns else 0.0
     secs = sorted(per_second(txns, t0, least=1).items())
     out["timeline"] = [(s, len(v), round(statistics.fmean(v), 2)) for s, v in secs]
@@ -945,6 +1123,35 @@ def versus(dsn: str, workdir: Path, args, rate: float) -> dict[str, Any]:
 
 
 STATS = (("worst second's mean", "worst_second_mean_ms"), ("worst second's p99", "worst_second_p99_ms"))
+# The figures of a window the live control is compared by: the worst second's mean (the headline),
+# the median second's mean, the whole window's p99 and the worst second's p99.
+SHARE_STATS = ("worst_second_mean_ms", "median_second_mean_ms", "p99_ms", "worst_second_p99_ms")
+PHASES_VERSUS = ("copy", "index builds", "whole")
+
+
+def capture_share(windows: dict[str, Any], periods: list[float]) -> dict[str, Any]:
+    """Per live control run: per phase, mover governed's, the plain control's (the same period) and
+    the live control's SHARE_STATS, and the ratios of their worst seconds (by the mean): mover over
+    the live control (at most 1: mover's copy costs the writers no more than a plain copy that
+    carries the same capture and replay) and the live control over the plain one (what the
+    capture and its replay cost the writers on their own)."""
+    out: dict[str, Any] = {}
+    for period in periods:
+        plain, live = f"control every {period:g} s", f"live control every {period:g} s"
+        if f"{live}: whole" not in windows:
+            continue
+        out[live] = {}
+        for phase in PHASES_VERSUS:
+            got = {who: {k: (windows.get(f"{who}: {phase}") or {}).get(k) for k in SHARE_STATS}
+                   for who in ("mover governed", plain, live)}
+            mover_ms, plain_ms, live_ms = (got[who]["worst_second_mean_ms"] for who in ("mover governed", plain, live))
+            out[live][phase] = {**got, "mover_over_live": _quotient(mover_ms, live_ms),
+                                "live_over_plain": _quotient(live_ms, plain_ms)}
+    return out
+
+
+def _quotient(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
 
 
 def versus_report(v: dict[str, Any]) -> str:
@@ -957,8 +1164,9 @@ def versus_report(v: dict[str, Any]) -> str:
         per_s = (v.get(part) or {}).get("rows_per_second") if phase == "copy" else None
         tps = f"{w['tps'] / ref['tps']:.2f}" if w.get("tps") and ref.get("tps") else "-"
         rows.append(("idle (reference)" if w is ref else name, w["seconds"], f"{per_s:,}" if per_s else "", w["tps"],
-                     tps, w["p50_ms"], w["median_second_mean_ms"], w["worst_second_mean_ms"], w["worst_second_p99_ms"]))
-    text = table(rows, ("window", "seconds", "rows/s", "writers tps", "tps / idle", "p50 ms",
+                     tps, w["p50_ms"], w["p99_ms"], w["median_second_mean_ms"], w["worst_second_mean_ms"],
+                     w["worst_second_p99_ms"]))
+    text = table(rows, ("window", "seconds", "rows/s", "writers tps", "tps / idle", "p50 ms", "p99 ms",
                         "median second's mean ms", "worst second's mean ms", "worst second's p99 ms"))
     ahead = v.get("segments_ahead") or {}
     if ahead:
@@ -988,11 +1196,42 @@ def versus_report(v: dict[str, Any]) -> str:
             text += ("\nmover governed's whole / one INSERT ... SELECT of the same rows at full speed (no builds): "
                      + ", ".join(f"{stat} {_ratio(ws['mover governed: whole'].get(key), one.get(key))}"
                                  for stat, key in STATS))
+    text += share_report(v)
     u = v.get("mover ungoverned")
     if g and u:
         text += (f"\n\nbackfill step: governed {g['backfill_s']} s, ungoverned {u['backfill_s']} s: "
                  f"{g['backfill_s'] / u['backfill_s']:.2f}x (goal <= 1.5)")
     return text
+
+
+def share_report(v: dict[str, Any]) -> str:
+    """The live controls beside mover governed and the plain control (capture_share)."""
+    text = ""
+    g = v.get("mover governed") or {}
+    for live, phases in (v.get("capture_share") or {}).items():
+        c = v.get(live) or {}
+        r = c.get("replayed") or {}
+        plain = live.removeprefix("live ")
+        text += (f"\n\n{live}: the paced copy of {plain} ({c.get('rows', 0):,} rows at {c.get('rows_per_second', 0):,}"
+                 f" rows/s), with mover's capture on the source and its replay beside it: {r.get('claimed', 0):,}"
+                 f" logged changes replayed ({c.get('replayed_per_second', 0):,}/s; mover governed's applier "
+                 f"{g.get('applied', 0):,}, {g.get('applied_per_second', 0):,}/s) in {r.get('batches', 0):,} "
+                 f"transactions, the last drained in {c.get('drain_s')} s; the source's triggers before it "
+                 f"{c.get('triggers_before')}, after it {c.get('triggers_after')}.\n\n")
+        rows = [(f"{who}: {phase}", *(got.get(k) for k in SHARE_STATS))
+                for phase, figures in phases.items()
+                for who, got in figures.items() if isinstance(got, dict)]
+        text += table(rows, ("window", "worst second's mean ms", "median second's mean ms", "p99 ms",
+                             "worst second's p99 ms"))
+        text += "\n\nworst second's mean, mover governed / live control: " + ", ".join(
+            f"{phase} {_times(f['mover_over_live'])}" for phase, f in phases.items())
+        text += "\nworst second's mean, live control / plain control: " + ", ".join(
+            f"{phase} {_times(f['live_over_plain'])}" for phase, f in phases.items())
+    return text
+
+
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -1103,7 +1342,8 @@ def main() -> None:
     ap.add_argument("--backlog-seconds", type=int, default=20)
     ap.add_argument("--applier-seconds", type=int, default=10)
     ap.add_argument("--burst-seconds", type=int, default=10)
-    ap.add_argument("--skip", action="append", default=[], choices=["burst", "applier", "ungoverned", "governed"])
+    ap.add_argument("--skip", action="append", default=[],
+                    choices=["burst", "applier", "ungoverned", "governed", "live-control"])
     ap.add_argument("--signals", action="store_true", help="measure how the signals track the writers' latency")
     ap.add_argument("--plan-extra", default="", help="TOML appended to every plan, e.g. a [backfill] section "
                     "(with --skip applier --skip burst, whose plans have one)")
@@ -1120,7 +1360,8 @@ def main() -> None:
                          " once, between idle spells")
     ap.add_argument("--versus-control", action="store_true",
                     help="instead: mover's backfill governed, the same rows copied by plain INSERT ... SELECT at"
-                         " its average rate and then the same index builds, one INSERT ... SELECT at full speed,"
+                         " its average rate and then the same index builds, the same again with mover's capture and"
+                         " replay beside it (--skip live-control leaves it out), one INSERT ... SELECT at full speed,"
                          " mover ungoverned; the writers' worst second in each, side by side")
     ap.add_argument("--versus-period", type=float, action="append", metavar="SECONDS",
                     help="with --versus-control: the paced control runs a statement every SECONDS (default 1);"

@@ -61,22 +61,18 @@ def show(con: Consoles, plan: Path, result: dict[str, Any], as_json: bool, state
     if part and part.get("kept"):
         say(out, f"partitioned as the source is ({part['kept']}), unique key ({', '.join(part['key'])}); each "
                  f"partition takes its source partition's name at the swap")
-        say(out, f"{len(part['partitions'])} partitions to create:")
-        shown = part["partitions"] if statements or len(part["partitions"]) <= 2 * SHOWN else part["partitions"][:SHOWN]
-        for p in shown:
-            say(out, f"  {p['name']}  {p['bound']}  (for {p['for']})")
-        if len(shown) < len(part["partitions"]):
-            say(out, f"  and {len(part['partitions']) - len(shown)} more")
     elif part:
         say(out, f"partitioned by {part['by']} ({', '.join(part['columns'])}), unique key ({', '.join(part['key'])})")
         if part["key_change"]:
             say(out, f"key change accepted ([target.partition] accept_key_change): {part['key_change']}")
         if part.get("row_movement"):
             say(out, f"note: {part['row_movement']}")
+    if part:
         say(out, f"{len(part['partitions'])} partitions to create:")
         shown = part["partitions"] if statements or len(part["partitions"]) <= 2 * SHOWN else part["partitions"][:SHOWN]
         for p in shown:
-            say(out, f"  {p['name']}  {p['bound']}")
+            # A kept layout's partition names the source partition it stands for.
+            say(out, f"  {p['name']}  {p['bound']}" + (f"  (for {p['for']})" if "for" in p else ""))
         if len(shown) < len(part["partitions"]):
             say(out, f"  and {len(part['partitions']) - len(shown)} more")
     meta = result.get("metadata") or {}

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import typer
 
-from mover import api
+from mover import api, threads
 from mover.db import own_secrets, remember_secrets
 from mover.errors import BadInput, Failed, MoverError, Waiting
 from mover.fleet import members as fleet_api
@@ -126,15 +126,22 @@ def _interruptible(con: Consoles) -> threading.Event:
     open transaction is rolled back; the migration stays resumable). The stop event carries the
     signal's name, so that the events say what stopped the run. `main` puts the handlers back."""
     stop = threading.Event()
+    received: list[int] = []  # the handler's own record: stop is set later, by the relay thread
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
+        if received or stop.is_set():
             raise KeyboardInterrupt
+        received.append(signum)
         word = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        stop.reason = word  # type: ignore[attr-defined]
-        stop.set()
-        console.stopping(con.err, word)
 
+        def stopping() -> None:
+            stop.reason = word  # type: ignore[attr-defined]
+            stop.set()
+            console.stopping(con.err, word)
+
+        threads.from_signal(stopping)
+
+    threads.start_signal_relay()
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     return stop

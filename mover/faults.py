@@ -11,6 +11,8 @@ import signal
 import sys
 import threading
 
+from mover import threads
+
 _SPEC = os.environ.get("MOVER_FAULT", "")
 _ACTION, _, _WHERE = _SPEC.partition("@")
 
@@ -26,7 +28,8 @@ def point(name: str) -> None:
     elif _ACTION == "hang":
         go_on = threading.Event()
         if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
-            signal.signal(signal.SIGUSR1, lambda *_: go_on.set())
+            threads.start_signal_relay()
+            signal.signal(signal.SIGUSR1, lambda *_: threads.from_signal(go_on.set))
         print(f"mover-fault: hanging at {name}", file=sys.stderr, flush=True)
         release = os.environ.get("MOVER_FAULT_RELEASE")
         # The file as well as the signal: a test that stops and continues the process must not

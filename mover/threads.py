@@ -14,11 +14,14 @@ Invariants:
   a signal (Ctrl-C) still reaches it: Python runs handlers only in the main thread.
 - Threads are daemons: a process that exits on an error does not hang on a thread blocked in
   the database; its sessions end with it, and what they held (leases, range claims) expires.
+- A signal handler takes no lock: it hands its work to the relay thread (from_signal).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -106,3 +109,50 @@ class Group:
         if (exc := self.error) is not None:
             raise exc
 
+
+
+# -- work handed over by signal handlers ----------------------------------------------------------
+
+RELAY_THREAD = "mover-signal-relay"  # one per process, started once and kept
+_relay_started = threading.Lock()
+_relay: tuple[int, collections.deque[Callable[[], object]]] | None = None
+
+
+def start_signal_relay() -> None:
+    """Start the relay thread of from_signal(), once per process. Call it before installing a
+    handler that uses it: a handler cannot start a thread (that takes locks)."""
+    global _relay
+    with _relay_started:
+        if _relay is not None:
+            return
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        queue: collections.deque[Callable[[], object]] = collections.deque()
+        threading.Thread(target=_run_relay, args=(read_end, queue), name=RELAY_THREAD, daemon=True).start()
+        _relay = write_end, queue
+
+
+def from_signal(fn: Callable[[], object]) -> None:
+    """Run fn() soon in the relay thread. For signal handlers: Python runs a handler in the main
+    thread between two of its bytecodes, also while that thread holds a lock, inside an Event's
+    wait() for one. A handler that took the same lock (that Event's set()) would wait for itself
+    forever, and the stop it carries would never reach the other threads. A deque's append and
+    os.write take no Python lock."""
+    assert _relay is not None, "start_signal_relay() first"
+    write_end, queue = _relay
+    queue.append(fn)
+    try:
+        os.write(write_end, b"s")
+    except BlockingIOError:  # the pipe is full of wake-ups already: the relay is on its way
+        pass
+
+
+def _run_relay(read_end: int, queue: collections.deque[Callable[[], object]]) -> None:
+    while True:
+        os.read(read_end, 512)
+        while queue:
+            fn = queue.popleft()
+            try:
+                fn()
+            except Exception:  # the handler's work failed: said, and the relay serves the next
+                log.exception("a signal's handling failed")

@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+
+from mover import threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +59,7 @@ def mover(dsn: str, *args: str, env: dict | None = None, timeout: float = 300,
 
 def mover_process(dsn: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m mover --dsn DSN ARGS` as a subprocess (MOVER_FAULT only when `env` sets it)."""
-    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    full_env = {**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})}
     if not (env and "MOVER_FAULT" in env):
         full_env.pop("MOVER_FAULT", None)
     return subprocess.run([sys.executable, "-m", "mover", "--dsn", dsn, *args], capture_output=True, text=True,
@@ -117,8 +120,8 @@ def _in_process(dsn: str, args: tuple[str, ...], timeout: float) -> subprocess.C
 
 def _threads_ended(before: set[threading.Thread], argv: list[str]) -> None:
     """A command's threads (heartbeat, workers, applier, a progress bar's refresh) end before it
-    returns; one left running would write into the next test."""
-    left = [t for t in threading.enumerate() if t not in before]
+    returns; one left running would write into the next test. The signal relay is the process's."""
+    left = [t for t in threading.enumerate() if t not in before and t.name != threads.RELAY_THREAD]
     deadline = time.monotonic() + 30
     for t in left:
         t.join(max(deadline - time.monotonic(), 0.01))
@@ -127,7 +130,7 @@ def _threads_ended(before: set[threading.Thread], argv: list[str]) -> None:
 
 
 def spawn(dsn: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    full_env = {**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "mover", "--dsn", dsn, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
 
@@ -145,7 +148,13 @@ def hung_at(proc: subprocess.Popen, point: str) -> bool:
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     """Wait for a spawned mover while draining its pipes (a full pipe would block it forever);
     returns (exit code, stderr)."""
-    _, err = proc.communicate(timeout=timeout)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # A hang: SIGABRT makes faulthandler (PYTHONFAULTHANDLER, set by spawn) print every thread's stack.
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"mover did not end within {timeout} s; its threads then:\n{err[-6000:]}") from None
     return proc.returncode, err
 
 

@@ -4,6 +4,8 @@ the thread that waits for them, and it is the error that set things off, not the
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from functools import partial
 from types import SimpleNamespace
@@ -133,3 +135,59 @@ def test_wait_with_a_timeout_leaves_a_running_thread_alone():
     release.set()
     group.join()
     assert not t.is_alive()
+
+
+# -- signals ----------------------------------------------------------------------------------------
+
+# Run in a process of its own: a handler runs in the main thread, which is pytest's here. The main
+# thread spins on the stop flag's wait(0), holding the Event's lock most of the time (mover's own
+# range worker waits on the same flag between ranges), while SIGTERM arrives: a handler that set
+# the flag itself waited forever for the lock its own thread held (CI saw a run that went on
+# copying past its SIGTERM until the test gave up).
+FIRST_SIGNALS = """
+import faulthandler, os, signal, threading, time
+from mover import cli
+from mover.views.console import Consoles
+faulthandler.dump_traceback_later(50, exit=True)
+for trial in range(300):
+    stop = cli._interruptible(Consoles.make())
+    threading.Timer(0.0005 * (trial % 7), os.kill, (os.getpid(), signal.SIGTERM)).start()
+    deadline = time.monotonic() + 10
+    while not stop.wait(0):
+        assert time.monotonic() < deadline, f"trial {trial}: the signal never set the stop flag"
+    assert stop.reason == "SIGTERM"
+print("stopped 300 times")
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    while True:
+        stop.wait(0)
+except KeyboardInterrupt:
+    print("the second signal interrupted")
+"""
+
+
+def test_a_first_sigterm_reaches_the_stop_flag_while_the_main_thread_waits_on_it():
+    r = subprocess.run([sys.executable, "-c", FIRST_SIGNALS], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["stopped 300 times", "the second signal interrupted"], r.stdout
+    assert r.stderr.count("SIGTERM: stopping at the next safe point") == 300, r.stderr[-2000:]
+
+
+def test_the_relay_runs_every_piece_of_work_handed_over_by_a_flood_of_signals():
+    script = """
+import os, signal, threading, time
+from mover import threads
+threads.start_signal_relay()
+ran, flag = [], threading.Event()
+signal.signal(signal.SIGUSR1, lambda *_: threads.from_signal(lambda: (ran.append(1), flag.set(), flag.clear())))
+for _ in range(2000):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    flag.wait(0)
+deadline = time.monotonic() + 10
+while len(ran) < 2000 and time.monotonic() < deadline:
+    flag.wait(0.01)
+print(len(ran))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "2000"

@@ -18,6 +18,10 @@ RANGE_INTERVALS = {"1 day": "day", "1 week": "week", "1 month": "month", "1 year
 DEFAULT_NAMES = {"day": "{table}_p{YYYY}_{MM}_{DD}", "week": "{table}_p{YYYY}_{MM}_{DD}",
                  "month": "{table}_p{YYYY}_{MM}", "year": "{table}_p{YYYY}", None: "{table}_p{N}"}
 _NAME_FIELDS = {"table", "YYYY", "MM", "DD", "N"}
+# How many partitions a range layout read from the rows may have unless the plan says more: a
+# wrong interval or an outlier row (a date in 1970) would otherwise make thousands.
+MAX_PARTITIONS = 1000
+MAX_PARTITIONS_LIMIT = 10_000
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,12 @@ class PartitionSpec:
     values: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # list: partition suffix -> values
     modulus: int = 0  # hash
     accept_key_change: bool = False
+    max_partitions: int = MAX_PARTITIONS  # range: the most a layout read from the rows may have
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if self.max_partitions == MAX_PARTITIONS:
+            del d["max_partitions"]  # the stored form of plans registered before the key existed
         d["columns"] = list(self.columns)
         d["values"] = {k: list(v) for k, v in self.values}
         return d
@@ -56,12 +63,14 @@ class PartitionSpec:
             part["values"] = {k: [list(x) if isinstance(x, tuple) else x for x in v] for k, v in self.values}
         if self.modulus:
             part["modulus"] = self.modulus
+        if self.max_partitions != MAX_PARTITIONS:
+            part["max_partitions"] = self.max_partitions
         return part
 
 
 _PARTITION_KEYS: dict[str, type | tuple[type, ...]] = {
     "by": str, "column": str, "columns": list, "interval": (str, int), "premake": int, "default": bool,
-    "name": str, "values": dict, "modulus": int, "accept_key_change": bool}
+    "name": str, "values": dict, "modulus": int, "accept_key_change": bool, "max_partitions": int}
 
 
 class PartitionTable(Kind):
@@ -133,9 +142,13 @@ def partition_spec(d: dict[str, Any], fail: Callable[..., PlanError]) -> Partiti
     premake = d.get("premake", 3)
     if not 0 <= premake <= 1000:
         raise fail(f"{where} premake must be between 0 and 1000, got {premake}")
-    for key, kinds in (("interval", ("range",)), ("values", ("list",)), ("modulus", ("hash",))):
+    for key, kinds in (("interval", ("range",)), ("values", ("list",)), ("modulus", ("hash",)),
+                       ("max_partitions", ("range",))):
         if key in d and by not in kinds:
             raise fail(f"{where} {key} applies to by = \"{kinds[0]}\" only, not by = \"{by}\"")
+    max_partitions = d.get("max_partitions", MAX_PARTITIONS)
+    if not 1 <= max_partitions <= MAX_PARTITIONS_LIMIT:
+        raise fail(f"{where} max_partitions must be between 1 and {MAX_PARTITIONS_LIMIT}, got {max_partitions}")
     interval = step = None
     values: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     modulus = 0
@@ -194,7 +207,7 @@ def partition_spec(d: dict[str, Any], fail: Callable[..., PlanError]) -> Partiti
         raise fail(f"{where} name {name!r} needs {{N}} (the partition's number or list name)")
     return PartitionSpec(by=by, columns=columns, interval=interval, step=step, premake=premake,
                          default=d.get("default", False), name=name, values=values, modulus=modulus,
-                         accept_key_change=d.get("accept_key_change", False))
+                         accept_key_change=d.get("accept_key_change", False), max_partitions=max_partitions)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -171,6 +171,10 @@ CREATE TABLE invoices (id int PRIMARY KEY, customer_id int REFERENCES customers)
 INSERT INTO invoices SELECT g, 1 + g % 5 FROM generate_series(1, 20) g"""
 
 
+DAILY = """CREATE TABLE daily (id int, day date NOT NULL, PRIMARY KEY (id, day));
+INSERT INTO daily SELECT g, current_date - 13 + g FROM generate_series(0, 13) g"""
+
+
 @dataclass
 class Case:
     id: str
@@ -218,6 +222,12 @@ CASES = [
                " UPDATE pg_inherits SET inhdetachpending = true WHERE inhrelid = 'parted_1'::regclass"),
     Case("one-table-of-an-ordinary-source", plan_toml() + '[target.partition]\nby = "none"\n',
          ["[target.partition]", 'by = "none"', '"public"."orders" is not partitioned']),
+    Case("range-layout-over-max-partitions",
+         plan_toml(source="daily").replace("[target]\n", '[target]\n[target.partition]\nby = "range"\n'
+                                           'column = "day"\ninterval = "1 day"\nmax_partitions = 12\n'),
+         ["[target.partition]: 17 partitions would be created", "at most 12 ([target.partition] max_partitions)",
+          "raise max_partitions"],
+         setup=DAILY, also_run=True),
     Case("source-control-table", plan_toml(source="mover.migrations"),
          ["[migration] source", '"mover"."migrations" belongs to mover itself']),
     Case("source-system-catalog", plan_toml(source="pg_catalog.pg_class"),
@@ -345,6 +355,15 @@ def test_bad_plan_exits_2_and_changes_nothing(db, tmp_path, case):
     if case.also_run:
         assert_bad(mover(db, "run", str(path)), case.fragments)
         assert snapshot(db) == before
+
+
+def test_a_range_layout_past_the_default_limit_passes_with_max_partitions(db, tmp_path):
+    execute(db, DAILY)
+    plan = plan_toml(source="daily").replace("[target]\n", '[target]\n[target.partition]\nby = "range"\n'
+                                               'column = "day"\ninterval = "1 day"\nmax_partitions = 17\n')
+    r = mover(db, "plan", "check", str(write_plan(tmp_path, plan)))
+    assert r.returncode == 0, r.stderr
+    assert "17 partitions to create" in flat(r.stdout), r.stdout
 
 
 # ---------------------------------------------------------------------------------------------

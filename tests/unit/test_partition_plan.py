@@ -48,6 +48,9 @@ def test_valid_partition_plans_round_trip(partition):
     ({"by": "range", "column": "a", "interval": "1 month", "name": "p_{YYYY}_{MM}"}, "must contain {table}"),
     ({"by": "hash", "column": "a", "modulus": 4, "interval": "1 day"}, "interval applies to by = \"range\" only"),
     ({"by": "range", "column": "a", "interval": "1 day", "premake": -1}, "premake must be between"),
+    ({"by": "range", "column": "a", "interval": "1 day", "max_partitions": 0}, "max_partitions must be between 1"),
+    ({"by": "range", "column": "a", "interval": "1 day", "max_partitions": 10_001}, "and 10000, got 10001"),
+    ({"by": "hash", "column": "a", "modulus": 4, "max_partitions": 10}, "max_partitions applies to by = \"range\""),
     ({"by": "range", "column": "a", "interval": "1 day", "bogus": 1}, "unknown key [target.partition] bogus"),
     ({"by": "range", "column": "a", "interval": "1 day", "default": "yes"}, "[target.partition] default must be"),
 ])
@@ -117,3 +120,15 @@ def test_weekly_daily_yearly_and_integer_layouts():
         "t_p2025", "t_p2026", "t_p2027"]
     assert names({"interval": 1000, "premake": 2}, "bigint", 1500, 3999) == [
         "t_p1000", "t_p2000", "t_p3000", "t_p4000", "t_p5000"]
+
+
+def test_max_partitions_is_stored_and_written_only_when_the_plan_says_it():
+    daily = {"by": "range", "column": "c", "interval": "1 day"}
+    plain = plan_with(daily)
+    assert plain.partition.max_partitions == 1000
+    # A plan registered before the key existed keeps its stored form, so its identity is unchanged.
+    assert "max_partitions" not in plain.partition.as_dict()
+    assert "max_partitions" not in to_document(plain)["target"]["partition"]
+    wide = plan_with({**daily, "max_partitions": 1200})
+    assert wide.partition.as_dict()["max_partitions"] == 1200
+    assert plan_from_canonical(wide.canonical()) == wide and parse_plan(to_document(wide)).partition == wide.partition

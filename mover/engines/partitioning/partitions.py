@@ -36,7 +36,6 @@ log = logging.getLogger("mover.partitions")
 
 TIME_TYPES = {"timestamp with time zone", "timestamp without time zone", "date"}
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
-MAX_PARTITIONS = 1000
 
 
 @dataclass(frozen=True)
@@ -180,10 +179,11 @@ def layout(cur: psycopg.Cursor, spec: PartitionSpec, source: names.QualifiedName
         cur.execute("SELECT now()")
         now = one(cur)[0]
         parts = range_partitions(spec, table, typ, lo, hi, now)
-        if len(parts) > MAX_PARTITIONS:
+        if len(parts) > spec.max_partitions:
             raise PlanError(f"[target.partition]: {len(parts)} partitions would be created for {source}, from the "
                             f"one {parts[0].label} (the smallest value of {names.display_ident(col)}, {lo}) on",
-                            hint=f"at most {MAX_PARTITIONS}: choose a wider interval, or move or delete the outliers")
+                            hint=f"at most {spec.max_partitions} ([target.partition] max_partitions): choose a "
+                                 f"wider interval, move or delete the outliers, or raise max_partitions")
         if hi is not None and parts and _comparable(hi) >= _comparable(parts[-1].hi):
             missing.append(f"value {hi} of column {names.display_ident(col)} is after the last partition "
                            f"({parts[-1].label}); raise premake or set default = true")

@@ -33,10 +33,10 @@ update and delete reaches one partition, as an application that knows its row's 
       --force` (a zero rollback window).
 2. **Monthly to daily** (`[target.partition] by = "range", column = "created_at", interval =
    "1 day", accept_key_change = true`): the same three, the single statement's table partitioned
-   by UTC day from the first row's day to 3 days past today (mover's default premake). mover
-   makes at most 1000 partitions (mover/engines/partitioning/partitions.py), and 36 months hold
-   more days: this part's source has `--daily-months` (32) monthly partitions and the same rows;
-   part 1 records what `mover plan check` says of the daily plan over its 36 months.
+   by UTC day from the first row's day to 3 days past today (mover's default premake). 36 months
+   hold about 1,100 days, more than the 1000 partitions a range layout has by default: the plan
+   says `max_partitions = 1200`. `--daily-months` sets this part's monthly partitions (36); part 1
+   records what `mover plan check` says of the daily plan over its months.
 3. **The lock hold against the partition count**: for each count of `--lock-partitions`,
    `--lock-runs` times, a fresh source of `--lock-rows` rows over that many monthly partitions,
    the writers on, `mover run` to the gate, `mover cutover`, `mover retire --force`.
@@ -103,6 +103,7 @@ by = "range"
 column = "created_at"
 interval = "1 day"
 accept_key_change = true
+max_partitions = 1200
 """
 PLAN_TAIL = """
 [rollback]
@@ -355,7 +356,7 @@ def plan_file(workdir: Path, name: str, layout: str) -> Path:
 
 def daily_check(dsn: str, workdir: Path) -> dict[str, Any]:
     """`mover plan check` of the daily plan on the source as it stands: what mover says of a daily
-    layout over the 36 months (more than MAX_PARTITIONS days)."""
+    layout over the 36 months (more days than a range layout's default 1000 partitions)."""
     proc, _ = mover_cli(dsn, "plan", "check", str(plan_file(workdir, "psrc_daily_check", "daily")))
     return {"command": "mover plan check psrc_daily_check.toml", "exit": proc.returncode, "output": message(proc)}
 
@@ -562,9 +563,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--tps", type=int, default=200, help="pgbench's fixed write rate throughout")
-    ap.add_argument("--daily-months", type=int, default=32,
-                    help="the monthly partitions of the daily part's source: mover makes at most 1000 partitions,"
-                         " and 36 months hold more days")
+    ap.add_argument("--daily-months", type=int, default=MONTHS,
+                    help="the monthly partitions of the daily part's source (its plan allows 1200 daily ones)")
     ap.add_argument("--lock-partitions", default="12,36,100,365",
                     help="the partition counts of the lock-hold part, comma-separated")
     ap.add_argument("--lock-rows", type=int, default=100_000)

@@ -594,7 +594,9 @@ def test_kill_9_during_a_partitions_index_build_then_resume(db_dsn, tmp_path, se
     attaches them, and the data is what the writer committed."""
     create_events(db_dsn, 1500)
     plan = plan_file(tmp_path, MONTHLY_DEFAULT, backfill={"index_builds": sessions})
-    writer = EventWriter(db_dsn).start()
+    # Paced: while the blocker holds the builds, an unpaced writer filled the change log with
+    # 240,000 changes on a loaded machine, which the governor's floor then took 4 minutes to replay.
+    writer = EventWriter(db_dsn, delay=0.005).start()
     try:
         r = mover(db_dsn, "run", plan, env={"MOVER_FAULT": "kill@after:create_target"})
         assert r.returncode == -9, r.stderr

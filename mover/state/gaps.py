@@ -54,9 +54,15 @@ def mark(cur: psycopg.Cursor, mid: int, reverse: bool, rows: list[tuple[str, int
     """Record (object, oid, xmin, state) as verified now for this direction: its marks replaced."""
     d = direction(reverse)
     cur.execute("DELETE FROM mover.capture_marks WHERE migration_id = %s AND direction = %s", (mid, d))
-    for obj, oid, xmin, state in rows:
-        cur.execute("INSERT INTO mover.capture_marks (migration_id, direction, object, object_oid, row_xmin, state)"
-                    " VALUES (%s, %s, %s, %s, %s, %s)", (mid, d, obj, oid, xmin, state))
+    if not rows:
+        return
+    # One statement: a partitioned table has two objects a partition, and the swap marks them
+    # under its lock (a statement each held it 443 ms with 1,076 partitions).
+    objs, oids, xmins, states = (list(column) for column in zip(*rows, strict=True))
+    cur.execute("INSERT INTO mover.capture_marks (migration_id, direction, object, object_oid, row_xmin, state)"
+                " SELECT %s, %s, r.object, r.oid, r.xmin, r.state"
+                " FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[]) AS r(object, oid, xmin, state)",
+                (mid, d, objs, oids, xmins, states))
 
 
 def remark(cur: psycopg.Cursor, mid: int, reverse: bool, obj: str, oid: int, xmin: str, state: str) -> None:

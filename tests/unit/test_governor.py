@@ -496,3 +496,13 @@ def test_a_rest_between_builds_ends_once_the_probe_reads_the_application_recover
     gov.leading = False  # a follower cannot read the probe: the duty alone decides
     gov._pressure = 0.5
     assert not gov.recovered
+
+
+def test_an_application_session_without_a_name_is_left_out_of_the_busiest():
+    # PostgreSQL 18 lists a client backend while it authenticates, before it has a role: the
+    # governor's thread failed on joining its missing name into the status line.
+    names = signals.session_names(["billing", None, "pid 4242", "billing"])
+    assert names == ("billing", "pid 4242")
+    assert signals.Application(active=1, busiest=names).busy(10) == \
+        "1 application session(s) running a statement (billing, pid 4242)"
+    assert signals.session_names(None) == ()

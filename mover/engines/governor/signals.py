@@ -61,6 +61,12 @@ class Application:
                 f"[throttle] idle_after)")
 
 
+def session_names(latest: list[str | None] | None) -> tuple[str, ...]:
+    """The latest application sessions' names, each once. A session PostgreSQL 18 shows while it
+    authenticates has no role yet: its pid names it, and a name still missing is left out."""
+    return tuple(dict.fromkeys(str(name) for name in latest or () if name))
+
+
 @dataclass(frozen=True)
 class Readings:
     """One look at the server, at `at` (monotonic seconds)."""
@@ -154,14 +160,14 @@ def read(cur: psycopg.Cursor, mid: int | None = None) -> Readings:
         " count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'active')::int,"
         " min(extract(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) state_change))"
         "   FILTER (WHERE state OPERATOR(pg_catalog.<>) 'active' AND state OPERATOR(pg_catalog.<>) 'disabled')::float8,"
-        " (pg_catalog.array_agg(coalesce(nullif(application_name, ''), usename::text) ORDER BY state_change DESC)"
+        " (pg_catalog.array_agg(coalesce(nullif(application_name, ''), usename::text, 'pid ' || pid::text)"
+        "   ORDER BY state_change DESC)"
         "   FILTER (WHERE state IS NOT NULL))[1:3]"
         " FROM pg_catalog.pg_stat_activity WHERE backend_type OPERATOR(pg_catalog.=) 'client backend'"
         " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
         " AND application_name OPERATOR(pg_catalog.!~) '^mover[^:]*:'")
     hidden, active, quiet_for, latest = one(cur)
-    application = Application(active=active, quiet_for=quiet_for, hidden=hidden,
-                              busiest=tuple(dict.fromkeys(latest or ())))
+    application = Application(active=active, quiet_for=quiet_for, hidden=hidden, busiest=session_names(latest))
     own = logical.health(cur, mid) if mid is not None else None
     if own is not None and own.exists:
         slots = tuple(s for s in slots if s.name != own.slot) + (

@@ -110,26 +110,26 @@ class Group:
             raise exc
 
 
-
 # -- work handed over by signal handlers ----------------------------------------------------------
 
 RELAY_THREAD = "mover-signal-relay"  # one per process, started once and kept
 _relay_started = threading.Lock()
-_relay: tuple[int, collections.deque[Callable[[], object]]] | None = None
+_relay: tuple[int, int, collections.deque[Callable[[], object]]] | None = None  # (pid, pipe, queue)
 
 
 def start_signal_relay() -> None:
-    """Start the relay thread of from_signal(), once per process. Call it before installing a
-    handler that uses it: a handler cannot start a thread (that takes locks)."""
+    """Start the relay thread of from_signal(), once per process (a forked child starts its own:
+    threads do not survive a fork). Call it before installing a handler that uses it: a handler
+    cannot start a thread (that takes locks)."""
     global _relay
     with _relay_started:
-        if _relay is not None:
+        if _relay is not None and _relay[0] == os.getpid():
             return
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         queue: collections.deque[Callable[[], object]] = collections.deque()
         threading.Thread(target=_run_relay, args=(read_end, queue), name=RELAY_THREAD, daemon=True).start()
-        _relay = write_end, queue
+        _relay = os.getpid(), write_end, queue
 
 
 def from_signal(fn: Callable[[], object]) -> None:
@@ -139,7 +139,7 @@ def from_signal(fn: Callable[[], object]) -> None:
     forever, and the stop it carries would never reach the other threads. A deque's append and
     os.write take no Python lock."""
     assert _relay is not None, "start_signal_relay() first"
-    write_end, queue = _relay
+    _, write_end, queue = _relay
     queue.append(fn)
     try:
         os.write(write_end, b"s")

@@ -16,7 +16,6 @@ here; the members of [discover] and [tenants] are found by mover/fleet/members.p
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import psycopg
 
 from mover.db import dsn_problem
 from mover.errors import PlanError, combined
-from mover.plan import parse_duration_ms
+from mover.plan import parse_duration_ms, read_toml
 
 # Kept apart in a name: a member's name joins the plan's in its migration's name (tenants).
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,62}$")
@@ -79,14 +78,8 @@ class FleetFile:
 
 def load_fleet(path: str | Path) -> FleetFile:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlanError(f"cannot read fleet file {str(path)!r}: {exc.strerror}", hint="check the path") from exc
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(f"fleet file {str(path)!r} is not valid TOML: {exc}", hint="fix the syntax") from exc
+    doc = read_toml(path, unreadable=f"cannot read fleet file {str(path)!r}",
+                    invalid=f"fleet file {str(path)!r} is not valid TOML")
     return parse_fleet(doc, path)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,7 @@ from mover.db import connect, mask, redact
 from mover.errors import BadInput, PlanError, combined
 from mover.fleet.file import FILE_HINT, NAME, FleetFile, Member
 from mover.names import QualifiedName, parse_qualified
-from mover.plan import Plan, parse_plan
+from mover.plan import Plan, parse_plan, read_toml
 from mover.sql import trusted
 
 CONNECT_TIMEOUT = 5  # seconds: a member that does not answer in that time is named unreachable
@@ -56,15 +55,9 @@ class Placed:
 def plan_document(fleet: FleetFile) -> tuple[dict[str, Any], str]:
     """The fleet's plan as a TOML document, checked once (every member's plan derives from it), and
     its hash: the fleet refuses a plan changed under it, as a migration does."""
-    try:
-        text = fleet.plan.read_text()
-    except OSError as exc:
-        raise PlanError(f"fleet {fleet.name!r}: cannot read its plan {str(fleet.plan)!r}: {exc.strerror}",
-                        hint="[fleet] plan is relative to the fleet file") from exc
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(f"plan {str(fleet.plan)!r} is not valid TOML: {exc}", hint="fix the syntax") from exc
+    doc = read_toml(fleet.plan, unreadable=f"fleet {fleet.name!r}: cannot read its plan {str(fleet.plan)!r}",
+                    invalid=f"plan {str(fleet.plan)!r} is not valid TOML",
+                    hint="[fleet] plan is relative to the fleet file")
     plan = parse_plan(doc, origin=str(fleet.plan))
     digest = hashlib.sha256(json.dumps(plan.canonical(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     return doc, digest

@@ -23,6 +23,7 @@ from mover.plan.forms import (
     load_plan,
     parse_plan,
     plan_from_canonical,
+    read_toml,
     renamed,
     to_document,
 )
@@ -48,5 +49,5 @@ __all__ = [
     "SECTIONS", "SETTABLE", "SETTINGS", "TAKES_EFFECT", "BackfillSettings", "CutoverSettings", "Draft", "Edit", "Hook",
     "MigrationKeys", "PartitionSpec", "PartitionUpkeep", "Plan", "ReconcileSettings", "RollbackSettings", "Setting",
     "TargetKeys", "ThrottleSettings", "duration_text", "edits", "load_plan", "member_name", "parse_duration_ms",
-    "parse_plan", "percent", "plan_from_canonical", "renamed", "size_text", "to_document",
+    "parse_plan", "percent", "plan_from_canonical", "read_toml", "renamed", "size_text", "to_document",
 ]

@@ -52,16 +52,23 @@ def renamed(section: str, values: dict[str, Any]) -> dict[str, Any]:
 # A plan file
 
 
-def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
+def read_toml(path: Path, *, unreadable: str, invalid: str, hint: str = "check the path") -> dict[str, Any]:
+    """The TOML document in `path` (a plan, a fleet file); a PlanError that starts with
+    `unreadable` when the file cannot be read, with `invalid` when it is not TOML."""
     try:
         text = path.read_text()
     except OSError as exc:
-        raise PlanError(f"cannot read plan file {str(path)!r}: {exc.strerror}", hint="check the path") from exc
+        raise PlanError(f"{unreadable}: {exc.strerror}", hint=hint) from exc
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise PlanError(f"plan {str(path)!r} is not valid TOML: {exc}", hint="fix the syntax") from exc
+        raise PlanError(f"{invalid}: {exc}", hint="fix the syntax") from exc
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    doc = read_toml(path, unreadable=f"cannot read plan file {str(path)!r}",
+                    invalid=f"plan {str(path)!r} is not valid TOML")
     return parse_plan(doc, origin=str(path))
 
 
